@@ -1,0 +1,7 @@
+//! The sans-IO transport (DESIGN rule 1): the QP state machine and, per QP, the requester,
+//! responder and completer. It takes packets, doorbells and `now`, and returns packets and
+//! deadlines; it never reads a clock or touches a socket.
+
+pub mod state;
+
+pub use state::{attr_rule, check_modify, transition_allowed, AttrMask, AttrRule};

@@ -1,0 +1,330 @@
+//! The QP state machine as data (DESIGN rule 3): which Modify QP transitions software may
+//! command (QPT), and which attributes each (from, to, service type) requires and accepts
+//! (MOD). [`check_modify`] is a pure function of those tables, so it can be tested
+//! exhaustively.
+
+use crate::verbs::error::{Result, VerbsError};
+use crate::verbs::types::{QpState, QpType};
+
+bitflags::bitflags! {
+    /// One bit per Modify QP parameter of the digest ("MOD — Parameters").
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AttrMask: u32 {
+        /// Inbound RDMA Read enable.
+        const READ_EN = 1 << 0;
+        /// Inbound RDMA Write enable.
+        const WRITE_EN = 1 << 1;
+        /// Inbound Atomic enable.
+        const ATOMIC_EN = 1 << 2;
+        /// Primary P_Key index.
+        const PKEY_INDEX = 1 << 3;
+        const QKEY = 1 << 4;
+        /// HCA port number.
+        const PORT = 1 << 5;
+        /// RQ Start ePSN.
+        const RQ_PSN = 1 << 6;
+        /// Inbound depth (responder resources).
+        const MAX_DEST_RD_ATOMIC = 1 << 7;
+        /// Remote Node Address Vector (address, path MTU, optionally RC timeout and retries).
+        const AV = 1 << 8;
+        /// Destination QPN.
+        const DEST_QPN = 1 << 9;
+        /// Alternate path information.
+        const ALT_PATH = 1 << 10;
+        /// New SQ / RQ size.
+        const CAP = 1 << 11;
+        /// Minimum RNR NAK Timer.
+        const MIN_RNR_TIMER = 1 << 12;
+        /// Local ACK Timeout.
+        const TIMEOUT = 1 << 13;
+        /// SQ Start PSN.
+        const SQ_PSN = 1 << 14;
+        const RETRY_CNT = 1 << 15;
+        const RNR_RETRY = 1 << 16;
+        /// Outbound depth (initiator depth).
+        const MAX_RD_ATOMIC = 1 << 17;
+        const PATH_MIG_STATE = 1 << 18;
+        /// SQ Drained event request.
+        const SQD_EVENT = 1 << 19;
+    }
+}
+
+use QpState as S;
+
+/// QPT matrix: may software command `from` → `to`? SQE is never a target (QPT-INV-2); RC
+/// never reaches SQE, so its row does not matter for RC.
+pub fn transition_allowed(from: QpState, to: QpState) -> bool {
+    if to == S::Reset || to == S::Error {
+        return true; // QPT-SW-7, QPT-SW-8, QPT-SW-9
+    }
+    matches!(
+        (from, to),
+        (S::Reset, S::Init)
+            | (S::Init, S::Init)
+            | (S::Init, S::Rtr)
+            | (S::Rtr, S::Rts)
+            | (S::Rts, S::Rts)
+            | (S::Rts, S::Sqd)
+            | (S::Sqd, S::Rts)
+            | (S::Sqd, S::Sqd)
+            | (S::Sqe, S::Rts)
+    )
+}
+
+/// Required and optional parameters of one transition for one service type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AttrRule {
+    pub required: AttrMask,
+    pub optional: AttrMask,
+}
+
+const fn r(required: AttrMask, optional: AttrMask) -> AttrRule {
+    AttrRule { required, optional }
+}
+
+const NONE: AttrMask = AttrMask::empty();
+const ENABLES: AttrMask = AttrMask::READ_EN
+    .union(AttrMask::WRITE_EN)
+    .union(AttrMask::ATOMIC_EN);
+
+/// Columns RC, UC, UD, RD, in the order of [`QpType::TABLE`].
+type Row = [AttrRule; 4];
+
+const RESET_INIT: Row = [
+    r(
+        ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT),
+        NONE,
+    ),
+    r(
+        AttrMask::WRITE_EN
+            .union(AttrMask::PKEY_INDEX)
+            .union(AttrMask::PORT),
+        NONE,
+    ),
+    r(
+        AttrMask::PKEY_INDEX
+            .union(AttrMask::QKEY)
+            .union(AttrMask::PORT),
+        NONE,
+    ),
+    r(ENABLES.union(AttrMask::QKEY), NONE),
+];
+
+const INIT_RTR: Row = [
+    r(
+        AttrMask::RQ_PSN
+            .union(AttrMask::MAX_DEST_RD_ATOMIC)
+            .union(AttrMask::AV)
+            .union(AttrMask::DEST_QPN),
+        AttrMask::ALT_PATH
+            .union(ENABLES)
+            .union(AttrMask::PKEY_INDEX)
+            .union(AttrMask::CAP)
+            .union(AttrMask::MIN_RNR_TIMER),
+    ),
+    r(
+        AttrMask::RQ_PSN
+            .union(AttrMask::AV)
+            .union(AttrMask::DEST_QPN),
+        AttrMask::ALT_PATH
+            .union(AttrMask::WRITE_EN)
+            .union(AttrMask::PKEY_INDEX)
+            .union(AttrMask::CAP),
+    ),
+    r(
+        NONE,
+        AttrMask::PKEY_INDEX
+            .union(AttrMask::QKEY)
+            .union(AttrMask::CAP),
+    ),
+    r(
+        AttrMask::MAX_DEST_RD_ATOMIC,
+        ENABLES
+            .union(AttrMask::QKEY)
+            .union(AttrMask::CAP)
+            .union(AttrMask::MIN_RNR_TIMER),
+    ),
+];
+
+const RTR_RTS: Row = [
+    r(
+        AttrMask::TIMEOUT
+            .union(AttrMask::SQ_PSN)
+            .union(AttrMask::RETRY_CNT)
+            .union(AttrMask::RNR_RETRY)
+            .union(AttrMask::MAX_RD_ATOMIC),
+        ENABLES
+            .union(AttrMask::ALT_PATH)
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::CAP)
+            .union(AttrMask::MIN_RNR_TIMER),
+    ),
+    r(
+        AttrMask::SQ_PSN,
+        AttrMask::WRITE_EN
+            .union(AttrMask::ALT_PATH)
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::CAP),
+    ),
+    r(AttrMask::SQ_PSN, AttrMask::QKEY.union(AttrMask::CAP)),
+    r(
+        AttrMask::MAX_RD_ATOMIC,
+        ENABLES
+            .union(AttrMask::QKEY)
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::CAP)
+            .union(AttrMask::MIN_RNR_TIMER),
+    ),
+];
+
+const RTS_SQD: Row = [r(NONE, AttrMask::SQD_EVENT); 4];
+
+/// SQD → RTS, and SQD → SQD ("the SQD → RTS set").
+const SQD_RTS: Row = [
+    r(
+        NONE,
+        AttrMask::AV
+            .union(AttrMask::ALT_PATH)
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::MAX_RD_ATOMIC)
+            .union(AttrMask::MAX_DEST_RD_ATOMIC)
+            .union(AttrMask::PKEY_INDEX)
+            .union(AttrMask::TIMEOUT)
+            .union(AttrMask::RETRY_CNT)
+            .union(AttrMask::RNR_RETRY)
+            .union(AttrMask::CAP)
+            .union(AttrMask::MIN_RNR_TIMER)
+            .union(AttrMask::PORT)
+            .union(ENABLES),
+    ),
+    r(
+        NONE,
+        AttrMask::AV
+            .union(AttrMask::ALT_PATH)
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::PKEY_INDEX)
+            .union(AttrMask::CAP)
+            .union(AttrMask::WRITE_EN),
+    ),
+    r(
+        NONE,
+        AttrMask::QKEY
+            .union(AttrMask::PKEY_INDEX)
+            .union(AttrMask::CAP),
+    ),
+    r(
+        NONE,
+        AttrMask::PATH_MIG_STATE
+            .union(AttrMask::MAX_RD_ATOMIC)
+            .union(AttrMask::MAX_DEST_RD_ATOMIC)
+            .union(AttrMask::QKEY)
+            .union(AttrMask::CAP)
+            .union(AttrMask::MIN_RNR_TIMER)
+            .union(ENABLES),
+    ),
+];
+
+const SQE_RTS: Row = [
+    r(NONE, NONE), // RC never reaches SQE (QPS-SQE-1).
+    r(NONE, AttrMask::WRITE_EN),
+    r(NONE, AttrMask::QKEY),
+    r(NONE, ENABLES.union(AttrMask::QKEY)),
+];
+
+const INIT_INIT: Row = [
+    r(
+        NONE,
+        AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(ENABLES),
+    ),
+    r(
+        NONE,
+        AttrMask::PKEY_INDEX
+            .union(AttrMask::PORT)
+            .union(AttrMask::WRITE_EN),
+    ),
+    r(
+        NONE,
+        AttrMask::PKEY_INDEX
+            .union(AttrMask::PORT)
+            .union(AttrMask::QKEY),
+    ),
+    r(NONE, ENABLES.union(AttrMask::QKEY)),
+];
+
+const RTS_RTS: Row = [
+    r(
+        NONE,
+        ENABLES
+            .union(AttrMask::ALT_PATH)
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::MIN_RNR_TIMER),
+    ),
+    r(
+        NONE,
+        AttrMask::WRITE_EN
+            .union(AttrMask::ALT_PATH)
+            .union(AttrMask::PATH_MIG_STATE),
+    ),
+    r(NONE, AttrMask::QKEY),
+    r(
+        NONE,
+        ENABLES
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::MIN_RNR_TIMER)
+            .union(AttrMask::QKEY),
+    ),
+];
+
+/// A Raw QP takes only the port at Reset→Init and nothing elsewhere (MOD-RAW-1).
+const RAW_RESET_INIT: AttrRule = r(AttrMask::PORT, NONE);
+
+/// The attribute rule of a transition the QPT matrix allows; `None` for a rejected pair.
+pub fn attr_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<AttrRule> {
+    if !transition_allowed(from, to) {
+        return None;
+    }
+    if qp_type.is_raw() {
+        return Some(if (from, to) == (S::Reset, S::Init) {
+            RAW_RESET_INIT
+        } else {
+            r(NONE, NONE)
+        });
+    }
+    let row: &Row = match (from, to) {
+        (_, S::Reset) | (_, S::Error) => return Some(r(NONE, NONE)), // MOD-GEN-12
+        (S::Reset, S::Init) => &RESET_INIT,
+        (S::Init, S::Init) => &INIT_INIT,
+        (S::Init, S::Rtr) => &INIT_RTR,
+        (S::Rtr, S::Rts) => &RTR_RTS,
+        (S::Rts, S::Rts) => &RTS_RTS,
+        (S::Rts, S::Sqd) => &RTS_SQD,
+        (S::Sqd, S::Rts) | (S::Sqd, S::Sqd) => &SQD_RTS,
+        (S::Sqe, S::Rts) => &SQE_RTS,
+        _ => return None,
+    };
+    let col = QpType::TABLE.iter().position(|t| *t == qp_type)?;
+    Some(row[col])
+}
+
+/// Checks a Modify QP request against the tables: the transition (QPT-INV-*), then missing
+/// required attributes (MOD-GEN-3), then attributes the transition does not take (MOD-GEN-4,
+/// MOD-GEN-12). Values are checked by the caller.
+pub fn check_modify(qp_type: QpType, from: QpState, to: QpState, supplied: AttrMask) -> Result<()> {
+    // An RC QP never reaches SQE, so SQE→RTS does not exist for it.
+    if qp_type == QpType::Rc && from == S::Sqe {
+        return Err(VerbsError::InvalidTransition);
+    }
+    let rule = attr_rule(qp_type, from, to).ok_or(VerbsError::InvalidTransition)?;
+    let missing = rule.required - supplied;
+    if !missing.is_empty() {
+        return Err(VerbsError::MissingAttribute(missing));
+    }
+    let extra = supplied - (rule.required | rule.optional);
+    if !extra.is_empty() {
+        return Err(VerbsError::InvalidAttribute(
+            extra,
+            "not accepted by this transition",
+        ));
+    }
+    Ok(())
+}

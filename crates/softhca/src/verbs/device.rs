@@ -1,0 +1,520 @@
+//! The software HCA: its attributes, its port, and the per-device tables (QPNs, keys, resource
+//! counts, asynchronous events). A [`Context`] is the open device (`ibv_context`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::cq::CqInner;
+use super::error::{Result, VerbsError};
+use super::mr::KeyTable;
+use super::qp::QpInner;
+use super::types::{AsyncEvent, Gid, Mtu};
+
+/// `ibv_atomic_cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicCap {
+    None,
+    /// Atomic against this HCA's own atomics only.
+    Hca,
+    /// Atomic against the HCA and the CPU: softhca uses real 64-bit CAS/FAA on host memory.
+    Glob,
+}
+
+/// Device attributes (`ibv_device_attr`). The defaults are softhca's real limits; each is
+/// enforced by the verb it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    pub max_ah: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_mw: u32,
+    pub max_inline_data: u32,
+    pub atomic_cap: AtomicCap,
+    pub max_pkeys: u16,
+    pub phys_port_cnt: u8,
+    /// Resize CQ is supported (CQ-RESIZE-2 when not).
+    pub resize_cq: bool,
+    /// Modify QP may change the SQ/RQ size (MOD-GEN-8 when not).
+    pub resize_wq: bool,
+    /// Automatic Path Migration (MOD-GEN-9 when not). softhca has one port and no APM.
+    pub auto_path_mig: bool,
+    /// Modify QP may move a QP to another port at SQD→RTS (MOD-SQD-RTS-RC-1).
+    pub port_change: bool,
+}
+
+impl Default for DeviceAttr {
+    fn default() -> Self {
+        DeviceAttr {
+            fw_ver: concat!("softhca ", env!("CARGO_PKG_VERSION")).to_string(),
+            node_guid: 0,
+            sys_image_guid: 0,
+            vendor_id: 0xFFFFFF,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            max_mr_size: 1 << 40,
+            page_size_cap: 0xFFFF_F000,
+            max_qp: 1 << 16,
+            max_qp_wr: 1 << 14,
+            max_sge: 32,
+            max_sge_rd: 32,
+            max_cq: 1 << 14,
+            max_cqe: 1 << 20,
+            max_mr: 1 << 18,
+            max_pd: 1 << 16,
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
+            max_res_rd_atom: (1 << 16) * 128,
+            max_ah: 1 << 16,
+            max_srq: 0,
+            max_srq_wr: 0,
+            max_mw: 0,
+            max_inline_data: 512,
+            atomic_cap: AtomicCap::Glob,
+            max_pkeys: 1,
+            phys_port_cnt: 1,
+            resize_cq: true,
+            resize_wq: true,
+            auto_path_mig: false,
+            port_change: false,
+        }
+    }
+}
+
+/// `ibv_port_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortState {
+    Down,
+    Init,
+    Armed,
+    Active,
+}
+
+/// `ibv_port_attr`, for the single RoCEv2 port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    pub state: PortState,
+    pub max_mtu: Mtu,
+    pub active_mtu: Mtu,
+    pub gid_tbl_len: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_msg_sz: u32,
+    pub link_layer_ethernet: bool,
+    pub active_speed_gbps: u32,
+}
+
+impl Default for PortAttr {
+    fn default() -> Self {
+        PortAttr {
+            state: PortState::Active,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            gid_tbl_len: 1,
+            pkey_tbl_len: 1,
+            lid: 0,
+            sm_lid: 0,
+            lmc: 0,
+            max_msg_sz: 1 << 31,
+            link_layer_ethernet: true,
+            active_speed_gbps: 100,
+        }
+    }
+}
+
+/// Everything that makes one software device: name, attributes, port, tables.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    pub name: String,
+    pub attr: DeviceAttr,
+    pub port: PortAttr,
+    /// The port's P_Key table; index 0 is the default full-membership P_Key.
+    pub pkeys: Vec<u16>,
+    /// GID 0; the link layer fills it with its address.
+    pub gid0: Gid,
+    /// Seed of the key generator; `None` takes one from the OS. Simulations set it so that
+    /// runs repeat exactly.
+    pub seed: Option<u64>,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            name: "softhca0".to_string(),
+            attr: DeviceAttr::default(),
+            port: PortAttr::default(),
+            pkeys: vec![0xFFFF],
+            gid0: Gid::default(),
+            seed: None,
+        }
+    }
+}
+
+impl DeviceConfig {
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    pub fn gid0(mut self, gid: Gid) -> Self {
+        self.gid0 = gid;
+        self
+    }
+
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+}
+
+/// Resource counts against the device maxima (CRT-QP-5 and friends).
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub qp: AtomicU32,
+    pub cq: AtomicU32,
+    pub mr: AtomicU32,
+    pub pd: AtomicU32,
+    pub ah: AtomicU32,
+}
+
+/// Takes one unit of a resource counted in `counter` up to `max`.
+pub(crate) fn take(counter: &AtomicU32, max: u32) -> Result<()> {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .map(|_| ())
+        .map_err(|_| VerbsError::InsufficientResources)
+}
+
+pub(crate) fn give(counter: &AtomicU32) {
+    counter.fetch_sub(1, Ordering::AcqRel);
+}
+
+pub type CompletionHandler = Arc<dyn Fn(&super::cq::Cq) + Send + Sync>;
+pub type AsyncEventHandler = Arc<dyn Fn(&AsyncEvent) + Send + Sync>;
+
+#[derive(Default)]
+pub(crate) struct AsyncQueue {
+    pub events: Mutex<VecDeque<AsyncEvent>>,
+    pub ready: Condvar,
+    pub handler: RwLock<Option<AsyncEventHandler>>,
+}
+
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+static DEVICES: Mutex<Vec<Weak<DeviceInner>>> = Mutex::new(Vec::new());
+
+pub(crate) struct DeviceInner {
+    pub name: String,
+    pub attr: DeviceAttr,
+    pub port: PortAttr,
+    pub pkeys: Vec<u16>,
+    pub gids: RwLock<Vec<Gid>>,
+    pub closed: AtomicBool,
+    pub counts: Counts,
+    next_handle: AtomicU32,
+    pub keys: RwLock<KeyTable>,
+    pub rng: Mutex<StdRng>,
+    /// Live QPs by QPN: the demultiplexer for inbound packets.
+    pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    next_qpn: Mutex<u32>,
+    pub cqs: RwLock<HashMap<u32, Weak<CqInner>>>,
+    pub async_events: AsyncQueue,
+    pub comp_handler: RwLock<Option<CompletionHandler>>,
+}
+
+impl DeviceInner {
+    pub fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(VerbsError::InvalidHcaHandle)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn new_handle(&self) -> u32 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A fresh 24-bit QPN: never 0, 1 (special QPs) or 0xFFFFFF (multicast), never one in use,
+    /// and not reused soon after destroy (CRT-QP-4, CRT-QP-15).
+    pub fn alloc_qpn(&self) -> u32 {
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let mut next = self.next_qpn.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let qpn = *next;
+            *next = if qpn >= 0xFF_FFFE { 2 } else { qpn + 1 };
+            if !qps.contains_key(&qpn) {
+                return qpn;
+            }
+        }
+    }
+
+    /// Queues an asynchronous event and calls the registered handler (EVT-ASYNC-1).
+    pub fn raise(&self, event: AsyncEvent) {
+        tracing::debug!(device = %self.name, ?event, "async event");
+        let handler = self
+            .async_events
+            .handler
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        {
+            let mut q = self
+                .async_events
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            q.push_back(event);
+        }
+        self.async_events.ready.notify_all();
+        if let Some(h) = handler {
+            h(&event);
+        }
+    }
+
+    pub fn pkey(&self, index: u16) -> Option<u16> {
+        self.pkeys.get(index as usize).copied()
+    }
+}
+
+/// An open software HCA (`ibv_context`). Cloning gives another handle to the same device.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("name", &self.inner.name)
+            .finish()
+    }
+}
+
+/// One entry of the device list (`ibv_get_device_list`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub node_guid: u64,
+}
+
+/// The softhca devices alive in this process.
+pub fn device_list() -> Vec<DeviceInfo> {
+    let mut list = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    list.retain(|w| w.strong_count() > 0);
+    list.iter()
+        .filter_map(Weak::upgrade)
+        .filter(|d| !d.closed.load(Ordering::Acquire))
+        .map(|d| DeviceInfo {
+            name: d.name.clone(),
+            node_guid: d.attr.node_guid,
+        })
+        .collect()
+}
+
+/// Opens a device of the list by name (`ibv_open_device`).
+pub fn open_device(name: &str) -> Result<Context> {
+    let list = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    list.iter()
+        .filter_map(Weak::upgrade)
+        .find(|d| d.name == name && !d.closed.load(Ordering::Acquire))
+        .map(|inner| Context { inner })
+        .ok_or(VerbsError::InvalidHcaHandle)
+}
+
+impl Context {
+    /// Creates a software device and adds it to the device list.
+    pub fn create(config: DeviceConfig) -> Result<Context> {
+        if config.pkeys.is_empty() || config.pkeys.len() > u16::MAX as usize {
+            return Err(VerbsError::InvalidArgument("P_Key table size"));
+        }
+        let id = NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed);
+        let mut rng = match config.seed {
+            Some(s) => StdRng::seed_from_u64(s),
+            None => StdRng::from_os_rng(),
+        };
+        let mut attr = config.attr;
+        let mut port = config.port;
+        if attr.node_guid == 0 {
+            // A locally administered EUI-64 that differs per device.
+            attr.node_guid =
+                0x0200_00FF_FE00_0000 | (id & 0xFF_FFFF) | ((rng.random::<u64>() & 0xFF) << 24);
+        }
+        if attr.sys_image_guid == 0 {
+            attr.sys_image_guid = attr.node_guid;
+        }
+        attr.max_pkeys = config.pkeys.len() as u16;
+        port.pkey_tbl_len = config.pkeys.len() as u16;
+        let first_qpn = rng.random_range(0x10..0x1000);
+        let inner = Arc::new(DeviceInner {
+            name: config.name,
+            attr,
+            port,
+            pkeys: config.pkeys,
+            gids: RwLock::new(vec![config.gid0]),
+            closed: AtomicBool::new(false),
+            counts: Counts::default(),
+            next_handle: AtomicU32::new(1),
+            keys: RwLock::new(KeyTable::default()),
+            rng: Mutex::new(rng),
+            qps: RwLock::new(HashMap::new()),
+            next_qpn: Mutex::new(first_qpn),
+            cqs: RwLock::new(HashMap::new()),
+            async_events: AsyncQueue::default(),
+            comp_handler: RwLock::new(None),
+        });
+        DEVICES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&inner));
+        tracing::info!(device = %inner.name, "device created");
+        Ok(Context { inner })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Closes the device: every later verb on it, or on its objects, returns
+    /// `InvalidHcaHandle`.
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+    }
+
+    /// Query Device.
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        self.inner.check_open()?;
+        Ok(self.inner.attr.clone())
+    }
+
+    /// Query Port. softhca has one port, number 1.
+    pub fn query_port(&self, port_num: u8) -> Result<PortAttr> {
+        self.inner.check_open()?;
+        self.check_port(port_num)?;
+        Ok(self.inner.port.clone())
+    }
+
+    /// Query GID.
+    pub fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
+        self.inner.check_open()?;
+        self.check_port(port_num)?;
+        let gids = self.inner.gids.read().unwrap_or_else(|e| e.into_inner());
+        gids.get(index as usize)
+            .copied()
+            .ok_or(VerbsError::InvalidArgument("GID index"))
+    }
+
+    /// Query P_Key.
+    pub fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
+        self.inner.check_open()?;
+        self.check_port(port_num)?;
+        self.inner
+            .pkey(index)
+            .ok_or(VerbsError::InvalidArgument("P_Key index"))
+    }
+
+    /// Sets GID `index` of the port; the link layer calls it with its address.
+    pub fn set_gid(&self, index: u32, gid: Gid) -> Result<()> {
+        self.inner.check_open()?;
+        let mut gids = self.inner.gids.write().unwrap_or_else(|e| e.into_inner());
+        let slot = gids
+            .get_mut(index as usize)
+            .ok_or(VerbsError::InvalidArgument("GID index"))?;
+        *slot = gid;
+        Ok(())
+    }
+
+    fn check_port(&self, port_num: u8) -> Result<()> {
+        if port_num == 0 || port_num > self.inner.attr.phys_port_cnt {
+            return Err(VerbsError::InvalidArgument("port number"));
+        }
+        Ok(())
+    }
+
+    /// Set Asynchronous Event Handler (EVT-ASYNC-1). Events are also queued for
+    /// [`Context::get_async_event`].
+    pub fn set_async_event_handler(
+        &self,
+        handler: impl Fn(&AsyncEvent) + Send + Sync + 'static,
+    ) -> Result<()> {
+        self.inner.check_open()?;
+        *self
+            .inner
+            .async_events
+            .handler
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(handler));
+        Ok(())
+    }
+
+    /// The oldest queued asynchronous event, if any (`ibv_get_async_event` without blocking).
+    pub fn get_async_event(&self) -> Option<AsyncEvent> {
+        self.inner
+            .async_events
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    /// Waits up to `timeout` for an asynchronous event.
+    pub fn wait_async_event(&self, timeout: std::time::Duration) -> Option<AsyncEvent> {
+        let q = self
+            .inner
+            .async_events
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (mut q, _) = self
+            .inner
+            .async_events
+            .ready
+            .wait_timeout_while(q, timeout, |q| q.is_empty())
+            .unwrap_or_else(|e| e.into_inner());
+        q.pop_front()
+    }
+
+    /// Set Completion Event Handler (CQ-HANDLER-1): called with the CQ that received a CQE
+    /// for which notification was requested (CQ-HANDLER-2).
+    pub fn set_completion_handler(
+        &self,
+        handler: impl Fn(&super::cq::Cq) + Send + Sync + 'static,
+    ) -> Result<()> {
+        self.inner.check_open()?;
+        *self
+            .inner
+            .comp_handler
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(handler));
+        Ok(())
+    }
+
+    pub(crate) fn same_device(&self, other: &Arc<DeviceInner>) -> bool {
+        Arc::ptr_eq(&self.inner, other)
+    }
+}

@@ -1,0 +1,26 @@
+//! The verbs: device, protection domains, memory regions, address handles, completion queues
+//! and queue pairs, with the results of `spec/RULES.md`.
+
+pub mod ah;
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+pub mod types;
+pub(crate) mod wq;
+pub mod wr;
+
+pub use ah::Ah;
+pub use cq::{CompChannel, Cq};
+pub use device::{
+    device_list, open_device, AtomicCap, Context, DeviceAttr, DeviceConfig, DeviceInfo, PortAttr,
+    PortState,
+};
+pub use error::{PostError, Result, VerbsError};
+pub use mr::{AccessError, MemRef, Mr};
+pub use pd::Pd;
+pub use qp::{AltPath, Qp, QpAttr, QpAttrs, QpCap, QpInitAttr, WqSizes, MAX_MSG_SIZE};
+pub use types::*;
+pub use wr::{RecvWr, SendFlags, SendWr, WrOpcode};

@@ -1,0 +1,442 @@
+//! Memory Regions and the key table. Every local and remote access the transport makes goes
+//! through [`Context::check_access`]: key, PD, bounds and rights, in that order (DESIGN rule 5).
+//!
+//! Registered memory is only ever touched through raw pointers, never through `&[u8]`: a
+//! remote peer may write it at any moment, as a DMA engine would, so softhca never holds a
+//! Rust reference to it while the MR exists.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rand::Rng;
+
+use super::device::{give, take, Context, DeviceInner};
+use super::error::{Result, VerbsError};
+use super::pd::{Pd, PdInner};
+use super::types::{Access, Sge};
+
+/// Why an access was refused; the transport maps each to its completion status or NAK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    #[error("no memory region or window has this key")]
+    BadKey,
+    #[error("the key belongs to another protection domain")]
+    WrongPd,
+    #[error("the range is not inside the region")]
+    OutOfBounds,
+    #[error("the region does not grant this access")]
+    MissingRight,
+}
+
+/// The keys of one device. A key is `slot << 8 | key byte`; the key byte is random and never
+/// repeats the previous one of its slot, so a stale or guessed key misses.
+#[derive(Default)]
+pub(crate) struct KeyTable {
+    slots: Vec<Option<Arc<MrInner>>>,
+    last_key_byte: Vec<u8>,
+    free: Vec<u32>,
+}
+
+impl KeyTable {
+    fn insert(
+        &mut self,
+        rng: &mut impl Rng,
+        make: impl FnOnce(u32) -> Arc<MrInner>,
+    ) -> Result<Arc<MrInner>> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let s = self.slots.len() as u32;
+                if s >= 1 << 24 {
+                    return Err(VerbsError::InsufficientResources);
+                }
+                self.slots.push(None);
+                self.last_key_byte.push(rng.random());
+                s
+            }
+        };
+        let prev = self.last_key_byte[slot as usize];
+        let byte = prev.wrapping_add(rng.random_range(1..=255u8));
+        self.last_key_byte[slot as usize] = byte;
+        let mr = make(slot << 8 | byte as u32);
+        self.slots[slot as usize] = Some(mr.clone());
+        Ok(mr)
+    }
+
+    fn remove(&mut self, key: u32) -> Option<Arc<MrInner>> {
+        let slot = (key >> 8) as usize;
+        let entry = self.slots.get_mut(slot)?;
+        if entry.as_ref().is_some_and(|m| m.key == key) {
+            self.free.push(slot as u32);
+            entry.take()
+        } else {
+            None
+        }
+    }
+
+    pub fn lookup(&self, key: u32) -> Option<&Arc<MrInner>> {
+        self.slots
+            .get((key >> 8) as usize)?
+            .as_ref()
+            .filter(|m| m.key == key)
+    }
+}
+
+pub(crate) struct MrInner {
+    pub key: u32,
+    pub pd: Arc<PdInner>,
+    pub access: Access,
+    /// The region's first byte; its virtual address is the host address (`iova == addr`).
+    ptr: NonNull<u8>,
+    len: usize,
+    /// The region owns its buffer (registered from a `Vec`) and frees it when dropped.
+    owned: bool,
+}
+
+// SAFETY: the region's memory is reached only through raw pointers by the copy and atomic
+// helpers below, whose callers have checked bounds; concurrent writers are the DMA model of an
+// HCA (see the module comment). The remaining fields are immutable after creation.
+unsafe impl Send for MrInner {}
+// SAFETY: as for Send: shared access never creates references into the buffer.
+unsafe impl Sync for MrInner {}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: `ptr`/`len` came from `Box::<[u8]>::into_raw` in `reg_mr` and are
+            // reconstructed exactly once, here, when the last reference is gone.
+            unsafe {
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    self.ptr.as_ptr(),
+                    self.len,
+                )));
+            }
+        }
+    }
+}
+
+impl MrInner {
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    fn range_offset(&self, addr: u64, len: u64) -> Option<usize> {
+        let off = addr.checked_sub(self.addr())?;
+        let end = off.checked_add(len)?;
+        (end <= self.len as u64).then_some(off as usize)
+    }
+}
+
+/// A checked window into a region: what [`Context::check_access`] grants. Holding it keeps the
+/// memory alive even if the MR is deregistered meanwhile.
+#[derive(Clone)]
+pub struct MemRef {
+    mr: Arc<MrInner>,
+    offset: usize,
+    len: usize,
+}
+
+impl MemRef {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `src` into the window at `at`. Out-of-window writes are refused.
+    pub fn write(&self, at: usize, src: &[u8]) -> std::result::Result<(), AccessError> {
+        let end = at.checked_add(src.len()).ok_or(AccessError::OutOfBounds)?;
+        if end > self.len {
+            return Err(AccessError::OutOfBounds);
+        }
+        // SAFETY: offset + at + src.len() <= offset + len <= mr.len (checked above and by
+        // check_access), so the destination lies inside the live allocation, which `self.mr`
+        // keeps alive; `src` is a caller's slice, which cannot overlap registered memory that
+        // softhca never lends out as a slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.mr.ptr.as_ptr().add(self.offset + at),
+                src.len(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies from the window at `at` into `dst`.
+    pub fn read(&self, at: usize, dst: &mut [u8]) -> std::result::Result<(), AccessError> {
+        let end = at.checked_add(dst.len()).ok_or(AccessError::OutOfBounds)?;
+        if end > self.len {
+            return Err(AccessError::OutOfBounds);
+        }
+        // SAFETY: as in `write`, the source range is inside the live allocation and `dst` is a
+        // distinct caller-owned buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.mr.ptr.as_ptr().add(self.offset + at),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The 8-byte word at the start of the window, for atomics. `None` unless the window is
+    /// 8 bytes long and 8-byte aligned (ERR-RQ-5 is checked by the responder before this).
+    pub fn atomic_u64(&self) -> Option<&AtomicU64> {
+        let p = self.mr.ptr.as_ptr().wrapping_add(self.offset);
+        if self.len != 8 || (p as usize) % 8 != 0 {
+            return None;
+        }
+        // SAFETY: p is 8-byte aligned, points at 8 bytes inside the live allocation, and the
+        // returned reference borrows `self`, which keeps the allocation alive. Every access
+        // softhca makes to these bytes while they serve an atomic is through this AtomicU64.
+        Some(unsafe { AtomicU64::from_ptr(p as *mut u64) })
+    }
+}
+
+/// A registered memory region (`ibv_mr`). It keeps its memory alive until it is deregistered
+/// (or dropped) and every in-flight access has finished.
+pub struct Mr {
+    inner: Arc<MrInner>,
+    dev: Arc<DeviceInner>,
+    deregistered: AtomicBool,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .finish()
+    }
+}
+
+fn check_access_flags(access: Access) -> Result<()> {
+    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(VerbsError::InvalidAccess(
+            "remote write and remote atomic require local write",
+        ));
+    }
+    Ok(())
+}
+
+impl Pd {
+    /// Register Memory Region over a buffer the region takes ownership of.
+    pub fn reg_mr(&self, buf: Vec<u8>, access: Access) -> Result<Mr> {
+        self.inner.check()?;
+        check_access_flags(access)?;
+        let len = buf.len();
+        if len as u64 > self.inner.dev.attr.max_mr_size {
+            return Err(VerbsError::InvalidArgument(
+                "region larger than max_mr_size",
+            ));
+        }
+        let raw = Box::into_raw(buf.into_boxed_slice()) as *mut u8;
+        // SAFETY: Box::into_raw never returns null (a zero-length box gives a dangling,
+        // non-null pointer).
+        let ptr = unsafe { NonNull::new_unchecked(raw) };
+        self.register(ptr, len, access, true).inspect_err(|_| {
+            // SAFETY: registration failed, so nothing else holds the buffer: give it back to
+            // the allocator exactly once.
+            unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw, len))) }
+        })
+    }
+
+    /// Register Memory Region with `len` zeroed bytes.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<Mr> {
+        self.reg_mr(vec![0; len], access)
+    }
+
+    /// Register Memory Region over memory the caller owns (the C ABI's `ibv_reg_mr`).
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be valid for reads and writes for as long as the returned `Mr` (and
+    /// any transfer using it) lives, and the caller accepts that softhca and remote peers write
+    /// it concurrently, as a DMA engine would.
+    pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        self.inner.check()?;
+        check_access_flags(access)?;
+        let ptr = NonNull::new(addr).ok_or(VerbsError::InvalidArgument("null address"))?;
+        self.register(ptr, len, access, false)
+    }
+
+    fn register(&self, ptr: NonNull<u8>, len: usize, access: Access, owned: bool) -> Result<Mr> {
+        let dev = &self.inner.dev;
+        take(&dev.counts.mr, dev.attr.max_mr)?;
+        if let Err(e) = self.inner.hold() {
+            give(&dev.counts.mr);
+            return Err(e);
+        }
+        let inserted = {
+            let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
+            let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
+            keys.insert(&mut *rng, |key| {
+                Arc::new(MrInner {
+                    key,
+                    pd: self.inner.clone(),
+                    access,
+                    ptr,
+                    len,
+                    owned,
+                })
+            })
+        };
+        match inserted {
+            Ok(inner) => Ok(Mr {
+                inner,
+                dev: dev.clone(),
+                deregistered: AtomicBool::new(false),
+            }),
+            Err(e) => {
+                self.inner.release();
+                give(&dev.counts.mr);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Mr {
+    pub fn lkey(&self) -> u32 {
+        self.inner.key
+    }
+
+    pub fn rkey(&self) -> u32 {
+        self.inner.key
+    }
+
+    /// The region's first virtual address (equal to its host address).
+    pub fn addr(&self) -> u64 {
+        self.inner.addr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+
+    /// An SGE for `range` (byte offsets into the region).
+    pub fn sge(&self, range: std::ops::Range<usize>) -> Sge {
+        Sge {
+            addr: self.addr() + range.start as u64,
+            length: range.end.saturating_sub(range.start) as u32,
+            lkey: self.lkey(),
+        }
+    }
+
+    fn local(&self, offset: usize, len: usize) -> Result<MemRef> {
+        if self.deregistered.load(Ordering::Acquire) {
+            return Err(VerbsError::InvalidMrHandle);
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.inner.len => Ok(MemRef {
+                mr: self.inner.clone(),
+                offset,
+                len,
+            }),
+            _ => Err(VerbsError::InvalidArgument("range outside the region")),
+        }
+    }
+
+    /// Copies bytes out of the region (a snapshot: a peer may be writing meanwhile).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let m = self.local(offset, dst.len())?;
+        m.read(0, dst)
+            .map_err(|_| VerbsError::InvalidArgument("range outside the region"))
+    }
+
+    /// Copies bytes into the region.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        let m = self.local(offset, src.len())?;
+        m.write(0, src)
+            .map_err(|_| VerbsError::InvalidArgument("range outside the region"))
+    }
+
+    /// A copy of the whole region.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0; self.len()];
+        self.read(0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Deregister Memory Region. In-flight accesses finish on memory that stays alive until
+    /// they do; new ones miss the key.
+    pub fn dereg(&self) -> Result<()> {
+        self.dev.check_open()?;
+        if self.deregistered.swap(true, Ordering::AcqRel) {
+            return Err(VerbsError::InvalidMrHandle);
+        }
+        let removed = self
+            .dev
+            .keys
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(self.inner.key);
+        if removed.is_some() {
+            self.inner.pd.release();
+            give(&self.dev.counts.mr);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        if !self.deregistered.load(Ordering::Acquire) {
+            let _ = self.dereg();
+        }
+    }
+}
+
+impl Context {
+    /// The access check of every local (L_Key) and remote (R_Key) memory access: the key must
+    /// name a live region of this PD that holds `[addr, addr + len)` and grants `access`.
+    pub fn check_access(
+        &self,
+        key: u32,
+        pd: &Pd,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> std::result::Result<MemRef, AccessError> {
+        check_access(&self.inner, key, pd.inner.handle, addr, len, access)
+    }
+}
+
+pub(crate) fn check_access(
+    dev: &DeviceInner,
+    key: u32,
+    pd_handle: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+) -> std::result::Result<MemRef, AccessError> {
+    let keys = dev.keys.read().unwrap_or_else(|e| e.into_inner());
+    let mr = keys.lookup(key).ok_or(AccessError::BadKey)?;
+    if mr.pd.handle != pd_handle {
+        return Err(AccessError::WrongPd);
+    }
+    let offset = mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
+    if !mr.access.contains(access) {
+        return Err(AccessError::MissingRight);
+    }
+    Ok(MemRef {
+        mr: mr.clone(),
+        offset,
+        len: len as usize,
+    })
+}

@@ -1,0 +1,1011 @@
+//! Queue Pairs: Create, Query, Modify (through the tables of `transport::state`), Destroy, and
+//! Post Send / Post Receive with the posting rules of each state (QPS).
+//!
+//! The QP keeps everything behind one per-QP lock: the consumer's posts and the transport
+//! engine's steps meet there, and nowhere device-wide.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::ah::validate_ah_attr;
+use super::cq::Cq;
+use super::device::{give, take, Context, DeviceInner};
+use super::error::{PostError, Result, VerbsError};
+use super::pd::Pd;
+use super::types::{
+    Access, AddressVector, AsyncEvent, AsyncEventType, EventElement, MigState, QpState, QpType, Wc,
+    WcOpcode, WcStatus,
+};
+use super::wq::WorkQueue;
+use super::wr::{wr_allowed, RecvWqe, RecvWr, SendFlags, SendWqe, SendWr, WrOpcode};
+use crate::transport::state::{check_modify, AttrMask};
+
+/// Largest message: 2^31 bytes (WR-WRITE-4).
+pub const MAX_MSG_SIZE: u64 = 1 << 31;
+
+/// Queue sizes (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// Create QP input (`ibv_qp_init_attr`).
+#[derive(Debug, Clone)]
+pub struct QpInitAttr {
+    pub qp_type: QpType,
+    pub send_cq: Cq,
+    pub recv_cq: Cq,
+    pub cap: QpCap,
+    /// Signal every SQ WR (true) or only those that ask (false).
+    pub sq_sig_all: bool,
+}
+
+impl QpInitAttr {
+    /// A QP of `qp_type` with modest default queues: 128 WRs, 4 SGEs each way, 64 inline bytes.
+    pub fn new(qp_type: QpType, send_cq: &Cq, recv_cq: &Cq) -> Self {
+        QpInitAttr {
+            qp_type,
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            cap: QpCap {
+                max_send_wr: 128,
+                max_recv_wr: 128,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            sq_sig_all: false,
+        }
+    }
+
+    pub fn rc(send_cq: &Cq, recv_cq: &Cq) -> Self {
+        Self::new(QpType::Rc, send_cq, recv_cq)
+    }
+
+    pub fn uc(send_cq: &Cq, recv_cq: &Cq) -> Self {
+        Self::new(QpType::Uc, send_cq, recv_cq)
+    }
+
+    pub fn ud(send_cq: &Cq, recv_cq: &Cq) -> Self {
+        Self::new(QpType::Ud, send_cq, recv_cq)
+    }
+
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.cap.max_send_wr = n;
+        self
+    }
+
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.cap.max_recv_wr = n;
+        self
+    }
+
+    pub fn max_send_sge(mut self, n: u32) -> Self {
+        self.cap.max_send_sge = n;
+        self
+    }
+
+    pub fn max_recv_sge(mut self, n: u32) -> Self {
+        self.cap.max_recv_sge = n;
+        self
+    }
+
+    pub fn max_inline_data(mut self, n: u32) -> Self {
+        self.cap.max_inline_data = n;
+        self
+    }
+
+    pub fn sq_sig_all(mut self, all: bool) -> Self {
+        self.sq_sig_all = all;
+        self
+    }
+}
+
+/// New SQ / RQ sizes for Modify QP (MOD-GEN-8, MOD-GEN-10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WqSizes {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+}
+
+/// Alternate path information. softhca has no Automatic Path Migration, so supplying it is
+/// `NotSupported` (MOD-GEN-9); the type exists so that the tables can be exercised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AltPath {
+    pub av: AddressVector,
+    pub pkey_index: u16,
+    pub port_num: u8,
+    pub timeout: u8,
+}
+
+/// A Modify QP request: the next state plus the parameters supplied. Every `None` is a
+/// parameter not supplied; which ones a transition requires or accepts is in
+/// `transport::state`.
+#[derive(Debug, Clone, Default)]
+pub struct QpAttr {
+    pub qp_state: QpState,
+    /// Inbound RDMA Read / RDMA Write / Atomic enables, as libibverbs' `qp_access_flags`. The
+    /// enables it supplies depend on the service type: all three for RC and RD, the Write
+    /// enable for UC (Read or Atomic bits there are refused), and the Write enable for UD,
+    /// where no enable exists, so UD refuses it.
+    pub access: Option<Access>,
+    /// Individual enables, for supplying exactly one of them.
+    pub remote_read: Option<bool>,
+    pub remote_write: Option<bool>,
+    pub remote_atomic: Option<bool>,
+    pub pkey_index: Option<u16>,
+    pub qkey: Option<u32>,
+    pub port_num: Option<u8>,
+    pub rq_psn: Option<u32>,
+    pub max_dest_rd_atomic: Option<u8>,
+    pub av: Option<AddressVector>,
+    pub dest_qp_num: Option<u32>,
+    pub alt_path: Option<AltPath>,
+    pub cap: Option<WqSizes>,
+    pub min_rnr_timer: Option<u8>,
+    pub timeout: Option<u8>,
+    pub sq_psn: Option<u32>,
+    pub retry_cnt: Option<u8>,
+    pub rnr_retry: Option<u8>,
+    pub max_rd_atomic: Option<u8>,
+    pub path_mig_state: Option<MigState>,
+    pub en_sqd_async_notify: Option<bool>,
+}
+
+macro_rules! setters {
+    ($($name:ident: $ty:ty),* $(,)?) => {
+        $(
+            pub fn $name(mut self, v: $ty) -> Self {
+                self.$name = Some(v);
+                self
+            }
+        )*
+    };
+}
+
+impl QpAttr {
+    pub fn new(qp_state: QpState) -> Self {
+        QpAttr {
+            qp_state,
+            ..Default::default()
+        }
+    }
+
+    pub fn to_init() -> Self {
+        Self::new(QpState::Init)
+    }
+
+    /// Init → RTR for a connected QP: the remote address and QPN.
+    pub fn to_rtr(av: AddressVector, dest_qp_num: u32) -> Self {
+        QpAttr {
+            qp_state: QpState::Rtr,
+            av: Some(av),
+            dest_qp_num: Some(dest_qp_num),
+            ..Default::default()
+        }
+    }
+
+    pub fn to_rts() -> Self {
+        Self::new(QpState::Rts)
+    }
+
+    pub fn to_sqd() -> Self {
+        Self::new(QpState::Sqd)
+    }
+
+    pub fn to_reset() -> Self {
+        Self::new(QpState::Reset)
+    }
+
+    pub fn to_error() -> Self {
+        Self::new(QpState::Error)
+    }
+
+    setters! {
+        access: Access,
+        remote_read: bool,
+        remote_write: bool,
+        remote_atomic: bool,
+        pkey_index: u16,
+        qkey: u32,
+        port_num: u8,
+        rq_psn: u32,
+        max_dest_rd_atomic: u8,
+        av: AddressVector,
+        dest_qp_num: u32,
+        alt_path: AltPath,
+        cap: WqSizes,
+        min_rnr_timer: u8,
+        timeout: u8,
+        sq_psn: u32,
+        retry_cnt: u8,
+        rnr_retry: u8,
+        max_rd_atomic: u8,
+        path_mig_state: MigState,
+        en_sqd_async_notify: bool,
+    }
+
+    /// The Init → RTR alias of the sketch in DESIGN.md: `port(1)`.
+    pub fn port(self, port: u8) -> Self {
+        self.port_num(port)
+    }
+
+    /// The parameters this request supplies, for a QP of `qp_type`.
+    pub fn mask(&self, qp_type: QpType) -> Result<AttrMask> {
+        let mut m = AttrMask::empty();
+        if let Some(acc) = self.access {
+            m |= match qp_type {
+                QpType::Rc | QpType::Rd => {
+                    AttrMask::READ_EN | AttrMask::WRITE_EN | AttrMask::ATOMIC_EN
+                }
+                QpType::Uc => {
+                    if acc.intersects(Access::REMOTE_READ | Access::REMOTE_ATOMIC) {
+                        return Err(VerbsError::InvalidAttribute(
+                            AttrMask::READ_EN | AttrMask::ATOMIC_EN,
+                            "a UC QP has no inbound RDMA Read or Atomic",
+                        ));
+                    }
+                    AttrMask::WRITE_EN
+                }
+                _ => AttrMask::WRITE_EN,
+            };
+        }
+        let flags = [
+            (self.remote_read.is_some(), AttrMask::READ_EN),
+            (self.remote_write.is_some(), AttrMask::WRITE_EN),
+            (self.remote_atomic.is_some(), AttrMask::ATOMIC_EN),
+            (self.pkey_index.is_some(), AttrMask::PKEY_INDEX),
+            (self.qkey.is_some(), AttrMask::QKEY),
+            (self.port_num.is_some(), AttrMask::PORT),
+            (self.rq_psn.is_some(), AttrMask::RQ_PSN),
+            (
+                self.max_dest_rd_atomic.is_some(),
+                AttrMask::MAX_DEST_RD_ATOMIC,
+            ),
+            (self.av.is_some(), AttrMask::AV),
+            (self.dest_qp_num.is_some(), AttrMask::DEST_QPN),
+            (self.alt_path.is_some(), AttrMask::ALT_PATH),
+            (self.cap.is_some(), AttrMask::CAP),
+            (self.min_rnr_timer.is_some(), AttrMask::MIN_RNR_TIMER),
+            (self.timeout.is_some(), AttrMask::TIMEOUT),
+            (self.sq_psn.is_some(), AttrMask::SQ_PSN),
+            (self.retry_cnt.is_some(), AttrMask::RETRY_CNT),
+            (self.rnr_retry.is_some(), AttrMask::RNR_RETRY),
+            (self.max_rd_atomic.is_some(), AttrMask::MAX_RD_ATOMIC),
+            (self.path_mig_state.is_some(), AttrMask::PATH_MIG_STATE),
+            (self.en_sqd_async_notify.is_some(), AttrMask::SQD_EVENT),
+        ];
+        for (present, bit) in flags {
+            if present {
+                m |= bit;
+            }
+        }
+        Ok(m)
+    }
+}
+
+/// A QP's current attributes, as Query QP returns them (QPS-GEN-2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpAttrs {
+    pub qp_state: QpState,
+    /// Inbound enables: REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC.
+    pub qp_access_flags: Access,
+    pub pkey_index: u16,
+    pub qkey: u32,
+    pub port_num: u8,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub max_dest_rd_atomic: u8,
+    pub max_rd_atomic: u8,
+    pub av: Option<AddressVector>,
+    pub dest_qp_num: u32,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub path_mig_state: MigState,
+    /// In SQD with messages still in progress.
+    pub sq_draining: bool,
+    pub en_sqd_async_notify: bool,
+    pub cap: QpCap,
+}
+
+impl QpAttrs {
+    fn reset(cap: QpCap) -> Self {
+        QpAttrs {
+            qp_state: QpState::Reset,
+            qp_access_flags: Access::empty(),
+            pkey_index: 0,
+            qkey: 0,
+            port_num: 1,
+            rq_psn: 0,
+            sq_psn: 0,
+            max_dest_rd_atomic: 0,
+            max_rd_atomic: 0,
+            av: None,
+            dest_qp_num: 0,
+            min_rnr_timer: 0,
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            path_mig_state: MigState::Migrated,
+            sq_draining: false,
+            en_sqd_async_notify: false,
+            cap,
+        }
+    }
+
+    fn set_enable(&mut self, right: Access, on: bool) {
+        self.qp_access_flags.set(right, on);
+    }
+}
+
+pub(crate) struct QpCore {
+    pub destroyed: bool,
+    pub attrs: QpAttrs,
+    pub sq: WorkQueue<SendWqe>,
+    pub rq: WorkQueue<RecvWqe>,
+    /// SQ WQEs whose first packet has been sent and that are not yet retired: the transport's
+    /// requester keeps this count; SQD drains until it is 0.
+    pub sq_in_progress: usize,
+    /// The SQ Drained event was requested at RTS→SQD and not yet raised (EVT-SQD-5).
+    pub sqd_event_pending: bool,
+}
+
+pub(crate) struct QpInner {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub dev: Arc<DeviceInner>,
+    pub pd: Pd,
+    pub send_cq: Cq,
+    pub recv_cq: Cq,
+    pub sq_sig_all: bool,
+    pub core: Mutex<QpCore>,
+}
+
+/// A queue pair (`ibv_qp`). Cloning gives another handle to the same QP.
+#[derive(Clone)]
+pub struct Qp {
+    pub(crate) inner: Arc<QpInner>,
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.inner.qpn)
+            .field("type", &self.inner.qp_type)
+            .finish()
+    }
+}
+
+impl Context {
+    /// Create QP (CRT-QP-*). A failed call creates nothing (CRT-QP-13).
+    pub fn create_qp(&self, pd: &Pd, init: &QpInitAttr) -> Result<Qp> {
+        self.inner.check_open()?;
+        if !self.same_device(&pd.inner.dev) {
+            return Err(VerbsError::InvalidPd);
+        }
+        pd.inner.check()?;
+        match init.qp_type {
+            QpType::Rc | QpType::Uc | QpType::Ud => {}
+            QpType::Rd => {
+                return Err(VerbsError::InvalidServiceType(
+                    "RD QPs are not implemented yet",
+                ))
+            }
+            QpType::RawIpv6 | QpType::RawEthertype => {
+                return Err(VerbsError::InvalidServiceType(
+                    "Raw QPs are not implemented yet",
+                ))
+            }
+        }
+        for cq in [&init.send_cq, &init.recv_cq] {
+            if !self.same_device(&cq.inner.dev) {
+                return Err(VerbsError::InvalidCqHandle);
+            }
+            cq.query().map_err(|_| VerbsError::InvalidCqHandle)?;
+        }
+        let attr = &self.inner.attr;
+        let cap = init.cap;
+        if cap.max_send_wr > attr.max_qp_wr || cap.max_recv_wr > attr.max_qp_wr {
+            return Err(VerbsError::MaxWrExceeded);
+        }
+        if cap.max_send_wr == 0 || cap.max_recv_wr == 0 {
+            return Err(VerbsError::InvalidArgument(
+                "a work queue holds at least one WR",
+            ));
+        }
+        if cap.max_send_sge > attr.max_sge || cap.max_recv_sge > attr.max_sge {
+            return Err(VerbsError::MaxSgeExceeded);
+        }
+        if cap.max_inline_data > attr.max_inline_data {
+            return Err(VerbsError::InvalidArgument(
+                "max_inline_data above the device maximum",
+            ));
+        }
+        take(&self.inner.counts.qp, attr.max_qp)?;
+        let undo_count = || give(&self.inner.counts.qp);
+        if let Err(e) = pd.inner.hold() {
+            undo_count();
+            return Err(e);
+        }
+        if let Err(e) = init.send_cq.attach() {
+            pd.inner.release();
+            undo_count();
+            return Err(e);
+        }
+        if let Err(e) = init.recv_cq.attach() {
+            init.send_cq.detach();
+            pd.inner.release();
+            undo_count();
+            return Err(e);
+        }
+        let max_sge = cap.max_send_sge.max(1) as usize;
+        let mut sq: WorkQueue<SendWqe> = WorkQueue::new(cap.max_send_wr as usize);
+        while let Some(slot) = sq.next_slot() {
+            slot.sges.reserve(max_sge);
+            sq.commit();
+        }
+        sq.clear();
+        let qpn = self.inner.alloc_qpn();
+        let inner = Arc::new(QpInner {
+            qpn,
+            qp_type: init.qp_type,
+            dev: self.inner.clone(),
+            pd: pd.clone(),
+            send_cq: init.send_cq.clone(),
+            recv_cq: init.recv_cq.clone(),
+            sq_sig_all: init.sq_sig_all,
+            core: Mutex::new(QpCore {
+                destroyed: false,
+                attrs: QpAttrs::reset(cap),
+                sq,
+                rq: WorkQueue::new(cap.max_recv_wr as usize),
+                sq_in_progress: 0,
+                sqd_event_pending: false,
+            }),
+        });
+        self.inner
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qpn, inner.clone());
+        tracing::debug!(device = %self.inner.name, qpn, qp_type = ?init.qp_type, "QP created");
+        Ok(Qp { inner })
+    }
+}
+
+impl Pd {
+    /// Create QP in this PD (see [`Context::create_qp`]).
+    pub fn create_qp(&self, init: &QpInitAttr) -> Result<Qp> {
+        self.context().create_qp(self, init)
+    }
+}
+
+/// Posts one CQE for a WQE that did not execute. Error CQEs are solicited events (EVT-SOL-2,
+/// EVT-SOL-5). An overflowing CQ has raised its CQ Error; the QP is already in Error here.
+fn flush_cqe(cq: &Cq, qpn: u32, wr_id: u64, opcode: WcOpcode) {
+    let wc = Wc {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode,
+        qp_num: qpn,
+        ..Default::default()
+    };
+    let _ = cq.push(wc, true);
+}
+
+pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
+    match op {
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::Resync => {
+            WcOpcode::Send
+        }
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
+        WrOpcode::RdmaRead => WcOpcode::RdmaRead,
+        WrOpcode::AtomicCmpSwp => WcOpcode::CompSwap,
+        WrOpcode::AtomicFetchAdd => WcOpcode::FetchAdd,
+        WrOpcode::BindMw => WcOpcode::BindMw,
+        WrOpcode::LocalInv => WcOpcode::LocalInv,
+    }
+}
+
+impl QpInner {
+    pub fn lock(&self) -> Result<MutexGuard<'_, QpCore>> {
+        self.dev.check_open()?;
+        let core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        if core.destroyed {
+            return Err(VerbsError::InvalidQpHandle);
+        }
+        Ok(core)
+    }
+
+    /// Flushes every outstanding WQE of both queues, each queue in post order (ERR-FLUSH-1,
+    /// ERR-FLUSH-3, ERR-FLUSH-5, ERR-FLUSH-6).
+    pub fn flush_all(&self, core: &mut QpCore) {
+        while let Some(w) = core.sq.pop() {
+            flush_cqe(&self.send_cq, self.qpn, w.wr_id, wc_opcode_of(w.opcode));
+        }
+        core.sq_in_progress = 0;
+        while let Some(w) = core.rq.pop() {
+            flush_cqe(&self.recv_cq, self.qpn, w.wr_id, WcOpcode::Recv);
+        }
+    }
+
+    /// Checks every value a Modify QP request supplies against the device and the QP
+    /// (MOD-GEN-8..11, MOD-GEN-13 via the `Mtu` type, MOD-SQD-RTS-RC-1).
+    fn check_values(&self, core: &QpCore, attr: &QpAttr, supplied: AttrMask) -> Result<()> {
+        let dev = &self.dev;
+        let bad = |bit: AttrMask, why: &'static str| Err(VerbsError::InvalidAttribute(bit, why));
+        if supplied.contains(AttrMask::ALT_PATH) && !dev.attr.auto_path_mig {
+            return Err(VerbsError::NotSupported("automatic path migration"));
+        }
+        if let Some(state) = attr.path_mig_state {
+            if state != MigState::Migrated && !dev.attr.auto_path_mig {
+                return Err(VerbsError::NotSupported("automatic path migration"));
+            }
+        }
+        if let Some(sizes) = attr.cap {
+            if !dev.attr.resize_wq {
+                return Err(VerbsError::NotSupported("resizing work queues"));
+            }
+            if sizes.max_send_wr == 0 || sizes.max_recv_wr == 0 {
+                return bad(AttrMask::CAP, "a work queue holds at least one WR");
+            }
+            if sizes.max_send_wr > dev.attr.max_qp_wr || sizes.max_recv_wr > dev.attr.max_qp_wr {
+                return bad(AttrMask::CAP, "above max_qp_wr");
+            }
+            if (sizes.max_send_wr as usize) < core.sq.len()
+                || (sizes.max_recv_wr as usize) < core.rq.len()
+            {
+                return bad(AttrMask::CAP, "smaller than the WQEs outstanding");
+            }
+        }
+        if let Some(port) = attr.port_num {
+            if port == 0 || port > dev.attr.phys_port_cnt {
+                return bad(AttrMask::PORT, "no such port");
+            }
+            if core.attrs.qp_state == QpState::Sqd
+                && port != core.attrs.port_num
+                && !dev.attr.port_change
+            {
+                return Err(VerbsError::NotSupported("changing the port of a QP"));
+            }
+        }
+        if let Some(i) = attr.pkey_index {
+            if dev.pkey(i).is_none() {
+                return bad(AttrMask::PKEY_INDEX, "P_Key index beyond the P_Key table");
+            }
+        }
+        for (v, bit, what) in [
+            (attr.retry_cnt, AttrMask::RETRY_CNT, "retry count above 7"),
+            (
+                attr.rnr_retry,
+                AttrMask::RNR_RETRY,
+                "RNR retry count above 7",
+            ),
+            (
+                attr.av.and_then(|a| a.retry_cnt),
+                AttrMask::AV,
+                "retry count above 7",
+            ),
+            (
+                attr.av.and_then(|a| a.rnr_retry),
+                AttrMask::AV,
+                "RNR retry count above 7",
+            ),
+        ] {
+            if v.is_some_and(|v| v > 7) {
+                return bad(bit, what);
+            }
+        }
+        for (v, bit, what) in [
+            (
+                attr.timeout,
+                AttrMask::TIMEOUT,
+                "local ACK timeout above 31",
+            ),
+            (
+                attr.av.and_then(|a| a.timeout),
+                AttrMask::AV,
+                "local ACK timeout above 31",
+            ),
+            (
+                attr.min_rnr_timer,
+                AttrMask::MIN_RNR_TIMER,
+                "minimum RNR NAK timer above 31",
+            ),
+        ] {
+            if v.is_some_and(|v| v > 31) {
+                return bad(bit, what);
+            }
+        }
+        for (v, bit, what) in [
+            (attr.rq_psn, AttrMask::RQ_PSN, "PSN above 2^24-1"),
+            (attr.sq_psn, AttrMask::SQ_PSN, "PSN above 2^24-1"),
+            (attr.dest_qp_num, AttrMask::DEST_QPN, "QPN above 2^24-1"),
+        ] {
+            if v.is_some_and(|v| v > 0xFF_FFFF) {
+                return bad(bit, what);
+            }
+        }
+        if attr
+            .max_rd_atomic
+            .is_some_and(|v| v as u32 > dev.attr.max_qp_init_rd_atom)
+        {
+            return bad(
+                AttrMask::MAX_RD_ATOMIC,
+                "outbound depth above the HCA maximum",
+            );
+        }
+        if attr
+            .max_dest_rd_atomic
+            .is_some_and(|v| v as u32 > dev.attr.max_qp_rd_atom)
+        {
+            return bad(
+                AttrMask::MAX_DEST_RD_ATOMIC,
+                "inbound depth above the HCA maximum",
+            );
+        }
+        if let Some(av) = &attr.av {
+            validate_ah_attr(dev, &av.ah, AttrMask::AV)?;
+            if av.path_mtu > dev.port.active_mtu {
+                return bad(AttrMask::AV, "path MTU above the port MTU");
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a validated request's values to the attributes.
+    fn apply(&self, a: &mut QpAttrs, attr: &QpAttr, supplied: AttrMask) {
+        if let Some(acc) = attr.access {
+            for (bit, right) in [
+                (AttrMask::READ_EN, Access::REMOTE_READ),
+                (AttrMask::WRITE_EN, Access::REMOTE_WRITE),
+                (AttrMask::ATOMIC_EN, Access::REMOTE_ATOMIC),
+            ] {
+                if supplied.contains(bit) {
+                    a.set_enable(right, acc.contains(right));
+                }
+            }
+        }
+        if let Some(v) = attr.remote_read {
+            a.set_enable(Access::REMOTE_READ, v);
+        }
+        if let Some(v) = attr.remote_write {
+            a.set_enable(Access::REMOTE_WRITE, v);
+        }
+        if let Some(v) = attr.remote_atomic {
+            a.set_enable(Access::REMOTE_ATOMIC, v);
+        }
+        if let Some(av) = attr.av {
+            a.av = Some(av);
+            // values in the AV take effect now; RTR→RTS supplies them again and wins.
+            if let Some(v) = av.timeout {
+                a.timeout = v;
+            }
+            if let Some(v) = av.retry_cnt {
+                a.retry_cnt = v;
+            }
+            if let Some(v) = av.rnr_retry {
+                a.rnr_retry = v;
+            }
+        }
+        macro_rules! copy {
+            ($($f:ident),*) => { $( if let Some(v) = attr.$f { a.$f = v; } )* };
+        }
+        copy!(
+            pkey_index,
+            qkey,
+            port_num,
+            rq_psn,
+            sq_psn,
+            max_dest_rd_atomic,
+            max_rd_atomic,
+            dest_qp_num,
+            min_rnr_timer,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            path_mig_state,
+            en_sqd_async_notify
+        );
+        if let Some(sizes) = attr.cap {
+            a.cap.max_send_wr = sizes.max_send_wr;
+            a.cap.max_recv_wr = sizes.max_recv_wr;
+        }
+    }
+
+    /// Raises SQ Drained once the drain a RTS→SQD asked about is over (EVT-SQD-1, -3, -4, -5).
+    pub fn check_drained(&self, core: &mut QpCore) {
+        if core.attrs.qp_state == QpState::Sqd && core.sq_in_progress == 0 {
+            core.attrs.sq_draining = false;
+            if core.sqd_event_pending {
+                core.sqd_event_pending = false;
+                self.dev.raise(AsyncEvent {
+                    event_type: AsyncEventType::SqDrained,
+                    element: EventElement::Qp(self.qpn),
+                });
+            }
+        }
+    }
+}
+
+impl Qp {
+    /// The 24-bit QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.inner.qpn
+    }
+
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
+    pub fn pd(&self) -> &Pd {
+        &self.inner.pd
+    }
+
+    pub fn send_cq(&self) -> &Cq {
+        &self.inner.send_cq
+    }
+
+    pub fn recv_cq(&self) -> &Cq {
+        &self.inner.recv_cq
+    }
+
+    /// The current state.
+    pub fn state(&self) -> Result<QpState> {
+        Ok(self.inner.lock()?.attrs.qp_state)
+    }
+
+    /// Query QP: the current state and attributes (QPS-GEN-2).
+    pub fn query(&self) -> Result<QpAttrs> {
+        Ok(self.inner.lock()?.attrs.clone())
+    }
+
+    /// Modify QP. Either everything the request asks happens, or (on error) nothing at all
+    /// (MOD-GEN-5).
+    pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        let q = &self.inner;
+        let mut core = q.lock()?;
+        let from = core.attrs.qp_state;
+        let to = attr.qp_state;
+        let supplied = attr.mask(q.qp_type)?;
+        check_modify(q.qp_type, from, to, supplied)?;
+        // MOD-SQD-RTS-4: no retuning while the SQ is still draining.
+        if from == QpState::Sqd
+            && matches!(to, QpState::Rts | QpState::Sqd)
+            && !supplied.is_empty()
+            && core.sq_in_progress > 0
+        {
+            return Err(VerbsError::InvalidQpState);
+        }
+        q.check_values(&core, attr, supplied)?;
+
+        let mut next = core.attrs.clone();
+        q.apply(&mut next, attr, supplied);
+        next.qp_state = to;
+        match to {
+            QpState::Reset => {
+                // QPS-RESET-5..7: discard both queues without CQEs and take this QP's CQEs
+                // off its CQs; the attributes return to their Reset values.
+                core.sq.clear();
+                core.rq.clear();
+                core.sq_in_progress = 0;
+                core.sqd_event_pending = false;
+                q.send_cq.purge_qp(q.qpn);
+                q.recv_cq.purge_qp(q.qpn);
+                let cap = core.attrs.cap;
+                core.attrs = QpAttrs::reset(cap);
+            }
+            QpState::Error => {
+                next.sq_draining = false;
+                core.attrs = next;
+                core.sqd_event_pending = false;
+                q.flush_all(&mut core);
+            }
+            _ => {
+                if let Some(sizes) = attr.cap {
+                    core.sq.resize(sizes.max_send_wr as usize);
+                    core.rq.resize(sizes.max_recv_wr as usize);
+                }
+                if from == QpState::Rts && to == QpState::Sqd {
+                    next.sq_draining = core.sq_in_progress > 0;
+                    core.sqd_event_pending = next.en_sqd_async_notify;
+                }
+                if to != QpState::Sqd {
+                    next.sq_draining = false;
+                }
+                core.attrs = next;
+                q.check_drained(&mut core);
+            }
+        }
+        tracing::debug!(qpn = q.qpn, %from, %to, ?supplied, "modify QP");
+        Ok(())
+    }
+
+    /// Post Send: validates every WR first and queues all or none (an immediate error queues
+    /// nothing). In Error each WR is flushed at once, in post order (QPS-ERR-3).
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let q = &self.inner;
+        let at = |index: usize| move |error: VerbsError| PostError { index, error };
+        let mut core = q.lock().map_err(at(0))?;
+        let state = core.attrs.qp_state;
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(at(0)(VerbsError::InvalidQpState)); // QPS-RESET-2, QPS-INIT-3, QPS-RTR-4
+        }
+        let free = core.sq.free();
+        for (i, wr) in wrs.iter().enumerate() {
+            self.check_send_wr(&core, wr).map_err(at(i))?;
+            if state != QpState::Error && i >= free {
+                return Err(at(i)(VerbsError::QueueFull));
+            }
+        }
+        for wr in wrs {
+            if state == QpState::Error {
+                flush_cqe(&q.send_cq, q.qpn, wr.wr_id, wc_opcode_of(wr.opcode));
+                continue;
+            }
+            let Some(slot) = core.sq.next_slot() else {
+                break;
+            };
+            fill_send_wqe(slot, wr, q.sq_sig_all);
+            core.sq.commit();
+        }
+        Ok(())
+    }
+
+    fn check_send_wr(&self, core: &QpCore, wr: &SendWr<'_>) -> Result<()> {
+        let q = &self.inner;
+        if !wr_allowed(q.qp_type, wr.opcode) {
+            return Err(VerbsError::InvalidWrType);
+        }
+        if matches!(
+            wr.opcode,
+            WrOpcode::BindMw | WrOpcode::LocalInv | WrOpcode::SendWithInv
+        ) {
+            return Err(VerbsError::NotSupported(
+                "memory windows and invalidation are not implemented yet",
+            ));
+        }
+        let inline = wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers();
+        if !inline && wr.sg_list.len() > core.attrs.cap.max_send_sge as usize {
+            return Err(VerbsError::MaxSgeExceeded);
+        }
+        if inline && wr.inline_data.len() > core.attrs.cap.max_inline_data as usize {
+            return Err(VerbsError::InvalidWr("inline data above max_inline_data"));
+        }
+        let length = wr_length(wr);
+        if length > MAX_MSG_SIZE {
+            return Err(VerbsError::InvalidWr("message longer than 2^31 bytes"));
+        }
+        if wr.opcode.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
+            return Err(VerbsError::InvalidWr(
+                "an atomic takes exactly one 8-byte scatter entry",
+            ));
+        }
+        if q.qp_type == QpType::Ud {
+            let ah = wr
+                .ah
+                .ok_or(VerbsError::InvalidWr("a UD send needs an address handle"))?;
+            ah.check()?;
+            if !Arc::ptr_eq(&ah.inner.pd, &q.pd.inner) {
+                return Err(VerbsError::InvalidWr(
+                    "address handle of another protection domain",
+                ));
+            }
+            if wr.remote_qpn > 0xFF_FFFF {
+                return Err(VerbsError::InvalidWr("remote QPN above 2^24-1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Post Receive: all or none, like [`Qp::post_send`]. Refused only in Reset (QPS-RESET-3);
+    /// held in Init, flushed at once in Error (QPS-ERR-4).
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let q = &self.inner;
+        let at = |index: usize| move |error: VerbsError| PostError { index, error };
+        let mut core = q.lock().map_err(at(0))?;
+        let state = core.attrs.qp_state;
+        if state == QpState::Reset {
+            return Err(at(0)(VerbsError::InvalidQpState));
+        }
+        let free = core.rq.free();
+        for (i, wr) in wrs.iter().enumerate() {
+            if wr.sg_list.len() > core.attrs.cap.max_recv_sge as usize {
+                return Err(at(i)(VerbsError::MaxSgeExceeded));
+            }
+            if sge_total(wr.sg_list) > MAX_MSG_SIZE {
+                return Err(at(i)(VerbsError::InvalidWr(
+                    "scatter list longer than 2^31 bytes",
+                )));
+            }
+            if state != QpState::Error && i >= free {
+                return Err(at(i)(VerbsError::QueueFull));
+            }
+        }
+        for wr in wrs {
+            if state == QpState::Error {
+                flush_cqe(&q.recv_cq, q.qpn, wr.wr_id, WcOpcode::Recv);
+                continue;
+            }
+            let Some(slot) = core.rq.next_slot() else {
+                break;
+            };
+            slot.wr_id = wr.wr_id;
+            slot.sges.clear();
+            slot.sges.extend_from_slice(wr.sg_list);
+            slot.length = sge_total(wr.sg_list);
+            core.rq.commit();
+        }
+        Ok(())
+    }
+
+    /// WQEs outstanding on the SQ and the RQ.
+    pub fn outstanding(&self) -> Result<(usize, usize)> {
+        let core = self.inner.lock()?;
+        Ok((core.sq.len(), core.rq.len()))
+    }
+
+    /// Destroy QP: accepted in every state (QPT-SW-12). Outstanding WQEs are discarded; CQEs
+    /// already on the CQs stay there to be polled.
+    pub fn destroy(&self) -> Result<()> {
+        let q = &self.inner;
+        let mut core = q.lock()?;
+        core.destroyed = true;
+        core.sq.clear();
+        core.rq.clear();
+        drop(core);
+        q.dev
+            .qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&q.qpn);
+        q.send_cq.detach();
+        q.recv_cq.detach();
+        q.pd.inner.release();
+        give(&q.dev.counts.qp);
+        tracing::debug!(qpn = q.qpn, "QP destroyed");
+        Ok(())
+    }
+}
+
+fn sge_total(sges: &[crate::verbs::types::Sge]) -> u64 {
+    sges.iter().map(|s| s.length as u64).sum()
+}
+
+fn wr_length(wr: &SendWr<'_>) -> u64 {
+    if wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers() {
+        wr.inline_data.len() as u64
+    } else {
+        sge_total(wr.sg_list)
+    }
+}
+
+fn fill_send_wqe(slot: &mut SendWqe, wr: &SendWr<'_>, sq_sig_all: bool) {
+    let inline = wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers();
+    slot.wr_id = wr.wr_id;
+    slot.opcode = wr.opcode;
+    slot.flags = wr.send_flags;
+    slot.signaled = sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+    slot.sges.clear();
+    slot.inline.clear();
+    if inline {
+        slot.inline.extend_from_slice(wr.inline_data);
+    } else {
+        slot.sges.extend_from_slice(wr.sg_list);
+    }
+    slot.length = wr_length(wr);
+    slot.imm_data = wr.imm_data;
+    slot.invalidate_rkey = wr.invalidate_rkey;
+    slot.remote_addr = wr.remote_addr;
+    slot.rkey = wr.rkey;
+    slot.compare_add = wr.compare_add;
+    slot.swap = wr.swap;
+    slot.ah = wr.ah.cloned();
+    slot.remote_qpn = wr.remote_qpn;
+    slot.remote_qkey = wr.remote_qkey;
+}
