@@ -1,0 +1,115 @@
+//! The RoCEv2 Invariant CRC (PKT-ROCE-7, PKT-ROCE-8).
+//!
+//! The CRC runs over 8 bytes of 0xFF (the absent LRH), the IP and UDP headers
+//! with their variant fields masked to all ones, the BTH with byte 4 masked,
+//! then the rest of the packet up to the ICRC. Only the headers are copied,
+//! into a small stack array, to be masked; the payload is fed to the hasher in
+//! place, so the cost per byte is crc32fast's.
+
+use super::bth::BTH_RESV8A;
+use super::packet::{BTH_LEN, ICRC_LEN};
+use super::roce::{ip_header_len, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
+use super::{check_len, WireError};
+
+/// Longest masked prefix: LRH stand-in + IPv6 + UDP + BTH.
+const MAX_PREFIX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
+
+/// Computes the ICRC of a transport packet given the IP and UDP headers it
+/// travels under.
+///
+/// - `ip_udp`: the IPv4 (20 bytes, no options) or IPv6 (40 bytes) header
+///   followed by the 8-byte UDP header, exactly as sent; the masked fields may
+///   hold anything. A receiver whose socket hides the IP header rebuilds it
+///   here from what it knows.
+/// - `packet`: the BTH through the last pad byte, *without* the ICRC.
+pub fn compute(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
+    let ip_len = ip_header_len(ip_udp)?;
+    let hdr_len = ip_len + UDP_HEADER_LEN;
+    if ip_udp.len() != hdr_len {
+        return Err(WireError::BadLength);
+    }
+    check_len(packet, BTH_LEN)?;
+
+    let mut prefix = [0xffu8; MAX_PREFIX];
+    let ip_at = 8;
+    let udp_at = ip_at + ip_len;
+    let bth_at = udp_at + UDP_HEADER_LEN;
+    let end = bth_at + BTH_LEN;
+    prefix[ip_at..bth_at].copy_from_slice(ip_udp);
+    prefix[bth_at..end].copy_from_slice(&packet[..BTH_LEN]);
+
+    let ip = &mut prefix[ip_at..udp_at];
+    if ip_len == IPV4_HEADER_LEN {
+        // TOS, TTL and Header Checksum change hop by hop.
+        ip[1] = 0xff;
+        ip[8] = 0xff;
+        ip[10] = 0xff;
+        ip[11] = 0xff;
+    } else {
+        // Traffic Class (bits 4..12), Flow Label (bits 12..32), Hop Limit.
+        ip[0] |= 0x0f;
+        ip[1] = 0xff;
+        ip[2] = 0xff;
+        ip[3] = 0xff;
+        ip[7] = 0xff;
+    }
+    // UDP checksum.
+    prefix[udp_at + 6] = 0xff;
+    prefix[udp_at + 7] = 0xff;
+    // BTH resv8a (FECN/BECN may be set by switches).
+    prefix[bth_at + BTH_RESV8A] = 0xff;
+
+    let mut h = crc32fast::Hasher::new();
+    h.update(&prefix[..end]);
+    h.update(&packet[BTH_LEN..]);
+    Ok(h.finalize())
+}
+
+/// A datagram cut into `(ip_udp, packet_without_icrc, icrc_bytes)`.
+type Parts<'a> = (&'a [u8], &'a [u8], &'a [u8]);
+
+/// Splits a datagram (IP header … ICRC) into its [`Parts`].
+fn split(datagram: &[u8]) -> Result<Parts<'_>, WireError> {
+    let hdr_len = ip_header_len(datagram)? + UDP_HEADER_LEN;
+    check_len(datagram, hdr_len + BTH_LEN + ICRC_LEN)?;
+    let (ip_udp, rest) = datagram.split_at(hdr_len);
+    let (packet, icrc) = rest.split_at(rest.len() - ICRC_LEN);
+    Ok((ip_udp, packet, icrc))
+}
+
+/// The ICRC a datagram (IP header through ICRC slot) should carry; the
+/// current contents of the slot do not matter.
+pub fn compute_datagram(datagram: &[u8]) -> Result<u32, WireError> {
+    let (ip_udp, packet, _) = split(datagram)?;
+    compute(ip_udp, packet)
+}
+
+/// Checks the ICRC at the end of a datagram (PKT-ROCE-10, PKT-VAL-2).
+pub fn verify_datagram(datagram: &[u8]) -> Result<(), WireError> {
+    let (ip_udp, packet, icrc) = split(datagram)?;
+    verify(ip_udp, packet, icrc)
+}
+
+/// Checks `icrc` (the 4 bytes as received) against `ip_udp` and `packet`
+/// (BTH … pad); see [`compute`].
+pub fn verify(ip_udp: &[u8], packet: &[u8], icrc: &[u8]) -> Result<(), WireError> {
+    let computed = compute(ip_udp, packet)?;
+    let received = match icrc {
+        [a, b, c, d] => u32::from_le_bytes([*a, *b, *c, *d]),
+        _ => return Err(WireError::BadLength),
+    };
+    if computed == received {
+        Ok(())
+    } else {
+        Err(WireError::BadIcrc { computed, received })
+    }
+}
+
+/// Computes the ICRC of a datagram and writes it into its last 4 bytes, least
+/// significant byte first (PKT-ROCE-8).
+pub fn fill_datagram(datagram: &mut [u8]) -> Result<u32, WireError> {
+    let icrc = compute_datagram(datagram)?;
+    let at = datagram.len() - ICRC_LEN;
+    datagram[at..].copy_from_slice(&icrc.to_le_bytes());
+    Ok(icrc)
+}

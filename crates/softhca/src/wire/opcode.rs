@@ -1,0 +1,363 @@
+//! The IBA opcode table (PKT-OP-1): for every opcode this HCA knows, its value,
+//! spec name, service type, the extended headers that follow the BTH, whether a
+//! payload is allowed, its position in a message and the operation it belongs
+//! to. Everything else in `wire` (header parsing, lengths, emission) is driven
+//! by this one table instead of per-opcode branches (DESIGN rule 3).
+
+use bitflags::bitflags;
+
+bitflags! {
+    /// The set of extended headers after the BTH. The bit order is the order
+    /// the headers appear on the wire (PKT-OP-4), so iterating the set yields
+    /// them in wire order.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct ExtHeaders: u8 {
+        /// Reliable Datagram Extended Transport Header (4 bytes).
+        const RDETH = 1 << 0;
+        /// Datagram Extended Transport Header (8 bytes).
+        const DETH = 1 << 1;
+        /// RDMA Extended Transport Header (16 bytes).
+        const RETH = 1 << 2;
+        /// Atomic Extended Transport Header (28 bytes).
+        const ATOMIC_ETH = 1 << 3;
+        /// ACK Extended Transport Header (4 bytes).
+        const AETH = 1 << 4;
+        /// Atomic ACK Extended Transport Header (8 bytes).
+        const ATOMIC_ACK_ETH = 1 << 5;
+        /// Immediate Data (4 bytes).
+        const IMMDT = 1 << 6;
+        /// Invalidate Extended Transport Header (4 bytes).
+        const IETH = 1 << 7;
+    }
+}
+
+/// Byte sizes of the extended headers, in bit order of [`ExtHeaders`].
+const EXT_HEADER_LEN: [usize; 8] = [4, 8, 16, 28, 4, 8, 4, 4];
+
+impl ExtHeaders {
+    /// Total length in bytes of the headers in this set.
+    pub const fn header_len(self) -> usize {
+        let mut len = 0;
+        let mut i = 0;
+        while i < 8 {
+            if self.bits() & (1 << i) != 0 {
+                len += EXT_HEADER_LEN[i];
+            }
+            i += 1;
+        }
+        len
+    }
+
+    /// Byte offset of `header` from the end of the BTH when the packet carries
+    /// the headers in `self` (PKT-OP-4 order), or `None` if `header` is not in
+    /// the set. `header` must be a single flag.
+    pub const fn offset_of(self, header: ExtHeaders) -> Option<usize> {
+        if !self.contains(header) || header.bits().count_ones() != 1 {
+            return None;
+        }
+        let before = ExtHeaders::from_bits_retain(self.bits() & (header.bits() - 1));
+        Some(before.header_len())
+    }
+}
+
+/// Service type of an opcode: bits 7:5 of the opcode value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ServiceType {
+    /// Reliable Connection (000).
+    Rc,
+    /// Unreliable Connection (001).
+    Uc,
+    /// Reliable Datagram (010).
+    Rd,
+    /// Unreliable Datagram (011).
+    Ud,
+    /// RoCEv2 Congestion Notification Packet (100).
+    Cnp,
+}
+
+/// The operation an opcode belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Send,
+    RdmaWrite,
+    RdmaReadRequest,
+    RdmaReadResponse,
+    Acknowledge,
+    AtomicAcknowledge,
+    CompareSwap,
+    FetchAdd,
+    /// RD Resync.
+    Resync,
+    /// RoCEv2 congestion notification (PKT-ROCE-12).
+    Cnp,
+}
+
+/// Where a packet sits in its message. Single-packet operations (ACKs, Read
+/// requests, Atomics, CNP) are `Only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Position {
+    First,
+    Middle,
+    Last,
+    Only,
+}
+
+/// Whether an opcode is sent by the requester (SQ Logic) or the responder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    Request,
+    Response,
+}
+
+/// One row of the opcode table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpcodeInfo {
+    pub opcode: Opcode,
+    /// The BTH:OpCode byte.
+    pub value: u8,
+    /// The spec name, e.g. `RC_SEND_FIRST`.
+    pub name: &'static str,
+    pub service: ServiceType,
+    pub operation: Operation,
+    pub position: Position,
+    pub direction: Direction,
+    /// Extended headers after the BTH, in wire order (PKT-OP-4).
+    pub headers: ExtHeaders,
+    /// Whether the packet may carry a payload (PKT-OP-2).
+    pub payload: bool,
+    /// Whether BTH:SE is meaningful: last/only packets of Sends and of RDMA
+    /// Writes with Immediate.
+    pub solicited_event: bool,
+    /// Reserved bytes after the extended headers, sent as 0 and ignored on
+    /// receipt (16 for a CNP, PKT-ROCE-12; 0 otherwise).
+    pub reserved_len: u8,
+}
+
+impl OpcodeInfo {
+    /// Whether the packet carries Immediate Data.
+    pub const fn has_immediate(&self) -> bool {
+        self.headers.contains(ExtHeaders::IMMDT)
+    }
+
+    /// Whether the packet carries an R_Key to invalidate.
+    pub const fn has_invalidate(&self) -> bool {
+        self.headers.contains(ExtHeaders::IETH)
+    }
+
+    /// Whether the requester sends this opcode.
+    pub const fn is_request(&self) -> bool {
+        matches!(self.direction, Direction::Request)
+    }
+
+    /// Bytes between the end of the BTH and the payload.
+    pub const fn ext_len(&self) -> usize {
+        self.headers.header_len() + self.reserved_len as usize
+    }
+}
+
+/// Shorthands for the header column of the table.
+const NONE: ExtHeaders = ExtHeaders::empty();
+const IMM: ExtHeaders = ExtHeaders::IMMDT;
+const IETH: ExtHeaders = ExtHeaders::IETH;
+const RETH: ExtHeaders = ExtHeaders::RETH;
+const RETH_IMM: ExtHeaders = ExtHeaders::RETH.union(ExtHeaders::IMMDT);
+const AETH: ExtHeaders = ExtHeaders::AETH;
+const ATOMIC_ACK: ExtHeaders = ExtHeaders::AETH.union(ExtHeaders::ATOMIC_ACK_ETH);
+const ATOMIC: ExtHeaders = ExtHeaders::ATOMIC_ETH;
+const DETH: ExtHeaders = ExtHeaders::DETH;
+const DETH_IMM: ExtHeaders = ExtHeaders::DETH.union(ExtHeaders::IMMDT);
+/// RD requests carry RDETH then DETH; RD responses carry RDETH only.
+const RD_REQ: ExtHeaders = ExtHeaders::RDETH.union(ExtHeaders::DETH);
+const RD_REQ_IMM: ExtHeaders = RD_REQ.union(ExtHeaders::IMMDT);
+const RD_REQ_RETH: ExtHeaders = RD_REQ.union(ExtHeaders::RETH);
+const RD_REQ_RETH_IMM: ExtHeaders = RD_REQ_RETH.union(ExtHeaders::IMMDT);
+const RD_REQ_ATOMIC: ExtHeaders = RD_REQ.union(ExtHeaders::ATOMIC_ETH);
+const RD_RESP: ExtHeaders = ExtHeaders::RDETH;
+const RD_RESP_AETH: ExtHeaders = ExtHeaders::RDETH.union(ExtHeaders::AETH);
+const RD_ATOMIC_ACK: ExtHeaders = RD_RESP_AETH.union(ExtHeaders::ATOMIC_ACK_ETH);
+
+/// Defines [`Opcode`] and [`OPCODES`] from one list of rows, so the enum and the
+/// table cannot drift apart.
+macro_rules! opcode_table {
+    ($( $variant:ident = $value:literal, $name:literal, $svc:ident, $op:ident, $pos:ident,
+        $dir:ident, $hdrs:expr, payload $payload:literal, se $se:literal
+        $(, reserved $res:literal)?; )*) => {
+        /// A BTH:OpCode. Values the table does not list decode to
+        /// [`Opcode::Reserved`] (the transport treats them per PKT-OP-3/5);
+        /// decoding never fails.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Opcode {
+            $( #[doc = $name] $variant, )*
+            /// A value the table does not list. Build it only through
+            /// `Opcode::from(u8)`, which never wraps a listed value.
+            Reserved(u8),
+        }
+
+        /// The opcode table: one row per opcode this HCA knows (PKT-OP-1).
+        pub const OPCODES: &[OpcodeInfo] = &[
+            $( OpcodeInfo {
+                opcode: Opcode::$variant,
+                value: $value,
+                name: $name,
+                service: ServiceType::$svc,
+                operation: Operation::$op,
+                position: Position::$pos,
+                direction: Direction::$dir,
+                headers: $hdrs,
+                payload: $payload,
+                solicited_event: $se,
+                reserved_len: 0 $( + $res )?,
+            }, )*
+        ];
+
+        impl Opcode {
+            /// The BTH:OpCode byte.
+            pub const fn value(self) -> u8 {
+                match self {
+                    $( Opcode::$variant => $value, )*
+                    Opcode::Reserved(v) => v,
+                }
+            }
+        }
+    };
+}
+
+opcode_table! {
+    // RC (000)
+    RcSendFirst = 0x00, "RC_SEND_FIRST", Rc, Send, First, Request, NONE, payload true, se false;
+    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", Rc, Send, Middle, Request, NONE, payload true, se false;
+    RcSendLast = 0x02, "RC_SEND_LAST", Rc, Send, Last, Request, NONE, payload true, se true;
+    RcSendLastWithImmediate = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", Rc, Send, Last, Request, IMM, payload true, se true;
+    RcSendOnly = 0x04, "RC_SEND_ONLY", Rc, Send, Only, Request, NONE, payload true, se true;
+    RcSendOnlyWithImmediate = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", Rc, Send, Only, Request, IMM, payload true, se true;
+    RcRdmaWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", Rc, RdmaWrite, First, Request, RETH, payload true, se false;
+    RcRdmaWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", Rc, RdmaWrite, Middle, Request, NONE, payload true, se false;
+    RcRdmaWriteLast = 0x08, "RC_RDMA_WRITE_LAST", Rc, RdmaWrite, Last, Request, NONE, payload true, se false;
+    RcRdmaWriteLastWithImmediate = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Rc, RdmaWrite, Last, Request, IMM, payload true, se true;
+    RcRdmaWriteOnly = 0x0A, "RC_RDMA_WRITE_ONLY", Rc, RdmaWrite, Only, Request, RETH, payload true, se false;
+    RcRdmaWriteOnlyWithImmediate = 0x0B, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Rc, RdmaWrite, Only, Request, RETH_IMM, payload true, se true;
+    RcRdmaReadRequest = 0x0C, "RC_RDMA_READ_REQUEST", Rc, RdmaReadRequest, Only, Request, RETH, payload false, se false;
+    RcRdmaReadResponseFirst = 0x0D, "RC_RDMA_READ_RESPONSE_FIRST", Rc, RdmaReadResponse, First, Response, AETH, payload true, se false;
+    RcRdmaReadResponseMiddle = 0x0E, "RC_RDMA_READ_RESPONSE_MIDDLE", Rc, RdmaReadResponse, Middle, Response, NONE, payload true, se false;
+    RcRdmaReadResponseLast = 0x0F, "RC_RDMA_READ_RESPONSE_LAST", Rc, RdmaReadResponse, Last, Response, AETH, payload true, se false;
+    RcRdmaReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", Rc, RdmaReadResponse, Only, Response, AETH, payload true, se false;
+    RcAcknowledge = 0x11, "RC_ACKNOWLEDGE", Rc, Acknowledge, Only, Response, AETH, payload false, se false;
+    RcAtomicAcknowledge = 0x12, "RC_ATOMIC_ACKNOWLEDGE", Rc, AtomicAcknowledge, Only, Response, ATOMIC_ACK, payload false, se false;
+    RcCompareSwap = 0x13, "RC_COMPARE_SWAP", Rc, CompareSwap, Only, Request, ATOMIC, payload false, se false;
+    RcFetchAdd = 0x14, "RC_FETCH_ADD", Rc, FetchAdd, Only, Request, ATOMIC, payload false, se false;
+    RcSendLastWithInvalidate = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", Rc, Send, Last, Request, IETH, payload true, se true;
+    RcSendOnlyWithInvalidate = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Rc, Send, Only, Request, IETH, payload true, se true;
+
+    // UC (001)
+    UcSendFirst = 0x20, "UC_SEND_FIRST", Uc, Send, First, Request, NONE, payload true, se false;
+    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", Uc, Send, Middle, Request, NONE, payload true, se false;
+    UcSendLast = 0x22, "UC_SEND_LAST", Uc, Send, Last, Request, NONE, payload true, se true;
+    UcSendLastWithImmediate = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", Uc, Send, Last, Request, IMM, payload true, se true;
+    UcSendOnly = 0x24, "UC_SEND_ONLY", Uc, Send, Only, Request, NONE, payload true, se true;
+    UcSendOnlyWithImmediate = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", Uc, Send, Only, Request, IMM, payload true, se true;
+    UcRdmaWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", Uc, RdmaWrite, First, Request, RETH, payload true, se false;
+    UcRdmaWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", Uc, RdmaWrite, Middle, Request, NONE, payload true, se false;
+    UcRdmaWriteLast = 0x28, "UC_RDMA_WRITE_LAST", Uc, RdmaWrite, Last, Request, NONE, payload true, se false;
+    UcRdmaWriteLastWithImmediate = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Uc, RdmaWrite, Last, Request, IMM, payload true, se true;
+    UcRdmaWriteOnly = 0x2A, "UC_RDMA_WRITE_ONLY", Uc, RdmaWrite, Only, Request, RETH, payload true, se false;
+    UcRdmaWriteOnlyWithImmediate = 0x2B, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Uc, RdmaWrite, Only, Request, RETH_IMM, payload true, se true;
+
+    // RD (010): RDETH on every packet, DETH on every request.
+    RdSendFirst = 0x40, "RD_SEND_FIRST", Rd, Send, First, Request, RD_REQ, payload true, se false;
+    RdSendMiddle = 0x41, "RD_SEND_MIDDLE", Rd, Send, Middle, Request, RD_REQ, payload true, se false;
+    RdSendLast = 0x42, "RD_SEND_LAST", Rd, Send, Last, Request, RD_REQ, payload true, se true;
+    RdSendLastWithImmediate = 0x43, "RD_SEND_LAST_WITH_IMMEDIATE", Rd, Send, Last, Request, RD_REQ_IMM, payload true, se true;
+    RdSendOnly = 0x44, "RD_SEND_ONLY", Rd, Send, Only, Request, RD_REQ, payload true, se true;
+    RdSendOnlyWithImmediate = 0x45, "RD_SEND_ONLY_WITH_IMMEDIATE", Rd, Send, Only, Request, RD_REQ_IMM, payload true, se true;
+    RdRdmaWriteFirst = 0x46, "RD_RDMA_WRITE_FIRST", Rd, RdmaWrite, First, Request, RD_REQ_RETH, payload true, se false;
+    RdRdmaWriteMiddle = 0x47, "RD_RDMA_WRITE_MIDDLE", Rd, RdmaWrite, Middle, Request, RD_REQ, payload true, se false;
+    RdRdmaWriteLast = 0x48, "RD_RDMA_WRITE_LAST", Rd, RdmaWrite, Last, Request, RD_REQ, payload true, se false;
+    RdRdmaWriteLastWithImmediate = 0x49, "RD_RDMA_WRITE_LAST_WITH_IMMEDIATE", Rd, RdmaWrite, Last, Request, RD_REQ_IMM, payload true, se true;
+    RdRdmaWriteOnly = 0x4A, "RD_RDMA_WRITE_ONLY", Rd, RdmaWrite, Only, Request, RD_REQ_RETH, payload true, se false;
+    RdRdmaWriteOnlyWithImmediate = 0x4B, "RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Rd, RdmaWrite, Only, Request, RD_REQ_RETH_IMM, payload true, se true;
+    RdRdmaReadRequest = 0x4C, "RD_RDMA_READ_REQUEST", Rd, RdmaReadRequest, Only, Request, RD_REQ_RETH, payload false, se false;
+    RdRdmaReadResponseFirst = 0x4D, "RD_RDMA_READ_RESPONSE_FIRST", Rd, RdmaReadResponse, First, Response, RD_RESP_AETH, payload true, se false;
+    RdRdmaReadResponseMiddle = 0x4E, "RD_RDMA_READ_RESPONSE_MIDDLE", Rd, RdmaReadResponse, Middle, Response, RD_RESP, payload true, se false;
+    RdRdmaReadResponseLast = 0x4F, "RD_RDMA_READ_RESPONSE_LAST", Rd, RdmaReadResponse, Last, Response, RD_RESP_AETH, payload true, se false;
+    RdRdmaReadResponseOnly = 0x50, "RD_RDMA_READ_RESPONSE_ONLY", Rd, RdmaReadResponse, Only, Response, RD_RESP_AETH, payload true, se false;
+    RdAcknowledge = 0x51, "RD_ACKNOWLEDGE", Rd, Acknowledge, Only, Response, RD_RESP_AETH, payload false, se false;
+    RdAtomicAcknowledge = 0x52, "RD_ATOMIC_ACKNOWLEDGE", Rd, AtomicAcknowledge, Only, Response, RD_ATOMIC_ACK, payload false, se false;
+    RdCompareSwap = 0x53, "RD_COMPARE_SWAP", Rd, CompareSwap, Only, Request, RD_REQ_ATOMIC, payload false, se false;
+    RdFetchAdd = 0x54, "RD_FETCH_ADD", Rd, FetchAdd, Only, Request, RD_REQ_ATOMIC, payload false, se false;
+    RdResync = 0x55, "RD_RESYNC", Rd, Resync, Only, Request, RD_REQ, payload false, se false;
+
+    // UD (011)
+    UdSendOnly = 0x64, "UD_SEND_ONLY", Ud, Send, Only, Request, DETH, payload true, se true;
+    UdSendOnlyWithImmediate = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Ud, Send, Only, Request, DETH_IMM, payload true, se true;
+
+    // CNP (100), RoCEv2: BTH then 16 reserved bytes (PKT-ROCE-12).
+    Cnp = 0x81, "CNP", Cnp, Cnp, Only, Request, NONE, payload false, se false, reserved 16;
+}
+
+/// Sentinel in [`BY_VALUE`] for a value the table does not list.
+const UNLISTED: u8 = u8::MAX;
+
+/// Row index into [`OPCODES`] for every byte value, computed at compile time
+/// from the table so decoding is one lookup.
+static BY_VALUE: [u8; 256] = {
+    let mut t = [UNLISTED; 256];
+    let mut i = 0;
+    while i < OPCODES.len() {
+        t[OPCODES[i].value as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
+
+impl From<u8> for Opcode {
+    #[inline]
+    fn from(v: u8) -> Self {
+        OPCODES
+            .get(BY_VALUE[v as usize] as usize)
+            .map_or(Opcode::Reserved(v), |row| row.opcode)
+    }
+}
+
+impl From<Opcode> for u8 {
+    #[inline]
+    fn from(op: Opcode) -> u8 {
+        op.value()
+    }
+}
+
+impl Opcode {
+    /// The table row, or `None` for a reserved opcode.
+    #[inline]
+    pub fn info(self) -> Option<&'static OpcodeInfo> {
+        match self {
+            Opcode::Reserved(_) => None,
+            op => OPCODES.get(BY_VALUE[op.value() as usize] as usize),
+        }
+    }
+
+    /// Whether the table does not list this opcode.
+    #[inline]
+    pub fn is_reserved(self) -> bool {
+        self.info().is_none()
+    }
+
+    /// The service type encoded in bits 7:5, even for a reserved opcode (the
+    /// transport needs it to tell PKT-OP-3 from PKT-VAL-9). `None` for the
+    /// service ranges this HCA has no service for (101, 110, 111).
+    #[inline]
+    pub fn service_range(self) -> Option<ServiceType> {
+        match self.value() >> 5 {
+            0b000 => Some(ServiceType::Rc),
+            0b001 => Some(ServiceType::Uc),
+            0b010 => Some(ServiceType::Rd),
+            0b011 => Some(ServiceType::Ud),
+            0b100 => Some(ServiceType::Cnp),
+            _ => None,
+        }
+    }
+
+    /// The spec name, or `"RESERVED"`.
+    pub fn name(self) -> &'static str {
+        self.info().map_or("RESERVED", |row| row.name)
+    }
+}
