@@ -90,9 +90,7 @@ pub enum Syndrome {
 
 impl Syndrome {
     /// An ACK carrying no credit information (code 31).
-    pub const ACK_NO_CREDITS: Syndrome = Syndrome::Ack {
-        credit_code: CREDIT_CODE_INVALID,
-    };
+    pub const ACK_NO_CREDITS: Syndrome = Syndrome::Ack { credit_code: CREDIT_CODE_INVALID };
 
     /// Decodes a syndrome byte; total over all 256 values.
     pub const fn from_byte(b: u8) -> Syndrome {
@@ -139,8 +137,8 @@ pub const CREDIT_CODE_INVALID: u8 = 31;
 
 /// Credits per credit count code 0..=30 (RULES.md "Acknowledgements").
 pub const CREDIT_TABLE: [u32; 31] = [
-    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
-    2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144,
+    8192, 12288, 16384, 24576, 32768,
 ];
 
 /// The number of credits a code stands for; `None` for code 31 and for values
@@ -166,9 +164,8 @@ pub const fn credit_code_for(available: u32) -> u8 {
 
 /// RNR NAK timer per code 0..=31, in microseconds (RULES.md "RNR").
 pub const RNR_TIMER_US: [u32; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
-    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
-    245_760, 327_680, 491_520,
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120, 7_680,
+    10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
 ];
 
 /// The RNR NAK timer of a code, in microseconds (PKT-RNR-6). Only the low 5
@@ -194,10 +191,7 @@ impl AethRepr {
     pub const LEN: usize = 4;
 
     pub fn parse<T: AsRef<[u8]>>(h: &Aeth<T>) -> Result<Self, WireError> {
-        Ok(AethRepr {
-            syndrome: h.syndrome(),
-            msn: h.msn(),
-        })
+        Ok(AethRepr { syndrome: h.syndrome(), msn: h.msn() })
     }
 
     pub const fn buffer_len(&self) -> usize {

@@ -31,9 +31,7 @@ impl AtomicAckEthRepr {
     pub const LEN: usize = 8;
 
     pub fn parse<T: AsRef<[u8]>>(h: &AtomicAckEth<T>) -> Result<Self, WireError> {
-        Ok(AtomicAckEthRepr {
-            orig_remote_data: h.orig_remote_data(),
-        })
+        Ok(AtomicAckEthRepr { orig_remote_data: h.orig_remote_data() })
     }
 
     pub const fn buffer_len(&self) -> usize {

@@ -195,10 +195,8 @@ impl BthRepr {
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, bth: &mut Bth<T>) {
         let b = bth.bm();
         b[0] = self.opcode.value();
-        b[1] = (u8::from(self.se) << 7)
-            | (u8::from(self.mig_req) << 6)
-            | ((self.pad_cnt & 0x3) << 4)
-            | (self.tver & 0x0f);
+        b[1] =
+            (u8::from(self.se) << 7) | (u8::from(self.mig_req) << 6) | ((self.pad_cnt & 0x3) << 4) | (self.tver & 0x0f);
         set_u16(b, 2, self.p_key);
         b[BTH_RESV8A] = (u8::from(self.fecn) << 7) | (u8::from(self.becn) << 6);
         set_u24(b, 5, self.dest_qp);

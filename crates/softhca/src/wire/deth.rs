@@ -44,10 +44,7 @@ impl DethRepr {
     pub const LEN: usize = 8;
 
     pub fn parse<T: AsRef<[u8]>>(h: &Deth<T>) -> Result<Self, WireError> {
-        Ok(DethRepr {
-            q_key: h.q_key(),
-            src_qp: h.src_qp(),
-        })
+        Ok(DethRepr { q_key: h.q_key(), src_qp: h.src_qp() })
     }
 
     pub const fn buffer_len(&self) -> usize {

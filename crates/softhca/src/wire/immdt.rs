@@ -32,9 +32,7 @@ impl ImmDtRepr {
     pub const LEN: usize = 4;
 
     pub fn parse<T: AsRef<[u8]>>(h: &ImmDt<T>) -> Result<Self, WireError> {
-        Ok(ImmDtRepr {
-            imm_data: h.imm_data(),
-        })
+        Ok(ImmDtRepr { imm_data: h.imm_data() })
     }
 
     pub const fn buffer_len(&self) -> usize {

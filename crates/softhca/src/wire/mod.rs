@@ -46,9 +46,7 @@ pub use bth::{Bth, BthRepr};
 pub use deth::{Deth, DethRepr};
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};
-pub use opcode::{
-    Direction, ExtHeaders, Opcode, OpcodeInfo, Operation, Position, ServiceType, OPCODES,
-};
+pub use opcode::{Direction, ExtHeaders, Opcode, OpcodeInfo, Operation, Position, ServiceType, OPCODES};
 pub use packet::{Packet, PacketRepr};
 pub use psn::{Psn, PsnClass};
 pub use rdeth::{Rdeth, RdethRepr};
@@ -104,10 +102,7 @@ pub enum WireError {
 #[inline]
 pub(crate) fn check_len(buf: &[u8], needed: usize) -> Result<(), WireError> {
     if buf.len() < needed {
-        Err(WireError::Truncated {
-            needed,
-            len: buf.len(),
-        })
+        Err(WireError::Truncated { needed, len: buf.len() })
     } else {
         Ok(())
     }

@@ -312,9 +312,7 @@ static BY_VALUE: [u8; 256] = {
 impl From<u8> for Opcode {
     #[inline]
     fn from(v: u8) -> Self {
-        OPCODES
-            .get(BY_VALUE[v as usize] as usize)
-            .map_or(Opcode::Reserved(v), |row| row.opcode)
+        OPCODES.get(BY_VALUE[v as usize] as usize).map_or(Opcode::Reserved(v), |row| row.opcode)
     }
 }
 

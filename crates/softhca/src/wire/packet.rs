@@ -54,11 +54,7 @@ impl Layout {
         if (icrc - payload_start) % 4 != 0 {
             return Err(WireError::BadLength);
         }
-        Ok(Layout {
-            headers,
-            payload: payload_start..payload_end,
-            icrc,
-        })
+        Ok(Layout { headers, payload: payload_start..payload_end, icrc })
     }
 
     fn ext(&self, header: ExtHeaders) -> Option<usize> {
@@ -120,8 +116,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     pub fn atomic_eth(&self) -> Option<AtomicEth<&[u8]>> {
-        self.ext_bytes(ExtHeaders::ATOMIC_ETH)
-            .map(AtomicEth::new_unchecked)
+        self.ext_bytes(ExtHeaders::ATOMIC_ETH).map(AtomicEth::new_unchecked)
     }
 
     pub fn aeth(&self) -> Option<Aeth<&[u8]>> {
@@ -129,8 +124,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     pub fn atomic_ack_eth(&self) -> Option<AtomicAckEth<&[u8]>> {
-        self.ext_bytes(ExtHeaders::ATOMIC_ACK_ETH)
-            .map(AtomicAckEth::new_unchecked)
+        self.ext_bytes(ExtHeaders::ATOMIC_ACK_ETH).map(AtomicAckEth::new_unchecked)
     }
 
     pub fn immdt(&self) -> Option<ImmDt<&[u8]>> {
@@ -153,9 +147,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The payload, pad bytes excluded (PKT-LEN-5).
     pub fn payload(&self) -> &[u8] {
-        self.b()
-            .get(self.layout.payload.clone())
-            .unwrap_or_default()
+        self.b().get(self.layout.payload.clone()).unwrap_or_default()
     }
 
     /// Offset of the ICRC (the packet length minus 4).
@@ -249,15 +241,9 @@ impl<'a> PacketRepr<'a> {
             rdeth: packet.rdeth().map(|h| RdethRepr::parse(&h)).transpose()?,
             deth: packet.deth().map(|h| DethRepr::parse(&h)).transpose()?,
             reth: packet.reth().map(|h| RethRepr::parse(&h)).transpose()?,
-            atomic_eth: packet
-                .atomic_eth()
-                .map(|h| AtomicEthRepr::parse(&h))
-                .transpose()?,
+            atomic_eth: packet.atomic_eth().map(|h| AtomicEthRepr::parse(&h)).transpose()?,
             aeth: packet.aeth().map(|h| AethRepr::parse(&h)).transpose()?,
-            atomic_ack_eth: packet
-                .atomic_ack_eth()
-                .map(|h| AtomicAckEthRepr::parse(&h))
-                .transpose()?,
+            atomic_ack_eth: packet.atomic_ack_eth().map(|h| AtomicAckEthRepr::parse(&h)).transpose()?,
             immdt: packet.immdt().map(|h| ImmDtRepr::parse(&h)).transpose()?,
             ieth: packet.ieth().map(|h| IethRepr::parse(&h)).transpose()?,
             payload: buf.get(packet.payload_range()).unwrap_or_default(),
@@ -320,11 +306,7 @@ impl<'a> PacketRepr<'a> {
     /// caller writes itself into the returned range (so the transport can copy
     /// straight from registered memory). `self.payload` is ignored. Pad bytes
     /// are written as 0 (PKT-HDR-2) and the ICRC slot is zeroed.
-    pub fn emit_headers(
-        &self,
-        payload_len: usize,
-        buf: &mut [u8],
-    ) -> Result<Range<usize>, WireError> {
+    pub fn emit_headers(&self, payload_len: usize, buf: &mut [u8]) -> Result<Range<usize>, WireError> {
         let opcode = self.bth.opcode;
         let (headers, reserved_len, payload_allowed) = match opcode.info() {
             Some(info) => (info.headers, usize::from(info.reserved_len), info.payload),

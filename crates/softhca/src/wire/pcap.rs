@@ -64,8 +64,8 @@ impl<W: Write> PcapWriter<W> {
     /// Appends one record. Seconds beyond the 32-bit field wrap, as in every
     /// classic pcap writer.
     pub fn write_packet(&mut self, timestamp: Duration, data: &[u8]) -> io::Result<()> {
-        let len = u32::try_from(data.len())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "record too large"))?;
+        let len =
+            u32::try_from(data.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "record too large"))?;
         let mut h = [0u8; 16];
         h[0..4].copy_from_slice(&(timestamp.as_secs() as u32).to_le_bytes());
         h[4..8].copy_from_slice(&timestamp.subsec_micros().to_le_bytes());
@@ -142,13 +142,7 @@ impl<R: Read> PcapReader<R> {
             (_, MAGIC_NANOS) => (true, true),
             _ => return Err(PcapError::BadMagic(magic_be)),
         };
-        let mut r = PcapReader {
-            input,
-            big_endian,
-            nanos,
-            linktype: 0,
-            snaplen: 0,
-        };
+        let mut r = PcapReader { input, big_endian, nanos, linktype: 0, snaplen: 0 };
         r.snaplen = r.u32_of(&h[16..20]);
         r.linktype = r.u32_of(&h[20..24]);
         Ok(r)
@@ -196,11 +190,7 @@ impl<R: Read> PcapReader<R> {
         } else {
             Duration::from_secs(u64::from(secs)) + Duration::from_micros(u64::from(frac))
         };
-        Ok(Some(PcapRecord {
-            timestamp,
-            orig_len,
-            data,
-        }))
+        Ok(Some(PcapRecord { timestamp, orig_len, data }))
     }
 }
 

@@ -35,9 +35,7 @@ impl RdethRepr {
     pub const LEN: usize = 4;
 
     pub fn parse<T: AsRef<[u8]>>(h: &Rdeth<T>) -> Result<Self, WireError> {
-        Ok(RdethRepr {
-            ee_cnxt: h.ee_cnxt(),
-        })
+        Ok(RdethRepr { ee_cnxt: h.ee_cnxt() })
     }
 
     pub const fn buffer_len(&self) -> usize {

@@ -49,11 +49,7 @@ impl RethRepr {
     pub const LEN: usize = 16;
 
     pub fn parse<T: AsRef<[u8]>>(h: &Reth<T>) -> Result<Self, WireError> {
-        Ok(RethRepr {
-            va: h.va(),
-            r_key: h.r_key(),
-            dma_length: h.dma_length(),
-        })
+        Ok(RethRepr { va: h.va(), r_key: h.r_key(), dma_length: h.dma_length() })
     }
 
     pub const fn buffer_len(&self) -> usize {

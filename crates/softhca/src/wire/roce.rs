@@ -100,14 +100,7 @@ pub struct Ipv4Repr {
 impl Ipv4Repr {
     /// What softhca sends: Identification 0, DF set, TTL 64.
     pub const fn new(src: Ipv4Addr, dst: Ipv4Addr) -> Self {
-        Ipv4Repr {
-            src,
-            dst,
-            tos: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: DEFAULT_HOP_LIMIT,
-        }
+        Ipv4Repr { src, dst, tos: 0, identification: 0, dont_fragment: true, ttl: DEFAULT_HOP_LIMIT }
     }
 
     /// Parses the header at the start of `buf` and returns it with the IP
@@ -147,8 +140,7 @@ impl Ipv4Repr {
     /// included (PKT-ROCE-2).
     pub fn emit(&self, payload_len: usize, buf: &mut [u8]) -> Result<(), WireError> {
         check_len(buf, IPV4_HEADER_LEN)?;
-        let total =
-            u16::try_from(IPV4_HEADER_LEN + payload_len).map_err(|_| WireError::BadLength)?;
+        let total = u16::try_from(IPV4_HEADER_LEN + payload_len).map_err(|_| WireError::BadLength)?;
         let h = &mut buf[..IPV4_HEADER_LEN];
         h[0] = 0x45;
         h[1] = self.tos;
@@ -181,13 +173,7 @@ pub struct Ipv6Repr {
 
 impl Ipv6Repr {
     pub const fn new(src: Ipv6Addr, dst: Ipv6Addr) -> Self {
-        Ipv6Repr {
-            src,
-            dst,
-            traffic_class: 0,
-            flow_label: 0,
-            hop_limit: DEFAULT_HOP_LIMIT,
-        }
+        Ipv6Repr { src, dst, traffic_class: 0, flow_label: 0, hop_limit: DEFAULT_HOP_LIMIT }
     }
 
     /// Parses the header at the start of `buf` and returns it with the IP
@@ -202,10 +188,7 @@ impl Ipv6Repr {
             return Err(WireError::NotUdp(h[6]));
         }
         let end = IPV6_HEADER_LEN + usize::from(u16_at(h, 4));
-        let payload = buf.get(IPV6_HEADER_LEN..end).ok_or(WireError::Truncated {
-            needed: end,
-            len: buf.len(),
-        })?;
+        let payload = buf.get(IPV6_HEADER_LEN..end).ok_or(WireError::Truncated { needed: end, len: buf.len() })?;
         let word0 = u32_at(h, 0);
         let mut src = [0u8; 16];
         let mut dst = [0u8; 16];
@@ -226,11 +209,7 @@ impl Ipv6Repr {
         check_len(buf, IPV6_HEADER_LEN)?;
         let plen = u16::try_from(payload_len).map_err(|_| WireError::BadLength)?;
         let h = &mut buf[..IPV6_HEADER_LEN];
-        set_u32(
-            h,
-            0,
-            (6 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0x000f_ffff),
-        );
+        set_u32(h, 0, (6 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0x000f_ffff));
         set_u16(h, 4, plen);
         h[6] = IP_PROTO_UDP;
         h[7] = self.hop_limit;
@@ -336,11 +315,7 @@ pub struct UdpRepr {
 impl UdpRepr {
     /// The header a QP sends with (PKT-ROCE-6).
     pub const fn for_qp(qpn: u32, checksum: UdpChecksum) -> Self {
-        UdpRepr {
-            src_port: udp_src_port(qpn),
-            dst_port: ROCE_V2_PORT,
-            checksum,
-        }
+        UdpRepr { src_port: udp_src_port(qpn), dst_port: ROCE_V2_PORT, checksum }
     }
 
     /// Parses a UDP header whose length must equal the IP payload length;
@@ -354,11 +329,7 @@ impl UdpRepr {
         let repr = UdpRepr {
             src_port: u16_at(ip_payload, 0),
             dst_port: u16_at(ip_payload, 2),
-            checksum: if u16_at(ip_payload, 6) == 0 {
-                UdpChecksum::Zero
-            } else {
-                UdpChecksum::Compute
-            },
+            checksum: if u16_at(ip_payload, 6) == 0 { UdpChecksum::Zero } else { UdpChecksum::Compute },
         };
         Ok((repr, &ip_payload[UDP_HEADER_LEN..]))
     }
@@ -379,12 +350,7 @@ impl UdpRepr {
 /// bytes (BTH … ICRC) and returns their length (28 or 48), UDP checksum 0.
 /// A receiver whose socket does not show it the IP header rebuilds it with
 /// this to check the ICRC ([`icrc::compute`]).
-pub fn emit_ip_udp(
-    ip: &IpRepr,
-    udp: &UdpRepr,
-    packet_len: usize,
-    buf: &mut [u8],
-) -> Result<usize, WireError> {
+pub fn emit_ip_udp(ip: &IpRepr, udp: &UdpRepr, packet_len: usize, buf: &mut [u8]) -> Result<usize, WireError> {
     let hdr = ip.header_len() + UDP_HEADER_LEN;
     check_len(buf, hdr)?;
     ip.emit(UDP_HEADER_LEN + packet_len, buf)?;
@@ -437,15 +403,8 @@ impl RoceRepr<'_> {
     /// Writes every header for a payload of `payload_len` bytes and returns
     /// where the payload goes; the caller writes it and then calls [`seal`] on
     /// `buf[..self.buffer_len()]` (with the payload length that was used).
-    pub fn emit_headers(
-        &self,
-        payload_len: usize,
-        buf: &mut [u8],
-    ) -> Result<Range<usize>, WireError> {
-        let packet_len = self.packet.header_len()
-            + payload_len
-            + crate::wire::packet::pad_for(payload_len)
-            + ICRC_LEN;
+    pub fn emit_headers(&self, payload_len: usize, buf: &mut [u8]) -> Result<Range<usize>, WireError> {
+        let packet_len = self.packet.header_len() + payload_len + crate::wire::packet::pad_for(payload_len) + ICRC_LEN;
         let hdr = emit_ip_udp(&self.ip, &self.udp, packet_len, buf)?;
         let range = self.packet.emit_headers(payload_len, &mut buf[hdr..])?;
         Ok(range.start + hdr..range.end + hdr)
@@ -453,23 +412,13 @@ impl RoceRepr<'_> {
 
     /// Builds an Ethernet II frame around the datagram (for pcap taps) and
     /// returns its length.
-    pub fn emit_ethernet(
-        &self,
-        src_mac: [u8; 6],
-        dst_mac: [u8; 6],
-        buf: &mut [u8],
-    ) -> Result<usize, WireError> {
+    pub fn emit_ethernet(&self, src_mac: [u8; 6], dst_mac: [u8; 6], buf: &mut [u8]) -> Result<usize, WireError> {
         check_len(buf, ETHERNET_HEADER_LEN)?;
         let ethertype = match self.ip {
             IpRepr::V4(_) => ETHERTYPE_IPV4,
             IpRepr::V6(_) => ETHERTYPE_IPV6,
         };
-        EthernetRepr {
-            dst: dst_mac,
-            src: src_mac,
-            ethertype,
-        }
-        .emit(buf)?;
+        EthernetRepr { dst: dst_mac, src: src_mac, ethertype }.emit(buf)?;
         Ok(ETHERNET_HEADER_LEN + self.emit(&mut buf[ETHERNET_HEADER_LEN..])?)
     }
 }
@@ -487,11 +436,7 @@ pub struct RoceDatagram<'a> {
 impl<'a> RoceDatagram<'a> {
     /// The same datagram as a repr to emit (e.g. to re-emit a parsed packet).
     pub fn to_repr(&self) -> RoceRepr<'a> {
-        RoceRepr {
-            ip: self.ip,
-            udp: self.udp,
-            packet: self.packet,
-        }
+        RoceRepr { ip: self.ip, udp: self.udp, packet: self.packet }
     }
 }
 
@@ -515,12 +460,7 @@ pub fn split_ip(datagram: &[u8]) -> Result<RoceSplit<'_>, WireError> {
         return Err(WireError::NotRoce(udp.dst_port));
     }
     let hdr = ip.header_len() + UDP_HEADER_LEN;
-    Ok(RoceSplit {
-        ip,
-        udp,
-        ip_udp: &datagram[..hdr],
-        packet,
-    })
+    Ok(RoceSplit { ip, udp, ip_udp: &datagram[..hdr], packet })
 }
 
 fn parse_split(split: RoceSplit<'_>, verify: bool) -> Result<RoceDatagram<'_>, WireError> {
@@ -530,18 +470,10 @@ fn parse_split(split: RoceSplit<'_>, verify: bool) -> Result<RoceDatagram<'_>, W
         let body = &split.packet[..packet.icrc_offset()];
         let computed = icrc::compute(split.ip_udp, body)?;
         if computed != icrc {
-            return Err(WireError::BadIcrc {
-                computed,
-                received: icrc,
-            });
+            return Err(WireError::BadIcrc { computed, received: icrc });
         }
     }
-    Ok(RoceDatagram {
-        ip: split.ip,
-        udp: split.udp,
-        packet: PacketRepr::parse(&packet)?,
-        icrc,
-    })
+    Ok(RoceDatagram { ip: split.ip, udp: split.udp, packet: PacketRepr::parse(&packet)?, icrc })
 }
 
 /// Parses an inbound IP datagram (from the IP header on) and verifies its
@@ -576,14 +508,7 @@ impl EthernetRepr {
         if ethertype != ETHERTYPE_IPV4 && ethertype != ETHERTYPE_IPV6 {
             return Err(WireError::BadEtherType(ethertype));
         }
-        Ok((
-            EthernetRepr {
-                dst,
-                src,
-                ethertype,
-            },
-            &frame[ETHERNET_HEADER_LEN..],
-        ))
+        Ok((EthernetRepr { dst, src, ethertype }, &frame[ETHERNET_HEADER_LEN..]))
     }
 
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
