@@ -1,0 +1,178 @@
+//! Create QP results (CRT-QP) and the resource verbs around it: device, PD, AH.
+
+mod common;
+
+use common::*;
+use softhca::*;
+
+/// Rule CRT-QP-2, CRT-QP-3, CRT-QP-4, QPS-RESET-1
+#[test]
+fn create_returns_a_reset_qp_with_a_fresh_qpn_and_at_least_the_asked_caps() {
+    let f = fixture();
+    let mut qpns = std::collections::HashSet::new();
+    for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        for _ in 0..50 {
+            let init = QpInitAttr::new(t, &f.cq, &f.cq).max_send_wr(33).max_recv_wr(17).max_send_sge(3).max_recv_sge(5);
+            let qp = f.pd.create_qp(&init).unwrap();
+            assert!(qpns.insert(qp.qp_num()), "QPN reused while alive");
+            assert!(qp.qp_num() <= 0xFF_FFFF);
+            let a = qp.query().unwrap();
+            assert_eq!(a.qp_state, QpState::Reset);
+            assert!(a.cap.max_send_wr >= 33 && a.cap.max_recv_wr >= 17);
+            assert!(a.cap.max_send_sge >= 3 && a.cap.max_recv_sge >= 5);
+        }
+    }
+}
+
+/// Rule CRT-QP-5, CRT-QP-13
+#[test]
+fn insufficient_resources_and_failed_create_creates_nothing() {
+    let mut cfg = DeviceConfig::default().seed(11);
+    cfg.attr.max_qp = 2;
+    let f = fixture_with(cfg);
+    let a = f.qp(QpType::Rc);
+    let _b = f.qp(QpType::Rc);
+    let r = f.pd.create_qp(&QpInitAttr::rc(&f.cq, &f.cq));
+    assert_eq!(r.unwrap_err(), VerbsError::InsufficientResources);
+    // The failed calls left no CQ association behind: once the QPs are gone the CQ destroys.
+    let cq2 = f.ctx.create_cq(4).unwrap();
+    let too_big = QpInitAttr::rc(&cq2, &cq2).max_send_wr(1 << 30);
+    assert_eq!(f.pd.create_qp(&too_big).unwrap_err(), VerbsError::MaxWrExceeded);
+    cq2.destroy().unwrap();
+    a.destroy().unwrap();
+    f.qp(QpType::Ud);
+}
+
+/// Rule CRT-QP-6
+#[test]
+fn closed_device_is_an_invalid_hca_handle() {
+    let f = fixture();
+    f.ctx.close();
+    assert_eq!(f.ctx.create_qp(&f.pd, &QpInitAttr::rc(&f.cq, &f.cq)).unwrap_err(), VerbsError::InvalidHcaHandle);
+    assert_eq!(f.ctx.query_device().unwrap_err(), VerbsError::InvalidHcaHandle);
+    assert_eq!(f.ctx.alloc_pd().unwrap_err(), VerbsError::InvalidHcaHandle);
+}
+
+/// Rule CRT-QP-7, CRT-QP-1
+#[test]
+fn invalid_cq_handles() {
+    let f = fixture();
+    let dead = f.ctx.create_cq(4).unwrap();
+    dead.destroy().unwrap();
+    let other = fixture();
+    for (s, r) in [(&dead, &f.cq), (&f.cq, &dead), (&other.cq, &f.cq), (&f.cq, &other.cq)] {
+        let e = f.pd.create_qp(&QpInitAttr::rc(s, r)).unwrap_err();
+        assert_eq!(e, VerbsError::InvalidCqHandle);
+    }
+}
+
+/// Rule CRT-QP-8, CRT-QP-9
+#[test]
+fn wr_and_sge_limits() {
+    let f = fixture();
+    let d = f.ctx.query_device().unwrap();
+    let base = || QpInitAttr::rc(&f.cq, &f.cq);
+    assert_eq!(f.pd.create_qp(&base().max_send_wr(d.max_qp_wr + 1)).unwrap_err(), VerbsError::MaxWrExceeded);
+    assert_eq!(f.pd.create_qp(&base().max_recv_wr(d.max_qp_wr + 1)).unwrap_err(), VerbsError::MaxWrExceeded);
+    assert_eq!(f.pd.create_qp(&base().max_send_sge(d.max_sge + 1)).unwrap_err(), VerbsError::MaxSgeExceeded);
+    assert_eq!(f.pd.create_qp(&base().max_recv_sge(d.max_sge + 1)).unwrap_err(), VerbsError::MaxSgeExceeded);
+    f.pd.create_qp(&base().max_send_wr(d.max_qp_wr).max_send_sge(d.max_sge)).unwrap();
+    assert!(matches!(f.pd.create_qp(&base().max_send_wr(0)), Err(VerbsError::InvalidArgument(_))));
+    assert!(matches!(
+        f.pd.create_qp(&base().max_inline_data(d.max_inline_data + 1)),
+        Err(VerbsError::InvalidArgument(_))
+    ));
+}
+
+/// Rule CRT-QP-10
+#[test]
+fn invalid_pd() {
+    let f = fixture();
+    let pd = f.ctx.alloc_pd().unwrap();
+    pd.dealloc().unwrap();
+    assert_eq!(pd.create_qp(&QpInitAttr::rc(&f.cq, &f.cq)).unwrap_err(), VerbsError::InvalidPd);
+    let other = fixture();
+    assert_eq!(f.ctx.create_qp(&other.pd, &QpInitAttr::rc(&f.cq, &f.cq)).unwrap_err(), VerbsError::InvalidPd);
+}
+
+/// RD and Raw are valid IBA service types that softhca does not implement yet.
+/// Rule CRT-QP-11, CRT-QP-12
+#[test]
+fn unsupported_service_types() {
+    let f = fixture();
+    for t in [QpType::Rd, QpType::RawIpv6, QpType::RawEthertype] {
+        let e = f.pd.create_qp(&QpInitAttr::new(t, &f.cq, &f.cq)).unwrap_err();
+        assert!(matches!(e, VerbsError::InvalidServiceType(_)), "{e:?}");
+    }
+}
+
+/// Rule CRT-QP-15
+#[test]
+fn special_qpns_are_never_assigned() {
+    let f = fixture();
+    for _ in 0..2000 {
+        let qp = f.qp(QpType::Ud);
+        assert!(!matches!(qp.qp_num(), 0 | 1 | 0xFF_FFFF));
+        qp.destroy().unwrap();
+    }
+}
+
+/// Rule QPS-GEN-2
+#[test]
+fn device_port_and_gid_queries() {
+    let gid = Gid::from_ipv4("127.0.0.9".parse().unwrap());
+    let f = fixture_with(DeviceConfig::default().name("softhca-q").gid0(gid).seed(8));
+    let d = f.ctx.query_device().unwrap();
+    assert_eq!(d.phys_port_cnt, 1);
+    assert_eq!(d.atomic_cap, AtomicCap::Glob);
+    assert!(d.max_qp_wr >= 1024 && d.max_sge >= 16 && d.max_cqe >= 65536);
+    let p = f.ctx.query_port(1).unwrap();
+    assert_eq!(p.state, PortState::Active);
+    assert!(p.link_layer_ethernet);
+    assert_eq!(f.ctx.query_gid(1, 0).unwrap(), gid);
+    assert_eq!(gid.to_string(), "0000:0000:0000:0000:0000:ffff:7f00:0009");
+    assert_eq!(gid.to_ipv4(), Some("127.0.0.9".parse().unwrap()));
+    assert_eq!(f.ctx.query_pkey(1, 0).unwrap(), 0xFFFF);
+    assert!(f.ctx.query_port(2).is_err());
+    assert!(f.ctx.query_gid(1, 5).is_err());
+    assert!(device_list().iter().any(|d| d.name == "softhca-q"));
+    let again = open_device("softhca-q").unwrap();
+    assert_eq!(again.query_gid(1, 0).unwrap(), gid);
+    assert_eq!(open_device("no-such-device").unwrap_err(), VerbsError::InvalidHcaHandle);
+}
+
+#[test]
+fn pd_dealloc_refused_while_used() {
+    let f = fixture();
+    let mr = f.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    assert!(matches!(f.pd.dealloc(), Err(VerbsError::InUse(_))));
+    mr.dereg().unwrap();
+    let qp = f.qp(QpType::Rc);
+    assert!(matches!(f.pd.dealloc(), Err(VerbsError::InUse(_))));
+    qp.destroy().unwrap();
+    let ah = f.pd.create_ah(&remote_av().ah).unwrap();
+    assert!(matches!(f.pd.dealloc(), Err(VerbsError::InUse(_))));
+    ah.destroy().unwrap();
+    f.pd.dealloc().unwrap();
+    assert_eq!(f.pd.dealloc(), Err(VerbsError::InvalidPd));
+    assert_eq!(f.pd.alloc_mr(8, Access::empty()).unwrap_err(), VerbsError::InvalidPd);
+}
+
+/// Rule PKT-ROCE-4
+#[test]
+fn address_handles() {
+    let f = fixture();
+    let ah = f.pd.create_ah(&remote_av().ah).unwrap();
+    assert_eq!(ah.attr(), remote_av().ah);
+    let mut no_grh = remote_av().ah;
+    no_grh.is_global = false;
+    assert!(matches!(f.pd.create_ah(&no_grh), Err(VerbsError::InvalidAttribute(..))));
+    let mut partial = remote_av().ah;
+    partial.grh.hop_limit = None;
+    assert!(matches!(f.pd.create_ah(&partial), Err(VerbsError::MissingAttribute(_))));
+    let mut bad_port = remote_av().ah;
+    bad_port.port_num = 3;
+    assert!(matches!(f.pd.create_ah(&bad_port), Err(VerbsError::InvalidAttribute(..))));
+    ah.destroy().unwrap();
+    assert_eq!(ah.destroy(), Err(VerbsError::InvalidAhHandle));
+}
