@@ -1,0 +1,54 @@
+//! Wire-format speed: parse + ICRC verify of an inbound datagram, and emit +
+//! ICRC of an outbound one, for 64 B and 4 KiB payloads; plus header parse
+//! alone and the raw ICRC. Targets (DESIGN, wire issue): ICRC >= 10 GB/s,
+//! header parse <= 50 ns per packet.
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use softhca::wire::roce::{self, UdpRepr};
+use softhca::wire::*;
+
+fn datagram(payload: &[u8]) -> RoceRepr<'_> {
+    let mut bth = BthRepr::new(Opcode::RcRdmaWriteOnly, 0xffff, 0x11, Psn::new(5));
+    bth.ack_req = true;
+    RoceRepr {
+        ip: IpRepr::V4(Ipv4Repr::new(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2))),
+        udp: UdpRepr::for_qp(0x11, UdpChecksum::Zero),
+        packet: PacketRepr {
+            reth: Some(RethRepr { va: 0x1000, r_key: 0x1234, dma_length: payload.len() as u32 }),
+            payload,
+            ..PacketRepr::new(bth)
+        },
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    for size in [64usize, 4096] {
+        let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let repr = datagram(&payload);
+        let mut buf = vec![0u8; repr.buffer_len()];
+        let n = repr.emit(&mut buf).unwrap();
+        let wire = buf[..n].to_vec();
+        let transport = &wire[28..];
+
+        let mut g = c.benchmark_group(format!("wire/{size}B"));
+        g.throughput(Throughput::Bytes(n as u64));
+        g.bench_function("parse_ip+icrc_verify", |b| {
+            b.iter(|| roce::parse_ip(black_box(&wire)).unwrap().packet.bth.psn)
+        });
+        g.bench_function("emit_ip+icrc", |b| b.iter(|| black_box(&repr).emit(black_box(&mut buf)).unwrap()));
+        g.bench_function("icrc_only", |b| b.iter(|| icrc::compute_datagram(black_box(&wire)).unwrap()));
+        g.bench_function("header_parse_ip_unverified", |b| {
+            b.iter(|| roce::parse_ip_unverified(black_box(&wire)).unwrap().packet.bth.psn)
+        });
+        g.bench_function("header_parse_packet", |b| {
+            b.iter(|| PacketRepr::parse_bytes(black_box(transport)).unwrap().bth.psn)
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
