@@ -177,9 +177,10 @@ fn with_packets(file: &str, mut f: impl FnMut(&RoceDatagram<'_>)) {
     }
 }
 
-/// Rule PKT-ACK-1, PKT-ACK-10, PKT-ACK-2, PKT-ROCE-2: header fields make sense
-/// for the scenario: AckReq on the last packets, AETH on read responses
-/// except Middle, PSN Sequence Error NAKs in the lossy run, IPv6 over IPv6.
+/// Rule PKT-ACK-1, PKT-ACK-10, PKT-ROCE-2: header fields decoded from rxe make
+/// sense for the scenario: AETH on read responses except Middle, PSN Sequence
+/// Error NAK syndromes in the lossy run, IPv6 headers in the IPv6 run (and rxe
+/// sets AckReq on every Send Last, as we will).
 #[test]
 fn rxe_fields_match_scenarios() {
     let mut naks = 0;
@@ -225,7 +226,7 @@ fn rxe_fields_match_scenarios() {
     });
 }
 
-/// Rule PKT-OP-1, PKT-UD-2, PKT-HDR-1: the connection-manager MADs of rping
+/// Rule PKT-OP-1, PKT-HDR-1: the connection-manager MADs of rping
 /// are UD_SEND_ONLY to QP1 with a DETH (the GSI Q_Key 0x80010000) and a
 /// 256-byte MAD.
 #[test]

@@ -170,8 +170,8 @@ fn aeth_syndrome_table() {
     assert_eq!(Syndrome::ACK_NO_CREDITS.to_byte(), 0x1f);
 }
 
-/// Rule PKT-ACK-1, PKT-ACK-11: the credit count code table and the "largest
-/// code whose credits do not exceed n" rule.
+/// Rule PKT-ACK-1: the credit count code table, and the "largest code whose
+/// credits do not exceed n" helper the responder uses for PKT-ACK-11.
 #[test]
 fn aeth_credit_codes() {
     let table = [
@@ -210,8 +210,9 @@ fn aeth_rnr_timer_table() {
     }
 }
 
-/// Rule PKT-OP-1: every opcode of the RULES.md table has the value, service
-/// type, extended headers and payload rule listed there.
+/// Rule PKT-OP-1, PKT-ACK-10: every opcode of the RULES.md table has the value,
+/// service type, extended headers and payload rule listed there (so RDMA Read
+/// Response First/Last/Only carry an AETH and Middle does not).
 #[test]
 fn opcode_table_matches_spec() {
     use ExtHeaders as H;

@@ -46,8 +46,9 @@ fn icrc_ipv4_test_vector() {
     assert_eq!(crc32_bitwise(&masked), 0xac1a_63a2);
 }
 
-/// Rule PKT-ROCE-1, PKT-ROCE-2, PKT-ROCE-9: building the vector's packet from
-/// reprs gives exactly the vector, and parsing it gives the reprs back.
+/// Rule PKT-ROCE-1, PKT-ROCE-2, PKT-ROCE-5, PKT-ROCE-9: building the vector's
+/// packet from reprs gives exactly the vector (IP, UDP, BTH, payload, ICRC:
+/// no LRH, no GRH, no VCRC), and parsing it gives the reprs back.
 #[test]
 fn roce_ipv4_emit_matches_test_vector() {
     let mut bth = BthRepr::new(Opcode::RcSendOnly, 0xffff, 0x11, Psn::new(5));
@@ -66,7 +67,8 @@ fn roce_ipv4_emit_matches_test_vector() {
     assert_eq!(parsed.icrc, 0xac1a_63a2);
 }
 
-/// Rule PKT-ROCE-10, PKT-VAL-2: a wrong ICRC is an error; the masked fields
+/// Rule PKT-ROCE-10: a wrong ICRC is an error (the link drops and counts it,
+/// PKT-VAL-2); the masked fields
 /// may change in transit, any other byte may not.
 #[test]
 fn icrc_masks_variant_fields_only() {
@@ -194,6 +196,11 @@ fn roce_ports() {
         assert_eq!(p, udp_src_port(qpn), "stable");
     }
     assert_ne!(udp_src_port(0x4000), udp_src_port(0));
+    // Receivers accept any source port.
+    let mut any_port = VECTOR;
+    any_port[20..22].copy_from_slice(&1234u16.to_be_bytes());
+    icrc::fill_datagram(&mut any_port).unwrap();
+    assert_eq!(roce::parse_ip(&any_port).unwrap().udp.src_port, 1234);
     let mut d = VECTOR;
     d[23] = 0xb8; // dst port 4792
     assert_eq!(roce::parse_ip(&d), Err(WireError::NotRoce(4792)));
@@ -222,4 +229,26 @@ fn cnp_layout() {
     let mut with_payload = repr;
     with_payload.packet.payload = &[0; 4];
     assert_eq!(with_payload.emit(&mut longer), Err(WireError::UnexpectedPayload(0x81)));
+}
+
+/// Rule PKT-ROCE-11: the 40-byte GRH area of a UD receive holds the IPv6
+/// header, or 20 undefined (zero) bytes and the IPv4 header.
+#[test]
+fn ud_grh_area() {
+    let grh = roce::ud_grh(&VECTOR).unwrap();
+    assert_eq!(&grh[..20], &[0u8; 20]);
+    assert_eq!(&grh[20..], &VECTOR[..20]);
+    let ip = IpRepr::V6(Ipv6Repr::new("fe80::1".parse().unwrap(), "fe80::2".parse().unwrap()));
+    let repr = RoceRepr {
+        ip,
+        udp: UdpRepr::for_qp(1, UdpChecksum::Compute),
+        packet: PacketRepr {
+            deth: Some(DethRepr { q_key: 1, src_qp: 2 }),
+            ..PacketRepr::new(BthRepr::new(Opcode::UdSendOnly, 0xffff, 3, Psn::new(0)))
+        },
+    };
+    let mut buf = [0u8; 128];
+    let n = repr.emit(&mut buf).unwrap();
+    assert_eq!(roce::ud_grh(&buf[..n]).unwrap()[..], buf[..40]);
+    assert!(roce::ud_grh(&[0x45; 10]).is_err());
 }

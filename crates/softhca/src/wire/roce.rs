@@ -535,3 +535,15 @@ pub fn ip_datagram_of_frame(frame: &[u8]) -> Result<&[u8], WireError> {
     let len = split.ip.header_len() + UDP_HEADER_LEN + split.packet.len();
     ip.get(..len).ok_or(WireError::BadLength)
 }
+
+/// The 40 bytes a UD receive places in the GRH area of the receive buffer
+/// (PKT-ROCE-11): an IPv6 packet's IPv6 header, or for IPv4 20 bytes the spec
+/// leaves undefined (written as 0, so nothing stale leaks to the consumer)
+/// followed by the IPv4 header. `datagram` starts at the IP header.
+pub fn ud_grh(datagram: &[u8]) -> Result<[u8; 40], WireError> {
+    let len = ip_header_len(datagram)?;
+    check_len(datagram, len)?;
+    let mut grh = [0u8; IPV6_HEADER_LEN];
+    grh[IPV6_HEADER_LEN - len..].copy_from_slice(&datagram[..len]);
+    Ok(grh)
+}
