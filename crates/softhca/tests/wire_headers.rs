@@ -171,7 +171,7 @@ fn aeth_syndrome_table() {
 }
 
 /// Rule PKT-ACK-1: the credit count code table, and the "largest code whose
-/// credits do not exceed n" helper the responder uses for PKT-ACK-11.
+/// credits do not exceed n" helper (the responder applies it to its free RQ WQEs).
 #[test]
 fn aeth_credit_codes() {
     let table = [

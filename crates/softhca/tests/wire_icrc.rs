@@ -65,11 +65,23 @@ fn roce_ipv4_emit_matches_test_vector() {
     let parsed = roce::parse_ip(&VECTOR).unwrap();
     assert_eq!(parsed.to_repr(), repr);
     assert_eq!(parsed.icrc, 0xac1a_63a2);
+
+    // A receiver that only sees the UDP payload rebuilds the IP and UDP
+    // headers it would have sent and verifies the ICRC over them.
+    let mut ip_udp = [0u8; 48];
+    let h = roce::emit_ip_udp(&repr.ip, &repr.udp, VECTOR.len() - 28, &mut ip_udp).unwrap();
+    assert_eq!(h, 28);
+    assert_eq!(roce::parse_transport(&ip_udp[..h], &VECTOR[28..]).unwrap(), repr.packet);
+    let mut other = repr.ip;
+    if let IpRepr::V4(v4) = &mut other {
+        v4.identification = 7;
+    }
+    roce::emit_ip_udp(&other, &repr.udp, VECTOR.len() - 28, &mut ip_udp).unwrap();
+    assert!(matches!(roce::parse_transport(&ip_udp[..h], &VECTOR[28..]), Err(WireError::BadIcrc { .. })));
 }
 
-/// Rule PKT-ROCE-10: a wrong ICRC is an error (the link drops and counts it,
-/// PKT-VAL-2); the masked fields
-/// may change in transit, any other byte may not.
+/// Rule PKT-ROCE-10: a wrong ICRC is an error (the link drops and counts the
+/// packet); the masked fields may change in transit, any other byte may not.
 #[test]
 fn icrc_masks_variant_fields_only() {
     let mut bad = VECTOR;

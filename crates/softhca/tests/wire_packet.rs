@@ -55,7 +55,7 @@ fn payload_on_opcode_without_payload() {
             assert_eq!(PacketRepr::parse_bytes(&with_icrc(b)), Err(WireError::UnexpectedPayload(op)), "{op:#x}");
         } else {
             // A reserved opcode: no headers known, everything is payload, so
-            // the transport can still apply PKT-OP-3 / PKT-OP-5.
+            // the transport can still apply the reserved-opcode rules.
             b.extend_from_slice(&[1, 2, 3, 4]);
             let b = with_icrc(b);
             let p = PacketRepr::parse_bytes(&b).unwrap();

@@ -3,10 +3,10 @@
 //!
 //! Every header comes in two forms, in the style of smoltcp's `wire` module
 //! (DESIGN rule 2):
-//! - a typed *view* over bytes, e.g. [`Bth<T>`](bth::Bth), built with
+//! - a typed *view* over bytes, e.g. [`Bth<T>`](Bth), built with
 //!   `new_checked` (which checks the length once so that the getters and setters
 //!   cannot go out of bounds), and
-//! - a plain *Repr* struct, e.g. [`BthRepr`](bth::BthRepr), with `parse`, `emit`
+//! - a plain *Repr* struct, e.g. [`BthRepr`], with `parse`, `emit`
 //!   and `buffer_len`.
 //!
 //! Parsing is total: any byte string yields a value or a [`WireError`], never a

@@ -487,6 +487,20 @@ pub fn parse_ip_unverified(datagram: &[u8]) -> Result<RoceDatagram<'_>, WireErro
     parse_split(split_ip(datagram)?, false)
 }
 
+/// Parses a transport packet (BTH … ICRC) that arrived without its IP
+/// header, e.g. as a UDP socket's payload, and verifies its ICRC over
+/// `ip_udp`: the IP and UDP headers the receiver rebuilt with [`emit_ip_udp`]
+/// from what the socket reported (PKT-ROCE-10).
+pub fn parse_transport<'a>(ip_udp: &[u8], packet: &'a [u8]) -> Result<PacketRepr<'a>, WireError> {
+    let view = crate::wire::packet::Packet::new_checked(packet)?;
+    let received = view.icrc();
+    let computed = icrc::compute(ip_udp, &packet[..view.icrc_offset()])?;
+    if computed != received {
+        return Err(WireError::BadIcrc { computed, received });
+    }
+    PacketRepr::parse(&view)
+}
+
 /// An Ethernet II header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EthernetRepr {
