@@ -2,6 +2,12 @@
 //! responder and completer. It takes packets, doorbells and `now`, and returns packets and
 //! deadlines; it never reads a clock or touches a socket.
 
+pub(crate) mod completer;
+pub(crate) mod requester;
+pub(crate) mod responder;
 pub mod state;
 
 pub use state::{attr_rule, check_modify, transition_allowed, AttrMask, AttrRule};
+pub mod engine;
+
+pub use engine::{pkey_match, DeviceCounters, MAX_DATAGRAM};

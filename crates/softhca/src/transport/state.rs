@@ -83,39 +83,21 @@ const fn r(required: AttrMask, optional: AttrMask) -> AttrRule {
 }
 
 const NONE: AttrMask = AttrMask::empty();
-const ENABLES: AttrMask = AttrMask::READ_EN
-    .union(AttrMask::WRITE_EN)
-    .union(AttrMask::ATOMIC_EN);
+const ENABLES: AttrMask = AttrMask::READ_EN.union(AttrMask::WRITE_EN).union(AttrMask::ATOMIC_EN);
 
 /// Columns RC, UC, UD, RD, in the order of [`QpType::TABLE`].
 type Row = [AttrRule; 4];
 
 const RESET_INIT: Row = [
-    r(
-        ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT),
-        NONE,
-    ),
-    r(
-        AttrMask::WRITE_EN
-            .union(AttrMask::PKEY_INDEX)
-            .union(AttrMask::PORT),
-        NONE,
-    ),
-    r(
-        AttrMask::PKEY_INDEX
-            .union(AttrMask::QKEY)
-            .union(AttrMask::PORT),
-        NONE,
-    ),
+    r(ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
+    r(AttrMask::WRITE_EN.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
+    r(AttrMask::PKEY_INDEX.union(AttrMask::QKEY).union(AttrMask::PORT), NONE),
     r(ENABLES.union(AttrMask::QKEY), NONE),
 ];
 
 const INIT_RTR: Row = [
     r(
-        AttrMask::RQ_PSN
-            .union(AttrMask::MAX_DEST_RD_ATOMIC)
-            .union(AttrMask::AV)
-            .union(AttrMask::DEST_QPN),
+        AttrMask::RQ_PSN.union(AttrMask::MAX_DEST_RD_ATOMIC).union(AttrMask::AV).union(AttrMask::DEST_QPN),
         AttrMask::ALT_PATH
             .union(ENABLES)
             .union(AttrMask::PKEY_INDEX)
@@ -123,27 +105,11 @@ const INIT_RTR: Row = [
             .union(AttrMask::MIN_RNR_TIMER),
     ),
     r(
-        AttrMask::RQ_PSN
-            .union(AttrMask::AV)
-            .union(AttrMask::DEST_QPN),
-        AttrMask::ALT_PATH
-            .union(AttrMask::WRITE_EN)
-            .union(AttrMask::PKEY_INDEX)
-            .union(AttrMask::CAP),
+        AttrMask::RQ_PSN.union(AttrMask::AV).union(AttrMask::DEST_QPN),
+        AttrMask::ALT_PATH.union(AttrMask::WRITE_EN).union(AttrMask::PKEY_INDEX).union(AttrMask::CAP),
     ),
-    r(
-        NONE,
-        AttrMask::PKEY_INDEX
-            .union(AttrMask::QKEY)
-            .union(AttrMask::CAP),
-    ),
-    r(
-        AttrMask::MAX_DEST_RD_ATOMIC,
-        ENABLES
-            .union(AttrMask::QKEY)
-            .union(AttrMask::CAP)
-            .union(AttrMask::MIN_RNR_TIMER),
-    ),
+    r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::QKEY).union(AttrMask::CAP)),
+    r(AttrMask::MAX_DEST_RD_ATOMIC, ENABLES.union(AttrMask::QKEY).union(AttrMask::CAP).union(AttrMask::MIN_RNR_TIMER)),
 ];
 
 const RTR_RTS: Row = [
@@ -161,10 +127,7 @@ const RTR_RTS: Row = [
     ),
     r(
         AttrMask::SQ_PSN,
-        AttrMask::WRITE_EN
-            .union(AttrMask::ALT_PATH)
-            .union(AttrMask::PATH_MIG_STATE)
-            .union(AttrMask::CAP),
+        AttrMask::WRITE_EN.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE).union(AttrMask::CAP),
     ),
     r(AttrMask::SQ_PSN, AttrMask::QKEY.union(AttrMask::CAP)),
     r(
@@ -206,12 +169,7 @@ const SQD_RTS: Row = [
             .union(AttrMask::CAP)
             .union(AttrMask::WRITE_EN),
     ),
-    r(
-        NONE,
-        AttrMask::QKEY
-            .union(AttrMask::PKEY_INDEX)
-            .union(AttrMask::CAP),
-    ),
+    r(NONE, AttrMask::QKEY.union(AttrMask::PKEY_INDEX).union(AttrMask::CAP)),
     r(
         NONE,
         AttrMask::PATH_MIG_STATE
@@ -232,47 +190,17 @@ const SQE_RTS: Row = [
 ];
 
 const INIT_INIT: Row = [
-    r(
-        NONE,
-        AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(ENABLES),
-    ),
-    r(
-        NONE,
-        AttrMask::PKEY_INDEX
-            .union(AttrMask::PORT)
-            .union(AttrMask::WRITE_EN),
-    ),
-    r(
-        NONE,
-        AttrMask::PKEY_INDEX
-            .union(AttrMask::PORT)
-            .union(AttrMask::QKEY),
-    ),
+    r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(ENABLES)),
+    r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(AttrMask::WRITE_EN)),
+    r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(AttrMask::QKEY)),
     r(NONE, ENABLES.union(AttrMask::QKEY)),
 ];
 
 const RTS_RTS: Row = [
-    r(
-        NONE,
-        ENABLES
-            .union(AttrMask::ALT_PATH)
-            .union(AttrMask::PATH_MIG_STATE)
-            .union(AttrMask::MIN_RNR_TIMER),
-    ),
-    r(
-        NONE,
-        AttrMask::WRITE_EN
-            .union(AttrMask::ALT_PATH)
-            .union(AttrMask::PATH_MIG_STATE),
-    ),
+    r(NONE, ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE).union(AttrMask::MIN_RNR_TIMER)),
+    r(NONE, AttrMask::WRITE_EN.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE)),
     r(NONE, AttrMask::QKEY),
-    r(
-        NONE,
-        ENABLES
-            .union(AttrMask::PATH_MIG_STATE)
-            .union(AttrMask::MIN_RNR_TIMER)
-            .union(AttrMask::QKEY),
-    ),
+    r(NONE, ENABLES.union(AttrMask::PATH_MIG_STATE).union(AttrMask::MIN_RNR_TIMER).union(AttrMask::QKEY)),
 ];
 
 /// A Raw QP takes only the port at Reset→Init and nothing elsewhere (MOD-RAW-1).
@@ -284,11 +212,7 @@ pub fn attr_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<AttrRule
         return None;
     }
     if qp_type.is_raw() {
-        return Some(if (from, to) == (S::Reset, S::Init) {
-            RAW_RESET_INIT
-        } else {
-            r(NONE, NONE)
-        });
+        return Some(if (from, to) == (S::Reset, S::Init) { RAW_RESET_INIT } else { r(NONE, NONE) });
     }
     let row: &Row = match (from, to) {
         (_, S::Reset) | (_, S::Error) => return Some(r(NONE, NONE)), // MOD-GEN-12
@@ -321,10 +245,7 @@ pub fn check_modify(qp_type: QpType, from: QpState, to: QpState, supplied: AttrM
     }
     let extra = supplied - (rule.required | rule.optional);
     if !extra.is_empty() {
-        return Err(VerbsError::InvalidAttribute(
-            extra,
-            "not accepted by this transition",
-        ));
+        return Err(VerbsError::InvalidAttribute(extra, "not accepted by this transition"));
     }
     Ok(())
 }

@@ -24,10 +24,7 @@ pub struct Ah {
 
 impl std::fmt::Debug for Ah {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ah")
-            .field("handle", &self.inner.handle)
-            .field("attr", &self.inner.attr)
-            .finish()
+        f.debug_struct("Ah").field("handle", &self.inner.handle).field("attr", &self.inner.attr).finish()
     }
 }
 
@@ -38,10 +35,7 @@ pub(crate) fn validate_ah_attr(dev: &DeviceInner, attr: &AhAttr, mask: AttrMask)
         return Err(VerbsError::MissingAttribute(mask));
     }
     if !attr.is_global {
-        return Err(VerbsError::InvalidAttribute(
-            mask,
-            "a RoCEv2 port needs the GRH (is_global)",
-        ));
+        return Err(VerbsError::InvalidAttribute(mask, "a RoCEv2 port needs the GRH (is_global)"));
     }
     if attr.port_num == 0 || attr.port_num > dev.attr.phys_port_cnt {
         return Err(VerbsError::InvalidAttribute(mask, "port number"));
@@ -54,10 +48,7 @@ pub(crate) fn validate_ah_attr(dev: &DeviceInner, attr: &AhAttr, mask: AttrMask)
         return Err(VerbsError::InvalidAttribute(mask, "flow label is 20 bits"));
     }
     if attr.sl > 15 {
-        return Err(VerbsError::InvalidAttribute(
-            mask,
-            "service level is 4 bits",
-        ));
+        return Err(VerbsError::InvalidAttribute(mask, "service level is 4 bits"));
     }
     Ok(())
 }

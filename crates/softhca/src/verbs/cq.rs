@@ -39,9 +39,7 @@ pub struct Cq {
 
 impl std::fmt::Debug for Cq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cq")
-            .field("handle", &self.inner.handle)
-            .finish()
+        f.debug_struct("Cq").field("handle", &self.inner.handle).finish()
     }
 }
 
@@ -66,30 +64,19 @@ pub struct CompChannel {
 impl CompChannel {
     /// The next completion event, if one is waiting.
     pub fn try_get_cq_event(&self) -> Option<Cq> {
-        self.inner
-            .events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
+        self.inner.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
     }
 
     /// Waits up to `timeout` for the next completion event (`ibv_get_cq_event`).
     pub fn get_cq_event(&self, timeout: Duration) -> Option<Cq> {
         let q = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut q, _) = self
-            .inner
-            .ready
-            .wait_timeout_while(q, timeout, |q| q.is_empty())
-            .unwrap_or_else(|e| e.into_inner());
+        let (mut q, _) =
+            self.inner.ready.wait_timeout_while(q, timeout, |q| q.is_empty()).unwrap_or_else(|e| e.into_inner());
         q.pop_front()
     }
 
     fn push(&self, cq: Cq) {
-        self.inner
-            .events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(cq);
+        self.inner.events.lock().unwrap_or_else(|e| e.into_inner()).push_back(cq);
         self.inner.ready.notify_all();
     }
 }
@@ -102,12 +89,7 @@ impl Context {
     /// Create Completion Event Channel.
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
         self.inner.check_open()?;
-        Ok(CompChannel {
-            inner: Arc::new(ChannelInner {
-                events: Mutex::new(VecDeque::new()),
-                ready: Condvar::new(),
-            }),
-        })
+        Ok(CompChannel { inner: Arc::new(ChannelInner { events: Mutex::new(VecDeque::new()), ready: Condvar::new() }) })
     }
 
     /// Create CQ holding at least `cqe` entries (CRT-CQ-1..4).
@@ -140,11 +122,7 @@ impl Context {
             }),
             channel: channel.cloned(),
         });
-        self.inner
-            .cqs
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(inner.handle, Arc::downgrade(&inner));
+        self.inner.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(inner.handle, Arc::downgrade(&inner));
         Ok(Cq { inner })
     }
 }
@@ -207,10 +185,7 @@ impl Cq {
         core.entries = VecDeque::new();
         drop(core);
         let dev = &self.inner.dev;
-        dev.cqs
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.inner.handle);
+        dev.cqs.write().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.handle);
         give(&dev.counts.cq);
         Ok(())
     }
@@ -300,13 +275,7 @@ impl Cq {
     }
 
     fn fire(&self) {
-        let handler = self
-            .inner
-            .dev
-            .comp_handler
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let handler = self.inner.dev.comp_handler.read().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(h) = handler {
             h(self);
         }

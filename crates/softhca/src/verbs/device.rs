@@ -1,7 +1,7 @@
 //! The software HCA: its attributes, its port, and the per-device tables (QPNs, keys, resource
 //! counts, asynchronous events). A [`Context`] is the open device (`ibv_context`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 
@@ -204,9 +204,7 @@ pub(crate) struct Counts {
 /// Takes one unit of a resource counted in `counter` up to `max`.
 pub(crate) fn take(counter: &AtomicU32, max: u32) -> Result<()> {
     counter
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < max).then_some(n + 1)
-        })
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
         .map(|_| ())
         .map_err(|_| VerbsError::InsufficientResources)
 }
@@ -240,7 +238,10 @@ pub(crate) struct DeviceInner {
     pub keys: RwLock<KeyTable>,
     pub rng: Mutex<StdRng>,
     /// Live QPs by QPN: the demultiplexer for inbound packets.
-    pub qps: RwLock<HashMap<u32, Arc<QpInner>>>,
+    pub qps: RwLock<BTreeMap<u32, Arc<QpInner>>>,
+    /// Where the next `transmit` starts looking, so that QPs take turns.
+    pub tx_cursor: AtomicU32,
+    pub stats: crate::transport::engine::Stats,
     next_qpn: Mutex<u32>,
     pub cqs: RwLock<HashMap<u32, Weak<CqInner>>>,
     pub async_events: AsyncQueue,
@@ -277,18 +278,9 @@ impl DeviceInner {
     /// Queues an asynchronous event and calls the registered handler (EVT-ASYNC-1).
     pub fn raise(&self, event: AsyncEvent) {
         tracing::debug!(device = %self.name, ?event, "async event");
-        let handler = self
-            .async_events
-            .handler
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let handler = self.async_events.handler.read().unwrap_or_else(|e| e.into_inner()).clone();
         {
-            let mut q = self
-                .async_events
-                .events
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut q = self.async_events.events.lock().unwrap_or_else(|e| e.into_inner());
             q.push_back(event);
         }
         self.async_events.ready.notify_all();
@@ -310,9 +302,7 @@ pub struct Context {
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context")
-            .field("name", &self.inner.name)
-            .finish()
+        f.debug_struct("Context").field("name", &self.inner.name).finish()
     }
 }
 
@@ -330,10 +320,7 @@ pub fn device_list() -> Vec<DeviceInfo> {
     list.iter()
         .filter_map(Weak::upgrade)
         .filter(|d| !d.closed.load(Ordering::Acquire))
-        .map(|d| DeviceInfo {
-            name: d.name.clone(),
-            node_guid: d.attr.node_guid,
-        })
+        .map(|d| DeviceInfo { name: d.name.clone(), node_guid: d.attr.node_guid })
         .collect()
 }
 
@@ -362,8 +349,7 @@ impl Context {
         let mut port = config.port;
         if attr.node_guid == 0 {
             // A locally administered EUI-64 that differs per device.
-            attr.node_guid =
-                0x0200_00FF_FE00_0000 | (id & 0xFF_FFFF) | ((rng.random::<u64>() & 0xFF) << 24);
+            attr.node_guid = 0x0200_00FF_FE00_0000 | (id & 0xFF_FFFF) | ((rng.random::<u64>() & 0xFF) << 24);
         }
         if attr.sys_image_guid == 0 {
             attr.sys_image_guid = attr.node_guid;
@@ -382,16 +368,15 @@ impl Context {
             next_handle: AtomicU32::new(1),
             keys: RwLock::new(KeyTable::default()),
             rng: Mutex::new(rng),
-            qps: RwLock::new(HashMap::new()),
+            qps: RwLock::new(BTreeMap::new()),
+            tx_cursor: AtomicU32::new(0),
+            stats: Default::default(),
             next_qpn: Mutex::new(first_qpn),
             cqs: RwLock::new(HashMap::new()),
             async_events: AsyncQueue::default(),
             comp_handler: RwLock::new(None),
         });
-        DEVICES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::downgrade(&inner));
+        DEVICES.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&inner));
         tracing::info!(device = %inner.name, "device created");
         Ok(Context { inner })
     }
@@ -424,27 +409,21 @@ impl Context {
         self.inner.check_open()?;
         self.check_port(port_num)?;
         let gids = self.inner.gids.read().unwrap_or_else(|e| e.into_inner());
-        gids.get(index as usize)
-            .copied()
-            .ok_or(VerbsError::InvalidArgument("GID index"))
+        gids.get(index as usize).copied().ok_or(VerbsError::InvalidArgument("GID index"))
     }
 
     /// Query P_Key.
     pub fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
         self.inner.check_open()?;
         self.check_port(port_num)?;
-        self.inner
-            .pkey(index)
-            .ok_or(VerbsError::InvalidArgument("P_Key index"))
+        self.inner.pkey(index).ok_or(VerbsError::InvalidArgument("P_Key index"))
     }
 
     /// Sets GID `index` of the port; the link layer calls it with its address.
     pub fn set_gid(&self, index: u32, gid: Gid) -> Result<()> {
         self.inner.check_open()?;
         let mut gids = self.inner.gids.write().unwrap_or_else(|e| e.into_inner());
-        let slot = gids
-            .get_mut(index as usize)
-            .ok_or(VerbsError::InvalidArgument("GID index"))?;
+        let slot = gids.get_mut(index as usize).ok_or(VerbsError::InvalidArgument("GID index"))?;
         *slot = gid;
         Ok(())
     }
@@ -458,38 +437,20 @@ impl Context {
 
     /// Set Asynchronous Event Handler (EVT-ASYNC-1). Events are also queued for
     /// [`Context::get_async_event`].
-    pub fn set_async_event_handler(
-        &self,
-        handler: impl Fn(&AsyncEvent) + Send + Sync + 'static,
-    ) -> Result<()> {
+    pub fn set_async_event_handler(&self, handler: impl Fn(&AsyncEvent) + Send + Sync + 'static) -> Result<()> {
         self.inner.check_open()?;
-        *self
-            .inner
-            .async_events
-            .handler
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(handler));
+        *self.inner.async_events.handler.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(handler));
         Ok(())
     }
 
     /// The oldest queued asynchronous event, if any (`ibv_get_async_event` without blocking).
     pub fn get_async_event(&self) -> Option<AsyncEvent> {
-        self.inner
-            .async_events
-            .events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
+        self.inner.async_events.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
     }
 
     /// Waits up to `timeout` for an asynchronous event.
     pub fn wait_async_event(&self, timeout: std::time::Duration) -> Option<AsyncEvent> {
-        let q = self
-            .inner
-            .async_events
-            .events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let q = self.inner.async_events.events.lock().unwrap_or_else(|e| e.into_inner());
         let (mut q, _) = self
             .inner
             .async_events
@@ -501,16 +462,9 @@ impl Context {
 
     /// Set Completion Event Handler (CQ-HANDLER-1): called with the CQ that received a CQE
     /// for which notification was requested (CQ-HANDLER-2).
-    pub fn set_completion_handler(
-        &self,
-        handler: impl Fn(&super::cq::Cq) + Send + Sync + 'static,
-    ) -> Result<()> {
+    pub fn set_completion_handler(&self, handler: impl Fn(&super::cq::Cq) + Send + Sync + 'static) -> Result<()> {
         self.inner.check_open()?;
-        *self
-            .inner
-            .comp_handler
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(handler));
+        *self.inner.comp_handler.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(handler));
         Ok(())
     }
 

@@ -39,11 +39,7 @@ pub(crate) struct KeyTable {
 }
 
 impl KeyTable {
-    fn insert(
-        &mut self,
-        rng: &mut impl Rng,
-        make: impl FnOnce(u32) -> Arc<MrInner>,
-    ) -> Result<Arc<MrInner>> {
+    fn insert(&mut self, rng: &mut impl Rng, make: impl FnOnce(u32) -> Arc<MrInner>) -> Result<Arc<MrInner>> {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -76,10 +72,7 @@ impl KeyTable {
     }
 
     pub fn lookup(&self, key: u32) -> Option<&Arc<MrInner>> {
-        self.slots
-            .get((key >> 8) as usize)?
-            .as_ref()
-            .filter(|m| m.key == key)
+        self.slots.get((key >> 8) as usize)?.as_ref().filter(|m| m.key == key)
     }
 }
 
@@ -107,10 +100,7 @@ impl Drop for MrInner {
             // SAFETY: `ptr`/`len` came from `Box::<[u8]>::into_raw` in `reg_mr` and are
             // reconstructed exactly once, here, when the last reference is gone.
             unsafe {
-                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                    self.ptr.as_ptr(),
-                    self.len,
-                )));
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)));
             }
         }
     }
@@ -137,6 +127,16 @@ pub struct MemRef {
     len: usize,
 }
 
+impl std::fmt::Debug for MemRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemRef")
+            .field("key", &format_args!("{:#x}", self.mr.key))
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
 impl MemRef {
     pub fn len(&self) -> usize {
         self.len
@@ -157,11 +157,7 @@ impl MemRef {
         // keeps alive; `src` is a caller's slice, which cannot overlap registered memory that
         // softhca never lends out as a slice.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.mr.ptr.as_ptr().add(self.offset + at),
-                src.len(),
-            );
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.mr.ptr.as_ptr().add(self.offset + at), src.len());
         }
         Ok(())
     }
@@ -175,11 +171,7 @@ impl MemRef {
         // SAFETY: as in `write`, the source range is inside the live allocation and `dst` is a
         // distinct caller-owned buffer.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.mr.ptr.as_ptr().add(self.offset + at),
-                dst.as_mut_ptr(),
-                dst.len(),
-            );
+            std::ptr::copy_nonoverlapping(self.mr.ptr.as_ptr().add(self.offset + at), dst.as_mut_ptr(), dst.len());
         }
         Ok(())
     }
@@ -217,12 +209,8 @@ impl std::fmt::Debug for Mr {
 }
 
 fn check_access_flags(access: Access) -> Result<()> {
-    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
-        && !access.contains(Access::LOCAL_WRITE)
-    {
-        return Err(VerbsError::InvalidAccess(
-            "remote write and remote atomic require local write",
-        ));
+    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
+        return Err(VerbsError::InvalidAccess("remote write and remote atomic require local write"));
     }
     Ok(())
 }
@@ -234,9 +222,7 @@ impl Pd {
         check_access_flags(access)?;
         let len = buf.len();
         if len as u64 > self.inner.dev.attr.max_mr_size {
-            return Err(VerbsError::InvalidArgument(
-                "region larger than max_mr_size",
-            ));
+            return Err(VerbsError::InvalidArgument("region larger than max_mr_size"));
         }
         let raw = Box::into_raw(buf.into_boxed_slice()) as *mut u8;
         // SAFETY: Box::into_raw never returns null (a zero-length box gives a dangling,
@@ -277,23 +263,10 @@ impl Pd {
         let inserted = {
             let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
             let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
-            keys.insert(&mut *rng, |key| {
-                Arc::new(MrInner {
-                    key,
-                    pd: self.inner.clone(),
-                    access,
-                    ptr,
-                    len,
-                    owned,
-                })
-            })
+            keys.insert(&mut *rng, |key| Arc::new(MrInner { key, pd: self.inner.clone(), access, ptr, len, owned }))
         };
         match inserted {
-            Ok(inner) => Ok(Mr {
-                inner,
-                dev: dev.clone(),
-                deregistered: AtomicBool::new(false),
-            }),
+            Ok(inner) => Ok(Mr { inner, dev: dev.clone(), deregistered: AtomicBool::new(false) }),
             Err(e) => {
                 self.inner.release();
                 give(&dev.counts.mr);
@@ -343,11 +316,7 @@ impl Mr {
             return Err(VerbsError::InvalidMrHandle);
         }
         match offset.checked_add(len) {
-            Some(end) if end <= self.inner.len => Ok(MemRef {
-                mr: self.inner.clone(),
-                offset,
-                len,
-            }),
+            Some(end) if end <= self.inner.len => Ok(MemRef { mr: self.inner.clone(), offset, len }),
             _ => Err(VerbsError::InvalidArgument("range outside the region")),
         }
     }
@@ -355,15 +324,13 @@ impl Mr {
     /// Copies bytes out of the region (a snapshot: a peer may be writing meanwhile).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         let m = self.local(offset, dst.len())?;
-        m.read(0, dst)
-            .map_err(|_| VerbsError::InvalidArgument("range outside the region"))
+        m.read(0, dst).map_err(|_| VerbsError::InvalidArgument("range outside the region"))
     }
 
     /// Copies bytes into the region.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         let m = self.local(offset, src.len())?;
-        m.write(0, src)
-            .map_err(|_| VerbsError::InvalidArgument("range outside the region"))
+        m.write(0, src).map_err(|_| VerbsError::InvalidArgument("range outside the region"))
     }
 
     /// A copy of the whole region.
@@ -380,12 +347,7 @@ impl Mr {
         if self.deregistered.swap(true, Ordering::AcqRel) {
             return Err(VerbsError::InvalidMrHandle);
         }
-        let removed = self
-            .dev
-            .keys
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(self.inner.key);
+        let removed = self.dev.keys.write().unwrap_or_else(|e| e.into_inner()).remove(self.inner.key);
         if removed.is_some() {
             self.inner.pd.release();
             give(&self.dev.counts.mr);
@@ -434,9 +396,5 @@ pub(crate) fn check_access(
     if !mr.access.contains(access) {
         return Err(AccessError::MissingRight);
     }
-    Ok(MemRef {
-        mr: mr.clone(),
-        offset,
-        len: len as usize,
-    })
+    Ok(MemRef { mr: mr.clone(), offset, len: len as usize })
 }

@@ -46,9 +46,7 @@ pub struct Pd {
 
 impl std::fmt::Debug for Pd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pd")
-            .field("handle", &self.inner.handle)
-            .finish()
+        f.debug_struct("Pd").field("handle", &self.inner.handle).finish()
     }
 }
 
@@ -80,9 +78,7 @@ impl Pd {
     }
 
     pub fn context(&self) -> Context {
-        Context {
-            inner: self.inner.dev.clone(),
-        }
+        Context { inner: self.inner.dev.clone() }
     }
 
     /// Deallocate Protection Domain; refused with `InUse` while an MR, QP, AH or SRQ still uses

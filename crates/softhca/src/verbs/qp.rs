@@ -12,8 +12,7 @@ use super::device::{give, take, Context, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
 use super::types::{
-    Access, AddressVector, AsyncEvent, AsyncEventType, EventElement, MigState, QpState, QpType, Wc,
-    WcOpcode, WcStatus,
+    Access, AddressVector, AsyncEvent, AsyncEventType, EventElement, MigState, QpState, QpType, Wc, WcOpcode, WcStatus,
 };
 use super::wq::WorkQueue;
 use super::wr::{wr_allowed, RecvWqe, RecvWr, SendFlags, SendWqe, SendWr, WrOpcode};
@@ -50,13 +49,7 @@ impl QpInitAttr {
             qp_type,
             send_cq: send_cq.clone(),
             recv_cq: recv_cq.clone(),
-            cap: QpCap {
-                max_send_wr: 128,
-                max_recv_wr: 128,
-                max_send_sge: 4,
-                max_recv_sge: 4,
-                max_inline_data: 64,
-            },
+            cap: QpCap { max_send_wr: 128, max_recv_wr: 128, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 },
             sq_sig_all: false,
         }
     }
@@ -168,10 +161,7 @@ macro_rules! setters {
 
 impl QpAttr {
     pub fn new(qp_state: QpState) -> Self {
-        QpAttr {
-            qp_state,
-            ..Default::default()
-        }
+        QpAttr { qp_state, ..Default::default() }
     }
 
     pub fn to_init() -> Self {
@@ -180,12 +170,7 @@ impl QpAttr {
 
     /// Init → RTR for a connected QP: the remote address and QPN.
     pub fn to_rtr(av: AddressVector, dest_qp_num: u32) -> Self {
-        QpAttr {
-            qp_state: QpState::Rtr,
-            av: Some(av),
-            dest_qp_num: Some(dest_qp_num),
-            ..Default::default()
-        }
+        QpAttr { qp_state: QpState::Rtr, av: Some(av), dest_qp_num: Some(dest_qp_num), ..Default::default() }
     }
 
     pub fn to_rts() -> Self {
@@ -238,9 +223,7 @@ impl QpAttr {
         let mut m = AttrMask::empty();
         if let Some(acc) = self.access {
             m |= match qp_type {
-                QpType::Rc | QpType::Rd => {
-                    AttrMask::READ_EN | AttrMask::WRITE_EN | AttrMask::ATOMIC_EN
-                }
+                QpType::Rc | QpType::Rd => AttrMask::READ_EN | AttrMask::WRITE_EN | AttrMask::ATOMIC_EN,
                 QpType::Uc => {
                     if acc.intersects(Access::REMOTE_READ | Access::REMOTE_ATOMIC) {
                         return Err(VerbsError::InvalidAttribute(
@@ -261,10 +244,7 @@ impl QpAttr {
             (self.qkey.is_some(), AttrMask::QKEY),
             (self.port_num.is_some(), AttrMask::PORT),
             (self.rq_psn.is_some(), AttrMask::RQ_PSN),
-            (
-                self.max_dest_rd_atomic.is_some(),
-                AttrMask::MAX_DEST_RD_ATOMIC,
-            ),
+            (self.max_dest_rd_atomic.is_some(), AttrMask::MAX_DEST_RD_ATOMIC),
             (self.av.is_some(), AttrMask::AV),
             (self.dest_qp_num.is_some(), AttrMask::DEST_QPN),
             (self.alt_path.is_some(), AttrMask::ALT_PATH),
@@ -348,9 +328,10 @@ pub(crate) struct QpCore {
     pub attrs: QpAttrs,
     pub sq: WorkQueue<SendWqe>,
     pub rq: WorkQueue<RecvWqe>,
-    /// SQ WQEs whose first packet has been sent and that are not yet retired: the transport's
-    /// requester keeps this count; SQD drains until it is 0.
-    pub sq_in_progress: usize,
+    /// The SQ Logic; its `started` count is the in-progress messages SQD drains.
+    pub req: crate::transport::requester::ReqState,
+    /// The RQ Logic.
+    pub resp: crate::transport::responder::RespState,
     /// The SQ Drained event was requested at RTS→SQD and not yet raised (EVT-SQD-5).
     pub sqd_event_pending: bool,
 }
@@ -374,10 +355,7 @@ pub struct Qp {
 
 impl std::fmt::Debug for Qp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Qp")
-            .field("qpn", &self.inner.qpn)
-            .field("type", &self.inner.qp_type)
-            .finish()
+        f.debug_struct("Qp").field("qpn", &self.inner.qpn).field("type", &self.inner.qp_type).finish()
     }
 }
 
@@ -391,15 +369,9 @@ impl Context {
         pd.inner.check()?;
         match init.qp_type {
             QpType::Rc | QpType::Uc | QpType::Ud => {}
-            QpType::Rd => {
-                return Err(VerbsError::InvalidServiceType(
-                    "RD QPs are not implemented yet",
-                ))
-            }
+            QpType::Rd => return Err(VerbsError::InvalidServiceType("RD QPs are not implemented yet")),
             QpType::RawIpv6 | QpType::RawEthertype => {
-                return Err(VerbsError::InvalidServiceType(
-                    "Raw QPs are not implemented yet",
-                ))
+                return Err(VerbsError::InvalidServiceType("Raw QPs are not implemented yet"))
             }
         }
         for cq in [&init.send_cq, &init.recv_cq] {
@@ -414,17 +386,13 @@ impl Context {
             return Err(VerbsError::MaxWrExceeded);
         }
         if cap.max_send_wr == 0 || cap.max_recv_wr == 0 {
-            return Err(VerbsError::InvalidArgument(
-                "a work queue holds at least one WR",
-            ));
+            return Err(VerbsError::InvalidArgument("a work queue holds at least one WR"));
         }
         if cap.max_send_sge > attr.max_sge || cap.max_recv_sge > attr.max_sge {
             return Err(VerbsError::MaxSgeExceeded);
         }
         if cap.max_inline_data > attr.max_inline_data {
-            return Err(VerbsError::InvalidArgument(
-                "max_inline_data above the device maximum",
-            ));
+            return Err(VerbsError::InvalidArgument("max_inline_data above the device maximum"));
         }
         take(&self.inner.counts.qp, attr.max_qp)?;
         let undo_count = || give(&self.inner.counts.qp);
@@ -464,15 +432,12 @@ impl Context {
                 attrs: QpAttrs::reset(cap),
                 sq,
                 rq: WorkQueue::new(cap.max_recv_wr as usize),
-                sq_in_progress: 0,
+                req: Default::default(),
+                resp: Default::default(),
                 sqd_event_pending: false,
             }),
         });
-        self.inner
-            .qps
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(qpn, inner.clone());
+        self.inner.qps.write().unwrap_or_else(|e| e.into_inner()).insert(qpn, inner.clone());
         tracing::debug!(device = %self.inner.name, qpn, qp_type = ?init.qp_type, "QP created");
         Ok(Qp { inner })
     }
@@ -488,21 +453,13 @@ impl Pd {
 /// Posts one CQE for a WQE that did not execute. Error CQEs are solicited events (EVT-SOL-2,
 /// EVT-SOL-5). An overflowing CQ has raised its CQ Error; the QP is already in Error here.
 fn flush_cqe(cq: &Cq, qpn: u32, wr_id: u64, opcode: WcOpcode) {
-    let wc = Wc {
-        wr_id,
-        status: WcStatus::WrFlushErr,
-        opcode,
-        qp_num: qpn,
-        ..Default::default()
-    };
+    let wc = Wc { wr_id, status: WcStatus::WrFlushErr, opcode, qp_num: qpn, ..Default::default() };
     let _ = cq.push(wc, true);
 }
 
 pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
     match op {
-        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::Resync => {
-            WcOpcode::Send
-        }
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::Resync => WcOpcode::Send,
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
         WrOpcode::RdmaRead => WcOpcode::RdmaRead,
         WrOpcode::AtomicCmpSwp => WcOpcode::CompSwap,
@@ -528,7 +485,9 @@ impl QpInner {
         while let Some(w) = core.sq.pop() {
             flush_cqe(&self.send_cq, self.qpn, w.wr_id, wc_opcode_of(w.opcode));
         }
-        core.sq_in_progress = 0;
+        core.req.started = 0;
+        core.req.cursor = 0;
+        core.req.cursor_off = 0;
         while let Some(w) = core.rq.pop() {
             flush_cqe(&self.recv_cq, self.qpn, w.wr_id, WcOpcode::Recv);
         }
@@ -557,9 +516,7 @@ impl QpInner {
             if sizes.max_send_wr > dev.attr.max_qp_wr || sizes.max_recv_wr > dev.attr.max_qp_wr {
                 return bad(AttrMask::CAP, "above max_qp_wr");
             }
-            if (sizes.max_send_wr as usize) < core.sq.len()
-                || (sizes.max_recv_wr as usize) < core.rq.len()
-            {
+            if (sizes.max_send_wr as usize) < core.sq.len() || (sizes.max_recv_wr as usize) < core.rq.len() {
                 return bad(AttrMask::CAP, "smaller than the WQEs outstanding");
             }
         }
@@ -567,10 +524,7 @@ impl QpInner {
             if port == 0 || port > dev.attr.phys_port_cnt {
                 return bad(AttrMask::PORT, "no such port");
             }
-            if core.attrs.qp_state == QpState::Sqd
-                && port != core.attrs.port_num
-                && !dev.attr.port_change
-            {
+            if core.attrs.qp_state == QpState::Sqd && port != core.attrs.port_num && !dev.attr.port_change {
                 return Err(VerbsError::NotSupported("changing the port of a QP"));
             }
         }
@@ -581,42 +535,18 @@ impl QpInner {
         }
         for (v, bit, what) in [
             (attr.retry_cnt, AttrMask::RETRY_CNT, "retry count above 7"),
-            (
-                attr.rnr_retry,
-                AttrMask::RNR_RETRY,
-                "RNR retry count above 7",
-            ),
-            (
-                attr.av.and_then(|a| a.retry_cnt),
-                AttrMask::AV,
-                "retry count above 7",
-            ),
-            (
-                attr.av.and_then(|a| a.rnr_retry),
-                AttrMask::AV,
-                "RNR retry count above 7",
-            ),
+            (attr.rnr_retry, AttrMask::RNR_RETRY, "RNR retry count above 7"),
+            (attr.av.and_then(|a| a.retry_cnt), AttrMask::AV, "retry count above 7"),
+            (attr.av.and_then(|a| a.rnr_retry), AttrMask::AV, "RNR retry count above 7"),
         ] {
             if v.is_some_and(|v| v > 7) {
                 return bad(bit, what);
             }
         }
         for (v, bit, what) in [
-            (
-                attr.timeout,
-                AttrMask::TIMEOUT,
-                "local ACK timeout above 31",
-            ),
-            (
-                attr.av.and_then(|a| a.timeout),
-                AttrMask::AV,
-                "local ACK timeout above 31",
-            ),
-            (
-                attr.min_rnr_timer,
-                AttrMask::MIN_RNR_TIMER,
-                "minimum RNR NAK timer above 31",
-            ),
+            (attr.timeout, AttrMask::TIMEOUT, "local ACK timeout above 31"),
+            (attr.av.and_then(|a| a.timeout), AttrMask::AV, "local ACK timeout above 31"),
+            (attr.min_rnr_timer, AttrMask::MIN_RNR_TIMER, "minimum RNR NAK timer above 31"),
         ] {
             if v.is_some_and(|v| v > 31) {
                 return bad(bit, what);
@@ -631,23 +561,11 @@ impl QpInner {
                 return bad(bit, what);
             }
         }
-        if attr
-            .max_rd_atomic
-            .is_some_and(|v| v as u32 > dev.attr.max_qp_init_rd_atom)
-        {
-            return bad(
-                AttrMask::MAX_RD_ATOMIC,
-                "outbound depth above the HCA maximum",
-            );
+        if attr.max_rd_atomic.is_some_and(|v| v as u32 > dev.attr.max_qp_init_rd_atom) {
+            return bad(AttrMask::MAX_RD_ATOMIC, "outbound depth above the HCA maximum");
         }
-        if attr
-            .max_dest_rd_atomic
-            .is_some_and(|v| v as u32 > dev.attr.max_qp_rd_atom)
-        {
-            return bad(
-                AttrMask::MAX_DEST_RD_ATOMIC,
-                "inbound depth above the HCA maximum",
-            );
+        if attr.max_dest_rd_atomic.is_some_and(|v| v as u32 > dev.attr.max_qp_rd_atom) {
+            return bad(AttrMask::MAX_DEST_RD_ATOMIC, "inbound depth above the HCA maximum");
         }
         if let Some(av) = &attr.av {
             validate_ah_attr(dev, &av.ah, AttrMask::AV)?;
@@ -718,16 +636,53 @@ impl QpInner {
         }
     }
 
+    /// Moves the QP to Error outside Modify QP (QPT-AUTO-3, QPT-AUTO-4, QPT-AUTO-6). With
+    /// `flush` every outstanding WQE is flushed (ERR-FLUSH-1); without it (Class G, ERR-G-2)
+    /// they are discarded with no CQE. Responses already queued (the NAK of the error) still
+    /// go out.
+    pub fn enter_error(&self, core: &mut QpCore, flush: bool) {
+        if core.attrs.qp_state != QpState::Error {
+            tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → Error");
+        }
+        core.attrs.qp_state = QpState::Error;
+        core.attrs.sq_draining = false;
+        core.sqd_event_pending = false;
+        core.req.ack_deadline = None;
+        core.req.rnr_deadline = None;
+        if flush {
+            self.flush_all(core);
+        } else {
+            core.sq.clear();
+            core.rq.clear();
+            core.req.started = 0;
+            core.req.cursor = 0;
+        }
+    }
+
+    /// A UC or UD SQ WQE completed in error: the QP moves to SQE and the WQEs queued behind
+    /// it are flushed (ERR-SQ-1, ERR-SQE-1, QPT-AUTO-1, QPT-AUTO-2). WRs posted from now on wait
+    /// for SQE→RTS.
+    pub fn enter_sqe(&self, core: &mut QpCore) {
+        tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → SQE");
+        core.attrs.qp_state = QpState::Sqe;
+        core.attrs.sq_draining = false;
+        core.sqd_event_pending = false;
+        while let Some(w) = core.sq.pop() {
+            flush_cqe(&self.send_cq, self.qpn, w.wr_id, wc_opcode_of(w.opcode));
+        }
+        let psn = core.req.psn;
+        let (retry, rnr) = (core.attrs.retry_cnt, core.attrs.rnr_retry);
+        core.req.start(psn, retry, rnr);
+    }
+
     /// Raises SQ Drained once the drain a RTS→SQD asked about is over (EVT-SQD-1, -3, -4, -5).
     pub fn check_drained(&self, core: &mut QpCore) {
-        if core.attrs.qp_state == QpState::Sqd && core.sq_in_progress == 0 {
+        if core.attrs.qp_state == QpState::Sqd && core.req.started == 0 {
             core.attrs.sq_draining = false;
             if core.sqd_event_pending {
                 core.sqd_event_pending = false;
-                self.dev.raise(AsyncEvent {
-                    event_type: AsyncEventType::SqDrained,
-                    element: EventElement::Qp(self.qpn),
-                });
+                self.dev
+                    .raise(AsyncEvent { event_type: AsyncEventType::SqDrained, element: EventElement::Qp(self.qpn) });
             }
         }
     }
@@ -778,7 +733,7 @@ impl Qp {
         if from == QpState::Sqd
             && matches!(to, QpState::Rts | QpState::Sqd)
             && !supplied.is_empty()
-            && core.sq_in_progress > 0
+            && core.req.started > 0
         {
             return Err(VerbsError::InvalidQpState);
         }
@@ -793,7 +748,8 @@ impl Qp {
                 // off its CQs; the attributes return to their Reset values.
                 core.sq.clear();
                 core.rq.clear();
-                core.sq_in_progress = 0;
+                core.req = Default::default();
+                core.resp = Default::default();
                 core.sqd_event_pending = false;
                 q.send_cq.purge_qp(q.qpn);
                 q.recv_cq.purge_qp(q.qpn);
@@ -804,6 +760,9 @@ impl Qp {
                 next.sq_draining = false;
                 core.attrs = next;
                 core.sqd_event_pending = false;
+                core.resp.out.clear();
+                core.req.ack_deadline = None;
+                core.req.rnr_deadline = None;
                 q.flush_all(&mut core);
             }
             _ => {
@@ -812,11 +771,17 @@ impl Qp {
                     core.rq.resize(sizes.max_recv_wr as usize);
                 }
                 if from == QpState::Rts && to == QpState::Sqd {
-                    next.sq_draining = core.sq_in_progress > 0;
+                    next.sq_draining = core.req.started > 0;
                     core.sqd_event_pending = next.en_sqd_async_notify;
                 }
                 if to != QpState::Sqd {
                     next.sq_draining = false;
+                }
+                match (from, to) {
+                    (QpState::Init, QpState::Rtr) => core.resp.start(next.rq_psn),
+                    (QpState::Rtr, QpState::Rts) => core.req.start(next.sq_psn, next.retry_cnt, next.rnr_retry),
+                    (QpState::Sqe, QpState::Rts) => core.req.halted = false,
+                    _ => {}
                 }
                 core.attrs = next;
                 q.check_drained(&mut core);
@@ -862,13 +827,8 @@ impl Qp {
         if !wr_allowed(q.qp_type, wr.opcode) {
             return Err(VerbsError::InvalidWrType);
         }
-        if matches!(
-            wr.opcode,
-            WrOpcode::BindMw | WrOpcode::LocalInv | WrOpcode::SendWithInv
-        ) {
-            return Err(VerbsError::NotSupported(
-                "memory windows and invalidation are not implemented yet",
-            ));
+        if matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv | WrOpcode::SendWithInv) {
+            return Err(VerbsError::NotSupported("memory windows and invalidation are not implemented yet"));
         }
         let inline = wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers();
         if !inline && wr.sg_list.len() > core.attrs.cap.max_send_sge as usize {
@@ -882,19 +842,13 @@ impl Qp {
             return Err(VerbsError::InvalidWr("message longer than 2^31 bytes"));
         }
         if wr.opcode.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
-            return Err(VerbsError::InvalidWr(
-                "an atomic takes exactly one 8-byte scatter entry",
-            ));
+            return Err(VerbsError::InvalidWr("an atomic takes exactly one 8-byte scatter entry"));
         }
         if q.qp_type == QpType::Ud {
-            let ah = wr
-                .ah
-                .ok_or(VerbsError::InvalidWr("a UD send needs an address handle"))?;
+            let ah = wr.ah.ok_or(VerbsError::InvalidWr("a UD send needs an address handle"))?;
             ah.check()?;
             if !Arc::ptr_eq(&ah.inner.pd, &q.pd.inner) {
-                return Err(VerbsError::InvalidWr(
-                    "address handle of another protection domain",
-                ));
+                return Err(VerbsError::InvalidWr("address handle of another protection domain"));
             }
             if wr.remote_qpn > 0xFF_FFFF {
                 return Err(VerbsError::InvalidWr("remote QPN above 2^24-1"));
@@ -919,9 +873,7 @@ impl Qp {
                 return Err(at(i)(VerbsError::MaxSgeExceeded));
             }
             if sge_total(wr.sg_list) > MAX_MSG_SIZE {
-                return Err(at(i)(VerbsError::InvalidWr(
-                    "scatter list longer than 2^31 bytes",
-                )));
+                return Err(at(i)(VerbsError::InvalidWr("scatter list longer than 2^31 bytes")));
             }
             if state != QpState::Error && i >= free {
                 return Err(at(i)(VerbsError::QueueFull));
@@ -959,11 +911,7 @@ impl Qp {
         core.sq.clear();
         core.rq.clear();
         drop(core);
-        q.dev
-            .qps
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&q.qpn);
+        q.dev.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
         q.send_cq.detach();
         q.recv_cq.detach();
         q.pd.inner.release();

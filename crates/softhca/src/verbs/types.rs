@@ -42,15 +42,8 @@ pub enum QpState {
 }
 
 impl QpState {
-    pub const ALL: [QpState; 7] = [
-        QpState::Reset,
-        QpState::Init,
-        QpState::Rtr,
-        QpState::Rts,
-        QpState::Sqd,
-        QpState::Sqe,
-        QpState::Error,
-    ];
+    pub const ALL: [QpState; 7] =
+        [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Error];
 }
 
 impl fmt::Display for QpState {
@@ -236,13 +229,7 @@ pub struct AddressVector {
 
 impl AddressVector {
     pub fn new(ah: AhAttr, path_mtu: Mtu) -> AddressVector {
-        AddressVector {
-            ah,
-            path_mtu,
-            timeout: None,
-            retry_cnt: None,
-            rnr_retry: None,
-        }
+        AddressVector { ah, path_mtu, timeout: None, retry_cnt: None, rnr_retry: None }
     }
 }
 
@@ -385,9 +372,7 @@ impl Wc {
     }
 
     pub fn imm(&self) -> Option<u32> {
-        self.wc_flags
-            .contains(WcFlags::WITH_IMM)
-            .then_some(self.imm_data)
+        self.wc_flags.contains(WcFlags::WITH_IMM).then_some(self.imm_data)
     }
 }
 

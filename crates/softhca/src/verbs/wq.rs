@@ -11,11 +11,7 @@ pub(crate) struct WorkQueue<T> {
 
 impl<T: Default> WorkQueue<T> {
     pub fn new(capacity: usize) -> Self {
-        WorkQueue {
-            slots: (0..capacity).map(|_| T::default()).collect(),
-            head: 0,
-            len: 0,
-        }
+        WorkQueue { slots: (0..capacity).map(|_| T::default()).collect(), head: 0, len: 0 }
     }
 
     pub fn capacity(&self) -> usize {
@@ -46,9 +42,17 @@ impl<T: Default> WorkQueue<T> {
     }
 
     /// The `i`-th oldest WQE.
-    #[cfg(test)]
     pub fn get(&self, i: usize) -> Option<&T> {
         (i < self.len).then(|| &self.slots[(self.head + i) % self.slots.len()])
+    }
+
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        let n = self.slots.len();
+        (i < self.len).then(|| &mut self.slots[(self.head + i) % n])
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// Retires the oldest WQE; its slot stays allocated for reuse.

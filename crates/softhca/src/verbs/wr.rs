@@ -107,54 +107,22 @@ pub struct SendWr<'a> {
 
 impl<'a> SendWr<'a> {
     pub fn send(wr_id: u64, sg_list: &'a [Sge]) -> Self {
-        SendWr {
-            wr_id,
-            opcode: WrOpcode::Send,
-            sg_list,
-            ..Default::default()
-        }
+        SendWr { wr_id, opcode: WrOpcode::Send, sg_list, ..Default::default() }
     }
 
     pub fn send_inline(wr_id: u64, data: &'a [u8]) -> Self {
-        SendWr {
-            wr_id,
-            opcode: WrOpcode::Send,
-            send_flags: SendFlags::INLINE,
-            inline_data: data,
-            ..Default::default()
-        }
+        SendWr { wr_id, opcode: WrOpcode::Send, send_flags: SendFlags::INLINE, inline_data: data, ..Default::default() }
     }
 
     pub fn rdma_write(wr_id: u64, sg_list: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
-        SendWr {
-            wr_id,
-            opcode: WrOpcode::RdmaWrite,
-            sg_list,
-            remote_addr,
-            rkey,
-            ..Default::default()
-        }
+        SendWr { wr_id, opcode: WrOpcode::RdmaWrite, sg_list, remote_addr, rkey, ..Default::default() }
     }
 
     pub fn rdma_read(wr_id: u64, sg_list: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
-        SendWr {
-            wr_id,
-            opcode: WrOpcode::RdmaRead,
-            sg_list,
-            remote_addr,
-            rkey,
-            ..Default::default()
-        }
+        SendWr { wr_id, opcode: WrOpcode::RdmaRead, sg_list, remote_addr, rkey, ..Default::default() }
     }
 
-    pub fn atomic_cmp_swp(
-        wr_id: u64,
-        sge: &'a [Sge],
-        remote_addr: u64,
-        rkey: u32,
-        compare: u64,
-        swap: u64,
-    ) -> Self {
+    pub fn atomic_cmp_swp(wr_id: u64, sge: &'a [Sge], remote_addr: u64, rkey: u32, compare: u64, swap: u64) -> Self {
         SendWr {
             wr_id,
             opcode: WrOpcode::AtomicCmpSwp,
@@ -167,13 +135,7 @@ impl<'a> SendWr<'a> {
         }
     }
 
-    pub fn atomic_fetch_add(
-        wr_id: u64,
-        sge: &'a [Sge],
-        remote_addr: u64,
-        rkey: u32,
-        add: u64,
-    ) -> Self {
+    pub fn atomic_fetch_add(wr_id: u64, sge: &'a [Sge], remote_addr: u64, rkey: u32, add: u64) -> Self {
         SendWr {
             wr_id,
             opcode: WrOpcode::AtomicFetchAdd,
@@ -260,6 +222,8 @@ pub(crate) struct SendWqe {
     pub ah: Option<Ah>,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
+    /// The requester's state of this WQE.
+    pub tx: crate::transport::requester::WqeTx,
 }
 
 /// A queued Receive WQE.

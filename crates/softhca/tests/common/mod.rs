@@ -1,6 +1,8 @@
 //! Shared fixtures for the verbs conformance tests.
 #![allow(dead_code)]
 
+pub mod pair;
+
 use softhca::transport::AttrMask;
 use softhca::*;
 

@@ -1,0 +1,301 @@
+//! The completer: takes the responses of an RC QP (ACK, NAK, RDMA Read responses, Atomic
+//! ACKs), marks WQEs done, and retires them from the SQ head in post order with their CQEs.
+
+use crate::verbs::qp::{wc_opcode_of, QpCore, QpInner};
+use crate::verbs::types::{QpState, QpType, Wc, WcStatus};
+use crate::verbs::wr::WrOpcode;
+use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
+use crate::wire::opcode::{Operation, Position};
+use crate::wire::psn::Psn;
+
+use super::requester::{ack_timeout_ns, fail_oldest, go_back, pmtu, retry_or_fail};
+
+/// An inbound response, reduced to what the completer needs.
+pub(crate) struct Response<'a> {
+    pub psn: Psn,
+    pub operation: Operation,
+    pub position: Position,
+    pub syndrome: Option<Syndrome>,
+    pub atomic_orig: Option<u64>,
+    pub payload: &'a [u8],
+}
+
+/// The index of the started WQE whose PSNs hold `psn`.
+fn wqe_of(core: &QpCore, psn: Psn) -> Option<usize> {
+    (0..core.req.started).find(|&i| core.sq.get(i).is_some_and(|w| w.tx.npkts > 0 && w.tx.contains(psn)))
+}
+
+/// Handles one response. Returns false when it was dropped as outside the outstanding range
+/// (PKT-ACK-8).
+pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response<'_>) -> bool {
+    let una = Psn::new(core.req.una);
+    let next = Psn::new(core.req.psn);
+    // Only PSNs in [una, next) answer something outstanding. A NAK may name una itself.
+    if !r.psn.in_range(una, next.sub(1)) || !core.req.outstanding() {
+        return false;
+    }
+    let Some(idx) = wqe_of(core, r.psn) else { return false };
+    let before = core.req.una;
+    match r.operation {
+        Operation::Acknowledge => match r.syndrome {
+            Some(Syndrome::Ack { .. }) => {
+                ack_through(q, core, r.psn);
+            }
+            Some(Syndrome::Nak(NakCode::PsnSeqErr)) => {
+                q.dev.stats.seq_naks_received.inc();
+                if ack_through(q, core, r.psn.sub(1)) {
+                    retry_or_fail(q, core, r.psn); // PKT-NAK-1
+                }
+            }
+            Some(Syndrome::RnrNak { timer_code }) => {
+                q.dev.stats.rnr_naks_received.inc();
+                if ack_through(q, core, r.psn.sub(1)) {
+                    on_rnr_nak(q, core, now, r.psn, timer_code);
+                }
+            }
+            Some(Syndrome::Nak(code)) => {
+                if ack_through(q, core, r.psn.sub(1)) {
+                    let status = match code {
+                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                        NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
+                        NakCode::PsnSeqErr => WcStatus::RetryExcErr,
+                    };
+                    fail_oldest(core, r.psn, status); // PKT-NAK-2, ERR-SQ-6..9
+                }
+            }
+            _ => return false,
+        },
+        Operation::RdmaReadResponse => on_read_response(q, core, idx, r),
+        Operation::AtomicAcknowledge => {
+            let Some(w) = core.sq.get(idx) else { return false };
+            if !w.opcode.is_atomic() || Psn::new(w.tx.first_psn) != r.psn {
+                fail_oldest(core, r.psn, WcStatus::BadRespErr); // ERR-SQ-12
+            } else if ack_through(q, core, r.psn.sub(1)) {
+                let orig = r.atomic_orig.unwrap_or(0);
+                let w = core.sq.get_mut(idx).expect("index checked above");
+                let status = match w.tx.local.first() {
+                    Some(m) => m.write(0, &orig.to_ne_bytes()).map_or(WcStatus::LocProtErr, |_| WcStatus::Success),
+                    None => WcStatus::LocProtErr,
+                };
+                w.tx.status = Some(status);
+                core.req.rd_atomic = core.req.rd_atomic.saturating_sub(1);
+                advance_una(core, r.psn.next());
+            }
+        }
+        _ => return false,
+    }
+    progress(core, now, before);
+    retire(q, core);
+    true
+}
+
+/// The first missing response PSN of an unfinished Read or Atomic at or before `psn`, if any:
+/// a response past it means it was lost (PKT-ACK-7).
+fn missing_response(core: &QpCore, psn: Psn) -> Option<Psn> {
+    for i in 0..core.req.started {
+        let w = core.sq.get(i)?;
+        let first = Psn::new(w.tx.first_psn);
+        if first.psn_cmp(psn).is_gt() {
+            break;
+        }
+        if w.tx.status.is_none() && (w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic()) {
+            return Some(first.add(w.tx.resp_received));
+        }
+    }
+    None
+}
+
+/// Acknowledges every request packet up to and including `n` (PKT-ACK-4, PKT-NAK-3): Sends,
+/// Writes and Binds whose last packet is at most `n` are done. An unfinished Read or Atomic
+/// inside that range is an implied NAK, handled as a PSN Sequence Error from its first
+/// missing response; then false is returned and the caller's own handling is skipped.
+fn ack_through(q: &QpInner, core: &mut QpCore, n: Psn) -> bool {
+    let una = Psn::new(core.req.una);
+    if n.psn_cmp(una).is_lt() {
+        return true; // nothing new below n
+    }
+    if let Some(missing) = missing_response(core, n) {
+        if missing.psn_cmp(n).is_le() {
+            advance_una(core, missing);
+            q.dev.stats.implied_naks.inc();
+            retry_or_fail(q, core, missing);
+            return false;
+        }
+    }
+    for i in 0..core.req.started {
+        let Some(w) = core.sq.get_mut(i) else { break };
+        if w.tx.npkts == 0 || w.tx.last_psn().psn_cmp(n).is_gt() {
+            break;
+        }
+        if w.tx.status.is_none() && !(w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic()) {
+            w.tx.status = Some(WcStatus::Success); // PKT-ACK-5
+        }
+    }
+    advance_una(core, n.next());
+    true
+}
+
+fn advance_una(core: &mut QpCore, to: Psn) {
+    if to.psn_cmp(Psn::new(core.req.una)).is_gt() && to.psn_cmp(Psn::new(core.req.psn)).is_le() {
+        core.req.una = to.value();
+    }
+}
+
+/// PKT-RNR-2..5: wait the NAK's timer, then go back to the NAKed request. An RNR Retry Count
+/// of 7 never runs out.
+fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8) {
+    if core.attrs.rnr_retry != 7 {
+        if core.req.rnr_left == 0 {
+            fail_oldest(core, psn, WcStatus::RnrRetryExcErr); // ERR-SQ-11
+            return;
+        }
+        core.req.rnr_left -= 1;
+    }
+    core.req.rnr_deadline = Some(now + rnr_timer_us(timer_code) as u64 * 1000);
+    core.req.ack_deadline = None;
+    q.dev.stats.retransmits.inc();
+    go_back(core, psn);
+}
+
+fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>) {
+    let mtu = pmtu(core);
+    let Some(w) = core.sq.get(idx) else { return };
+    if w.opcode != WrOpcode::RdmaRead {
+        fail_oldest(core, r.psn, WcStatus::BadRespErr); // ERR-SQ-12
+        return;
+    }
+    let expected = Psn::new(w.tx.first_psn).add(w.tx.resp_received);
+    match r.psn.psn_cmp(expected) {
+        std::cmp::Ordering::Less => return, // a duplicate response
+        std::cmp::Ordering::Greater => {
+            // A missing response packet: an implied NAK (PKT-ACK-7).
+            advance_una(core, expected);
+            q.dev.stats.implied_naks.inc();
+            retry_or_fail(q, core, expected);
+            return;
+        }
+        std::cmp::Ordering::Equal => {}
+    }
+    if !ack_through(q, core, r.psn.sub(1)) {
+        return;
+    }
+    let w = core.sq.get_mut(idx).expect("index checked above");
+    let k = w.tx.resp_received;
+    let n = w.tx.npkts;
+    let want_pos = match (n, k) {
+        (1, _) => Position::Only,
+        (_, 0) => Position::First,
+        (_, k) if k == n - 1 => Position::Last,
+        _ => Position::Middle,
+    };
+    let offset = k as u64 * mtu;
+    let want_len = (w.length - offset.min(w.length)).min(mtu);
+    if r.position != want_pos {
+        w.tx.status = Some(WcStatus::BadRespErr);
+        core.req.halted = true;
+        return;
+    }
+    if r.payload.len() as u64 != want_len {
+        w.tx.status = Some(WcStatus::LocLenErr); // ERR-SQ-13
+        core.req.halted = true;
+        return;
+    }
+    if scatter(&w.tx.local, offset, r.payload).is_err() {
+        w.tx.status = Some(WcStatus::LocProtErr);
+        core.req.halted = true;
+        return;
+    }
+    w.tx.resp_received += 1;
+    if w.tx.resp_received == n {
+        w.tx.status = Some(WcStatus::Success); // PKT-ACK-6
+        core.req.rd_atomic = core.req.rd_atomic.saturating_sub(1);
+    }
+    advance_una(core, r.psn.next());
+}
+
+/// Writes `data` at byte `offset` of a scatter list, in list order (WR-READ-2).
+pub(crate) fn scatter(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut data: &[u8]) -> Result<(), ()> {
+    for m in list {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let len = m.len() as u64;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = ((len - offset) as usize).min(data.len());
+        m.write(offset as usize, &data[..n]).map_err(|_| ())?;
+        data = &data[n..];
+        offset = 0;
+    }
+    if data.is_empty() {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
+/// After a response that acknowledged something new, the retry counters reload
+/// (PKT-RTY-5, PKT-RNR-8) and the ACK timer restarts, or stops with nothing outstanding.
+fn progress(core: &mut QpCore, now: u64, una_before: u32) {
+    if core.req.una != una_before {
+        core.req.retry_left = core.attrs.retry_cnt;
+        core.req.rnr_left = core.attrs.rnr_retry;
+        core.req.ack_deadline = if core.req.outstanding() && core.req.rnr_deadline.is_none() {
+            ack_timeout_ns(core.attrs.timeout).map(|t| now + t)
+        } else {
+            None
+        };
+    }
+}
+
+/// Retires done WQEs from the SQ head in post order (ORD-SQ-3, ORD-SQ-6), with a CQE when
+/// signaled or unsuccessful (WR-COM-2..4). An error moves an RC QP to Error and a UC or UD QP
+/// to SQE (ERR-SQ-1, ERR-SQ-2).
+pub(crate) fn retire(q: &QpInner, core: &mut QpCore) {
+    while core.req.started > 0 {
+        let Some(w) = core.sq.get(0) else { break };
+        let Some(status) = w.tx.status else { break };
+        let wc = Wc {
+            wr_id: w.wr_id,
+            status,
+            opcode: wc_opcode_of(w.opcode),
+            byte_len: match w.opcode {
+                WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 8,
+                _ => w.length as u32,
+            },
+            qp_num: q.qpn,
+            ..Default::default()
+        };
+        let report = status != WcStatus::Success || w.signaled;
+        core.sq.pop();
+        core.req.started -= 1;
+        if core.req.cursor > 0 {
+            core.req.cursor -= 1;
+        } else {
+            core.req.cursor_off = 0;
+        }
+        if report && q.send_cq.push(wc, status != WcStatus::Success).is_err() {
+            // CQ-OVF-2: the QP whose CQE could not be written moves to Error.
+            q.enter_error(core, false);
+            return;
+        }
+        if status != WcStatus::Success {
+            if q.qp_type == QpType::Rc {
+                q.enter_error(core, true);
+            } else {
+                q.enter_sqe(core);
+            }
+            return;
+        }
+    }
+    if core.req.started == 0 {
+        core.req.halted = false;
+    }
+    if core.attrs.qp_state == QpState::Sqd {
+        q.check_drained(core);
+    }
+}

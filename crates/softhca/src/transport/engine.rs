@@ -1,0 +1,525 @@
+//! The device-level sans-IO interface that links drive: datagrams in, datagrams out, timers.
+//! Time is an input in nanoseconds since an epoch the driver chooses (virtual on the sim link,
+//! monotonic on the UDP link). Inbound packets pass header validation here (PKT-VAL-1) before
+//! the responder or the completer sees them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::verbs::device::DeviceInner;
+use crate::verbs::qp::{QpCore, QpInner};
+use crate::verbs::types::{AhAttr, QpState, QpType, WcStatus};
+use crate::verbs::wr::{SendFlags, WrOpcode};
+use crate::verbs::Context;
+use crate::wire::aeth::Syndrome;
+use crate::wire::opcode::{Direction, Operation, Position, ServiceType};
+use crate::wire::packet::pad_for;
+use crate::wire::psn::Psn;
+use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
+use crate::wire::{
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ImmDtRepr, Opcode, PacketRepr, RethRepr, UdpChecksum,
+    WireError,
+};
+
+use super::completer::{self, Response};
+use super::requester::{self, ack_timeout_ns, pmtu};
+use super::responder::{self, Request, RespJob};
+
+/// The largest datagram the device emits: IPv6 + UDP + BTH + the largest extended headers +
+/// 4096 bytes of payload + ICRC, rounded up.
+pub const MAX_DATAGRAM: usize = 4096 + 256;
+
+/// Per-device counters (DESIGN rule 7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    pub tx_packets: u64,
+    pub rx_packets: u64,
+    /// Inbound datagrams dropped: malformed, bad ICRC, unknown QP, header violations.
+    pub rx_dropped: u64,
+    pub rx_bad_icrc: u64,
+    pub retransmits: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_received: u64,
+    pub seq_naks_sent: u64,
+    pub seq_naks_received: u64,
+    pub implied_naks: u64,
+    pub timeouts: u64,
+    pub pkey_violations: u64,
+    pub qkey_violations: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub tx_packets: Counter,
+    pub rx_packets: Counter,
+    pub rx_dropped: Counter,
+    pub rx_bad_icrc: Counter,
+    pub retransmits: Counter,
+    pub rnr_naks_sent: Counter,
+    pub rnr_naks_received: Counter,
+    pub seq_naks_sent: Counter,
+    pub seq_naks_received: Counter,
+    pub implied_naks: Counter,
+    pub timeouts: Counter,
+    pub pkey_violations: Counter,
+    pub qkey_violations: Counter,
+}
+
+/// PKT-VAL-8, PKT-VAL-14: equal low 15 bits, not the invalid P_Key, and at least one full
+/// member.
+pub fn pkey_match(a: u16, b: u16) -> bool {
+    let (la, lb) = (a & 0x7FFF, b & 0x7FFF);
+    la != 0 && la == lb && (a | b) & 0x8000 != 0
+}
+
+fn service_of(t: QpType) -> Option<ServiceType> {
+    match t {
+        QpType::Rc => Some(ServiceType::Rc),
+        QpType::Uc => Some(ServiceType::Uc),
+        QpType::Ud => Some(ServiceType::Ud),
+        QpType::Rd => Some(ServiceType::Rd),
+        _ => None,
+    }
+}
+
+impl Context {
+    /// Feeds one inbound RoCEv2 datagram, from its IP header on. Anything malformed is
+    /// dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10).
+    pub fn receive(&self, now: u64, datagram: &[u8]) {
+        let dev = &self.inner;
+        dev.stats.rx_packets.inc();
+        match roce::parse_ip(datagram) {
+            Ok(d) => {
+                let grh = roce::ud_grh(datagram).ok();
+                if !deliver(dev, now, &d, grh) {
+                    dev.stats.rx_dropped.inc();
+                }
+            }
+            Err(e) => {
+                if matches!(e, WireError::BadIcrc { .. }) {
+                    dev.stats.rx_bad_icrc.inc();
+                }
+                dev.stats.rx_dropped.inc();
+            }
+        }
+    }
+
+    /// Writes the next outbound datagram (IP header on, ICRC included) into `buf`, which holds
+    /// at least [`MAX_DATAGRAM`] bytes, and returns its length; `None` when nothing is ready.
+    /// QPs take turns, and a QP's responses go before its requests.
+    pub fn transmit(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+        let dev = &self.inner;
+        let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
+        let start = dev.tx_cursor.load(Ordering::Relaxed);
+        for (&qpn, qp) in qps.range(start..).chain(qps.range(..start)) {
+            let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
+            if core.destroyed {
+                continue;
+            }
+            if let Some(len) = emit_one(qp, &mut core, now, buf) {
+                dev.tx_cursor.store(qpn.wrapping_add(1), Ordering::Relaxed);
+                dev.stats.tx_packets.inc();
+                return Some(len);
+            }
+        }
+        None
+    }
+
+    /// The earliest time at which [`Context::handle_timeout`] has work, if any.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let qps = self.inner.qps.read().unwrap_or_else(|e| e.into_inner());
+        qps.values()
+            .filter_map(|qp| {
+                let core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
+                [core.req.ack_deadline, core.req.rnr_deadline].into_iter().flatten().min()
+            })
+            .min()
+    }
+
+    /// Runs every timer that has expired at `now`: RNR waits end, ACK timeouts retry
+    /// (PKT-RTY-1) or fail (PKT-RTY-4).
+    pub fn handle_timeout(&self, now: u64) {
+        let qps = self.inner.qps.read().unwrap_or_else(|e| e.into_inner());
+        for qp in qps.values() {
+            let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
+            if core.req.rnr_deadline.is_some_and(|t| t <= now) {
+                core.req.rnr_deadline = None;
+            }
+            if core.req.ack_deadline.is_some_and(|t| t <= now) {
+                requester::on_ack_timeout(qp, &mut core);
+                completer::retire(qp, &mut core);
+            }
+        }
+    }
+
+    /// A snapshot of the device's counters.
+    pub fn counters(&self) -> DeviceCounters {
+        let s = &self.inner.stats;
+        DeviceCounters {
+            tx_packets: s.tx_packets.get(),
+            rx_packets: s.rx_packets.get(),
+            rx_dropped: s.rx_dropped.get(),
+            rx_bad_icrc: s.rx_bad_icrc.get(),
+            retransmits: s.retransmits.get(),
+            rnr_naks_sent: s.rnr_naks_sent.get(),
+            rnr_naks_received: s.rnr_naks_received.get(),
+            seq_naks_sent: s.seq_naks_sent.get(),
+            seq_naks_received: s.seq_naks_received.get(),
+            implied_naks: s.implied_naks.get(),
+            timeouts: s.timeouts.get(),
+            pkey_violations: s.pkey_violations.get(),
+            qkey_violations: s.qkey_violations.get(),
+        }
+    }
+}
+
+/// Header validation in the order of PKT-VAL-1, then the transport. Returns false when the
+/// packet was dropped.
+fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 40]>) -> bool {
+    let p = &d.packet;
+    let bth = p.bth;
+    if bth.tver != 0 {
+        return false; // PKT-VAL-3
+    }
+    if bth.opcode == Opcode::Cnp {
+        return true; // PKT-ROCE-13: no congestion control here; changes nothing
+    }
+    let qp = {
+        let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
+        match qps.get(&bth.dest_qp) {
+            Some(qp) => qp.clone(),
+            None => return false, // PKT-VAL-4
+        }
+    };
+    let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
+    if core.destroyed {
+        return false;
+    }
+    let info = bth.opcode.info();
+    let is_request = info.is_none_or(|i| i.direction == Direction::Request);
+    let state = core.attrs.qp_state;
+    let accepts = if is_request {
+        matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+    // PKT-VAL-5
+    } else {
+        matches!(state, QpState::Rts | QpState::Sqd | QpState::Sqe) // PKT-VAL-6
+    };
+    if !accepts {
+        return false;
+    }
+    let our_pkey = dev.pkey(core.attrs.pkey_index).unwrap_or(0);
+    if !pkey_match(bth.p_key, our_pkey) {
+        dev.stats.pkey_violations.inc(); // PKT-VAL-7, PKT-VAL-13
+        return false;
+    }
+    if bth.opcode.service_range() != service_of(qp.qp_type) {
+        return false; // PKT-VAL-9
+    }
+    if info.is_none() && qp.qp_type != QpType::Rc {
+        return false; // PKT-OP-5
+    }
+    if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
+        let src = crate::verbs::types::Gid::from_ipv6(d.ip.src_gid());
+        if core.attrs.av.and_then(|av| av.ah.grh.dgid) != Some(src) {
+            return false; // PKT-VAL-11, PKT-ROCE-5
+        }
+    }
+    if qp.qp_type == QpType::Ud {
+        match p.deth {
+            Some(deth) if deth.q_key == core.attrs.qkey => {}
+            _ => {
+                dev.stats.qkey_violations.inc(); // PKT-VAL-10
+                return false;
+            }
+        }
+    }
+    if is_request {
+        let (operation, position) = info.map_or((Operation::Send, Position::Only), |i| (i.operation, i.position));
+        let atomic = p.atomic_eth.map(|a| (operation == Operation::CompareSwap, a));
+        let req = Request {
+            psn: bth.psn,
+            operation,
+            position,
+            reserved: info.is_none(),
+            se: bth.se,
+            ack_req: bth.ack_req,
+            imm: p.immdt.map(|i| i.imm_data),
+            reth: p.reth,
+            invalidate: p.ieth.is_some(),
+            atomic,
+            payload: p.payload,
+            src_qp: p.deth.map_or(0, |d| d.src_qp),
+            grh,
+        };
+        responder::on_request(&qp, &mut core, &req);
+        true
+    } else {
+        let Some(info) = info else { return false };
+        if qp.qp_type != QpType::Rc {
+            return false;
+        }
+        let r = Response {
+            psn: bth.psn,
+            operation: info.operation,
+            position: info.position,
+            syndrome: p.aeth.map(|a| a.syndrome),
+            atomic_orig: p.atomic_ack_eth.map(|a| a.orig_remote_data),
+            payload: p.payload,
+        };
+        completer::on_response(&qp, &mut core, now, &r)
+    }
+}
+
+/// The IP header toward `ah`, from our GID `sgid_index` (PKT-ROCE-3).
+fn ip_for(dev: &DeviceInner, ah: &AhAttr) -> Option<IpRepr> {
+    let gids = dev.gids.read().unwrap_or_else(|e| e.into_inner());
+    let sgid = *gids.get(ah.grh.sgid_index? as usize)?;
+    let dgid = ah.grh.dgid?;
+    let tc = ah.grh.traffic_class.unwrap_or(0);
+    let hop = ah.grh.hop_limit.unwrap_or(64);
+    Some(match (sgid.to_ipv4(), dgid.to_ipv4()) {
+        (Some(src), Some(dst)) => IpRepr::V4(Ipv4Repr { tos: tc, ttl: hop, ..Ipv4Repr::new(src, dst) }),
+        _ => IpRepr::V6(Ipv6Repr {
+            traffic_class: tc,
+            flow_label: ah.grh.flow_label.unwrap_or(0),
+            hop_limit: hop,
+            ..Ipv6Repr::new(sgid.to_ipv6(), dgid.to_ipv6())
+        }),
+    })
+}
+
+/// Emits `packet` with a payload of `payload_len` bytes that `fill` writes in place, then
+/// seals the datagram with its ICRC.
+fn emit(
+    qpn: u32,
+    ip: IpRepr,
+    packet: PacketRepr<'_>,
+    payload_len: usize,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> Option<usize> {
+    let udp = UdpRepr::for_qp(qpn, UdpChecksum::default_for(&ip));
+    let repr = RoceRepr { ip, udp, packet };
+    let range = repr.emit_headers(payload_len, buf).ok()?;
+    let end = range.end + pad_for(payload_len) + 4;
+    if !fill(&mut buf[range]) {
+        return None;
+    }
+    roce::seal(buf.get_mut(..end)?, &ip, udp.checksum).ok()?;
+    Some(end)
+}
+
+fn emit_one(q: &QpInner, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<usize> {
+    if core.attrs.qp_state == QpState::Reset {
+        return None;
+    }
+    if let Some(len) = emit_response(q, core, buf) {
+        return Some(len);
+    }
+    loop {
+        let Some(np) = requester::next_packet(q, core) else {
+            completer::retire(q, core); // a WQE that failed its interface checks
+            return None;
+        };
+        if let Some(len) = emit_request(q, core, &np, buf) {
+            if q.qp_type == QpType::Rc {
+                if core.req.ack_deadline.is_none() {
+                    core.req.ack_deadline = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
+                }
+            } else if np.offset + np.payload >= core.sq.get(np.idx).map_or(0, |w| w.length) {
+                // PKT-UC-3: a UC or UD WQE is done once its last packet is out.
+                if let Some(w) = core.sq.get_mut(np.idx) {
+                    w.tx.status = Some(WcStatus::Success);
+                }
+                core.req.una = core.req.psn;
+                completer::retire(q, core);
+            }
+            return Some(len);
+        }
+        // Unaddressable (a UD AH whose GID vanished): fail the WQE rather than stall.
+        if let Some(w) = core.sq.get_mut(np.idx) {
+            w.tx.status = Some(WcStatus::LocQpOpErr);
+        }
+        core.req.halted = true;
+        completer::retire(q, core);
+    }
+}
+
+fn send_opcode(base: u8, first: bool, last: bool, imm: bool) -> u8 {
+    match (first, last, imm) {
+        (true, true, false) => base + 4,
+        (true, true, true) => base + 5,
+        (true, false, _) => base,
+        (false, false, _) => base + 1,
+        (false, true, false) => base + 2,
+        (false, true, true) => base + 3,
+    }
+}
+
+fn emit_request(q: &QpInner, core: &QpCore, np: &requester::NextPacket, buf: &mut [u8]) -> Option<usize> {
+    let w = core.sq.get(np.idx)?;
+    let a = &core.attrs;
+    let first = np.offset == 0;
+    let last = np.offset + np.payload >= w.length;
+    let (svc_base, ah, dest_qp) = match q.qp_type {
+        QpType::Rc => (0x00u8, a.av?.ah, a.dest_qp_num),
+        QpType::Uc => (0x20, a.av?.ah, a.dest_qp_num),
+        _ => (0x64, w.ah.as_ref()?.attr(), w.remote_qpn),
+    };
+    let imm = w.opcode.has_imm();
+    let value = match w.opcode {
+        WrOpcode::RdmaRead => 0x0C,
+        WrOpcode::AtomicCmpSwp => 0x13,
+        WrOpcode::AtomicFetchAdd => 0x14,
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => send_opcode(svc_base + 6, first, last, imm),
+        _ if q.qp_type == QpType::Ud => 0x64 + imm as u8,
+        _ => send_opcode(svc_base, first, last, imm),
+    };
+    let opcode = Opcode::from(value);
+    let pkey = q.dev.pkey(a.pkey_index).unwrap_or(0xFFFF); // MOD-PKEY-1
+    let mut bth = BthRepr::new(opcode, pkey, dest_qp, Psn::new(np.psn)); // MOD-DQPN-1
+    let solicited_kind = matches!(w.opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+    bth.se = last && solicited_kind && w.flags.contains(SendFlags::SOLICITED); // EVT-SE-1..3
+    bth.ack_req = q.qp_type == QpType::Rc && last && w.opcode.gathers(); // PKT-ACK-2
+    let mut packet = PacketRepr::new(bth);
+    match w.opcode {
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm if first => {
+            packet.reth = Some(RethRepr { va: w.remote_addr, r_key: w.rkey, dma_length: w.length as u32 });
+        }
+        WrOpcode::RdmaRead => {
+            packet.reth = Some(RethRepr {
+                va: w.remote_addr.wrapping_add(np.offset),
+                r_key: w.rkey,
+                dma_length: (w.length - np.offset.min(w.length)) as u32,
+            });
+        }
+        WrOpcode::AtomicCmpSwp => {
+            packet.atomic_eth = Some(AtomicEthRepr {
+                va: w.remote_addr,
+                r_key: w.rkey,
+                swap_add_data: w.swap,
+                compare_data: w.compare_add,
+            });
+        }
+        WrOpcode::AtomicFetchAdd => {
+            packet.atomic_eth =
+                Some(AtomicEthRepr { va: w.remote_addr, r_key: w.rkey, swap_add_data: w.compare_add, compare_data: 0 });
+        }
+        _ => {}
+    }
+    if imm && last {
+        packet.immdt = Some(ImmDtRepr { imm_data: w.imm_data }); // WR-SEND-1
+    }
+    if q.qp_type == QpType::Ud {
+        // WR-SEND-4, WR-SEND-5: a Q_Key with its msb set means "use the QP's own".
+        let q_key = if w.remote_qkey & 0x8000_0000 != 0 { a.qkey } else { w.remote_qkey };
+        packet.deth = Some(DethRepr { q_key, src_qp: q.qpn }); // PKT-UD-2
+    }
+    let ip = ip_for(&q.dev, &ah)?;
+    let len = np.payload as usize;
+    emit(q.qpn, ip, packet, len, buf, |dst| {
+        if !w.inline.is_empty() {
+            let start = np.offset as usize;
+            match w.inline.get(start..start + len) {
+                Some(src) => {
+                    dst.copy_from_slice(src);
+                    true
+                }
+                None => false,
+            }
+        } else {
+            gather(&w.tx.local, np.offset, dst)
+        }
+    })
+}
+
+/// Reads `dst.len()` bytes at byte `offset` of a gather list (WR-COM-5).
+fn gather(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut dst: &mut [u8]) -> bool {
+    for m in list {
+        if dst.is_empty() {
+            return true;
+        }
+        let len = m.len() as u64;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = ((len - offset) as usize).min(dst.len());
+        let (head, tail) = dst.split_at_mut(n);
+        if m.read(offset as usize, head).is_err() {
+            return false;
+        }
+        dst = tail;
+        offset = 0;
+    }
+    dst.is_empty()
+}
+
+fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize> {
+    let job = core.resp.out.front()?.clone();
+    let av = core.attrs.av?;
+    let ip = ip_for(&q.dev, &av.ah)?;
+    let pkey = q.dev.pkey(core.attrs.pkey_index).unwrap_or(0xFFFF);
+    let dest = core.attrs.dest_qp_num;
+    let msn = core.resp.msn;
+    let credits = Syndrome::Ack { credit_code: core.resp.credit_code(core.rq.len()) };
+    let aeth = |s: Syndrome| Some(AethRepr { syndrome: if s.is_ack() { credits } else { s }, msn });
+    let mtu = pmtu(core);
+    let len = match job {
+        RespJob::Ack { psn, syndrome } => {
+            core.resp.out.pop_front();
+            let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, pkey, dest, Psn::new(psn)));
+            p.aeth = aeth(syndrome);
+            emit(q.qpn, ip, p, 0, buf, |_| true)
+        }
+        RespJob::AtomicAck { psn, orig } => {
+            core.resp.out.pop_front();
+            core.resp.resource_done(psn);
+            let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAtomicAcknowledge, pkey, dest, Psn::new(psn)));
+            p.aeth = aeth(Syndrome::ACK_NO_CREDITS);
+            p.atomic_ack_eth = Some(AtomicAckEthRepr { orig_remote_data: orig });
+            emit(q.qpn, ip, p, 0, buf, |_| true)
+        }
+        RespJob::ReadResp { mem, first_psn, npkts, next, len } => {
+            let (opcode, with_aeth) = match (npkts, next) {
+                (1, _) => (Opcode::RcRdmaReadResponseOnly, true),
+                (_, 0) => (Opcode::RcRdmaReadResponseFirst, true),
+                (n, k) if k + 1 == n => (Opcode::RcRdmaReadResponseLast, true),
+                _ => (Opcode::RcRdmaReadResponseMiddle, false), // PKT-ACK-10
+            };
+            let offset = next as u64 * mtu;
+            let payload = (len - offset.min(len)).min(mtu) as usize;
+            let psn = Psn::new(first_psn).add(next); // PKT-PSN-7
+            let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, dest, psn));
+            if with_aeth {
+                p.aeth = aeth(Syndrome::ACK_NO_CREDITS);
+            }
+            if next + 1 >= npkts {
+                core.resp.out.pop_front();
+                core.resp.resource_done(first_psn);
+            } else if let Some(RespJob::ReadResp { next: n, .. }) = core.resp.out.front_mut() {
+                *n += 1;
+            }
+            emit(q.qpn, ip, p, payload, buf, |dst| match &mem {
+                Some(m) => m.read(offset as usize, dst).is_ok(),
+                None => dst.is_empty(),
+            })
+        }
+    };
+    if len.is_none() {
+        tracing::warn!(qpn = q.qpn, "a response could not be emitted");
+    }
+    len
+}

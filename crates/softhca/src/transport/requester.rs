@@ -1,0 +1,255 @@
+//! The SQ Logic (requester): starts WQEs in post order, segments them into request packets by
+//! path MTU, assigns PSNs, and goes back N on a NAK or a timeout. Which packet goes out next is
+//! a cursor over the SQ: `(cursor, cursor_off)`; going back moves the cursor, and
+//! retransmitted packets keep their PSNs (PKT-RTY-6).
+
+use crate::verbs::mr::{check_access, MemRef};
+use crate::verbs::qp::{QpCore, QpInner};
+use crate::verbs::types::{Access, QpState, QpType, WcStatus};
+use crate::verbs::wr::{SendWqe, WrOpcode};
+use crate::wire::psn::Psn;
+
+/// The requester's view of one SQ WQE.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct WqeTx {
+    /// PSN of its first request packet (for an RDMA Read, of its first response).
+    pub first_psn: u32,
+    /// PSNs it uses: request packets, or response packets for an RDMA Read (PKT-PSN-2).
+    pub npkts: u32,
+    /// Set once the WQE is done, successfully or not; it retires when it reaches the head.
+    pub status: Option<WcStatus>,
+    /// RDMA Read: response packets received so far.
+    pub resp_received: u32,
+    /// The checked local buffers: the gather list of a Send or Write, the scatter list of a
+    /// Read or Atomic.
+    pub local: Vec<MemRef>,
+}
+
+impl WqeTx {
+    pub fn last_psn(&self) -> Psn {
+        Psn::new(self.first_psn).add(self.npkts.max(1) - 1)
+    }
+
+    pub fn contains(&self, psn: Psn) -> bool {
+        psn.in_range(Psn::new(self.first_psn), self.last_psn())
+    }
+}
+
+/// Requester state of one QP.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ReqState {
+    /// The PSN the next new request packet gets.
+    pub psn: u32,
+    /// The WQE (index from the SQ head) whose packets go out next, and how far into it.
+    pub cursor: usize,
+    pub cursor_off: u64,
+    /// WQEs `0..started` have had their first packet transmitted and are not retired: the
+    /// in-progress messages of QPS-SQD.
+    pub started: usize,
+    /// The oldest request PSN not yet acknowledged.
+    pub una: u32,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    pub ack_deadline: Option<u64>,
+    pub rnr_deadline: Option<u64>,
+    /// RDMA Reads and Atomics started and not yet answered (WR-READ-3).
+    pub rd_atomic: u32,
+    /// A WQE failed before transmission; nothing after it starts.
+    pub halted: bool,
+}
+
+impl ReqState {
+    /// At RTR→RTS: the first request carries the SQ Start PSN (MOD-RTR-RTS-2).
+    pub fn start(&mut self, sq_psn: u32, retry_cnt: u8, rnr_retry: u8) {
+        *self = ReqState { psn: sq_psn, una: sq_psn, retry_left: retry_cnt, rnr_left: rnr_retry, ..Default::default() };
+    }
+
+    /// Something was sent and is not yet acknowledged.
+    pub fn outstanding(&self) -> bool {
+        self.una != self.psn
+    }
+}
+
+/// Local ACK Timeout in ns: 4.096 µs × 2^timeout; 0 disables the timer (PKT-RTY-2).
+pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
+    (timeout != 0).then(|| 4096u64 << timeout.min(31))
+}
+
+pub(crate) fn pmtu(core: &QpCore) -> u64 {
+    core.attrs.av.map_or(1024, |av| av.path_mtu.bytes() as u64)
+}
+
+fn packets_for(len: u64, mtu: u64) -> u32 {
+    len.div_ceil(mtu).max(1) as u32
+}
+
+/// Interface checks made before any packet of a WQE is sent (ERR-SQ-3): every local buffer
+/// must pass the key check (WR-COM-9), and a UD message must fit one MTU (WR-SEND-9).
+fn check_local(q: &QpInner, core: &QpCore, w: &mut SendWqe) -> Result<(), WcStatus> {
+    let pd = q.pd.inner.handle;
+    w.tx.local.clear();
+    let need = match w.opcode {
+        WrOpcode::RdmaRead | WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => Access::LOCAL_WRITE,
+        _ => Access::empty(),
+    };
+    if w.inline.is_empty() || !w.opcode.gathers() {
+        for sge in &w.sges {
+            if sge.length == 0 {
+                continue;
+            }
+            let m = check_access(&q.dev, sge.lkey, pd, sge.addr, sge.length as u64, need)
+                .map_err(|_| WcStatus::LocProtErr)?;
+            w.tx.local.push(m);
+        }
+    }
+    if q.qp_type == QpType::Ud {
+        let mtu = core.attrs.av.map_or(q.dev.port.active_mtu.bytes(), |av| av.path_mtu.bytes());
+        let mtu = mtu.min(q.dev.port.active_mtu.bytes());
+        if w.length > mtu as u64 {
+            return Err(WcStatus::LocLenErr);
+        }
+    }
+    Ok(())
+}
+
+/// What the next request packet is: the WQE index, the byte offset into its message and the
+/// payload length. `None` when the requester has nothing to send now.
+pub(crate) struct NextPacket {
+    pub idx: usize,
+    pub offset: u64,
+    pub payload: u64,
+    pub psn: u32,
+}
+
+/// Picks the next request packet and advances the cursor past it. Starting a WQE assigns its
+/// PSNs; a WQE that fails its interface checks is marked done in error instead.
+pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> {
+    let state = core.attrs.qp_state;
+    if !matches!(state, QpState::Rts | QpState::Sqd) || core.req.rnr_deadline.is_some() {
+        return None; // QPS-RTR-5, QPS-SQE-2, QPS-ERR-1
+    }
+    let mtu = if q.qp_type == QpType::Ud { u64::MAX } else { pmtu(core) };
+    loop {
+        let idx = core.req.cursor;
+        if idx >= core.sq.len() {
+            return None;
+        }
+        if idx == core.req.started {
+            // A new message: QPS-SQD-3 keeps SQD from starting one.
+            if state == QpState::Sqd || core.req.halted {
+                return None;
+            }
+            let w = core.sq.get(idx)?;
+            let is_rd_atomic = matches!(w.opcode, WrOpcode::RdmaRead) || w.opcode.is_atomic();
+            if w.flags.contains(crate::verbs::wr::SendFlags::FENCE) && core.req.rd_atomic > 0 {
+                return None; // WR-COM-6
+            }
+            if is_rd_atomic && core.req.rd_atomic >= core.attrs.max_rd_atomic as u32 {
+                return None; // WR-READ-3
+            }
+            let mut w = std::mem::take(core.sq.get_mut(idx)?);
+            let checked = check_local(q, core, &mut w);
+            let npkts = match w.opcode {
+                WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 1,
+                _ if q.qp_type == QpType::Ud => 1,
+                _ => packets_for(w.length, mtu),
+            };
+            w.tx.first_psn = core.req.psn;
+            w.tx.npkts = npkts;
+            w.tx.resp_received = 0;
+            w.tx.status = None;
+            core.req.started += 1;
+            core.req.cursor_off = 0;
+            if let Err(status) = checked {
+                w.tx.status = Some(status);
+                w.tx.npkts = 0;
+                core.req.halted = true;
+                core.req.cursor += 1;
+                *core.sq.get_mut(idx)? = w;
+                return None;
+            }
+            core.req.psn = Psn::new(core.req.psn).add(npkts).value();
+            if is_rd_atomic {
+                core.req.rd_atomic += 1;
+            }
+            *core.sq.get_mut(idx)? = w;
+        }
+        let w = core.sq.get(idx)?;
+        if w.tx.status.is_some() {
+            // Done already (a retransmission passing it): skip.
+            core.req.cursor += 1;
+            core.req.cursor_off = 0;
+            continue;
+        }
+        let offset = core.req.cursor_off;
+        let single = matches!(w.opcode, WrOpcode::RdmaRead) || w.opcode.is_atomic();
+        let payload = if single { 0 } else { (w.length - offset.min(w.length)).min(mtu) };
+        let psn = Psn::new(w.tx.first_psn).add((offset / mtu.min(1 << 31)) as u32).value();
+        let end = offset + payload;
+        if single || end >= w.length {
+            core.req.cursor += 1;
+            core.req.cursor_off = 0;
+        } else {
+            core.req.cursor_off = end;
+        }
+        return Some(NextPacket { idx, offset, payload, psn });
+    }
+}
+
+/// Go-back-N: the next packet sent is the one with PSN `psn` (PKT-NAK-1, PKT-RTY-1); a partly
+/// answered Read is re-requested from its first missing response (PKT-RTY-6).
+pub(crate) fn go_back(core: &mut QpCore, psn: Psn) {
+    let mtu = pmtu(core);
+    for idx in 0..core.req.started {
+        let Some(w) = core.sq.get(idx) else { break };
+        if w.tx.status.is_none() && w.tx.npkts > 0 && w.tx.contains(psn) {
+            let k = psn.distance_from(Psn::new(w.tx.first_psn)) as u64;
+            core.req.cursor = idx;
+            core.req.cursor_off = if w.opcode.is_atomic() { 0 } else { k * mtu };
+            return;
+        }
+    }
+    core.req.cursor = core.req.started;
+    core.req.cursor_off = 0;
+}
+
+/// The Local ACK timer expired (PKT-RTY-1, PKT-RTY-3, PKT-RTY-4).
+pub(crate) fn on_ack_timeout(q: &QpInner, core: &mut QpCore) {
+    core.req.ack_deadline = None;
+    if !core.req.outstanding() {
+        return;
+    }
+    q.dev.stats.timeouts.inc();
+    retry_or_fail(q, core, Psn::new(core.req.una));
+}
+
+/// One retry against the Retry Count, or Transport Retry Counter Exceeded for the oldest
+/// unacknowledged WQE when none is left (PKT-RTY-7: 7 is an ordinary count).
+pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn) {
+    if core.req.retry_left == 0 {
+        fail_oldest(core, from, WcStatus::RetryExcErr);
+        return;
+    }
+    core.req.retry_left -= 1;
+    q.dev.stats.retransmits.inc();
+    go_back(core, from);
+}
+
+/// Marks the WQE holding `psn` (or else the oldest unfinished one) done with `status`; nothing
+/// new starts after it.
+pub(crate) fn fail_oldest(core: &mut QpCore, psn: Psn, status: WcStatus) {
+    let started = core.req.started;
+    let target = (0..started)
+        .find(|&i| core.sq.get(i).is_some_and(|w| w.tx.status.is_none() && w.tx.contains(psn)))
+        .or_else(|| (0..started).find(|&i| core.sq.get(i).is_some_and(|w| w.tx.status.is_none())));
+    if let Some(i) = target {
+        if let Some(w) = core.sq.get_mut(i) {
+            w.tx.status = Some(status);
+        }
+    }
+    core.req.halted = true;
+    core.req.cursor = started;
+    core.req.cursor_off = 0;
+    core.req.ack_deadline = None;
+    core.req.rnr_deadline = None;
+}

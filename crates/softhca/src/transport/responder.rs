@@ -1,0 +1,649 @@
+//! The RQ Logic (responder). For RC it checks each request in the order of PKT-VAL-12 — PSN,
+//! opcode sequence, operation enabled, resources, lengths, R_Key — and the first failing
+//! check decides the error class (ERR-RQ); then it executes and queues the response. UC and
+//! UD requests take the same path without ACKs (PKT-UC, PKT-UD).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+use crate::verbs::mr::{check_access, AccessError, MemRef};
+use crate::verbs::qp::{QpCore, QpInner};
+use crate::verbs::types::{
+    Access, AsyncEvent, AsyncEventType, EventElement, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus,
+};
+use crate::wire::aeth::{credit_code_for, NakCode, Syndrome};
+use crate::wire::opcode::{Operation, Position};
+use crate::wire::psn::{Psn, PsnClass};
+use crate::wire::{AtomicEthRepr, RethRepr};
+
+use super::completer::scatter;
+use super::requester::pmtu;
+
+/// A response waiting to be transmitted, in the order it must leave (ORD-RLX-4).
+#[derive(Debug, Clone)]
+pub(crate) enum RespJob {
+    /// An ACK or NAK carrying `psn`. An ACK's credit count is filled in when it is sent.
+    Ack {
+        psn: u32,
+        syndrome: Syndrome,
+    },
+    /// The response packets of an RDMA Read, from packet `next` on.
+    ReadResp {
+        mem: Option<MemRef>,
+        first_psn: u32,
+        npkts: u32,
+        next: u32,
+        len: u64,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum ResourceKind {
+    Read { va: u64, rkey: u32, len: u64, npkts: u32 },
+    Atomic { orig: u64 },
+}
+
+/// An entry of the inbound RDMA Read / Atomic queue: pending until its responses have left,
+/// then kept for duplicate replay until a new request needs the slot (PKT-DUP-2, PKT-DUP-5).
+#[derive(Debug, Clone)]
+struct Resource {
+    psn: u32,
+    kind: ResourceKind,
+    pending: bool,
+}
+
+/// The message being received.
+#[derive(Debug, Clone)]
+enum InMsg {
+    /// A Send into the RQ head WQE, `offset` bytes in.
+    Send { offset: u64 },
+    /// An RDMA Write into `mem`, `offset` bytes in, `len` in all.
+    Write { mem: Option<MemRef>, offset: u64, len: u64 },
+}
+
+#[derive(Debug, Default, Clone)]
+pub(crate) struct RespState {
+    pub epsn: u32,
+    pub msn: u32,
+    /// A PSN Sequence Error NAK was sent and no packet with PSN = ePSN came since (PKT-PSN-6).
+    nak_sent: bool,
+    /// UC: a loss was seen; drop until a First or Only (PKT-UC-2).
+    uc_resync: bool,
+    in_msg: Option<InMsg>,
+    /// The checked scatter list of the RQ head WQE while a Send uses it.
+    scatter: Vec<MemRef>,
+    resources: VecDeque<Resource>,
+    pub out: VecDeque<RespJob>,
+    /// Communication Established was raised (EVT-CE-1).
+    pub comm_est: bool,
+}
+
+impl RespState {
+    /// At Init→RTR: ePSN is the RQ Start ePSN (MOD-INIT-RTR-RC-1), MSN 0 (PKT-ACK-15).
+    pub fn start(&mut self, rq_psn: u32) {
+        *self = RespState { epsn: rq_psn, ..Default::default() };
+    }
+
+    fn push_ack(&mut self, psn: u32, syndrome: Syndrome) {
+        // Coalesce with an ACK still queued at the tail (PKT-ACK-4); never past other jobs.
+        if let Some(RespJob::Ack { psn: p, syndrome: s }) = self.out.back_mut() {
+            if s.is_ack() && syndrome.is_ack() {
+                *p = psn;
+                return;
+            }
+        }
+        self.out.push_back(RespJob::Ack { psn, syndrome });
+    }
+
+    /// Marks the inbound queue entry of `psn` answered.
+    pub fn resource_done(&mut self, psn: u32) {
+        if let Some(r) = self.resources.iter_mut().find(|r| r.psn == psn) {
+            r.pending = false;
+        }
+    }
+
+    /// PKT-ACK-11: the credits an ACK reports: RQ WQEs posted and not in use.
+    pub fn credit_code(&self, rq_len: usize) -> u8 {
+        let in_use = matches!(self.in_msg, Some(InMsg::Send { .. })) as usize;
+        credit_code_for(rq_len.saturating_sub(in_use) as u32)
+    }
+}
+
+/// An inbound request, reduced to what the responder needs.
+pub(crate) struct Request<'a> {
+    pub psn: Psn,
+    pub operation: Operation,
+    pub position: Position,
+    pub reserved: bool,
+    pub se: bool,
+    pub ack_req: bool,
+    pub imm: Option<u32>,
+    pub reth: Option<RethRepr>,
+    /// Send with Invalidate: needs memory windows, which softhca does not have yet.
+    pub invalidate: bool,
+    pub atomic: Option<(bool, AtomicEthRepr)>,
+    pub payload: &'a [u8],
+    /// UD: the source QPN from the DETH, and the bytes for the 40-byte GRH area.
+    pub src_qp: u32,
+    pub grh: Option<[u8; 40]>,
+}
+
+/// Why a request failed, and how (ERR classes).
+enum Fail {
+    /// Class B: NAK, nothing else.
+    B(Syndrome),
+    /// Class C: NAK, QP to Error; the WQE in use (if any) gets `status`.
+    C { nak: NakCode, status: WcStatus, access: bool },
+    /// Class A: Remote Operational Error; the WQE in use completes with Local QP Operation
+    /// Error.
+    A,
+    /// Class D: drop silently.
+    D,
+}
+
+fn rc_fail_invalid() -> Fail {
+    Fail::C { nak: NakCode::InvalidRequest, status: WcStatus::RemInvReqErr, access: false }
+}
+
+/// Handles one request packet addressed to `q`, already past header validation.
+pub(crate) fn on_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
+    if core.attrs.qp_state == QpState::Rtr && !core.resp.comm_est {
+        core.resp.comm_est = true; // EVT-CE-1: RTR stays RTR
+        q.dev.raise(AsyncEvent { event_type: AsyncEventType::CommEst, element: EventElement::Qp(q.qpn) });
+    }
+    let result = match q.qp_type {
+        QpType::Rc => rc_request(q, core, r),
+        QpType::Uc => {
+            uc_request(q, core, r);
+            Ok(())
+        }
+        _ => {
+            ud_request(q, core, r);
+            Ok(())
+        }
+    };
+    if let Err(f) = result {
+        fail(q, core, r, f);
+    }
+}
+
+fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
+    let psn = r.psn.value();
+    match f {
+        Fail::D => {}
+        Fail::B(syndrome) => {
+            match syndrome {
+                Syndrome::RnrNak { .. } => q.dev.stats.rnr_naks_sent.inc(),
+                _ => q.dev.stats.seq_naks_sent.inc(),
+            }
+            let at = if matches!(syndrome, Syndrome::Nak(NakCode::PsnSeqErr)) { core.resp.epsn } else { psn };
+            core.resp.out.push_back(RespJob::Ack { psn: at, syndrome });
+        }
+        Fail::A => {
+            core.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteOperationalError) });
+            complete_wqe_in_use(q, core, WcStatus::LocQpOpErr);
+            q.enter_error(core, true);
+        }
+        Fail::C { nak, status, access } => {
+            core.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(nak) });
+            let had_wqe = matches!(core.resp.in_msg, Some(InMsg::Send { .. }))
+                || (r.imm.is_some() && matches!(r.position, Position::Last | Position::Only) && !core.rq.is_empty());
+            if had_wqe {
+                complete_wqe_in_use(q, core, status); // ERR-C-3
+            } else {
+                // ERR-C-5, ERR-C-6
+                let event_type = if access { AsyncEventType::QpAccessErr } else { AsyncEventType::QpReqErr };
+                q.dev.raise(AsyncEvent { event_type, element: EventElement::Qp(q.qpn) });
+            }
+            q.enter_error(core, true);
+        }
+    }
+}
+
+/// Retires the RQ head WQE in error (ERR-A-3, ERR-C-3); the flush that follows handles the
+/// rest in order.
+fn complete_wqe_in_use(q: &QpInner, core: &mut QpCore, status: WcStatus) {
+    core.resp.in_msg = None;
+    if let Some(w) = core.rq.pop() {
+        let wc = Wc { wr_id: w.wr_id, status, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
+        let _ = q.recv_cq.push(wc, true);
+    }
+}
+
+/// ERR-RQ-13: the payload size each position allows.
+fn length_ok(position: Position, len: u64, mtu: u64) -> bool {
+    match position {
+        Position::Only => len <= mtu,
+        Position::First | Position::Middle => len == mtu,
+        Position::Last => len >= 1 && len <= mtu,
+    }
+}
+
+fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
+    let mtu = pmtu(core);
+    let epsn = Psn::new(core.resp.epsn);
+    // 1. PSN (PKT-PSN-4).
+    match r.psn.classify(epsn) {
+        PsnClass::OutOfSequence => {
+            if core.resp.nak_sent {
+                return Err(Fail::D); // PKT-PSN-6
+            }
+            core.resp.nak_sent = true;
+            return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))); // ERR-RQ-1
+        }
+        PsnClass::Duplicate => return duplicate(q, core, r),
+        PsnClass::Expected => core.resp.nak_sent = false,
+    }
+    // 2. Opcode sequence (ERR-RQ-7, ERR-RQ-8).
+    let continuing = matches!(r.position, Position::Middle | Position::Last);
+    match (&core.resp.in_msg, continuing) {
+        (Some(_), false) | (None, true) => return Err(rc_fail_invalid()),
+        (Some(InMsg::Send { .. }), true) if r.operation != Operation::Send => return Err(rc_fail_invalid()),
+        (Some(InMsg::Write { .. }), true) if r.operation != Operation::RdmaWrite => return Err(rc_fail_invalid()),
+        _ => {}
+    }
+    // 3. Supported and enabled (ERR-RQ-4, MOD-ACC-1..3, PKT-OP-3).
+    let acc = core.attrs.qp_access_flags;
+    let enabled = match r.operation {
+        _ if r.reserved => false,
+        Operation::Send => !r.invalidate,
+        Operation::RdmaWrite => acc.contains(Access::REMOTE_WRITE),
+        Operation::RdmaReadRequest => acc.contains(Access::REMOTE_READ),
+        Operation::CompareSwap | Operation::FetchAdd => acc.contains(Access::REMOTE_ATOMIC),
+        _ => false,
+    };
+    if !enabled {
+        return Err(rc_fail_invalid());
+    }
+    match r.operation {
+        Operation::Send => rc_send(q, core, r, mtu),
+        Operation::RdmaWrite => rc_write(q, core, r, mtu),
+        Operation::RdmaReadRequest => rc_read(q, core, r, mtu),
+        _ => rc_atomic(q, core, r),
+    }
+}
+
+/// 4..7 for a Send: an RQ WQE (or RNR NAK), lengths, then the copy.
+fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+    if core.resp.in_msg.is_none() {
+        if core.rq.is_empty() {
+            // ERR-RQ-3: no WQE: RNR NAK with our Minimum RNR NAK Timer (PKT-RNR-1).
+            return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
+        }
+        if !length_ok(r.position, r.payload.len() as u64, mtu) {
+            return Err(rc_fail_invalid());
+        }
+        take_scatter(q, core).map_err(|_| Fail::A)?; // ERR-RQ-2
+        core.resp.in_msg = Some(InMsg::Send { offset: 0 });
+    } else if !length_ok(r.position, r.payload.len() as u64, mtu) {
+        return Err(rc_fail_invalid());
+    }
+    let Some(InMsg::Send { offset }) = core.resp.in_msg else { return Err(rc_fail_invalid()) };
+    let capacity: u64 = core.resp.scatter.iter().map(|m| m.len() as u64).sum();
+    if offset + r.payload.len() as u64 > capacity {
+        return Err(rc_fail_invalid()); // ERR-RQ-11
+    }
+    scatter(&core.resp.scatter, offset, r.payload).map_err(|_| Fail::A)?;
+    let offset = offset + r.payload.len() as u64;
+    core.resp.in_msg = Some(InMsg::Send { offset });
+    accept(core, r);
+    if matches!(r.position, Position::Last | Position::Only) {
+        core.resp.in_msg = None;
+        core.resp.msn = Psn::new(core.resp.msn).next().value();
+        complete_recv(q, core, WcOpcode::Recv, offset, r)?;
+    }
+    Ok(())
+}
+
+/// Checks the RQ head WQE's scatter list with local write access (ERR-RQ-2 when unusable).
+fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
+    let pd = q.pd.inner.handle;
+    let mut list = std::mem::take(&mut core.resp.scatter);
+    list.clear();
+    let w = core.rq.get(0).ok_or(AccessError::BadKey)?;
+    for sge in &w.sges {
+        if sge.length == 0 {
+            continue;
+        }
+        match check_access(&q.dev, sge.lkey, pd, sge.addr, sge.length as u64, Access::LOCAL_WRITE) {
+            Ok(m) => list.push(m),
+            Err(e) => {
+                core.resp.scatter = list;
+                return Err(e);
+            }
+        }
+    }
+    core.resp.scatter = list;
+    Ok(())
+}
+
+/// The packet is executed: ePSN moves on (PKT-PSN-3) and an ACK is owed if asked
+/// (PKT-ACK-3).
+fn accept(core: &mut QpCore, r: &Request<'_>) {
+    core.resp.epsn = r.psn.next().value();
+    if r.ack_req {
+        core.resp.push_ack(r.psn.value(), Syndrome::ACK_NO_CREDITS);
+    }
+}
+
+/// Retires the RQ head WQE successfully (ORD-RQ-4). A CQ that cannot take the CQE is Class G:
+/// the QP moves to Error with no CQE at all (ERR-G-1..4).
+fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64, r: &Request<'_>) -> Result<(), Fail> {
+    let Some(w) = core.rq.pop() else { return Ok(()) };
+    let mut wc = Wc { wr_id: w.wr_id, status: WcStatus::Success, opcode, qp_num: q.qpn, ..Default::default() };
+    wc.byte_len = byte_len as u32;
+    if let Some(imm) = r.imm {
+        wc.imm_data = imm;
+        wc.wc_flags |= WcFlags::WITH_IMM;
+    }
+    if q.qp_type == QpType::Ud {
+        wc.src_qp = r.src_qp;
+        wc.wc_flags |= WcFlags::GRH; // PKT-ROCE-11: every RoCEv2 packet has network headers
+        wc.pkey_index = core.attrs.pkey_index;
+    }
+    if q.recv_cq.push(wc, r.se).is_err() {
+        q.enter_error(core, false);
+    }
+    Ok(())
+}
+
+fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+    let len = r.payload.len() as u64;
+    if !length_ok(r.position, len, mtu) {
+        return Err(rc_fail_invalid()); // ERR-RQ-13
+    }
+    // Write with Immediate needs an RQ WQE for its last packet: RNR before executing it.
+    let completes = matches!(r.position, Position::Last | Position::Only);
+    if completes && r.imm.is_some() && core.rq.is_empty() {
+        return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
+    }
+    if core.resp.in_msg.is_none() {
+        let reth = r.reth.ok_or_else(rc_fail_invalid)?;
+        let total = reth.dma_length as u64;
+        if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
+            return Err(rc_fail_invalid()); // ERR-RQ-12
+        }
+        let mem =
+            if total == 0 {
+                None
+            } else {
+                let pd = q.pd.inner.handle;
+                Some(check_access(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).map_err(|_| {
+                    Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true }
+                })?) // ERR-RQ-9
+            };
+        core.resp.in_msg = Some(InMsg::Write { mem, offset: 0, len: total });
+    }
+    let Some(InMsg::Write { mem, offset, len: total }) = core.resp.in_msg.take() else { return Err(rc_fail_invalid()) };
+    let end = offset + len;
+    if end > total || (completes && end != total) {
+        return Err(rc_fail_invalid()); // ERR-RQ-12
+    }
+    if let Some(m) = &mem {
+        m.write(offset as usize, r.payload).map_err(|_| rc_fail_invalid())?;
+    }
+    accept(core, r);
+    if completes {
+        core.resp.msn = Psn::new(core.resp.msn).next().value();
+        if r.imm.is_some() {
+            complete_recv(q, core, WcOpcode::RecvRdmaWithImm, total, r)?; // WR-WRITE-3, CQE-6
+        }
+    } else {
+        core.resp.in_msg = Some(InMsg::Write { mem, offset: end, len: total });
+    }
+    Ok(())
+}
+
+fn pending(core: &QpCore) -> usize {
+    core.resp.resources.iter().filter(|r| r.pending).count()
+}
+
+/// Keeps at most `depth` entries: a new one takes the oldest answered slot.
+fn add_resource(core: &mut QpCore, res: Resource) {
+    let depth = (core.attrs.max_dest_rd_atomic as usize).max(1);
+    if core.resp.resources.len() >= depth {
+        if let Some(i) = core.resp.resources.iter().position(|r| !r.pending) {
+            core.resp.resources.remove(i);
+        }
+    }
+    core.resp.resources.push_back(res);
+}
+
+fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+    if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
+        return Err(rc_fail_invalid()); // ERR-RQ-6
+    }
+    let reth = r.reth.ok_or_else(rc_fail_invalid)?;
+    let len = reth.dma_length as u64;
+    if len > 1 << 31 {
+        return Err(rc_fail_invalid());
+    }
+    let mem = if len == 0 {
+        None
+    } else {
+        let pd = q.pd.inner.handle;
+        Some(check_access(&q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).map_err(|_| Fail::C {
+            nak: NakCode::RemoteAccessError,
+            status: WcStatus::RemAccessErr,
+            access: true,
+        })?) // ERR-RQ-9, ORD-RLX-2, ORD-RLX-3
+    };
+    let npkts = len.div_ceil(mtu).max(1) as u32;
+    let psn = r.psn.value();
+    add_resource(
+        core,
+        Resource { psn, kind: ResourceKind::Read { va: reth.va, rkey: reth.r_key, len, npkts }, pending: true },
+    );
+    core.resp.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
+    core.resp.msn = Psn::new(core.resp.msn).next().value(); // PKT-ACK-14
+    core.resp.out.push_back(RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len });
+    Ok(())
+}
+
+fn rc_atomic(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
+    let Some((is_cas, a)) = r.atomic else { return Err(rc_fail_invalid()) };
+    if a.va % 8 != 0 {
+        return Err(rc_fail_invalid()); // ERR-RQ-5
+    }
+    if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
+        return Err(rc_fail_invalid()); // ERR-RQ-6
+    }
+    let pd = q.pd.inner.handle;
+    let access_fail = |_| Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true };
+    let mem = check_access(&q.dev, a.r_key, pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(access_fail)?;
+    let word = mem.atomic_u64().ok_or_else(rc_fail_invalid)?;
+    // WR-ATOM-4, WR-ATOM-5, WR-ATOM-7: real 64-bit atomics on host memory. The operands are
+    // big-endian on the wire and the word is in host order in memory.
+    let orig = if is_cas {
+        match word.compare_exchange(a.compare_data, a.swap_add_data, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(v) | Err(v) => v,
+        }
+    } else {
+        word.fetch_add(a.swap_add_data, Ordering::SeqCst)
+    };
+    let psn = r.psn.value();
+    add_resource(core, Resource { psn, kind: ResourceKind::Atomic { orig }, pending: true });
+    core.resp.epsn = r.psn.next().value();
+    core.resp.msn = Psn::new(core.resp.msn).next().value();
+    core.resp.out.push_back(RespJob::AtomicAck { psn, orig });
+    Ok(())
+}
+
+/// Duplicates are never executed again and never change ePSN (PKT-DUP-1..6).
+fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
+    let mtu = pmtu(core);
+    match r.operation {
+        Operation::Send | Operation::RdmaWrite => {
+            if r.ack_req {
+                let psn = Psn::new(core.resp.epsn).sub(1).value();
+                core.resp.push_ack(psn, Syndrome::ACK_NO_CREDITS);
+            }
+            Ok(())
+        }
+        Operation::RdmaReadRequest => {
+            let reth = r.reth.ok_or(Fail::D)?;
+            let found = core.resp.resources.iter().find_map(|res| match res.kind {
+                ResourceKind::Read { va, rkey, len, npkts } => {
+                    let first = Psn::new(res.psn);
+                    let k = r.psn.distance_from(first) as u64;
+                    let inside = r.psn.in_range(first, first.add(npkts - 1))
+                        && rkey == reth.r_key
+                        && reth.va == va + k * mtu
+                        && reth.dma_length as u64 == len - k * mtu;
+                    inside.then_some((va, rkey, len, npkts, res.psn, k))
+                }
+                _ => None,
+            });
+            let Some((va, rkey, len, npkts, first, k)) = found else { return Err(Fail::D) }; // PKT-DUP-3
+            let pd = q.pd.inner.handle;
+            let mem = if len == 0 { None } else { check_access(&q.dev, rkey, pd, va, len, Access::REMOTE_READ).ok() };
+            if len > 0 && mem.is_none() {
+                return Err(Fail::D);
+            }
+            core.resp.out.push_back(RespJob::ReadResp { mem, first_psn: first, npkts, next: k as u32, len });
+            Ok(())
+        }
+        Operation::CompareSwap | Operation::FetchAdd => {
+            let psn = r.psn.value();
+            let orig = core.resp.resources.iter().find_map(|res| match res.kind {
+                ResourceKind::Atomic { orig } if res.psn == psn => Some(orig),
+                _ => None,
+            });
+            match orig {
+                Some(orig) => {
+                    core.resp.out.push_back(RespJob::AtomicAck { psn, orig }); // PKT-DUP-4
+                    Ok(())
+                }
+                None => Err(Fail::D), // ERR-RQ-14
+            }
+        }
+        _ => Err(Fail::D),
+    }
+}
+
+/// UC: no ACKs; a loss abandons the message and waits for the next First or Only
+/// (PKT-UC-1, PKT-UC-2, PKT-UC-4); a message with no RQ WQE is dropped (PKT-RNR-7).
+fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
+    let mtu = pmtu(core);
+    let starts = matches!(r.position, Position::First | Position::Only);
+    let expected = r.psn == Psn::new(core.resp.epsn);
+    if !expected || (core.resp.in_msg.is_none() && !starts) || (core.resp.in_msg.is_some() && starts) {
+        if core.resp.in_msg.take().is_some() || !expected {
+            core.resp.uc_resync = true;
+        }
+        if !starts {
+            return;
+        }
+    }
+    if core.resp.uc_resync && !starts {
+        return;
+    }
+    core.resp.uc_resync = false;
+    core.resp.epsn = r.psn.next().value();
+    let drop_message = |core: &mut QpCore| {
+        core.resp.in_msg = None;
+        core.resp.uc_resync = true;
+    };
+    if !length_ok(r.position, r.payload.len() as u64, mtu) || r.reserved {
+        drop_message(core);
+        return;
+    }
+    match r.operation {
+        Operation::Send => {
+            if starts {
+                if core.rq.is_empty() || take_scatter(q, core).is_err() {
+                    drop_message(core);
+                    return;
+                }
+                core.resp.in_msg = Some(InMsg::Send { offset: 0 });
+            }
+            let Some(InMsg::Send { offset }) = core.resp.in_msg else { return drop_message(core) };
+            if scatter(&core.resp.scatter, offset, r.payload).is_err() {
+                drop_message(core);
+                return;
+            }
+            let offset = offset + r.payload.len() as u64;
+            core.resp.in_msg = Some(InMsg::Send { offset });
+            if matches!(r.position, Position::Last | Position::Only) {
+                core.resp.in_msg = None;
+                let _ = complete_recv(q, core, WcOpcode::Recv, offset, r);
+            }
+        }
+        Operation::RdmaWrite => {
+            if !core.attrs.qp_access_flags.contains(Access::REMOTE_WRITE) {
+                drop_message(core); // MOD-ACC-4
+                return;
+            }
+            if starts {
+                let Some(reth) = r.reth else { return drop_message(core) };
+                let total = reth.dma_length as u64;
+                let mem = if total == 0 {
+                    None
+                } else {
+                    let pd = q.pd.inner.handle;
+                    match check_access(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE) {
+                        Ok(m) => Some(m),
+                        Err(_) => return drop_message(core),
+                    }
+                };
+                core.resp.in_msg = Some(InMsg::Write { mem, offset: 0, len: total });
+            }
+            let Some(InMsg::Write { mem, offset, len }) = core.resp.in_msg.take() else { return drop_message(core) };
+            let end = offset + r.payload.len() as u64;
+            let completes = matches!(r.position, Position::Last | Position::Only);
+            if end > len || (completes && end != len) {
+                return drop_message(core);
+            }
+            if let Some(m) = &mem {
+                if m.write(offset as usize, r.payload).is_err() {
+                    return drop_message(core);
+                }
+            }
+            if completes {
+                if r.imm.is_some() {
+                    if core.rq.is_empty() {
+                        return; // PKT-RNR-7
+                    }
+                    let _ = complete_recv(q, core, WcOpcode::RecvRdmaWithImm, len, r);
+                }
+            } else {
+                core.resp.in_msg = Some(InMsg::Write { mem, offset: end, len });
+            }
+        }
+        _ => drop_message(core),
+    }
+}
+
+/// UD: no PSN check (PKT-UD-1); the first 40 bytes of the receive buffers take the GRH area
+/// and the data starts at byte 40 (WR-RQ-7, WR-RQ-8, CQE-7).
+fn ud_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
+    if r.operation != Operation::Send || r.position != Position::Only {
+        return;
+    }
+    if core.rq.is_empty() {
+        return; // PKT-RNR-7
+    }
+    if take_scatter(q, core).is_err() {
+        complete_wqe_in_use(q, core, WcStatus::LocProtErr);
+        q.enter_error(core, true);
+        return;
+    }
+    let capacity: u64 = core.resp.scatter.iter().map(|m| m.len() as u64).sum();
+    let total = 40 + r.payload.len() as u64;
+    if total > capacity {
+        complete_wqe_in_use(q, core, WcStatus::LocLenErr);
+        q.enter_error(core, true);
+        return;
+    }
+    let grh = r.grh.unwrap_or([0; 40]);
+    if scatter(&core.resp.scatter, 0, &grh).is_err() || scatter(&core.resp.scatter, 40, r.payload).is_err() {
+        complete_wqe_in_use(q, core, WcStatus::LocProtErr);
+        q.enter_error(core, true);
+        return;
+    }
+    let _ = complete_recv(q, core, WcOpcode::Recv, total, r);
+}

@@ -1,0 +1,62 @@
+//! RC operations end to end over a lossless in-process link.
+
+mod common;
+
+use common::pair::*;
+use common::poll_all;
+use softhca::*;
+
+#[test]
+fn send_write_read_atomic() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.reg_mr((0..10_000u32).map(|i| i as u8).collect(), Access::LOCAL_WRITE).unwrap();
+    let dst =
+        p.b.pd
+            .alloc_mr(10_000, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC)
+            .unwrap();
+    // Send 3000 bytes into a posted receive.
+    p.b.qp.post_recv(&[RecvWr::new(7, &[dst.sge(0..4000)])]).unwrap();
+    p.a.qp.post_send(&[SendWr::send(1, &[src.sge(0..3000)]).signaled().imm(0xabcd)]).unwrap();
+    p.run(1_000_000_000);
+    let wa = poll_all(&p.a.cq);
+    let wb = poll_all(&p.b.cq);
+    assert_eq!(wa.len(), 1, "{wa:?}");
+    assert_eq!(wa[0].status, WcStatus::Success);
+    assert_eq!(wb.len(), 1, "{wb:?}");
+    assert_eq!((wb[0].status, wb[0].byte_len, wb[0].imm()), (WcStatus::Success, 3000, Some(0xabcd)));
+    assert_eq!(&dst.to_vec().unwrap()[..3000], &src.to_vec().unwrap()[..3000]);
+
+    // RDMA Write 5000 bytes at offset 5000.
+    p.a.qp.post_send(&[SendWr::rdma_write(2, &[src.sge(0..5000)], dst.addr() + 5000, dst.rkey()).signaled()]).unwrap();
+    p.run(1_000_000_000);
+    assert_eq!(poll_all(&p.a.cq)[0].status, WcStatus::Success);
+    assert_eq!(&dst.to_vec().unwrap()[5000..], &src.to_vec().unwrap()[..5000]);
+
+    // RDMA Read it back.
+    let back = p.a.pd.alloc_mr(5000, Access::LOCAL_WRITE).unwrap();
+    p.a.qp.post_send(&[SendWr::rdma_read(3, &[back.sge(0..5000)], dst.addr() + 5000, dst.rkey()).signaled()]).unwrap();
+    p.run(1_000_000_000);
+    let w = poll_all(&p.a.cq);
+    assert_eq!((w[0].status, w[0].opcode, w[0].byte_len), (WcStatus::Success, WcOpcode::RdmaRead, 5000));
+    assert_eq!(back.to_vec().unwrap(), src.to_vec().unwrap()[..5000]);
+
+    // Atomics on dst[8..16].
+    dst.write(8, &40u64.to_ne_bytes()).unwrap();
+    let res = p.a.pd.alloc_mr(16, Access::LOCAL_WRITE).unwrap();
+    p.a.qp
+        .post_send(&[
+            SendWr::atomic_fetch_add(4, &[res.sge(0..8)], dst.addr() + 8, dst.rkey(), 2).signaled(),
+            SendWr::atomic_cmp_swp(5, &[res.sge(8..16)], dst.addr() + 8, dst.rkey(), 42, 7).signaled(),
+        ])
+        .unwrap();
+    p.run(1_000_000_000);
+    let w = poll_all(&p.a.cq);
+    assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
+    let mut b = [0u8; 16];
+    res.read(0, &mut b).unwrap();
+    assert_eq!(u64::from_ne_bytes(b[..8].try_into().unwrap()), 40);
+    assert_eq!(u64::from_ne_bytes(b[8..].try_into().unwrap()), 42);
+    let mut v = [0u8; 8];
+    dst.read(8, &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v), 7);
+}
