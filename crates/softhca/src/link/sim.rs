@@ -417,7 +417,7 @@ fn corrupt_bits(rng: &mut StdRng, data: &mut [u8]) -> bool {
     let want = rng.random_range(1..=3usize);
     let mut flipped = [usize::MAX; 3];
     let mut n = 0;
-    // Rejection sampling terminates quickly: at most 72 of the datagram's bits are excluded.
+    // Rejection sampling terminates quickly: at most 60 of the datagram's bits are excluded.
     for _ in 0..64 {
         if n == want {
             break;
