@@ -43,7 +43,7 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
             }
             Some(Syndrome::Nak(NakCode::PsnSeqErr)) => {
                 q.dev.stats.seq_naks_received.inc();
-                if ack_through(q, core, r.psn.sub(1)) {
+                if ack_through(q, core, r.psn.sub(1)) && core.req.recovering != Some(r.psn.value()) {
                     retry_or_fail(q, core, r.psn); // PKT-NAK-1
                 }
             }
@@ -81,12 +81,16 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
                 };
                 w.tx.status = Some(status);
                 core.req.rd_atomic = core.req.rd_atomic.saturating_sub(1);
-                advance_una(core, r.psn.next());
+                acknowledge(core, r.psn);
             }
         }
         _ => return false,
     }
     progress(core, now, before);
+    // The oldest unacknowledged PSN never passes a response still missing.
+    debug_assert!(
+        missing_response(core, Psn::new(core.req.psn).sub(1)).is_none_or(|m| Psn::new(core.req.una).psn_cmp(m).is_le())
+    );
     retire(q, core);
     true
 }
@@ -109,24 +113,44 @@ fn missing_response(core: &QpCore, psn: Psn) -> Option<Psn> {
 
 /// Acknowledges every request packet up to and including `n` (PKT-ACK-4, PKT-NAK-3): Sends,
 /// Writes and Binds whose last packet is at most `n` are done. An unfinished Read or Atomic
-/// inside that range is an implied NAK, handled as a PSN Sequence Error from its first
-/// missing response; then false is returned and the caller's own handling is skipped.
+/// inside that range is an implied NAK (PKT-ACK-7), handled as a PSN Sequence Error from its
+/// first missing response (once per recovery); then only what precedes that response is
+/// acknowledged and false is returned, so that the caller's own handling is skipped.
 fn ack_through(q: &QpInner, core: &mut QpCore, n: Psn) -> bool {
-    let una = Psn::new(core.req.una);
-    if n.psn_cmp(una).is_lt() {
+    if n.psn_cmp(Psn::new(core.req.una)).is_lt() {
         return true; // nothing new below n
     }
-    if let Some(missing) = missing_response(core, n) {
-        if missing.psn_cmp(n).is_le() {
-            advance_una(core, missing);
-            q.dev.stats.implied_naks.inc();
-            retry_or_fail(q, core, missing);
-            return false;
+    match missing_response(core, n) {
+        Some(missing) if missing.psn_cmp(n).is_le() => {
+            implied_nak(q, core, missing);
+            false
+        }
+        _ => {
+            acknowledge(core, n);
+            true
         }
     }
+}
+
+/// A response past `missing` arrived while `missing` was not answered: everything before it is
+/// acknowledged and the requester goes back to it.
+fn implied_nak(q: &QpInner, core: &mut QpCore, missing: Psn) {
+    acknowledge(core, missing.sub(1));
+    if core.req.recovering != Some(missing.value()) {
+        q.dev.stats.implied_naks.inc();
+        retry_or_fail(q, core, missing);
+    }
+}
+
+/// Marks done the Sends, Writes and Binds whose packets all lie at or before `n`, and moves
+/// the oldest unacknowledged PSN past `n`.
+fn acknowledge(core: &mut QpCore, n: Psn) {
     for i in 0..core.req.started {
         let Some(w) = core.sq.get_mut(i) else { break };
-        if w.tx.npkts == 0 || w.tx.last_psn().psn_cmp(n).is_gt() {
+        if w.tx.npkts == 0 {
+            continue;
+        }
+        if w.tx.last_psn().psn_cmp(n).is_gt() {
             break;
         }
         if w.tx.status.is_none() && !(w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic()) {
@@ -134,7 +158,6 @@ fn ack_through(q: &QpInner, core: &mut QpCore, n: Psn) -> bool {
         }
     }
     advance_una(core, n.next());
-    true
 }
 
 fn advance_una(core: &mut QpCore, to: Psn) {
@@ -170,10 +193,10 @@ fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>
     match r.psn.psn_cmp(expected) {
         std::cmp::Ordering::Less => return, // a duplicate response
         std::cmp::Ordering::Greater => {
-            // A missing response packet: an implied NAK (PKT-ACK-7).
-            advance_una(core, expected);
-            q.dev.stats.implied_naks.inc();
-            retry_or_fail(q, core, expected);
+            // A missing response packet: from the first response missing on any Read or
+            // Atomic up to here.
+            let missing = missing_response(core, r.psn).unwrap_or(expected);
+            implied_nak(q, core, missing);
             return;
         }
         std::cmp::Ordering::Equal => {}
@@ -212,7 +235,7 @@ fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>
         w.tx.status = Some(WcStatus::Success); // PKT-ACK-6
         core.req.rd_atomic = core.req.rd_atomic.saturating_sub(1);
     }
-    advance_una(core, r.psn.next());
+    acknowledge(core, r.psn);
 }
 
 /// Writes `data` at byte `offset` of a scatter list, in list order (WR-READ-2).
@@ -241,6 +264,9 @@ pub(crate) fn scatter(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut da
 /// After a response that acknowledged something new, the retry counters reload
 /// (PKT-RTY-5, PKT-RNR-8) and the ACK timer restarts, or stops with nothing outstanding.
 fn progress(core: &mut QpCore, now: u64, una_before: u32) {
+    if core.req.recovering.is_some_and(|x| Psn::new(core.req.una).psn_cmp(Psn::new(x)).is_gt()) {
+        core.req.recovering = None;
+    }
     if core.req.una != una_before {
         core.req.retry_left = core.attrs.retry_cnt;
         core.req.rnr_left = core.attrs.rnr_retry;

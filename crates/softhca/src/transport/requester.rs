@@ -56,6 +56,9 @@ pub(crate) struct ReqState {
     pub rd_atomic: u32,
     /// A WQE failed before transmission; nothing after it starts.
     pub halted: bool,
+    /// Went back to this PSN and waits for it to be answered: responses beyond it that are
+    /// still in flight are the old ones and must not count as new NAKs.
+    pub recovering: Option<u32>,
 }
 
 impl ReqState {
@@ -232,6 +235,7 @@ pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn) {
     }
     core.req.retry_left -= 1;
     q.dev.stats.retransmits.inc();
+    core.req.recovering = Some(from.value());
     go_back(core, from);
 }
 

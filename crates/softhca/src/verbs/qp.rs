@@ -896,6 +896,31 @@ impl Qp {
         Ok(())
     }
 
+    /// The transport's internal state, for diagnostics.
+    #[doc(hidden)]
+    pub fn debug_transport(&self) -> String {
+        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+        let head: Vec<String> = (0..core.sq.len().min(4))
+            .filter_map(|i| core.sq.get(i))
+            .map(|w| {
+                format!(
+                    "{:?} psn {:#x}+{} st {:?} rx {}",
+                    w.opcode, w.tx.first_psn, w.tx.npkts, w.tx.status, w.tx.resp_received
+                )
+            })
+            .collect();
+        format!(
+            "{:?} req {:?} resp epsn {:#x} out {} sq {} rq {} head {:?}",
+            core.attrs.qp_state,
+            core.req,
+            core.resp.epsn,
+            core.resp.out.len(),
+            core.sq.len(),
+            core.rq.len(),
+            head
+        )
+    }
+
     /// WQEs outstanding on the SQ and the RQ.
     pub fn outstanding(&self) -> Result<(usize, usize)> {
         let core = self.inner.lock()?;
