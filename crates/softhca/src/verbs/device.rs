@@ -215,6 +215,8 @@ pub(crate) fn give(counter: &AtomicU32) {
 
 pub type CompletionHandler = Arc<dyn Fn(&super::cq::Cq) + Send + Sync>;
 pub type AsyncEventHandler = Arc<dyn Fn(&AsyncEvent) + Send + Sync>;
+/// Called after every verb that gives the engine new work (a post, a Modify QP).
+pub type Doorbell = Arc<dyn Fn() + Send + Sync>;
 
 #[derive(Default)]
 pub(crate) struct AsyncQueue {
@@ -246,6 +248,7 @@ pub(crate) struct DeviceInner {
     pub cqs: RwLock<HashMap<u32, Weak<CqInner>>>,
     pub async_events: AsyncQueue,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
+    pub doorbell: RwLock<Option<Doorbell>>,
 }
 
 impl DeviceInner {
@@ -286,6 +289,14 @@ impl DeviceInner {
         self.async_events.ready.notify_all();
         if let Some(h) = handler {
             h(&event);
+        }
+    }
+
+    /// Rings the doorbell, if a driver installed one, so that it runs the engine.
+    pub fn ring(&self) {
+        let bell = self.doorbell.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(bell) = bell {
+            bell();
         }
     }
 
@@ -375,6 +386,7 @@ impl Context {
             cqs: RwLock::new(HashMap::new()),
             async_events: AsyncQueue::default(),
             comp_handler: RwLock::new(None),
+            doorbell: RwLock::new(None),
         });
         DEVICES.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&inner));
         tracing::info!(device = %inner.name, "device created");
@@ -466,6 +478,12 @@ impl Context {
         self.inner.check_open()?;
         *self.inner.comp_handler.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(handler));
         Ok(())
+    }
+
+    /// Installs the doorbell a driver (the UDP link's engine thread) wants rung whenever a
+    /// verb gives the engine new work: Post Send, Post Receive, Modify QP.
+    pub fn set_doorbell(&self, bell: impl Fn() + Send + Sync + 'static) {
+        *self.inner.doorbell.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(bell));
     }
 
     pub(crate) fn same_device(&self, other: &Arc<DeviceInner>) -> bool {

@@ -788,6 +788,8 @@ impl Qp {
             }
         }
         tracing::debug!(qpn = q.qpn, %from, %to, ?supplied, "modify QP");
+        drop(core);
+        q.dev.ring();
         Ok(())
     }
 
@@ -819,6 +821,8 @@ impl Qp {
             fill_send_wqe(slot, wr, q.sq_sig_all);
             core.sq.commit();
         }
+        drop(core);
+        q.dev.ring();
         Ok(())
     }
 
@@ -893,6 +897,8 @@ impl Qp {
             slot.length = sge_total(wr.sg_list);
             core.rq.commit();
         }
+        drop(core);
+        q.dev.ring();
         Ok(())
     }
 
