@@ -274,13 +274,12 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
             // ERR-RQ-3: no WQE: RNR NAK with our Minimum RNR NAK Timer (PKT-RNR-1).
             return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
         }
-        if !length_ok(r.position, r.payload.len() as u64, mtu) {
-            return Err(rc_fail_invalid());
-        }
-        take_scatter(q, core).map_err(|_| Fail::A)?; // ERR-RQ-2
+        // The head WQE is in use from here on: a later failure completes it in error.
         core.resp.in_msg = Some(InMsg::Send { offset: 0 });
-    } else if !length_ok(r.position, r.payload.len() as u64, mtu) {
-        return Err(rc_fail_invalid());
+        take_scatter(q, core).map_err(|_| Fail::A)?; // ERR-RQ-2
+    }
+    if !length_ok(r.position, r.payload.len() as u64, mtu) {
+        return Err(rc_fail_invalid()); // ERR-RQ-13
     }
     let Some(InMsg::Send { offset }) = core.resp.in_msg else { return Err(rc_fail_invalid()) };
     let capacity: u64 = core.resp.scatter.iter().map(|m| m.len() as u64).sum();
