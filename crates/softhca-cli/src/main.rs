@@ -1,0 +1,71 @@
+//! `softhca`: the command line of the software HCA.
+//!
+//! - `softhca` / `softhca demo`: two devices on the simulated fabric, an RC pingpong, a
+//!   write/read/atomic burst over a lossy link, the counters and a trace excerpt of the pcap.
+//! - `softhca devinfo`: like `ibv_devinfo`.
+//! - `softhca pingpong`: like `ibv_rc_pingpong` (RC, UC or UD).
+//! - `softhca perf send|write|read|atomic`: like perftest.
+//! - `softhca trace FILE.pcap`: per-packet summary and per-QP-pair ladder diagrams.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod demo;
+mod devinfo;
+mod net;
+mod perf;
+mod pingpong;
+mod trace;
+
+#[derive(Parser, Debug)]
+#[command(name = "softhca", version, about = "softhca: a software InfiniBand HCA (verbs, RC/UC/UD, RoCEv2)")]
+#[command(after_help = "With no subcommand, runs the demo.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Two devices on the simulated fabric: RC pingpong, a write/read/atomic burst over a
+    /// lossy link, retransmission counters and a trace of the pcap (the default).
+    Demo(demo::DemoArgs),
+    /// Show the device and its port, like ibv_devinfo.
+    Devinfo(devinfo::DevinfoArgs),
+    /// Ping-pong Sends between two QPs, like ibv_rc_pingpong.
+    Pingpong(pingpong::PingpongArgs),
+    /// Bandwidth, message rate and latency of Send, RDMA Write, RDMA Read or Atomic, like
+    /// perftest.
+    Perf(perf::PerfArgs),
+    /// Decode a RoCEv2 pcap: one line per packet and a ladder diagram per QP pair.
+    Trace(trace::TraceArgs),
+}
+
+/// The `--pcap` flag every subcommand takes.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PcapArg {
+    /// Record the traffic in this pcap file (Ethernet link type; Wireshark reads it).
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => demo::run(&demo::DemoArgs::default()),
+        Some(Command::Demo(a)) => demo::run(&a),
+        Some(Command::Devinfo(a)) => devinfo::run(&a),
+        Some(Command::Pingpong(a)) => pingpong::run(&a),
+        Some(Command::Perf(a)) => perf::run(&a),
+        Some(Command::Trace(a)) => trace::run(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softhca: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

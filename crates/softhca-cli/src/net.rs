@@ -1,0 +1,355 @@
+//! What every traffic subcommand shares: the link the devices sit on (`Net`), QP setup and
+//! connection, the QP information two ends exchange, and the data pattern that is verified.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use softhca::link::{SimConfig, SimCounters, SimFabric};
+use softhca::transport::DeviceCounters;
+use softhca::*;
+
+/// Errors of the CLI: any error, printed as a message.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub type Res<T> = std::result::Result<T, Error>;
+
+/// Builds an error from a message.
+pub fn err(msg: impl Into<String>) -> Error {
+    msg.into().into()
+}
+
+/// The Q_Key every UD QP of the CLI uses.
+pub const QKEY: u32 = 0x1111_1111;
+
+/// Which link the devices use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkKind {
+    /// The deterministic in-process fabric (virtual clock, seeded faults).
+    Sim,
+    /// RoCEv2 over real UDP sockets.
+    Udp,
+}
+
+/// The simulated link's faults and seed.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct Faults {
+    /// Sim link: probability that a datagram is lost.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub loss: f64,
+    /// Sim link: probability that a datagram is duplicated.
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub dup: f64,
+    /// Sim link: probability that a datagram is reordered (arrives late).
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub reorder: f64,
+    /// Sim link: probability that a datagram gets 1-3 bit flips (the ICRC catches them).
+    #[arg(long, default_value_t = 0.0, value_name = "P")]
+    pub corrupt: f64,
+    /// Sim link: seed of every random choice; one seed always gives the same run.
+    #[arg(long, default_value_t = 1, value_name = "S")]
+    pub seed: u64,
+}
+
+impl Faults {
+    pub fn sim_config(&self) -> SimConfig {
+        SimConfig::default()
+            .seed(self.seed)
+            .loss(self.loss)
+            .dup(self.dup)
+            .reorder(self.reorder)
+            .corrupt(self.corrupt)
+            .time_limit_ns(600_000_000_000)
+    }
+
+    pub fn validate(&self) -> Res<()> {
+        for (name, p) in [("loss", self.loss), ("dup", self.dup), ("reorder", self.reorder), ("corrupt", self.corrupt)]
+        {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(err(format!("--{name} must be a probability in 0..=1, not {p}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error every `--link udp` path returns until `softhca::link::udp` exists.
+pub fn udp_unavailable() -> Error {
+    err("udp link not available yet: softhca::link::udp has not landed in the library; use --link sim")
+}
+
+/// The devices' link and how the CLI waits for their progress.
+pub enum Net {
+    /// Everything happens inside `wait`, on the fabric's virtual clock.
+    Sim { fabric: SimFabric, pcap: Option<PathBuf> },
+}
+
+impl Net {
+    /// A sim fabric with `faults`, recording to `pcap` if given.
+    pub fn sim(faults: &Faults, pcap: Option<&Path>) -> Res<Net> {
+        faults.validate()?;
+        let mut fabric = SimFabric::new(faults.sim_config());
+        if let Some(path) = pcap {
+            fabric.pcap_file(path).map_err(|e| err(format!("cannot write pcap {}: {e}", path.display())))?;
+        }
+        Ok(Net::Sim { fabric, pcap: pcap.map(Path::to_path_buf) })
+    }
+
+    pub fn add_device(&mut self, name: &str) -> Res<Context> {
+        match self {
+            Net::Sim { fabric, .. } => Ok(fabric.add_device(name)?),
+        }
+    }
+
+    /// Runs the link until `cond` holds. An error if it cannot: the sim fabric went idle (a
+    /// deadlock: nothing left that could make `cond` true) or hit its limits.
+    pub fn wait(&mut self, what: &str, mut cond: impl FnMut() -> bool) -> Res<()> {
+        match self {
+            Net::Sim { fabric, .. } => {
+                if fabric.run_until(|_| cond()) {
+                    Ok(())
+                } else {
+                    Err(err(format!(
+                        "stalled waiting for {what} at virtual time {:.6} s ({:?})",
+                        fabric.now() as f64 / 1e9,
+                        fabric.counters()
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Replaces the sim link's faults for every datagram from now on.
+    pub fn set_faults(&mut self, faults: &Faults) -> Res<()> {
+        faults.validate()?;
+        match self {
+            Net::Sim { fabric, .. } => fabric.set_default_link(faults.sim_config().link),
+        }
+        Ok(())
+    }
+
+    /// The virtual clock in nanoseconds, on the sim link.
+    pub fn virtual_ns(&self) -> Option<u64> {
+        match self {
+            Net::Sim { fabric, .. } => Some(fabric.now()),
+        }
+    }
+
+    pub fn sim_counters(&self) -> Option<SimCounters> {
+        match self {
+            Net::Sim { fabric, .. } => Some(fabric.counters()),
+        }
+    }
+
+    /// Lets in-flight retransmissions and ACKs settle (sim only; bounded).
+    pub fn settle(&mut self) {
+        match self {
+            Net::Sim { fabric, .. } => {
+                fabric.run_until_within(1_000_000_000, |f| f.in_flight() == 0);
+            }
+        }
+    }
+
+    pub fn pcap_path(&self) -> Option<&Path> {
+        match self {
+            Net::Sim { pcap, .. } => pcap.as_deref(),
+        }
+    }
+
+    /// Flushes the pcap.
+    pub fn finish(&mut self) -> Res<()> {
+        match self {
+            Net::Sim { fabric, .. } => fabric.flush_pcap().map_err(|e| err(format!("pcap: {e}"))),
+        }
+    }
+}
+
+/// Sum of two devices' counters, field by field, for the fields the CLI reports.
+pub fn add_counters(a: DeviceCounters, b: DeviceCounters) -> DeviceCounters {
+    DeviceCounters {
+        tx_packets: a.tx_packets + b.tx_packets,
+        rx_packets: a.rx_packets + b.rx_packets,
+        rx_dropped: a.rx_dropped + b.rx_dropped,
+        rx_bad_icrc: a.rx_bad_icrc + b.rx_bad_icrc,
+        retransmits: a.retransmits + b.retransmits,
+        rnr_naks_sent: a.rnr_naks_sent + b.rnr_naks_sent,
+        rnr_naks_received: a.rnr_naks_received + b.rnr_naks_received,
+        seq_naks_sent: a.seq_naks_sent + b.seq_naks_sent,
+        seq_naks_received: a.seq_naks_received + b.seq_naks_received,
+        implied_naks: a.implied_naks + b.implied_naks,
+        timeouts: a.timeouts + b.timeouts,
+        pkey_violations: a.pkey_violations + b.pkey_violations,
+        qkey_violations: a.qkey_violations + b.qkey_violations,
+    }
+}
+
+/// `b - a` for counters that only grow.
+pub fn sub_counters(b: DeviceCounters, a: DeviceCounters) -> DeviceCounters {
+    DeviceCounters {
+        tx_packets: b.tx_packets - a.tx_packets,
+        rx_packets: b.rx_packets - a.rx_packets,
+        rx_dropped: b.rx_dropped - a.rx_dropped,
+        rx_bad_icrc: b.rx_bad_icrc - a.rx_bad_icrc,
+        retransmits: b.retransmits - a.retransmits,
+        rnr_naks_sent: b.rnr_naks_sent - a.rnr_naks_sent,
+        rnr_naks_received: b.rnr_naks_received - a.rnr_naks_received,
+        seq_naks_sent: b.seq_naks_sent - a.seq_naks_sent,
+        seq_naks_received: b.seq_naks_received - a.seq_naks_received,
+        implied_naks: b.implied_naks - a.implied_naks,
+        timeouts: b.timeouts - a.timeouts,
+        pkey_violations: b.pkey_violations - a.pkey_violations,
+        qkey_violations: b.qkey_violations - a.qkey_violations,
+    }
+}
+
+/// What one end tells the other to connect, as in ibv_rc_pingpong's exchange: QPN, PSN, GID,
+/// and for RDMA the buffer's address and R_Key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QpInfo {
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: String,
+    #[serde(default)]
+    pub addr: u64,
+    #[serde(default)]
+    pub rkey: u32,
+}
+
+impl QpInfo {
+    pub fn gid(&self) -> Res<Gid> {
+        let ip: std::net::Ipv6Addr = self.gid.parse().map_err(|_| err(format!("bad GID {:?} from peer", self.gid)))?;
+        Ok(Gid::from_ipv6(ip))
+    }
+
+    pub fn describe(&self) -> String {
+        let gid = self.gid().map(|g| display_gid(g)).unwrap_or_else(|_| self.gid.clone());
+        format!("LID 0x0000, QPN {:#08x}, PSN {:#08x}, GID {gid}", self.qpn, self.psn)
+    }
+}
+
+/// A GID as an address: IPv4-mapped GIDs as `::ffff:a.b.c.d`.
+pub fn display_gid(g: Gid) -> String {
+    g.to_ipv6().to_string()
+}
+
+pub fn gid_string(g: Gid) -> String {
+    g.to_ipv6().to_string()
+}
+
+/// Timeout exponent for RC retransmissions: 4.096 µs × 2^t. The sim's virtual time is free,
+/// so a short one keeps lossy runs quick; real links get a longer one.
+pub fn rc_timeout(link: LinkKind) -> u8 {
+    match link {
+        LinkKind::Sim => 10,
+        LinkKind::Udp => 14,
+    }
+}
+
+/// Walks `qp` Reset → Init → RTR → RTS towards `remote`.
+pub fn connect_qp(qp: &Qp, local_psn: u32, remote: &QpInfo, mtu: Mtu, timeout: u8) -> Res<()> {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    match qp.qp_type() {
+        QpType::Ud => {
+            qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(QKEY))?;
+            qp.modify(&QpAttr::new(QpState::Rtr))?;
+            qp.modify(&QpAttr::to_rts().sq_psn(local_psn))?;
+        }
+        QpType::Uc => {
+            let av = AddressVector::new(AhAttr::roce(remote.gid()?, 0), mtu);
+            qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::REMOTE_WRITE))?;
+            qp.modify(&QpAttr::to_rtr(av, remote.qpn).rq_psn(remote.psn))?;
+            qp.modify(&QpAttr::to_rts().sq_psn(local_psn))?;
+        }
+        _ => {
+            let av = AddressVector::new(AhAttr::roce(remote.gid()?, 0), mtu);
+            qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all))?;
+            qp.modify(&QpAttr::to_rtr(av, remote.qpn).rq_psn(remote.psn).max_dest_rd_atomic(16).min_rnr_timer(1))?;
+            qp.modify(
+                &QpAttr::to_rts().sq_psn(local_psn).timeout(timeout).retry_cnt(7).rnr_retry(7).max_rd_atomic(16),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A PSN for a QP: deterministic per QPN (so sim runs repeat), spread over the 24-bit space.
+pub fn initial_psn(qpn: u32) -> u32 {
+    (mix(u64::from(qpn)) as u32) & 0xFF_FFFF
+}
+
+/// SplitMix64 finaliser.
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The known bytes of message slot `seed`: what receivers and initiators verify.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut i = 0u64;
+    while out.len() < len {
+        out.extend_from_slice(&mix(seed.wrapping_mul(0x1_0000_0001).wrapping_add(i)).to_le_bytes());
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+/// Parses `--mtu` bytes.
+pub fn parse_mtu(bytes: u32) -> Res<Mtu> {
+    Mtu::from_bytes(bytes).map_err(|_| err(format!("--mtu must be 256, 512, 1024, 2048 or 4096, not {bytes}")))
+}
+
+/// The TCP side channel of `--server` / `--connect`: one JSON line each way.
+#[allow(dead_code)] // used by --link udp, which waits for softhca::link::udp
+pub struct Exchange {
+    stream: BufReader<TcpStream>,
+}
+
+#[allow(dead_code)]
+impl Exchange {
+    /// Waits for one client on `port`.
+    pub fn serve(port: u16) -> Res<Exchange> {
+        let listener =
+            TcpListener::bind(("0.0.0.0", port)).map_err(|e| err(format!("cannot listen on TCP port {port}: {e}")))?;
+        let (stream, _) = listener.accept()?;
+        stream.set_nodelay(true)?;
+        Ok(Exchange { stream: BufReader::new(stream) })
+    }
+
+    /// Connects to a server, retrying for a few seconds while it starts.
+    pub fn connect(host: &str, port: u16) -> Res<Exchange> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match TcpStream::connect((host, port)) {
+                Ok(stream) => {
+                    stream.set_nodelay(true)?;
+                    return Ok(Exchange { stream: BufReader::new(stream) });
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(err(format!("cannot connect to {host}:{port}: {e}")));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    pub fn send<T: Serialize>(&mut self, value: &T) -> Res<()> {
+        let mut line = serde_json::to_string(value)?;
+        line.push('\n');
+        self.stream.get_mut().write_all(line.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn recv<T: for<'de> Deserialize<'de>>(&mut self) -> Res<T> {
+        let mut line = String::new();
+        if self.stream.read_line(&mut line)? == 0 {
+            return Err(err("peer closed the TCP exchange"));
+        }
+        Ok(serde_json::from_str(line.trim_end())?)
+    }
+}

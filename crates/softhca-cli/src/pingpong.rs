@@ -1,0 +1,326 @@
+//! `softhca pingpong`: ibv_rc_pingpong (and its UC and UD siblings). The client sends a
+//! message, the server echoes it, `--iters` times; every received payload is checked against
+//! the sender's pattern.
+
+use std::time::Instant;
+
+use softhca::*;
+
+use crate::net::{self, err, LinkKind, Net, QpInfo, Res};
+use crate::PcapArg;
+
+/// The 40 bytes a UD receive buffer holds in front of the payload (the GRH area).
+const GRH: usize = 40;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QpKind {
+    Rc,
+    Uc,
+    Ud,
+}
+
+impl QpKind {
+    fn qp_type(self) -> QpType {
+        match self {
+            QpKind::Rc => QpType::Rc,
+            QpKind::Uc => QpType::Uc,
+            QpKind::Ud => QpType::Ud,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PingpongArgs {
+    /// Transport service.
+    #[arg(long, value_enum, default_value_t = QpKind::Rc)]
+    pub qp: QpKind,
+    /// Message size in bytes (UD: at most the MTU).
+    #[arg(long, short = 's', default_value_t = 4096)]
+    pub size: usize,
+    /// Round trips.
+    #[arg(long, short = 'n', default_value_t = 1000)]
+    pub iters: u64,
+    /// Receives kept posted.
+    #[arg(long, short = 'r', default_value_t = 500)]
+    pub rx_depth: u64,
+    /// Path MTU in bytes.
+    #[arg(long, short = 'm', default_value_t = 1024)]
+    pub mtu: u32,
+    /// Which link: `sim` runs both ends in this process; `udp` needs --server or --connect.
+    #[arg(long, value_enum, default_value_t = LinkKind::Sim)]
+    pub link: LinkKind,
+    /// udp: be the server, waiting for a client on the TCP port.
+    #[arg(long, conflicts_with = "connect")]
+    pub server: bool,
+    /// udp: be the client of the server at HOST.
+    #[arg(long, value_name = "HOST")]
+    pub connect: Option<String>,
+    /// TCP port of the QP information exchange.
+    #[arg(long, short = 'p', default_value_t = 18515)]
+    pub port: u16,
+    #[command(flatten)]
+    pub faults: net::Faults,
+    #[command(flatten)]
+    pub pcap: PcapArg,
+}
+
+/// One end of the pingpong.
+struct End {
+    client: bool,
+    qp: Qp,
+    cq: Cq,
+    send: Mr,
+    recv: Mr,
+    ah: Option<Ah>,
+    remote_qpn: u32,
+    /// Bytes a receive slot holds (size, plus the GRH for UD).
+    slot: usize,
+    size: usize,
+    rx_depth: u64,
+    iters: u64,
+    /// The peer's pattern, to check what arrives.
+    expect: Vec<u8>,
+    sent: u64,
+    received: u64,
+    recv_posted: u64,
+    send_outstanding: bool,
+    /// Sends this end may post now: the client starts with one, the server earns one per
+    /// receive.
+    tokens: u64,
+    bad_payloads: u64,
+    _pd: Pd,
+}
+
+impl End {
+    fn new(ctx: &Context, kind: QpKind, client: bool, args: &PingpongArgs) -> Res<End> {
+        let pd = ctx.alloc_pd()?;
+        let depth = args.rx_depth.clamp(1, 4096) as u32;
+        let cq = ctx.create_cq(depth * 2 + 16)?;
+        let qp = pd.create_qp(
+            &QpInitAttr::new(kind.qp_type(), &cq, &cq)
+                .max_send_wr(16)
+                .max_recv_wr(depth)
+                .max_send_sge(1)
+                .max_recv_sge(1),
+        )?;
+        let slot = args.size + if kind == QpKind::Ud { GRH } else { 0 };
+        let own_seed = u64::from(!client);
+        let send = pd.reg_mr(net::pattern(own_seed, args.size.max(1)), Access::LOCAL_WRITE)?;
+        let recv = pd.alloc_mr((slot * depth as usize).max(1), Access::LOCAL_WRITE)?;
+        Ok(End {
+            client,
+            qp,
+            cq,
+            send,
+            recv,
+            ah: None,
+            remote_qpn: 0,
+            slot,
+            size: args.size,
+            rx_depth: u64::from(depth),
+            iters: args.iters,
+            expect: net::pattern(u64::from(client), args.size),
+            sent: 0,
+            received: 0,
+            recv_posted: 0,
+            send_outstanding: false,
+            tokens: u64::from(client),
+            bad_payloads: 0,
+            _pd: pd,
+        })
+    }
+
+    fn info(&self, ctx: &Context) -> Res<QpInfo> {
+        let qpn = self.qp.qp_num();
+        Ok(QpInfo { qpn, psn: net::initial_psn(qpn), gid: net::gid_string(ctx.query_gid(1, 0)?), addr: 0, rkey: 0 })
+    }
+
+    fn connect(&mut self, remote: &QpInfo, mtu: Mtu, link: LinkKind) -> Res<()> {
+        let psn = net::initial_psn(self.qp.qp_num());
+        net::connect_qp(&self.qp, psn, remote, mtu, net::rc_timeout(link))?;
+        if self.qp.qp_type() == QpType::Ud {
+            self.ah = Some(self.qp.pd().create_ah(&AhAttr::roce(remote.gid()?, 0))?);
+        }
+        self.remote_qpn = remote.qpn;
+        while self.recv_posted < self.iters.min(self.rx_depth) {
+            self.post_recv()?;
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self) -> Res<()> {
+        let k = self.recv_posted;
+        let off = (k % self.rx_depth) as usize * self.slot;
+        self.qp.post_recv(&[RecvWr::new(k, &[self.recv.sge(off..off + self.slot)])])?;
+        self.recv_posted += 1;
+        Ok(())
+    }
+
+    fn maybe_send(&mut self) -> Res<()> {
+        if self.tokens == 0 || self.send_outstanding || self.sent == self.iters {
+            return Ok(());
+        }
+        let sge = [self.send.sge(0..self.size)];
+        let mut wr = SendWr::send(self.sent, &sge).signaled();
+        if let Some(ah) = &self.ah {
+            wr = wr.ud(ah, self.remote_qpn, net::QKEY);
+        }
+        self.qp.post_send(&[wr])?;
+        self.tokens -= 1;
+        self.sent += 1;
+        self.send_outstanding = true;
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        self.sent == self.iters && self.received == self.iters && !self.send_outstanding
+    }
+
+    fn poll(&mut self) -> Res<()> {
+        let mut wcs = [Wc::default(); 32];
+        loop {
+            let n = self.cq.poll(&mut wcs)?;
+            if n == 0 {
+                return Ok(());
+            }
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::Success {
+                    return Err(err(format!(
+                        "{} completion for wr_id {} with status \"{}\" ({:?})",
+                        if wc.opcode == WcOpcode::Recv { "receive" } else { "send" },
+                        wc.wr_id,
+                        wc.status,
+                        wc.status
+                    )));
+                }
+                match wc.opcode {
+                    WcOpcode::Recv => {
+                        let off = (wc.wr_id % self.rx_depth) as usize * self.slot;
+                        let skip = self.slot - self.size;
+                        let mut got = vec![0u8; self.size];
+                        self.recv.read(off + skip, &mut got)?;
+                        if wc.byte_len as usize != self.slot.min(self.size + skip) || got != self.expect {
+                            self.bad_payloads += 1;
+                        }
+                        self.received += 1;
+                        if !self.client || self.received < self.iters {
+                            self.tokens += 1;
+                        }
+                        if self.recv_posted < self.iters {
+                            self.post_recv()?;
+                        }
+                    }
+                    _ => self.send_outstanding = false,
+                }
+            }
+        }
+    }
+}
+
+pub fn run(args: &PingpongArgs) -> Res<()> {
+    if args.iters == 0 {
+        return Err(err("--iters must be at least 1"));
+    }
+    let mtu = net::parse_mtu(args.mtu)?;
+    if args.qp == QpKind::Ud && args.size > mtu.bytes() as usize {
+        return Err(err(format!("UD messages must fit one packet: --size {} exceeds --mtu {}", args.size, args.mtu)));
+    }
+    match args.link {
+        LinkKind::Sim => {
+            if args.server || args.connect.is_some() {
+                return Err(err("--server/--connect are for --link udp; with --link sim both ends run here"));
+            }
+            run_sim(args)
+        }
+        LinkKind::Udp => {
+            if !args.server && args.connect.is_none() {
+                return Err(err("--link udp needs --server or --connect HOST"));
+            }
+            Err(net::udp_unavailable())
+        }
+    }
+}
+
+/// What a pingpong on the sim link measured.
+pub struct PingResult {
+    pub wall_s: f64,
+    pub virtual_s: f64,
+    pub bad_payloads: u64,
+    pub local: QpInfo,
+    pub remote: QpInfo,
+}
+
+/// Runs a pingpong between new QPs on `ca` (client) and `cb` (server), both on `net`.
+pub fn run_pair(net: &mut Net, ca: &Context, cb: &Context, args: &PingpongArgs) -> Res<PingResult> {
+    let mtu = net::parse_mtu(args.mtu)?;
+    let mut client = End::new(ca, args.qp, true, args)?;
+    let mut server = End::new(cb, args.qp, false, args)?;
+    let (ic, is) = (client.info(ca)?, server.info(cb)?);
+    client.connect(&is, mtu, LinkKind::Sim)?;
+    server.connect(&ic, mtu, LinkKind::Sim)?;
+    let v0 = net.virtual_ns().unwrap_or(0);
+    let start = Instant::now();
+    let mut ends = [client, server];
+    drive(net, &mut ends)?;
+    let wall_s = start.elapsed().as_secs_f64();
+    let virtual_s = (net.virtual_ns().unwrap_or(0) - v0) as f64 / 1e9;
+    net.settle();
+    let bad_payloads = ends.iter().map(|e| e.bad_payloads).sum();
+    Ok(PingResult { wall_s, virtual_s, bad_payloads, local: ic, remote: is })
+}
+
+fn run_sim(args: &PingpongArgs) -> Res<()> {
+    let mut net = Net::sim(&args.faults, args.pcap.pcap.as_deref())?;
+    let ca = net.add_device("softhca0")?;
+    let cb = net.add_device("softhca1")?;
+    let r = run_pair(&mut net, &ca, &cb, args).map_err(|e| {
+        if args.qp != QpKind::Rc && args.faults.loss > 0.0 {
+            net::err(format!(
+                "{e}\n(UC and UD do not retransmit: a lost message stops a pingpong, as it would stop ibv_uc_pingpong)"
+            ))
+        } else {
+            e
+        }
+    })?;
+    net.finish()?;
+    println!("  local address:  {}", r.local.describe());
+    println!("  remote address: {}", r.remote.describe());
+    report(args, r.wall_s);
+    println!(
+        "  sim link: {:.6} s of virtual time = {:.2} usec/iter on the simulated wire; the lines above are wall-clock",
+        r.virtual_s,
+        r.virtual_s * 1e6 / args.iters as f64
+    );
+    let c = net::add_counters(ca.counters(), cb.counters());
+    println!("  retransmits: {}  payload check: {}", c.retransmits, if r.bad_payloads == 0 { "ok" } else { "FAILED" });
+    if let Some(p) = net.pcap_path() {
+        println!("  pcap: {}", p.display());
+    }
+    if r.bad_payloads > 0 {
+        return Err(err(format!("{} received payloads differed from the sender's pattern", r.bad_payloads)));
+    }
+    Ok(())
+}
+
+/// Runs every end until all are done.
+fn drive(net: &mut Net, ends: &mut [End]) -> Res<()> {
+    loop {
+        for e in ends.iter_mut() {
+            e.maybe_send()?;
+        }
+        if ends.iter().all(End::done) {
+            return Ok(());
+        }
+        net.wait("pingpong completions", || ends.iter().any(|e| e.cq.len().unwrap_or(1) > 0))?;
+        for e in ends.iter_mut() {
+            e.poll()?;
+        }
+    }
+}
+
+fn report(args: &PingpongArgs, secs: f64) {
+    let bytes = args.size as u64 * args.iters * 2;
+    let usec = secs * 1e6;
+    println!("{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec", bytes as f64 * 8.0 / usec.max(1e-9));
+    println!("{} iters in {secs:.2} seconds = {:.2} usec/iter", args.iters, usec / args.iters as f64);
+}
