@@ -7,6 +7,7 @@
 
 pub mod pcap;
 pub mod sim;
+pub mod udp;
 
 pub use pcap::{PcapTap, SharedBuf};
 pub use sim::{DeviceId, FilterCtx, LinkConfig, SimConfig, SimCounters, SimFabric, TapPoint, Verdict};

@@ -1,0 +1,373 @@
+//! The few Linux socket calls std does not offer, as thin `libc` wrappers: socket options,
+//! `recvmmsg`/`sendmmsg` with control messages (GRO/GSO), an eventfd and `ppoll`, and a raw
+//! IPv4 socket with a classic BPF filter. Every `unsafe` block says why it is sound.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+pub const SOL_UDP: libc::c_int = 17;
+/// `UDP_SEGMENT` (Linux 4.18): GSO segment size, as a socket option or a cmsg (u16).
+pub const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` (Linux 5.0): coalesce on receive; a cmsg (int) reports the segment size.
+pub const UDP_GRO: libc::c_int = 104;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Sets an `int` socket option.
+pub fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: `value` is a live c_int for the duration of the call and the length passed is its
+    // size; the kernel only reads it. An invalid fd yields EBADF, not UB.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    cvt(r).map(|_| ())
+}
+
+/// A non-blocking eventfd (the doorbell).
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new fd that we own.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+    // SAFETY: `fd` was just returned by eventfd and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds 1 to an eventfd (wakes a poller). Errors (counter overflow: already signalled) are
+/// harmless and ignored.
+pub fn eventfd_signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64; the kernel only reads them.
+    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Resets an eventfd to 0.
+pub fn eventfd_drain(fd: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a live, writable u64.
+    let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+}
+
+/// Waits until one of `fds` is ready for `events` or `timeout` passes (None: forever).
+/// Returns the number of ready fds (0 on timeout or signal).
+pub fn ppoll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `fds` is a valid mutable slice of pollfd of the length passed; `tsp` is null or
+    // points at `ts`, alive until the call returns; no signal mask is passed.
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tsp, std::ptr::null()) };
+    match cvt(r) {
+        Ok(n) => Ok(n as usize),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// A socket address in the C layout, with its length.
+#[derive(Clone, Copy)]
+pub struct CAddr {
+    pub storage: libc::sockaddr_storage,
+    pub len: libc::socklen_t,
+}
+
+impl CAddr {
+    pub fn new(addr: SocketAddr) -> CAddr {
+        // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+        let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+        let len = match addr {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+                unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
+                size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo(),
+                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                    sin6_scope_id: a.scope_id(),
+                };
+                // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
+                unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
+                size_of::<libc::sockaddr_in6>()
+            }
+        };
+        CAddr { storage, len: len as libc::socklen_t }
+    }
+
+    /// Decodes an address the kernel wrote (None for other families or short lengths).
+    pub fn decode(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+        let len = len as usize;
+        match storage.ss_family as libc::c_int {
+            libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
+                // SAFETY: the family says the storage holds a sockaddr_in, and the length the
+                // kernel reported covers it; sockaddr_storage is aligned for it.
+                let sin = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+                let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+                Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+            }
+            libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
+                // SAFETY: as above, for sockaddr_in6.
+                let sin6 = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    ip,
+                    u16::from_be(sin6.sin6_port),
+                    sin6.sin6_flowinfo,
+                    sin6.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A raw IPv4 socket for UDP bound to `addr`, with a BPF filter that keeps only datagrams to
+/// UDP port `port`: it receives them from the IP header on (privileged: CAP_NET_RAW).
+pub fn raw_udp_v4(addr: std::net::Ipv4Addr, port: u16) -> io::Result<OwnedFd> {
+    // SAFETY: socket takes no pointers; a non-negative result is a new fd that we own.
+    let fd = cvt(unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_UDP)
+    })?;
+    // SAFETY: `fd` was just returned by socket and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let a = CAddr::new(SocketAddr::V4(SocketAddrV4::new(addr, 0)));
+    // SAFETY: `a.storage` holds a sockaddr_in of `a.len` bytes, alive for the call.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&a.storage as *const libc::sockaddr_storage).cast(), a.len) })?;
+    // ldxb 4*([0]&0xf); ldh [x+2]; jeq #port, accept, drop; accept: ret #262144; drop: ret #0
+    let prog = [
+        bpf(0xb1, 0, 0, 0),
+        bpf(0x48, 0, 0, 2),
+        bpf(0x15, 0, 1, u32::from(port)),
+        bpf(0x06, 0, 0, 0x40000),
+        bpf(0x06, 0, 0, 0),
+    ];
+    attach_filter(fd.as_raw_fd(), &prog)?;
+    setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20)?;
+    Ok(fd)
+}
+
+const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// Attaches a classic BPF program (SO_ATTACH_FILTER).
+pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the program
+    // and never writes through the pointer.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&fprog as *const libc::sock_fprog).cast(),
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    cvt(r).map(|_| ())
+}
+
+/// A filter that drops everything: the 4791 socket in raw receive mode only holds the port.
+pub fn drop_all(fd: RawFd) -> io::Result<()> {
+    attach_filter(fd, &[bpf(0x06, 0, 0, 0)])
+}
+
+/// Batched receive buffers for `recvmmsg`, each with `headroom` bytes in front of the data so
+/// that the link can write the rebuilt IP + UDP header in place. Holds raw pointers into its
+/// own heap allocations, which never move (the vectors are never resized).
+pub struct RxBatch {
+    pub cap: usize,
+    pub headroom: usize,
+    bufs: Vec<u8>,
+    names: Vec<libc::sockaddr_storage>,
+    ctrl: Vec<[u64; 8]>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+/// One received message of an [`RxBatch`].
+pub struct RxMsg {
+    pub from: Option<SocketAddr>,
+    pub len: usize,
+    /// The GRO segment size, when the kernel coalesced several datagrams into this one.
+    pub gro_size: Option<usize>,
+    pub truncated: bool,
+}
+
+impl RxBatch {
+    pub fn new(n: usize, cap: usize, headroom: usize) -> RxBatch {
+        let stride = headroom + cap;
+        // SAFETY: sockaddr_storage, iovec and mmsghdr are plain old data; all-zero bytes are
+        // valid values (null pointers, zero lengths) and every pointer is set before use.
+        let zero_name: libc::sockaddr_storage = unsafe { zeroed() };
+        let zero_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        // SAFETY: as above.
+        let zero_hdr: libc::mmsghdr = unsafe { zeroed() };
+        RxBatch {
+            cap,
+            headroom,
+            bufs: vec![0u8; n * stride],
+            names: vec![zero_name; n],
+            ctrl: vec![[0u64; 8]; n],
+            iovs: vec![zero_iov; n],
+            hdrs: vec![zero_hdr; n],
+        }
+    }
+
+    /// Receives up to `len()` datagrams without blocking; `Ok(0)` when none are waiting.
+    pub fn recv(&mut self, fd: RawFd, out: &mut Vec<RxMsg>) -> io::Result<usize> {
+        let stride = self.headroom + self.cap;
+        let base = self.bufs.as_mut_ptr();
+        for i in 0..self.hdrs.len() {
+            // SAFETY: i * stride + headroom + cap <= bufs.len(), so the pointer stays inside
+            // the buffer allocation.
+            self.iovs[i] =
+                libc::iovec { iov_base: unsafe { base.add(i * stride + self.headroom) }.cast(), iov_len: self.cap };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = self.ctrl[i].as_mut_ptr().cast();
+            h.msg_controllen = size_of::<[u64; 8]>() as _;
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+        // SAFETY: every header points at buffers, names, iovecs and control areas owned by
+        // self, sized as declared, that stay alive and unaliased for the call; the kernel
+        // writes at most the declared lengths.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                self.hdrs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
+                Ok(0)
+            } else {
+                Err(e)
+            };
+        }
+        out.clear();
+        for i in 0..r as usize {
+            let h = &self.hdrs[i].msg_hdr;
+            let mut gro_size = None;
+            // SAFETY: the CMSG_* macros walk the control area the kernel filled in, bounded
+            // by msg_controllen (which the kernel set to what it wrote); each cmsg's data is
+            // read with an unaligned read of the size the option defines.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(h);
+                while !c.is_null() {
+                    if (*c).cmsg_level == SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                        if v > 0 {
+                            gro_size = Some(v as usize);
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(h, c);
+                }
+            }
+            out.push(RxMsg {
+                from: CAddr::decode(&self.names[i], h.msg_namelen),
+                len: (self.hdrs[i].msg_len as usize).min(self.cap),
+                gro_size,
+                truncated: h.msg_flags & libc::MSG_TRUNC != 0,
+            });
+        }
+        Ok(r as usize)
+    }
+
+    /// Message `i`'s buffer: `headroom` bytes, then the data.
+    pub fn buf_mut(&mut self, i: usize) -> &mut [u8] {
+        let stride = self.headroom + self.cap;
+        &mut self.bufs[i * stride..(i + 1) * stride]
+    }
+}
+
+/// One message to send: `segs` payloads (one datagram each, or a GSO run of equal-size
+/// segments but the last when `gso` is set) to `to`.
+pub struct TxMsg<'a> {
+    pub to: CAddr,
+    pub segs: &'a [&'a [u8]],
+    pub gso: Option<u16>,
+}
+
+/// Sends `msgs` with one `sendmmsg`; returns how many went (the kernel stops at the first
+/// error, which is returned if none went).
+pub fn sendmmsg(fd: RawFd, msgs: &[TxMsg<'_>], iov_scratch: &mut Vec<libc::iovec>) -> io::Result<usize> {
+    const CTRL: usize = 4; // u64 words: room for one cmsg with a u16
+    let total: usize = msgs.iter().map(|m| m.segs.len()).sum();
+    iov_scratch.clear();
+    iov_scratch.reserve(total);
+    for m in msgs {
+        for s in m.segs {
+            iov_scratch.push(libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() });
+        }
+    }
+    let mut names: Vec<libc::sockaddr_storage> = msgs.iter().map(|m| m.to.storage).collect();
+    let mut ctrl = vec![[0u64; CTRL]; msgs.len()];
+    // SAFETY: mmsghdr is plain old data; all-zero is valid, and every field used is set below.
+    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len()).map(|_| unsafe { zeroed() }).collect();
+    let mut at = 0;
+    for (i, m) in msgs.iter().enumerate() {
+        let h = &mut hdrs[i].msg_hdr;
+        h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+        h.msg_namelen = m.to.len;
+        // SAFETY: at + segs.len() <= iov_scratch.len() by construction above.
+        h.msg_iov = unsafe { iov_scratch.as_mut_ptr().add(at) };
+        h.msg_iovlen = m.segs.len() as _;
+        at += m.segs.len();
+        if let Some(size) = m.gso {
+            h.msg_control = ctrl[i].as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE is a pure size computation.
+            h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
+            // SAFETY: the control area is CTRL * 8 = 32 bytes, more than CMSG_SPACE(2) (24 on
+            // 64-bit Linux), so the header and its u16 fit; the write is unaligned-safe.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(h);
+                (*c).cmsg_level = SOL_UDP;
+                (*c).cmsg_type = UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
+            }
+        }
+    }
+    // SAFETY: the headers point at names, iovecs, control areas and payloads that all outlive
+    // the call; the kernel only reads them (and writes msg_len into `hdrs`).
+    let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, libc::MSG_DONTWAIT) };
+    cvt(r).map(|n| n as usize)
+}
+
+/// Whether the socket family of `ip` is IPv6.
+pub fn is_v6(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(_))
+}

@@ -1,0 +1,288 @@
+//! Receive-side ICRC verification for datagrams that arrive without their IP header.
+//!
+//! A UDP socket hands the link the UDP payload (BTH … ICRC) and the two addresses. The ICRC
+//! also covers IP and UDP header fields the socket does not report, so the link rebuilds the
+//! header ([`emit_ip_udp`]) and checks the ICRC over it:
+//!
+//! - **IPv6**: every unmasked field (version, payload length, next header, addresses, ports,
+//!   UDP length) follows from what the socket reports. Exact.
+//! - **IPv4**: Identification (16 bits) and the DF flag are covered by the ICRC and invisible
+//!   to a UDP socket. The link first tries a short list of *hypotheses* — Identification 0
+//!   with DF (what softhca and every unconnected Linux DF socket send), the index of the
+//!   segment inside a GRO buffer (UDP GSO numbers segments 0, 1, 2 …), and the previous
+//!   Identification from the same source plus one (senders that count) — each a full 32-bit
+//!   check of one header. If none matches, it **solves** for the header: CRC-32 is affine over
+//!   GF(2) in its input bits for a fixed length, so `icrc(id, df) = icrc(0, DF) ⊕ Σ bitᵢ·eᵢ`
+//!   with 17 constant vectors `eᵢ` (one per unknown bit, shifted past the rest of the packet
+//!   with zlib's `x^(8n) mod P` trick). Gaussian elimination over GF(2) finds the unknown bits
+//!   when a solution exists; the 17 vectors are independent (CRC-32 detects every burst of up
+//!   to 32 bits), so it is unique.
+//!
+//! **Integrity trade-off** of the solved case: the 17 unknown bits use up 17 of the ICRC's 32
+//!   check bits, so a randomly corrupted packet passes with probability 2⁻¹⁵ instead of 2⁻³²
+//!   (and an attacker who can write the payload can always forge either). Hypothesis matches
+//!   keep almost all of the 32 bits (one false accept in 2³² per hypothesis tried, at most 3).
+//!   [`IcrcPolicy::Exact`] refuses solved packets for users who want the full check without
+//!   privilege; with privilege, the link's raw receive mode sees the real header and checks the
+//!   ICRC exactly (see the parent module).
+
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::wire::icrc;
+use crate::wire::packet::{Packet, BTH_LEN};
+use crate::wire::roce::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpChecksum, UdpRepr, ROCE_V2_PORT};
+use crate::wire::WireError;
+
+/// Room for the longest IP + UDP header (IPv6).
+pub const MAX_IP_UDP: usize = 48;
+
+/// How IPv4 ICRCs are verified without the real header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IcrcPolicy {
+    /// Hypotheses first, then solve for Identification and DF (the module docs say what that
+    /// costs in integrity). Foreign peers such as Linux rxe need this without privilege.
+    #[default]
+    Solve,
+    /// Hypotheses only: the full 32-bit check, but packets from senders with unpredictable
+    /// Identifications are dropped (counted as bad ICRC).
+    Exact,
+}
+
+/// How a datagram's ICRC was verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verified {
+    /// Every covered field was known (IPv6, or an IPv4 header from a raw socket).
+    Exact,
+    /// One of the IPv4 hypotheses matched (full 32-bit check of that header).
+    Hypothesis { identification: u16, dont_fragment: bool },
+    /// Identification and DF were solved for (weaker check, see the module docs).
+    Solved { identification: u16, dont_fragment: bool },
+}
+
+/// The header a verified packet travelled under.
+#[derive(Debug, Clone, Copy)]
+pub struct Rebuilt {
+    /// The IP and UDP headers; `bytes[..len]` go in front of the packet.
+    pub bytes: [u8; MAX_IP_UDP],
+    pub len: usize,
+    pub how: Verified,
+}
+
+impl Rebuilt {
+    pub fn header(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// Why a datagram was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Too short, or not a transport packet (no BTH and ICRC).
+    Malformed,
+    /// The addresses are of different families.
+    Family,
+    /// No header makes the ICRC match.
+    BadIcrc,
+}
+
+/// Rebuilds the IP + UDP header of `packet` (BTH … ICRC, as a UDP socket delivered it) sent
+/// from `src:src_port` to `dst` port 4791, and verifies its ICRC. `hints` are extra IPv4
+/// Identifications to try (with DF) after 0.
+pub fn rebuild(
+    src: IpAddr,
+    src_port: u16,
+    dst: IpAddr,
+    packet: &[u8],
+    hints: &[u16],
+    policy: IcrcPolicy,
+) -> Result<Rebuilt, Refused> {
+    let view = Packet::new_checked(packet).map_err(|_| Refused::Malformed)?;
+    let received = view.icrc();
+    let body = &packet[..view.icrc_offset()];
+    let udp = UdpRepr { src_port, dst_port: ROCE_V2_PORT, checksum: UdpChecksum::Zero };
+    let mut out = Rebuilt { bytes: [0; MAX_IP_UDP], len: 0, how: Verified::Exact };
+    match (src, dst) {
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            out.len = header(&IpRepr::V6(Ipv6Repr::new(s, d)), &udp, packet.len(), &mut out.bytes)?;
+            if crc(&out.bytes[..out.len], body)? == received {
+                Ok(out)
+            } else {
+                Err(Refused::BadIcrc)
+            }
+        }
+        (IpAddr::V4(s), IpAddr::V4(d)) => rebuild_v4(s, d, &udp, packet.len(), body, received, hints, policy),
+        _ => Err(Refused::Family),
+    }
+}
+
+/// The same for an IPv4-mapped IPv6 address pair as an IPv6 socket reports it.
+pub fn unmap(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(a) => a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4),
+        a => a,
+    }
+}
+
+fn header(ip: &IpRepr, udp: &UdpRepr, packet_len: usize, buf: &mut [u8]) -> Result<usize, Refused> {
+    emit_ip_udp(ip, udp, packet_len, buf).map_err(|_| Refused::Malformed)
+}
+
+fn crc(ip_udp: &[u8], body: &[u8]) -> Result<u32, Refused> {
+    icrc::compute(ip_udp, body).map_err(|e: WireError| match e {
+        WireError::BadLength | WireError::Truncated { .. } => Refused::Malformed,
+        _ => Refused::Malformed,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rebuild_v4(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    udp: &UdpRepr,
+    packet_len: usize,
+    body: &[u8],
+    received: u32,
+    hints: &[u16],
+    policy: IcrcPolicy,
+) -> Result<Rebuilt, Refused> {
+    let mut out = Rebuilt { bytes: [0; MAX_IP_UDP], len: 0, how: Verified::Exact };
+    let mut ip = Ipv4Repr::new(src, dst);
+    out.len = header(&IpRepr::V4(ip), udp, packet_len, &mut out.bytes)?;
+    let base = crc(&out.bytes[..out.len], body)?;
+    let hyp = |id: u16| Verified::Hypothesis { identification: id, dont_fragment: true };
+    if base == received {
+        out.how = hyp(0);
+        return Ok(out);
+    }
+    // Each hypothesis differs from the base header only in covered bits, so its ICRC is
+    // base ⊕ (the effect of the difference), computed without another pass over the payload.
+    let shift = x8nmodp(body.len() - BTH_LEN.min(body.len()));
+    let effect = |id: u16, df: bool| -> Result<u32, Refused> {
+        let mut a = [0u8; MAX_IP_UDP];
+        let mut b = [0u8; MAX_IP_UDP];
+        let n = header(&IpRepr::V4(Ipv4Repr::new(src, dst)), udp, packet_len, &mut a)?;
+        let h = IpRepr::V4(Ipv4Repr { identification: id, dont_fragment: df, ..Ipv4Repr::new(src, dst) });
+        header(&h, udp, packet_len, &mut b)?;
+        let bth = body.get(..BTH_LEN).ok_or(Refused::Malformed)?;
+        Ok(multmodp(shift, crc(&a[..n], bth)? ^ crc(&b[..n], bth)?))
+    };
+    for &id in hints.iter().filter(|&&id| id != 0) {
+        if base ^ effect(id, true)? == received {
+            ip.identification = id;
+            out.len = header(&IpRepr::V4(ip), udp, packet_len, &mut out.bytes)?;
+            out.how = hyp(id);
+            return Ok(out);
+        }
+    }
+    if policy == IcrcPolicy::Exact {
+        return Err(Refused::BadIcrc);
+    }
+    // Unknowns: bit i < 16 of the Identification, bit 16 = "DF cleared".
+    let mut basis: [(u32, u32); 32] = [(0, 0); 32];
+    for i in 0..17u32 {
+        let (id, df) = if i < 16 { (1u16 << i, true) } else { (0, false) };
+        let mut v = effect(id, df)?;
+        let mut mask = 1u32 << i;
+        for bit in (0..32).rev() {
+            if v >> bit & 1 == 0 {
+                continue;
+            }
+            if basis[bit].0 == 0 {
+                basis[bit] = (v, mask);
+                break;
+            }
+            v ^= basis[bit].0;
+            mask ^= basis[bit].1;
+        }
+    }
+    let mut want = base ^ received;
+    let mut mask = 0u32;
+    for bit in (0..32).rev() {
+        if want >> bit & 1 != 0 {
+            if basis[bit].0 == 0 {
+                return Err(Refused::BadIcrc);
+            }
+            want ^= basis[bit].0;
+            mask ^= basis[bit].1;
+        }
+    }
+    ip.identification = mask as u16;
+    ip.dont_fragment = mask & (1 << 16) == 0;
+    out.len = header(&IpRepr::V4(ip), udp, packet_len, &mut out.bytes)?;
+    out.how = Verified::Solved { identification: ip.identification, dont_fragment: ip.dont_fragment };
+    debug_assert_eq!(crc(&out.bytes[..out.len], body).ok(), Some(received));
+    Ok(out)
+}
+
+/// The reflected CRC-32 polynomial.
+const POLY: u32 = 0xedb8_8320;
+
+/// `a·b mod P` for polynomials in CRC-32's reflected representation (zlib's `multmodp`).
+pub(crate) fn multmodp(a: u32, mut b: u32) -> u32 {
+    let mut m = 1u32 << 31;
+    let mut p = 0u32;
+    loop {
+        if a & m != 0 {
+            p ^= b;
+            if a & (m - 1) == 0 {
+                break;
+            }
+        }
+        m >>= 1;
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+        if m == 0 {
+            break;
+        }
+    }
+    p
+}
+
+/// `x^(8n) mod P`: the operator that carries a CRC difference past `n` more bytes (zlib's
+/// `x2nmodp(n, 3)`).
+pub(crate) fn x8nmodp(mut n: usize) -> u32 {
+    // x^(2^k) for k = 3 upward, squared as needed.
+    let mut sq = 1u32 << (31 - 8); // x^8
+    let mut p = 1u32 << 31; // x^0
+    while n != 0 {
+        if n & 1 != 0 {
+            p = multmodp(sq, p);
+        }
+        sq = multmodp(sq, sq);
+        n >>= 1;
+    }
+    p
+}
+
+/// Whether two addresses are the same once IPv4-mapped IPv6 is unmapped.
+pub fn same_addr(a: IpAddr, b: IpAddr) -> bool {
+    unmap(a) == unmap(b)
+}
+
+/// The GID of an address: IPv4-mapped IPv6 for IPv4 (PKT-ROCE-3).
+pub fn gid_addr(a: IpAddr) -> Ipv6Addr {
+    match a {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shift_matches_crc32_combine() {
+        // crc(A || B) = multmodp(x8nmodp(len B), crc(A)) ^ crc(B) for equal-length A, A'.
+        let a1 = [1u8, 2, 3, 4, 5, 6, 7, 8];
+        let a2 = [1u8, 2, 3, 4, 5, 6, 7, 9];
+        let tail = [0x5au8; 1000];
+        let full = |a: &[u8]| {
+            let mut h = crc32fast::Hasher::new();
+            h.update(a);
+            h.update(&tail);
+            h.finalize()
+        };
+        let d = crc32fast::hash(&a1) ^ crc32fast::hash(&a2);
+        assert_eq!(full(&a1) ^ full(&a2), multmodp(x8nmodp(tail.len()), d));
+    }
+}

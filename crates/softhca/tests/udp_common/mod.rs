@@ -1,0 +1,51 @@
+//! Fixtures for the UDP link tests: one RC endpoint on a real [`UdpDevice`].
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use softhca::link::udp::{UdpConfig, UdpDevice};
+use softhca::*;
+
+pub struct End {
+    pub pd: Pd,
+    pub cq: Cq,
+    pub qp: Qp,
+    // Last: the device (and its engine) goes after the QP and CQ that use it.
+    pub dev: UdpDevice,
+}
+
+pub fn end(cfg: UdpConfig) -> End {
+    let dev = UdpDevice::open(cfg).expect("open udp device");
+    let ctx = dev.context().clone();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr::rc(&cq, &cq).max_send_wr(1024).max_recv_wr(1024).max_send_sge(4).max_recv_sge(4))
+        .unwrap();
+    End { pd, cq, qp, dev }
+}
+
+/// Brings `qp` to RTS toward (`gid`, `qpn`).
+pub fn connect(qp: &Qp, gid: Gid, qpn: u32, mtu: Mtu) {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let av = AddressVector::new(AhAttr::roce(gid, 0), mtu);
+    qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+    qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0).max_dest_rd_atomic(16).min_rnr_timer(1)).unwrap();
+    qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(14).retry_cnt(7).rnr_retry(7).max_rd_atomic(16)).unwrap();
+}
+
+/// Polls `cq` until `n` completions arrived; panics after `secs` seconds.
+pub fn wait(cq: &Cq, n: usize, secs: u64) -> Vec<Wc> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut out = Vec::new();
+    let mut wcs = [Wc::default(); 64];
+    while out.len() < n {
+        let k = cq.poll(&mut wcs).unwrap();
+        out.extend_from_slice(&wcs[..k]);
+        if k == 0 {
+            assert!(Instant::now() < deadline, "timed out waiting for {n} completions, got {out:?}");
+            std::thread::yield_now();
+        }
+    }
+    out
+}
