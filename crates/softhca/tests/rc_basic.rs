@@ -6,6 +6,7 @@ use common::pair::*;
 use common::poll_all;
 use softhca::*;
 
+/// Rule QPS-RTS-2, WR-ATOM-4, WR-ATOM-5, WR-ATOM-6
 #[test]
 fn send_write_read_atomic() {
     let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);

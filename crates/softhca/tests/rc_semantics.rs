@@ -146,7 +146,7 @@ fn failed_read_validation_stops_later_requests() {
 /// new starts, SQ Drained comes once, after the last CQE; retuning is refused while draining;
 /// back in RTS the next WQE goes.
 /// Rule QPS-SQD-3, QPS-SQD-4, QPS-SQD-5, QPS-SQD-6, QPS-SQD-8, QPS-SQD-9, EVT-SQD-1, EVT-SQD-3,
-/// EVT-SQD-5, MOD-SQD-RTS-4, MOD-SQD-RTS-3, MOD-SQD-RTS-2
+/// EVT-SQD-5, MOD-SQD-RTS-4, MOD-SQD-RTS-3, MOD-SQD-RTS-2, QPS-SQD-7
 #[test]
 fn sqd_drains_in_progress_messages() {
     let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
@@ -195,6 +195,14 @@ fn sqd_drains_in_progress_messages() {
     );
     let a = p.a.qp.query().unwrap();
     assert_eq!((a.qp_state, a.sq_draining), (QpState::Sqd, false));
+    // A QP in SQD still receives: a Send from b is placed and ACKed.
+    let land = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.a.qp.post_recv(&[RecvWr::new(77, &[land.sge(0..64)])]).unwrap();
+    let bsrc = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.b.qp.post_send(&[SendWr::send(78, &[bsrc.sge(0..64)]).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(77, WcStatus::Success)]);
+    assert_eq!(statuses(&p.b.cq), vec![(78, WcStatus::Success)]);
     // Drained: now retuning is accepted, and WQE 2 runs after SQD→RTS.
     p.a.qp.modify(&QpAttr::to_rts().timeout(11)).unwrap();
     p.run(RUN);
@@ -231,7 +239,7 @@ fn sqd_to_rts_while_draining_and_no_event_unless_asked() {
 }
 
 /// A QP in RTR receives and answers, raises Communication Established once, and stays in RTR.
-/// Rule EVT-CE-1, QPS-RTR-2, QPS-RTR-3, QPS-RTR-5, QPS-RTR-6, QPS-RTR-1
+/// Rule EVT-CE-1, EVT-AE-3, QPS-RTR-2, QPS-RTR-3, QPS-RTR-5, QPS-RTR-6, QPS-RTR-1
 #[test]
 fn rtr_receives_and_raises_communication_established() {
     let mut p = Pair::unconnected(QpType::Rc);
