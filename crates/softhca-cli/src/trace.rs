@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
@@ -356,8 +356,10 @@ pub fn ladder(t: &Trace, pair: &Pair) -> Vec<String> {
 
 pub fn run(args: &TraceArgs) -> Res<()> {
     let t = analyze(&args.file)?;
+    let mut o = std::io::BufWriter::new(std::io::stdout().lock());
     let cap = |n: usize| if args.max == 0 { n } else { n.min(args.max) };
-    println!(
+    writeln!(
+        o,
         "{}: {} RoCEv2 packets, {} other records, {} QP pair{}, {} retransmissions",
         args.file.display(),
         t.packets.len(),
@@ -365,35 +367,37 @@ pub fn run(args: &TraceArgs) -> Res<()> {
         t.pairs.len(),
         if t.pairs.len() == 1 { "" } else { "s" },
         t.packets.iter().filter(|p| p.retx).count()
-    );
+    )?;
     if !args.no_summary {
-        println!();
-        println!(
+        writeln!(o)?;
+        writeln!(
+            o,
             "{:>6} {:>11} {:>15}    {:<15} {:<34} {:<9} {:>12}",
             "#", "time", "source", "destination", "opcode", "DestQP", "PSN"
-        );
+        )?;
         for p in &t.packets[..cap(t.packets.len())] {
-            println!("{}", summary_line(p));
+            writeln!(o, "{}", summary_line(p))?;
         }
         if cap(t.packets.len()) < t.packets.len() {
-            println!("   ... {} more", t.packets.len() - cap(t.packets.len()));
+            writeln!(o, "   ... {} more", t.packets.len() - cap(t.packets.len()))?;
         }
         for s in &t.skipped[..cap(t.skipped.len())] {
-            println!("{s}");
+            writeln!(o, "{s}")?;
         }
     }
     if !args.no_ladder {
         for pair in &t.pairs {
-            println!();
+            writeln!(o)?;
             let lines = ladder(&t, pair);
             let n = cap(lines.len().saturating_sub(2)) + 2;
             for l in &lines[..n.min(lines.len())] {
-                println!("{l}");
+                writeln!(o, "{l}")?;
             }
             if n < lines.len() {
-                println!("   ... {} more", lines.len() - n);
+                writeln!(o, "   ... {} more", lines.len() - n)?;
             }
         }
     }
+    o.flush()?;
     Ok(())
 }

@@ -1,0 +1,291 @@
+//! The `softhca` binary run as a user runs it. Deterministic: the sim link with fixed seeds,
+//! no assertions on timing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn softhca(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_softhca")).args(args).output().expect("run softhca")
+}
+
+/// Runs and expects success; returns stdout.
+fn ok(args: &[&str]) -> String {
+    let out = softhca(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "softhca {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    stdout
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("softhca-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn rxe(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/interop/rxe").join(name)
+}
+
+#[test]
+fn devinfo_shows_device_port_gid_and_attributes() {
+    let out = ok(&["devinfo"]);
+    for want in [
+        "hca_id:\tsofthca0",
+        "node_guid:",
+        "fw_ver:",
+        "max_qp:",
+        "max_qp_wr:",
+        "max_sge:",
+        "max_cq:",
+        "max_cqe:",
+        "max_mr:",
+        "max_pd:",
+        "max_qp_rd_atom:",
+        "atomic_cap:",
+        "max_inline_data:",
+        "PORT_ACTIVE",
+        "active_mtu:",
+        "link_layer:                     Ethernet",
+        "GID[  0]:",
+        "::ffff:127.1.0.1",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    assert!(!out.contains("max_srq:"), "max_srq only with -v");
+    let verbose = ok(&["devinfo", "-v"]);
+    for want in ["max_srq:", "max_mw:", "max_res_rd_atom:", "P_Key[  0]:", "0xffff"] {
+        assert!(verbose.contains(want), "missing {want:?} in -v output\n{verbose}");
+    }
+}
+
+fn assert_pingpong(out: &str, size: u64, iters: u64) {
+    let bytes = format!("{} bytes in ", size * iters * 2);
+    assert!(out.contains(&bytes) && out.contains("Mbit/sec"), "{out}");
+    assert!(out.contains(&format!("{iters} iters in ")) && out.contains("usec/iter"), "{out}");
+    assert!(out.contains("payload check: ok"), "{out}");
+    assert!(out.contains("local address:  LID 0x0000, QPN 0x"), "{out}");
+}
+
+#[test]
+fn pingpong_rc_on_the_sim_link() {
+    let out = ok(&["pingpong", "--qp", "rc", "--iters", "200", "--size", "4096"]);
+    assert_pingpong(&out, 4096, 200);
+}
+
+#[test]
+fn pingpong_rc_survives_loss() {
+    let out =
+        ok(&["pingpong", "--iters", "200", "--size", "3000", "--loss", "0.05", "--corrupt", "0.02", "--seed", "3"]);
+    assert_pingpong(&out, 3000, 200);
+}
+
+#[test]
+fn pingpong_uc_and_ud_on_the_sim_link() {
+    let out = ok(&["pingpong", "--qp", "uc", "--iters", "100", "--size", "5000"]);
+    assert_pingpong(&out, 5000, 100);
+    let out = ok(&["pingpong", "--qp", "ud", "--iters", "100", "--size", "1024", "--mtu", "1024"]);
+    assert_pingpong(&out, 1024, 100);
+}
+
+#[test]
+fn pingpong_ud_refuses_messages_over_the_mtu() {
+    let out = softhca(&["pingpong", "--qp", "ud", "--size", "4096", "--mtu", "1024"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds --mtu"));
+}
+
+fn perf_json(args: &[&str]) -> Value {
+    let mut all = vec!["perf"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = ok(&all);
+    let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "exactly one JSON object: {out}");
+    serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("bad JSON ({e}): {out}"))
+}
+
+fn check_perf(v: &Value, completions: u64) {
+    for key in ["bw_gbps", "msg_rate_mps", "lat_us_p50", "lat_us_p99", "retransmits"] {
+        assert!(v[key].is_number(), "{key} missing: {v}");
+    }
+    assert_eq!(v["data_verified"], Value::Bool(true), "{v}");
+    assert_eq!(v["completions"].as_u64(), Some(completions), "{v}");
+    assert_eq!(v["errors"].as_u64(), Some(0), "{v}");
+}
+
+#[test]
+fn perf_each_operation_on_a_clean_sim_link() {
+    for op in ["send", "write", "read", "atomic"] {
+        let v = perf_json(&[op, "--iters", "300", "--size", "8192"]);
+        check_perf(&v, 300);
+        assert_eq!(v["retransmits"].as_u64(), Some(0), "clean link: {v}");
+        assert_eq!(v["test"], op);
+    }
+}
+
+#[test]
+fn perf_each_operation_under_faults() {
+    for (op, seed) in [("send", "1"), ("write", "2"), ("read", "3"), ("atomic", "4")] {
+        let v = perf_json(&[
+            op,
+            "--iters",
+            "200",
+            "--size",
+            "4096",
+            "--depth",
+            "16",
+            "--qps",
+            "2",
+            "--loss",
+            "0.03",
+            "--dup",
+            "0.02",
+            "--reorder",
+            "0.03",
+            "--corrupt",
+            "0.02",
+            "--seed",
+            seed,
+        ]);
+        check_perf(&v, 400);
+        assert!(v["retransmits"].as_u64().unwrap() > 0, "faults cause retransmissions: {v}");
+        assert!(v["sim"]["lost"].as_u64().unwrap() > 0, "{v}");
+    }
+}
+
+#[test]
+fn perf_is_deterministic_on_the_sim_link() {
+    let args = ["write", "--iters", "100", "--size", "2048", "--loss", "0.05", "--seed", "9"];
+    let (a, b) = (perf_json(&args), perf_json(&args));
+    assert_eq!(a["device"], b["device"]);
+    assert_eq!(a["sim"], b["sim"]);
+    assert_eq!(a["virtual_s"], b["virtual_s"]);
+}
+
+#[test]
+fn perf_inline_lat_and_table() {
+    let v = perf_json(&["send", "--inline", "--size", "64", "--iters", "100", "--lat"]);
+    check_perf(&v, 100);
+    assert_eq!(v["depth"].as_u64(), Some(1));
+    let v = perf_json(&["write", "--inline", "--size", "256", "--iters", "100"]);
+    check_perf(&v, 100);
+    let table = ok(&["perf", "read", "--iters", "50", "--size", "1000", "--lat"]);
+    for want in ["BW [Gb/s]", "p99 [us]", "data verified: yes", "virtual time"] {
+        assert!(table.contains(want), "missing {want:?} in\n{table}");
+    }
+}
+
+#[test]
+fn perf_duration_mode_completes_what_it_posts() {
+    let v = perf_json(&["atomic", "--duration", "0.2"]);
+    assert_eq!(v["data_verified"], Value::Bool(true), "{v}");
+    assert_eq!(v["errors"].as_u64(), Some(0));
+    assert!(v["completions"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn trace_decodes_rxe_captures() {
+    let out = ok(&["trace", rxe("rxe-rc_pingpong.pcap").to_str().unwrap()]);
+    for want in
+        ["RC_SEND_FIRST", "RC_SEND_MIDDLE", "RC_SEND_LAST", "RC_ACKNOWLEDGE", "ACK MSN", "1 QP pair,", "|--", "-|"]
+    {
+        assert!(out.contains(want), "missing {want:?}");
+    }
+    let out = ok(&["trace", rxe("rxe-read_bw_4k.pcap").to_str().unwrap()]);
+    assert!(out.contains("RC_RDMA_READ_REQUEST") && out.contains("RC_RDMA_READ_RESPONSE"), "read opcodes");
+    let out = ok(&["trace", rxe("rxe-atomic_cas.pcap").to_str().unwrap()]);
+    assert!(out.contains("RC_COMPARE_SWAP") && out.contains("RC_ATOMIC_ACKNOWLEDGE"), "{out}");
+    let out = ok(&["trace", rxe("rxe-ud_pingpong.pcap").to_str().unwrap()]);
+    assert!(out.contains("UD_SEND_ONLY") && out.contains("SrcQP"), "{out}");
+    let out = ok(&["trace", rxe("rxe-rc_pingpong_ipv6.pcap").to_str().unwrap()]);
+    assert!(out.contains("RC_SEND_LAST") && out.contains("RC_ACKNOWLEDGE"), "{out}");
+}
+
+#[test]
+fn trace_marks_retransmissions_in_the_rxe_loss_capture() {
+    let out = ok(&["trace", rxe("rxe-rc_pingpong_loss.pcap").to_str().unwrap()]);
+    let summary_retx = out.lines().filter(|l| l.ends_with(" RETX") && l.contains(" -> ")).count();
+    assert!(summary_retx > 0, "a RETX in the summary");
+    assert!(out.lines().any(|l| l.contains("RETX") && l.contains("|-")), "a RETX arrow in the ladder");
+}
+
+#[test]
+fn pcap_flag_writes_a_readable_capture_that_trace_decodes() {
+    let p = tmp("perf.pcap");
+    let v = perf_json(&[
+        "write",
+        "--iters",
+        "20",
+        "--size",
+        "3000",
+        "--loss",
+        "0.1",
+        "--seed",
+        "5",
+        "--pcap",
+        p.to_str().unwrap(),
+    ]);
+    check_perf(&v, 20);
+    assert_eq!(v["pcap"].as_str(), Some(p.to_str().unwrap()));
+    let out = ok(&["trace", p.to_str().unwrap()]);
+    assert!(out.contains("RC_RDMA_WRITE_ONLY") && out.contains("RC_ACKNOWLEDGE"), "{out}");
+    assert!(out.contains("127.1.0.1 -> 127.1.0.2"), "{out}");
+    assert!(out.contains("RETX"), "10% loss forces a retransmission: {out}");
+
+    let p2 = tmp("pp.pcap");
+    ok(&["pingpong", "--iters", "5", "--size", "100", "--pcap", p2.to_str().unwrap()]);
+    let out = ok(&["trace", p2.to_str().unwrap(), "--no-summary"]);
+    assert!(out.contains("QP pair") && out.contains("RC_SEND_ONLY"), "{out}");
+    // Both directions of the pingpong belong to one QP pair.
+    assert!(out.contains("1 QP pair,"), "{out}");
+
+    let p3 = tmp("devinfo.pcap");
+    ok(&["devinfo", "--pcap", p3.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&p3).unwrap().len(), 24, "a pcap header and no packets");
+}
+
+#[test]
+fn trace_refuses_what_is_not_a_pcap() {
+    let p = tmp("garbage.pcap");
+    std::fs::write(&p, b"not a pcap at all, just text").unwrap();
+    let out = softhca(&["trace", p.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a pcap"));
+}
+
+#[test]
+fn demo_runs_by_default_and_says_where_the_pcap_is() {
+    let p = tmp("demo.pcap");
+    let out = ok(&["demo", "--pcap", p.to_str().unwrap()]);
+    for want in [
+        "RC pingpong",
+        "RDMA Write",
+        "RDMA Read",
+        "Fetch&Add",
+        "verified",
+        "retransmission",
+        "every WR completed successfully: yes",
+        "ladder around the first retransmission",
+        "RETX",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    assert!(out.contains(&format!("pcap written to {}", p.display())), "{out}");
+    assert!(std::fs::metadata(&p).unwrap().len() > 24);
+
+    // No subcommand: the demo, with its pcap in the temp dir.
+    let out = ok(&[]);
+    let default = std::env::temp_dir().join("softhca-demo.pcap");
+    assert!(out.contains(&format!("pcap written to {}", default.display())), "{out}");
+}
+
+#[test]
+fn udp_link_flags_are_checked() {
+    let out = softhca(&["pingpong", "--link", "udp"]);
+    assert!(!out.status.success());
+    let out = softhca(&["perf", "write", "--link", "sim", "--loopback"]);
+    assert!(!out.status.success());
+}
