@@ -339,3 +339,20 @@ fn soak_100k_ops_under_faults() {
     assert!(r.bytes > 900 << 20);
     assert!(r.sim.lost > 0 && r.sim.duplicated > 0 && r.sim.reordered > 0 && r.sim.corrupted > 0);
 }
+
+/// The long run: 10^6 operations (about 12 GB). `cargo test --release --test rc_soak -- --ignored`.
+#[test]
+#[ignore = "about 12 minutes; run by hand, result in the README"]
+fn soak_1m_ops_under_faults() {
+    let t = std::time::Instant::now();
+    let r = soak(11, 1_000_000, 4, true, 50);
+    eprintln!(
+        "soak: {} ops, {} MB, {} retransmits, {:.3} s virtual, {:.1} s wall, {:?}",
+        r.ops,
+        r.bytes >> 20,
+        r.retransmits,
+        r.virtual_ns as f64 / 1e9,
+        t.elapsed().as_secs_f64(),
+        r.sim
+    );
+}
