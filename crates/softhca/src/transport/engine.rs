@@ -474,7 +474,10 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
     let pkey = q.dev.pkey(core.attrs.pkey_index).unwrap_or(0xFFFF);
     let dest = core.attrs.dest_qp_num;
     let msn = core.resp.msn;
-    let credits = Syndrome::Ack { credit_code: core.resp.credit_code(core.rq.len()) };
+    // PKT-ACK-11: a QP on an SRQ has no credits of its own to report.
+    let credit_code =
+        if q.srq.is_some() { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
+    let credits = Syndrome::Ack { credit_code };
     let aeth = |s: Syndrome| Some(AethRepr { syndrome: if s.is_ack() { credits } else { s }, msn });
     let mtu = pmtu(core);
     let len = match job {

@@ -191,7 +191,7 @@ fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
         Fail::C { nak, status, access } => {
             core.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(nak) });
             let had_wqe = matches!(core.resp.in_msg, Some(InMsg::Send { .. }))
-                || (r.imm.is_some() && matches!(r.position, Position::Last | Position::Only) && !core.rq.is_empty());
+                || (r.imm.is_some() && matches!(r.position, Position::Last | Position::Only) && wqe_available(q, core));
             if had_wqe {
                 complete_wqe_in_use(q, core, status); // ERR-C-3
             } else {
@@ -204,12 +204,51 @@ fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
     }
 }
 
+/// Is a receive WQE there for a new message: the RQ head, or one on the QP's SRQ?
+fn wqe_available(q: &QpInner, core: &QpCore) -> bool {
+    match &q.srq {
+        None => !core.rq.is_empty(),
+        Some(srq) => core.srq_bound || srq.has_wqe(),
+    }
+}
+
+/// Associates a receive WQE with the inbound message: the RQ head stays where it is; an SRQ
+/// WQE moves to the QP. False when there is none.
+fn bind_wqe(q: &QpInner, core: &mut QpCore) -> bool {
+    match &q.srq {
+        None => !core.rq.is_empty(),
+        Some(srq) => {
+            if !core.srq_bound {
+                core.srq_bound = srq.take_into(&mut core.srq_wqe);
+            }
+            core.srq_bound
+        }
+    }
+}
+
+fn bound_wqe<'c>(q: &QpInner, core: &'c QpCore) -> Option<&'c crate::verbs::wr::RecvWqe> {
+    if q.srq.is_some() {
+        core.srq_bound.then_some(&core.srq_wqe)
+    } else {
+        core.rq.get(0)
+    }
+}
+
+/// Retires the bound WQE and gives its WR ID.
+fn retire_wqe(q: &QpInner, core: &mut QpCore) -> Option<u64> {
+    if q.srq.is_some() {
+        std::mem::take(&mut core.srq_bound).then_some(core.srq_wqe.wr_id)
+    } else {
+        core.rq.pop().map(|w| w.wr_id)
+    }
+}
+
 /// Retires the RQ head WQE in error (ERR-A-3, ERR-C-3); the flush that follows handles the
 /// rest in order.
 fn complete_wqe_in_use(q: &QpInner, core: &mut QpCore, status: WcStatus) {
     core.resp.in_msg = None;
-    if let Some(w) = core.rq.pop() {
-        let wc = Wc { wr_id: w.wr_id, status, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
+    if let Some(wr_id) = retire_wqe(q, core) {
+        let wc = Wc { wr_id, status, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
         let _ = q.recv_cq.push(wc, true);
     }
 }
@@ -270,7 +309,7 @@ fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fai
 /// 4..7 for a Send: an RQ WQE (or RNR NAK), lengths, then the copy.
 fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
     if core.resp.in_msg.is_none() {
-        if core.rq.is_empty() {
+        if !bind_wqe(q, core) {
             // ERR-RQ-3: no WQE: RNR NAK with our Minimum RNR NAK Timer (PKT-RNR-1).
             return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
         }
@@ -300,10 +339,14 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
 
 /// Checks the RQ head WQE's scatter list with local write access (ERR-RQ-2 when unusable).
 fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
-    let pd = q.pd.inner.handle;
+    // SRQ WQEs are checked against the SRQ's PD.
+    let pd = q.srq.as_ref().map_or(q.pd.inner.handle, |s| s.inner.pd.inner.handle);
     let mut list = std::mem::take(&mut core.resp.scatter);
     list.clear();
-    let w = core.rq.get(0).ok_or(AccessError::BadKey)?;
+    let Some(w) = bound_wqe(q, core) else {
+        core.resp.scatter = list;
+        return Err(AccessError::BadKey);
+    };
     for sge in &w.sges {
         if sge.length == 0 {
             continue;
@@ -332,8 +375,11 @@ fn accept(core: &mut QpCore, r: &Request<'_>) {
 /// Retires the RQ head WQE successfully (ORD-RQ-4). A CQ that cannot take the CQE is Class G:
 /// the QP moves to Error with no CQE at all (ERR-G-1..4).
 fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64, r: &Request<'_>) -> Result<(), Fail> {
-    let Some(w) = core.rq.pop() else { return Ok(()) };
-    let mut wc = Wc { wr_id: w.wr_id, status: WcStatus::Success, opcode, qp_num: q.qpn, ..Default::default() };
+    if !bind_wqe(q, core) {
+        return Ok(());
+    }
+    let Some(wr_id) = retire_wqe(q, core) else { return Ok(()) };
+    let mut wc = Wc { wr_id, status: WcStatus::Success, opcode, qp_num: q.qpn, ..Default::default() };
     wc.byte_len = byte_len as u32;
     if let Some(imm) = r.imm {
         wc.imm_data = imm;
@@ -357,7 +403,7 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
     }
     // Write with Immediate needs an RQ WQE for its last packet: RNR before executing it.
     let completes = matches!(r.position, Position::Last | Position::Only);
-    if completes && r.imm.is_some() && core.rq.is_empty() {
+    if completes && r.imm.is_some() && !bind_wqe(q, core) {
         return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
     }
     if core.resp.in_msg.is_none() {
@@ -554,7 +600,7 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
     match r.operation {
         Operation::Send => {
             if starts {
-                if core.rq.is_empty() || take_scatter(q, core).is_err() {
+                if !bind_wqe(q, core) || take_scatter(q, core).is_err() {
                     drop_message(core);
                     return;
                 }
@@ -604,7 +650,7 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
             }
             if completes {
                 if r.imm.is_some() {
-                    if core.rq.is_empty() {
+                    if !bind_wqe(q, core) {
                         return; // PKT-RNR-7
                     }
                     let _ = complete_recv(q, core, WcOpcode::RecvRdmaWithImm, len, r);
@@ -623,7 +669,7 @@ fn ud_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
     if r.operation != Operation::Send || r.position != Position::Only {
         return;
     }
-    if core.rq.is_empty() {
+    if !bind_wqe(q, core) {
         return; // PKT-RNR-7
     }
     if take_scatter(q, core).is_err() {

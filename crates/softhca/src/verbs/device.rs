@@ -50,6 +50,7 @@ pub struct DeviceAttr {
     pub max_ah: u32,
     pub max_srq: u32,
     pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
     pub max_mw: u32,
     pub max_inline_data: u32,
     pub atomic_cap: AtomicCap,
@@ -88,8 +89,9 @@ impl Default for DeviceAttr {
             max_qp_init_rd_atom: 128,
             max_res_rd_atom: (1 << 16) * 128,
             max_ah: 1 << 16,
-            max_srq: 0,
-            max_srq_wr: 0,
+            max_srq: 1 << 14,
+            max_srq_wr: 1 << 14,
+            max_srq_sge: 32,
             max_mw: 0,
             max_inline_data: 512,
             atomic_cap: AtomicCap::Glob,
@@ -199,6 +201,7 @@ pub(crate) struct Counts {
     pub mr: AtomicU32,
     pub pd: AtomicU32,
     pub ah: AtomicU32,
+    pub srq: AtomicU32,
 }
 
 /// Takes one unit of a resource counted in `counter` up to `max`.

@@ -40,6 +40,8 @@ pub struct QpInitAttr {
     pub cap: QpCap,
     /// Signal every SQ WR (true) or only those that ask (false).
     pub sq_sig_all: bool,
+    /// Take receive WQEs from this SRQ instead of an RQ of the QP's own.
+    pub srq: Option<super::srq::Srq>,
 }
 
 impl QpInitAttr {
@@ -51,7 +53,13 @@ impl QpInitAttr {
             recv_cq: recv_cq.clone(),
             cap: QpCap { max_send_wr: 128, max_recv_wr: 128, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 },
             sq_sig_all: false,
+            srq: None,
         }
+    }
+
+    pub fn srq(mut self, srq: &super::srq::Srq) -> Self {
+        self.srq = Some(srq.clone());
+        self
     }
 
     pub fn rc(send_cq: &Cq, recv_cq: &Cq) -> Self {
@@ -328,6 +336,10 @@ pub(crate) struct QpCore {
     pub attrs: QpAttrs,
     pub sq: WorkQueue<SendWqe>,
     pub rq: WorkQueue<RecvWqe>,
+    /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
+    /// reused so that taking SRQ WQEs does not allocate.
+    pub srq_wqe: RecvWqe,
+    pub srq_bound: bool,
     /// The SQ Logic; its `started` count is the in-progress messages SQD drains.
     pub req: crate::transport::requester::ReqState,
     /// The RQ Logic.
@@ -344,6 +356,7 @@ pub(crate) struct QpInner {
     pub send_cq: Cq,
     pub recv_cq: Cq,
     pub sq_sig_all: bool,
+    pub srq: Option<super::srq::Srq>,
     pub core: Mutex<QpCore>,
 }
 
@@ -385,7 +398,7 @@ impl Context {
         if cap.max_send_wr > attr.max_qp_wr || cap.max_recv_wr > attr.max_qp_wr {
             return Err(VerbsError::MaxWrExceeded);
         }
-        if cap.max_send_wr == 0 || cap.max_recv_wr == 0 {
+        if cap.max_send_wr == 0 || (cap.max_recv_wr == 0 && init.srq.is_none()) {
             return Err(VerbsError::InvalidArgument("a work queue holds at least one WR"));
         }
         if cap.max_send_sge > attr.max_sge || cap.max_recv_sge > attr.max_sge {
@@ -411,6 +424,17 @@ impl Context {
             undo_count();
             return Err(e);
         }
+        if let Some(srq) = &init.srq {
+            let same = Arc::ptr_eq(&srq.inner.dev, &self.inner);
+            if let Err(e) = if same { srq.attach() } else { Err(VerbsError::InvalidArgument("SRQ of another device")) }
+            {
+                init.recv_cq.detach();
+                init.send_cq.detach();
+                pd.inner.release();
+                undo_count();
+                return Err(e);
+            }
+        }
         let max_sge = cap.max_send_sge.max(1) as usize;
         let mut sq: WorkQueue<SendWqe> = WorkQueue::new(cap.max_send_wr as usize);
         while let Some(slot) = sq.next_slot() {
@@ -427,11 +451,14 @@ impl Context {
             send_cq: init.send_cq.clone(),
             recv_cq: init.recv_cq.clone(),
             sq_sig_all: init.sq_sig_all,
+            srq: init.srq.clone(),
             core: Mutex::new(QpCore {
                 destroyed: false,
                 attrs: QpAttrs::reset(cap),
                 sq,
-                rq: WorkQueue::new(cap.max_recv_wr as usize),
+                rq: WorkQueue::new(if init.srq.is_some() { 0 } else { cap.max_recv_wr as usize }),
+                srq_wqe: RecvWqe::default(),
+                srq_bound: false,
                 req: Default::default(),
                 resp: Default::default(),
                 sqd_event_pending: false,
@@ -491,6 +518,10 @@ impl QpInner {
         while let Some(w) = core.rq.pop() {
             flush_cqe(&self.recv_cq, self.qpn, w.wr_id, WcOpcode::Recv);
         }
+        if std::mem::take(&mut core.srq_bound) {
+            flush_cqe(&self.recv_cq, self.qpn, core.srq_wqe.wr_id, WcOpcode::Recv);
+        }
+        self.last_wqe_reached();
     }
 
     /// Checks every value a Modify QP request supplies against the device and the QP
@@ -654,8 +685,21 @@ impl QpInner {
         } else {
             core.sq.clear();
             core.rq.clear();
+            core.srq_bound = false;
             core.req.started = 0;
             core.req.cursor = 0;
+            self.last_wqe_reached();
+        }
+    }
+
+    /// EVT-LWR-1: a QP on an SRQ that enters Error reports Last WQE Reached once its last
+    /// SRQ WQE has its CQE; here that CQE (if any) was just written by the flush.
+    fn last_wqe_reached(&self) {
+        if self.srq.is_some() {
+            self.dev.raise(AsyncEvent {
+                event_type: AsyncEventType::QpLastWqeReached,
+                element: EventElement::Qp(self.qpn),
+            });
         }
     }
 
@@ -748,6 +792,7 @@ impl Qp {
                 // off its CQs; the attributes return to their Reset values.
                 core.sq.clear();
                 core.rq.clear();
+                core.srq_bound = false;
                 core.req = Default::default();
                 core.resp = Default::default();
                 core.sqd_event_pending = false;
@@ -871,6 +916,9 @@ impl Qp {
         if state == QpState::Reset {
             return Err(at(0)(VerbsError::InvalidQpState));
         }
+        if q.srq.is_some() {
+            return Err(at(0)(VerbsError::InvalidWr("the QP receives through an SRQ")));
+        }
         let free = core.rq.free();
         for (i, wr) in wrs.iter().enumerate() {
             if wr.sg_list.len() > core.attrs.cap.max_recv_sge as usize {
@@ -945,6 +993,9 @@ impl Qp {
         q.dev.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
         q.send_cq.detach();
         q.recv_cq.detach();
+        if let Some(srq) = &q.srq {
+            srq.detach();
+        }
         q.pd.inner.release();
         give(&q.dev.counts.qp);
         tracing::debug!(qpn = q.qpn, "QP destroyed");

@@ -402,6 +402,8 @@ pub enum EventElement {
     Qp(u32),
     /// A CQ, by handle.
     Cq(u32),
+    /// An SRQ, by handle.
+    Srq(u32),
     Port(u8),
     Device,
 }

@@ -1,0 +1,234 @@
+//! Shared Receive Queues: one pool of receive WQEs for many QPs, with the SRQ limit event
+//! (EVT-SRQ-1, EVT-SRQ-2).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::device::{give, take, DeviceInner};
+use super::error::{PostError, Result, VerbsError};
+use super::pd::Pd;
+use super::qp::MAX_MSG_SIZE;
+use super::types::{AsyncEvent, AsyncEventType, EventElement};
+use super::wq::WorkQueue;
+use super::wr::{RecvWqe, RecvWr};
+
+/// Create SRQ input (`ibv_srq_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqInitAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    /// 0 leaves the limit unarmed.
+    pub srq_limit: u32,
+}
+
+impl Default for SrqInitAttr {
+    fn default() -> Self {
+        SrqInitAttr { max_wr: 128, max_sge: 4, srq_limit: 0 }
+    }
+}
+
+/// Query SRQ result (`ibv_srq_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+pub(crate) struct SrqCore {
+    rq: WorkQueue<RecvWqe>,
+    max_sge: u32,
+    limit: u32,
+    qps: u32,
+    destroyed: bool,
+}
+
+pub(crate) struct SrqInner {
+    pub handle: u32,
+    pub pd: Pd,
+    pub dev: Arc<DeviceInner>,
+    core: Mutex<SrqCore>,
+}
+
+/// A shared receive queue (`ibv_srq`).
+#[derive(Clone)]
+pub struct Srq {
+    pub(crate) inner: Arc<SrqInner>,
+}
+
+impl std::fmt::Debug for Srq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Srq").field("handle", &self.inner.handle).finish()
+    }
+}
+
+impl Pd {
+    /// Create SRQ.
+    pub fn create_srq(&self, init: &SrqInitAttr) -> Result<Srq> {
+        self.inner.check()?;
+        let dev = &self.inner.dev;
+        if init.max_wr == 0 || init.max_wr > dev.attr.max_srq_wr {
+            return Err(VerbsError::MaxWrExceeded);
+        }
+        if init.max_sge > dev.attr.max_srq_sge {
+            return Err(VerbsError::MaxSgeExceeded);
+        }
+        if init.srq_limit > init.max_wr {
+            return Err(VerbsError::InvalidArgument("SRQ limit above its size"));
+        }
+        take(&dev.counts.srq, dev.attr.max_srq)?;
+        if let Err(e) = self.inner.hold() {
+            give(&dev.counts.srq);
+            return Err(e);
+        }
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                handle: dev.new_handle(),
+                pd: self.clone(),
+                dev: dev.clone(),
+                core: Mutex::new(SrqCore {
+                    rq: WorkQueue::new(init.max_wr as usize),
+                    max_sge: init.max_sge,
+                    limit: init.srq_limit,
+                    qps: 0,
+                    destroyed: false,
+                }),
+            }),
+        })
+    }
+}
+
+impl Srq {
+    pub fn handle(&self) -> u32 {
+        self.inner.handle
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, SrqCore>> {
+        self.inner.dev.check_open()?;
+        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+        if core.destroyed {
+            return Err(VerbsError::InvalidArgument("destroyed SRQ"));
+        }
+        Ok(core)
+    }
+
+    /// Query SRQ.
+    pub fn query(&self) -> Result<SrqAttr> {
+        let c = self.lock()?;
+        Ok(SrqAttr { max_wr: c.rq.capacity() as u32, max_sge: c.max_sge, srq_limit: c.limit })
+    }
+
+    /// Modify SRQ: arm the limit (0 disarms it), and optionally resize.
+    pub fn modify(&self, max_wr: Option<u32>, srq_limit: Option<u32>) -> Result<()> {
+        let mut c = self.lock()?;
+        let size = max_wr.unwrap_or(c.rq.capacity() as u32);
+        if size == 0 || size > self.inner.dev.attr.max_srq_wr {
+            return Err(VerbsError::MaxWrExceeded);
+        }
+        if (size as usize) < c.rq.len() {
+            return Err(VerbsError::InvalidArgument("smaller than the WQEs it holds"));
+        }
+        let limit = srq_limit.unwrap_or(c.limit);
+        if limit > size {
+            return Err(VerbsError::InvalidArgument("SRQ limit above its size"));
+        }
+        if max_wr.is_some() {
+            c.rq.resize(size as usize);
+        }
+        c.limit = limit;
+        Ok(())
+    }
+
+    /// Post SRQ Receive: all or none, like `Qp::post_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let at = |index: usize| move |error: VerbsError| PostError { index, error };
+        let mut c = self.lock().map_err(at(0))?;
+        let free = c.rq.free();
+        for (i, wr) in wrs.iter().enumerate() {
+            if wr.sg_list.len() > c.max_sge as usize {
+                return Err(at(i)(VerbsError::MaxSgeExceeded));
+            }
+            if wr.sg_list.iter().map(|s| s.length as u64).sum::<u64>() > MAX_MSG_SIZE {
+                return Err(at(i)(VerbsError::InvalidWr("scatter list longer than 2^31 bytes")));
+            }
+            if i >= free {
+                return Err(at(i)(VerbsError::QueueFull));
+            }
+        }
+        for wr in wrs {
+            let Some(slot) = c.rq.next_slot() else { break };
+            slot.wr_id = wr.wr_id;
+            slot.sges.clear();
+            slot.sges.extend_from_slice(wr.sg_list);
+            slot.length = wr.sg_list.iter().map(|s| s.length as u64).sum();
+            c.rq.commit();
+        }
+        drop(c);
+        self.inner.dev.ring();
+        Ok(())
+    }
+
+    /// WQEs waiting on the SRQ.
+    pub fn len(&self) -> Result<usize> {
+        Ok(self.lock()?.rq.len())
+    }
+
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Destroy SRQ; `InUse` while a QP uses it.
+    pub fn destroy(&self) -> Result<()> {
+        let mut c = self.lock()?;
+        if c.qps > 0 {
+            return Err(VerbsError::InUse("shared receive queue has QPs"));
+        }
+        c.destroyed = true;
+        c.rq.clear();
+        drop(c);
+        self.inner.pd.inner.release();
+        give(&self.inner.dev.counts.srq);
+        Ok(())
+    }
+
+    pub(crate) fn attach(&self) -> Result<()> {
+        self.lock()?.qps += 1;
+        Ok(())
+    }
+
+    pub(crate) fn detach(&self) {
+        let mut c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+        c.qps = c.qps.saturating_sub(1);
+    }
+
+    pub(crate) fn has_wqe(&self) -> bool {
+        self.inner.core.lock().is_ok_and(|c| !c.destroyed && !c.rq.is_empty())
+    }
+
+    /// Takes the head WQE for a QP's inbound message. Leaving fewer than an armed limit raises
+    /// SRQ Limit Reached once and disarms the limit.
+    pub(crate) fn take_into(&self, slot: &mut RecvWqe) -> bool {
+        let fire = {
+            let mut c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+            if c.destroyed {
+                return false;
+            }
+            let Some(w) = c.rq.pop() else { return false };
+            slot.wr_id = w.wr_id;
+            slot.sges.clear();
+            slot.sges.extend_from_slice(&w.sges);
+            slot.length = w.length;
+            let fire = c.limit > 0 && (c.rq.len() as u32) < c.limit;
+            if fire {
+                c.limit = 0;
+            }
+            fire
+        };
+        if fire {
+            self.inner.dev.raise(AsyncEvent {
+                event_type: AsyncEventType::SrqLimitReached,
+                element: EventElement::Srq(self.inner.handle),
+            });
+        }
+        true
+    }
+}
