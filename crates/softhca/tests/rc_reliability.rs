@@ -46,6 +46,12 @@ fn retry_count_exhausted_by_timeouts() {
         assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]);
         assert_eq!(p.a.qp.state().unwrap(), QpState::Error);
         assert_eq!(p.a.ctx.counters().timeouts, 1 + retry as u64);
+        let qc = p.a.qp.counters();
+        assert_eq!(
+            (qc.timeouts, qc.retransmits, qc.tx_packets),
+            (1 + retry as u64, retry as u64, 3 * (1 + retry as u64))
+        );
+        assert_eq!(p.b.qp.counters().rx_packets, 3 * (1 + retry as u64));
     }
 }
 

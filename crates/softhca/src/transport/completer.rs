@@ -42,13 +42,13 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
                 ack_through(q, core, r.psn);
             }
             Some(Syndrome::Nak(NakCode::PsnSeqErr)) => {
-                q.dev.stats.seq_naks_received.inc();
+                q.bump(|s| &s.seq_naks_received);
                 if ack_through(q, core, r.psn.sub(1)) && core.req.recovering != Some(r.psn.value()) {
                     retry_or_fail(q, core, r.psn); // PKT-NAK-1
                 }
             }
             Some(Syndrome::RnrNak { timer_code }) => {
-                q.dev.stats.rnr_naks_received.inc();
+                q.bump(|s| &s.rnr_naks_received);
                 if ack_through(q, core, r.psn.sub(1)) {
                     on_rnr_nak(q, core, now, r.psn, timer_code);
                 }
@@ -137,7 +137,7 @@ fn ack_through(q: &QpInner, core: &mut QpCore, n: Psn) -> bool {
 fn implied_nak(q: &QpInner, core: &mut QpCore, missing: Psn) {
     acknowledge(core, missing.sub(1));
     if core.req.recovering != Some(missing.value()) {
-        q.dev.stats.implied_naks.inc();
+        q.bump(|s| &s.implied_naks);
         retry_or_fail(q, core, missing);
     }
 }
@@ -178,7 +178,7 @@ fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8
     }
     core.req.rnr_deadline = Some(now + rnr_timer_us(timer_code) as u64 * 1000);
     core.req.ack_deadline = None;
-    q.dev.stats.retransmits.inc();
+    q.bump(|s| &s.retransmits);
     go_back(core, psn);
 }
 

@@ -28,7 +28,8 @@ use super::responder::{self, Request, RespJob};
 /// 4096 bytes of payload + ICRC, rounded up.
 pub const MAX_DATAGRAM: usize = 4096 + 256;
 
-/// Per-device counters (DESIGN rule 7).
+/// Per-device and per-QP counters (DESIGN rule 7). On a QP, `rx_dropped` and `rx_bad_icrc`
+/// stay 0: a packet dropped before it was matched to a QP belongs to no QP.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
     pub tx_packets: u64,
@@ -130,7 +131,7 @@ impl Context {
             }
             if let Some(len) = emit_one(qp, &mut core, now, buf) {
                 dev.tx_cursor.store(qpn.wrapping_add(1), Ordering::Relaxed);
-                dev.stats.tx_packets.inc();
+                qp.bump(|s| &s.tx_packets);
                 return Some(len);
             }
         }
@@ -166,7 +167,13 @@ impl Context {
 
     /// A snapshot of the device's counters.
     pub fn counters(&self) -> DeviceCounters {
-        let s = &self.inner.stats;
+        self.inner.stats.snapshot()
+    }
+}
+
+impl Stats {
+    pub(crate) fn snapshot(&self) -> DeviceCounters {
+        let s = self;
         DeviceCounters {
             tx_packets: s.tx_packets.get(),
             rx_packets: s.rx_packets.get(),
@@ -207,6 +214,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
     if core.destroyed {
         return false;
     }
+    qp.stats.rx_packets.inc();
     let info = bth.opcode.info();
     let is_request = info.is_none_or(|i| i.direction == Direction::Request);
     let state = core.attrs.qp_state;
@@ -221,7 +229,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
     }
     let our_pkey = dev.pkey(core.attrs.pkey_index).unwrap_or(0);
     if !pkey_match(bth.p_key, our_pkey) {
-        dev.stats.pkey_violations.inc(); // PKT-VAL-7, PKT-VAL-13
+        qp.bump(|s| &s.pkey_violations); // PKT-VAL-7, PKT-VAL-13
         return false;
     }
     if bth.opcode.service_range() != service_of(qp.qp_type) {
@@ -240,7 +248,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
         match p.deth {
             Some(deth) if deth.q_key == core.attrs.qkey => {}
             _ => {
-                dev.stats.qkey_violations.inc(); // PKT-VAL-10
+                qp.bump(|s| &s.qkey_violations); // PKT-VAL-10
                 return false;
             }
         }

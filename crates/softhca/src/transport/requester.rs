@@ -222,7 +222,7 @@ pub(crate) fn on_ack_timeout(q: &QpInner, core: &mut QpCore) {
     if !core.req.outstanding() {
         return;
     }
-    q.dev.stats.timeouts.inc();
+    q.bump(|s| &s.timeouts);
     retry_or_fail(q, core, Psn::new(core.req.una));
 }
 
@@ -234,7 +234,7 @@ pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn) {
         return;
     }
     core.req.retry_left -= 1;
-    q.dev.stats.retransmits.inc();
+    q.bump(|s| &s.retransmits);
     core.req.recovering = Some(from.value());
     go_back(core, from);
 }

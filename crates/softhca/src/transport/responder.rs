@@ -177,8 +177,8 @@ fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
         Fail::D => {}
         Fail::B(syndrome) => {
             match syndrome {
-                Syndrome::RnrNak { .. } => q.dev.stats.rnr_naks_sent.inc(),
-                _ => q.dev.stats.seq_naks_sent.inc(),
+                Syndrome::RnrNak { .. } => q.bump(|s| &s.rnr_naks_sent),
+                _ => q.bump(|s| &s.seq_naks_sent),
             }
             let at = if matches!(syndrome, Syndrome::Nak(NakCode::PsnSeqErr)) { core.resp.epsn } else { psn };
             core.resp.out.push_back(RespJob::Ack { psn: at, syndrome });

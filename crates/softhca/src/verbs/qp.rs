@@ -357,6 +357,7 @@ pub(crate) struct QpInner {
     pub recv_cq: Cq,
     pub sq_sig_all: bool,
     pub srq: Option<super::srq::Srq>,
+    pub stats: crate::transport::engine::Stats,
     pub core: Mutex<QpCore>,
 }
 
@@ -452,6 +453,7 @@ impl Context {
             recv_cq: init.recv_cq.clone(),
             sq_sig_all: init.sq_sig_all,
             srq: init.srq.clone(),
+            stats: Default::default(),
             core: Mutex::new(QpCore {
                 destroyed: false,
                 attrs: QpAttrs::reset(cap),
@@ -497,6 +499,12 @@ pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
 }
 
 impl QpInner {
+    /// Counts an event on this QP and on its device.
+    pub fn bump(&self, counter: impl Fn(&crate::transport::engine::Stats) -> &crate::transport::engine::Counter) {
+        counter(&self.dev.stats).inc();
+        counter(&self.stats).inc();
+    }
+
     pub fn lock(&self) -> Result<MutexGuard<'_, QpCore>> {
         self.dev.check_open()?;
         let core = self.core.lock().unwrap_or_else(|e| e.into_inner());
@@ -973,6 +981,11 @@ impl Qp {
             core.rq.len(),
             head
         )
+    }
+
+    /// This QP's counters: packets, retransmissions, NAKs, timeouts, header violations.
+    pub fn counters(&self) -> crate::transport::DeviceCounters {
+        self.inner.stats.snapshot()
     }
 
     /// WQEs outstanding on the SQ and the RQ.
