@@ -95,18 +95,6 @@ RTS>RTS MIN_RNR_TIMER O--O
 RTS>RTS QKEY --OO
 ";
 
-fn state_name(s: QpState) -> &'static str {
-    match s {
-        QpState::Reset => "Reset",
-        QpState::Init => "Init",
-        QpState::Rtr => "RTR",
-        QpState::Rts => "RTS",
-        QpState::Sqd => "SQD",
-        QpState::Sqe => "SQE",
-        QpState::Error => "Error",
-    }
-}
-
 /// (required, optional) of the digest for one transition and service type.
 fn expected_rule(qp_type: QpType, from: QpState, to: QpState) -> (AttrMask, AttrMask) {
     let col = QpType::TABLE.iter().position(|t| *t == qp_type).unwrap();
@@ -114,7 +102,7 @@ fn expected_rule(qp_type: QpType, from: QpState, to: QpState) -> (AttrMask, Attr
     let key = if (from, to) == (QpState::Sqd, QpState::Sqd) {
         "SQD>RTS".to_string()
     } else {
-        format!("{}>{}", state_name(from), state_name(to))
+        format!("{from}>{to}")
     };
     let (mut req, mut opt) = (AttrMask::empty(), AttrMask::empty());
     for line in TABLES.lines().filter(|l| !l.is_empty()) {
