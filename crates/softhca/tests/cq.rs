@@ -223,3 +223,42 @@ fn a_qp_may_use_one_cq_or_two() {
     assert_eq!(poll_all(&other).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![5]);
     assert_eq!(poll_all(&f.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![6]);
 }
+
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+/// The completion channel's and the device's descriptors are readable exactly while events
+/// wait, so poll/epoll can wake a blocked consumer.
+/// Rule CQ-NOTIFY-2, EVT-ASYNC-1
+#[test]
+fn channel_and_async_fds_work_with_poll() {
+    let f = fixture();
+    let ch = f.ctx.create_comp_channel().unwrap();
+    let cq = f.ctx.create_cq_with_channel(8, Some(&ch)).unwrap();
+    let qp = f.pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+    drive(&qp, QpState::Error);
+    assert!(!readable(ch.fd()));
+    cq.req_notify(NotifyKind::NextCompletion).unwrap();
+    qp.post_recv(&[RecvWr::new(1, &[])]).unwrap();
+    cq.req_notify(NotifyKind::NextCompletion).unwrap();
+    qp.post_recv(&[RecvWr::new(2, &[])]).unwrap();
+    assert!(readable(ch.fd()));
+    assert!(ch.try_get_cq_event().is_some());
+    assert!(readable(ch.fd()), "one more event waits");
+    assert!(ch.try_get_cq_event().is_some());
+    assert!(!readable(ch.fd()));
+
+    let fd = f.ctx.async_fd().expect("an eventfd");
+    assert!(!readable(fd));
+    let small = f.ctx.create_cq(1).unwrap();
+    let qp = f.pd.create_qp(&QpInitAttr::rc(&small, &small)).unwrap();
+    drive(&qp, QpState::Error);
+    qp.post_recv(&[RecvWr::new(1, &[]), RecvWr::new(2, &[])]).unwrap(); // overflows
+    assert!(readable(fd));
+    assert_eq!(f.ctx.get_async_event().map(|e| e.event_type), Some(AsyncEventType::CqErr));
+    assert!(!readable(fd));
+}

@@ -52,6 +52,8 @@ impl PartialEq for Cq {
 struct ChannelInner {
     events: Mutex<VecDeque<Cq>>,
     ready: Condvar,
+    /// Readable while events are pending.
+    fd: super::eventfd::EventFd,
 }
 
 /// A completion event channel (`ibv_comp_channel`): CQs created with it report their
@@ -64,7 +66,17 @@ pub struct CompChannel {
 impl CompChannel {
     /// The next completion event, if one is waiting.
     pub fn try_get_cq_event(&self) -> Option<Cq> {
-        self.inner.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+        let cq = self.inner.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        if cq.is_some() {
+            self.inner.fd.consume();
+        }
+        cq
+    }
+
+    /// A descriptor that is readable while a completion event is waiting, for poll/epoll
+    /// (`ibv_comp_channel::fd`). Take the events with [`CompChannel::try_get_cq_event`].
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.inner.fd.raw()
     }
 
     /// Waits up to `timeout` for the next completion event (`ibv_get_cq_event`).
@@ -72,11 +84,16 @@ impl CompChannel {
         let q = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
         let (mut q, _) =
             self.inner.ready.wait_timeout_while(q, timeout, |q| q.is_empty()).unwrap_or_else(|e| e.into_inner());
-        q.pop_front()
+        let cq = q.pop_front();
+        if cq.is_some() {
+            self.inner.fd.consume();
+        }
+        cq
     }
 
     fn push(&self, cq: Cq) {
         self.inner.events.lock().unwrap_or_else(|e| e.into_inner()).push_back(cq);
+        self.inner.fd.notify();
         self.inner.ready.notify_all();
     }
 }
@@ -89,7 +106,10 @@ impl Context {
     /// Create Completion Event Channel.
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
         self.inner.check_open()?;
-        Ok(CompChannel { inner: Arc::new(ChannelInner { events: Mutex::new(VecDeque::new()), ready: Condvar::new() }) })
+        let fd = super::eventfd::EventFd::new().map_err(|_| VerbsError::InsufficientResources)?;
+        Ok(CompChannel {
+            inner: Arc::new(ChannelInner { events: Mutex::new(VecDeque::new()), ready: Condvar::new(), fd }),
+        })
     }
 
     /// Create CQ holding at least `cqe` entries (CRT-CQ-1..4).

@@ -221,11 +221,12 @@ pub type AsyncEventHandler = Arc<dyn Fn(&AsyncEvent) + Send + Sync>;
 /// Called after every verb that gives the engine new work (a post, a Modify QP).
 pub type Doorbell = Arc<dyn Fn() + Send + Sync>;
 
-#[derive(Default)]
 pub(crate) struct AsyncQueue {
     pub events: Mutex<VecDeque<AsyncEvent>>,
     pub ready: Condvar,
     pub handler: RwLock<Option<AsyncEventHandler>>,
+    /// Readable while events are pending (`ibv_context::async_fd`).
+    pub fd: Option<super::eventfd::EventFd>,
 }
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
@@ -288,6 +289,9 @@ impl DeviceInner {
         {
             let mut q = self.async_events.events.lock().unwrap_or_else(|e| e.into_inner());
             q.push_back(event);
+        }
+        if let Some(fd) = &self.async_events.fd {
+            fd.notify();
         }
         self.async_events.ready.notify_all();
         if let Some(h) = handler {
@@ -387,7 +391,12 @@ impl Context {
             stats: Default::default(),
             next_qpn: Mutex::new(first_qpn),
             cqs: RwLock::new(HashMap::new()),
-            async_events: AsyncQueue::default(),
+            async_events: AsyncQueue {
+                events: Mutex::new(VecDeque::new()),
+                ready: Condvar::new(),
+                handler: RwLock::new(None),
+                fd: super::eventfd::EventFd::new().ok(),
+            },
             comp_handler: RwLock::new(None),
             doorbell: RwLock::new(None),
         });
@@ -460,7 +469,21 @@ impl Context {
 
     /// The oldest queued asynchronous event, if any (`ibv_get_async_event` without blocking).
     pub fn get_async_event(&self) -> Option<AsyncEvent> {
-        self.inner.async_events.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+        let ev = self.inner.async_events.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        self.consumed(&ev);
+        ev
+    }
+
+    fn consumed(&self, ev: &Option<AsyncEvent>) {
+        if let (Some(_), Some(fd)) = (ev, &self.inner.async_events.fd) {
+            fd.consume();
+        }
+    }
+
+    /// A descriptor readable while an asynchronous event is queued (`ibv_context::async_fd`),
+    /// if the system gave one.
+    pub fn async_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.async_events.fd.as_ref().map(|f| f.raw())
     }
 
     /// Waits up to `timeout` for an asynchronous event.
@@ -472,7 +495,10 @@ impl Context {
             .ready
             .wait_timeout_while(q, timeout, |q| q.is_empty())
             .unwrap_or_else(|e| e.into_inner());
-        q.pop_front()
+        let ev = q.pop_front();
+        drop(q);
+        self.consumed(&ev);
+        ev
     }
 
     /// Set Completion Event Handler (CQ-HANDLER-1): called with the CQ that received a CQE

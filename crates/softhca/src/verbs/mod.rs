@@ -5,6 +5,7 @@ pub mod ah;
 pub mod cq;
 pub mod device;
 pub mod error;
+mod eventfd;
 pub mod mr;
 pub mod pd;
 pub mod qp;
