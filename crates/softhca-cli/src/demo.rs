@@ -61,6 +61,7 @@ pub fn run(args: &DemoArgs) -> Res<()> {
         server: false,
         connect: None,
         port: 18515,
+        busy_poll: false,
         faults: Faults::default(),
         pcap: PcapArg::default(),
     };
@@ -100,8 +101,8 @@ pub fn run(args: &DemoArgs) -> Res<()> {
         faults.seed
     );
     println!(
-        "   {:<18} {:>6} {:>9} {:>10} {:>10} {:>11} {:>6} {:>7}  {}",
-        "operation", "QPs", "messages", "bytes", "wall [ms]", "virtual[ms]", "retx", "errors", "data"
+        "   {:<18} {:>6} {:>9} {:>10} {:>10} {:>11} {:>6} {:>7}  data",
+        "operation", "QPs", "messages", "bytes", "wall [ms]", "virtual[ms]", "retx", "errors"
     );
     let c0 = net::add_counters(ca.counters(), cb.counters());
     let s0 = net.sim_counters().unwrap_or_default();

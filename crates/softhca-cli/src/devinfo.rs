@@ -29,7 +29,26 @@ pub fn run(args: &DevinfoArgs) -> Res<()> {
             print!("{}", render(&ctx, args.verbose, "sim (in-process simulated fabric)")?);
             net.finish()
         }
-        LinkKind::Udp => Err(net::udp_unavailable()),
+        LinkKind::Udp => {
+            let mut net = Net::udp(args.pcap.pcap.as_deref(), false);
+            let ctx = net.add_device(&args.device)?;
+            let link = net
+                .udp_devices()
+                .first()
+                .map(|d| {
+                    let (gso, gro) = d.offloads();
+                    format!(
+                        "udp {}:4791 (IPv4 ICRC on receive: {}; GSO {}, GRO {})",
+                        d.addr(),
+                        if d.raw_rx() { "exact, raw socket" } else { "UDP socket" },
+                        if gso { "on" } else { "off" },
+                        if gro { "on" } else { "off" }
+                    )
+                })
+                .unwrap_or_else(|| "udp".into());
+            print!("{}", render(&ctx, args.verbose, &link)?);
+            net.finish()
+        }
     }
 }
 

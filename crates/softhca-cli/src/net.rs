@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use softhca::link::udp::{UdpConfig, UdpDevice};
 use softhca::link::{SimConfig, SimCounters, SimFabric};
 use softhca::transport::DeviceCounters;
 use softhca::*;
@@ -75,15 +76,20 @@ impl Faults {
     }
 }
 
-/// The error every `--link udp` path returns until `softhca::link::udp` exists.
-pub fn udp_unavailable() -> Error {
-    err("udp link not available yet: softhca::link::udp has not landed in the library; use --link sim")
+/// How long `wait` on the udp link waits for a condition before giving up:
+/// `SOFTHCA_WAIT_SECS`, else 60 s.
+fn udp_wait() -> Duration {
+    let secs = std::env::var("SOFTHCA_WAIT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    Duration::from_secs(secs)
 }
 
 /// The devices' link and how the CLI waits for their progress.
 pub enum Net {
     /// Everything happens inside `wait`, on the fabric's virtual clock.
-    Sim { fabric: SimFabric, pcap: Option<PathBuf> },
+    Sim { fabric: Box<SimFabric>, pcap: Option<PathBuf> },
+    /// Engine threads move the packets; `wait` polls. The first device records the pcap
+    /// (everything it sends and receives).
+    Udp { devs: Vec<UdpDevice>, pcap: Option<PathBuf>, busy_poll: bool },
 }
 
 impl Net {
@@ -94,12 +100,37 @@ impl Net {
         if let Some(path) = pcap {
             fabric.pcap_file(path).map_err(|e| err(format!("cannot write pcap {}: {e}", path.display())))?;
         }
-        Ok(Net::Sim { fabric, pcap: pcap.map(Path::to_path_buf) })
+        Ok(Net::Sim { fabric: Box::new(fabric), pcap: pcap.map(Path::to_path_buf) })
+    }
+
+    /// A udp link; devices bind `SOFTHCA_ADDR` or the first free 127.0.0.x.
+    pub fn udp(pcap: Option<&Path>, busy_poll: bool) -> Net {
+        Net::Udp { devs: Vec::new(), pcap: pcap.map(Path::to_path_buf), busy_poll }
     }
 
     pub fn add_device(&mut self, name: &str) -> Res<Context> {
         match self {
             Net::Sim { fabric, .. } => Ok(fabric.add_device(name)?),
+            Net::Udp { devs, pcap, busy_poll } => {
+                let cfg = UdpConfig {
+                    name: name.to_string(),
+                    busy_poll: *busy_poll,
+                    pcap: if devs.is_empty() { pcap.clone() } else { None },
+                    ..UdpConfig::default()
+                };
+                let dev = UdpDevice::open(cfg).map_err(|e| err(format!("cannot open udp device {name}: {e}")))?;
+                let ctx = dev.context().clone();
+                devs.push(dev);
+                Ok(ctx)
+            }
+        }
+    }
+
+    /// The udp devices (empty on the sim link).
+    pub fn udp_devices(&self) -> &[UdpDevice] {
+        match self {
+            Net::Sim { .. } => &[],
+            Net::Udp { devs, .. } => devs,
         }
     }
 
@@ -118,6 +149,43 @@ impl Net {
                     )))
                 }
             }
+            Net::Udp { .. } => {
+                let start = Instant::now();
+                let limit = udp_wait();
+                let mut spins = 0u32;
+                loop {
+                    if cond() {
+                        return Ok(());
+                    }
+                    if start.elapsed() > limit {
+                        let Net::Udp { devs, .. } = &*self else { unreachable!() };
+                        let state: Vec<String> = devs
+                            .iter()
+                            .map(|d| {
+                                format!(
+                                    "{} at {}: {:?}; {:?}",
+                                    d.context().name(),
+                                    d.addr(),
+                                    d.context().counters(),
+                                    d.counters()
+                                )
+                            })
+                            .collect();
+                        return Err(err(format!(
+                            "timed out after {} s waiting for {what}; {}",
+                            udp_wait().as_secs(),
+                            state.join("; ")
+                        )));
+                    }
+                    // The engine threads need the cores too: spin briefly, then yield.
+                    spins = spins.wrapping_add(1);
+                    if spins % 64 == 0 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
         }
     }
 
@@ -126,6 +194,7 @@ impl Net {
         faults.validate()?;
         match self {
             Net::Sim { fabric, .. } => fabric.set_default_link(faults.sim_config().link),
+            Net::Udp { .. } => return Err(err("faults are a feature of the sim link")),
         }
         Ok(())
     }
@@ -134,12 +203,14 @@ impl Net {
     pub fn virtual_ns(&self) -> Option<u64> {
         match self {
             Net::Sim { fabric, .. } => Some(fabric.now()),
+            Net::Udp { .. } => None,
         }
     }
 
     pub fn sim_counters(&self) -> Option<SimCounters> {
         match self {
             Net::Sim { fabric, .. } => Some(fabric.counters()),
+            Net::Udp { .. } => None,
         }
     }
 
@@ -149,12 +220,14 @@ impl Net {
             Net::Sim { fabric, .. } => {
                 fabric.run_until_within(1_000_000_000, |f| f.in_flight() == 0);
             }
+            // Let the last ACKs leave before the devices close.
+            Net::Udp { .. } => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 
     pub fn pcap_path(&self) -> Option<&Path> {
         match self {
-            Net::Sim { pcap, .. } => pcap.as_deref(),
+            Net::Sim { pcap, .. } | Net::Udp { pcap, .. } => pcap.as_deref(),
         }
     }
 
@@ -162,6 +235,11 @@ impl Net {
     pub fn finish(&mut self) -> Res<()> {
         match self {
             Net::Sim { fabric, .. } => fabric.flush_pcap().map_err(|e| err(format!("pcap: {e}"))),
+            // Closing the devices flushes their pcap.
+            Net::Udp { devs, .. } => {
+                devs.clear();
+                Ok(())
+            }
         }
     }
 }
@@ -224,7 +302,7 @@ impl QpInfo {
     }
 
     pub fn describe(&self) -> String {
-        let gid = self.gid().map(|g| display_gid(g)).unwrap_or_else(|_| self.gid.clone());
+        let gid = self.gid().map(display_gid).unwrap_or_else(|_| self.gid.clone());
         format!("LID 0x0000, QPN {:#08x}, PSN {:#08x}, GID {gid}", self.qpn, self.psn)
     }
 }
@@ -305,12 +383,10 @@ pub fn parse_mtu(bytes: u32) -> Res<Mtu> {
 }
 
 /// The TCP side channel of `--server` / `--connect`: one JSON line each way.
-#[allow(dead_code)] // used by --link udp, which waits for softhca::link::udp
 pub struct Exchange {
     stream: BufReader<TcpStream>,
 }
 
-#[allow(dead_code)]
 impl Exchange {
     /// Waits for one client on `port`.
     pub fn serve(port: u16) -> Res<Exchange> {

@@ -74,6 +74,9 @@ pub struct PerfArgs {
     /// TCP port of the QP information exchange.
     #[arg(long, short = 'p', default_value_t = 18515)]
     pub port: u16,
+    /// udp: the devices' engines spin instead of sleeping.
+    #[arg(long)]
+    pub busy_poll: bool,
     #[command(flatten)]
     pub faults: net::Faults,
     /// Print exactly one JSON object instead of the table.
@@ -101,6 +104,7 @@ impl PerfArgs {
             connect: None,
             loopback: false,
             port: 18515,
+            busy_poll: false,
             faults: net::Faults::default(),
             json: false,
             pcap: PcapArg::default(),
@@ -249,29 +253,36 @@ impl From<SimCounters> for SimJson {
 
 pub fn run(args: &PerfArgs) -> Res<()> {
     validate(args)?;
-    let result = match args.link {
+    let mut net = match args.link {
         LinkKind::Sim => {
             if args.server || args.connect.is_some() || args.loopback {
                 return Err(err("--server/--connect/--loopback are for --link udp; --link sim runs both ends here"));
             }
-            let mut net = Net::sim(&args.faults, args.pcap.pcap.as_deref())?;
-            let ca = net.add_device("softhca0")?;
-            let cb = net.add_device("softhca1")?;
-            let mut setup = setup(&ca, &cb, args)?;
-            let bar = progress_bar(args);
-            let r = measure(&mut net, &mut setup, args, bar.as_ref())?;
-            if let Some(b) = bar {
-                b.finish_and_clear();
-            }
-            r
+            Net::sim(&args.faults, args.pcap.pcap.as_deref())?
         }
         LinkKind::Udp => {
-            if !args.loopback && !args.server && args.connect.is_none() {
-                return Err(err("--link udp needs --loopback, --server or --connect HOST"));
+            if args.server || args.connect.is_some() {
+                return Err(err(
+                    "perf --server/--connect is not implemented yet: use --link udp --loopback (both ends in this process, two devices) or pingpong --server/--connect",
+                ));
             }
-            return Err(net::udp_unavailable());
+            if !args.loopback {
+                return Err(err("--link udp needs --loopback (or, later, --server / --connect HOST)"));
+            }
+            if args.faults.loss + args.faults.dup + args.faults.reorder + args.faults.corrupt > 0.0 {
+                return Err(err("--loss/--dup/--reorder/--corrupt are faults of the sim link"));
+            }
+            Net::udp(args.pcap.pcap.as_deref(), args.busy_poll)
         }
     };
+    let ca = net.add_device("softhca0")?;
+    let cb = net.add_device("softhca1")?;
+    let mut setup = setup(&ca, &cb, args)?;
+    let bar = progress_bar(args);
+    let result = measure(&mut net, &mut setup, args, bar.as_ref())?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {

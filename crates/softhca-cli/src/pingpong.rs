@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use softhca::*;
 
-use crate::net::{self, err, LinkKind, Net, QpInfo, Res};
+use crate::net::{self, err, Exchange, LinkKind, Net, QpInfo, Res};
 use crate::PcapArg;
 
 /// The 40 bytes a UD receive buffer holds in front of the payload (the GRH area).
@@ -58,6 +58,9 @@ pub struct PingpongArgs {
     /// TCP port of the QP information exchange.
     #[arg(long, short = 'p', default_value_t = 18515)]
     pub port: u16,
+    /// udp: the device's engine spins instead of sleeping (lowest latency, a core busy).
+    #[arg(long)]
+    pub busy_poll: bool,
     #[command(flatten)]
     pub faults: net::Faults,
     #[command(flatten)]
@@ -236,7 +239,7 @@ pub fn run(args: &PingpongArgs) -> Res<()> {
             if !args.server && args.connect.is_none() {
                 return Err(err("--link udp needs --server or --connect HOST"));
             }
-            Err(net::udp_unavailable())
+            run_udp(args)
         }
     }
 }
@@ -298,6 +301,58 @@ fn run_sim(args: &PingpongArgs) -> Res<()> {
     }
     if r.bad_payloads > 0 {
         return Err(err(format!("{} received payloads differed from the sender's pattern", r.bad_payloads)));
+    }
+    Ok(())
+}
+
+/// One end over the udp link, the other in another process; QP information crosses TCP.
+fn run_udp(args: &PingpongArgs) -> Res<()> {
+    let mtu = net::parse_mtu(args.mtu)?;
+    let client = !args.server;
+    let mut net = Net::udp(args.pcap.pcap.as_deref(), args.busy_poll);
+    let ctx = net.add_device(if client { "softhca_udp_client" } else { "softhca_udp_server" })?;
+    let mut end = End::new(&ctx, args.qp, client, args)?;
+    let mine = end.info(&ctx)?;
+    let (mut ex, theirs) = if let Some(host) = &args.connect {
+        let mut ex = Exchange::connect(host, args.port)?;
+        ex.send(&mine)?;
+        let theirs: QpInfo = ex.recv()?;
+        (ex, theirs)
+    } else {
+        println!(
+            "  waiting for a client on TCP port {} (device {})",
+            args.port,
+            net::display_gid(ctx.query_gid(1, 0)?)
+        );
+        let mut ex = Exchange::serve(args.port)?;
+        let theirs: QpInfo = ex.recv()?;
+        ex.send(&mine)?;
+        (ex, theirs)
+    };
+    end.connect(&theirs, mtu, LinkKind::Udp)?;
+    // Both ends have their receives posted before the first Send.
+    ex.send(&"ready")?;
+    let _: String = ex.recv()?;
+    println!("  local address:  {}", mine.describe());
+    println!("  remote address: {}", theirs.describe());
+    let start = Instant::now();
+    let mut ends = [end];
+    drive(&mut net, &mut ends)?;
+    let wall = start.elapsed().as_secs_f64();
+    // Neither end closes its device while the other may still need an ACK.
+    ex.send(&"done")?;
+    let _: String = ex.recv()?;
+    net.settle();
+    let c = ctx.counters();
+    net.finish()?;
+    report(args, wall);
+    let bad = ends[0].bad_payloads;
+    println!("  retransmits: {}  payload check: {}", c.retransmits, if bad == 0 { "ok" } else { "FAILED" });
+    if let Some(p) = net.pcap_path() {
+        println!("  pcap: {}", p.display());
+    }
+    if bad > 0 {
+        return Err(err(format!("{bad} received payloads differed from the sender's pattern")));
     }
     Ok(())
 }

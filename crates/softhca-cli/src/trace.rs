@@ -71,6 +71,9 @@ pub struct Trace {
     pub pairs: Vec<Pair>,
 }
 
+/// One end of a pair as far as the headers tell: an address and, if known, a QPN.
+pub type Side = (IpAddr, Option<u32>);
+
 /// Packets of one QP pair.
 pub struct Pair {
     pub left: (IpAddr, Option<u32>),
@@ -240,7 +243,7 @@ fn pair_up(packets: &[Pkt]) -> Vec<Pair> {
     }
 
     let mut pairs: Vec<Pair> = Vec::new();
-    let mut index_of: HashMap<((IpAddr, Option<u32>), (IpAddr, Option<u32>)), usize> = HashMap::new();
+    let mut index_of: HashMap<(Side, Side), usize> = HashMap::new();
     for (i, p) in packets.iter().enumerate() {
         // (sender endpoint, receiver endpoint)
         let to: (IpAddr, Option<u32>) = (p.dst, Some(p.dest_qp));

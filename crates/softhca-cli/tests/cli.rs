@@ -288,4 +288,57 @@ fn udp_link_flags_are_checked() {
     assert!(!out.status.success());
     let out = softhca(&["perf", "write", "--link", "sim", "--loopback"]);
     assert!(!out.status.success());
+    let out = softhca(&["perf", "write", "--link", "udp"]);
+    assert!(!out.status.success());
+}
+
+/// A free TCP port for the QP-information exchange.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn udp_pingpong_between_two_processes() {
+    for qp in ["rc", "ud"] {
+        let port = free_port().to_string();
+        let size = "1024";
+        let common = ["pingpong", "--link", "udp", "--qp", qp, "--iters", "200", "--size", size, "--port", &port];
+        let server = Command::new(env!("CARGO_BIN_EXE_softhca"))
+            .args(common)
+            .arg("--server")
+            .env("SOFTHCA_WAIT_SECS", "30")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let client = Command::new(env!("CARGO_BIN_EXE_softhca"))
+            .args(common)
+            .args(["--connect", "127.0.0.1"])
+            .env("SOFTHCA_WAIT_SECS", "30")
+            .output()
+            .unwrap();
+        let server = server.wait_with_output().unwrap();
+        for (who, out) in [("server", &server), ("client", &client)] {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{qp} {who} failed:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert_pingpong(&text, 1024, 200);
+            assert!(text.contains("GID ::ffff:127.0.0."), "{text}");
+        }
+    }
+}
+
+#[test]
+fn udp_perf_loopback_verifies_data() {
+    for op in ["write", "send", "read", "atomic"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_softhca"))
+            .args(["perf", op, "--link", "udp", "--loopback", "--iters", "300", "--size", "16384", "--json"])
+            .env("SOFTHCA_WAIT_SECS", "30")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{op}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_str(text.trim()).unwrap();
+        check_perf(&v, 300);
+        assert_eq!(v["link"], "udp");
+    }
 }
