@@ -320,3 +320,33 @@ fn go_back_n_resends_the_same_packets() {
     assert_eq!(poll_all(&p.b.cq)[0].byte_len, 4000);
     assert_eq!(dst.to_vec().unwrap(), src.to_vec().unwrap());
 }
+
+/// A long Write asks for ACKs along the way, and the requester never has more than its window
+/// of PSNs unacknowledged, so that a loss costs at most a window of retransmissions.
+/// Rule PKT-ACK-2, PKT-ACK-3
+#[test]
+fn window_bounds_packets_in_flight() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(2 << 20, Access::LOCAL_WRITE).unwrap();
+    let dst = p.b.pd.alloc_mr(2 << 20, all_access()).unwrap();
+    p.a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..2 << 20)], dst.addr(), dst.rkey()).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::Success)]);
+    let mut acked = 99u32; // the PSN before the first request
+    let mut most = 0;
+    let mut ackreqs = 0;
+    for (from_a, d) in &p.trace {
+        let k = Pkt::parse(d);
+        if *from_a {
+            most = most.max(k.psn - acked);
+            if k.ack_req {
+                ackreqs += 1;
+                assert!(k.psn % 64 == 63 || k.opcode == Opcode::RcRdmaWriteLast, "{k:?}");
+            }
+        } else {
+            acked = k.psn;
+        }
+    }
+    assert_eq!(most, 256);
+    assert_eq!(ackreqs, 2048 / 64 + 1);
+}

@@ -400,7 +400,10 @@ fn emit_request(q: &QpInner, core: &QpCore, np: &requester::NextPacket, buf: &mu
     let mut bth = BthRepr::new(opcode, pkey, dest_qp, Psn::new(np.psn)); // MOD-DQPN-1
     let solicited_kind = matches!(w.opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
     bth.se = last && solicited_kind && w.flags.contains(SendFlags::SOLICITED); // EVT-SE-1..3
-    bth.ack_req = q.qp_type == QpType::Rc && last && w.opcode.gathers(); // PKT-ACK-2
+                                                                               // PKT-ACK-2, and every ACK_EVERY-th packet so that the requester's window keeps moving.
+    bth.ack_req = q.qp_type == QpType::Rc
+        && w.opcode.gathers()
+        && (last || np.psn % requester::ACK_EVERY == requester::ACK_EVERY - 1);
     let mut packet = PacketRepr::new(bth);
     match w.opcode {
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm if first => {

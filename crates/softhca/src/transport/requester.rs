@@ -73,6 +73,15 @@ impl ReqState {
     }
 }
 
+/// The most request PSNs an RC requester has outstanding (sent, not acknowledged). IBA sets no
+/// window, but a go-back-N requester without one resends everything in flight after each loss;
+/// real RNICs bound it too. A Read counts by its first PSN, so any Read can start.
+pub(crate) const WINDOW: u32 = 256;
+
+/// AckReq goes on every this-many-th packet of a long Send or Write as well as on its last, so
+/// that the window keeps moving (PKT-ACK-2 asks for the last; any packet may ask).
+pub(crate) const ACK_EVERY: u32 = 64;
+
 /// Local ACK Timeout in ns: 4.096 µs × 2^timeout; 0 disables the timer (PKT-RTY-2).
 pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
     (timeout != 0).then(|| 4096u64 << timeout.min(31))
@@ -150,6 +159,9 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             if is_rd_atomic && core.req.rd_atomic >= core.attrs.max_rd_atomic as u32 {
                 return None; // WR-READ-3
             }
+            if q.qp_type == QpType::Rc && Psn::new(core.req.psn).distance_from(Psn::new(core.req.una)) >= WINDOW {
+                return None; // start it only when its first packet can go
+            }
             let mut w = std::mem::take(core.sq.get_mut(idx)?);
             let checked = check_local(q, core, &mut w);
             let npkts = match w.opcode {
@@ -185,6 +197,12 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             continue;
         }
         let offset = core.req.cursor_off;
+        if q.qp_type == QpType::Rc {
+            let psn = Psn::new(w.tx.first_psn).add((offset / mtu) as u32);
+            if psn.distance_from(Psn::new(core.req.una)) >= WINDOW {
+                return None;
+            }
+        }
         let single = matches!(w.opcode, WrOpcode::RdmaRead) || w.opcode.is_atomic();
         let payload = if single { 0 } else { (w.length - offset.min(w.length)).min(mtu) };
         let psn = Psn::new(w.tx.first_psn).add((offset / mtu.min(1 << 31)) as u32).value();
