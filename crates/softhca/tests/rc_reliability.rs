@@ -317,6 +317,8 @@ fn go_back_n_resends_the_same_packets() {
         ]
     );
     assert_eq!(p.sent_by(false)[0].syndrome, Some(Syndrome::Nak(NakCode::PsnSeqErr)));
+    let c = p.a.qp.counters();
+    assert_eq!((c.retransmits, c.retransmitted_packets, c.seq_naks_received), (1, 3, 1));
     assert_eq!(poll_all(&p.b.cq)[0].byte_len, 4000);
     assert_eq!(dst.to_vec().unwrap(), src.to_vec().unwrap());
 }

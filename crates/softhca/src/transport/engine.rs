@@ -37,7 +37,11 @@ pub struct DeviceCounters {
     /// Inbound datagrams dropped: malformed, bad ICRC, unknown QP, header violations.
     pub rx_dropped: u64,
     pub rx_bad_icrc: u64,
+    /// Times a requester went back (go-back-N rounds after a NAK, an implied NAK, a timeout or
+    /// an RNR wait).
     pub retransmits: u64,
+    /// Request packets sent again.
+    pub retransmitted_packets: u64,
     pub rnr_naks_sent: u64,
     pub rnr_naks_received: u64,
     pub seq_naks_sent: u64,
@@ -68,6 +72,7 @@ pub(crate) struct Stats {
     pub rx_dropped: Counter,
     pub rx_bad_icrc: Counter,
     pub retransmits: Counter,
+    pub retransmitted_packets: Counter,
     pub rnr_naks_sent: Counter,
     pub rnr_naks_received: Counter,
     pub seq_naks_sent: Counter,
@@ -180,6 +185,7 @@ impl Stats {
             rx_dropped: s.rx_dropped.get(),
             rx_bad_icrc: s.rx_bad_icrc.get(),
             retransmits: s.retransmits.get(),
+            retransmitted_packets: s.retransmitted_packets.get(),
             rnr_naks_sent: s.rnr_naks_sent.get(),
             rnr_naks_received: s.rnr_naks_received.get(),
             seq_naks_sent: s.seq_naks_sent.get(),
@@ -343,6 +349,12 @@ fn emit_one(q: &QpInner, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<
         };
         if let Some(len) = emit_request(q, core, &np, buf) {
             if q.qp_type == QpType::Rc {
+                let psn = Psn::new(np.psn);
+                if psn.psn_cmp(Psn::new(core.req.sent_high)).is_lt() {
+                    q.bump(|s| &s.retransmitted_packets);
+                } else {
+                    core.req.sent_high = psn.next().value();
+                }
                 if core.req.ack_deadline.is_none() {
                     core.req.ack_deadline = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
                 }

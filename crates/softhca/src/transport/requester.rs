@@ -48,6 +48,8 @@ pub(crate) struct ReqState {
     pub started: usize,
     /// The oldest request PSN not yet acknowledged.
     pub una: u32,
+    /// One past the highest request PSN sent so far: a packet below it is a retransmission.
+    pub sent_high: u32,
     pub retry_left: u8,
     pub rnr_left: u8,
     pub ack_deadline: Option<u64>,
@@ -64,7 +66,14 @@ pub(crate) struct ReqState {
 impl ReqState {
     /// At RTR→RTS: the first request carries the SQ Start PSN (MOD-RTR-RTS-2).
     pub fn start(&mut self, sq_psn: u32, retry_cnt: u8, rnr_retry: u8) {
-        *self = ReqState { psn: sq_psn, una: sq_psn, retry_left: retry_cnt, rnr_left: rnr_retry, ..Default::default() };
+        *self = ReqState {
+            psn: sq_psn,
+            una: sq_psn,
+            sent_high: sq_psn,
+            retry_left: retry_cnt,
+            rnr_left: rnr_retry,
+            ..Default::default()
+        };
     }
 
     /// Something was sent and is not yet acknowledged.
