@@ -49,3 +49,4 @@ pub fn wait(cq: &Cq, n: usize, secs: u64) -> Vec<Wc> {
     }
     out
 }
+pub mod procs;
