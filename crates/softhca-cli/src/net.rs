@@ -244,42 +244,14 @@ impl Net {
     }
 }
 
-/// Sum of two devices' counters, field by field, for the fields the CLI reports.
+/// Sum of two devices' counters.
 pub fn add_counters(a: DeviceCounters, b: DeviceCounters) -> DeviceCounters {
-    DeviceCounters {
-        tx_packets: a.tx_packets + b.tx_packets,
-        rx_packets: a.rx_packets + b.rx_packets,
-        rx_dropped: a.rx_dropped + b.rx_dropped,
-        rx_bad_icrc: a.rx_bad_icrc + b.rx_bad_icrc,
-        retransmits: a.retransmits + b.retransmits,
-        rnr_naks_sent: a.rnr_naks_sent + b.rnr_naks_sent,
-        rnr_naks_received: a.rnr_naks_received + b.rnr_naks_received,
-        seq_naks_sent: a.seq_naks_sent + b.seq_naks_sent,
-        seq_naks_received: a.seq_naks_received + b.seq_naks_received,
-        implied_naks: a.implied_naks + b.implied_naks,
-        timeouts: a.timeouts + b.timeouts,
-        pkey_violations: a.pkey_violations + b.pkey_violations,
-        qkey_violations: a.qkey_violations + b.qkey_violations,
-    }
+    a + b
 }
 
 /// `b - a` for counters that only grow.
 pub fn sub_counters(b: DeviceCounters, a: DeviceCounters) -> DeviceCounters {
-    DeviceCounters {
-        tx_packets: b.tx_packets - a.tx_packets,
-        rx_packets: b.rx_packets - a.rx_packets,
-        rx_dropped: b.rx_dropped - a.rx_dropped,
-        rx_bad_icrc: b.rx_bad_icrc - a.rx_bad_icrc,
-        retransmits: b.retransmits - a.retransmits,
-        rnr_naks_sent: b.rnr_naks_sent - a.rnr_naks_sent,
-        rnr_naks_received: b.rnr_naks_received - a.rnr_naks_received,
-        seq_naks_sent: b.seq_naks_sent - a.seq_naks_sent,
-        seq_naks_received: b.seq_naks_received - a.seq_naks_received,
-        implied_naks: b.implied_naks - a.implied_naks,
-        timeouts: b.timeouts - a.timeouts,
-        pkey_violations: b.pkey_violations - a.pkey_violations,
-        qkey_violations: b.qkey_violations - a.qkey_violations,
-    }
+    b - a
 }
 
 /// What one end tells the other to connect, as in ibv_rc_pingpong's exchange: QPN, PSN, GID,

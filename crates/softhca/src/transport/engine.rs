@@ -52,6 +52,36 @@ pub struct DeviceCounters {
     pub qkey_violations: u64,
 }
 
+macro_rules! fieldwise {
+    ($trait:ident, $method:ident, $op:ident) => {
+        impl std::ops::$trait for DeviceCounters {
+            type Output = DeviceCounters;
+            fn $method(self, o: DeviceCounters) -> DeviceCounters {
+                DeviceCounters {
+                    tx_packets: self.tx_packets.$op(o.tx_packets),
+                    rx_packets: self.rx_packets.$op(o.rx_packets),
+                    rx_dropped: self.rx_dropped.$op(o.rx_dropped),
+                    rx_bad_icrc: self.rx_bad_icrc.$op(o.rx_bad_icrc),
+                    retransmits: self.retransmits.$op(o.retransmits),
+                    retransmitted_packets: self.retransmitted_packets.$op(o.retransmitted_packets),
+                    rnr_naks_sent: self.rnr_naks_sent.$op(o.rnr_naks_sent),
+                    rnr_naks_received: self.rnr_naks_received.$op(o.rnr_naks_received),
+                    seq_naks_sent: self.seq_naks_sent.$op(o.seq_naks_sent),
+                    seq_naks_received: self.seq_naks_received.$op(o.seq_naks_received),
+                    implied_naks: self.implied_naks.$op(o.implied_naks),
+                    timeouts: self.timeouts.$op(o.timeouts),
+                    pkey_violations: self.pkey_violations.$op(o.pkey_violations),
+                    qkey_violations: self.qkey_violations.$op(o.qkey_violations),
+                }
+            }
+        }
+    };
+}
+
+// Sums over devices, and differences between two snapshots of one (counters only grow).
+fieldwise!(Add, add, saturating_add);
+fieldwise!(Sub, sub, saturating_sub);
+
 #[derive(Debug, Default)]
 pub(crate) struct Counter(AtomicU64);
 
