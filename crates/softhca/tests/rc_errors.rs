@@ -473,3 +473,26 @@ fn class_d_mid_message_then_continue() {
     assert_eq!((wb.len(), wb[0].status, wb[0].byte_len), (1, WcStatus::Success, 4096));
     assert_eq!(dst.to_vec().unwrap(), src.to_vec().unwrap());
 }
+
+/// A link that verified the ICRC itself hands the datagram over with `receive_icrc_checked`:
+/// only the CRC is skipped, every header check still applies.
+/// Rule PKT-VAL-2
+#[test]
+fn receive_icrc_checked_skips_only_the_crc() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    p.b.qp.post_recv(&[RecvWr::new(1, &[])]).unwrap();
+    p.filter = Some(Box::new(|from_a, _| !from_a));
+    p.a.qp.post_send(&[SendWr::send(7, &[]).signaled()]).unwrap();
+    p.run(1);
+    let mut d = p.trace.iter().find(|(a, _)| *a).unwrap().1.clone();
+    let n = d.len();
+    d[n - 1] ^= 1;
+    p.b.ctx.receive(0, &d);
+    assert_eq!(p.b.ctx.counters().rx_bad_icrc, 1);
+    let mut wrong_qp = d.clone();
+    rewrite(&mut wrong_qp, |r| r.packet.bth.dest_qp ^= 0x1000).unwrap();
+    p.b.ctx.receive_icrc_checked(0, &wrong_qp);
+    assert_eq!(p.b.ctx.counters().rx_dropped, 2);
+    p.b.ctx.receive_icrc_checked(0, &d);
+    assert_eq!(poll_all(&p.b.cq).len(), 1);
+}

@@ -634,7 +634,8 @@ impl Engine {
         if let Some(p) = self.pcap.as_mut() {
             let _ = p.write_datagram(now, mac_of(dgram, 12), mac_of(dgram, 16), dgram);
         }
-        self.ctx.receive(now, dgram);
+        // Every path here verified the ICRC first (on_message, on_raw).
+        self.ctx.receive_icrc_checked(now, dgram);
     }
 
     /// Checks a datagram the core emitted and finds its UDP payload; fixes the header fields

@@ -134,9 +134,21 @@ impl Context {
     /// Feeds one inbound RoCEv2 datagram, from its IP header on. Anything malformed is
     /// dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10).
     pub fn receive(&self, now: u64, datagram: &[u8]) {
+        self.receive_inner(now, datagram, true);
+    }
+
+    /// [`Context::receive`] for a link that has already verified the ICRC over the header the
+    /// datagram really had (the UDP link rebuilds or captures it): everything else is checked
+    /// as usual, the CRC is not computed a second time.
+    pub fn receive_icrc_checked(&self, now: u64, datagram: &[u8]) {
+        self.receive_inner(now, datagram, false);
+    }
+
+    fn receive_inner(&self, now: u64, datagram: &[u8], verify_icrc: bool) {
         let dev = &self.inner;
         dev.stats.rx_packets.inc();
-        match roce::parse_ip(datagram) {
+        let parsed = if verify_icrc { roce::parse_ip(datagram) } else { roce::parse_ip_unverified(datagram) };
+        match parsed {
             Ok(d) => {
                 let grh = roce::ud_grh(datagram).ok();
                 if !deliver(dev, now, &d, grh) {
