@@ -43,7 +43,7 @@ fn corpus() -> Vec<Vec<u8>> {
 
 /// A fresh pair per case, with a Send half received so that the responder is mid-message.
 fn targets() -> (Pair, Mr) {
-    let mut p = Pair::new(QpType::Rc, Mtu::Mtu256);
+    let p = Pair::new(QpType::Rc, Mtu::Mtu256);
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let guard = p.b.pd.alloc_mr(4096, all).unwrap();
     p.b.qp.post_recv(&[RecvWr::new(1, &[guard.sge(0..1024)])]).unwrap();

@@ -105,7 +105,6 @@ fn progress_reloads_the_retry_counter() {
 #[test]
 fn duplicates_are_answered_not_executed() {
     let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
-    let src = p.a.pd.reg_mr((0..4096u32).map(|i| i as u8).collect(), Access::LOCAL_WRITE).unwrap();
     let remote = p.b.pd.reg_mr((0..4096u32).map(|i| (i / 3) as u8).collect(), all_access()).unwrap();
     let word = p.b.pd.alloc_mr(8, all_access()).unwrap();
     word.write(0, &5u64.to_ne_bytes()).unwrap();

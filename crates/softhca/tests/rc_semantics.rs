@@ -270,7 +270,7 @@ fn rtr_receives_and_raises_communication_established() {
 /// Rule QPS-RESET-4, QPS-INIT-4, QPS-ERR-1, QPS-ERR-2, QPS-ERR-5, PKT-VAL-5, PKT-VAL-6
 #[test]
 fn packets_to_reset_init_and_error_are_dropped() {
-    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let p = Pair::new(QpType::Rc, Mtu::Mtu1024);
     let src = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     let dst = p.b.pd.alloc_mr(64, all_access()).unwrap();
     p.a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..8)], dst.addr(), dst.rkey()).signaled()]).unwrap();

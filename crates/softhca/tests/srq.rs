@@ -113,7 +113,7 @@ fn last_wqe_reached() {
         vec![AsyncEvent { event_type: AsyncEventType::QpLastWqeReached, element: EventElement::Qp(p.b.qp.qp_num()) }]
     );
     assert_eq!(srq.len().unwrap(), 1, "WQE 2 stays on the SRQ for other QPs");
-    let _ = p.run(RUN);
+    p.run(RUN);
     // A second QP on the SRQ, idle, entering Error: the event at once.
     let qp2 = p.b.pd.create_qp(&QpInitAttr::rc(&p.b.cq, &p.b.cq).max_recv_wr(0).srq(&srq)).unwrap();
     qp2.modify(&QpAttr::to_error()).unwrap();
