@@ -99,11 +99,7 @@ RTS>RTS QKEY --OO
 fn expected_rule(qp_type: QpType, from: QpState, to: QpState) -> (AttrMask, AttrMask) {
     let col = QpType::TABLE.iter().position(|t| *t == qp_type).unwrap();
     // SQD→SQD takes "the SQD → RTS set".
-    let key = if (from, to) == (QpState::Sqd, QpState::Sqd) {
-        "SQD>RTS".to_string()
-    } else {
-        format!("{from}>{to}")
-    };
+    let key = if (from, to) == (QpState::Sqd, QpState::Sqd) { "SQD>RTS".to_string() } else { format!("{from}>{to}") };
     let (mut req, mut opt) = (AttrMask::empty(), AttrMask::empty());
     for line in TABLES.lines().filter(|l| !l.is_empty()) {
         let mut f = line.split_whitespace();
