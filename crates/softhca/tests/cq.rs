@@ -262,3 +262,21 @@ fn channel_and_async_fds_work_with_poll() {
     assert_eq!(f.ctx.get_async_event().map(|e| e.event_type), Some(AsyncEventType::CqErr));
     assert!(!readable(fd));
 }
+
+/// A driver's progress hook runs at the start of every poll, so the polling thread can drive
+/// the engine.
+#[test]
+fn progress_hook_runs_on_poll() {
+    let f = fixture();
+    let n = Arc::new(AtomicUsize::new(0));
+    let c = n.clone();
+    f.ctx.set_progress(Some(Arc::new(move || {
+        c.fetch_add(1, Ordering::SeqCst);
+    })));
+    f.cq.poll(&mut [Wc::default(); 4]).unwrap();
+    f.cq.poll_one().unwrap();
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+    f.ctx.set_progress(None);
+    f.cq.poll_one().unwrap();
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+}

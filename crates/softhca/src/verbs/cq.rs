@@ -213,6 +213,7 @@ impl Cq {
     /// Poll for Completion: moves up to `wcs.len()` of the oldest CQEs into `wcs` and returns
     /// how many (CQ-POLL-1..4). An empty CQ gives 0.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
+        self.progress();
         let mut core = self.lock()?;
         let n = wcs.len().min(core.entries.len());
         for (slot, wc) in wcs.iter_mut().zip(core.entries.drain(..n)) {
@@ -223,7 +224,15 @@ impl Cq {
 
     /// Polls one CQE.
     pub fn poll_one(&self) -> Result<Option<Wc>> {
+        self.progress();
         Ok(self.lock()?.entries.pop_front())
+    }
+
+    fn progress(&self) {
+        let hook = self.inner.dev.progress.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 
     /// Request Completion Notification (CQ-NOTIFY-1, EVT-CN-*).

@@ -220,6 +220,9 @@ pub type CompletionHandler = Arc<dyn Fn(&super::cq::Cq) + Send + Sync>;
 pub type AsyncEventHandler = Arc<dyn Fn(&AsyncEvent) + Send + Sync>;
 /// Called after every verb that gives the engine new work (a post, a Modify QP).
 pub type Doorbell = Arc<dyn Fn() + Send + Sync>;
+/// Called by Poll for Completion before it looks at the CQ, so that a driver can make progress
+/// on the polling thread (run-to-completion, for busy-polling on few cores).
+pub type Progress = Arc<dyn Fn() + Send + Sync>;
 
 pub(crate) struct AsyncQueue {
     pub events: Mutex<VecDeque<AsyncEvent>>,
@@ -253,6 +256,7 @@ pub(crate) struct DeviceInner {
     pub async_events: AsyncQueue,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
     pub doorbell: RwLock<Option<Doorbell>>,
+    pub progress: RwLock<Option<Progress>>,
 }
 
 impl DeviceInner {
@@ -399,6 +403,7 @@ impl Context {
             },
             comp_handler: RwLock::new(None),
             doorbell: RwLock::new(None),
+            progress: RwLock::new(None),
         });
         DEVICES.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&inner));
         tracing::info!(device = %inner.name, "device created");
@@ -513,6 +518,18 @@ impl Context {
     /// verb gives the engine new work: Post Send, Post Receive, Modify QP.
     pub fn set_doorbell(&self, bell: impl Fn() + Send + Sync + 'static) {
         *self.inner.doorbell.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(bell));
+    }
+
+    /// Installs (or with `None` removes) the progress hook a driver wants called at the start of
+    /// every Poll for Completion on this device's CQs, so that the polling thread itself can run
+    /// the engine (inline progress). The hook must not poll a CQ.
+    pub fn set_progress(&self, hook: Option<Progress>) {
+        *self.inner.progress.write().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    /// Removes the doorbell.
+    pub fn clear_doorbell(&self) {
+        *self.inner.doorbell.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     pub(crate) fn same_device(&self, other: &Arc<DeviceInner>) -> bool {

@@ -17,7 +17,7 @@ pub mod wr;
 pub use ah::Ah;
 pub use cq::{CompChannel, Cq};
 pub use device::{
-    device_list, open_device, AtomicCap, Context, DeviceAttr, DeviceConfig, DeviceInfo, PortAttr, PortState,
+    device_list, open_device, AtomicCap, Context, DeviceAttr, DeviceConfig, DeviceInfo, PortAttr, PortState, Progress,
 };
 pub use error::{PostError, Result, VerbsError};
 pub use mr::{AccessError, MemRef, Mr};
