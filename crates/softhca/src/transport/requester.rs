@@ -149,6 +149,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
     if !matches!(state, QpState::Rts | QpState::Sqd) || core.req.rnr_deadline.is_some() {
         return None; // QPS-RTR-5, QPS-SQE-2, QPS-ERR-1
     }
+    // A UD message is one packet whatever its length (an oversized one fails check_local).
     let mtu = if q.qp_type == QpType::Ud { u64::MAX } else { pmtu(core) };
     loop {
         let idx = core.req.cursor;
@@ -214,7 +215,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
         }
         let single = matches!(w.opcode, WrOpcode::RdmaRead) || w.opcode.is_atomic();
         let payload = if single { 0 } else { (w.length - offset.min(w.length)).min(mtu) };
-        let psn = Psn::new(w.tx.first_psn).add((offset / mtu.min(1 << 31)) as u32).value();
+        let psn = Psn::new(w.tx.first_psn).add((offset / mtu) as u32).value();
         let end = offset + payload;
         if single || end >= w.length {
             core.req.cursor += 1;
