@@ -1,7 +1,7 @@
 //! Two processes on the UDP link: the benchmark of issue 5 ("Speed"), and a peer for tests.
 //!
 //! ```sh
-//! cargo run --release -p softhca --example udp_peer -- bw  [--secs 3] [--size 65536]
+//! cargo run --release -p softhca --example udp_peer -- bw  [--secs 3] [--size 65536] [--busy]
 //! cargo run --release -p softhca --example udp_peer -- lat [--iters 20000] [--no-busy]
 //! ```
 //!
@@ -9,7 +9,8 @@
 //! the next free 127.0.0.x; the two exchange (GID, QPN, VA, R_Key) as one line each over the
 //! child's stdin/stdout, then run RC traffic: `bw` posts RDMA Writes of `--size` bytes with
 //! 64 outstanding and reports GB/s; `lat` ping-pongs 8-byte Sends and reports one-way latency
-//! (half the round trip) percentiles, in busy-poll mode unless `--no-busy`.
+//! (half the round trip) percentiles, in busy-poll mode unless `--no-busy`. In busy-poll mode
+//! the application threads spin on their CQs and the engine runs inline on them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -104,7 +105,7 @@ fn serve(args: &[String]) {
         let wrs: Vec<RecvWr> = (0..64).map(|i| RecvWr::new(i, &sge)).collect();
         e.qp.post_recv(&wrs).unwrap();
         for i in 0..iters {
-            e.wait(1, false);
+            e.wait(1, busy);
             e.qp.post_recv(&[RecvWr::new(i as u64, &[e.mr.sge(0..64)])]).unwrap();
             e.qp.post_send(&[SendWr::send(i as u64, &[e.mr.sge(64..72)])]).unwrap();
         }
@@ -124,7 +125,7 @@ fn main() {
         return serve(&args);
     }
     let lat = mode == "lat";
-    let busy = lat && !args.iter().any(|a| a == "--no-busy");
+    let busy = if lat { !args.iter().any(|a| a == "--no-busy") } else { args.iter().any(|a| a == "--busy") };
     let iters: usize = arg(&args, "--iters", 20_000);
     let mut child = Command::new(std::env::current_exe().unwrap());
     child.arg("serve");
@@ -166,7 +167,7 @@ fn main() {
         for i in 0..iters {
             let t = Instant::now();
             e.qp.post_send(&[SendWr::send(i as u64, &[e.mr.sge(64..72)]).signaled().inline()]).unwrap();
-            e.wait(2, false);
+            e.wait(2, busy);
             e.qp.post_recv(&[RecvWr::new(i as u64, &[e.mr.sge(0..64)])]).unwrap();
             rtts.push(t.elapsed().as_nanos() as f64 / 2000.0);
         }
@@ -199,13 +200,13 @@ fn main() {
                 assert_eq!(w.status, WcStatus::Success, "{w:?}");
             }
             done += k;
-            if k == 0 {
+            if k == 0 && !busy {
                 std::thread::yield_now();
             }
         }
         let el = t.elapsed().as_secs_f64();
         println!(
-            "bw RC RDMA Write {size} B: {:.3} GB/s, {:.0} msgs/s ({done} msgs in {el:.2} s)",
+            "bw RC RDMA Write {size} B, busy_poll={busy}: {:.3} GB/s, {:.0} msgs/s ({done} msgs in {el:.2} s)",
             (done * size) as f64 / el / 1e9,
             done as f64 / el
         );

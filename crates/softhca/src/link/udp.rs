@@ -64,7 +64,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -220,23 +220,44 @@ counters! {
     doorbells,
 }
 
-/// Flags shared by the engine and the doorbell.
+/// Flags shared by the engine thread, the doorbell and inline callers.
 #[derive(Debug, Default)]
 struct Shared {
     stop: AtomicBool,
+    /// The engine thread is (about to be) asleep in `ppoll`.
     sleeping: AtomicBool,
+    /// Until when it sleeps (ns since the epoch); 0 while it is still deciding.
+    sleep_until: AtomicU64,
+    /// Doorbells rung (posts, Modify QP).
     rings: AtomicU64,
+    /// When an application thread last ran a whole engine turn inline (busy-poll), ns since
+    /// the epoch; 0: never.
+    last_inline: AtomicU64,
 }
 
-/// A RoCEv2 device on a real UDP socket, with its engine thread. Dropping it stops and joins
-/// the thread; the [`Context`] (and clones of it) stays usable but no longer moves packets.
+/// What the engine thread, the doorbell and the progress hook share. The engine's state is
+/// behind a mutex that inline callers only ever `try_lock`, so a poller never waits for
+/// another thread's turn; work rung in meanwhile is picked up by whoever holds it (see
+/// [`Link::drive_inline`]).
+struct Link {
+    ctx: Context,
+    busy: bool,
+    epoch: Instant,
+    shared: Shared,
+    stats: Arc<Stats>,
+    efd: OwnedFd,
+    /// The fd the engine receives on (the 4791 socket or the raw socket, owned by the engine).
+    rx_fd: RawFd,
+    engine: Mutex<Engine>,
+}
+
+/// A RoCEv2 device on a real UDP socket, with its engine. Dropping it stops and joins the
+/// engine thread; the [`Context`] (and clones of it) stays usable but no longer moves packets.
 pub struct UdpDevice {
     ctx: Context,
     addr: IpAddr,
     gid: Gid,
-    stats: Arc<Stats>,
-    shared: Arc<Shared>,
-    efd: Arc<OwnedFd>,
+    link: Arc<Link>,
     thread: Option<JoinHandle<()>>,
     raw: bool,
     gso: bool,
@@ -319,38 +340,73 @@ impl UdpDevice {
             Some(p) => Some(PcapTap::new(BufWriter::new(File::create(p)?))?),
             None => None,
         };
-        let efd = Arc::new(sys::eventfd()?);
+        let efd = sys::eventfd()?;
         let stats = Arc::new(Stats::default());
-        let shared = Arc::new(Shared::default());
-        {
-            let (efd, shared, stats) = (efd.clone(), shared.clone(), stats.clone());
-            ctx.set_doorbell(move || {
-                shared.rings.fetch_add(1, Ordering::SeqCst);
-                if shared.sleeping.load(Ordering::SeqCst) {
-                    stats.doorbells.fetch_add(1, Ordering::Relaxed);
-                    sys::eventfd_signal(efd.as_raw_fd());
-                }
-            });
-        }
         let raw_on = raw.is_some();
-        let engine = Engine {
+        let rx_fd = raw.as_ref().map_or(sock.as_raw_fd(), |r| r.as_raw_fd());
+        let epoch = Instant::now();
+        let rx_batch = if raw.is_some() { BATCH / 2 } else { BATCH };
+        let io = Io {
             ctx: ctx.clone(),
             addr,
             sock,
             raw,
-            efd: efd.clone(),
             ports: HashMap::new(),
             stats: stats.clone(),
-            shared: shared.clone(),
-            busy: cfg.busy_poll,
             policy: cfg.icrc_policy,
             gso,
             pcap,
-            epoch: Instant::now(),
+            epoch,
             last_id: HashMap::new(),
+            shifts: verify::Shifts::default(),
+            clock: 0,
         };
-        let thread = std::thread::Builder::new().name(format!("{}-engine", cfg.name)).spawn(move || engine.run())?;
-        Ok(UdpDevice { ctx, addr, gid, stats, shared, efd, thread: Some(thread), raw: raw_on, gso, gro })
+        let engine = Engine {
+            io,
+            rx: sys::RxBatch::new(rx_batch, RX_CAP, verify::MAX_IP_UDP),
+            msgs: Vec::with_capacity(rx_batch),
+            tx: TxBufs {
+                buf: vec![0u8; BATCH * MAX_DATAGRAM],
+                pending: Vec::with_capacity(BATCH),
+                iov: sys::IovScratch::default(),
+            },
+        };
+        let link = Arc::new(Link {
+            ctx: ctx.clone(),
+            busy: cfg.busy_poll,
+            epoch,
+            shared: Shared::default(),
+            stats: stats.clone(),
+            efd,
+            rx_fd,
+            engine: Mutex::new(engine),
+        });
+        // The hooks hold the link weakly: the context must not keep its own driver alive.
+        let weak = Arc::downgrade(&link);
+        ctx.set_doorbell(move || {
+            if let Some(l) = weak.upgrade() {
+                l.ring();
+            }
+        });
+        if cfg.busy_poll {
+            let weak = Arc::downgrade(&link);
+            ctx.set_progress(Some(Arc::new(move || {
+                if let Some(l) = weak.upgrade() {
+                    l.drive_inline(true);
+                }
+            })));
+        }
+        let bg = link.clone();
+        let thread = std::thread::Builder::new().name(format!("{}-engine", cfg.name)).spawn(move || bg.background());
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                ctx.set_progress(None);
+                ctx.clear_doorbell();
+                return Err(e);
+            }
+        };
+        Ok(UdpDevice { ctx, addr, gid, link, thread: Some(thread), raw: raw_on, gso, gro })
     }
 
     /// The verbs device this link drives.
@@ -366,7 +422,12 @@ impl UdpDevice {
         self.gid
     }
     pub fn counters(&self) -> UdpCounters {
-        self.stats.snapshot()
+        self.link.stats.snapshot()
+    }
+    /// Whether the device busy-polls: the application's CQ polls and posts run the engine on
+    /// their own thread, and the engine thread only stands in while nobody polls.
+    pub fn busy_poll(&self) -> bool {
+        self.link.busy
     }
     /// Whether the raw (exact IPv4 ICRC) receive path is in use.
     pub fn raw_rx(&self) -> bool {
@@ -380,9 +441,10 @@ impl UdpDevice {
 
 impl Drop for UdpDevice {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        sys::eventfd_signal(self.efd.as_raw_fd());
-        self.ctx.set_doorbell(|| {});
+        self.ctx.set_progress(None);
+        self.ctx.clear_doorbell();
+        self.link.shared.stop.store(true, Ordering::SeqCst);
+        sys::eventfd_signal(self.link.efd.as_raw_fd());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -405,94 +467,174 @@ struct Pending {
     port: u16,
 }
 
-struct Engine {
+/// The engine's sockets and per-datagram state.
+struct Io {
     ctx: Context,
     addr: IpAddr,
     sock: UdpSocket,
     raw: Option<OwnedFd>,
-    efd: Arc<OwnedFd>,
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
     ports: HashMap<u16, Option<UdpSocket>>,
     stats: Arc<Stats>,
-    shared: Arc<Shared>,
-    busy: bool,
     policy: IcrcPolicy,
     gso: bool,
     pcap: Option<PcapTap<BufWriter<File>>>,
     epoch: Instant,
     /// The last IPv4 Identification seen per source (a hint for counting senders).
     last_id: HashMap<IpAddr, u16>,
+    /// Cached ICRC shift constants (see [`verify::Shifts`]).
+    shifts: verify::Shifts,
+    /// `now` for the datagrams being handled (read once per receive batch or transmit batch).
+    clock: u64,
+}
+
+/// The transmit batch: [`BATCH`] datagram slots and what is pending in them.
+struct TxBufs {
+    buf: Vec<u8>,
+    pending: Vec<Pending>,
+    iov: sys::IovScratch,
+}
+
+/// Everything one engine turn needs, behind [`Link::engine`].
+struct Engine {
+    io: Io,
+    rx: sys::RxBatch,
+    msgs: Vec<sys::RxMsg>,
+    tx: TxBufs,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-impl Engine {
+/// While an application thread ran a turn inline within this long, the busy-poll engine
+/// thread naps instead of competing with it for the socket and the core.
+const INLINE_GRACE: Duration = Duration::from_millis(2);
+/// A doorbell leaves its transmit work to the poller if it polled this recently (busy-poll).
+const DOORBELL_DEFER: Duration = Duration::from_micros(50);
+/// The engine thread wakes at least this often even with no deadline, so that a deadline an
+/// inline transmit sets later than this needs no wake-up call.
+const IDLE_WAKE: Duration = Duration::from_millis(50);
+/// While receiving, flush the transmit side (ACKs, responses, newly opened windows) after
+/// this many datagrams, so that a peer's window does not wait for a whole receive batch.
+const FLUSH_EVERY: usize = 16;
+/// At most this many transmit batches per flush, so that receiving keeps its turn.
+const TX_ROUNDS: usize = 4;
+
+impl Link {
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    fn run(mut self) {
-        let headroom = verify::MAX_IP_UDP;
-        let mut rx = sys::RxBatch::new(if self.raw.is_some() { BATCH / 2 } else { BATCH }, RX_CAP, headroom);
-        let mut msgs = Vec::with_capacity(BATCH);
-        let mut tx = vec![0u8; BATCH * MAX_DATAGRAM];
-        let mut pending: Vec<Pending> = Vec::with_capacity(BATCH);
-        let mut iov = Vec::new();
-        let rx_fd = self.raw.as_ref().map_or(self.sock.as_raw_fd(), |r| r.as_raw_fd());
+    fn lock_engine(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn try_engine(&self) -> Option<MutexGuard<'_, Engine>> {
+        match self.engine.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Runs the engine on the calling thread unless another thread is running it: a whole
+    /// turn (`full`: the progress hook, busy-poll) or the transmit side only (the doorbell).
+    /// A doorbell rung while another thread held the engine is honoured by that thread when it
+    /// lets go: it rechecks the ring count after unlocking (the ringer counts before trying).
+    fn drive_inline(&self, mut full: bool) {
+        loop {
+            let seen = self.shared.rings.load(Ordering::SeqCst);
+            {
+                let Some(mut e) = self.try_engine() else { return };
+                if full {
+                    self.shared.last_inline.store(self.now().max(1), Ordering::Relaxed);
+                    e.turn(true);
+                } else {
+                    e.flush_tx();
+                }
+            }
+            if self.shared.rings.load(Ordering::SeqCst) == seen {
+                return;
+            }
+            full = false;
+        }
+    }
+
+    /// The doorbell: transmit inline, then wake the engine thread only if it sleeps past a
+    /// deadline that the new work set.
+    fn ring(&self) {
+        self.shared.rings.fetch_add(1, Ordering::SeqCst);
+        if self.poller_spinning() {
+            // The poller's next turn starts by transmitting: leave the work to it, so that
+            // several posts (and a pending ACK) go out in one batch.
+            return;
+        }
+        self.drive_inline(false);
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            let until = self.shared.sleep_until.load(Ordering::SeqCst);
+            if until == 0 || self.ctx.poll_timeout().is_some_and(|t| t < until) {
+                bump(&self.stats.doorbells, 1);
+                sys::eventfd_signal(self.efd.as_raw_fd());
+            }
+        }
+    }
+
+    /// Whether a poller ran a turn within [`DOORBELL_DEFER`] (it is spinning on its CQ).
+    fn poller_spinning(&self) -> bool {
+        let last = self.shared.last_inline.load(Ordering::Relaxed);
+        self.busy && last != 0 && self.now().saturating_sub(last) < DOORBELL_DEFER.as_nanos() as u64
+    }
+
+    /// Whether an application thread is driving the engine inline (busy-poll).
+    fn inline_active(&self, now: u64) -> Option<Duration> {
+        let last = self.shared.last_inline.load(Ordering::Relaxed);
+        let idle = Duration::from_nanos(now.saturating_sub(last));
+        (self.busy && last != 0 && idle < INLINE_GRACE).then(|| INLINE_GRACE - idle)
+    }
+
+    /// The engine thread. In blocking mode it runs every turn and sleeps in `ppoll` (socket,
+    /// doorbell eventfd, next deadline) when idle. In busy-poll mode it does the same only
+    /// while no application thread polls; while one does, it naps and leaves the socket, the
+    /// timers and the core to the poller.
+    fn background(self: Arc<Self>) {
         while !self.shared.stop.load(Ordering::Acquire) {
-            let rings = self.shared.rings.load(Ordering::SeqCst);
-            let mut busy = false;
-            // Receive.
-            match rx.recv(rx_fd, &mut msgs) {
-                Ok(n) if n > 0 => {
-                    busy = true;
-                    bump(&self.stats.rx_syscalls, 1);
-                    for (i, m) in msgs.iter().enumerate() {
-                        self.on_message(rx.buf_mut(i), m);
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "recvmmsg failed"),
-            }
-            // Timers.
-            let now = self.now();
-            if self.ctx.poll_timeout().is_some_and(|t| t <= now) {
-                self.ctx.handle_timeout(now);
-            }
-            // Transmit.
-            pending.clear();
-            for slot in 0..BATCH {
-                let buf = &mut tx[slot * MAX_DATAGRAM..(slot + 1) * MAX_DATAGRAM];
-                let Some(len) = self.ctx.transmit(now, buf) else { break };
-                if let Some(p) = self.prepare(slot, &mut buf[..len]) {
-                    pending.push(p);
-                }
-            }
-            if !pending.is_empty() {
-                busy = true;
-                self.send_batch(&mut tx, &pending, &mut iov);
-            }
-            if busy || self.busy {
-                if self.busy {
-                    std::hint::spin_loop();
-                }
+            if let Some(nap) = self.inline_active(self.now()) {
+                std::thread::sleep(nap.max(Duration::from_micros(200)));
                 continue;
             }
-            // Sleep until the socket, the doorbell or the next deadline.
+            let seen = self.shared.rings.load(Ordering::SeqCst);
+            let worked = if self.busy {
+                match self.try_engine() {
+                    Some(mut e) => e.turn(false),
+                    None => {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                }
+            } else {
+                self.lock_engine().turn(false)
+            };
+            if worked {
+                continue;
+            }
+            // Sleep until the socket, the doorbell or the next deadline (Dekker-style with
+            // `ring`: flag first, then recheck the ring count).
+            self.shared.sleep_until.store(0, Ordering::SeqCst);
             self.shared.sleeping.store(true, Ordering::SeqCst);
-            if self.shared.rings.load(Ordering::SeqCst) != rings || self.shared.stop.load(Ordering::SeqCst) {
+            if self.shared.rings.load(Ordering::SeqCst) != seen || self.shared.stop.load(Ordering::SeqCst) {
                 self.shared.sleeping.store(false, Ordering::SeqCst);
                 continue;
             }
-            let timeout = self.ctx.poll_timeout().map(|t| Duration::from_nanos(t.saturating_sub(self.now())));
+            let now = self.now();
+            let until = self.ctx.poll_timeout().unwrap_or(u64::MAX).min(now + IDLE_WAKE.as_nanos() as u64).max(1);
+            self.shared.sleep_until.store(until, Ordering::SeqCst);
             let mut fds = [
-                libc::pollfd { fd: rx_fd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.rx_fd, events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: self.efd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
             ];
             bump(&self.stats.sleeps, 1);
-            if let Err(e) = sys::ppoll(&mut fds, timeout) {
+            if let Err(e) = sys::ppoll(&mut fds, Some(Duration::from_nanos(until.saturating_sub(now)))) {
                 tracing::warn!(error = %e, "ppoll failed");
             }
             self.shared.sleeping.store(false, Ordering::SeqCst);
@@ -500,25 +642,107 @@ impl Engine {
                 sys::eventfd_drain(self.efd.as_raw_fd());
             }
         }
-        if let Some(p) = self.pcap.as_mut() {
+        if let Some(p) = self.lock_engine().io.pcap.as_mut() {
             let _ = p.flush();
         }
     }
+}
 
-    /// One received message: a datagram, or a GRO buffer of several.
-    fn on_message(&mut self, buf: &mut [u8], m: &sys::RxMsg) {
+impl Engine {
+    /// One turn. On the engine thread: receive a batch (flushing the transmit side every
+    /// [`FLUSH_EVERY`] datagrams), run expired timers, transmit. Inline (a poller's turn):
+    /// transmit first, then receive and run timers, and leave what they produced (ACKs,
+    /// responses, retransmissions) for the next poll or post, so that an ACK and the reply
+    /// the application posts on seeing its completion leave in one `sendmmsg`. Returns whether
+    /// anything happened.
+    fn turn(&mut self, inline: bool) -> bool {
+        let Engine { io, rx, msgs, tx } = self;
+        let mut worked = inline && io.flush_tx(tx);
+        let rx_fd = io.raw.as_ref().map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd());
+        match rx.recv(rx_fd, msgs) {
+            Ok(n) if n > 0 => {
+                worked = true;
+                bump(&io.stats.rx_syscalls, 1);
+                io.clock = io.now();
+                let mut since = 0;
+                for (i, m) in msgs.iter().enumerate() {
+                    since += io.on_message(rx.buf_mut(i), m);
+                    if since >= FLUSH_EVERY {
+                        io.flush_tx(tx);
+                        io.clock = io.now();
+                        since = 0;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "recvmmsg failed"),
+        }
+        let now = io.now();
+        if io.ctx.poll_timeout().is_some_and(|t| t <= now) {
+            io.ctx.handle_timeout(now);
+        }
+        if inline {
+            worked
+        } else {
+            io.flush_tx(tx) || worked
+        }
+    }
+
+    fn flush_tx(&mut self) -> bool {
+        self.io.flush_tx(&mut self.tx)
+    }
+}
+
+impl Io {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Drains the device's transmit queue into batches and sends them (at most
+    /// [`TX_ROUNDS`] batches). Returns whether anything was sent.
+    fn flush_tx(&mut self, tx: &mut TxBufs) -> bool {
+        let mut any = false;
+        for _ in 0..TX_ROUNDS {
+            let now = self.now();
+            self.clock = now;
+            tx.pending.clear();
+            let mut emitted = 0;
+            for slot in 0..BATCH {
+                let buf = &mut tx.buf[slot * MAX_DATAGRAM..(slot + 1) * MAX_DATAGRAM];
+                let Some(len) = self.ctx.transmit(now, buf) else { break };
+                emitted += 1;
+                if let Some(p) = self.prepare(slot, &mut buf[..len]) {
+                    tx.pending.push(p);
+                }
+            }
+            if emitted == 0 {
+                break;
+            }
+            any = true;
+            if !tx.pending.is_empty() {
+                self.send_batch(&mut tx.buf, &tx.pending, &mut tx.iov);
+            }
+            if emitted < BATCH {
+                break;
+            }
+        }
+        any
+    }
+
+    /// One received message: a datagram, or a GRO buffer of several. Returns how many
+    /// datagrams it held (delivered or not).
+    fn on_message(&mut self, buf: &mut [u8], m: &sys::RxMsg) -> usize {
         let headroom = verify::MAX_IP_UDP;
         if m.truncated {
             bump(&self.stats.drop_truncated, 1);
-            return;
+            return 1;
         }
         let Some(from) = m.from else {
             bump(&self.stats.drop_family, 1);
-            return;
+            return 1;
         };
         if self.raw.is_some() {
-            self.on_raw(&mut buf[headroom..headroom + m.len]);
-            return;
+            return self.on_raw(&mut buf[headroom..headroom + m.len]);
         }
         let seg = m.gro_size.filter(|&g| g > 0 && g < m.len).unwrap_or(m.len.max(1));
         if seg < m.len {
@@ -533,6 +757,7 @@ impl Engine {
             off += len;
             index = index.wrapping_add(1);
         }
+        usize::from(index)
     }
 
     /// Verifies one UDP payload at `buf[at..at + len]` from `from`, writes the rebuilt header in
@@ -542,7 +767,7 @@ impl Engine {
         let payload = &buf[at..at + len];
         let last = self.last_id.get(&src).map_or(0, |&id| id.wrapping_add(1));
         let hints = [index, last];
-        match verify::rebuild(src, from.port(), self.addr, payload, &hints, self.policy) {
+        match verify::rebuild_with(&mut self.shifts, src, from.port(), self.addr, payload, &hints, self.policy) {
             Ok(h) => {
                 let c = match h.how {
                     Verified::Exact => &self.stats.rx_icrc_exact,
@@ -570,16 +795,16 @@ impl Engine {
 
     /// A raw-socket datagram: the real IPv4 header is present; a GSO superpacket is cut into
     /// its segments first.
-    fn on_raw(&mut self, dgram: &mut [u8]) {
+    fn on_raw(&mut self, dgram: &mut [u8]) -> usize {
         const HDR: usize = 20 + UDP_HEADER_LEN;
         if dgram.len() < HDR + BTH_LEN + ICRC_LEN || dgram[0] != 0x45 {
             bump(&self.stats.drop_malformed, 1);
-            return;
+            return 1;
         }
         let dst = Ipv4Addr::new(dgram[16], dgram[17], dgram[18], dgram[19]);
         if IpAddr::V4(dst) != self.addr || u16::from_be_bytes([dgram[22], dgram[23]]) != ROCE_V2_PORT {
             bump(&self.stats.drop_not_ours, 1);
-            return;
+            return 1;
         }
         // On loopback and veth a UDP GSO message arrives here as one superpacket whose headers
         // describe the whole run (the UDP socket would have had it segmented or reported the
@@ -589,7 +814,7 @@ impl Engine {
         if crate::wire::icrc::verify_datagram(dgram).is_ok() {
             bump(&self.stats.rx_icrc_exact, 1);
             self.deliver(dgram);
-            return;
+            return 1;
         }
         // A superpacket: segments of one size (but the last) under copies of this header
         // with Identifications counting up. Candidate sizes are those at which a second BTH
@@ -609,7 +834,7 @@ impl Engine {
         });
         let Some(seg) = seg else {
             bump(&self.stats.drop_bad_icrc, 1);
-            return;
+            return 1;
         };
         bump(&self.stats.rx_gro_buffers, 1);
         let mut scratch = vec![0u8; HDR + seg];
@@ -625,10 +850,11 @@ impl Engine {
             off += len;
             k = k.wrapping_add(1);
         }
+        usize::from(k)
     }
 
     fn deliver(&mut self, dgram: &[u8]) {
-        let now = self.now();
+        let now = self.clock;
         bump(&self.stats.rx_datagrams, 1);
         bump(&self.stats.rx_bytes, dgram.len() as u64);
         if let Some(p) = self.pcap.as_mut() {
@@ -641,7 +867,7 @@ impl Engine {
     /// Checks a datagram the core emitted and finds its UDP payload; fixes the header fields
     /// the kernel will write differently (it should never need to).
     fn prepare(&mut self, slot: usize, d: &mut [u8]) -> Option<Pending> {
-        let now = self.now();
+        let now = self.clock;
         if let Some(p) = self.pcap.as_mut() {
             let _ = p.write_datagram(now, mac_of(d, 12), mac_of(d, 16), d);
         }
@@ -692,7 +918,7 @@ impl Engine {
 
     /// Sends a transmit batch: consecutive datagrams of one flow go through one sendmmsg on
     /// that flow's socket, equal-size runs to one destination as GSO messages.
-    fn send_batch(&mut self, tx: &mut [u8], pending: &[Pending], iov: &mut Vec<libc::iovec>) {
+    fn send_batch(&mut self, tx: &mut [u8], pending: &[Pending], iov: &mut sys::IovScratch) {
         let mut i = 0;
         while i < pending.len() {
             let port = pending[i].port;
@@ -720,7 +946,7 @@ impl Engine {
         }
     }
 
-    fn send_run(&mut self, fd: RawFd, tx: &mut [u8], run: &[Pending], iov: &mut Vec<libc::iovec>) {
+    fn send_run(&mut self, fd: RawFd, tx: &mut [u8], run: &[Pending], iov: &mut sys::IovScratch) {
         // Group into messages: (first index, count, gso size).
         let mut groups: Vec<(usize, usize, Option<u16>)> = Vec::new();
         let mut k = 0;
@@ -753,7 +979,7 @@ impl Engine {
             for (m, p) in run[first..first + n].iter().enumerate().skip(1) {
                 if p.dst.is_ipv4() {
                     let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
-                    reseal_identification(d, m as u16);
+                    reseal_identification(&mut self.shifts, d, m as u16);
                 }
             }
         }
@@ -813,22 +1039,13 @@ impl Engine {
 
 /// Re-seals an IPv4 datagram whose ICRC was computed for Identification 0 for Identification
 /// `id`, using the ICRC's linearity instead of a second pass over the payload.
-fn reseal_identification(d: &mut [u8], id: u16) {
+fn reseal_identification(shifts: &mut verify::Shifts, d: &mut [u8], id: u16) {
     let n = d.len();
-    if n < 20 + UDP_HEADER_LEN + BTH_LEN + ICRC_LEN || id == 0 {
+    let hdr = 20 + UDP_HEADER_LEN;
+    if n < hdr + BTH_LEN + ICRC_LEN || id == 0 {
         return;
     }
-    let hdr = 20 + UDP_HEADER_LEN;
-    let bth = &d[hdr..hdr + BTH_LEN];
-    let mut a = [0u8; 20 + UDP_HEADER_LEN];
-    a.copy_from_slice(&d[..hdr]);
-    let mut b = a;
-    b[4..6].copy_from_slice(&id.to_be_bytes());
-    let (Ok(ca), Ok(cb)) = (crate::wire::icrc::compute(&a, bth), crate::wire::icrc::compute(&b, bth)) else {
-        return;
-    };
-    let tail = n - hdr - BTH_LEN - ICRC_LEN;
-    let delta = verify::multmodp(verify::x8nmodp(tail), ca ^ cb);
+    let delta = verify::id_effect(shifts, n - hdr, id, true);
     let old = u32::from_le_bytes([d[n - 4], d[n - 3], d[n - 2], d[n - 1]]);
     d[n - 4..].copy_from_slice(&(old ^ delta).to_le_bytes());
     d[4..6].copy_from_slice(&id.to_be_bytes());

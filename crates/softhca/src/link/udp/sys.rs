@@ -207,7 +207,24 @@ pub struct RxBatch {
     ctrl: Vec<[u64; 8]>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
+    /// Headers the last `recvmmsg` filled in (they need resetting before the next).
+    used: usize,
 }
+
+// SAFETY: the raw pointers inside (iovecs and message headers) point only into the batch's
+// own heap buffers, are rewritten before every `recvmmsg`, and are never dereferenced by Rust
+// code; moving the batch to another thread (under the engine's mutex) moves those buffers'
+// ownership with it.
+unsafe impl Send for RxBatch {}
+
+/// Scratch iovecs for [`sendmmsg`], kept between calls to avoid an allocation per send.
+#[derive(Default)]
+pub struct IovScratch(Vec<libc::iovec>);
+
+// SAFETY: the iovecs are filled from the caller's slices at the start of every `sendmmsg`
+// and only read by the kernel during that call; stale pointers left in between are never
+// dereferenced.
+unsafe impl Send for IovScratch {}
 
 /// One received message of an [`RxBatch`].
 pub struct RxMsg {
@@ -222,12 +239,12 @@ impl RxBatch {
     pub fn new(n: usize, cap: usize, headroom: usize) -> RxBatch {
         let stride = headroom + cap;
         // SAFETY: sockaddr_storage, iovec and mmsghdr are plain old data; all-zero bytes are
-        // valid values (null pointers, zero lengths) and every pointer is set before use.
+        // valid values (null pointers, zero lengths) and every pointer is set below.
         let zero_name: libc::sockaddr_storage = unsafe { zeroed() };
         let zero_iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
         // SAFETY: as above.
         let zero_hdr: libc::mmsghdr = unsafe { zeroed() };
-        RxBatch {
+        let mut b = RxBatch {
             cap,
             headroom,
             bufs: vec![0u8; n * stride],
@@ -235,31 +252,40 @@ impl RxBatch {
             ctrl: vec![[0u64; 8]; n],
             iovs: vec![zero_iov; n],
             hdrs: vec![zero_hdr; n],
+            used: n,
+        };
+        // The pointers go into the vectors' heap allocations, which never move or resize
+        // (moving the RxBatch moves only the Vec handles), so they are set once.
+        let base = b.bufs.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i * stride + headroom + cap <= bufs.len(), so the pointer stays inside
+            // the buffer allocation.
+            b.iovs[i] = libc::iovec { iov_base: unsafe { base.add(i * stride + headroom) }.cast(), iov_len: cap };
         }
+        for i in 0..n {
+            let h = &mut b.hdrs[i].msg_hdr;
+            h.msg_name = (&mut b.names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_iov = &mut b.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = b.ctrl[i].as_mut_ptr().cast();
+        }
+        b
     }
 
     /// Receives up to `len()` datagrams without blocking; `Ok(0)` when none are waiting.
     pub fn recv(&mut self, fd: RawFd, out: &mut Vec<RxMsg>) -> io::Result<usize> {
-        let stride = self.headroom + self.cap;
-        let base = self.bufs.as_mut_ptr();
-        for i in 0..self.hdrs.len() {
-            // SAFETY: i * stride + headroom + cap <= bufs.len(), so the pointer stays inside
-            // the buffer allocation.
-            self.iovs[i] =
-                libc::iovec { iov_base: unsafe { base.add(i * stride + self.headroom) }.cast(), iov_len: self.cap };
-            let h = &mut self.hdrs[i].msg_hdr;
-            h.msg_name = (&mut self.names[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut self.iovs[i];
-            h.msg_iovlen = 1;
-            h.msg_control = self.ctrl[i].as_mut_ptr().cast();
-            h.msg_controllen = size_of::<[u64; 8]>() as _;
-            h.msg_flags = 0;
-            self.hdrs[i].msg_len = 0;
+        // Only the headers the kernel wrote last time need their in/out fields reset.
+        for h in &mut self.hdrs[..self.used] {
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = size_of::<[u64; 8]>() as _;
+            h.msg_hdr.msg_flags = 0;
+            h.msg_len = 0;
         }
+        self.used = 0;
+        out.clear();
         // SAFETY: every header points at buffers, names, iovecs and control areas owned by
-        // self, sized as declared, that stay alive and unaliased for the call; the kernel
-        // writes at most the declared lengths.
+        // self (set in `new`, into heap allocations that never move), sized as declared, alive
+        // and unaliased for the call; the kernel writes at most the declared lengths.
         let r = unsafe {
             libc::recvmmsg(
                 fd,
@@ -277,7 +303,7 @@ impl RxBatch {
                 Err(e)
             };
         }
-        out.clear();
+        self.used = r as usize;
         for i in 0..r as usize {
             let h = &self.hdrs[i].msg_hdr;
             let mut gro_size = None;
@@ -323,7 +349,8 @@ pub struct TxMsg<'a> {
 
 /// Sends `msgs` with one `sendmmsg`; returns how many went (the kernel stops at the first
 /// error, which is returned if none went).
-pub fn sendmmsg(fd: RawFd, msgs: &[TxMsg<'_>], iov_scratch: &mut Vec<libc::iovec>) -> io::Result<usize> {
+pub fn sendmmsg(fd: RawFd, msgs: &[TxMsg<'_>], iov_scratch: &mut IovScratch) -> io::Result<usize> {
+    let iov_scratch = &mut iov_scratch.0;
     const CTRL: usize = 4; // u64 words: room for one cmsg with a u16
     let total: usize = msgs.iter().map(|m| m.segs.len()).sum();
     iov_scratch.clear();

@@ -29,7 +29,7 @@
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::wire::icrc;
-use crate::wire::packet::{Packet, BTH_LEN};
+use crate::wire::packet::{Packet, BTH_LEN, ICRC_LEN};
 use crate::wire::roce::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpChecksum, UdpRepr, ROCE_V2_PORT};
 use crate::wire::WireError;
 
@@ -96,6 +96,20 @@ pub fn rebuild(
     hints: &[u16],
     policy: IcrcPolicy,
 ) -> Result<Rebuilt, Refused> {
+    rebuild_with(&mut Shifts::default(), src, src_port, dst, packet, hints, policy)
+}
+
+/// [`rebuild`] with a cache of the length-dependent constants (the link keeps one per engine,
+/// so that a hypothesis costs a few XORs and one short multiplication, not a CRC pass).
+pub fn rebuild_with(
+    shifts: &mut Shifts,
+    src: IpAddr,
+    src_port: u16,
+    dst: IpAddr,
+    packet: &[u8],
+    hints: &[u16],
+    policy: IcrcPolicy,
+) -> Result<Rebuilt, Refused> {
     let view = Packet::new_checked(packet).map_err(|_| Refused::Malformed)?;
     let received = view.icrc();
     let body = &packet[..view.icrc_offset()];
@@ -110,9 +124,71 @@ pub fn rebuild(
                 Err(Refused::BadIcrc)
             }
         }
-        (IpAddr::V4(s), IpAddr::V4(d)) => rebuild_v4(s, d, &udp, packet.len(), body, received, hints, policy),
+        (IpAddr::V4(s), IpAddr::V4(d)) => rebuild_v4(shifts, s, d, &udp, packet.len(), body, received, hints, policy),
         _ => Err(Refused::Family),
     }
+}
+
+/// A small cache of `x^(8n) mod P` by `n` (the packets of one flow come in very few lengths).
+#[derive(Debug, Clone, Default)]
+pub struct Shifts {
+    slots: [(usize, u32); 4],
+    next: usize,
+}
+
+impl Shifts {
+    /// `x8nmodp(n)`, cached.
+    pub fn get(&mut self, n: usize) -> u32 {
+        if let Some(&(_, v)) = self.slots.iter().find(|&&(k, v)| k == n && v != 0) {
+            return v;
+        }
+        let v = x8nmodp(n);
+        self.slots[self.next] = (n, v);
+        self.next = (self.next + 1) % self.slots.len();
+        v
+    }
+}
+
+/// The ICRC difference each of the 17 unknown IPv4 bits makes when it is followed by a BTH
+/// and nothing else: bit i < 16 of the Identification (set), bit 16 = DF cleared. The ICRC
+/// of equal-length inputs is affine, so these differences do not depend on the addresses,
+/// ports or the rest of the header; carrying one past `n` more bytes is `multmodp(x8nmodp(n), d)`.
+fn id_basis() -> &'static [u32; 17] {
+    static BASIS: std::sync::OnceLock<[u32; 17]> = std::sync::OnceLock::new();
+    BASIS.get_or_init(|| {
+        let udp = UdpRepr { src_port: 1, dst_port: ROCE_V2_PORT, checksum: UdpChecksum::Zero };
+        let (s, d) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        let bth = [0u8; BTH_LEN];
+        let len = BTH_LEN + 4;
+        let mut a = [0u8; MAX_IP_UDP];
+        let n = emit_ip_udp(&IpRepr::V4(Ipv4Repr::new(s, d)), &udp, len, &mut a).expect("fixed header fits");
+        let ca = icrc::compute(&a[..n], &bth).expect("fixed header is valid");
+        let mut out = [0u32; 17];
+        for (i, o) in out.iter_mut().enumerate() {
+            let (id, df) = if i < 16 { (1u16 << i, true) } else { (0, false) };
+            let h = IpRepr::V4(Ipv4Repr { identification: id, dont_fragment: df, ..Ipv4Repr::new(s, d) });
+            let mut b = [0u8; MAX_IP_UDP];
+            emit_ip_udp(&h, &udp, len, &mut b).expect("fixed header fits");
+            *o = ca ^ icrc::compute(&b[..n], &bth).expect("fixed header is valid");
+        }
+        out
+    })
+}
+
+/// The ICRC difference between IPv4 Identification 0 with DF and (`id`, `df`), for a packet
+/// (BTH … ICRC) of `packet_len` bytes.
+pub fn id_effect(shifts: &mut Shifts, packet_len: usize, id: u16, df: bool) -> u32 {
+    let basis = id_basis();
+    let mut d = if df { 0 } else { basis[16] };
+    for (i, b) in basis[..16].iter().enumerate() {
+        if id >> i & 1 != 0 {
+            d ^= b;
+        }
+    }
+    if d == 0 {
+        return 0;
+    }
+    multmodp(shifts.get(packet_len.saturating_sub(BTH_LEN + ICRC_LEN)), d)
 }
 
 /// The same for an IPv4-mapped IPv6 address pair as an IPv6 socket reports it.
@@ -136,6 +212,7 @@ fn crc(ip_udp: &[u8], body: &[u8]) -> Result<u32, Refused> {
 
 #[allow(clippy::too_many_arguments)]
 fn rebuild_v4(
+    shifts: &mut Shifts,
     src: Ipv4Addr,
     dst: Ipv4Addr,
     udp: &UdpRepr,
@@ -154,20 +231,14 @@ fn rebuild_v4(
         out.how = hyp(0);
         return Ok(out);
     }
+    if body.len() < BTH_LEN {
+        return Err(Refused::Malformed);
+    }
     // Each hypothesis differs from the base header only in covered bits, so its ICRC is
     // base ⊕ (the effect of the difference), computed without another pass over the payload.
-    let shift = x8nmodp(body.len() - BTH_LEN.min(body.len()));
-    let effect = |id: u16, df: bool| -> Result<u32, Refused> {
-        let mut a = [0u8; MAX_IP_UDP];
-        let mut b = [0u8; MAX_IP_UDP];
-        let n = header(&IpRepr::V4(Ipv4Repr::new(src, dst)), udp, packet_len, &mut a)?;
-        let h = IpRepr::V4(Ipv4Repr { identification: id, dont_fragment: df, ..Ipv4Repr::new(src, dst) });
-        header(&h, udp, packet_len, &mut b)?;
-        let bth = body.get(..BTH_LEN).ok_or(Refused::Malformed)?;
-        Ok(multmodp(shift, crc(&a[..n], bth)? ^ crc(&b[..n], bth)?))
-    };
+    let mut effect = |id: u16, df: bool| id_effect(shifts, packet_len, id, df);
     for &id in hints.iter().filter(|&&id| id != 0) {
-        if base ^ effect(id, true)? == received {
+        if base ^ effect(id, true) == received {
             ip.identification = id;
             out.len = header(&IpRepr::V4(ip), udp, packet_len, &mut out.bytes)?;
             out.how = hyp(id);
@@ -181,7 +252,7 @@ fn rebuild_v4(
     let mut basis: [(u32, u32); 32] = [(0, 0); 32];
     for i in 0..17u32 {
         let (id, df) = if i < 16 { (1u16 << i, true) } else { (0, false) };
-        let mut v = effect(id, df)?;
+        let mut v = effect(id, df);
         let mut mask = 1u32 << i;
         for bit in (0..32).rev() {
             if v >> bit & 1 == 0 {
