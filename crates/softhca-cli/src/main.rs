@@ -16,6 +16,7 @@ mod demo;
 mod devinfo;
 mod net;
 mod perf;
+mod perf_remote;
 mod pingpong;
 mod trace;
 

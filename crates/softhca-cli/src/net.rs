@@ -25,7 +25,7 @@ pub fn err(msg: impl Into<String>) -> Error {
 pub const QKEY: u32 = 0x1111_1111;
 
 /// Which link the devices use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LinkKind {
     /// The deterministic in-process fabric (virtual clock, seeded faults).
@@ -384,6 +384,11 @@ impl Exchange {
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
+    }
+
+    /// A second handle on the connection, to shut it down while another thread reads.
+    pub fn closer(&self) -> Res<TcpStream> {
+        Ok(self.stream.get_ref().try_clone()?)
     }
 
     pub fn send<T: Serialize>(&mut self, value: &T) -> Res<()> {

@@ -1,85 +1,135 @@
 //! `softhca perf send|write|read|atomic`: perftest for softhca. An initiator drives `--qps`
 //! RC QPs against a responder, keeping `--depth` WRs outstanding per QP (one with `--lat`),
-//! and reports wall-clock bandwidth, message rate, completion latency percentiles, errors and
+//! and reports wall-clock bandwidth, message rate, latency percentiles, errors and
 //! retransmissions. At the end the bytes are checked: every destination slot must hold the
 //! pattern of its source slot (the initiator's read landing zone for Read, the responder's
 //! memory for Send and Write), and every atomic counter must equal the number of fetch-adds.
+//!
+//! Both ends run in this process on the sim link and with `--link udp --loopback`; with
+//! `--link udp --server` / `--connect HOST` they are two processes (see `perf_remote`). The
+//! two halves are the same code: `Flow` is an initiator's QP and its memory, `Target` a
+//! responder's.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use softhca::link::SimCounters;
 use softhca::transport::DeviceCounters;
 use softhca::*;
 
 use crate::net::{self, err, LinkKind, Net, QpInfo, Res};
-use crate::PcapArg;
+use crate::{perf_remote, PcapArg};
 
 /// Most memory one QP's slots may take.
 const SLOT_BYTES: usize = 32 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+/// Receive WRs carry this bit in their wr_id, so that even an error completion (whose opcode
+/// is undefined) tells a receive from a send.
+pub const RECV_TAG: u64 = 1 << 63;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Op {
+    /// Send into receives the responder posts (send_bw; with --lat send_lat).
     Send,
+    /// RDMA Write into the responder's memory (write_bw; with --lat write_lat).
     Write,
+    /// RDMA Read of the responder's memory (read_bw / read_lat).
     Read,
+    /// 8-byte Fetch & Add on a counter in the responder's memory (atomic_bw / atomic_lat).
     Atomic,
 }
 
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Send => "Send",
+            Op::Write => "RDMA Write",
+            Op::Read => "RDMA Read",
+            Op::Atomic => "Atomic Fetch&Add",
+        }
+    }
+}
+
 #[derive(clap::Args, Debug, Clone)]
+#[command(after_help = "\
+Examples:
+  softhca perf write                                    both ends here, on the sim link
+  softhca perf send --loss 0.02 --seed 3                the sim link losing 2% of datagrams
+  softhca perf read --link udp --loopback               two udp devices in this process
+  softhca perf write --link udp --server                process 1: the responder
+  softhca perf write --link udp --connect 127.0.0.1     process 2: the initiator, which measures
+  softhca perf send --link udp --connect HOST --lat --size 8 --busy-poll
+
+The udp devices bind SOFTHCA_ADDR if set, else the first free address in 127.0.0.1-254.
+SOFTHCA_WAIT_SECS (default 60) bounds every wait for progress on the udp link.")]
 pub struct PerfArgs {
     /// The operation to measure.
     #[arg(value_enum)]
     pub op: Op,
-    /// Message size in bytes (atomics are always 8).
-    #[arg(long, short = 's', default_value_t = 65536)]
+    /// Message size in bytes (atomics always move 8).
+    #[arg(long, short = 's', default_value_t = 65536, value_name = "BYTES")]
     pub size: usize,
-    /// Messages per QP (default 1000 unless --duration is given).
-    #[arg(long, short = 'n', conflicts_with = "duration")]
+    /// Messages per QP [default: 1000 unless --duration is given].
+    #[arg(long, short = 'n', conflicts_with = "duration", value_name = "N")]
     pub iters: Option<u64>,
-    /// Run for this many wall-clock seconds instead of a fixed count.
+    /// Keep posting for this many wall-clock seconds instead of a fixed count, then drain what
+    /// is in flight.
     #[arg(long, short = 'D', value_name = "SECS")]
     pub duration: Option<f64>,
-    /// QP pairs.
-    #[arg(long, short = 'q', default_value_t = 1)]
+    /// Number of RC QP pairs, each with its own memory (one CQ per end for all of them).
+    #[arg(long, short = 'q', default_value_t = 1, value_name = "N")]
     pub qps: usize,
-    /// Outstanding WRs per QP (ignored with --lat, which keeps one).
-    #[arg(long, short = 't', default_value_t = 128)]
+    /// Work requests kept outstanding per QP in bandwidth tests (--lat keeps one); for send
+    /// the responder keeps twice as many receives posted.
+    #[arg(long, short = 't', default_value_t = 128, value_name = "N")]
     pub depth: u32,
-    /// Send and Write carry their payload inline in the WR (size ≤ 512).
+    /// Send and Write carry their payload inline, copied into the WR at post time (needs
+    /// --size ≤ 512, the device's max_inline_data).
     #[arg(long)]
     pub inline: bool,
-    /// Latency test: one WR outstanding at a time; percentiles in the table.
+    /// Latency test: one message in flight per QP, p50/p99/p99.9/max in the table. In one
+    /// process it times post to completion. Two processes (--server/--connect): send and
+    /// write ping-pong between the ends like perftest's send_lat and write_lat (write polls
+    /// the last byte of the buffer) and report half the round trip; read and atomic time
+    /// post to completion.
     #[arg(long)]
     pub lat: bool,
-    /// Path MTU in bytes.
-    #[arg(long, short = 'm', default_value_t = 4096)]
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    #[arg(long, short = 'm', default_value_t = 4096, value_name = "BYTES")]
     pub mtu: u32,
-    /// Which link.
+    /// Which link: `sim` runs both ends in this process on the simulated fabric (faults
+    /// available); `udp` is RoCEv2 over real UDP sockets and needs --loopback, --server or
+    /// --connect.
     #[arg(long, value_enum, default_value_t = LinkKind::Sim)]
     pub link: LinkKind,
-    /// udp: be the server (the responder) of a client.
+    /// udp: be the server (the responder): wait for one client on the TCP --port, take the
+    /// test (--size, --iters/--duration, --qps, --depth, --inline, --lat, --mtu) from it,
+    /// serve it, then print the results the client measured.
     #[arg(long, conflicts_with_all = ["connect", "loopback"])]
     pub server: bool,
-    /// udp: be the client (the initiator) of the server at HOST.
+    /// udp: be the client (the initiator) of the server whose TCP side channel is at HOST;
+    /// the client sets the test's parameters, measures and prints the results.
     #[arg(long, value_name = "HOST", conflicts_with = "loopback")]
     pub connect: Option<String>,
-    /// udp: run both ends in this process, on two devices.
+    /// udp: run both ends in this process, on two devices (two 127.0.0.x addresses).
     #[arg(long)]
     pub loopback: bool,
-    /// TCP port of the QP information exchange.
+    /// TCP port of the --server/--connect side channel, which carries the test parameters,
+    /// the QP numbers, PSNs, GIDs, buffer addresses and R_Keys, and the start and stop.
     #[arg(long, short = 'p', default_value_t = 18515)]
     pub port: u16,
-    /// udp: the devices' engines spin instead of sleeping.
+    /// udp: each device's engine thread spins on its socket instead of sleeping in the
+    /// kernel: lower latency, one core kept busy per device.
     #[arg(long)]
     pub busy_poll: bool,
     #[command(flatten)]
     pub faults: net::Faults,
-    /// Print exactly one JSON object instead of the table.
+    /// Print exactly one JSON object (bw_gbps, msg_rate_mps, lat_us_p50, lat_us_p99,
+    /// completions, errors, retransmits, data_verified and more) instead of the table.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -111,7 +161,7 @@ impl PerfArgs {
         }
     }
 
-    fn msg_size(&self) -> usize {
+    pub(crate) fn msg_size(&self) -> usize {
         if self.op == Op::Atomic {
             8
         } else {
@@ -119,54 +169,385 @@ impl PerfArgs {
         }
     }
 
-    fn depth(&self) -> u32 {
+    pub(crate) fn depth(&self) -> u32 {
         if self.lat {
             1
         } else {
             self.depth.clamp(1, 4096)
         }
     }
+
+    /// Messages per QP, `None` for --duration runs.
+    pub(crate) fn per_qp(&self) -> Option<u64> {
+        self.iters.or(if self.duration.is_some() { None } else { Some(1000) })
+    }
+
+    /// Memory slots per QP: enough for the WRs in flight, at most `SLOT_BYTES`.
+    pub(crate) fn slots(&self) -> usize {
+        let total = self.per_qp().unwrap_or(u64::MAX);
+        let size = self.msg_size();
+        (2 * u64::from(self.depth())).min(total).clamp(1, (SLOT_BYTES / size.max(1)).max(1) as u64) as usize
+    }
 }
 
-/// One QP pair and its memory.
-struct Flow {
-    a: Qp,
-    b: Qp,
-    /// Initiator: source slots (Send/Write), landing slots (Read), results (Atomic).
-    local: Mr,
-    /// Responder: destination or receive slots (Send/Write), source slots (Read), the
-    /// counter (Atomic).
-    remote: Mr,
-    /// The source bytes for inline WRs: the same as `local`.
-    inline_src: Vec<u8>,
-    slots: usize,
-    posted: u64,
-    completed: u64,
-    recv_posted: u64,
-    recv_done: u64,
+/// The seed of QP `i`'s data: slot `s` holds `pattern(seed(i) | s)`.
+pub(crate) fn seed(i: usize) -> u64 {
+    (i as u64) << 32
+}
+
+/// The initial value of QP `i`'s atomic counter (both ends compute it).
+pub(crate) fn counter0(i: usize) -> u64 {
+    net::mix(i as u64 ^ 0xa70) >> 8
+}
+
+/// The source bytes of QP `i`: its `slots` patterns back to back.
+pub(crate) fn source_bytes(i: usize, slots: usize, size: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(slots * size);
+    for s in 0..slots {
+        v.extend_from_slice(&net::pattern(seed(i) | s as u64, size));
+    }
+    v
+}
+
+pub(crate) fn qp_init(cq: &Cq, args: &PerfArgs) -> QpInitAttr {
+    let depth = args.depth();
+    QpInitAttr::rc(cq, cq)
+        // Room for a ping-pong echo or two more than the protocol should ever need.
+        .max_send_wr(depth.max(4))
+        .max_recv_wr(depth * 2)
+        .max_send_sge(1)
+        .max_recv_sge(1)
+        .max_inline_data(if args.inline { args.size as u32 } else { 0 })
+}
+
+pub(crate) fn cq_entries(args: &PerfArgs) -> u32 {
+    ((args.depth().max(4) + 2 * args.depth()) * args.qps as u32 + 64).min(1 << 20)
+}
+
+/// What one end tells the other about a QP: QPN, PSN, GID, and the memory the peer may
+/// access (`addr`/`rkey`, zero if none).
+pub(crate) fn qp_info(qp: &Qp, ctx: &Context, mem: Option<&Mr>) -> Res<QpInfo> {
+    Ok(QpInfo {
+        qpn: qp.qp_num(),
+        psn: net::initial_psn(qp.qp_num()),
+        gid: net::gid_string(ctx.query_gid(1, 0)?),
+        addr: mem.map_or(0, Mr::addr),
+        rkey: mem.map_or(0, Mr::rkey),
+    })
+}
+
+pub(crate) const REMOTE_ACCESS: Access =
+    Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
+
+/// An initiator's QP and its memory.
+pub(crate) struct Flow {
+    pub qp: Qp,
+    /// Source slots (Send/Write), landing slots (Read), fetched values (Atomic).
+    pub local: Mr,
+    /// The source bytes again, for inline WRs.
+    pub inline_src: Vec<u8>,
+    /// The responder's memory.
+    pub raddr: u64,
+    pub rkey: u32,
+    pub slots: usize,
+    pub index: usize,
+    pub posted: u64,
+    pub completed: u64,
     /// Post time of every outstanding WR, in post order.
-    posted_at: VecDeque<(Instant, u64)>,
-    /// Atomic counter's initial value.
-    counter0: u64,
+    pub posted_at: VecDeque<Instant>,
 }
 
-/// Both ends, connected.
+impl Flow {
+    pub fn new(pd: &Pd, cq: &Cq, args: &PerfArgs, index: usize) -> Res<Flow> {
+        let size = args.msg_size();
+        let slots = args.slots();
+        let qp = pd.create_qp(&qp_init(cq, args))?;
+        let (local, inline_src) = match args.op {
+            Op::Send | Op::Write => {
+                let src = source_bytes(index, slots, size);
+                let inline_src = if args.inline { src.clone() } else { Vec::new() };
+                (pd.reg_mr(src, Access::LOCAL_WRITE)?, inline_src)
+            }
+            Op::Read => (pd.alloc_mr(slots * size, Access::LOCAL_WRITE)?, Vec::new()),
+            Op::Atomic => (pd.alloc_mr(slots * 8, Access::LOCAL_WRITE)?, Vec::new()),
+        };
+        Ok(Flow {
+            qp,
+            local,
+            inline_src,
+            raddr: 0,
+            rkey: 0,
+            slots,
+            index,
+            posted: 0,
+            completed: 0,
+            posted_at: VecDeque::new(),
+        })
+    }
+
+    /// Posts the next WR: message `posted` from (or into) slot `posted % slots`.
+    pub fn post(&mut self, op: Op, size: usize, inline: bool, now: Instant) -> Res<()> {
+        let k = self.posted;
+        let s = (k % self.slots as u64) as usize;
+        let off = s * size;
+        match op {
+            Op::Send | Op::Write => {
+                let sge = [self.local.sge(off..off + size)];
+                let mut wr = if op == Op::Send {
+                    SendWr::send(k, &sge)
+                } else {
+                    SendWr::rdma_write(k, &sge, self.raddr + off as u64, self.rkey)
+                };
+                if inline {
+                    wr.inline_data = &self.inline_src[off..off + size];
+                    wr = wr.inline();
+                }
+                self.qp.post_send(&[wr.signaled()])?;
+            }
+            Op::Read => {
+                let sge = [self.local.sge(off..off + size)];
+                self.qp.post_send(&[SendWr::rdma_read(k, &sge, self.raddr + off as u64, self.rkey).signaled()])?;
+            }
+            Op::Atomic => {
+                let sge = [self.local.sge(s * 8..s * 8 + 8)];
+                self.qp.post_send(&[SendWr::atomic_fetch_add(k, &sge, self.raddr, self.rkey, 1).signaled()])?;
+            }
+        }
+        self.posted += 1;
+        self.posted_at.push_back(now);
+        Ok(())
+    }
+
+    /// The initiator's half of the data check: the landing slots of Read, the values Fetch &
+    /// Add returned.
+    pub fn verify(&self, op: Op, size: usize) -> Res<bool> {
+        let used = self.completed.min(self.slots as u64) as usize;
+        match op {
+            Op::Send | Op::Write => Ok(true),
+            Op::Read => {
+                let mut got = vec![0u8; size];
+                for s in 0..used {
+                    self.local.read(s * size, &mut got)?;
+                    if got != net::pattern(seed(self.index) | s as u64, size) {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+            Op::Atomic => {
+                let slots = self.slots as u64;
+                let mut w = [0u8; 8];
+                for s in 0..used as u64 {
+                    // The last fetch-add that used slot s.
+                    let last = s + slots * ((self.completed - 1 - s) / slots);
+                    self.local.read(s as usize * 8, &mut w)?;
+                    if u64::from_ne_bytes(w) != counter0(self.index).wrapping_add(last) {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// A responder's QP and its memory.
+pub(crate) struct Target {
+    pub qp: Qp,
+    /// Destination or receive slots (Send/Write), source slots (Read), the counter (Atomic).
+    pub mem: Mr,
+    pub slots: usize,
+    pub index: usize,
+    pub recv_posted: u64,
+    pub recv_done: u64,
+    /// Receives whose length was not the message size.
+    pub bad_len: u64,
+}
+
+impl Target {
+    pub fn new(pd: &Pd, cq: &Cq, args: &PerfArgs, index: usize) -> Res<Target> {
+        let size = args.msg_size();
+        let slots = args.slots();
+        let qp = pd.create_qp(&qp_init(cq, args))?;
+        let mem = match args.op {
+            Op::Send | Op::Write => pd.alloc_mr(slots * size, REMOTE_ACCESS)?,
+            Op::Read => pd.reg_mr(source_bytes(index, slots, size), REMOTE_ACCESS)?,
+            Op::Atomic => {
+                let word = pd.alloc_mr(8, REMOTE_ACCESS)?;
+                word.write(0, &counter0(index).to_ne_bytes())?;
+                word
+            }
+        };
+        Ok(Target { qp, mem, slots, index, recv_posted: 0, recv_done: 0, bad_len: 0 })
+    }
+
+    pub fn post_recv(&mut self, size: usize) -> Res<()> {
+        let k = self.recv_posted;
+        let off = (k % self.slots as u64) as usize * size;
+        self.qp.post_recv(&[RecvWr::new(k | RECV_TAG, &[self.mem.sge(off..off + size)])])?;
+        self.recv_posted += 1;
+        Ok(())
+    }
+
+    /// The responder's half of the data check, once the initiator completed `completed`
+    /// messages on this QP: every used slot holds its pattern, every Send arrived whole, the
+    /// counter counts every fetch-add.
+    pub fn verify(&self, op: Op, size: usize, completed: u64) -> Res<bool> {
+        let used = completed.min(self.slots as u64) as usize;
+        match op {
+            Op::Send | Op::Write => {
+                if op == Op::Send && (self.recv_done != completed || self.bad_len > 0) {
+                    return Ok(false);
+                }
+                let mut got = vec![0u8; size];
+                for s in 0..used {
+                    self.mem.read(s * size, &mut got)?;
+                    if got != net::pattern(seed(self.index) | s as u64, size) {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+            Op::Read => Ok(true),
+            Op::Atomic => {
+                let mut w = [0u8; 8];
+                self.mem.read(0, &mut w)?;
+                Ok(u64::from_ne_bytes(w) == counter0(self.index).wrapping_add(completed))
+            }
+        }
+    }
+}
+
+/// Error completions and the first one's description.
+#[derive(Debug, Default)]
+pub(crate) struct Errors {
+    pub count: u64,
+    pub first: Option<String>,
+}
+
+impl Errors {
+    pub fn record(&mut self, what: &str, wc: &Wc) {
+        self.count += 1;
+        self.first.get_or_insert_with(|| {
+            format!("{what} wr_id {} on QP {:#08x}: {} ({:?})", wc.wr_id & !RECV_TAG, wc.qp_num, wc.status, wc.status)
+        });
+    }
+
+    pub fn absorb(&mut self, count: u64, first: Option<String>) {
+        self.count += count;
+        if self.first.is_none() {
+            self.first = first;
+        }
+    }
+}
+
+/// The responder's QPs of a run, on one device.
+pub(crate) struct Responder {
+    pub ctx: Context,
+    pub _pd: Pd,
+    pub cq: Cq,
+    pub targets: Vec<Target>,
+    pub by_qpn: HashMap<u32, usize>,
+}
+
+impl Responder {
+    pub fn new(ctx: &Context, args: &PerfArgs) -> Res<Responder> {
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(cq_entries(args))?;
+        let mut targets = Vec::new();
+        let mut by_qpn = HashMap::new();
+        for i in 0..args.qps {
+            let t = Target::new(&pd, &cq, args, i)?;
+            by_qpn.insert(t.qp.qp_num(), i);
+            targets.push(t);
+        }
+        Ok(Responder { ctx: ctx.clone(), _pd: pd, cq, targets, by_qpn })
+    }
+
+    /// Keeps each QP's receives `2 × depth` ahead of what arrived, but never beyond
+    /// `limit(i)` in all.
+    pub fn replenish(&mut self, size: usize, depth: u64, limit: impl Fn(usize) -> u64) -> Res<()> {
+        for (i, t) in self.targets.iter_mut().enumerate() {
+            while t.recv_posted < (t.recv_done + 2 * depth).min(limit(i)) {
+                t.post_recv(size)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reaps receive completions; returns how many CQEs it took.
+    pub fn poll(&mut self, wcs: &mut [Wc], size: usize, errors: &mut Errors) -> Res<usize> {
+        let mut all = 0;
+        loop {
+            let n = self.cq.poll(wcs)?;
+            if n == 0 {
+                return Ok(all);
+            }
+            all += n;
+            for wc in &wcs[..n] {
+                let Some(&i) = self.by_qpn.get(&wc.qp_num) else { continue };
+                let t = &mut self.targets[i];
+                if wc.wr_id & RECV_TAG != 0 {
+                    t.recv_done += 1;
+                    if wc.status == WcStatus::Success && wc.byte_len as usize != size {
+                        t.bad_len += 1;
+                    }
+                }
+                if wc.status != WcStatus::Success {
+                    errors.record(if wc.wr_id & RECV_TAG != 0 { "receive" } else { "send" }, wc);
+                }
+            }
+        }
+    }
+
+    pub fn verify(&self, op: Op, size: usize, completed: &[u64]) -> Res<bool> {
+        for (t, &c) in self.targets.iter().zip(completed) {
+            if !t.verify(op, size, c)? {
+                return Ok(false);
+            }
+        }
+        Ok(completed.len() == self.targets.len())
+    }
+}
+
+/// The initiator's QPs of a run, on one device.
+pub(crate) struct Initiator {
+    pub ctx: Context,
+    pub _pd: Pd,
+    pub cq: Cq,
+    pub flows: Vec<Flow>,
+    pub by_qpn: HashMap<u32, usize>,
+}
+
+impl Initiator {
+    pub fn new(ctx: &Context, args: &PerfArgs) -> Res<Initiator> {
+        let pd = ctx.alloc_pd()?;
+        let cq = ctx.create_cq(cq_entries(args))?;
+        let mut flows = Vec::new();
+        let mut by_qpn = HashMap::new();
+        for i in 0..args.qps {
+            let f = Flow::new(&pd, &cq, args, i)?;
+            by_qpn.insert(f.qp.qp_num(), i);
+            flows.push(f);
+        }
+        Ok(Initiator { ctx: ctx.clone(), _pd: pd, cq, flows, by_qpn })
+    }
+}
+
+/// Both ends in this process, connected.
 pub struct Setup {
-    ca: Context,
-    cb: Context,
-    _pds: (Pd, Pd),
-    cqa: Cq,
-    cqb: Cq,
-    flows: Vec<Flow>,
-    by_qpn: HashMap<u32, usize>,
-    by_recv_qpn: HashMap<u32, usize>,
+    init: Initiator,
+    resp: Responder,
 }
 
 /// What a run measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PerfResult {
     pub test: Op,
     pub link: LinkKind,
+    /// Where the ends ran: "sim", "loopback" (udp, one process) or "client" (udp, two
+    /// processes; the server's counters and data check included).
+    pub mode: String,
     pub size: usize,
     pub qps: usize,
     pub depth: u32,
@@ -176,13 +557,19 @@ pub struct PerfResult {
     pub bw_gbps: f64,
     /// Millions of messages per second, wall-clock.
     pub msg_rate_mps: f64,
-    /// Completion latency (post to CQE), wall-clock microseconds.
+    /// What the latency figures are: "completion" (post to CQE) or "half round trip"
+    /// (ping-pong between two processes, perftest's send_lat / write_lat convention).
+    pub lat_method: String,
+    /// Latency percentiles, wall-clock microseconds.
     pub lat_us_p50: f64,
     pub lat_us_p99: f64,
     pub lat_us_p999: f64,
     pub lat_us_max: f64,
+    /// Successful and failed completions of the initiator's WRs.
     pub completions: u64,
+    /// Error completions at either end.
     pub errors: u64,
+    /// Go-back-N retransmission rounds at either end.
     pub retransmits: u64,
     pub data_verified: bool,
     pub bytes: u64,
@@ -190,14 +577,17 @@ pub struct PerfResult {
     /// Sim link only: virtual time the run took, and the bandwidth on the virtual clock.
     pub virtual_s: Option<f64>,
     pub virtual_bw_gbps: Option<f64>,
+    /// Both ends' device counters.
     pub device: CountersJson,
     pub sim: Option<SimJson>,
     pub pcap: Option<String>,
+    /// Two processes: the server's device address.
+    pub peer: Option<String>,
     /// The first error completion, if any.
     pub first_error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default)]
 pub struct CountersJson {
     pub tx_packets: u64,
     pub rx_packets: u64,
@@ -228,7 +618,25 @@ impl From<DeviceCounters> for CountersJson {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Default)]
+impl std::ops::Add for CountersJson {
+    type Output = CountersJson;
+    fn add(self, o: CountersJson) -> CountersJson {
+        CountersJson {
+            tx_packets: self.tx_packets + o.tx_packets,
+            rx_packets: self.rx_packets + o.rx_packets,
+            rx_dropped: self.rx_dropped + o.rx_dropped,
+            rx_bad_icrc: self.rx_bad_icrc + o.rx_bad_icrc,
+            retransmits: self.retransmits + o.retransmits,
+            timeouts: self.timeouts + o.timeouts,
+            seq_naks_sent: self.seq_naks_sent + o.seq_naks_sent,
+            seq_naks_received: self.seq_naks_received + o.seq_naks_received,
+            rnr_naks_sent: self.rnr_naks_sent + o.rnr_naks_sent,
+            implied_naks: self.implied_naks + o.implied_naks,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct SimJson {
     pub sent: u64,
     pub delivered: u64,
@@ -261,16 +669,17 @@ pub fn run(args: &PerfArgs) -> Res<()> {
             Net::sim(&args.faults, args.pcap.pcap.as_deref())?
         }
         LinkKind::Udp => {
-            if args.server || args.connect.is_some() {
-                return Err(err(
-                    "perf --server/--connect is not implemented yet: use --link udp --loopback (both ends in this process, two devices) or pingpong --server/--connect",
-                ));
-            }
-            if !args.loopback {
-                return Err(err("--link udp needs --loopback (or, later, --server / --connect HOST)"));
-            }
             if args.faults.loss + args.faults.dup + args.faults.reorder + args.faults.corrupt > 0.0 {
                 return Err(err("--loss/--dup/--reorder/--corrupt are faults of the sim link"));
+            }
+            if args.server {
+                return perf_remote::serve(args);
+            }
+            if let Some(host) = &args.connect {
+                return perf_remote::client(args, host);
+            }
+            if !args.loopback {
+                return Err(err("--link udp needs --loopback (both ends here), --server or --connect HOST"));
             }
             Net::udp(args.pcap.pcap.as_deref(), args.busy_poll)
         }
@@ -283,10 +692,15 @@ pub fn run(args: &PerfArgs) -> Res<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    if args.json {
-        println!("{}", serde_json::to_string(&result)?);
+    report(&result, args.json)
+}
+
+/// Prints `result` as the table or JSON; an error if it failed.
+pub(crate) fn report(result: &PerfResult, json: bool) -> Res<()> {
+    if json {
+        println!("{}", serde_json::to_string(result)?);
     } else {
-        print_table(&result);
+        print_table(result);
     }
     if result.errors > 0 {
         return Err(err(format!(
@@ -301,7 +715,7 @@ pub fn run(args: &PerfArgs) -> Res<()> {
     Ok(())
 }
 
-fn validate(args: &PerfArgs) -> Res<()> {
+pub(crate) fn validate(args: &PerfArgs) -> Res<()> {
     if args.qps == 0 || args.qps > 1024 {
         return Err(err("--qps must be in 1..=1024"));
     }
@@ -329,7 +743,7 @@ fn validate(args: &PerfArgs) -> Res<()> {
     Ok(())
 }
 
-fn progress_bar(args: &PerfArgs) -> Option<ProgressBar> {
+pub(crate) fn progress_bar(args: &PerfArgs) -> Option<ProgressBar> {
     if args.json || !std::io::stdout().is_terminal() {
         return None;
     }
@@ -348,219 +762,190 @@ fn progress_bar(args: &PerfArgs) -> Option<ProgressBar> {
 
 /// Creates and connects `args.qps` RC QP pairs between `ca` (initiator) and `cb` (responder).
 pub fn setup(ca: &Context, cb: &Context, args: &PerfArgs) -> Res<Setup> {
-    let depth = args.depth();
-    let size = args.msg_size();
-    let (pda, pdb) = (ca.alloc_pd()?, cb.alloc_pd()?);
-    let cqe = (depth * 2 * args.qps as u32 + 64).min(1 << 20);
-    let (cqa, cqb) = (ca.create_cq(cqe)?, cb.create_cq(cqe)?);
-    let total = args.iters.unwrap_or(u64::MAX);
-    let slots = (2 * depth as u64).min(total).clamp(1, (SLOT_BYTES / size.max(1)).max(1) as u64) as usize;
-    let remote_access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let inline_cap = if args.inline { args.size as u32 } else { 0 };
-    let mut flows = Vec::new();
-    let mut by_qpn = HashMap::new();
-    let mut by_recv_qpn = HashMap::new();
-    for i in 0..args.qps {
-        let init = |cq: &Cq| {
-            QpInitAttr::rc(cq, cq)
-                .max_send_wr(depth)
-                .max_recv_wr(depth * 2)
-                .max_send_sge(1)
-                .max_recv_sge(1)
-                .max_inline_data(inline_cap)
-        };
-        let a = pda.create_qp(&init(&cqa))?;
-        let b = pdb.create_qp(&init(&cqb))?;
-        let src_seed = (i as u64) << 32;
-        let mut slots_src = Vec::with_capacity(slots * size);
-        for s in 0..slots {
-            slots_src.extend_from_slice(&net::pattern(src_seed | s as u64, size));
-        }
-        let counter0 = net::mix(i as u64 ^ 0xa70) >> 8;
-        let (local, remote, inline_src) = match args.op {
-            Op::Send | Op::Write => (
-                pda.reg_mr(slots_src.clone(), Access::LOCAL_WRITE)?,
-                pdb.alloc_mr(slots * size, remote_access)?,
-                if args.inline { slots_src } else { Vec::new() },
-            ),
-            Op::Read => {
-                (pda.alloc_mr(slots * size, Access::LOCAL_WRITE)?, pdb.reg_mr(slots_src, remote_access)?, Vec::new())
-            }
-            Op::Atomic => {
-                let words = pdb.alloc_mr(8, remote_access)?;
-                words.write(0, &counter0.to_ne_bytes())?;
-                (pda.alloc_mr(slots * 8, Access::LOCAL_WRITE)?, words, Vec::new())
-            }
-        };
-        let info = |qp: &Qp, ctx: &Context| -> Res<QpInfo> {
-            Ok(QpInfo {
-                qpn: qp.qp_num(),
-                psn: net::initial_psn(qp.qp_num()),
-                gid: net::gid_string(ctx.query_gid(1, 0)?),
-                addr: 0,
-                rkey: 0,
-            })
-        };
-        let (ia, ib) = (info(&a, ca)?, info(&b, cb)?);
-        let mtu = net::parse_mtu(args.mtu)?;
-        net::connect_qp(&a, ia.psn, &ib, mtu, net::rc_timeout(args.link))?;
-        net::connect_qp(&b, ib.psn, &ia, mtu, net::rc_timeout(args.link))?;
-        by_qpn.insert(a.qp_num(), i);
-        by_recv_qpn.insert(b.qp_num(), i);
-        flows.push(Flow {
-            a,
-            b,
-            local,
-            remote,
-            inline_src,
-            slots,
-            posted: 0,
-            completed: 0,
-            recv_posted: 0,
-            recv_done: 0,
-            posted_at: VecDeque::new(),
-            counter0,
-        });
+    let mut init = Initiator::new(ca, args)?;
+    let resp = Responder::new(cb, args)?;
+    let mtu = net::parse_mtu(args.mtu)?;
+    for (f, t) in init.flows.iter_mut().zip(&resp.targets) {
+        let ia = qp_info(&f.qp, ca, None)?;
+        let ib = qp_info(&t.qp, cb, Some(&t.mem))?;
+        net::connect_qp(&f.qp, ia.psn, &ib, mtu, net::rc_timeout(args.link))?;
+        net::connect_qp(&t.qp, ib.psn, &ia, mtu, net::rc_timeout(args.link))?;
+        f.raddr = ib.addr;
+        f.rkey = ib.rkey;
     }
-    Ok(Setup { ca: ca.clone(), cb: cb.clone(), _pds: (pda, pdb), cqa, cqb, flows, by_qpn, by_recv_qpn })
+    Ok(Setup { init, resp })
 }
 
-fn post_one(f: &mut Flow, op: Op, size: usize, inline: bool, now: Instant) -> Res<()> {
-    let k = f.posted;
-    let s = (k % f.slots as u64) as usize;
-    let off = s * size;
-    match op {
-        Op::Send | Op::Write => {
-            let sge = [f.local.sge(off..off + size)];
-            let mut wr = if op == Op::Send {
-                SendWr::send(k, &sge)
-            } else {
-                SendWr::rdma_write(k, &sge, f.remote.addr() + off as u64, f.remote.rkey())
-            };
-            if inline {
-                wr.inline_data = &f.inline_src[off..off + size];
-                wr = wr.inline();
-            }
-            f.a.post_send(&[wr.signaled()])?;
-        }
-        Op::Read => {
-            let sge = [f.local.sge(off..off + size)];
-            f.a.post_send(&[SendWr::rdma_read(k, &sge, f.remote.addr() + off as u64, f.remote.rkey()).signaled()])?;
-        }
-        Op::Atomic => {
-            let sge = [f.local.sge(s * 8..s * 8 + 8)];
-            f.a.post_send(&[SendWr::atomic_fetch_add(k, &sge, f.remote.addr(), f.remote.rkey(), 1).signaled()])?;
-        }
+/// What the initiator's loop saw.
+pub(crate) struct Tally {
+    pub completions: u64,
+    pub ok: u64,
+    pub errors: Errors,
+    /// Latency samples in microseconds.
+    pub lats: Vec<f64>,
+    pub wall_s: f64,
+}
+
+impl Tally {
+    pub fn new(capacity: usize) -> Tally {
+        Tally { completions: 0, ok: 0, errors: Errors::default(), lats: Vec::with_capacity(capacity), wall_s: 0.0 }
     }
-    f.posted += 1;
-    f.posted_at.push_back((now, k));
-    Ok(())
 }
 
-fn post_recv(f: &mut Flow, size: usize) -> Res<()> {
-    let k = f.recv_posted;
-    let off = (k % f.slots as u64) as usize * size;
-    f.b.post_recv(&[RecvWr::new(k, &[f.remote.sge(off..off + size)])])?;
-    f.recv_posted += 1;
-    Ok(())
-}
-
-/// Runs the test on a connected setup and checks the data.
-pub fn measure(net: &mut Net, st: &mut Setup, args: &PerfArgs, bar: Option<&ProgressBar>) -> Res<PerfResult> {
+/// The bandwidth loop (and the completion-latency loop, with depth 1): keeps `depth` WRs
+/// outstanding on every flow until all are posted (or the duration is over, or an error
+/// came) and completed. With `resp` the responder is in this process and its receives are
+/// posted here.
+pub(crate) fn drive(
+    net: &mut Net,
+    init: &mut Initiator,
+    mut resp: Option<&mut Responder>,
+    args: &PerfArgs,
+    bar: Option<&ProgressBar>,
+) -> Res<Tally> {
     let size = args.msg_size();
     let depth = u64::from(args.depth());
-    let per_qp = args.iters.or(if args.duration.is_some() { None } else { Some(1000) });
+    let per_qp = args.per_qp();
     let total = per_qp.unwrap_or(u64::MAX);
     let deadline = args.duration.map(Duration::from_secs_f64);
-    let c0 = net::add_counters(st.ca.counters(), st.cb.counters());
-    let v0 = net.virtual_ns();
-    let sim0 = net.sim_counters();
-    let mut lats: Vec<f64> = Vec::with_capacity(per_qp.unwrap_or(1 << 16).min(1 << 24) as usize * st.flows.len());
-    let (mut errors, mut completions, mut ok) = (0u64, 0u64, 0u64);
-    let mut first_error: Option<String> = None;
+    let mut t = Tally::new(per_qp.unwrap_or(1 << 16).min(1 << 24) as usize * init.flows.len());
+    let mut resp_errors = Errors::default();
     let mut stop_posting = false;
     let mut wcs = vec![Wc::default(); 256];
     let start = Instant::now();
     loop {
         let now = Instant::now();
-        if deadline.is_some_and(|d| now - start >= d) || errors > 0 {
+        if deadline.is_some_and(|d| now - start >= d) || t.errors.count + resp_errors.count > 0 {
             stop_posting = true;
         }
-        for f in st.flows.iter_mut() {
-            if args.op == Op::Send && errors == 0 {
-                while f.recv_posted < (f.recv_done + 2 * depth).min(total)
-                    && !(stop_posting && f.recv_posted >= f.posted)
-                {
-                    post_recv(f, size)?;
-                }
+        if let Some(r) = resp.as_deref_mut() {
+            if args.op == Op::Send && t.errors.count + resp_errors.count == 0 {
+                let flows = &init.flows;
+                r.replenish(size, depth, |i| if stop_posting { flows[i].posted.min(total) } else { total })?;
             }
-            if !stop_posting {
+        }
+        if !stop_posting {
+            for f in init.flows.iter_mut() {
                 while f.posted - f.completed < depth && f.posted < total {
-                    post_one(f, args.op, size, args.inline, now)?;
+                    f.post(args.op, size, args.inline, now)?;
                 }
             }
         }
-        let sends_done = st.flows.iter().all(|f| f.completed == f.posted);
-        let recvs_done = args.op != Op::Send || errors > 0 || st.flows.iter().all(|f| f.recv_done >= f.completed);
-        let all_posted = stop_posting || st.flows.iter().all(|f| f.posted >= total);
+        let sends_done = init.flows.iter().all(|f| f.completed == f.posted);
+        let recvs_done = match resp.as_deref() {
+            Some(r) if args.op == Op::Send && t.errors.count + resp_errors.count == 0 => {
+                init.flows.iter().zip(&r.targets).all(|(f, t)| t.recv_done >= f.completed)
+            }
+            _ => true,
+        };
+        let all_posted = stop_posting || init.flows.iter().all(|f| f.posted >= total);
         if sends_done && recvs_done && all_posted {
             break;
         }
-        let (cqa, cqb) = (&st.cqa, &st.cqb);
-        net.wait("completions", || cqa.len().unwrap_or(1) > 0 || cqb.len().unwrap_or(1) > 0)?;
+        {
+            let cqa = &init.cq;
+            let cqb = resp.as_deref().map(|r| &r.cq);
+            net.wait("completions", || cqa.len().unwrap_or(1) > 0 || cqb.is_some_and(|c| c.len().unwrap_or(1) > 0))?;
+        }
         let now = Instant::now();
         loop {
-            let n = st.cqa.poll(&mut wcs)?;
+            let n = init.cq.poll(&mut wcs)?;
             if n == 0 {
                 break;
             }
             for wc in &wcs[..n] {
-                let Some(&i) = st.by_qpn.get(&wc.qp_num) else { continue };
-                let f = &mut st.flows[i];
+                let Some(&i) = init.by_qpn.get(&wc.qp_num) else { continue };
+                let f = &mut init.flows[i];
                 f.completed += 1;
-                completions += 1;
-                if let Some((t, _)) = f.posted_at.pop_front() {
-                    lats.push((now - t).as_secs_f64() * 1e6);
+                t.completions += 1;
+                if let Some(at) = f.posted_at.pop_front() {
+                    t.lats.push((now - at).as_secs_f64() * 1e6);
                 }
                 if wc.status == WcStatus::Success {
-                    ok += 1;
+                    t.ok += 1;
                 } else {
-                    errors += 1;
-                    first_error.get_or_insert_with(|| {
-                        format!("wr_id {} on QP {:#08x}: {} ({:?})", wc.wr_id, wc.qp_num, wc.status, wc.status)
-                    });
+                    t.errors.record("", wc);
                 }
             }
         }
-        loop {
-            let n = st.cqb.poll(&mut wcs)?;
-            if n == 0 {
-                break;
-            }
-            for wc in &wcs[..n] {
-                let Some(&i) = st.by_recv_qpn.get(&wc.qp_num) else { continue };
-                st.flows[i].recv_done += 1;
-                if wc.status != WcStatus::Success {
-                    errors += 1;
-                    first_error.get_or_insert_with(|| {
-                        format!("receive wr_id {} on QP {:#08x}: {} ({:?})", wc.wr_id, wc.qp_num, wc.status, wc.status)
-                    });
-                }
-            }
+        if let Some(r) = resp.as_deref_mut() {
+            r.poll(&mut wcs, size, &mut resp_errors)?;
         }
         if let Some(b) = bar {
             match deadline {
                 Some(_) => b.set_position(start.elapsed().as_millis() as u64),
-                None => b.set_position(completions),
+                None => b.set_position(t.completions),
             }
         }
     }
-    let wall = start.elapsed().as_secs_f64();
+    t.wall_s = start.elapsed().as_secs_f64();
+    t.errors.absorb(resp_errors.count, resp_errors.first);
+    Ok(t)
+}
+
+/// Builds the result of a run from the tally and what the ends report.
+pub(crate) fn result(
+    args: &PerfArgs,
+    mode: &str,
+    flows: &[Flow],
+    mut t: Tally,
+    lat_method: &str,
+    data_verified: bool,
+    device: CountersJson,
+) -> PerfResult {
+    let size = args.msg_size();
+    t.lats.sort_by(f64::total_cmp);
+    let bytes = t.ok * size as u64;
+    let wall = t.wall_s;
+    PerfResult {
+        test: args.op,
+        link: args.link,
+        mode: mode.to_string(),
+        size,
+        qps: flows.len(),
+        depth: args.depth(),
+        inline: args.inline,
+        iters: flows.iter().map(|f| f.posted).max().unwrap_or(0),
+        bw_gbps: bytes as f64 * 8.0 / wall.max(1e-9) / 1e9,
+        msg_rate_mps: t.ok as f64 / wall.max(1e-9) / 1e6,
+        lat_method: lat_method.to_string(),
+        lat_us_p50: percentile(&t.lats, 50.0),
+        lat_us_p99: percentile(&t.lats, 99.0),
+        lat_us_p999: percentile(&t.lats, 99.9),
+        lat_us_max: t.lats.last().copied().unwrap_or(0.0),
+        completions: t.completions,
+        errors: t.errors.count,
+        retransmits: device.retransmits,
+        data_verified: data_verified && t.errors.count == 0,
+        bytes,
+        wall_s: wall,
+        virtual_s: None,
+        virtual_bw_gbps: None,
+        device,
+        sim: None,
+        pcap: None,
+        peer: None,
+        first_error: t.errors.first,
+    }
+}
+
+/// Runs the test on a connected setup (both ends in this process) and checks the data.
+pub fn measure(net: &mut Net, st: &mut Setup, args: &PerfArgs, bar: Option<&ProgressBar>) -> Res<PerfResult> {
+    let size = args.msg_size();
+    let c0 = net::add_counters(st.init.ctx.counters(), st.resp.ctx.counters());
+    let v0 = net.virtual_ns();
+    let sim0 = net.sim_counters();
+    let t = drive(net, &mut st.init, Some(&mut st.resp), args, bar)?;
     let virt = net.virtual_ns().zip(v0).map(|(b, a)| b - a);
     net.settle();
     net.finish()?;
-    let data_verified = errors == 0 && verify(st, args.op, size)?;
-    let dc = net::sub_counters(net::add_counters(st.ca.counters(), st.cb.counters()), c0);
+    let mut verified = true;
+    for f in &st.init.flows {
+        verified &= f.verify(args.op, size)?;
+    }
+    let completed: Vec<u64> = st.init.flows.iter().map(|f| f.completed).collect();
+    verified &= st.resp.verify(args.op, size, &completed)?;
+    let dc = net::sub_counters(net::add_counters(st.init.ctx.counters(), st.resp.ctx.counters()), c0);
     let sim = net.sim_counters().zip(sim0).map(|(b, a)| SimJson {
         sent: b.sent - a.sent,
         delivered: b.delivered - a.delivered,
@@ -569,82 +954,13 @@ pub fn measure(net: &mut Net, st: &mut Setup, args: &PerfArgs, bar: Option<&Prog
         reordered: b.reordered - a.reordered,
         corrupted: b.corrupted - a.corrupted,
     });
-    lats.sort_by(f64::total_cmp);
-    let bytes = ok * size as u64;
-    let iters = st.flows.iter().map(|f| f.posted).max().unwrap_or(0);
-    Ok(PerfResult {
-        test: args.op,
-        link: args.link,
-        size,
-        qps: st.flows.len(),
-        depth: args.depth(),
-        inline: args.inline,
-        iters,
-        bw_gbps: bytes as f64 * 8.0 / wall.max(1e-9) / 1e9,
-        msg_rate_mps: ok as f64 / wall.max(1e-9) / 1e6,
-        lat_us_p50: percentile(&lats, 50.0),
-        lat_us_p99: percentile(&lats, 99.0),
-        lat_us_p999: percentile(&lats, 99.9),
-        lat_us_max: lats.last().copied().unwrap_or(0.0),
-        completions,
-        errors,
-        retransmits: dc.retransmits,
-        data_verified,
-        bytes,
-        wall_s: wall,
-        virtual_s: virt.map(|v| v as f64 / 1e9),
-        virtual_bw_gbps: virt.map(|v| bytes as f64 * 8.0 / (v.max(1) as f64)),
-        device: dc.into(),
-        sim,
-        pcap: net.pcap_path().map(|p| p.display().to_string()),
-        first_error,
-    })
-}
-
-/// Checks every slot that was used against the pattern it must hold.
-fn verify(st: &Setup, op: Op, size: usize) -> Res<bool> {
-    for (i, f) in st.flows.iter().enumerate() {
-        let used = (f.completed.min(f.slots as u64)) as usize;
-        let seed = (i as u64) << 32;
-        let mut got = vec![0u8; size];
-        match op {
-            Op::Send | Op::Write => {
-                if op == Op::Send && f.recv_done != f.completed {
-                    return Ok(false);
-                }
-                for s in 0..used {
-                    f.remote.read(s * size, &mut got)?;
-                    if got != net::pattern(seed | s as u64, size) {
-                        return Ok(false);
-                    }
-                }
-            }
-            Op::Read => {
-                for s in 0..used {
-                    f.local.read(s * size, &mut got)?;
-                    if got != net::pattern(seed | s as u64, size) {
-                        return Ok(false);
-                    }
-                }
-            }
-            Op::Atomic => {
-                let mut w = [0u8; 8];
-                f.remote.read(0, &mut w)?;
-                if u64::from_ne_bytes(w) != f.counter0.wrapping_add(f.completed) {
-                    return Ok(false);
-                }
-                let slots = f.slots as u64;
-                for s in 0..used as u64 {
-                    let last = s + slots * ((f.completed - 1 - s) / slots);
-                    f.local.read(s as usize * 8, &mut w)?;
-                    if u64::from_ne_bytes(w) != f.counter0.wrapping_add(last) {
-                        return Ok(false);
-                    }
-                }
-            }
-        }
-    }
-    Ok(true)
+    let mode = if args.link == LinkKind::Sim { "sim" } else { "loopback" };
+    let mut r = result(args, mode, &st.init.flows, t, "completion", verified, dc.into());
+    r.virtual_s = virt.map(|v| v as f64 / 1e9);
+    r.virtual_bw_gbps = virt.map(|v| r.bytes as f64 * 8.0 / (v.max(1) as f64));
+    r.sim = sim;
+    r.pcap = net.pcap_path().map(|p| p.display().to_string());
+    Ok(r)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -659,17 +975,18 @@ pub fn print_table(r: &PerfResult) {
     let line = "-".repeat(96);
     println!("{line}");
     println!(
-        " {} test ({}) over the {} link, {} QP{}, depth {}{}",
-        match r.test {
-            Op::Send => "Send",
-            Op::Write => "RDMA Write",
-            Op::Read => "RDMA Read",
-            Op::Atomic => "Atomic Fetch&Add",
-        },
+        " {} test ({}) over the {} link{}, {} QP{}, depth {}{}",
+        r.test.name(),
         if r.depth == 1 { "latency" } else { "bandwidth" },
         match r.link {
             LinkKind::Sim => "sim",
             LinkKind::Udp => "udp",
+        },
+        match (r.mode.as_str(), &r.peer) {
+            ("client", Some(p)) => format!(" (two processes, server {p})"),
+            ("client", None) => " (two processes)".to_string(),
+            ("loopback", _) => " (both ends in one process)".to_string(),
+            _ => String::new(),
         },
         r.qps,
         if r.qps == 1 { "" } else { "s" },
@@ -687,10 +1004,12 @@ pub fn print_table(r: &PerfResult) {
     );
     println!("{line}");
     println!(
-        " wall-clock {:.3} s, {} completions, data verified: {}",
+        " wall-clock {:.3} s, {} completions, data verified: {}; latency is {}{}",
         r.wall_s,
         r.completions,
-        if r.data_verified { "yes" } else { "NO" }
+        if r.data_verified { "yes" } else { "NO" },
+        r.lat_method,
+        if r.lat_method == "completion" { " time (post to CQE)" } else { " (ping-pong)" }
     );
     if let (Some(v), Some(vbw)) = (r.virtual_s, r.virtual_bw_gbps) {
         println!(
