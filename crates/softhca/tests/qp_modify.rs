@@ -596,3 +596,35 @@ fn reset_and_init_are_never_left_without_modify() {
     assert!(qp.post_recv(&[RecvWr::new(0, &sges)]).is_err());
     assert_eq!(qp.state().unwrap(), QpState::Reset);
 }
+
+/// Appendix B: where the digest accepts more than Linux, the Rust API follows the digest.
+/// Rule B-1
+#[test]
+fn rust_api_follows_the_digest_where_linux_differs() {
+    let f = fixture();
+    // Reset → Error.
+    let qp = f.qp(QpType::Rc);
+    qp.modify(&QpAttr::to_error()).unwrap();
+    // Init → RTR without the Minimum RNR NAK Timer, and with the RC retry values in the AV.
+    let qp = f.qp_in(QpType::Rc, QpState::Init);
+    let mut av = remote_av();
+    av.timeout = Some(10);
+    av.retry_cnt = Some(5);
+    av.rnr_retry = Some(6);
+    qp.modify(&QpAttr::to_rtr(av, 5).rq_psn(0).max_dest_rd_atomic(1)).unwrap();
+    // New work queue sizes through Modify QP (Linux refuses IBV_QP_CAP there).
+    qp.modify(
+        &QpAttr::to_rts()
+            .sq_psn(0)
+            .timeout(14)
+            .retry_cnt(7)
+            .rnr_retry(7)
+            .max_rd_atomic(1)
+            .cap(WqSizes { max_send_wr: 64, max_recv_wr: 64 }),
+    )
+    .unwrap();
+    // SQD → RTS with attributes Linux only takes at SQD → SQD.
+    qp.modify(&QpAttr::to_sqd()).unwrap();
+    qp.modify(&QpAttr::to_rts().max_dest_rd_atomic(4).min_rnr_timer(3).pkey_index(0).av(remote_av())).unwrap();
+    assert_eq!(qp.query().unwrap().qp_state, QpState::Rts);
+}
