@@ -342,3 +342,144 @@ fn udp_perf_loopback_verifies_data() {
         assert_eq!(v["link"], "udp");
     }
 }
+
+/// A child process that is killed (by its PID) and reaped if the test ends before it does.
+struct Child {
+    child: std::process::Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Child {
+    /// Starts `softhca args`, its output going to files (no pipe can fill up and block it).
+    fn spawn(name: &str, args: &[&str]) -> Child {
+        let stdout = tmp(&format!("{name}.stdout"));
+        let stderr = tmp(&format!("{name}.stderr"));
+        let child = Command::new(env!("CARGO_BIN_EXE_softhca"))
+            .args(args)
+            .env("SOFTHCA_WAIT_SECS", "30")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("start softhca");
+        Child { child, stdout, stderr }
+    }
+
+    /// Waits at most `secs` for the exit; returns success and stdout, stderr.
+    fn finish(mut self, secs: u64) -> (bool, String, String) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let out = std::fs::read_to_string(&self.stdout).unwrap_or_default();
+        let mut err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        if status.is_none() {
+            err.push_str(&format!("\n(still running after {secs} s: killed)"));
+        }
+        (status.is_some_and(|s| s.success()), out, err)
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `perf` as a server and a client process; returns both JSON results.
+fn perf_two_processes(name: &str, op: &str, args: &[&str]) -> (Value, Value) {
+    let port = free_port().to_string();
+    let server =
+        Child::spawn(&format!("{name}-server"), &["perf", op, "--link", "udp", "--server", "--port", &port, "--json"]);
+    let mut client_args = vec!["perf", op, "--link", "udp", "--connect", "127.0.0.1", "--port", &port, "--json"];
+    client_args.extend_from_slice(args);
+    let client = Child::spawn(&format!("{name}-client"), &client_args);
+    let (c_ok, c_out, c_err) = client.finish(90);
+    // The server ends with its client; a failed client takes the server down via TCP, and
+    // `Drop` kills it if not.
+    let (s_ok, s_out, s_err) = server.finish(if c_ok { 30 } else { 5 });
+    assert!(c_ok, "{name}: client failed\nstdout:\n{c_out}\nstderr:\n{c_err}\nserver stderr:\n{s_err}");
+    assert!(s_ok, "{name}: server failed\nstdout:\n{s_out}\nstderr:\n{s_err}");
+    let parse = |who: &str, out: &str| -> Value {
+        let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{name}: the {who} prints exactly one JSON object: {out}");
+        serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{name}: bad JSON from the {who} ({e}): {out}"))
+    };
+    (parse("client", &c_out), parse("server", &s_out))
+}
+
+fn check_two_processes(client: &Value, server: &Value, op: &str, completions: u64) {
+    check_perf(client, completions);
+    assert_eq!(client["test"], op, "{client}");
+    assert_eq!(client["link"], "udp", "{client}");
+    assert_eq!(client["mode"], "client", "{client}");
+    assert!(client["peer"].as_str().is_some_and(|p| p.starts_with("::ffff:127.0.0.")), "{client}");
+    // The server prints what the client measured.
+    assert_eq!(client, server);
+}
+
+#[test]
+fn udp_perf_write_and_send_between_two_processes() {
+    for op in ["write", "send"] {
+        let (c, s) = perf_two_processes(&format!("bw-{op}"), op, &["--iters", "300", "--size", "16384"]);
+        check_two_processes(&c, &s, op, 300);
+        assert_eq!(c["lat_method"], "completion");
+        let (c, s) = perf_two_processes(
+            &format!("bw-qps-{op}"),
+            op,
+            &["--iters", "100", "--size", "5000", "--qps", "3", "--depth", "16", "--mtu", "1024"],
+        );
+        check_two_processes(&c, &s, op, 300);
+        assert_eq!(c["qps"].as_u64(), Some(3));
+    }
+}
+
+#[test]
+fn udp_perf_latency_between_two_processes() {
+    for op in ["write", "send"] {
+        let (c, s) = perf_two_processes(&format!("lat-{op}"), op, &["--lat", "--iters", "200", "--size", "64"]);
+        check_two_processes(&c, &s, op, 200);
+        assert_eq!(c["lat_method"], "half round trip", "{c}");
+        assert_eq!(c["depth"].as_u64(), Some(1));
+        let (c, s) = perf_two_processes(
+            &format!("lat-inline-qps-{op}"),
+            op,
+            &["--lat", "--iters", "50", "--size", "200", "--inline", "--qps", "2"],
+        );
+        check_two_processes(&c, &s, op, 100);
+    }
+}
+
+#[test]
+fn udp_perf_read_and_atomic_between_two_processes() {
+    for op in ["read", "atomic"] {
+        let (c, s) = perf_two_processes(&format!("bw-{op}"), op, &["--iters", "200", "--size", "8192", "--qps", "2"]);
+        check_two_processes(&c, &s, op, 400);
+    }
+}
+
+#[test]
+fn udp_perf_server_refuses_a_different_test() {
+    let port = free_port().to_string();
+    let server = Child::spawn("refuse-server", &["perf", "write", "--link", "udp", "--server", "--port", &port]);
+    let client =
+        Child::spawn("refuse-client", &["perf", "read", "--link", "udp", "--connect", "127.0.0.1", "--port", &port]);
+    let (c_ok, _, c_err) = client.finish(60);
+    let (s_ok, _, s_err) = server.finish(10);
+    assert!(!c_ok && !s_ok);
+    assert!(
+        c_err.contains("the server refused the test: the client runs perf read, this server perf write"),
+        "{c_err}"
+    );
+    assert!(s_err.contains("refused"), "{s_err}");
+}
