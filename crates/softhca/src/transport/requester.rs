@@ -173,6 +173,25 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
                 return None; // start it only when its first packet can go
             }
             let mut w = std::mem::take(core.sq.get_mut(idx)?);
+            if let Some(b) = &w.bind {
+                // A bind is a local operation: it takes effect now, for every WQE after it,
+                // and completes in order with no packet.
+                let status = match crate::verbs::mw::bind(&q.dev, q.pd.inner.handle, b) {
+                    Ok(()) => WcStatus::Success,
+                    Err(s) => s,
+                };
+                w.tx = WqeTx { first_psn: core.req.psn, npkts: 0, status: Some(status), ..std::mem::take(&mut w.tx) };
+                core.req.started += 1;
+                core.req.cursor += 1;
+                core.req.cursor_off = 0;
+                let failed = status != WcStatus::Success;
+                core.req.halted |= failed;
+                *core.sq.get_mut(idx)? = w;
+                if failed {
+                    return None;
+                }
+                continue;
+            }
             let checked = check_local(q, core, &mut w);
             let npkts = match w.opcode {
                 WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 1,

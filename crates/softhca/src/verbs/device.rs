@@ -92,7 +92,7 @@ impl Default for DeviceAttr {
             max_srq: 1 << 14,
             max_srq_wr: 1 << 14,
             max_srq_sge: 32,
-            max_mw: 0,
+            max_mw: 1 << 16,
             max_inline_data: 512,
             atomic_cap: AtomicCap::Glob,
             max_pkeys: 1,
@@ -202,6 +202,7 @@ pub(crate) struct Counts {
     pub pd: AtomicU32,
     pub ah: AtomicU32,
     pub srq: AtomicU32,
+    pub mw: AtomicU32,
 }
 
 /// Takes one unit of a resource counted in `counter` up to `max`.

@@ -7,6 +7,7 @@ pub mod device;
 pub mod error;
 mod eventfd;
 pub mod mr;
+pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod srq;
@@ -21,8 +22,9 @@ pub use device::{
 };
 pub use error::{PostError, Result, VerbsError};
 pub use mr::{AccessError, MemRef, Mr};
+pub use mw::Mw;
 pub use pd::Pd;
 pub use qp::{AltPath, Qp, QpAttr, QpAttrs, QpCap, QpInitAttr, WqSizes, MAX_MSG_SIZE};
 pub use srq::{Srq, SrqAttr, SrqInitAttr};
 pub use types::*;
-pub use wr::{RecvWr, SendFlags, SendWr, WrOpcode};
+pub use wr::{MwBind, RecvWr, SendFlags, SendWr, WrOpcode};

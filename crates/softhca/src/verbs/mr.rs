@@ -29,17 +29,32 @@ pub enum AccessError {
     MissingRight,
 }
 
+/// What a key names: a memory region, or a memory window (one key space for both, so their
+/// keys never collide).
+#[derive(Clone)]
+pub(crate) enum KeyEntry {
+    Mr(Arc<MrInner>),
+    Mw(Arc<super::mw::MwInner>),
+}
+
 /// The keys of one device. A key is `slot << 8 | key byte`; the key byte is random and never
 /// repeats the previous one of its slot, so a stale or guessed key misses.
 #[derive(Default)]
 pub(crate) struct KeyTable {
-    slots: Vec<Option<Arc<MrInner>>>,
+    slots: Vec<Option<(u32, KeyEntry)>>,
     last_key_byte: Vec<u8>,
     free: Vec<u32>,
 }
 
 impl KeyTable {
-    fn insert(&mut self, rng: &mut impl Rng, make: impl FnOnce(u32) -> Arc<MrInner>) -> Result<Arc<MrInner>> {
+    fn fresh_byte(&mut self, rng: &mut impl Rng, slot: u32) -> u32 {
+        let prev = self.last_key_byte[slot as usize];
+        let byte = prev.wrapping_add(rng.random_range(1..=255u8));
+        self.last_key_byte[slot as usize] = byte;
+        slot << 8 | byte as u32
+    }
+
+    pub(crate) fn insert(&mut self, rng: &mut impl Rng, make: impl FnOnce(u32) -> KeyEntry) -> Result<(u32, KeyEntry)> {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -52,32 +67,54 @@ impl KeyTable {
                 s
             }
         };
-        let prev = self.last_key_byte[slot as usize];
-        let byte = prev.wrapping_add(rng.random_range(1..=255u8));
-        self.last_key_byte[slot as usize] = byte;
-        let mr = make(slot << 8 | byte as u32);
-        self.slots[slot as usize] = Some(mr.clone());
-        Ok(mr)
+        let key = self.fresh_byte(rng, slot);
+        let entry = make(key);
+        self.slots[slot as usize] = Some((key, entry.clone()));
+        Ok((key, entry))
     }
 
-    fn remove(&mut self, key: u32) -> Option<Arc<MrInner>> {
+    /// Gives the entry behind `key` a new key in the same slot (a memory window's R_Key changes
+    /// at every bind), so the old key stops working.
+    pub(crate) fn rekey(&mut self, rng: &mut impl Rng, key: u32) -> Option<u32> {
+        let slot = key >> 8;
+        if self.slots.get(slot as usize)?.as_ref().is_none_or(|(k, _)| *k != key) {
+            return None;
+        }
+        let new = self.fresh_byte(rng, slot);
+        if let Some((k, _)) = self.slots[slot as usize].as_mut() {
+            *k = new;
+        }
+        Some(new)
+    }
+
+    pub(crate) fn remove(&mut self, key: u32) -> Option<KeyEntry> {
         let slot = (key >> 8) as usize;
         let entry = self.slots.get_mut(slot)?;
-        if entry.as_ref().is_some_and(|m| m.key == key) {
+        if entry.as_ref().is_some_and(|(k, _)| *k == key) {
             self.free.push(slot as u32);
-            entry.take()
+            entry.take().map(|(_, e)| e)
         } else {
             None
         }
     }
 
-    pub fn lookup(&self, key: u32) -> Option<&Arc<MrInner>> {
-        self.slots.get((key >> 8) as usize)?.as_ref().filter(|m| m.key == key)
+    pub fn lookup(&self, key: u32) -> Option<&KeyEntry> {
+        self.slots.get((key >> 8) as usize)?.as_ref().filter(|(k, _)| *k == key).map(|(_, e)| e)
+    }
+
+    /// The region behind an L_Key (or MR key).
+    pub fn mr(&self, key: u32) -> Option<&Arc<MrInner>> {
+        match self.lookup(key)? {
+            KeyEntry::Mr(m) => Some(m),
+            KeyEntry::Mw(_) => None,
+        }
     }
 }
 
 pub(crate) struct MrInner {
     pub key: u32,
+    /// Memory windows bound to this region: it cannot be deregistered while any is.
+    pub windows: std::sync::atomic::AtomicU32,
     pub pd: Arc<PdInner>,
     pub access: Access,
     /// The region's first byte; its virtual address is the host address (`iova == addr`).
@@ -111,7 +148,7 @@ impl MrInner {
         self.ptr.as_ptr() as u64
     }
 
-    fn range_offset(&self, addr: u64, len: u64) -> Option<usize> {
+    pub(crate) fn range_offset(&self, addr: u64, len: u64) -> Option<usize> {
         let off = addr.checked_sub(self.addr())?;
         let end = off.checked_add(len)?;
         (end <= self.len as u64).then_some(off as usize)
@@ -193,7 +230,7 @@ impl MemRef {
 /// A registered memory region (`ibv_mr`). It keeps its memory alive until it is deregistered
 /// (or dropped) and every in-flight access has finished.
 pub struct Mr {
-    inner: Arc<MrInner>,
+    pub(crate) inner: Arc<MrInner>,
     dev: Arc<DeviceInner>,
     deregistered: AtomicBool,
 }
@@ -260,17 +297,30 @@ impl Pd {
             give(&dev.counts.mr);
             return Err(e);
         }
+        let mut made = None;
         let inserted = {
             let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
             let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
-            keys.insert(&mut *rng, |key| Arc::new(MrInner { key, pd: self.inner.clone(), access, ptr, len, owned }))
+            keys.insert(&mut *rng, |key| {
+                let mr = Arc::new(MrInner {
+                    key,
+                    windows: Default::default(),
+                    pd: self.inner.clone(),
+                    access,
+                    ptr,
+                    len,
+                    owned,
+                });
+                made = Some(mr.clone());
+                KeyEntry::Mr(mr)
+            })
         };
-        match inserted {
-            Ok(inner) => Ok(Mr { inner, dev: dev.clone(), deregistered: AtomicBool::new(false) }),
-            Err(e) => {
+        match (inserted, made) {
+            (Ok(_), Some(inner)) => Ok(Mr { inner, dev: dev.clone(), deregistered: AtomicBool::new(false) }),
+            (result, _) => {
                 self.inner.release();
                 give(&dev.counts.mr);
-                Err(e)
+                Err(result.err().unwrap_or(VerbsError::InsufficientResources))
             }
         }
     }
@@ -344,6 +394,12 @@ impl Mr {
     /// they do; new ones miss the key.
     pub fn dereg(&self) -> Result<()> {
         self.dev.check_open()?;
+        if self.deregistered.load(Ordering::Acquire) {
+            return Err(VerbsError::InvalidMrHandle);
+        }
+        if self.inner.windows.load(Ordering::Acquire) > 0 {
+            return Err(VerbsError::InUse("memory windows are bound to the region"));
+        }
         if self.deregistered.swap(true, Ordering::AcqRel) {
             return Err(VerbsError::InvalidMrHandle);
         }
@@ -388,13 +444,37 @@ pub(crate) fn check_access(
     access: Access,
 ) -> std::result::Result<MemRef, AccessError> {
     let keys = dev.keys.read().unwrap_or_else(|e| e.into_inner());
-    let mr = keys.lookup(key).ok_or(AccessError::BadKey)?;
-    if mr.pd.handle != pd_handle {
-        return Err(AccessError::WrongPd);
+    match keys.lookup(key).ok_or(AccessError::BadKey)? {
+        KeyEntry::Mr(mr) => {
+            if mr.pd.handle != pd_handle {
+                return Err(AccessError::WrongPd);
+            }
+            let offset = mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
+            if !mr.access.contains(access) {
+                return Err(AccessError::MissingRight);
+            }
+            Ok(MemRef { mr: mr.clone(), offset, len: len as usize })
+        }
+        KeyEntry::Mw(mw) => {
+            // A window's R_Key is for remote access only.
+            let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+            if access.is_empty() || !remote.contains(access) {
+                return Err(AccessError::BadKey);
+            }
+            if mw.pd.handle != pd_handle {
+                return Err(AccessError::WrongPd);
+            }
+            let state = mw.state.lock().unwrap_or_else(|e| e.into_inner());
+            let b = state.binding.as_ref().ok_or(AccessError::BadKey)?;
+            let inside = addr.checked_sub(b.addr).and_then(|o| o.checked_add(len)).is_some_and(|end| end <= b.len);
+            if !inside {
+                return Err(AccessError::OutOfBounds);
+            }
+            if !b.access.contains(access) {
+                return Err(AccessError::MissingRight);
+            }
+            let offset = b.mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
+            Ok(MemRef { mr: b.mr.clone(), offset, len: len as usize })
+        }
     }
-    let offset = mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
-    if !mr.access.contains(access) {
-        return Err(AccessError::MissingRight);
-    }
-    Ok(MemRef { mr: mr.clone(), offset, len: len as usize })
 }

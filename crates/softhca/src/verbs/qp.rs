@@ -884,8 +884,11 @@ impl Qp {
         if !wr_allowed(q.qp_type, wr.opcode) {
             return Err(VerbsError::InvalidWrType);
         }
-        if matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv | WrOpcode::SendWithInv) {
-            return Err(VerbsError::NotSupported("memory windows and invalidation are not implemented yet"));
+        if matches!(wr.opcode, WrOpcode::LocalInv | WrOpcode::SendWithInv) {
+            return Err(VerbsError::NotSupported("invalidation is not implemented yet"));
+        }
+        if wr.opcode == WrOpcode::BindMw && wr.bind.is_none() {
+            return Err(VerbsError::InvalidWr("a Bind MW work request needs its window and region"));
         }
         let inline = wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers();
         if !inline && wr.sg_list.len() > core.attrs.cap.max_send_sge as usize {
@@ -1051,4 +1054,12 @@ fn fill_send_wqe(slot: &mut SendWqe, wr: &SendWr<'_>, sq_sig_all: bool) {
     slot.ah = wr.ah.cloned();
     slot.remote_qpn = wr.remote_qpn;
     slot.remote_qkey = wr.remote_qkey;
+    slot.bind = wr.bind.map(|b| super::mw::BindRequest {
+        mw: b.mw.inner.clone(),
+        rkey: b.rkey,
+        mr_key: b.mr.lkey(),
+        addr: b.addr,
+        length: b.length,
+        access: b.access,
+    });
 }

@@ -103,9 +103,42 @@ pub struct SendWr<'a> {
     pub ah: Option<&'a Ah>,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
+    /// What a Bind MW work request binds.
+    pub bind: Option<MwBind<'a>>,
+}
+
+/// The window, region, range and rights of a Bind MW work request (WR-BIND-1).
+#[derive(Debug, Clone, Copy)]
+pub struct MwBind<'a> {
+    pub mw: &'a super::mw::Mw,
+    /// The window's current R_Key, as the consumer knows it.
+    pub rkey: u32,
+    pub mr: &'a super::mr::Mr,
+    pub addr: u64,
+    pub length: u64,
+    /// Any of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC (WR-BIND-2).
+    pub access: super::types::Access,
 }
 
 impl<'a> SendWr<'a> {
+    /// Bind MW: `mw` grants `access` to `[addr, addr + length)` of `mr` once this completes; its
+    /// R_Key then is `mw.rkey()`.
+    pub fn bind_mw(
+        wr_id: u64,
+        mw: &'a super::mw::Mw,
+        mr: &'a super::mr::Mr,
+        addr: u64,
+        length: u64,
+        access: super::types::Access,
+    ) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::BindMw,
+            bind: Some(MwBind { mw, rkey: mw.rkey(), mr, addr, length, access }),
+            ..Default::default()
+        }
+    }
+
     pub fn send(wr_id: u64, sg_list: &'a [Sge]) -> Self {
         SendWr { wr_id, opcode: WrOpcode::Send, sg_list, ..Default::default() }
     }
@@ -222,6 +255,7 @@ pub(crate) struct SendWqe {
     pub ah: Option<Ah>,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
+    pub bind: Option<super::mw::BindRequest>,
     /// The requester's state of this WQE.
     pub tx: crate::transport::requester::WqeTx,
 }

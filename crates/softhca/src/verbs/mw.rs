@@ -1,0 +1,160 @@
+//! Memory windows (type 1): a remote-access view of part of a registered region, bound and
+//! re-bound by Bind MW work requests; its R_Key changes at every bind (WR-BIND).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::device::{give, take, DeviceInner};
+use super::error::{Result, VerbsError};
+use super::mr::{KeyEntry, MrInner};
+use super::pd::{Pd, PdInner};
+use super::types::{Access, WcStatus};
+
+/// What a window currently grants.
+pub(crate) struct Binding {
+    pub mr: Arc<MrInner>,
+    pub addr: u64,
+    pub len: u64,
+    pub access: Access,
+}
+
+pub(crate) struct MwState {
+    pub key: u32,
+    pub binding: Option<Binding>,
+}
+
+pub(crate) struct MwInner {
+    pub pd: Arc<PdInner>,
+    pub state: Mutex<MwState>,
+    dealloced: AtomicBool,
+}
+
+/// A memory window (`ibv_mw`, type 1).
+#[derive(Clone)]
+pub struct Mw {
+    pub(crate) inner: Arc<MwInner>,
+    dev: Arc<DeviceInner>,
+}
+
+impl std::fmt::Debug for Mw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mw").field("rkey", &format_args!("{:#x}", self.rkey())).finish()
+    }
+}
+
+impl Pd {
+    /// Allocate Memory Window. It grants nothing until a Bind MW work request binds it.
+    pub fn alloc_mw(&self) -> Result<Mw> {
+        self.inner.check()?;
+        let dev = &self.inner.dev;
+        take(&dev.counts.mw, dev.attr.max_mw)?;
+        if let Err(e) = self.inner.hold() {
+            give(&dev.counts.mw);
+            return Err(e);
+        }
+        let mut made = None;
+        let inserted = {
+            let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
+            let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
+            keys.insert(&mut *rng, |key| {
+                let mw = Arc::new(MwInner {
+                    pd: self.inner.clone(),
+                    state: Mutex::new(MwState { key, binding: None }),
+                    dealloced: AtomicBool::new(false),
+                });
+                made = Some(mw.clone());
+                KeyEntry::Mw(mw)
+            })
+        };
+        match (inserted, made) {
+            (Ok(_), Some(inner)) => Ok(Mw { inner, dev: dev.clone() }),
+            (result, _) => {
+                self.inner.release();
+                give(&dev.counts.mw);
+                Err(result.err().unwrap_or(VerbsError::InsufficientResources))
+            }
+        }
+    }
+}
+
+impl Mw {
+    /// The window's current R_Key: a new one after every bind.
+    pub fn rkey(&self) -> u32 {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).key
+    }
+
+    /// Deallocate Memory Window: its key stops working and its region is free again.
+    pub fn dealloc(&self) -> Result<()> {
+        self.dev.check_open()?;
+        if self.inner.dealloced.swap(true, Ordering::AcqRel) {
+            return Err(VerbsError::InvalidArgument("memory window already deallocated"));
+        }
+        let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.dev.keys.write().unwrap_or_else(|e| e.into_inner()).remove(st.key);
+        if let Some(b) = st.binding.take() {
+            b.mr.windows.fetch_sub(1, Ordering::AcqRel);
+        }
+        drop(st);
+        self.inner.pd.release();
+        give(&self.dev.counts.mw);
+        Ok(())
+    }
+}
+
+/// A Bind MW request as the requester executes it.
+#[derive(Clone)]
+pub(crate) struct BindRequest {
+    pub mw: Arc<MwInner>,
+    /// The window's R_Key the consumer named: it must be the current one.
+    pub rkey: u32,
+    pub mr_key: u32,
+    pub addr: u64,
+    pub length: u64,
+    pub access: Access,
+}
+
+impl std::fmt::Debug for BindRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BindRequest")
+            .field("rkey", &self.rkey)
+            .field("addr", &self.addr)
+            .field("length", &self.length)
+            .finish()
+    }
+}
+
+/// Executes a bind for a QP of PD `pd_handle` (WR-BIND-2..5); a failure is Memory Window Bind
+/// Error.
+pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::result::Result<(), WcStatus> {
+    let fail = Err(WcStatus::MwBindErr);
+    if b.mw.dealloced.load(Ordering::Acquire) || b.mw.pd.handle != pd_handle {
+        return fail;
+    }
+    let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+    if !remote.contains(b.access) {
+        return fail; // WR-BIND-2: remote rights only
+    }
+    let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
+    let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
+    let Some(mr) = keys.mr(b.mr_key).cloned() else { return fail };
+    if mr.pd.handle != pd_handle || !mr.access.contains(Access::MW_BIND) {
+        return fail;
+    }
+    if b.access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !mr.access.contains(Access::LOCAL_WRITE) {
+        return fail; // WR-BIND-3, WR-BIND-4
+    }
+    if mr.range_offset(b.addr, b.length).is_none() {
+        return fail; // WR-BIND-5
+    }
+    let mut st = b.mw.state.lock().unwrap_or_else(|e| e.into_inner());
+    if st.key != b.rkey {
+        return fail;
+    }
+    let Some(new_key) = keys.rekey(&mut *rng, st.key) else { return fail };
+    st.key = new_key;
+    mr.windows.fetch_add(1, Ordering::AcqRel);
+    if let Some(old) = st.binding.replace(Binding { mr: mr.clone(), addr: b.addr, len: b.length, access: b.access }) {
+        old.mr.windows.fetch_sub(1, Ordering::AcqRel);
+    }
+    Ok(())
+}
