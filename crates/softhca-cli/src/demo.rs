@@ -15,11 +15,12 @@ pub struct DemoArgs {
     /// Where to write the pcap (default: softhca-demo.pcap in the system temp directory).
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
-    /// Seed of the lossy link's faults.
-    #[arg(long, default_value_t = 7)]
+    /// Seed of the lossy phase's random faults; one seed always gives the same run.
+    #[arg(long, default_value_t = 7, value_name = "S")]
     pub seed: u64,
-    /// Loss probability of the lossy phase.
-    #[arg(long, default_value_t = 0.02)]
+    /// Probability that a datagram is lost in the lossy phase (duplication 1%, reordering 2%
+    /// and corruption 1% stay as they are).
+    #[arg(long, default_value_t = 0.02, value_name = "P")]
     pub loss: f64,
 }
 
@@ -31,10 +32,24 @@ impl Default for DemoArgs {
 
 pub fn run(args: &DemoArgs) -> Res<()> {
     let started = Instant::now();
-    let pcap = args.pcap.clone().unwrap_or_else(|| std::env::temp_dir().join("softhca-demo.pcap"));
+    let faults = Faults { seed: args.seed, ..Faults::default() };
+    let (pcap, mut net) = match &args.pcap {
+        Some(p) => (p.clone(), Net::sim(&faults, Some(p))?),
+        None => {
+            // The default lives in the temp dir; if another user's file is in the way, this
+            // process's own name.
+            let p = std::env::temp_dir().join("softhca-demo.pcap");
+            match Net::sim(&faults, Some(&p)) {
+                Ok(net) => (p, net),
+                Err(_) => {
+                    let p = std::env::temp_dir().join(format!("softhca-demo-{}.pcap", std::process::id()));
+                    (p.clone(), Net::sim(&faults, Some(&p))?)
+                }
+            }
+        }
+    };
     println!("softhca demo: two software HCAs on the deterministic simulated fabric");
     println!("==========================================================================");
-    let mut net = Net::sim(&Faults { seed: args.seed, ..Faults::default() }, Some(&pcap))?;
     let ca = net.add_device("softhca0")?;
     let cb = net.add_device("softhca1")?;
     for ctx in [&ca, &cb] {

@@ -11,11 +11,12 @@ pub struct DevinfoArgs {
     /// Show every device attribute, not only the main limits.
     #[arg(short, long)]
     pub verbose: bool,
-    /// Which link the device sits on.
+    /// Which link the device sits on: `sim` (the simulated fabric, GID ::ffff:127.1.0.1) or
+    /// `udp` (a real device on UDP port 4791 of SOFTHCA_ADDR or the first free 127.0.0.x).
     #[arg(long, value_enum, default_value_t = LinkKind::Sim)]
     pub link: LinkKind,
-    /// Device name.
-    #[arg(long, short = 'd', default_value = "softhca0")]
+    /// The device's name (its hca_id).
+    #[arg(long, short = 'd', default_value = "softhca0", value_name = "NAME")]
     pub device: String,
     #[command(flatten)]
     pub pcap: PcapArg,

@@ -22,7 +22,14 @@ mod trace;
 
 #[derive(Parser, Debug)]
 #[command(name = "softhca", version, about = "softhca: a software InfiniBand HCA (verbs, RC/UC/UD, RoCEv2)")]
-#[command(after_help = "With no subcommand, runs the demo.")]
+#[command(after_help = "\
+With no subcommand, runs the demo. `softhca help COMMAND` or `softhca COMMAND --help` explains
+each command's flags.
+
+Environment (udp link):
+  SOFTHCA_ADDR       the IP address a udp device binds (UDP port 4791); default: the first
+                     free address in 127.0.0.1-127.0.0.254
+  SOFTHCA_WAIT_SECS  how long to wait for progress before giving up (default 60)")]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -35,10 +42,11 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Show the device and its port, like ibv_devinfo.
     Devinfo(devinfo::DevinfoArgs),
-    /// Ping-pong Sends between two QPs, like ibv_rc_pingpong.
+    /// Ping-pong Sends between two QPs, like ibv_rc_pingpong (RC, UC or UD; both ends in this
+    /// process on the sim link, two processes over udp).
     Pingpong(pingpong::PingpongArgs),
     /// Bandwidth, message rate and latency of Send, RDMA Write, RDMA Read or Atomic, like
-    /// perftest.
+    /// perftest (sim link, udp in one process, or udp between two processes).
     Perf(perf::PerfArgs),
     /// Decode a RoCEv2 pcap: one line per packet and a ladder diagram per QP pair.
     Trace(trace::TraceArgs),
@@ -47,7 +55,8 @@ enum Command {
 /// The `--pcap` flag every subcommand takes.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PcapArg {
-    /// Record the traffic in this pcap file (Ethernet link type; Wireshark reads it).
+    /// Record the traffic in this pcap file (Ethernet link type; Wireshark and `softhca
+    /// trace` read it). On the udp link: what this process's first device sends and receives.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
 }

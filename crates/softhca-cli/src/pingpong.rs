@@ -14,8 +14,11 @@ const GRH: usize = 40;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QpKind {
+    /// Reliable Connection: ACKs, retransmission, in-order delivery.
     Rc,
+    /// Unreliable Connection: no ACKs; a lost packet loses its message.
     Uc,
+    /// Unreliable Datagram: single-packet messages addressed per WR.
     Ud,
 }
 
@@ -30,35 +33,46 @@ impl QpKind {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Examples:
+  softhca pingpong --qp ud --size 1024                  both ends here, on the sim link
+  softhca pingpong --link udp --server                  process 1
+  softhca pingpong --link udp --connect 127.0.0.1       process 2
+
+The udp device binds SOFTHCA_ADDR if set, else the first free address in 127.0.0.1-254.")]
 pub struct PingpongArgs {
-    /// Transport service.
+    /// Transport service of the two QPs.
     #[arg(long, value_enum, default_value_t = QpKind::Rc)]
     pub qp: QpKind,
     /// Message size in bytes (UD: at most the MTU).
-    #[arg(long, short = 's', default_value_t = 4096)]
+    #[arg(long, short = 's', default_value_t = 4096, value_name = "BYTES")]
     pub size: usize,
-    /// Round trips.
-    #[arg(long, short = 'n', default_value_t = 1000)]
+    /// Round trips: the client sends, the server answers with a Send of its own.
+    #[arg(long, short = 'n', default_value_t = 1000, value_name = "N")]
     pub iters: u64,
-    /// Receives kept posted.
-    #[arg(long, short = 'r', default_value_t = 500)]
+    /// Receives each end keeps posted (at most 4096).
+    #[arg(long, short = 'r', default_value_t = 500, value_name = "N")]
     pub rx_depth: u64,
-    /// Path MTU in bytes.
-    #[arg(long, short = 'm', default_value_t = 1024)]
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    #[arg(long, short = 'm', default_value_t = 1024, value_name = "BYTES")]
     pub mtu: u32,
     /// Which link: `sim` runs both ends in this process; `udp` needs --server or --connect.
     #[arg(long, value_enum, default_value_t = LinkKind::Sim)]
     pub link: LinkKind,
-    /// udp: be the server, waiting for a client on the TCP port.
+    /// udp: be the server: wait for one client on the TCP --port, then answer its messages.
+    /// Both ends must be given the same --qp, --size, --iters and --mtu.
     #[arg(long, conflicts_with = "connect")]
     pub server: bool,
-    /// udp: be the client of the server at HOST.
+    /// udp: be the client of the server whose TCP side channel is at HOST (a name or an IP
+    /// address); the client sends first.
     #[arg(long, value_name = "HOST")]
     pub connect: Option<String>,
-    /// TCP port of the QP information exchange.
+    /// TCP port of the --server/--connect side channel, which exchanges QPN, PSN and GID
+    /// as ibv_rc_pingpong does.
     #[arg(long, short = 'p', default_value_t = 18515)]
     pub port: u16,
-    /// udp: the device's engine spins instead of sleeping (lowest latency, a core busy).
+    /// udp: the device's engine thread spins on its socket instead of sleeping in the
+    /// kernel: lowest latency, one core kept busy.
     #[arg(long)]
     pub busy_poll: bool,
     #[command(flatten)]
