@@ -628,3 +628,26 @@ fn rust_api_follows_the_digest_where_linux_differs() {
     qp.modify(&QpAttr::to_rts().max_dest_rd_atomic(4).min_rnr_timer(3).pkey_index(0).av(remote_av())).unwrap();
     assert_eq!(qp.query().unwrap().qp_state, QpState::Rts);
 }
+
+/// Raw QPs cannot be created yet; their table entry is checked directly: only the port at
+/// Reset → Init, nothing anywhere else.
+/// Rule MOD-RAW-1
+#[test]
+fn raw_table_entries() {
+    for t in [QpType::RawIpv6, QpType::RawEthertype] {
+        assert_eq!(check_modify(t, QpState::Reset, QpState::Init, AttrMask::PORT), Ok(()));
+        assert_eq!(
+            check_modify(t, QpState::Reset, QpState::Init, AttrMask::empty()),
+            Err(VerbsError::MissingAttribute(AttrMask::PORT))
+        );
+        assert!(matches!(
+            check_modify(t, QpState::Reset, QpState::Init, AttrMask::PORT | AttrMask::PKEY_INDEX),
+            Err(VerbsError::InvalidAttribute(..))
+        ));
+        assert_eq!(check_modify(t, QpState::Init, QpState::Rtr, AttrMask::empty()), Ok(()));
+        assert!(matches!(
+            check_modify(t, QpState::Rtr, QpState::Rts, AttrMask::SQ_PSN),
+            Err(VerbsError::InvalidAttribute(..))
+        ));
+    }
+}

@@ -496,3 +496,60 @@ fn receive_icrc_checked_skips_only_the_crc() {
     p.b.ctx.receive_icrc_checked(0, &d);
     assert_eq!(poll_all(&p.b.cq).len(), 1);
 }
+
+/// The responder's checks run in order — PSN, opcode sequence, operation enabled, resources,
+/// lengths, R_Key — and the first failure decides: each case fails two checks and must be
+/// answered for the earlier one.
+/// Rule PKT-VAL-12
+#[test]
+fn responder_check_order() {
+    // PSN before R_Key: an out-of-sequence Write with a bad R_Key gets a sequence NAK.
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let dst = p.b.pd.alloc_mr(4096, all_access()).unwrap();
+    p.filter = Some(Box::new(|from_a, d| {
+        if from_a {
+            rewrite(d, |r| r.packet.bth.psn = r.packet.bth.psn.add(5)).unwrap();
+        }
+        true
+    }));
+    p.a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..8)], dst.addr(), dst.rkey() ^ 0x100)]).unwrap();
+    p.run(10_000);
+    assert_eq!(naks(&p, false), vec![(100, Syndrome::Nak(NakCode::PsnSeqErr))]);
+
+    // Enabled before resources: a Write with Immediate to a QP without Write enabled and no
+    // receive posted is Invalid Request, not RNR.
+    let o = Opts { access: all_access() - Access::REMOTE_WRITE, ..Opts::default() };
+    let mut p = Pair::with(QpType::Rc, Mtu::Mtu1024, o);
+    let src = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..8)], 0x1000, 1).imm(1)]).unwrap();
+    p.run(10_000);
+    assert_eq!(naks(&p, false), vec![(100, Syndrome::Nak(NakCode::InvalidRequest))]);
+
+    // Resources before lengths: a too-short Send First with no receive posted is RNR.
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    p.filter = Some(Box::new(|from_a, d| {
+        if from_a && Pkt::parse(d).opcode == Opcode::RcSendFirst {
+            rewrite(d, |r| r.packet.payload = &[0; 8]).unwrap();
+        }
+        true
+    }));
+    p.a.qp.post_send(&[SendWr::send(1, &[src.sge(0..3000)])]).unwrap();
+    p.run(10_000);
+    assert!(matches!(naks(&p, false)[0].1, Syndrome::RnrNak { .. }));
+
+    // Lengths before R_Key: a Write Only whose RETH length is wrong and whose R_Key is bad is
+    // Invalid Request, not Remote Access Error.
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.filter = Some(Box::new(|from_a, d| {
+        if from_a {
+            rewrite(d, |r| r.packet.reth.as_mut().unwrap().dma_length += 4).unwrap();
+        }
+        true
+    }));
+    p.a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..8)], 0x1000, 0xdead)]).unwrap();
+    p.run(10_000);
+    assert_eq!(naks(&p, false), vec![(100, Syndrome::Nak(NakCode::InvalidRequest))]);
+}
