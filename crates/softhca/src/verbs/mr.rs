@@ -292,36 +292,45 @@ impl Pd {
 
     fn register(&self, ptr: NonNull<u8>, len: usize, access: Access, owned: bool) -> Result<Mr> {
         let dev = &self.inner.dev;
-        take(&dev.counts.mr, dev.attr.max_mr)?;
-        if let Err(e) = self.inner.hold() {
-            give(&dev.counts.mr);
-            return Err(e);
-        }
-        let mut made = None;
-        let inserted = {
-            let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
-            let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
-            keys.insert(&mut *rng, |key| {
-                let mr = Arc::new(MrInner {
-                    key,
-                    windows: Default::default(),
-                    pd: self.inner.clone(),
-                    access,
-                    ptr,
-                    len,
-                    owned,
-                });
-                made = Some(mr.clone());
-                KeyEntry::Mr(mr)
-            })
-        };
-        match (inserted, made) {
-            (Ok(_), Some(inner)) => Ok(Mr { inner, dev: dev.clone(), deregistered: AtomicBool::new(false) }),
-            (result, _) => {
-                self.inner.release();
-                give(&dev.counts.mr);
-                Err(result.err().unwrap_or(VerbsError::InsufficientResources))
-            }
+        let inner = new_key(&self.inner, &dev.counts.mr, dev.attr.max_mr, |key| {
+            let mr =
+                Arc::new(MrInner { key, windows: Default::default(), pd: self.inner.clone(), access, ptr, len, owned });
+            (KeyEntry::Mr(mr.clone()), mr)
+        })?;
+        Ok(Mr { inner, dev: dev.clone(), deregistered: AtomicBool::new(false) })
+    }
+}
+
+/// Counts one more `counter` resource (up to `max`) in PD `pd` and gives it a fresh key, for
+/// regions and windows alike; a failure undoes both.
+pub(crate) fn new_key<T>(
+    pd: &Arc<PdInner>,
+    counter: &std::sync::atomic::AtomicU32,
+    max: u32,
+    make: impl FnOnce(u32) -> (KeyEntry, T),
+) -> Result<T> {
+    let dev = &pd.dev;
+    take(counter, max)?;
+    if let Err(e) = pd.hold() {
+        give(counter);
+        return Err(e);
+    }
+    let mut made = None;
+    let inserted = {
+        let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
+        keys.insert(&mut *rng, |key| {
+            let (entry, handle) = make(key);
+            made = Some(handle);
+            entry
+        })
+    };
+    match (inserted, made) {
+        (Ok(_), Some(handle)) => Ok(handle),
+        (result, _) => {
+            pd.release();
+            give(counter);
+            Err(result.err().unwrap_or(VerbsError::InsufficientResources))
         }
     }
 }

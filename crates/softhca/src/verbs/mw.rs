@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::device::{give, take, DeviceInner};
+use super::device::{give, DeviceInner};
 use super::error::{Result, VerbsError};
-use super::mr::{KeyEntry, MrInner};
+use super::mr::{new_key, KeyEntry, MrInner};
 use super::pd::{Pd, PdInner};
 use super::types::{Access, WcStatus};
 
@@ -47,33 +47,15 @@ impl Pd {
     pub fn alloc_mw(&self) -> Result<Mw> {
         self.inner.check()?;
         let dev = &self.inner.dev;
-        take(&dev.counts.mw, dev.attr.max_mw)?;
-        if let Err(e) = self.inner.hold() {
-            give(&dev.counts.mw);
-            return Err(e);
-        }
-        let mut made = None;
-        let inserted = {
-            let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
-            let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
-            keys.insert(&mut *rng, |key| {
-                let mw = Arc::new(MwInner {
-                    pd: self.inner.clone(),
-                    state: Mutex::new(MwState { key, binding: None }),
-                    dealloced: AtomicBool::new(false),
-                });
-                made = Some(mw.clone());
-                KeyEntry::Mw(mw)
-            })
-        };
-        match (inserted, made) {
-            (Ok(_), Some(inner)) => Ok(Mw { inner, dev: dev.clone() }),
-            (result, _) => {
-                self.inner.release();
-                give(&dev.counts.mw);
-                Err(result.err().unwrap_or(VerbsError::InsufficientResources))
-            }
-        }
+        let inner = new_key(&self.inner, &dev.counts.mw, dev.attr.max_mw, |key| {
+            let mw = Arc::new(MwInner {
+                pd: self.inner.clone(),
+                state: Mutex::new(MwState { key, binding: None }),
+                dealloced: AtomicBool::new(false),
+            });
+            (KeyEntry::Mw(mw.clone()), mw)
+        })?;
+        Ok(Mw { inner, dev: dev.clone() })
     }
 }
 
