@@ -266,11 +266,11 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
     let info = bth.opcode.info();
     let is_request = info.is_none_or(|i| i.direction == Direction::Request);
     let state = core.attrs.qp_state;
+    // PKT-VAL-5: requests from RTR on; PKT-VAL-6: responses from RTS on.
     let accepts = if is_request {
         matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
-    // PKT-VAL-5
     } else {
-        matches!(state, QpState::Rts | QpState::Sqd | QpState::Sqe) // PKT-VAL-6
+        matches!(state, QpState::Rts | QpState::Sqd | QpState::Sqe)
     };
     if !accepts {
         return false;
