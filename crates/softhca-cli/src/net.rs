@@ -244,6 +244,13 @@ impl Net {
     }
 }
 
+/// Whether `cq` holds a CQE. It polls for none first, which runs the device's progress hook:
+/// with `--busy-poll` the udp engine then runs in the caller's spin instead of beside it.
+pub fn cq_ready(cq: &Cq) -> bool {
+    let _ = cq.poll(&mut []);
+    cq.len().unwrap_or(1) > 0
+}
+
 /// Sum of two devices' counters.
 pub fn add_counters(a: DeviceCounters, b: DeviceCounters) -> DeviceCounters {
     a + b

@@ -845,7 +845,7 @@ pub(crate) fn drive(
         {
             let cqa = &init.cq;
             let cqb = resp.as_deref().map(|r| &r.cq);
-            net.wait("completions", || cqa.len().unwrap_or(1) > 0 || cqb.is_some_and(|c| c.len().unwrap_or(1) > 0))?;
+            net.wait("completions", || net::cq_ready(cqa) || cqb.is_some_and(net::cq_ready))?;
         }
         let now = Instant::now();
         loop {

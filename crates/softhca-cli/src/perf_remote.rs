@@ -345,7 +345,7 @@ fn write_lat_client(
             let cq = &init.cq;
             let mem = &echo[i];
             net.wait("the server's write echo", || {
-                (echoed.is_none() && last_byte_is(mem, at, m)) || cq.len().unwrap_or(1) > 0
+                (echoed.is_none() && last_byte_is(mem, at, m)) || net::cq_ready(cq)
             })?;
         }
     }
@@ -402,7 +402,7 @@ fn send_lat_client(
                 }
             }
             let cq = &init.cq;
-            net.wait("the server's send echo", || cq.len().unwrap_or(1) > 0)?;
+            net.wait("the server's send echo", || net::cq_ready(cq))?;
         }
     }
     t.wall_s = rounds.start.elapsed().as_secs_f64();
@@ -504,7 +504,7 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
         let (cq, targets) = (&resp.cq, &resp.targets);
         if args.op == Op::Send {
             net.wait("the last receives", || {
-                cq.len().unwrap_or(1) > 0 || targets.iter().zip(&done.completed).all(|(t, &c)| t.recv_done >= c)
+                net::cq_ready(cq) || targets.iter().zip(&done.completed).all(|(t, &c)| t.recv_done >= c)
             })?;
         }
     }
@@ -543,7 +543,7 @@ fn finish(
             break;
         }
         let cq = &resp.cq;
-        net.wait("the server's last completions", || cq.len().unwrap_or(1) > 0)?;
+        net.wait("the server's last completions", || net::cq_ready(cq))?;
     }
     if errors.count > 0 {
         return Ok(false);
@@ -693,7 +693,7 @@ fn send_bw_server(
             return Ok(());
         }
         let cq = &resp.cq;
-        net.wait("the client's Sends", || cq.len().unwrap_or(1) > 0 || reader.is_finished())?;
+        net.wait("the client's Sends", || net::cq_ready(cq) || reader.is_finished())?;
         resp.poll(&mut wcs, size, errors)?;
     }
 }
@@ -741,7 +741,7 @@ fn send_lat_server(
             return Ok(());
         }
         let cq = &resp.cq;
-        net.wait("the client's next Send", || cq.len().unwrap_or(1) > 0 || reader.is_finished())?;
+        net.wait("the client's next Send", || net::cq_ready(cq) || reader.is_finished())?;
     }
 }
 
@@ -776,8 +776,6 @@ fn write_lat_server(
             continue;
         }
         let (cq, mem) = (&resp.cq, &resp.targets[i].mem);
-        net.wait("the client's next write", || {
-            last_byte_is(mem, at, m) || cq.len().unwrap_or(1) > 0 || reader.is_finished()
-        })?;
+        net.wait("the client's next write", || last_byte_is(mem, at, m) || net::cq_ready(cq) || reader.is_finished())?;
     }
 }

@@ -380,7 +380,7 @@ fn drive(net: &mut Net, ends: &mut [End]) -> Res<()> {
         if ends.iter().all(End::done) {
             return Ok(());
         }
-        net.wait("pingpong completions", || ends.iter().any(|e| e.cq.len().unwrap_or(1) > 0))?;
+        net.wait("pingpong completions", || ends.iter().any(|e| net::cq_ready(&e.cq)))?;
         for e in ends.iter_mut() {
             e.poll()?;
         }
