@@ -280,3 +280,37 @@ fn progress_hook_runs_on_poll() {
     f.cq.poll_one().unwrap();
     assert_eq!(n.load(Ordering::SeqCst), 2);
 }
+
+/// Handlers run after softhca has let go of its locks, so a completion handler may post to the
+/// very QP whose CQE woke it, and an asynchronous event handler may query the QP.
+/// Rule CQ-HANDLER-2, EVT-ASYNC-1
+#[test]
+fn handlers_may_call_verbs_on_the_same_qp() {
+    let f = fixture();
+    let qp = f.qp_in(QpType::Rc, QpState::Error);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (q, s) = (qp.clone(), seen.clone());
+    f.ctx
+        .set_completion_handler(move |cq| {
+            // Posting flushes at once (the QP is in Error): a CQE on this same CQ.
+            q.post_recv(&[RecvWr::new(99, &[])]).unwrap();
+            s.lock().unwrap().push(cq.len().unwrap());
+        })
+        .unwrap();
+    let (q, s) = (qp.clone(), seen.clone());
+    f.ctx
+        .set_async_event_handler(move |_| {
+            s.lock().unwrap().push(100 + q.outstanding().unwrap().0);
+        })
+        .unwrap();
+    f.cq.req_notify(NotifyKind::NextCompletion).unwrap();
+    qp.post_send(&[SendWr::send(1, &[])]).unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![2], "the handler ran after the post, and its own post flushed");
+    assert_eq!(poll_all(&f.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1, 99]);
+    // An overflow raises CQ Error: the async handler runs outside the locks too.
+    let small = f.ctx.create_cq(1).unwrap();
+    let qp2 = f.pd.create_qp(&QpInitAttr::rc(&small, &small)).unwrap();
+    drive(&qp2, QpState::Error);
+    qp2.post_recv(&[RecvWr::new(1, &[]), RecvWr::new(2, &[])]).unwrap();
+    assert_eq!(seen.lock().unwrap().last(), Some(&100));
+}

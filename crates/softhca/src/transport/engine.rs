@@ -145,6 +145,10 @@ impl Context {
     }
 
     fn receive_inner(&self, now: u64, datagram: &[u8], verify_icrc: bool) {
+        crate::verbs::callbacks::scope(|| self.receive_locked(now, datagram, verify_icrc))
+    }
+
+    fn receive_locked(&self, now: u64, datagram: &[u8], verify_icrc: bool) {
         let dev = &self.inner;
         dev.stats.rx_packets.inc();
         let parsed = if verify_icrc { roce::parse_ip(datagram) } else { roce::parse_ip_unverified(datagram) };
@@ -168,6 +172,10 @@ impl Context {
     /// at least [`MAX_DATAGRAM`] bytes, and returns its length; `None` when nothing is ready.
     /// QPs take turns, and a QP's responses go before its requests.
     pub fn transmit(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+        crate::verbs::callbacks::scope(|| self.transmit_locked(now, buf))
+    }
+
+    fn transmit_locked(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
         let dev = &self.inner;
         let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
         let start = dev.tx_cursor.load(Ordering::Relaxed);
@@ -199,6 +207,10 @@ impl Context {
     /// Runs every timer that has expired at `now`: RNR waits end, ACK timeouts retry
     /// (PKT-RTY-1) or fail (PKT-RTY-4).
     pub fn handle_timeout(&self, now: u64) {
+        crate::verbs::callbacks::scope(|| self.handle_timeout_locked(now))
+    }
+
+    fn handle_timeout_locked(&self, now: u64) {
         let qps = self.inner.qps.read().unwrap_or_else(|e| e.into_inner());
         for qp in qps.values() {
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());

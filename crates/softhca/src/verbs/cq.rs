@@ -231,7 +231,7 @@ impl Cq {
     fn progress(&self) {
         let hook = self.inner.dev.progress.read().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(hook) = hook {
-            hook();
+            super::callbacks::scope(|| hook());
         }
     }
 
@@ -306,7 +306,8 @@ impl Cq {
     fn fire(&self) {
         let handler = self.inner.dev.comp_handler.read().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(h) = handler {
-            h(self);
+            let cq = self.clone();
+            super::callbacks::call(move || h(&cq));
         }
         if let Some(ch) = &self.inner.channel {
             ch.push(self.clone());

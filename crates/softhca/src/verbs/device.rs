@@ -300,7 +300,7 @@ impl DeviceInner {
         }
         self.async_events.ready.notify_all();
         if let Some(h) = handler {
-            h(&event);
+            super::callbacks::call(move || h(&event));
         }
     }
 

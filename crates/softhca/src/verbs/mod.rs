@@ -2,6 +2,7 @@
 //! and queue pairs, with the results of `spec/RULES.md`.
 
 pub mod ah;
+pub(crate) mod callbacks;
 pub mod cq;
 pub mod device;
 pub mod error;

@@ -775,6 +775,10 @@ impl Qp {
     /// Modify QP. Either everything the request asks happens, or (on error) nothing at all
     /// (MOD-GEN-5).
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
+        super::callbacks::scope(|| self.modify_locked(attr))
+    }
+
+    fn modify_locked(&self, attr: &QpAttr) -> Result<()> {
         let q = &self.inner;
         let mut core = q.lock()?;
         let from = core.attrs.qp_state;
@@ -849,6 +853,10 @@ impl Qp {
     /// Post Send: validates every WR first and queues all or none (an immediate error queues
     /// nothing). In Error each WR is flushed at once, in post order (QPS-ERR-3).
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        super::callbacks::scope(|| self.post_send_locked(wrs))
+    }
+
+    fn post_send_locked(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let q = &self.inner;
         let at = |index: usize| move |error: VerbsError| PostError { index, error };
         let mut core = q.lock().map_err(at(0))?;
@@ -920,6 +928,10 @@ impl Qp {
     /// Post Receive: all or none, like [`Qp::post_send`]. Refused only in Reset (QPS-RESET-3);
     /// held in Init, flushed at once in Error (QPS-ERR-4).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        super::callbacks::scope(|| self.post_recv_locked(wrs))
+    }
+
+    fn post_recv_locked(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let q = &self.inner;
         let at = |index: usize| move |error: VerbsError| PostError { index, error };
         let mut core = q.lock().map_err(at(0))?;
