@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release -p softhca --example udp_peer -- bw  [--secs 3] [--size 65536] [--busy]
-//! cargo run --release -p softhca --example udp_peer -- lat [--iters 20000] [--no-busy]
+//! cargo run --release -p softhca --example udp_peer -- lat [--iters 20000] [--no-busy] [--signaled]
 //! ```
 //!
 //! The command spawns itself as the second process (`serve`), which opens its own device on
@@ -11,6 +11,11 @@
 //! 64 outstanding and reports GB/s; `lat` ping-pongs 8-byte Sends and reports one-way latency
 //! (half the round trip) percentiles, in busy-poll mode unless `--no-busy`. In busy-poll mode
 //! the application threads spin on their CQs and the engine runs inline on them.
+//!
+//! Like perftest's `ib_send_lat`, both sides post unsignaled Sends and a round trip ends when
+//! the reply's receive completes; the ACKs travel but are off the measured path. With
+//! `--signaled` the client's Sends are signaled and a round trip also waits for the Send's
+//! completion (the ACK), like `ibv_rc_pingpong`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -163,18 +168,22 @@ fn main() {
         let sge = [e.mr.sge(0..64)];
         let wrs: Vec<RecvWr> = (0..64).map(|i| RecvWr::new(i, &sge)).collect();
         e.qp.post_recv(&wrs).unwrap();
+        let signaled = args.iter().any(|a| a == "--signaled");
         let mut rtts = Vec::with_capacity(iters);
         for i in 0..iters {
             let t = Instant::now();
-            e.qp.post_send(&[SendWr::send(i as u64, &[e.mr.sge(64..72)]).signaled().inline()]).unwrap();
-            e.wait(2, busy);
+            // Inline, like ib_send_lat: the 8 bytes are copied at post time.
+            let payload = (i as u64).to_le_bytes();
+            let wr = SendWr::send_inline(i as u64, &payload);
+            e.qp.post_send(&[if signaled { wr.signaled() } else { wr }]).unwrap();
+            e.wait(if signaled { 2 } else { 1 }, busy);
             e.qp.post_recv(&[RecvWr::new(i as u64, &[e.mr.sge(0..64)])]).unwrap();
             rtts.push(t.elapsed().as_nanos() as f64 / 2000.0);
         }
         rtts.sort_by(|a, b| a.total_cmp(b));
         let p = |q: f64| rtts[((rtts.len() as f64 * q) as usize).min(rtts.len() - 1)];
         println!(
-            "lat 8 B send, busy_poll={busy}: one-way p50 {:.2} us, p99 {:.2} us, min {:.2} us ({iters} iters)",
+            "lat 8 B send, busy_poll={busy}, signaled={signaled}: one-way p50 {:.2} us, p99 {:.2} us, min {:.2} us ({iters} iters)",
             p(0.5),
             p(0.99),
             rtts[0]

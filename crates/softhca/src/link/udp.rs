@@ -358,6 +358,7 @@ impl UdpDevice {
             pcap,
             epoch,
             last_id: HashMap::new(),
+            last_src: None,
             shifts: verify::Shifts::default(),
             clock: 0,
         };
@@ -368,7 +369,7 @@ impl UdpDevice {
             tx: TxBufs {
                 buf: vec![0u8; BATCH * MAX_DATAGRAM],
                 pending: Vec::with_capacity(BATCH),
-                iov: sys::IovScratch::default(),
+                send: SendScratch::default(),
             },
         };
         let link = Arc::new(Link {
@@ -465,6 +466,8 @@ struct Pending {
     end: usize,
     dst: IpAddr,
     port: u16,
+    /// An RC/RD response (ACK, RDMA Read response, Atomic ACK), not a request.
+    response: bool,
 }
 
 /// The engine's sockets and per-datagram state.
@@ -480,8 +483,10 @@ struct Io {
     gso: bool,
     pcap: Option<PcapTap<BufWriter<File>>>,
     epoch: Instant,
-    /// The last IPv4 Identification seen per source (a hint for counting senders).
+    /// The last IPv4 Identification seen per source (a hint for counting senders), and the
+    /// latest source's in front of the map (see [`Io::set_last_id`]).
     last_id: HashMap<IpAddr, u16>,
+    last_src: Option<(IpAddr, u16)>,
     /// Cached ICRC shift constants (see [`verify::Shifts`]).
     shifts: verify::Shifts,
     /// `now` for the datagrams being handled (read once per receive batch or transmit batch).
@@ -492,7 +497,16 @@ struct Io {
 struct TxBufs {
     buf: Vec<u8>,
     pending: Vec<Pending>,
-    iov: sys::IovScratch,
+    send: SendScratch,
+}
+
+/// Reused between sends: the datagrams' byte ranges in the batch, the messages, and the
+/// C-side arrays.
+#[derive(Default)]
+struct SendScratch {
+    segs: Vec<std::ops::Range<usize>>,
+    msgs: Vec<sys::TxMsg>,
+    sys: sys::TxScratch,
 }
 
 /// Everything one engine turn needs, behind [`Link::engine`].
@@ -503,13 +517,20 @@ struct Engine {
     tx: TxBufs,
 }
 
+/// Adds to a counter that only the engine's lock holder writes: a plain load and store (no
+/// locked read-modify-write on the hot path); readers see a recent value.
 fn bump(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
+/// Adds to a counter written outside the engine's lock (doorbells, sleeps).
+fn bump_shared(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
 /// While an application thread ran a turn inline within this long, the busy-poll engine
 /// thread naps instead of competing with it for the socket and the core.
-const INLINE_GRACE: Duration = Duration::from_millis(2);
+const INLINE_GRACE: Duration = Duration::from_millis(10);
 /// A doorbell leaves its transmit work to the poller if it polled this recently (busy-poll).
 const DOORBELL_DEFER: Duration = Duration::from_micros(50);
 /// The engine thread wakes at least this often even with no deadline, so that a deadline an
@@ -518,6 +539,8 @@ const IDLE_WAKE: Duration = Duration::from_millis(50);
 /// While receiving, flush the transmit side (ACKs, responses, newly opened windows) after
 /// this many datagrams, so that a peer's window does not wait for a whole receive batch.
 const FLUSH_EVERY: usize = 16;
+/// A transmit batch with at most this many requests sends them before its responses.
+const REQUESTS_FIRST: usize = 4;
 /// At most this many transmit batches per flush, so that receiving keeps its turn.
 const TX_ROUNDS: usize = 4;
 
@@ -547,11 +570,12 @@ impl Link {
             let seen = self.shared.rings.load(Ordering::SeqCst);
             {
                 let Some(mut e) = self.try_engine() else { return };
+                let now = self.now();
                 if full {
-                    self.shared.last_inline.store(self.now().max(1), Ordering::Relaxed);
-                    e.turn(true);
+                    self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
+                    e.turn(true, now);
                 } else {
-                    e.flush_tx();
+                    e.flush_tx(now);
                 }
             }
             if self.shared.rings.load(Ordering::SeqCst) == seen {
@@ -574,7 +598,7 @@ impl Link {
         if self.shared.sleeping.load(Ordering::SeqCst) {
             let until = self.shared.sleep_until.load(Ordering::SeqCst);
             if until == 0 || self.ctx.poll_timeout().is_some_and(|t| t < until) {
-                bump(&self.stats.doorbells, 1);
+                bump_shared(&self.stats.doorbells, 1);
                 sys::eventfd_signal(self.efd.as_raw_fd());
             }
         }
@@ -606,14 +630,14 @@ impl Link {
             let seen = self.shared.rings.load(Ordering::SeqCst);
             let worked = if self.busy {
                 match self.try_engine() {
-                    Some(mut e) => e.turn(false),
+                    Some(mut e) => e.turn(false, self.now()),
                     None => {
                         std::thread::yield_now();
                         continue;
                     }
                 }
             } else {
-                self.lock_engine().turn(false)
+                self.lock_engine().turn(false, self.now())
             };
             if worked {
                 continue;
@@ -633,7 +657,7 @@ impl Link {
                 libc::pollfd { fd: self.rx_fd, events: libc::POLLIN, revents: 0 },
                 libc::pollfd { fd: self.efd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
             ];
-            bump(&self.stats.sleeps, 1);
+            bump_shared(&self.stats.sleeps, 1);
             if let Err(e) = sys::ppoll(&mut fds, Some(Duration::from_nanos(until.saturating_sub(now)))) {
                 tracing::warn!(error = %e, "ppoll failed");
             }
@@ -655,41 +679,40 @@ impl Engine {
     /// responses, retransmissions) for the next poll or post, so that an ACK and the reply
     /// the application posts on seeing its completion leave in one `sendmmsg`. Returns whether
     /// anything happened.
-    fn turn(&mut self, inline: bool) -> bool {
+    fn turn(&mut self, inline: bool, mut now: u64) -> bool {
         let Engine { io, rx, msgs, tx } = self;
-        let mut worked = inline && io.flush_tx(tx);
+        let mut worked = inline && io.flush_tx(tx, now);
         let rx_fd = io.raw.as_ref().map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd());
         match rx.recv(rx_fd, msgs) {
             Ok(n) if n > 0 => {
                 worked = true;
                 bump(&io.stats.rx_syscalls, 1);
-                io.clock = io.now();
+                io.clock = if inline { now } else { io.now() };
                 let mut since = 0;
                 for (i, m) in msgs.iter().enumerate() {
                     since += io.on_message(rx.buf_mut(i), m);
                     if since >= FLUSH_EVERY {
-                        io.flush_tx(tx);
-                        io.clock = io.now();
+                        io.flush_tx(tx, io.now());
                         since = 0;
                     }
                 }
+                now = io.clock;
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "recvmmsg failed"),
         }
-        let now = io.now();
         if io.ctx.poll_timeout().is_some_and(|t| t <= now) {
             io.ctx.handle_timeout(now);
         }
         if inline {
             worked
         } else {
-            io.flush_tx(tx) || worked
+            io.flush_tx(tx, now) || worked
         }
     }
 
-    fn flush_tx(&mut self) -> bool {
-        self.io.flush_tx(&mut self.tx)
+    fn flush_tx(&mut self, now: u64) -> bool {
+        self.io.flush_tx(&mut self.tx, now)
     }
 }
 
@@ -700,10 +723,12 @@ impl Io {
 
     /// Drains the device's transmit queue into batches and sends them (at most
     /// [`TX_ROUNDS`] batches). Returns whether anything was sent.
-    fn flush_tx(&mut self, tx: &mut TxBufs) -> bool {
+    fn flush_tx(&mut self, tx: &mut TxBufs, mut now: u64) -> bool {
         let mut any = false;
-        for _ in 0..TX_ROUNDS {
-            let now = self.now();
+        for round in 0..TX_ROUNDS {
+            if round > 0 {
+                now = self.now();
+            }
             self.clock = now;
             tx.pending.clear();
             let mut emitted = 0;
@@ -719,8 +744,16 @@ impl Io {
                 break;
             }
             any = true;
+            // A few requests go before the responses of the same batch: when an application
+            // answers a message, the peer waits for the answer, while the ACK that the
+            // transport queued first only retires a Send the peer may not even wait for.
+            // (Requests and responses are independent streams; each keeps its own order.)
+            let requests = tx.pending.iter().filter(|p| !p.response).count();
+            if requests > 0 && requests <= REQUESTS_FIRST && requests < tx.pending.len() {
+                tx.pending.sort_by_key(|p| p.response);
+            }
             if !tx.pending.is_empty() {
-                self.send_batch(&mut tx.buf, &tx.pending, &mut tx.iov);
+                self.send_batch(&mut tx.buf, &tx.pending, &mut tx.send);
             }
             if emitted < BATCH {
                 break;
@@ -760,25 +793,46 @@ impl Io {
         usize::from(index)
     }
 
+    /// The last IPv4 Identification seen from `src`.
+    fn last_id_of(&self, src: IpAddr) -> Option<u16> {
+        match self.last_src {
+            Some((a, id)) if a == src => Some(id),
+            _ => self.last_id.get(&src).copied(),
+        }
+    }
+
+    /// Records it: the latest source lives in `last_src` and goes to the map (at most 4096
+    /// sources) only when another source takes its place.
+    fn set_last_id(&mut self, src: IpAddr, id: u16) {
+        match &mut self.last_src {
+            Some((a, last)) if *a == src => *last = id,
+            cached => {
+                if let Some((a, last)) = cached.replace((src, id)) {
+                    if self.last_id.len() < 4096 || self.last_id.contains_key(&a) {
+                        self.last_id.insert(a, last);
+                    }
+                }
+            }
+        }
+    }
+
     /// Verifies one UDP payload at `buf[at..at + len]` from `from`, writes the rebuilt header in
     /// front of it and hands the datagram to the device.
     fn on_payload(&mut self, buf: &mut [u8], at: usize, len: usize, from: SocketAddr, index: u16) {
         let src = verify::unmap(from.ip());
         let payload = &buf[at..at + len];
-        let last = self.last_id.get(&src).map_or(0, |&id| id.wrapping_add(1));
+        let last = self.last_id_of(src).map_or(0, |id| id.wrapping_add(1));
         let hints = [index, last];
         match verify::rebuild_with(&mut self.shifts, src, from.port(), self.addr, payload, &hints, self.policy) {
             Ok(h) => {
                 let c = match h.how {
                     Verified::Exact => &self.stats.rx_icrc_exact,
                     Verified::Hypothesis { identification, .. } => {
-                        self.last_id.insert(src, identification);
+                        self.set_last_id(src, identification);
                         &self.stats.rx_icrc_hypothesis
                     }
                     Verified::Solved { identification, .. } => {
-                        if self.last_id.len() < 4096 || self.last_id.contains_key(&src) {
-                            self.last_id.insert(src, identification);
-                        }
+                        self.set_last_id(src, identification);
                         &self.stats.rx_icrc_solved
                     }
                 };
@@ -894,7 +948,9 @@ impl Io {
             return None;
         }
         let port = u16::from_be_bytes([d[hl], d[hl + 1]]);
-        Some(Pending { slot, start: hl + UDP_HEADER_LEN, end: d.len(), dst, port })
+        let op = d[hl + UDP_HEADER_LEN];
+        let response = matches!(op >> 5, 0 | 2) && (0x0d..=0x12).contains(&(op & 0x1f));
+        Some(Pending { slot, start: hl + UDP_HEADER_LEN, end: d.len(), dst, port, response })
     }
 
     /// The socket to send a flow's datagrams from: bound to (addr, port), created on first use.
@@ -918,7 +974,7 @@ impl Io {
 
     /// Sends a transmit batch: consecutive datagrams of one flow go through one sendmmsg on
     /// that flow's socket, equal-size runs to one destination as GSO messages.
-    fn send_batch(&mut self, tx: &mut [u8], pending: &[Pending], iov: &mut sys::IovScratch) {
+    fn send_batch(&mut self, tx: &mut [u8], pending: &[Pending], sc: &mut SendScratch) {
         let mut i = 0;
         while i < pending.len() {
             let port = pending[i].port;
@@ -941,72 +997,60 @@ impl Io {
                     self.sock.as_raw_fd()
                 }
             };
-            self.send_run(fd, tx, run, iov);
+            self.send_run(fd, tx, run, sc);
             i = j;
         }
     }
 
-    fn send_run(&mut self, fd: RawFd, tx: &mut [u8], run: &[Pending], iov: &mut sys::IovScratch) {
-        // Group into messages: (first index, count, gso size).
-        let mut groups: Vec<(usize, usize, Option<u16>)> = Vec::new();
+    fn send_run(&mut self, fd: RawFd, tx: &mut [u8], run: &[Pending], sc: &mut SendScratch) {
+        let SendScratch { segs, msgs, sys: scratch } = sc;
+        segs.clear();
+        msgs.clear();
+        segs.extend(run.iter().map(|p| p.slot * MAX_DATAGRAM + p.start..p.slot * MAX_DATAGRAM + p.end));
+        // Group into messages: equal-size runs to one destination (the last may be shorter).
         let mut k = 0;
         while k < run.len() {
-            let size = run[k].end - run[k].start;
+            let size = segs[k].len();
             let mut n = 1;
             let mut bytes = size;
             if self.gso {
                 while k + n < run.len()
                     && n < GSO_MAX_SEGS
                     && run[k + n].dst == run[k].dst
-                    && bytes + (run[k + n].end - run[k + n].start) <= GSO_MAX_BYTES
+                    && segs[k + n - 1].len() == size
+                    && segs[k + n].len() <= size
+                    && bytes + segs[k + n].len() <= GSO_MAX_BYTES
                 {
-                    let s = run[k + n].end - run[k + n].start;
-                    if s > size || (n >= 1 && run[k + n - 1].end - run[k + n - 1].start != size) {
-                        break;
-                    }
-                    bytes += s;
+                    bytes += segs[k + n].len();
                     n += 1;
                 }
             }
-            groups.push((k, n, (n > 1).then_some(size as u16)));
+            let to = sys::CAddr::new(SocketAddr::new(run[k].dst, ROCE_V2_PORT));
+            msgs.push(sys::TxMsg { to, first: k, count: n, gso: (n > 1).then_some(size as u16) });
             k += n;
         }
         // GSO segment m (m ≥ 1) leaves with IPv4 Identification m: re-seal for it.
-        for &(first, n, gso) in &groups {
-            if gso.is_none() {
-                continue;
-            }
-            for (m, p) in run[first..first + n].iter().enumerate().skip(1) {
+        for m in msgs.iter().filter(|m| m.gso.is_some()) {
+            for (i, p) in run[m.first..m.first + m.count].iter().enumerate().skip(1) {
                 if p.dst.is_ipv4() {
                     let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
-                    reseal_identification(&mut self.shifts, d, m as u16);
+                    reseal_identification(&mut self.shifts, d, i as u16);
                 }
             }
         }
-        let tx: &[u8] = tx;
-        let segs: Vec<&[u8]> =
-            run.iter().map(|p| &tx[p.slot * MAX_DATAGRAM + p.start..p.slot * MAX_DATAGRAM + p.end]).collect();
-        let mut msgs: Vec<sys::TxMsg<'_>> = groups
-            .iter()
-            .map(|&(first, n, gso)| sys::TxMsg {
-                to: sys::CAddr::new(SocketAddr::new(run[first].dst, ROCE_V2_PORT)),
-                segs: &segs[first..first + n],
-                gso,
-            })
-            .collect();
         let mut done = 0;
         let mut spins = 0u32;
         while done < msgs.len() {
             bump(&self.stats.tx_syscalls, 1);
-            match sys::sendmmsg(fd, &msgs[done..], iov) {
+            match sys::sendmmsg(fd, tx, segs, &msgs[done..], scratch) {
                 Ok(n) => {
                     for m in &msgs[done..done + n] {
-                        let bytes: usize = m.segs.iter().map(|s| s.len()).sum();
-                        bump(&self.stats.tx_datagrams, m.segs.len() as u64);
+                        let bytes: usize = segs[m.first..m.first + m.count].iter().map(|r| r.len()).sum();
+                        bump(&self.stats.tx_datagrams, m.count as u64);
                         bump(&self.stats.tx_bytes, bytes as u64);
                         if m.gso.is_some() {
                             bump(&self.stats.tx_gso_messages, 1);
-                            bump(&self.stats.tx_gso_segments, m.segs.len() as u64);
+                            bump(&self.stats.tx_gso_segments, m.count as u64);
                         }
                     }
                     done += n;
@@ -1017,19 +1061,24 @@ impl Io {
                     let _ = sys::ppoll(&mut fds, Some(Duration::from_millis(10)));
                 }
                 Err(e) if msgs[done].gso.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
-                    // The path cannot segment: send this run's datagrams one by one from now on.
+                    // The path cannot segment: send this run's datagrams one by one from now
+                    // on, each re-sealed back for the Identification 0 it will leave with.
                     tracing::warn!(error = %e, "UDP GSO refused; disabled");
                     self.gso = false;
-                    let m = msgs.remove(done);
-                    for s in m.segs.iter().rev() {
-                        msgs.insert(done, sys::TxMsg { to: m.to, segs: std::slice::from_ref(s), gso: None });
+                    let m = msgs[done];
+                    for (i, p) in run[m.first..m.first + m.count].iter().enumerate().skip(1) {
+                        if p.dst.is_ipv4() {
+                            let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
+                            reseal_identification(&mut self.shifts, d, i as u16);
+                        }
                     }
-                    // Note: segments re-sealed for Identification m keep that ICRC; their
-                    // receivers find it as a hypothesis or solve it.
+                    let singles =
+                        (0..m.count).map(|i| sys::TxMsg { to: m.to, first: m.first + i, count: 1, gso: None });
+                    msgs.splice(done..done + 1, singles);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "sendmmsg dropped a message");
-                    bump(&self.stats.tx_errors, msgs[done].segs.len() as u64);
+                    bump(&self.stats.tx_errors, msgs[done].count as u64);
                     done += 1;
                 }
             }
@@ -1038,7 +1087,9 @@ impl Io {
 }
 
 /// Re-seals an IPv4 datagram whose ICRC was computed for Identification 0 for Identification
-/// `id`, using the ICRC's linearity instead of a second pass over the payload.
+/// `id`, using the ICRC's linearity instead of a second pass over the payload. Applying it
+/// twice restores the ICRC for Identification 0 (the Identification field in `d` is not sent:
+/// the kernel writes the IP header).
 fn reseal_identification(shifts: &mut verify::Shifts, d: &mut [u8], id: u16) {
     let n = d.len();
     let hdr = 20 + UDP_HEADER_LEN;

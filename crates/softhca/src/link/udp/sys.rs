@@ -217,15 +217,6 @@ pub struct RxBatch {
 // ownership with it.
 unsafe impl Send for RxBatch {}
 
-/// Scratch iovecs for [`sendmmsg`], kept between calls to avoid an allocation per send.
-#[derive(Default)]
-pub struct IovScratch(Vec<libc::iovec>);
-
-// SAFETY: the iovecs are filled from the caller's slices at the start of every `sendmmsg`
-// and only read by the kernel during that call; stale pointers left in between are never
-// dereferenced.
-unsafe impl Send for IovScratch {}
-
 /// One received message of an [`RxBatch`].
 pub struct RxMsg {
     pub from: Option<SocketAddr>,
@@ -339,45 +330,71 @@ impl RxBatch {
     }
 }
 
-/// One message to send: `segs` payloads (one datagram each, or a GSO run of equal-size
-/// segments but the last when `gso` is set) to `to`.
-pub struct TxMsg<'a> {
+/// One message to send: the datagrams `segs[first..first + count]` (one datagram, or a GSO
+/// run of equal-size segments but the last when `gso` is set) to `to`.
+#[derive(Clone, Copy)]
+pub struct TxMsg {
     pub to: CAddr,
-    pub segs: &'a [&'a [u8]],
+    pub first: usize,
+    pub count: usize,
     pub gso: Option<u16>,
 }
 
-/// Sends `msgs` with one `sendmmsg`; returns how many went (the kernel stops at the first
-/// error, which is returned if none went).
-pub fn sendmmsg(fd: RawFd, msgs: &[TxMsg<'_>], iov_scratch: &mut IovScratch) -> io::Result<usize> {
-    let iov_scratch = &mut iov_scratch.0;
-    const CTRL: usize = 4; // u64 words: room for one cmsg with a u16
-    let total: usize = msgs.iter().map(|m| m.segs.len()).sum();
-    iov_scratch.clear();
-    iov_scratch.reserve(total);
+/// The C-side arrays [`sendmmsg`] fills, kept between calls so that sending allocates
+/// nothing.
+#[derive(Default)]
+pub struct TxScratch {
+    iovs: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_storage>,
+    ctrl: Vec<[u64; 4]>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers inside are rewritten from the caller's borrows at the start of
+// every `sendmmsg` and only read by the kernel during that call; stale pointers left in
+// between are never dereferenced.
+unsafe impl Send for TxScratch {}
+
+/// Sends `msgs` with one `sendmmsg`; message payloads are the byte ranges `segs` of `buf`.
+/// Returns how many messages went (the kernel stops at the first error, which is returned if
+/// none went). Panics if a range or message index is out of bounds (a caller bug).
+pub fn sendmmsg(
+    fd: RawFd,
+    buf: &[u8],
+    segs: &[std::ops::Range<usize>],
+    msgs: &[TxMsg],
+    scratch: &mut TxScratch,
+) -> io::Result<usize> {
+    let TxScratch { iovs, names, ctrl, hdrs } = scratch;
+    iovs.clear();
+    names.clear();
+    ctrl.clear();
+    hdrs.clear();
     for m in msgs {
-        for s in m.segs {
-            iov_scratch.push(libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() });
+        for r in &segs[m.first..m.first + m.count] {
+            let s = &buf[r.clone()];
+            iovs.push(libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() });
         }
+        names.push(m.to.storage);
+        ctrl.push([0u64; 4]);
+        // SAFETY: mmsghdr is plain old data; all-zero is valid, and every field used is set
+        // below once the vectors stop growing.
+        hdrs.push(unsafe { zeroed() });
     }
-    let mut names: Vec<libc::sockaddr_storage> = msgs.iter().map(|m| m.to.storage).collect();
-    let mut ctrl = vec![[0u64; CTRL]; msgs.len()];
-    // SAFETY: mmsghdr is plain old data; all-zero is valid, and every field used is set below.
-    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len()).map(|_| unsafe { zeroed() }).collect();
     let mut at = 0;
     for (i, m) in msgs.iter().enumerate() {
         let h = &mut hdrs[i].msg_hdr;
         h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
         h.msg_namelen = m.to.len;
-        // SAFETY: at + segs.len() <= iov_scratch.len() by construction above.
-        h.msg_iov = unsafe { iov_scratch.as_mut_ptr().add(at) };
-        h.msg_iovlen = m.segs.len() as _;
-        at += m.segs.len();
+        // SAFETY: at + m.count <= iovs.len(): the iovecs were pushed in this order above.
+        h.msg_iov = unsafe { iovs.as_mut_ptr().add(at) };
+        h.msg_iovlen = m.count as _;
+        at += m.count;
         if let Some(size) = m.gso {
             h.msg_control = ctrl[i].as_mut_ptr().cast();
             // SAFETY: CMSG_SPACE is a pure size computation.
             h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
-            // SAFETY: the control area is CTRL * 8 = 32 bytes, more than CMSG_SPACE(2) (24 on
+            // SAFETY: the control area is 4 * 8 = 32 bytes, more than CMSG_SPACE(2) (24 on
             // 64-bit Linux), so the header and its u16 fit; the write is unaligned-safe.
             unsafe {
                 let c = libc::CMSG_FIRSTHDR(h);
@@ -388,8 +405,9 @@ pub fn sendmmsg(fd: RawFd, msgs: &[TxMsg<'_>], iov_scratch: &mut IovScratch) -> 
             }
         }
     }
-    // SAFETY: the headers point at names, iovecs, control areas and payloads that all outlive
-    // the call; the kernel only reads them (and writes msg_len into `hdrs`).
+    // SAFETY: the headers point at names, iovecs and control areas in `scratch` and at
+    // payloads in `buf`, all alive and unmoved for the call; the kernel only reads them (and
+    // writes msg_len into `hdrs`).
     let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, libc::MSG_DONTWAIT) };
     cvt(r).map(|n| n as usize)
 }
