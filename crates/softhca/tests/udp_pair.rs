@@ -91,3 +91,74 @@ fn rc_round_trip_raw_rx() {
     }
     round_trip(|| UdpConfig::default().rx_mode(RxMode::Raw), Mtu::Mtu4096);
 }
+
+/// Waits (sleeping, never polling a CQ) until `cond` holds; panics after `secs` seconds.
+fn wait_without_polling(secs: u64, what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Busy-poll mode with nobody polling: the engine thread stands in for the poller, both
+/// before any poll and after the application stops polling: inbound writes land, ACKs are
+/// received, completions are made, all without a Poll for Completion.
+#[test]
+fn busy_poll_progresses_without_a_poller() {
+    let a = end(UdpConfig::default().busy_poll(true));
+    let b = end(UdpConfig::default().busy_poll(true));
+    assert!(a.dev.busy_poll());
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
+    let n = 200_000usize;
+    let src = a.pd.reg_mr((0..n).map(|i| (i * 11) as u8).collect(), Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.alloc_mr(n, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    for round in 0..2u8 {
+        if round == 1 {
+            // Poll for a while (the application drives the engine inline), then stop.
+            for _ in 0..1000 {
+                assert_eq!(a.cq.poll(&mut [Wc::default(); 4]).unwrap(), 0);
+                assert_eq!(b.cq.poll(&mut [Wc::default(); 4]).unwrap(), 0);
+            }
+        }
+        let before = a.dev.context().counters();
+        let first = round * 7 + 1;
+        src.write(0, &[first; 64]).unwrap();
+        a.qp.post_send(&[SendWr::rdma_write(u64::from(round), &[src.sge(0..n)], dst.addr(), dst.rkey()).signaled()])
+            .unwrap();
+        wait_without_polling(20, "the write to land", || {
+            let v = dst.to_vec().unwrap();
+            v[0] == first && v[n - 1] == src.to_vec().unwrap()[n - 1]
+        });
+        // The requester hears ACKs without being polled.
+        wait_without_polling(20, "an ACK", || (a.dev.context().counters() - before).rx_packets >= 1);
+        let w = wait(&a.cq, 1, 20);
+        assert_eq!((w[0].status, w[0].wr_id), (WcStatus::Success, u64::from(round)), "{w:?}");
+        assert_eq!(dst.to_vec().unwrap(), src.to_vec().unwrap());
+    }
+}
+
+/// Busy-poll mode, nobody polling, a peer that never answers: the ACK timer still runs out
+/// and the retries are spent on the engine thread, so the Send fails with a retry error.
+#[test]
+fn busy_poll_timers_run_without_a_poller() {
+    let a = end(UdpConfig::default().busy_poll(true));
+    // A bound address with no device behind it: datagrams vanish, nothing comes back.
+    let hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let gid = match hole.local_addr().unwrap().ip() {
+        std::net::IpAddr::V4(v4) => Gid::from_ipv4(v4),
+        std::net::IpAddr::V6(v6) => Gid::from_ipv6(v6),
+    };
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
+    a.qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+    a.qp.modify(&QpAttr::to_rtr(av, 0x123).rq_psn(0).max_dest_rd_atomic(1).min_rnr_timer(1)).unwrap();
+    // timeout 8: 4.096 us * 2^8 ≈ 1 ms per try, 1 + 2 tries.
+    a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(8).retry_cnt(2).rnr_retry(0).max_rd_atomic(1)).unwrap();
+    let buf = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send(&[SendWr::send(5, &[buf.sge(0..64)]).signaled()]).unwrap();
+    wait_without_polling(20, "the retries to run out", || a.dev.context().counters().timeouts >= 3);
+    let w = wait(&a.cq, 1, 20);
+    assert_eq!((w[0].wr_id, w[0].status), (5, WcStatus::RetryExcErr), "{w:?}");
+}
