@@ -545,3 +545,32 @@ fn modified_values_take_effect_at_once() {
     let out = drain(&p.b.ctx, 0);
     assert_eq!(Pkt::parse(&out[0]).syndrome, Some(softhca::wire::Syndrome::RnrNak { timer_code: 20 }));
 }
+
+/// INLINE takes the bytes at post time: from `inline_data`, or from the gather list as
+/// libibverbs does, so the buffer may change right after the post; a gather list whose key does
+/// not cover it completes with Local Protection Error; more than max_inline_data is refused.
+/// Rule WR-COM-9, WR-COM-5
+#[test]
+fn inline_sends_copy_at_post_time() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.reg_mr(b"abcdefgh".to_vec(), Access::LOCAL_WRITE).unwrap();
+    let dst = p.b.pd.alloc_mr(64, all_access()).unwrap();
+    p.b.qp.post_recv(&[RecvWr::new(1, &[dst.sge(0..32)]), RecvWr::new(2, &[dst.sge(32..64)])]).unwrap();
+    let g = [src.sge(0..4), src.sge(4..8)];
+    p.a.qp.post_send(&[SendWr::send(1, &g).inline().signaled()]).unwrap();
+    src.write(0, b"XXXXXXXX").unwrap(); // too late to change what was posted
+    p.a.qp.post_send(&[SendWr::send_inline(2, b"12345").signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    let d = dst.to_vec().unwrap();
+    assert_eq!((&d[..8], &d[32..37]), (&b"abcdefgh"[..], &b"12345"[..]));
+    let bad = [Sge { lkey: src.lkey() ^ 0x100, ..src.sge(0..4) }];
+    p.b.qp.post_recv(&[RecvWr::new(3, &[])]).unwrap();
+    p.a.qp.post_send(&[SendWr::send(3, &bad).inline().signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(3, WcStatus::LocProtErr)]);
+    let big = vec![0u8; 65];
+    let q = p.a.pd.create_qp(&QpInitAttr::rc(&p.a.cq, &p.a.cq).max_inline_data(64)).unwrap();
+    q.modify(&QpAttr::to_error()).unwrap();
+    assert!(matches!(q.post_send(&[SendWr::send_inline(4, &big)]).unwrap_err().error, VerbsError::InvalidWr(_)));
+}

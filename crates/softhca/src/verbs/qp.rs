@@ -879,7 +879,7 @@ impl Qp {
             let Some(slot) = core.sq.next_slot() else {
                 break;
             };
-            fill_send_wqe(slot, wr, q.sq_sig_all);
+            fill_send_wqe(q, slot, wr);
             core.sq.commit();
         }
         drop(core);
@@ -899,10 +899,10 @@ impl Qp {
             return Err(VerbsError::InvalidWr("a Bind MW work request needs its window and region"));
         }
         let inline = wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers();
-        if !inline && wr.sg_list.len() > core.attrs.cap.max_send_sge as usize {
+        if inline_bytes(wr).is_none() && wr.sg_list.len() > core.attrs.cap.max_send_sge as usize {
             return Err(VerbsError::MaxSgeExceeded);
         }
-        if inline && wr.inline_data.len() > core.attrs.cap.max_inline_data as usize {
+        if inline && wr_length(wr) > core.attrs.cap.max_inline_data as u64 {
             return Err(VerbsError::InvalidWr("inline data above max_inline_data"));
         }
         let length = wr_length(wr);
@@ -1035,26 +1035,54 @@ fn sge_total(sges: &[crate::verbs::types::Sge]) -> u64 {
     sges.iter().map(|s| s.length as u64).sum()
 }
 
+/// Inline data given as bytes (`inline_data`); an INLINE WR without them takes its bytes from
+/// its gather list at post time, as libibverbs does.
+fn inline_bytes<'a>(wr: &SendWr<'a>) -> Option<&'a [u8]> {
+    let inline = wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers();
+    (inline && (!wr.inline_data.is_empty() || wr.sg_list.is_empty())).then_some(wr.inline_data)
+}
+
 fn wr_length(wr: &SendWr<'_>) -> u64 {
-    if wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers() {
-        wr.inline_data.len() as u64
-    } else {
-        sge_total(wr.sg_list)
+    match inline_bytes(wr) {
+        Some(data) => data.len() as u64,
+        None => sge_total(wr.sg_list),
     }
 }
 
-fn fill_send_wqe(slot: &mut SendWqe, wr: &SendWr<'_>, sq_sig_all: bool) {
+/// Copies an INLINE WR's gather list into `out`, each piece checked against its L_Key.
+fn inline_from_sges(q: &QpInner, sges: &[crate::verbs::types::Sge], out: &mut Vec<u8>) -> bool {
+    for s in sges {
+        let Ok(m) =
+            super::mr::check_access(&q.dev, s.lkey, q.pd.inner.handle, s.addr, s.length as u64, Access::empty())
+        else {
+            return false;
+        };
+        let at = out.len();
+        out.resize(at + s.length as usize, 0);
+        if m.read(0, &mut out[at..]).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
     let inline = wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers();
     slot.wr_id = wr.wr_id;
     slot.opcode = wr.opcode;
     slot.flags = wr.send_flags;
-    slot.signaled = sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+    slot.signaled = q.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
     slot.sges.clear();
     slot.inline.clear();
-    if inline {
-        slot.inline.extend_from_slice(wr.inline_data);
-    } else {
-        slot.sges.extend_from_slice(wr.sg_list);
+    match inline_bytes(wr) {
+        Some(data) => slot.inline.extend_from_slice(data),
+        // A key that does not cover its SGE leaves the WR to the requester's checks, which
+        // complete it with Local Protection Error (WR-COM-9).
+        None if inline && inline_from_sges(q, wr.sg_list, &mut slot.inline) => {}
+        None => {
+            slot.inline.clear();
+            slot.sges.extend_from_slice(wr.sg_list);
+        }
     }
     slot.length = wr_length(wr);
     slot.imm_data = wr.imm_data;
