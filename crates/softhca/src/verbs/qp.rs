@@ -437,12 +437,10 @@ impl Context {
             }
         }
         let max_sge = cap.max_send_sge.max(1) as usize;
-        let mut sq: WorkQueue<SendWqe> = WorkQueue::new(cap.max_send_wr as usize);
-        while let Some(slot) = sq.next_slot() {
-            slot.sges.reserve(max_sge);
-            sq.commit();
-        }
-        sq.clear();
+        let sq = WorkQueue::with_slots(cap.max_send_wr as usize, |w: &mut SendWqe| w.sges.reserve(max_sge));
+        let rq_len = if init.srq.is_some() { 0 } else { cap.max_recv_wr as usize };
+        let max_recv_sge = cap.max_recv_sge.max(1) as usize;
+        let rq = WorkQueue::with_slots(rq_len, |w: &mut RecvWqe| w.sges.reserve(max_recv_sge));
         let qpn = self.inner.alloc_qpn();
         let inner = Arc::new(QpInner {
             qpn,
@@ -458,7 +456,7 @@ impl Context {
                 destroyed: false,
                 attrs: QpAttrs::reset(cap),
                 sq,
-                rq: WorkQueue::new(if init.srq.is_some() { 0 } else { cap.max_recv_wr as usize }),
+                rq,
                 srq_wqe: RecvWqe::default(),
                 srq_bound: false,
                 req: Default::default(),

@@ -14,6 +14,14 @@ impl<T: Default> WorkQueue<T> {
         WorkQueue { slots: (0..capacity).map(|_| T::default()).collect(), head: 0, len: 0 }
     }
 
+    /// A queue whose slots `prepare` has readied (e.g. reserved their SGE lists), so that the
+    /// first use of a slot does not allocate either.
+    pub fn with_slots(capacity: usize, prepare: impl FnMut(&mut T)) -> Self {
+        let mut q = Self::new(capacity);
+        q.slots.iter_mut().for_each(prepare);
+        q
+    }
+
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }
