@@ -263,8 +263,9 @@ impl RxBatch {
         b
     }
 
-    /// Receives up to `len()` datagrams without blocking; `Ok(0)` when none are waiting.
-    pub fn recv(&mut self, fd: RawFd, out: &mut Vec<RxMsg>) -> io::Result<usize> {
+    /// Receives up to `max` (at most the batch size) datagrams without blocking; `Ok(0)` when
+    /// none are waiting.
+    pub fn recv(&mut self, fd: RawFd, out: &mut Vec<RxMsg>, max: usize) -> io::Result<usize> {
         // Only the headers the kernel wrote last time need their in/out fields reset.
         for h in &mut self.hdrs[..self.used] {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -281,7 +282,7 @@ impl RxBatch {
             libc::recvmmsg(
                 fd,
                 self.hdrs.as_mut_ptr(),
-                self.hdrs.len() as libc::c_uint,
+                max.clamp(1, self.hdrs.len()) as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
