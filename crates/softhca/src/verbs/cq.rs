@@ -1,8 +1,10 @@
 //! Completion Queues and completion channels: create, query, resize, destroy, poll, request
 //! notification, and overflow detection (CQ, CRT-CQ and EVT-CN rules).
 
+use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::device::{give, take, Context, DeviceInner};
@@ -13,21 +15,43 @@ use super::types::{AsyncEvent, AsyncEventType, EventElement, NotifyKind, Wc};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CqOverflow;
 
-struct CqCore {
-    entries: VecDeque<Wc>,
-    size: u32,
-    armed_next: bool,
-    armed_solicited: bool,
-    /// Work queues (SQs and RQs) associated with this CQ.
-    users: u32,
-    destroyed: bool,
-    overflowed: bool,
+/// The CQEs, as a ring with one producer side and one consumer side. Producers (the engine,
+/// or a verb that flushes) serialize on `producer`; pollers serialize on `consumer`; neither
+/// ever takes the other's lock, so polling never waits for the engine (issue 5). The slots
+/// and both indices are shared through the Acquire/Release protocol below. Resize, purge and
+/// destroy take both locks.
+struct Ring {
+    slots: UnsafeCell<Box<[Wc]>>,
+    /// Next slot to poll (written by the consumer side).
+    head: AtomicUsize,
+    /// Next slot to fill (written by the producer side).
+    tail: AtomicUsize,
 }
+
+// SAFETY: a slot is written only by the producer side, holding `producer`, before it publishes
+// it with a Release store of `tail`; it is read only by the consumer side, holding `consumer`,
+// after an Acquire load of `tail` shows it, and handed back with a Release store of `head`,
+// which the producer loads with Acquire before reusing the slot. `slots` itself is replaced
+// only with both locks held.
+unsafe impl Sync for Ring {}
+
+const ARMED_NEXT: u8 = 1;
+const ARMED_SOLICITED: u8 = 2;
 
 pub(crate) struct CqInner {
     pub handle: u32,
     pub dev: Arc<DeviceInner>,
-    core: Mutex<CqCore>,
+    ring: Ring,
+    producer: Mutex<()>,
+    consumer: Mutex<()>,
+    /// The actual size: the ring holds this many CQEs (a power of two).
+    size: AtomicU32,
+    /// ARMED_NEXT | ARMED_SOLICITED: outstanding notification requests.
+    armed: AtomicU8,
+    /// Work queues (SQs and RQs) associated with this CQ.
+    users: AtomicU32,
+    destroyed: AtomicBool,
+    overflowed: AtomicBool,
     channel: Option<CompChannel>,
 }
 
@@ -131,15 +155,18 @@ impl Context {
         let inner = Arc::new(CqInner {
             handle: self.inner.new_handle(),
             dev: self.inner.clone(),
-            core: Mutex::new(CqCore {
-                entries: VecDeque::with_capacity(size as usize),
-                size,
-                armed_next: false,
-                armed_solicited: false,
-                users: 0,
-                destroyed: false,
-                overflowed: false,
-            }),
+            ring: Ring {
+                slots: UnsafeCell::new(vec![Wc::default(); size as usize].into_boxed_slice()),
+                head: AtomicUsize::new(0),
+                tail: AtomicUsize::new(0),
+            },
+            producer: Mutex::new(()),
+            consumer: Mutex::new(()),
+            size: AtomicU32::new(size),
+            armed: AtomicU8::new(0),
+            users: AtomicU32::new(0),
+            destroyed: AtomicBool::new(false),
+            overflowed: AtomicBool::new(false),
             channel: channel.cloned(),
         });
         self.inner.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(inner.handle, Arc::downgrade(&inner));
@@ -147,63 +174,102 @@ impl Context {
     }
 }
 
+fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Cq {
     pub fn handle(&self) -> u32 {
         self.inner.handle
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, CqCore>> {
+    fn check(&self) -> Result<()> {
         self.inner.dev.check_open()?;
-        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        if core.destroyed {
+        if self.inner.destroyed.load(Ordering::Acquire) {
             return Err(VerbsError::InvalidCqHandle);
         }
-        Ok(core)
+        Ok(())
+    }
+
+    /// Both sides locked, for the verbs that rework the ring; consumer first, always.
+    fn exclusive(&self) -> Result<(MutexGuard<'_, ()>, MutexGuard<'_, ()>)> {
+        let c = lock(&self.inner.consumer);
+        let p = lock(&self.inner.producer);
+        self.check()?;
+        Ok((c, p))
+    }
+
+    fn held(&self) -> usize {
+        let r = &self.inner.ring;
+        r.tail.load(Ordering::Acquire).wrapping_sub(r.head.load(Ordering::Acquire))
     }
 
     /// Query CQ: the actual size (CQ-QUERY-1).
     pub fn query(&self) -> Result<u32> {
-        Ok(self.lock()?.size)
+        self.check()?;
+        Ok(self.inner.size.load(Ordering::Acquire))
     }
 
     /// The number of CQEs waiting to be polled.
     pub fn len(&self) -> Result<usize> {
-        Ok(self.lock()?.entries.len())
+        self.check()?;
+        Ok(self.held())
     }
 
     pub fn is_empty(&self) -> Result<bool> {
         Ok(self.len()? == 0)
     }
 
+    /// The CQEs held, oldest first, with both locks held.
+    fn drain_all(&self) -> Vec<Wc> {
+        let r = &self.inner.ring;
+        let (h, t) = (r.head.load(Ordering::Acquire), r.tail.load(Ordering::Acquire));
+        // SAFETY: both locks are held by the caller: nobody else touches the slots.
+        let slots = unsafe { &*r.slots.get() };
+        (h..t).map(|i| slots[i % slots.len()]).collect()
+    }
+
+    /// Refills the ring (both locks held) with `wcs`, oldest first, in a ring of `size` slots.
+    fn refill(&self, wcs: &[Wc], size: u32) {
+        let r = &self.inner.ring;
+        let mut fresh = vec![Wc::default(); size as usize].into_boxed_slice();
+        fresh[..wcs.len()].copy_from_slice(wcs);
+        // SAFETY: both locks are held by the caller: no producer or consumer can see the old
+        // or the new slots until the locks are released, and the indices are reset with them.
+        unsafe { *r.slots.get() = fresh };
+        r.head.store(0, Ordering::Release);
+        r.tail.store(wcs.len(), Ordering::Release);
+        self.inner.size.store(size, Ordering::Release);
+    }
+
     /// Resize CQ (CQ-RESIZE-1..5): the CQEs it holds stay, in order.
     pub fn resize(&self, cqe: u32) -> Result<u32> {
         let dev = &self.inner.dev;
-        let mut core = self.lock()?;
+        let _both = self.exclusive()?;
         if !dev.attr.resize_cq {
             return Err(VerbsError::NotSupported("resize CQ"));
         }
         if cqe > dev.attr.max_cqe {
             return Err(VerbsError::CqSizeTooLarge);
         }
-        if cqe == 0 || (cqe as usize) < core.entries.len() {
+        if cqe == 0 || (cqe as usize) < self.held() {
             return Err(VerbsError::InvalidCqSize("smaller than the CQEs it holds"));
         }
         let size = actual_size(cqe).min(dev.attr.max_cqe);
-        let extra = (size as usize).saturating_sub(core.entries.capacity());
-        core.entries.reserve(extra);
-        core.size = size;
+        let held = self.drain_all();
+        self.refill(&held, size);
         Ok(size)
     }
 
     /// Destroy CQ; `CqInUse` while a work queue still uses it (CQ-DESTROY-2).
     pub fn destroy(&self) -> Result<()> {
-        let mut core = self.lock()?;
-        if core.users > 0 {
+        let both = self.exclusive()?;
+        if self.inner.users.load(Ordering::Acquire) > 0 {
             return Err(VerbsError::CqInUse);
         }
-        core.destroyed = true;
-        core.entries = VecDeque::new();
-        drop(core);
+        self.inner.destroyed.store(true, Ordering::Release);
+        self.refill(&[], 1);
+        drop(both);
         let dev = &self.inner.dev;
         dev.cqs.write().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.handle);
         give(&dev.counts.cq);
@@ -211,21 +277,31 @@ impl Cq {
     }
 
     /// Poll for Completion: moves up to `wcs.len()` of the oldest CQEs into `wcs` and returns
-    /// how many (CQ-POLL-1..4). An empty CQ gives 0.
+    /// how many (CQ-POLL-1..4). An empty CQ gives 0. Takes only the pollers' lock, never one
+    /// the engine holds.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
         self.progress();
-        let mut core = self.lock()?;
-        let n = wcs.len().min(core.entries.len());
-        for (slot, wc) in wcs.iter_mut().zip(core.entries.drain(..n)) {
-            *slot = wc;
+        self.check()?;
+        let _consumer = lock(&self.inner.consumer);
+        let r = &self.inner.ring;
+        let h = r.head.load(Ordering::Relaxed);
+        let t = r.tail.load(Ordering::Acquire);
+        let n = wcs.len().min(t.wrapping_sub(h));
+        // SAFETY: slots h..h+n were published by the producer's Release store of `tail` (seen
+        // by the Acquire load above) and stay ours until `head` moves past them; the box is
+        // only replaced under both locks, and we hold the consumer lock.
+        let slots = unsafe { &*r.slots.get() };
+        for (k, out) in wcs.iter_mut().take(n).enumerate() {
+            *out = slots[(h + k) % slots.len()];
         }
+        r.head.store(h.wrapping_add(n), Ordering::Release);
         Ok(n)
     }
 
     /// Polls one CQE.
     pub fn poll_one(&self) -> Result<Option<Wc>> {
-        self.progress();
-        Ok(self.lock()?.entries.pop_front())
+        let mut one = [Wc::default()];
+        Ok((self.poll(&mut one)? == 1).then_some(one[0]))
     }
 
     fn progress(&self) {
@@ -237,70 +313,79 @@ impl Cq {
 
     /// Request Completion Notification (CQ-NOTIFY-1, EVT-CN-*).
     pub fn req_notify(&self, kind: NotifyKind) -> Result<()> {
-        let mut core = self.lock()?;
-        match kind {
-            NotifyKind::NextCompletion => core.armed_next = true,
-            NotifyKind::Solicited => core.armed_solicited = true,
-        }
+        self.check()?;
+        let bit = match kind {
+            NotifyKind::NextCompletion => ARMED_NEXT,
+            NotifyKind::Solicited => ARMED_SOLICITED,
+        };
+        self.inner.armed.fetch_or(bit, Ordering::AcqRel);
         Ok(())
     }
 
     /// Whether a CQE was ever refused for lack of room.
     pub fn overflowed(&self) -> Result<bool> {
-        Ok(self.lock()?.overflowed)
+        self.check()?;
+        Ok(self.inner.overflowed.load(Ordering::Acquire))
     }
 
     /// Associates one more work queue with this CQ.
     pub(crate) fn attach(&self) -> Result<()> {
-        self.lock()
-            .map_err(|e| match e {
-                VerbsError::InvalidHcaHandle => e,
-                _ => VerbsError::InvalidCqHandle,
-            })?
-            .users += 1;
+        let _both = self.exclusive().map_err(|e| match e {
+            VerbsError::InvalidHcaHandle => e,
+            _ => VerbsError::InvalidCqHandle,
+        })?;
+        self.inner.users.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
     pub(crate) fn detach(&self) {
-        let mut core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        core.users = core.users.saturating_sub(1);
+        let _ = self.inner.users.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     }
 
     /// Adds a CQE. `solicited` says whether it is a solicited event (EVT-SOL-*). On overflow
     /// the CQE is not written and a CQ Error is raised on the CQ (CQ-OVF-1, CQ-OVF-2); moving
     /// the QP to Error is the caller's part.
     pub(crate) fn push(&self, wc: Wc, solicited: bool) -> std::result::Result<(), CqOverflow> {
-        let notify = {
-            let mut core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-            if core.destroyed || core.entries.len() >= core.size as usize {
-                core.overflowed = true;
-                None
+        let written = {
+            let _producer = lock(&self.inner.producer);
+            let r = &self.inner.ring;
+            let t = r.tail.load(Ordering::Relaxed);
+            let h = r.head.load(Ordering::Acquire);
+            let size = self.inner.size.load(Ordering::Acquire) as usize;
+            if self.inner.destroyed.load(Ordering::Acquire) || t.wrapping_sub(h) >= size {
+                false
             } else {
-                core.entries.push_back(wc);
-                let fire = core.armed_next || (core.armed_solicited && solicited);
-                if fire {
-                    // EVT-CN-4, EVT-CN-6: one call consumes every outstanding request.
-                    core.armed_next = false;
-                    core.armed_solicited = false;
-                }
-                Some(fire)
+                // SAFETY: slot t is free (the consumer moved `head` past its last use, seen by
+                // the Acquire load) and not yet published; we hold the producer lock, and the
+                // box is only replaced under both locks.
+                let slots = unsafe { &mut *r.slots.get() };
+                let n = slots.len();
+                slots[t % n] = wc;
+                r.tail.store(t.wrapping_add(1), Ordering::Release);
+                true
             }
         };
-        match notify {
-            None => {
-                self.inner.dev.raise(AsyncEvent {
-                    event_type: AsyncEventType::CqErr,
-                    element: EventElement::Cq(self.inner.handle),
-                });
-                Err(CqOverflow)
-            }
-            Some(fire) => {
-                if fire {
-                    self.fire();
-                }
-                Ok(())
-            }
+        if !written {
+            self.inner.overflowed.store(true, Ordering::Release);
+            self.inner
+                .dev
+                .raise(AsyncEvent { event_type: AsyncEventType::CqErr, element: EventElement::Cq(self.inner.handle) });
+            return Err(CqOverflow);
         }
+        // EVT-CN-1, EVT-CN-2, EVT-CN-4, EVT-CN-6: a CQE of the kind asked for consumes every
+        // outstanding request in one call.
+        let fired = self
+            .inner
+            .armed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| {
+                let fire = a & ARMED_NEXT != 0 || (a & ARMED_SOLICITED != 0 && solicited);
+                fire.then_some(0)
+            })
+            .is_ok();
+        if fired {
+            self.fire();
+        }
+        Ok(())
     }
 
     fn fire(&self) {
@@ -316,7 +401,9 @@ impl Cq {
 
     /// Removes every unpolled CQE of QP `qpn`, keeping the others in order (QPS-RESET-6/7).
     pub(crate) fn purge_qp(&self, qpn: u32) {
-        let mut core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        core.entries.retain(|wc| wc.qp_num != qpn);
+        let Ok(_both) = self.exclusive() else { return };
+        let mut held = self.drain_all();
+        held.retain(|wc| wc.qp_num != qpn);
+        self.refill(&held, self.inner.size.load(Ordering::Acquire));
     }
 }
