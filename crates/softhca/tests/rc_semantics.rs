@@ -574,3 +574,23 @@ fn inline_sends_copy_at_post_time() {
     q.modify(&QpAttr::to_error()).unwrap();
     assert!(matches!(q.post_send(&[SendWr::send_inline(4, &big)]).unwrap_err().error, VerbsError::InvalidWr(_)));
 }
+
+/// A GID change (the link layer setting its address) applies to the next packet, even on a
+/// connected QP whose route softhca caches.
+/// Rule MOD-AV-2, PKT-ROCE-3
+#[test]
+fn gid_change_reaches_the_next_packet() {
+    let p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    let dst = p.b.pd.alloc_mr(8, all_access()).unwrap();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let source = |buf: &[u8]| softhca::wire::roce::parse_ip(buf).unwrap().ip.src_gid();
+    p.a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..8)], dst.addr(), dst.rkey())]).unwrap();
+    let n = p.a.ctx.transmit(0, &mut buf).unwrap();
+    assert_eq!(Gid::from_ipv6(source(&buf[..n])), p.a.gid);
+    let moved = Gid::from_ipv4([127, 1, 0, 77].into());
+    p.a.ctx.set_gid(0, moved).unwrap();
+    p.a.qp.post_send(&[SendWr::rdma_write(2, &[src.sge(0..8)], dst.addr(), dst.rkey())]).unwrap();
+    let n = p.a.ctx.transmit(0, &mut buf).unwrap();
+    assert_eq!(Gid::from_ipv6(source(&buf[..n])), moved);
+}

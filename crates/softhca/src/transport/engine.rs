@@ -263,12 +263,11 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
     if bth.opcode == Opcode::Cnp {
         return true; // PKT-ROCE-13: no congestion control here; changes nothing
     }
-    let qp = {
-        let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
-        match qps.get(&bth.dest_qp) {
-            Some(qp) => qp.clone(),
-            None => return false, // PKT-VAL-4
-        }
+    // The table stays read-locked while the packet is handled: Create and Destroy QP wait, no
+    // reference count moves per packet.
+    let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
+    let Some(qp) = qps.get(&bth.dest_qp) else {
+        return false; // PKT-VAL-4
     };
     let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
     if core.destroyed {
@@ -368,6 +367,20 @@ fn ip_for(dev: &DeviceInner, ah: &AhAttr) -> Option<IpRepr> {
     })
 }
 
+/// The connected QP's route, from its cache while the AV and the GID table are unchanged.
+fn route(q: &QpInner, core: &mut QpCore) -> Option<IpRepr> {
+    let ah = core.attrs.av?.ah;
+    let gen = q.dev.gid_gen.load(Ordering::Acquire);
+    if let Some((g, cached_ah, ip)) = &core.route {
+        if *g == gen && *cached_ah == ah {
+            return Some(*ip);
+        }
+    }
+    let ip = ip_for(&q.dev, &ah)?;
+    core.route = Some((gen, ah, ip));
+    Some(ip)
+}
+
 /// Emits `packet` with a payload of `payload_len` bytes that `fill` writes in place, then
 /// seals the datagram with its ICRC.
 fn emit(
@@ -401,7 +414,8 @@ fn emit_one(q: &QpInner, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<
             completer::retire(q, core); // a WQE that failed its interface checks
             return None;
         };
-        if let Some(len) = emit_request(q, core, &np, buf) {
+        let connected = if q.qp_type == QpType::Ud { None } else { route(q, core) };
+        if let Some(len) = emit_request(q, core, &np, connected, buf) {
             if q.qp_type == QpType::Rc {
                 let psn = Psn::new(np.psn);
                 if psn.psn_cmp(Psn::new(core.req.sent_high)).is_lt() {
@@ -442,7 +456,14 @@ fn send_opcode(base: u8, first: bool, last: bool, imm: bool) -> u8 {
     }
 }
 
-fn emit_request(q: &QpInner, core: &QpCore, np: &requester::NextPacket, buf: &mut [u8]) -> Option<usize> {
+/// `connected` is the route of an RC or UC QP; a UD packet takes its WQE's address handle.
+fn emit_request(
+    q: &QpInner,
+    core: &QpCore,
+    np: &requester::NextPacket,
+    connected: Option<IpRepr>,
+    buf: &mut [u8],
+) -> Option<usize> {
     let w = core.sq.get(np.idx)?;
     let a = &core.attrs;
     let first = np.offset == 0;
@@ -504,7 +525,10 @@ fn emit_request(q: &QpInner, core: &QpCore, np: &requester::NextPacket, buf: &mu
         let q_key = if w.remote_qkey & 0x8000_0000 != 0 { a.qkey } else { w.remote_qkey };
         packet.deth = Some(DethRepr { q_key, src_qp: q.qpn }); // PKT-UD-2
     }
-    let ip = ip_for(&q.dev, &ah)?;
+    let ip = match connected {
+        Some(ip) => ip,
+        None => ip_for(&q.dev, &ah)?,
+    };
     let len = np.payload as usize;
     emit(q.qpn, ip, packet, len, buf, |dst| {
         if !w.inline.is_empty() {
@@ -546,8 +570,7 @@ fn gather(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut dst: &mut [u8]
 
 fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize> {
     let job = core.resp.out.front()?.clone();
-    let av = core.attrs.av?;
-    let ip = ip_for(&q.dev, &av.ah)?;
+    let ip = route(q, core)?;
     let pkey = q.dev.pkey(core.attrs.pkey_index).unwrap_or(0xFFFF);
     let dest = core.attrs.dest_qp_num;
     let msn = core.resp.msn;

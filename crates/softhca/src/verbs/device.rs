@@ -242,6 +242,8 @@ pub(crate) struct DeviceInner {
     pub port: PortAttr,
     pub pkeys: Vec<u16>,
     pub gids: RwLock<Vec<Gid>>,
+    /// Bumped by every GID change, so that cached routes know to recompute.
+    pub gid_gen: std::sync::atomic::AtomicU64,
     pub closed: AtomicBool,
     pub counts: Counts,
     next_handle: AtomicU32,
@@ -386,6 +388,7 @@ impl Context {
             port,
             pkeys: config.pkeys,
             gids: RwLock::new(vec![config.gid0]),
+            gid_gen: std::sync::atomic::AtomicU64::new(1),
             closed: AtomicBool::new(false),
             counts: Counts::default(),
             next_handle: AtomicU32::new(1),
@@ -455,6 +458,7 @@ impl Context {
         let mut gids = self.inner.gids.write().unwrap_or_else(|e| e.into_inner());
         let slot = gids.get_mut(index as usize).ok_or(VerbsError::InvalidArgument("GID index"))?;
         *slot = gid;
+        self.inner.gid_gen.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 

@@ -340,6 +340,9 @@ pub(crate) struct QpCore {
     /// reused so that taking SRQ WQEs does not allocate.
     pub srq_wqe: RecvWqe,
     pub srq_bound: bool,
+    /// The IP header toward the connected peer, with the GID generation and address it was
+    /// built for: every packet of an RC or UC QP needs it, and the GID table's lock is not free.
+    pub route: Option<(u64, super::types::AhAttr, crate::wire::IpRepr)>,
     /// The SQ Logic; its `started` count is the in-progress messages SQD drains.
     pub req: crate::transport::requester::ReqState,
     /// The RQ Logic.
@@ -457,6 +460,7 @@ impl Context {
                 attrs: QpAttrs::reset(cap),
                 sq,
                 rq,
+                route: None,
                 srq_wqe: RecvWqe::default(),
                 srq_bound: false,
                 req: Default::default(),
