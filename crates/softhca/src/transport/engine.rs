@@ -330,7 +330,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
             src_qp: p.deth.map_or(0, |d| d.src_qp),
             grh,
         };
-        responder::on_request(&qp, &mut core, &req);
+        responder::on_request(qp, &mut core, &req);
         true
     } else {
         let Some(info) = info else { return false };
@@ -345,7 +345,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
             atomic_orig: p.atomic_ack_eth.map(|a| a.orig_remote_data),
             payload: p.payload,
         };
-        completer::on_response(&qp, &mut core, now, &r)
+        completer::on_response(qp, &mut core, now, &r)
     }
 }
 
