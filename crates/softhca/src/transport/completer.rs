@@ -74,7 +74,8 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
                 fail_oldest(core, r.psn, WcStatus::BadRespErr); // ERR-SQ-12
             } else if ack_through(q, core, r.psn.sub(1)) {
                 let orig = r.atomic_orig.unwrap_or(0);
-                let w = core.sq.get_mut(idx).expect("index checked above");
+                // Nothing retires before the end of on_response, so idx still names the WQE.
+                let Some(w) = core.sq.get_mut(idx) else { return false };
                 let status = match w.tx.local.first() {
                     Some(m) => m.write(0, &orig.to_ne_bytes()).map_or(WcStatus::LocProtErr, |_| WcStatus::Success),
                     None => WcStatus::LocProtErr,
@@ -204,7 +205,7 @@ fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>
     if !ack_through(q, core, r.psn.sub(1)) {
         return;
     }
-    let w = core.sq.get_mut(idx).expect("index checked above");
+    let Some(w) = core.sq.get_mut(idx) else { return };
     let k = w.tx.resp_received;
     let n = w.tx.npkts;
     let want_pos = match (n, k) {
