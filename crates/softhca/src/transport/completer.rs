@@ -8,7 +8,7 @@ use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;
 
-use super::requester::{ack_timeout_ns, fail_oldest, go_back, pmtu, retry_or_fail};
+use super::requester::{ack_timeout_ns, arm, fail_oldest, go_back, pmtu, retry_or_fail};
 
 /// An inbound response, reduced to what the completer needs.
 pub(crate) struct Response<'a> {
@@ -87,7 +87,7 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
         }
         _ => return false,
     }
-    progress(core, now, before);
+    progress(q, core, now, before);
     // The oldest unacknowledged PSN never passes a response still missing.
     debug_assert!(
         missing_response(core, Psn::new(core.req.psn).sub(1)).is_none_or(|m| Psn::new(core.req.una).psn_cmp(m).is_le())
@@ -177,7 +177,7 @@ fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8
         }
         core.req.rnr_left -= 1;
     }
-    core.req.rnr_deadline = Some(now + rnr_timer_us(timer_code) as u64 * 1000);
+    arm(q, &mut core.req.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
     core.req.ack_deadline = None;
     q.bump(|s| &s.retransmits);
     go_back(core, psn);
@@ -264,18 +264,19 @@ pub(crate) fn scatter(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut da
 
 /// After a response that acknowledged something new, the retry counters reload
 /// (PKT-RTY-5, PKT-RNR-8) and the ACK timer restarts, or stops with nothing outstanding.
-fn progress(core: &mut QpCore, now: u64, una_before: u32) {
+fn progress(q: &QpInner, core: &mut QpCore, now: u64, una_before: u32) {
     if core.req.recovering.is_some_and(|x| Psn::new(core.req.una).psn_cmp(Psn::new(x)).is_gt()) {
         core.req.recovering = None;
     }
     if core.req.una != una_before {
         core.req.retry_left = core.attrs.retry_cnt;
         core.req.rnr_left = core.attrs.rnr_retry;
-        core.req.ack_deadline = if core.req.outstanding() && core.req.rnr_deadline.is_none() {
+        let at = if core.req.outstanding() && core.req.rnr_deadline.is_none() {
             ack_timeout_ns(core.attrs.timeout).map(|t| now + t)
         } else {
             None
         };
+        arm(q, &mut core.req.ack_deadline, at);
     }
 }
 

@@ -194,14 +194,10 @@ impl Context {
     }
 
     /// The earliest time at which [`Context::handle_timeout`] has work, if any.
+    /// It may be earlier than the next timer (a timer disarmed since), never later.
     pub fn poll_timeout(&self) -> Option<u64> {
-        let qps = self.inner.qps.read().unwrap_or_else(|e| e.into_inner());
-        qps.values()
-            .filter_map(|qp| {
-                let core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
-                [core.req.ack_deadline, core.req.rnr_deadline].into_iter().flatten().min()
-            })
-            .min()
+        let hint = self.inner.timer_hint.load(Ordering::Acquire);
+        (hint != u64::MAX).then_some(hint)
     }
 
     /// Runs every timer that has expired at `now`: RNR waits end, ACK timeouts retry
@@ -211,7 +207,15 @@ impl Context {
     }
 
     fn handle_timeout_locked(&self, now: u64) {
-        let qps = self.inner.qps.read().unwrap_or_else(|e| e.into_inner());
+        let dev = &self.inner;
+        if dev.timer_hint.load(Ordering::Acquire) > now {
+            return;
+        }
+        // Clear the hint before the scan: a timer armed meanwhile on a QP already scanned
+        // lowers it again, one armed on a QP not yet scanned is seen by the scan.
+        dev.timer_hint.store(u64::MAX, Ordering::Release);
+        let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
+        let mut earliest = u64::MAX;
         for qp in qps.values() {
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
             if core.req.rnr_deadline.is_some_and(|t| t <= now) {
@@ -221,7 +225,11 @@ impl Context {
                 requester::on_ack_timeout(qp, &mut core);
                 completer::retire(qp, &mut core);
             }
+            for t in [core.req.ack_deadline, core.req.rnr_deadline].into_iter().flatten() {
+                earliest = earliest.min(t);
+            }
         }
+        dev.timer_hint.fetch_min(earliest, Ordering::AcqRel);
     }
 
     /// A snapshot of the device's counters.
@@ -424,7 +432,8 @@ fn emit_one(q: &QpInner, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<
                     core.req.sent_high = psn.next().value();
                 }
                 if core.req.ack_deadline.is_none() {
-                    core.req.ack_deadline = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
+                    let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
+                    requester::arm(q, &mut core.req.ack_deadline, at);
                 }
             } else if np.offset + np.payload >= core.sq.get(np.idx).map_or(0, |w| w.length) {
                 // PKT-UC-3: a UC or UD WQE is done once its last packet is out.

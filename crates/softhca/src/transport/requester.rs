@@ -91,6 +91,14 @@ pub(crate) const WINDOW: u32 = 256;
 /// that the window keeps moving (PKT-ACK-2 asks for the last; any packet may ask).
 pub(crate) const ACK_EVERY: u32 = 64;
 
+/// Arms `slot` (one of the QP's timers) for `at`, and lowers the device's timer hint to it.
+pub(crate) fn arm(q: &QpInner, slot: &mut Option<u64>, at: Option<u64>) {
+    *slot = at;
+    if let Some(t) = at {
+        q.dev.timer_hint.fetch_min(t, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// Local ACK Timeout in ns: 4.096 µs × 2^timeout; 0 disables the timer (PKT-RTY-2).
 pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
     (timeout != 0).then(|| 4096u64 << timeout.min(31))

@@ -242,6 +242,9 @@ pub(crate) struct DeviceInner {
     pub port: PortAttr,
     pub pkeys: Vec<u16>,
     pub gids: RwLock<Vec<Gid>>,
+    /// Never later than the earliest timer armed on any QP (u64::MAX: none), so that
+    /// `poll_timeout` is one load and `handle_timeout` scans the QPs only when one may be due.
+    pub timer_hint: std::sync::atomic::AtomicU64,
     /// Bumped by every GID change, so that cached routes know to recompute.
     pub gid_gen: std::sync::atomic::AtomicU64,
     pub closed: AtomicBool,
@@ -389,6 +392,7 @@ impl Context {
             pkeys: config.pkeys,
             gids: RwLock::new(vec![config.gid0]),
             gid_gen: std::sync::atomic::AtomicU64::new(1),
+            timer_hint: std::sync::atomic::AtomicU64::new(u64::MAX),
             closed: AtomicBool::new(false),
             counts: Counts::default(),
             next_handle: AtomicU32::new(1),
