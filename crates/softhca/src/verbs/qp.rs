@@ -15,7 +15,7 @@ use super::types::{
     Access, AddressVector, AsyncEvent, AsyncEventType, EventElement, MigState, QpState, QpType, Wc, WcOpcode, WcStatus,
 };
 use super::wq::WorkQueue;
-use super::wr::{wr_allowed, RecvWqe, RecvWr, SendFlags, SendWqe, SendWr, WrOpcode};
+use super::wr::{sge_total, wr_allowed, RecvWqe, RecvWr, SendFlags, SendWqe, SendWr, WrOpcode};
 use crate::transport::state::{check_modify, AttrMask};
 
 /// Largest message: 2^31 bytes (WR-WRITE-4).
@@ -519,9 +519,7 @@ impl QpInner {
     /// Flushes every outstanding WQE of both queues, each queue in post order (ERR-FLUSH-1,
     /// ERR-FLUSH-3, ERR-FLUSH-5, ERR-FLUSH-6).
     pub fn flush_all(&self, core: &mut QpCore) {
-        while let Some(w) = core.sq.pop() {
-            flush_cqe(&self.send_cq, self.qpn, w.wr_id, wc_opcode_of(w.opcode));
-        }
+        self.flush_sq(core);
         core.req.started = 0;
         core.req.cursor = 0;
         core.req.cursor_off = 0;
@@ -532,6 +530,13 @@ impl QpInner {
             flush_cqe(&self.recv_cq, self.qpn, core.srq_wqe.wr_id, WcOpcode::Recv);
         }
         self.last_wqe_reached();
+    }
+
+    /// Flushes every SQ WQE, in post order.
+    fn flush_sq(&self, core: &mut QpCore) {
+        while let Some(w) = core.sq.pop() {
+            flush_cqe(&self.send_cq, self.qpn, w.wr_id, wc_opcode_of(w.opcode));
+        }
     }
 
     /// Checks every value a Modify QP request supplies against the device and the QP
@@ -721,9 +726,7 @@ impl QpInner {
         core.attrs.qp_state = QpState::Sqe;
         core.attrs.sq_draining = false;
         core.sqd_event_pending = false;
-        while let Some(w) = core.sq.pop() {
-            flush_cqe(&self.send_cq, self.qpn, w.wr_id, wc_opcode_of(w.opcode));
-        }
+        self.flush_sq(core);
         let psn = core.req.psn;
         let (retry, rnr) = (core.attrs.retry_cnt, core.attrs.rnr_retry);
         core.req.start(psn, retry, rnr);
@@ -946,12 +949,7 @@ impl Qp {
         }
         let free = core.rq.free();
         for (i, wr) in wrs.iter().enumerate() {
-            if wr.sg_list.len() > core.attrs.cap.max_recv_sge as usize {
-                return Err(at(i)(VerbsError::MaxSgeExceeded));
-            }
-            if sge_total(wr.sg_list) > MAX_MSG_SIZE {
-                return Err(at(i)(VerbsError::InvalidWr("scatter list longer than 2^31 bytes")));
-            }
+            wr.check(core.attrs.cap.max_recv_sge).map_err(at(i))?;
             if state != QpState::Error && i >= free {
                 return Err(at(i)(VerbsError::QueueFull));
             }
@@ -964,10 +962,7 @@ impl Qp {
             let Some(slot) = core.rq.next_slot() else {
                 break;
             };
-            slot.wr_id = wr.wr_id;
-            slot.sges.clear();
-            slot.sges.extend_from_slice(wr.sg_list);
-            slot.length = sge_total(wr.sg_list);
+            slot.fill(wr.wr_id, wr.sg_list);
             core.rq.commit();
         }
         drop(core);
@@ -1031,10 +1026,6 @@ impl Qp {
         tracing::debug!(qpn = q.qpn, "QP destroyed");
         Ok(())
     }
-}
-
-fn sge_total(sges: &[crate::verbs::types::Sge]) -> u64 {
-    sges.iter().map(|s| s.length as u64).sum()
 }
 
 /// Inline data given as bytes (`inline_data`); an INLINE WR without them takes its bytes from

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::device::{give, take, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
-use super::qp::MAX_MSG_SIZE;
 use super::types::{AsyncEvent, AsyncEventType, EventElement};
 use super::wq::WorkQueue;
 use super::wr::{RecvWqe, RecvWr};
@@ -144,22 +143,14 @@ impl Srq {
         let mut c = self.lock().map_err(at(0))?;
         let free = c.rq.free();
         for (i, wr) in wrs.iter().enumerate() {
-            if wr.sg_list.len() > c.max_sge as usize {
-                return Err(at(i)(VerbsError::MaxSgeExceeded));
-            }
-            if wr.sg_list.iter().map(|s| s.length as u64).sum::<u64>() > MAX_MSG_SIZE {
-                return Err(at(i)(VerbsError::InvalidWr("scatter list longer than 2^31 bytes")));
-            }
+            wr.check(c.max_sge).map_err(at(i))?;
             if i >= free {
                 return Err(at(i)(VerbsError::QueueFull));
             }
         }
         for wr in wrs {
             let Some(slot) = c.rq.next_slot() else { break };
-            slot.wr_id = wr.wr_id;
-            slot.sges.clear();
-            slot.sges.extend_from_slice(wr.sg_list);
-            slot.length = wr.sg_list.iter().map(|s| s.length as u64).sum();
+            slot.fill(wr.wr_id, wr.sg_list);
             c.rq.commit();
         }
         drop(c);
@@ -213,10 +204,7 @@ impl Srq {
                 return false;
             }
             let Some(w) = c.rq.pop() else { return false };
-            slot.wr_id = w.wr_id;
-            slot.sges.clear();
-            slot.sges.extend_from_slice(&w.sges);
-            slot.length = w.length;
+            slot.fill(w.wr_id, &w.sges);
             let fire = c.limit > 0 && (c.rq.len() as u32) < c.limit;
             if fire {
                 c.limit = 0;

@@ -267,3 +267,32 @@ pub(crate) struct RecvWqe {
     pub sges: Vec<Sge>,
     pub length: u64,
 }
+
+/// The bytes a list of SGEs covers.
+pub(crate) fn sge_total(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| s.length as u64).sum()
+}
+
+impl RecvWr<'_> {
+    /// The post-time checks of a receive, for a QP's RQ and an SRQ alike (WR-COM-7).
+    pub(crate) fn check(&self, max_sge: u32) -> Result<(), super::error::VerbsError> {
+        use super::error::VerbsError;
+        if self.sg_list.len() > max_sge as usize {
+            return Err(VerbsError::MaxSgeExceeded);
+        }
+        if sge_total(self.sg_list) > super::qp::MAX_MSG_SIZE {
+            return Err(VerbsError::InvalidWr("scatter list longer than 2^31 bytes"));
+        }
+        Ok(())
+    }
+}
+
+impl RecvWqe {
+    /// Fills a reused slot from `wr`, keeping its SGE list's allocation.
+    pub(crate) fn fill(&mut self, wr_id: u64, sges: &[Sge]) {
+        self.wr_id = wr_id;
+        self.sges.clear();
+        self.sges.extend_from_slice(sges);
+        self.length = sge_total(sges);
+    }
+}
