@@ -28,60 +28,6 @@ use super::responder::{self, Request, RespJob};
 /// 4096 bytes of payload + ICRC, rounded up.
 pub const MAX_DATAGRAM: usize = 4096 + 256;
 
-/// Per-device and per-QP counters (DESIGN rule 7). On a QP, `rx_dropped` and `rx_bad_icrc`
-/// stay 0: a packet dropped before it was matched to a QP belongs to no QP.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceCounters {
-    pub tx_packets: u64,
-    pub rx_packets: u64,
-    /// Inbound datagrams dropped: malformed, bad ICRC, unknown QP, header violations.
-    pub rx_dropped: u64,
-    pub rx_bad_icrc: u64,
-    /// Times a requester went back (go-back-N rounds after a NAK, an implied NAK, a timeout or
-    /// an RNR wait).
-    pub retransmits: u64,
-    /// Request packets sent again.
-    pub retransmitted_packets: u64,
-    pub rnr_naks_sent: u64,
-    pub rnr_naks_received: u64,
-    pub seq_naks_sent: u64,
-    pub seq_naks_received: u64,
-    pub implied_naks: u64,
-    pub timeouts: u64,
-    pub pkey_violations: u64,
-    pub qkey_violations: u64,
-}
-
-macro_rules! fieldwise {
-    ($trait:ident, $method:ident, $op:ident) => {
-        impl std::ops::$trait for DeviceCounters {
-            type Output = DeviceCounters;
-            fn $method(self, o: DeviceCounters) -> DeviceCounters {
-                DeviceCounters {
-                    tx_packets: self.tx_packets.$op(o.tx_packets),
-                    rx_packets: self.rx_packets.$op(o.rx_packets),
-                    rx_dropped: self.rx_dropped.$op(o.rx_dropped),
-                    rx_bad_icrc: self.rx_bad_icrc.$op(o.rx_bad_icrc),
-                    retransmits: self.retransmits.$op(o.retransmits),
-                    retransmitted_packets: self.retransmitted_packets.$op(o.retransmitted_packets),
-                    rnr_naks_sent: self.rnr_naks_sent.$op(o.rnr_naks_sent),
-                    rnr_naks_received: self.rnr_naks_received.$op(o.rnr_naks_received),
-                    seq_naks_sent: self.seq_naks_sent.$op(o.seq_naks_sent),
-                    seq_naks_received: self.seq_naks_received.$op(o.seq_naks_received),
-                    implied_naks: self.implied_naks.$op(o.implied_naks),
-                    timeouts: self.timeouts.$op(o.timeouts),
-                    pkey_violations: self.pkey_violations.$op(o.pkey_violations),
-                    qkey_violations: self.qkey_violations.$op(o.qkey_violations),
-                }
-            }
-        }
-    };
-}
-
-// Sums over devices, and differences between two snapshots of one (counters only grow).
-fieldwise!(Add, add, saturating_add);
-fieldwise!(Sub, sub, saturating_sub);
-
 #[derive(Debug, Default)]
 pub(crate) struct Counter(AtomicU64);
 
@@ -95,22 +41,64 @@ impl Counter {
     }
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Stats {
-    pub tx_packets: Counter,
-    pub rx_packets: Counter,
-    pub rx_dropped: Counter,
-    pub rx_bad_icrc: Counter,
-    pub retransmits: Counter,
-    pub retransmitted_packets: Counter,
-    pub rnr_naks_sent: Counter,
-    pub rnr_naks_received: Counter,
-    pub seq_naks_sent: Counter,
-    pub seq_naks_received: Counter,
-    pub implied_naks: Counter,
-    pub timeouts: Counter,
-    pub pkey_violations: Counter,
-    pub qkey_violations: Counter,
+/// The counters, listed once: the public snapshot type, the live atomic `Stats`, the snapshot
+/// and the field-wise sum and difference all come from this one list.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Per-device and per-QP counters (DESIGN rule 7). On a QP, `rx_dropped` and
+        /// `rx_bad_icrc` stay 0: a packet dropped before it was matched to a QP belongs to no QP.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct DeviceCounters {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        #[derive(Debug, Default)]
+        pub(crate) struct Stats {
+            $(pub $name: Counter,)*
+        }
+
+        impl Stats {
+            pub(crate) fn snapshot(&self) -> DeviceCounters {
+                DeviceCounters { $($name: self.$name.get(),)* }
+            }
+        }
+
+        // Sums over devices, and differences between two snapshots of one (counters only grow).
+        impl std::ops::Add for DeviceCounters {
+            type Output = DeviceCounters;
+            fn add(self, o: DeviceCounters) -> DeviceCounters {
+                DeviceCounters { $($name: self.$name.saturating_add(o.$name),)* }
+            }
+        }
+
+        impl std::ops::Sub for DeviceCounters {
+            type Output = DeviceCounters;
+            fn sub(self, o: DeviceCounters) -> DeviceCounters {
+                DeviceCounters { $($name: self.$name.saturating_sub(o.$name),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    tx_packets,
+    rx_packets,
+    /// Inbound datagrams dropped: malformed, bad ICRC, unknown QP, header violations.
+    rx_dropped,
+    rx_bad_icrc,
+    /// Times a requester went back (go-back-N rounds after a NAK, an implied NAK, a timeout or
+    /// an RNR wait).
+    retransmits,
+    /// Request packets sent again.
+    retransmitted_packets,
+    rnr_naks_sent,
+    rnr_naks_received,
+    seq_naks_sent,
+    seq_naks_received,
+    implied_naks,
+    timeouts,
+    pkey_violations,
+    qkey_violations,
 }
 
 /// PKT-VAL-8, PKT-VAL-14: equal low 15 bits, not the invalid P_Key, and at least one full
@@ -235,28 +223,6 @@ impl Context {
     /// A snapshot of the device's counters.
     pub fn counters(&self) -> DeviceCounters {
         self.inner.stats.snapshot()
-    }
-}
-
-impl Stats {
-    pub(crate) fn snapshot(&self) -> DeviceCounters {
-        let s = self;
-        DeviceCounters {
-            tx_packets: s.tx_packets.get(),
-            rx_packets: s.rx_packets.get(),
-            rx_dropped: s.rx_dropped.get(),
-            rx_bad_icrc: s.rx_bad_icrc.get(),
-            retransmits: s.retransmits.get(),
-            retransmitted_packets: s.retransmitted_packets.get(),
-            rnr_naks_sent: s.rnr_naks_sent.get(),
-            rnr_naks_received: s.rnr_naks_received.get(),
-            seq_naks_sent: s.seq_naks_sent.get(),
-            seq_naks_received: s.seq_naks_received.get(),
-            implied_naks: s.implied_naks.get(),
-            timeouts: s.timeouts.get(),
-            pkey_violations: s.pkey_violations.get(),
-            qkey_violations: s.qkey_violations.get(),
-        }
     }
 }
 
