@@ -95,15 +95,36 @@ fn invalid_pd() {
     assert_eq!(f.ctx.create_qp(&other.pd, &QpInitAttr::rc(&f.cq, &f.cq)).unwrap_err(), VerbsError::InvalidPd);
 }
 
-/// RD and Raw are valid IBA service types that softhca does not implement yet.
-/// Rule CRT-QP-11, CRT-QP-12
+/// Raw is a valid IBA service type that softhca does not implement.
+/// Rule CRT-QP-11
 #[test]
 fn unsupported_service_types() {
     let f = fixture();
-    for t in [QpType::Rd, QpType::RawIpv6, QpType::RawEthertype] {
+    for t in [QpType::RawIpv6, QpType::RawEthertype] {
         let e = f.pd.create_qp(&QpInitAttr::new(t, &f.cq, &f.cq)).unwrap_err();
         assert!(matches!(e, VerbsError::InvalidServiceType(_)), "{e:?}");
     }
+}
+
+/// An RD QP needs a reliable datagram domain of its own device, alive.
+/// Rule CRT-QP-12, CRT-QP-2
+#[test]
+fn rd_qp_needs_a_valid_rdd() {
+    let f = fixture();
+    let e = f.pd.create_qp(&QpInitAttr::new(QpType::Rd, &f.cq, &f.cq)).unwrap_err();
+    assert_eq!(e, VerbsError::InvalidRdd);
+    let other = fixture();
+    let foreign = other.ctx.alloc_rdd().unwrap();
+    assert_eq!(f.pd.create_qp(&QpInitAttr::rd(&f.cq, &f.cq, &foreign)).unwrap_err(), VerbsError::InvalidRdd);
+    let dead = f.ctx.alloc_rdd().unwrap();
+    dead.dealloc().unwrap();
+    assert_eq!(f.pd.create_qp(&QpInitAttr::rd(&f.cq, &f.cq, &dead)).unwrap_err(), VerbsError::InvalidRdd);
+    let rdd = f.ctx.alloc_rdd().unwrap();
+    let qp = f.pd.create_qp(&QpInitAttr::rd(&f.cq, &f.cq, &rdd)).unwrap();
+    assert_eq!(qp.qp_type(), QpType::Rd);
+    assert!(matches!(rdd.dealloc(), Err(VerbsError::InUse(_))), "an RDD in use stays");
+    qp.destroy().unwrap();
+    rdd.dealloc().unwrap();
 }
 
 /// Rule CRT-QP-15

@@ -4,6 +4,7 @@
 //! the responder or the completer sees them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::verbs::device::DeviceInner;
 use crate::verbs::qp::{QpCore, QpInner};
@@ -165,6 +166,10 @@ impl Context {
 
     fn transmit_locked(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
         let dev = &self.inner;
+        if let Some(len) = super::rd::transmit(dev, now, buf) {
+            dev.stats.tx_packets.inc();
+            return Some(len);
+        }
         let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
         let start = dev.tx_cursor.load(Ordering::Relaxed);
         for (&qpn, qp) in qps.range(start..).chain(qps.range(..start)) {
@@ -217,6 +222,8 @@ impl Context {
                 earliest = earliest.min(t);
             }
         }
+        drop(qps);
+        earliest = earliest.min(super::rd::handle_timeout(dev, now));
         dev.timer_hint.fetch_min(earliest, Ordering::AcqRel);
     }
 
@@ -240,6 +247,9 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
     // The table stays read-locked while the packet is handled: Create and Destroy QP wait, no
     // reference count moves per packet.
     let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
+    if bth.opcode.service_range() == Some(ServiceType::Rd) {
+        return super::rd::deliver(dev, &qps, now, d);
+    }
     let Some(qp) = qps.get(&bth.dest_qp) else {
         return false; // PKT-VAL-4
     };
@@ -324,7 +334,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
 }
 
 /// The IP header toward `ah`, from our GID `sgid_index` (PKT-ROCE-3).
-fn ip_for(dev: &DeviceInner, ah: &AhAttr) -> Option<IpRepr> {
+pub(crate) fn ip_for(dev: &DeviceInner, ah: &AhAttr) -> Option<IpRepr> {
     let gids = dev.gids.read().unwrap_or_else(|e| e.into_inner());
     let sgid = *gids.get(ah.grh.sgid_index? as usize)?;
     let dgid = ah.grh.dgid?;
@@ -357,7 +367,7 @@ fn route(q: &QpInner, core: &mut QpCore) -> Option<IpRepr> {
 
 /// Emits `packet` with a payload of `payload_len` bytes that `fill` writes in place, then
 /// seals the datagram with its ICRC.
-fn emit(
+pub(crate) fn emit(
     qpn: u32,
     ip: IpRepr,
     packet: PacketRepr<'_>,
@@ -376,9 +386,12 @@ fn emit(
     Some(end)
 }
 
-fn emit_one(q: &QpInner, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<usize> {
+fn emit_one(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<usize> {
     if core.attrs.qp_state == QpState::Reset {
         return None;
+    }
+    if q.qp_type == QpType::Rd {
+        return super::rd::qp_turn(q, core, now, buf);
     }
     if let Some(len) = emit_response(q, core, buf) {
         return Some(len);
@@ -420,7 +433,7 @@ fn emit_one(q: &QpInner, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<
     }
 }
 
-fn send_opcode(base: u8, first: bool, last: bool, imm: bool) -> u8 {
+pub(crate) fn send_opcode(base: u8, first: bool, last: bool, imm: bool) -> u8 {
     match (first, last, imm) {
         (true, true, false) => base + 4,
         (true, true, true) => base + 5,
@@ -522,7 +535,7 @@ fn emit_request(
 }
 
 /// Reads `dst.len()` bytes at byte `offset` of a gather list (WR-COM-5).
-fn gather(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut dst: &mut [u8]) -> bool {
+pub(crate) fn gather(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut dst: &mut [u8]) -> bool {
     for m in list {
         if dst.is_empty() {
             return true;

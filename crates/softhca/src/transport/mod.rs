@@ -3,6 +3,7 @@
 //! deadlines; it never reads a clock or touches a socket.
 
 pub(crate) mod completer;
+pub(crate) mod rd;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub mod state;

@@ -114,7 +114,7 @@ fn packets_for(len: u64, mtu: u64) -> u32 {
 
 /// Interface checks made before any packet of a WQE is sent (ERR-SQ-3): every local buffer
 /// must pass the key check (WR-COM-9), and a UD message must fit one MTU (WR-SEND-9).
-fn check_local(q: &QpInner, core: &QpCore, w: &mut SendWqe) -> Result<(), WcStatus> {
+pub(crate) fn check_local(q: &QpInner, core: &QpCore, w: &mut SendWqe) -> Result<(), WcStatus> {
     let pd = q.pd.inner.handle;
     w.tx.local.clear();
     let need = match w.opcode {

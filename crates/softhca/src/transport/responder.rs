@@ -254,7 +254,7 @@ fn complete_wqe_in_use(q: &QpInner, core: &mut QpCore, status: WcStatus) {
 }
 
 /// ERR-RQ-13: the payload size each position allows.
-fn length_ok(position: Position, len: u64, mtu: u64) -> bool {
+pub(crate) fn length_ok(position: Position, len: u64, mtu: u64) -> bool {
     match position {
         Position::Only => len <= mtu,
         Position::First | Position::Middle => len == mtu,

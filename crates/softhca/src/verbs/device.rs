@@ -52,6 +52,10 @@ pub struct DeviceAttr {
     pub max_srq_wr: u32,
     pub max_srq_sge: u32,
     pub max_mw: u32,
+    /// End-to-end contexts (RD).
+    pub max_ee: u32,
+    /// Reliable datagram domains.
+    pub max_rdd: u32,
     pub max_inline_data: u32,
     pub atomic_cap: AtomicCap,
     pub max_pkeys: u16,
@@ -93,6 +97,8 @@ impl Default for DeviceAttr {
             max_srq_wr: 1 << 14,
             max_srq_sge: 32,
             max_mw: 1 << 16,
+            max_ee: 1 << 12,
+            max_rdd: 1 << 12,
             max_inline_data: 512,
             atomic_cap: AtomicCap::Glob,
             max_pkeys: 1,
@@ -203,6 +209,8 @@ pub(crate) struct Counts {
     pub ah: AtomicU32,
     pub srq: AtomicU32,
     pub mw: AtomicU32,
+    pub eec: AtomicU32,
+    pub rdd: AtomicU32,
 }
 
 /// Takes one unit of a resource counted in `counter` up to `max`.
@@ -254,6 +262,11 @@ pub(crate) struct DeviceInner {
     pub rng: Mutex<StdRng>,
     /// Live QPs by QPN: the demultiplexer for inbound packets.
     pub qps: RwLock<BTreeMap<u32, Arc<QpInner>>>,
+    /// Live EECs by EECN: the demultiplexer for inbound RD packets (their RDETH).
+    pub eecs: RwLock<BTreeMap<u32, Arc<super::eec::EecInner>>>,
+    pub next_eecn: AtomicU32,
+    /// Where the next EEC turn starts, so that channels take turns.
+    pub eec_cursor: AtomicU32,
     /// Where the next `transmit` starts looking, so that QPs take turns.
     pub tx_cursor: AtomicU32,
     pub stats: crate::transport::engine::Stats,
@@ -385,6 +398,7 @@ impl Context {
         attr.max_pkeys = config.pkeys.len() as u16;
         port.pkey_tbl_len = config.pkeys.len() as u16;
         let first_qpn = rng.random_range(0x10..0x1000);
+        let first_eecn = rng.random_range(0x10..0x1000);
         let inner = Arc::new(DeviceInner {
             name: config.name,
             attr,
@@ -399,6 +413,9 @@ impl Context {
             keys: RwLock::new(KeyTable::default()),
             rng: Mutex::new(rng),
             qps: RwLock::new(BTreeMap::new()),
+            eecs: RwLock::new(BTreeMap::new()),
+            next_eecn: AtomicU32::new(first_eecn),
+            eec_cursor: AtomicU32::new(0),
             tx_cursor: AtomicU32::new(0),
             stats: Default::default(),
             next_qpn: Mutex::new(first_qpn),

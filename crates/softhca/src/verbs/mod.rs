@@ -5,6 +5,7 @@ pub mod ah;
 pub(crate) mod callbacks;
 pub mod cq;
 pub mod device;
+pub mod eec;
 pub mod error;
 mod eventfd;
 pub mod mr;
@@ -21,6 +22,7 @@ pub use cq::{CompChannel, Cq};
 pub use device::{
     device_list, open_device, AtomicCap, Context, DeviceAttr, DeviceConfig, DeviceInfo, PortAttr, PortState, Progress,
 };
+pub use eec::{Eec, EecAttr, EecAttrs, Rdd};
 pub use error::{PostError, Result, VerbsError};
 pub use mr::{AccessError, MemRef, Mr};
 pub use mw::Mw;

@@ -42,6 +42,8 @@ pub struct QpInitAttr {
     pub sq_sig_all: bool,
     /// Take receive WQEs from this SRQ instead of an RQ of the QP's own.
     pub srq: Option<super::srq::Srq>,
+    /// The reliable datagram domain of an RD QP (CRT-QP-2).
+    pub rdd: Option<super::eec::Rdd>,
 }
 
 impl QpInitAttr {
@@ -54,7 +56,13 @@ impl QpInitAttr {
             cap: QpCap { max_send_wr: 128, max_recv_wr: 128, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 },
             sq_sig_all: false,
             srq: None,
+            rdd: None,
         }
+    }
+
+    /// An RD QP in `rdd`.
+    pub fn rd(send_cq: &Cq, recv_cq: &Cq, rdd: &super::eec::Rdd) -> Self {
+        QpInitAttr { rdd: Some(rdd.clone()), ..Self::new(QpType::Rd, send_cq, recv_cq) }
     }
 
     pub fn srq(mut self, srq: &super::srq::Srq) -> Self {
@@ -349,6 +357,8 @@ pub(crate) struct QpCore {
     pub resp: crate::transport::responder::RespState,
     /// The SQ Drained event was requested at RTS→SQD and not yet raised (EVT-SQD-5).
     pub sqd_event_pending: bool,
+    /// RD: the message an EEC carries for this QP and the receive WQEs channels hold.
+    pub rd: crate::transport::rd::RdQp,
 }
 
 pub(crate) struct QpInner {
@@ -360,6 +370,10 @@ pub(crate) struct QpInner {
     pub recv_cq: Cq,
     pub sq_sig_all: bool,
     pub srq: Option<super::srq::Srq>,
+    pub rdd: Option<super::eec::Rdd>,
+    /// RD: bumped whenever the QP drops the message an EEC carries for it (flush, Reset,
+    /// Destroy), so that the EEC, which must not take the QP's lock, sees it is orphaned.
+    pub rd_epoch: std::sync::atomic::AtomicU64,
     pub stats: crate::transport::engine::Stats,
     pub core: Mutex<QpCore>,
 }
@@ -386,7 +400,10 @@ impl Context {
         pd.inner.check()?;
         match init.qp_type {
             QpType::Rc | QpType::Uc | QpType::Ud => {}
-            QpType::Rd => return Err(VerbsError::InvalidServiceType("RD QPs are not implemented yet")),
+            QpType::Rd => match &init.rdd {
+                Some(rdd) if Arc::ptr_eq(&rdd.inner.dev, &self.inner) => {}
+                _ => return Err(VerbsError::InvalidRdd), // CRT-QP-12
+            },
             QpType::RawIpv6 | QpType::RawEthertype => {
                 return Err(VerbsError::InvalidServiceType("Raw QPs are not implemented yet"))
             }
@@ -411,8 +428,23 @@ impl Context {
         if cap.max_inline_data > attr.max_inline_data {
             return Err(VerbsError::InvalidArgument("max_inline_data above the device maximum"));
         }
-        take(&self.inner.counts.qp, attr.max_qp)?;
-        let undo_count = || give(&self.inner.counts.qp);
+        let rdd = if init.qp_type == QpType::Rd { init.rdd.clone() } else { None };
+        if let Some(rdd) = &rdd {
+            rdd.inner.hold()?;
+        }
+        let release_rdd = || {
+            if let Some(rdd) = &rdd {
+                rdd.inner.release();
+            }
+        };
+        if let Err(e) = take(&self.inner.counts.qp, attr.max_qp) {
+            release_rdd();
+            return Err(e);
+        }
+        let undo_count = || {
+            give(&self.inner.counts.qp);
+            release_rdd();
+        };
         if let Err(e) = pd.inner.hold() {
             undo_count();
             return Err(e);
@@ -454,6 +486,8 @@ impl Context {
             recv_cq: init.recv_cq.clone(),
             sq_sig_all: init.sq_sig_all,
             srq: init.srq.clone(),
+            rdd,
+            rd_epoch: Default::default(),
             stats: Default::default(),
             core: Mutex::new(QpCore {
                 destroyed: false,
@@ -466,6 +500,7 @@ impl Context {
                 req: Default::default(),
                 resp: Default::default(),
                 sqd_event_pending: false,
+                rd: Default::default(),
             }),
         });
         self.inner.qps.write().unwrap_or_else(|e| e.into_inner()).insert(qpn, inner.clone());
@@ -520,6 +555,8 @@ impl QpInner {
     /// ERR-FLUSH-3, ERR-FLUSH-5, ERR-FLUSH-6).
     pub fn flush_all(&self, core: &mut QpCore) {
         self.flush_sq(core);
+        // WQEs held by RD channels were bound before those still on the RQ.
+        crate::transport::rd::release(self, core, true);
         core.req.started = 0;
         core.req.cursor = 0;
         core.req.cursor_off = 0;
@@ -534,6 +571,9 @@ impl QpInner {
 
     /// Flushes every SQ WQE, in post order.
     fn flush_sq(&self, core: &mut QpCore) {
+        if core.rd.active.take().is_some() {
+            self.rd_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         while let Some(w) = core.sq.pop() {
             flush_cqe(&self.send_cq, self.qpn, w.wr_id, wc_opcode_of(w.opcode));
         }
@@ -703,6 +743,7 @@ impl QpInner {
             core.srq_bound = false;
             core.req.started = 0;
             core.req.cursor = 0;
+            crate::transport::rd::release(self, core, false);
             self.last_wqe_reached();
         }
     }
@@ -807,6 +848,7 @@ impl Qp {
             QpState::Reset => {
                 // QPS-RESET-5..7: discard both queues without CQEs and take this QP's CQEs
                 // off its CQs; the attributes return to their Reset values.
+                crate::transport::rd::release(q, &mut core, false);
                 core.sq.clear();
                 core.rq.clear();
                 core.srq_bound = false;
@@ -927,6 +969,9 @@ impl Qp {
                 return Err(VerbsError::InvalidWr("remote QPN above 2^24-1"));
             }
         }
+        if q.qp_type == QpType::Rd && (wr.remote_qpn > 0xFF_FFFF || wr.eecn > 0xFF_FFFF) {
+            return Err(VerbsError::InvalidWr("remote QPN and EECN are 24-bit"));
+        }
         Ok(())
     }
 
@@ -1012,6 +1057,7 @@ impl Qp {
         let q = &self.inner;
         let mut core = q.lock()?;
         core.destroyed = true;
+        crate::transport::rd::release(q, &mut core, false);
         core.sq.clear();
         core.rq.clear();
         drop(core);
@@ -1022,6 +1068,9 @@ impl Qp {
             srq.detach();
         }
         q.pd.inner.release();
+        if let Some(rdd) = &q.rdd {
+            rdd.inner.release();
+        }
         give(&q.dev.counts.qp);
         tracing::debug!(qpn = q.qpn, "QP destroyed");
         Ok(())
@@ -1087,6 +1136,7 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
     slot.ah = wr.ah.cloned();
     slot.remote_qpn = wr.remote_qpn;
     slot.remote_qkey = wr.remote_qkey;
+    slot.eecn = wr.eecn;
     slot.bind = wr.bind.map(|b| super::mw::BindRequest {
         mw: b.mw.inner.clone(),
         rkey: b.rkey,

@@ -359,6 +359,8 @@ pub struct Wc {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
+    /// RD: the local EEC the message arrived on (CQE-11).
+    pub eecn: u32,
 }
 
 impl Wc {

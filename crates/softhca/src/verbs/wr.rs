@@ -103,6 +103,8 @@ pub struct SendWr<'a> {
     pub ah: Option<&'a Ah>,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
+    /// RD: the local EEC the message goes through (WR-SEND-6).
+    pub eecn: u32,
     /// What a Bind MW work request binds.
     pub bind: Option<MwBind<'a>>,
 }
@@ -199,6 +201,14 @@ impl<'a> SendWr<'a> {
         self
     }
 
+    /// Addresses an RD message: through local EEC `eec` to QP `remote_qpn` with `remote_qkey`.
+    pub fn rd(mut self, eec: &super::eec::Eec, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.eecn = eec.eecn();
+        self.remote_qpn = remote_qpn;
+        self.remote_qkey = remote_qkey;
+        self
+    }
+
     pub fn signaled(mut self) -> Self {
         self.send_flags |= SendFlags::SIGNALED;
         self
@@ -255,6 +265,7 @@ pub(crate) struct SendWqe {
     pub ah: Option<Ah>,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
+    pub eecn: u32,
     pub bind: Option<super::mw::BindRequest>,
     /// The requester's state of this WQE.
     pub tx: crate::transport::requester::WqeTx,
