@@ -73,8 +73,17 @@ struct RdTx {
 #[derive(Debug)]
 enum RxMsg {
     /// A Send into an RQ WQE of `qpn` the channel holds under `token`.
-    Send { token: u64, wr_id: u64, scatter: Vec<MemRef>, offset: u64 },
-    Write { mem: Option<MemRef>, offset: u64, len: u64 },
+    Send {
+        token: u64,
+        wr_id: u64,
+        scatter: Vec<MemRef>,
+        offset: u64,
+    },
+    Write {
+        mem: Option<MemRef>,
+        offset: u64,
+        len: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -108,6 +117,9 @@ pub(crate) struct EecEngine {
     rnr_left: u8,
     ack_deadline: Option<u64>,
     rnr_deadline: Option<u64>,
+    /// Went back to this packet and waits for it to be answered: later responses still in
+    /// flight from before must not count as new NAKs.
+    recovering: Option<u32>,
     epsn: u32,
     msn: u32,
     nak_sent: bool,
@@ -274,6 +286,7 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
             sent: false,
             resync_after: false,
         });
+        e.recovering = None;
         core.rd.active = Some(eecn);
         core.req.started = 1;
         return emit_request(&eec, &mut ec, now, buf);
@@ -300,7 +313,8 @@ fn reap_held(q: &QpInner, core: &mut QpCore) {
             continue;
         }
         core.rd.held.remove(i);
-        let wc = Wc { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
+        let wc =
+            Wc { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
         let _ = q.recv_cq.push(wc, true);
     }
 }
@@ -342,6 +356,7 @@ fn finish(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, status: WcStatus) {
     let Some(tx) = ec.engine.tx.take() else { return };
     ec.engine.ack_deadline = None;
     ec.engine.rnr_deadline = None;
+    ec.engine.recovering = None;
     if tx.resync_after {
         start_resync(&mut ec.engine, &tx);
     }
@@ -370,7 +385,8 @@ fn start_resync(e: &mut EecEngine, old: &RdTx) {
 /// A message whose QP was flushed or reset under it: a message that has not left is dropped,
 /// one that has is followed by a Resync so that the responder's ePSN catches up.
 fn abandon_if_orphaned(e: &mut EecEngine) {
-    let orphaned = matches!(&e.tx, Some(RdTx { owner: Some((q, epoch)), .. }) if q.rd_epoch.load(Ordering::Acquire) != *epoch);
+    let orphaned =
+        matches!(&e.tx, Some(RdTx { owner: Some((q, epoch)), .. }) if q.rd_epoch.load(Ordering::Acquire) != *epoch);
     if !orphaned {
         return;
     }
@@ -467,8 +483,12 @@ fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut [u8]) -> O
             });
         }
         WrOpcode::AtomicCmpSwp => {
-            p.atomic_eth =
-                Some(AtomicEthRepr { va: w.remote_addr, r_key: w.rkey, swap_add_data: w.swap, compare_data: w.compare_add });
+            p.atomic_eth = Some(AtomicEthRepr {
+                va: w.remote_addr,
+                r_key: w.rkey,
+                swap_add_data: w.swap,
+                compare_data: w.compare_add,
+            });
         }
         WrOpcode::AtomicFetchAdd => {
             p.atomic_eth =
@@ -697,7 +717,14 @@ fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, 
 
 /// The checks of PKT-VAL-12 in order — PSN, opcode sequence, RDD, operation enabled,
 /// resources, lengths, keys — then the execution.
-fn receive(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+fn receive(
+    q: &QpInner,
+    core: &mut QpCore,
+    eec: &EecInner,
+    ec: &mut EecCore,
+    r: &Request<'_>,
+    mtu: u64,
+) -> Result<(), Fail> {
     let e = &mut ec.engine;
     match r.psn.classify(Psn::new(e.epsn)) {
         PsnClass::OutOfSequence => {
@@ -833,15 +860,27 @@ fn complete_held(
     }
 }
 
-fn rd_send(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+fn rd_send(
+    q: &QpInner,
+    core: &mut QpCore,
+    eec: &EecInner,
+    ec: &mut EecCore,
+    r: &Request<'_>,
+    mtu: u64,
+) -> Result<(), Fail> {
     let e = &mut ec.engine;
     if e.rx.is_none() {
         let Some((token, wr_id, sges)) = bind(q, core, eec.eecn) else {
-            return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer })); // ERR-RQ-3
+            return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
+            // ERR-RQ-3
         };
         let Some(list) = check_scatter(q, &sges) else {
             complete_held(q, core, eec.eecn, token, wr_id, WcStatus::LocQpOpErr, 0, None, r, false);
-            return Err(Fail::Fatal { nak: NakCode::RemoteOperationalError, status: WcStatus::LocQpOpErr, to_error: true });
+            return Err(Fail::Fatal {
+                nak: NakCode::RemoteOperationalError,
+                status: WcStatus::LocQpOpErr,
+                to_error: true,
+            });
         };
         e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg: RxMsg::Send { token, wr_id, scatter: list, offset: 0 } });
     }
@@ -874,7 +913,14 @@ fn rd_send(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, r: 
     Ok(())
 }
 
-fn rd_write(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+fn rd_write(
+    q: &QpInner,
+    core: &mut QpCore,
+    eec: &EecInner,
+    ec: &mut EecCore,
+    r: &Request<'_>,
+    mtu: u64,
+) -> Result<(), Fail> {
     let len = r.payload.len() as u64;
     if !length_ok(r.position, len, mtu) {
         return Err(invalid());
@@ -917,7 +963,18 @@ fn rd_write(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, r:
         accept(q, e, r);
         e.rx = None;
         e.msn = Psn::new(e.msn).next().value();
-        complete_held(q, core, eec.eecn, token, wr_id, WcStatus::Success, total, Some(WcOpcode::RecvRdmaWithImm), r, true);
+        complete_held(
+            q,
+            core,
+            eec.eecn,
+            token,
+            wr_id,
+            WcStatus::Success,
+            total,
+            Some(WcOpcode::RecvRdmaWithImm),
+            r,
+            true,
+        );
         return Ok(());
     }
     accept(q, e, r);
@@ -951,7 +1008,11 @@ fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>, mt
     e.last = Some(Executed::Read { psn, qpn: q.qpn, va: reth.va, rkey: reth.r_key, len, npkts });
     e.epsn = r.psn.add(npkts).value();
     e.msn = Psn::new(e.msn).next().value();
-    e.out.push_back(Out { from: q.qpn, to: r.src_qp, job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len } });
+    e.out.push_back(Out {
+        from: q.qpn,
+        to: r.src_qp,
+        job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len },
+    });
     Ok(())
 }
 
@@ -1008,7 +1069,10 @@ fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>, mtu
             let mem = if len == 0 {
                 None
             } else {
-                Some(check_access(&eec.dev, rkey, q.pd.inner.handle, va, len, Access::REMOTE_READ).map_err(|_| Fail::Drop)?)
+                Some(
+                    check_access(&eec.dev, rkey, q.pd.inner.handle, va, len, Access::REMOTE_READ)
+                        .map_err(|_| Fail::Drop)?,
+                )
             };
             e.out.push_back(Out {
                 from: q.qpn,
@@ -1017,7 +1081,9 @@ fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>, mtu
             });
             Ok(())
         }
-        (Operation::CompareSwap | Operation::FetchAdd, Some(Executed::Atomic { psn, orig })) if psn == r.psn.value() => {
+        (Operation::CompareSwap | Operation::FetchAdd, Some(Executed::Atomic { psn, orig }))
+            if psn == r.psn.value() =>
+        {
             e.out.push_back(Out { from: q.qpn, to, job: RespJob::AtomicAck { psn, orig } });
             Ok(())
         }
@@ -1052,7 +1118,13 @@ fn on_resync(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner, ec: &mut 
 
 // ---------------------------------------------------------------- Send Logic: responses
 
-fn on_response(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner, ec: &mut EecCore, now: u64, r: &Response<'_>) -> bool {
+fn on_response(
+    qp: Option<(&Arc<QpInner>, &mut QpCore)>,
+    eec: &EecInner,
+    ec: &mut EecCore,
+    now: u64,
+    r: &Response<'_>,
+) -> bool {
     let dev = &eec.dev;
     let timeout = ec.attrs.timeout;
     let rnr_retry = ec.attrs.rnr_retry;
@@ -1091,7 +1163,7 @@ fn on_response(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner, ec: &mu
             if op != WrOpcode::RdmaRead {
                 tx.done = tx.done.max(k);
             }
-            go_back_or_fail(e, dev, k);
+            go_back_or_fail(e, dev, k, false);
         }
         (Operation::Acknowledge, Some(Syndrome::RnrNak { timer_code })) => {
             q_bump(&qp, |s| &s.rnr_naks_received);
@@ -1131,7 +1203,7 @@ fn on_response(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner, ec: &mu
             }
             if k > tx.done {
                 let missing = tx.done;
-                go_back_or_fail(e, dev, missing); // an implied NAK
+                go_back_or_fail(e, dev, missing, false); // an implied NAK
                 return true;
             }
             let n = tx.npkts;
@@ -1168,6 +1240,9 @@ fn on_response(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner, ec: &mu
         }
     }
     let Some(tx) = e.tx.as_ref() else { return true };
+    if e.recovering.is_some_and(|k| tx.done > k) {
+        e.recovering = None;
+    }
     if tx.done != before {
         e.retry_left = retry_cnt;
         e.rnr_left = rnr_retry;
@@ -1204,9 +1279,14 @@ fn q_bump(
     }
 }
 
-/// Go-back-N inside the message, from packet `k`, counting a retry.
-fn go_back_or_fail(e: &mut EecEngine, dev: &DeviceInner, k: u32) {
+/// Go-back-N inside the message, from packet `k`, counting a retry: once per recovery for a
+/// NAK, every time for a timeout.
+fn go_back_or_fail(e: &mut EecEngine, dev: &DeviceInner, k: u32, timeout: bool) {
     let Some(tx) = e.tx.as_mut() else { return };
+    if !timeout && e.recovering == Some(k) {
+        return;
+    }
+    e.recovering = Some(k);
     if e.retry_left == 0 {
         tx.status = Some(WcStatus::RetryExcErr);
         return;
@@ -1253,7 +1333,7 @@ pub(crate) fn handle_timeout(dev: &DeviceInner, now: u64) -> u64 {
             if let Some(tx) = e.tx.as_mut() {
                 if tx.status.is_none() {
                     let from = tx.done;
-                    go_back_or_fail(e, dev, from);
+                    go_back_or_fail(e, dev, from, true);
                     if e.tx.as_ref().is_some_and(|t| t.status == Some(WcStatus::RetryExcErr)) {
                         to_error_after(&mut ec, None, &eec);
                     }
@@ -1276,7 +1356,8 @@ pub(crate) fn release(q: &QpInner, core: &mut QpCore, flush: bool) {
     }
     for (_, _, wr_id) in core.rd.held.drain(..) {
         if flush {
-            let wc = Wc { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
+            let wc =
+                Wc { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
             let _ = q.recv_cq.push(wc, true);
         }
     }
