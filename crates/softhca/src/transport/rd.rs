@@ -1063,7 +1063,7 @@ fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>, mtu
                 return Err(Fail::Drop);
             }
             let k = r.psn.distance_from(first) as u64;
-            if reth.r_key != rkey || reth.va != va + k * mtu || reth.dma_length as u64 != len - k * mtu {
+            if reth.r_key != rkey || reth.va != va.wrapping_add(k * mtu) || reth.dma_length as u64 != len - k * mtu {
                 return Err(Fail::Drop);
             }
             let mem = if len == 0 {
