@@ -103,6 +103,8 @@ pub fn render(ctx: &Context, verbose: bool, link: &str) -> Res<String> {
             ("max_srq", a.max_srq.to_string()),
             ("max_srq_wr", a.max_srq_wr.to_string()),
             ("max_mw", a.max_mw.to_string()),
+            ("max_ee", a.max_ee.to_string()),
+            ("max_rdd", a.max_rdd.to_string()),
             ("max_pkeys", a.max_pkeys.to_string()),
             ("resize_cq", a.resize_cq.to_string()),
             ("resize_wq", a.resize_wq.to_string()),
