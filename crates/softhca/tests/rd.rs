@@ -736,3 +736,42 @@ fn mutated_rd_packets_never_panic() {
         assert!(e.query().is_ok());
     }
 }
+
+/// Modify EEC walks Reset → Init → RTR → RTS ⇄ SQD with exactly the parameters each step
+/// takes; a missing or an extra one is refused and changes nothing, there is no SQE, and
+/// Query EEC reports what was set. An RDD with an EEC in it cannot be deallocated.
+/// Rule QPS-RD-6
+#[test]
+fn modify_and_query_eec() {
+    let mut f = fabric(SimConfig::default().seed(24));
+    let (a, b) = (node(&mut f, "rd13-a"), node(&mut f, "rd13-b"));
+    let e = a.ctx.create_eec(&a.rdd).unwrap();
+    assert_eq!(e.query().unwrap().state, QpState::Reset);
+    assert!(e.modify(&EecAttr::new(QpState::Rtr)).is_err(), "Reset → RTR does not exist");
+    assert!(e.modify(&EecAttr::new(QpState::Init).pkey_index(0)).is_err(), "the port is required");
+    assert!(e.modify(&EecAttr::new(QpState::Init).pkey_index(0).port_num(1).sq_psn(1)).is_err(), "extra");
+    assert_eq!(e.query().unwrap().state, QpState::Reset);
+    e.modify(&EecAttr::new(QpState::Init).pkey_index(0).port_num(1)).unwrap();
+    let av = AddressVector::new(AhAttr::roce(b.gid, 0), Mtu::Mtu2048);
+    let rtr = EecAttr::new(QpState::Rtr).av(av).dest_eecn(0x1234).rq_psn(0x55);
+    assert!(e.modify(&rtr).is_err(), "the inbound depth is required");
+    e.modify(&rtr.clone().max_dest_rd_atomic(3)).unwrap();
+    let rts = EecAttr::new(QpState::Rts).sq_psn(0x66).timeout(12).retry_cnt(5).rnr_retry(6);
+    assert!(e.modify(&rts).is_err(), "the outbound depth is required");
+    e.modify(&rts.max_rd_atomic(2)).unwrap();
+    let q = e.query().unwrap();
+    assert_eq!(
+        (q.state, q.dest_eecn, q.rq_psn, q.sq_psn, q.max_dest_rd_atomic, q.max_rd_atomic),
+        (QpState::Rts, 0x1234, 0x55, 0x66, 3, 2)
+    );
+    assert_eq!((q.timeout, q.retry_cnt, q.rnr_retry, q.av.unwrap().path_mtu), (12, 5, 6, Mtu::Mtu2048));
+    assert!(e.modify(&EecAttr::new(QpState::Sqe)).is_err(), "no SQE");
+    e.modify(&EecAttr::new(QpState::Sqd)).unwrap();
+    e.modify(&EecAttr::new(QpState::Rts).timeout(14)).unwrap();
+    assert!(matches!(a.rdd.dealloc(), Err(VerbsError::InUse(_))));
+    e.modify(&EecAttr::new(QpState::Error)).unwrap();
+    e.modify(&EecAttr::new(QpState::Reset)).unwrap();
+    assert_eq!(e.query().unwrap(), EecAttrs::default());
+    e.destroy().unwrap();
+    assert!(e.query().is_err());
+}

@@ -123,8 +123,8 @@ fn eec_rule(from: QpState, to: QpState) -> Option<(EecAttrMask, EecAttrMask)> {
         (_, S::Reset) | (_, S::Error) => (none, none),
         (S::Reset, S::Init) => (M::PKEY_INDEX | M::PORT, none),
         (S::Init, S::Init) => (none, M::PKEY_INDEX | M::PORT),
-        (S::Init, S::Rtr) => (M::AV | M::DEST_EECN | M::RQ_PSN, M::MAX_DEST_RD_ATOMIC | M::PKEY_INDEX),
-        (S::Rtr, S::Rts) => (M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY, M::MAX_RD_ATOMIC),
+        (S::Init, S::Rtr) => (M::AV | M::DEST_EECN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC, M::PKEY_INDEX),
+        (S::Rtr, S::Rts) => (M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_RD_ATOMIC, M::empty()),
         (S::Rts, S::Rts) => (none, M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY),
         (S::Rts, S::Sqd) => (none, none),
         (S::Sqd, S::Rts) | (S::Sqd, S::Sqd) => {
@@ -375,6 +375,9 @@ impl Eec {
             a.av = attr.av;
         }
         a.state = to;
+        if to == QpState::Reset {
+            *a = EecAttrs::default(); // the attributes return to their Reset values
+        }
         let attrs = a.clone();
         core.engine.on_modify(&self.inner, from, &attrs);
         tracing::debug!(eecn = self.inner.eecn, %from, %to, "modify EEC");
