@@ -485,3 +485,68 @@ fn posts_racing_reset_and_destroy() {
     }
     engine.stop();
 }
+
+/// One thread posts receives to an SRQ, two more post Sends to the two QPs that draw from it,
+/// while the engine takes SRQ WQEs on its own thread: every Send succeeds and every receive
+/// completes exactly once, successfully, in SRQ post order (the engine takes and completes a
+/// one-packet Send in one step).
+/// Rule ORD-RQ-1
+#[test]
+fn srq_posted_while_the_engine_takes_from_it() {
+    const SENDS: u64 = 2_000;
+    let (a, ga) = device(10);
+    let (b, gb) = device(11);
+    let engine = Engine::start(&a, &b);
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(8192).unwrap(), b.create_cq(8192).unwrap());
+    let srq = pb.create_srq(&SrqInitAttr { max_wr: 16, max_sge: 1, srq_limit: 0 }).unwrap();
+    let mut senders = Vec::new();
+    for _ in 0..2 {
+        let qa = pa.create_qp(&QpInitAttr::rc(&ca, &ca).max_send_wr(16).sq_sig_all(true)).unwrap();
+        let qb = pb.create_qp(&QpInitAttr::rc(&cb, &cb).max_recv_wr(0).srq(&srq)).unwrap();
+        for (qp, peer, gid) in [(&qa, &qb, gb), (&qb, &qa, ga)] {
+            let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
+            qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+            qp.modify(&QpAttr::to_rtr(av, peer.qp_num()).rq_psn(0).max_dest_rd_atomic(1).min_rnr_timer(1)).unwrap();
+            // An RNR Retry Count of 7 waits for the SRQ poster however long it takes.
+            qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(10).retry_cnt(7).rnr_retry(7).max_rd_atomic(1)).unwrap();
+        }
+        senders.push((qa, qb));
+    }
+    let src = pa.reg_mr(vec![1u8; 64], Access::LOCAL_WRITE).unwrap();
+    let dst = pb.alloc_mr(64, all).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for k in 0..2 * SENDS {
+                loop {
+                    match srq.post_recv(&[RecvWr::new(k, &[dst.sge(0..64)])]) {
+                        Err(e) if e.error == VerbsError::QueueFull => std::thread::yield_now(),
+                        r => break r.unwrap(),
+                    }
+                }
+            }
+        });
+        for (t, (qa, _)) in (0..).zip(&senders) {
+            let src = &src;
+            s.spawn(move || {
+                for k in 0..SENDS {
+                    post_until_room(qa, &[SendWr::send(wr_id(t, k), &[src.sge(0..(k % 64) as usize)])]).unwrap();
+                }
+            });
+        }
+    });
+    let sends = poll_n(&ca, 2 * SENDS as usize);
+    once_each_in_order(&sends, (0..2).flat_map(|t| (0..SENDS).map(move |k| wr_id(t, k))));
+    assert!(sends.iter().all(|wc| wc.status == WcStatus::Success));
+    let recvs = poll_n(&cb, 2 * SENDS as usize);
+    assert!(recvs.iter().all(|wc| wc.status == WcStatus::Success));
+    assert_eq!(recvs.iter().map(|wc| wc.wr_id).collect::<Vec<_>>(), (0..2 * SENDS).collect::<Vec<_>>());
+    assert!(srq.is_empty().unwrap());
+    for (qa, qb) in senders {
+        qa.destroy().unwrap();
+        qb.destroy().unwrap();
+    }
+    srq.destroy().unwrap();
+    engine.stop();
+}

@@ -2,8 +2,8 @@
 //! producer) and the transport engine (the consumer), as in rxe (DESIGN.md, "Lessons from
 //! rxe"): a post fills free slots and publishes them with one store of the producer index, the
 //! engine retires WQEs with one store of the consumer index, and neither side waits for a lock
-//! the other holds while it works. An SRQ is still a [`WorkQueue`] behind its own lock. Slots
-//! are reused in place, so a warmed-up queue never allocates.
+//! the other holds while it works. An SRQ's WQEs are a ring too. Slots are reused in place, so
+//! a warmed-up queue never allocates.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -152,6 +152,10 @@ impl<T> Consumer<T> {
         self.ring.prod.load(Ordering::SeqCst)
     }
 
+    pub fn capacity(&self) -> usize {
+        self.slots().len()
+    }
+
     /// WQEs published and not retired. It may grow between two calls as posts arrive.
     pub fn len(&self) -> usize {
         (self.prod() - self.cons()) as usize
@@ -220,104 +224,9 @@ impl<T> Consumer<T> {
     }
 }
 
-/// A bounded FIFO of WQEs with stable, reusable slots.
-#[derive(Debug)]
-pub(crate) struct WorkQueue<T> {
-    slots: Vec<T>,
-    head: usize,
-    len: usize,
-}
-
-impl<T: Default> WorkQueue<T> {
-    pub fn new(capacity: usize) -> Self {
-        WorkQueue { slots: (0..capacity).map(|_| T::default()).collect(), head: 0, len: 0 }
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.slots.len()
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn free(&self) -> usize {
-        self.capacity() - self.len
-    }
-
-    /// The slot behind the tail, to be filled and then committed with [`WorkQueue::commit`].
-    /// `None` when the queue is full.
-    pub fn next_slot(&mut self) -> Option<&mut T> {
-        if self.len == self.slots.len() {
-            return None;
-        }
-        let i = (self.head + self.len) % self.slots.len();
-        Some(&mut self.slots[i])
-    }
-
-    pub fn commit(&mut self) {
-        debug_assert!(self.len < self.slots.len());
-        self.len += 1;
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Retires the oldest WQE; its slot stays allocated for reuse.
-    pub fn pop(&mut self) -> Option<&T> {
-        if self.len == 0 {
-            return None;
-        }
-        let i = self.head;
-        self.head = (self.head + 1) % self.slots.len();
-        self.len -= 1;
-        Some(&self.slots[i])
-    }
-
-    pub fn clear(&mut self) {
-        self.head = 0;
-        self.len = 0;
-    }
-
-    /// Changes the capacity, keeping the queued WQEs in order. The caller has checked that they
-    /// fit (MOD-GEN-10).
-    pub fn resize(&mut self, capacity: usize) {
-        debug_assert!(capacity >= self.len);
-        let mut slots: Vec<T> = (0..capacity).map(|_| T::default()).collect();
-        for (i, slot) in slots.iter_mut().enumerate().take(self.len) {
-            let j = (self.head + i) % self.slots.len();
-            std::mem::swap(slot, &mut self.slots[j]);
-        }
-        self.slots = slots;
-        self.head = 0;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn work_queue_keeps_fifo_order_across_wrap_and_resize() {
-        let mut q: WorkQueue<u32> = WorkQueue::new(3);
-        for round in 0..5u32 {
-            for k in 0..3 {
-                *q.next_slot().unwrap() = round * 10 + k;
-                q.commit();
-            }
-            assert!(q.next_slot().is_none());
-            assert_eq!(q.pop().copied(), Some(round * 10));
-            *q.next_slot().unwrap() = round * 10 + 3;
-            q.commit();
-            q.resize(5);
-            assert_eq!(q.free(), 2);
-            let got: Vec<u32> = std::iter::from_fn(|| q.pop().copied()).collect();
-            assert_eq!(got, vec![round * 10 + 1, round * 10 + 2, round * 10 + 3]);
-            q.clear();
-            q.resize(3);
-        }
-    }
 
     /// The ring's indices keep counting across wraps and resizes; WQEs stay in post order.
     #[test]
