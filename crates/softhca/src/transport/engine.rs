@@ -174,7 +174,7 @@ impl Context {
         let start = dev.tx_cursor.load(Ordering::Relaxed);
         for (&qpn, qp) in qps.range(start..).chain(qps.range(..start)) {
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
-            if core.destroyed {
+            if qp.destroyed.load(Ordering::Acquire) {
                 continue;
             }
             if let Some(len) = emit_one(qp, &mut core, now, buf) {
@@ -254,7 +254,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
         return false; // PKT-VAL-4
     };
     let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
-    if core.destroyed {
+    if qp.destroyed.load(Ordering::Acquire) {
         return false;
     }
     qp.stats.rx_packets.inc();

@@ -584,10 +584,11 @@ pub(crate) fn deliver(
     let (Some(rdeth), Some(info)) = (p.rdeth, bth.opcode.info()) else { return false };
     let Some(eec) = find_eec(dev, rdeth.ee_cnxt) else { return false };
     let is_request = info.direction == crate::wire::opcode::Direction::Request;
-    let qp = qps.get(&bth.dest_qp).filter(|q| q.qp_type == QpType::Rd);
+    let mut qp = qps.get(&bth.dest_qp).filter(|q| q.qp_type == QpType::Rd);
     let mut core = qp.map(|q| q.core.lock().unwrap_or_else(|e| e.into_inner()));
-    if core.as_ref().is_some_and(|c| c.destroyed) {
-        core = None;
+    // Destroy QP marks the QP while it holds the QP's lock: look only once we hold it.
+    if qp.is_some_and(|q| q.destroyed.load(Ordering::Acquire)) {
+        (qp, core) = (None, None);
     }
     let mut ec = eec.lock();
     if ec.destroyed {

@@ -239,7 +239,9 @@ fn retire_wqe(q: &QpInner, core: &mut QpCore) -> Option<u64> {
     if q.srq.is_some() {
         std::mem::take(&mut core.srq_bound).then_some(core.srq_wqe.wr_id)
     } else {
-        core.rq.pop().map(|w| w.wr_id)
+        let wr_id = core.rq.get(0).map(|w| w.wr_id);
+        core.rq.pop();
+        wr_id
     }
 }
 

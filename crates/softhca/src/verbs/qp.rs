@@ -1,9 +1,30 @@
 //! Queue Pairs: Create, Query, Modify (through the tables of `transport::state`), Destroy, and
 //! Post Send / Post Receive with the posting rules of each state (QPS).
 //!
-//! The QP keeps everything behind one per-QP lock: the consumer's posts and the transport
-//! engine's steps meet there, and nowhere device-wide.
+//! What the transport engine works on (the attributes, the requester and the responder, the
+//! consumer ends of the SQ and the RQ) is behind one per-QP lock, `core`, and nothing
+//! device-wide is taken per QP. Posting does not take `core`: the SQ and the RQ are rings
+//! (`verbs::wq`) whose producer ends have a lock of their own that the engine never takes, and
+//! posters read the QP state from an atomic mirror of `attrs.qp_state`. Locks are always taken
+//! in this order: `core`, the SQ's producer lock, the RQ's producer lock, a CQ's.
+//!
+//! # Posting without `core`
+//!
+//! A post to a queue in a state where WRs queue (RTS, SQD, SQE for the SQ; Init through SQE for
+//! the RQ) holds only the ring's producer lock. The state changes a poster must not straddle
+//! (Modify QP, which may Reset or resize, and Destroy QP) hold `core` and the producer locks
+//! together, so none of them can happen in the middle of a post. The engine holds only `core`
+//! when it moves a QP to Error (or SQE), though, and a WQE published just after its flush read
+//! the producer index would never complete. So a poster publishes (a SeqCst store of the
+//! producer index) and then loads the state (SeqCst), while the engine stores the state
+//! (SeqCst) and then loads the producer index (SeqCst) to flush. In the single total order of
+//! SeqCst operations one of the two loads follows the other side's store: either the flush sees
+//! the WQE, or the poster sees Error and, under `core`, flushes what is left (a flush is
+//! idempotent). A WQE that misses an entry to SQE waits in the SQ for SQE→RTS like one posted a
+//! moment later. Posting in Error takes `core`: it flushes each WR at once, in post order, after
+//! anything a racing poster left (QPS-ERR-3, QPS-ERR-4).
 
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::ah::validate_ah_attr;
@@ -14,7 +35,7 @@ use super::pd::Pd;
 use super::types::{
     Access, AddressVector, AsyncEvent, AsyncEventType, EventElement, MigState, QpState, QpType, Wc, WcOpcode, WcStatus,
 };
-use super::wq::WorkQueue;
+use super::wq::{Consumer, Producer, Ring};
 use super::wr::{sge_total, wr_allowed, RecvWqe, RecvWr, SendFlags, SendWqe, SendWr, WrOpcode};
 use crate::transport::state::{check_modify, AttrMask};
 
@@ -340,10 +361,10 @@ impl QpAttrs {
 }
 
 pub(crate) struct QpCore {
-    pub destroyed: bool,
     pub attrs: QpAttrs,
-    pub sq: WorkQueue<SendWqe>,
-    pub rq: WorkQueue<RecvWqe>,
+    /// The engine's ends of the rings `QpInner::sq_ring` and `QpInner::rq_ring`.
+    pub sq: Consumer<SendWqe>,
+    pub rq: Consumer<RecvWqe>,
     /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
     /// reused so that taking SRQ WQEs does not allocate.
     pub srq_wqe: RecvWqe,
@@ -375,6 +396,19 @@ pub(crate) struct QpInner {
     /// Destroy), so that the EEC, which must not take the QP's lock, sees it is orphaned.
     pub rd_epoch: std::sync::atomic::AtomicU64,
     pub stats: crate::transport::engine::Stats,
+    /// Fixed at creation (Modify QP resizes only the queues), so posters check WRs against
+    /// them without `core`.
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    /// The posting ends of the SQ and the RQ.
+    pub sq_ring: Arc<Ring<SendWqe>>,
+    pub rq_ring: Arc<Ring<RecvWqe>>,
+    /// `core.attrs.qp_state` as a `QpState` discriminant, for posters; stored only with `core`
+    /// held, right after the state changes.
+    state: AtomicU8,
+    /// Set by Destroy QP, with `core` and both producer locks held.
+    pub destroyed: AtomicBool,
     pub core: Mutex<QpCore>,
 }
 
@@ -472,10 +506,10 @@ impl Context {
             }
         }
         let max_sge = cap.max_send_sge.max(1) as usize;
-        let sq = WorkQueue::with_slots(cap.max_send_wr as usize, |w: &mut SendWqe| w.sges.reserve(max_sge));
+        let (sq_ring, sq) = Ring::with_slots(cap.max_send_wr as usize, |w: &mut SendWqe| w.sges.reserve(max_sge));
         let rq_len = if init.srq.is_some() { 0 } else { cap.max_recv_wr as usize };
         let max_recv_sge = cap.max_recv_sge.max(1) as usize;
-        let rq = WorkQueue::with_slots(rq_len, |w: &mut RecvWqe| w.sges.reserve(max_recv_sge));
+        let (rq_ring, rq) = Ring::with_slots(rq_len, |w: &mut RecvWqe| w.sges.reserve(max_recv_sge));
         let qpn = self.inner.alloc_qpn();
         let inner = Arc::new(QpInner {
             qpn,
@@ -489,8 +523,14 @@ impl Context {
             rdd,
             rd_epoch: Default::default(),
             stats: Default::default(),
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+            sq_ring,
+            rq_ring,
+            state: AtomicU8::new(QpState::Reset as u8),
+            destroyed: AtomicBool::new(false),
             core: Mutex::new(QpCore {
-                destroyed: false,
                 attrs: QpAttrs::reset(cap),
                 sq,
                 rq,
@@ -514,6 +554,11 @@ impl Pd {
     pub fn create_qp(&self, init: &QpInitAttr) -> Result<Qp> {
         self.context().create_qp(self, init)
     }
+}
+
+/// Tags an error of a post with the index of the WR it concerns.
+fn at(index: usize) -> impl Fn(VerbsError) -> PostError {
+    move |error| PostError { index, error }
 }
 
 /// Posts one CQE for a WQE that did not execute. Error CQEs are solicited events (EVT-SOL-2,
@@ -545,10 +590,46 @@ impl QpInner {
     pub fn lock(&self) -> Result<MutexGuard<'_, QpCore>> {
         self.dev.check_open()?;
         let core = self.core.lock().unwrap_or_else(|e| e.into_inner());
-        if core.destroyed {
+        if self.destroyed.load(Ordering::Acquire) {
             return Err(VerbsError::InvalidQpHandle);
         }
         Ok(core)
+    }
+
+    /// `core` and both producer locks, in the one order (module doc): for the verbs that change
+    /// what a post may do.
+    fn exclusive(&self) -> Result<(MutexGuard<'_, QpCore>, Producer<'_, SendWqe>, Producer<'_, RecvWqe>)> {
+        let core = self.lock()?;
+        Ok((core, self.sq_ring.producer(), self.rq_ring.producer()))
+    }
+
+    /// The state as a poster sees it, without `core`.
+    fn posted_state(&self) -> QpState {
+        // SeqCst: the poster's half of the handshake in the module doc.
+        let s = self.state.load(Ordering::SeqCst);
+        QpState::ALL.get(s as usize).copied().unwrap_or(QpState::Error)
+    }
+
+    /// Makes `core.attrs.qp_state` visible to posters. It must come before any flush that
+    /// follows the change: the engine's half of the handshake in the module doc.
+    fn mirror_state(&self, core: &QpCore) {
+        self.state.store(core.attrs.qp_state as u8, Ordering::SeqCst);
+    }
+
+    /// The end of a post that published through `producer`: the engine may have moved the QP
+    /// to Error since the poster read the state, and its flush may have missed what was just
+    /// published (module doc), so `flush` (under `core`) takes whatever is left. Nothing to do
+    /// if a Reset or a Destroy discarded it first.
+    fn finish_post<T>(&self, producer: Producer<'_, T>, flush: impl FnOnce(&Self, &mut QpCore)) {
+        let raced = self.posted_state() == QpState::Error;
+        drop(producer);
+        if !raced {
+            return;
+        }
+        let Ok(mut core) = self.lock() else { return };
+        if core.attrs.qp_state == QpState::Error {
+            flush(self, &mut core);
+        }
     }
 
     /// Flushes every outstanding WQE of both queues, each queue in post order (ERR-FLUSH-1,
@@ -560,9 +641,7 @@ impl QpInner {
         core.req.started = 0;
         core.req.cursor = 0;
         core.req.cursor_off = 0;
-        while let Some(w) = core.rq.pop() {
-            flush_cqe(&self.recv_cq, self.qpn, w.wr_id, WcOpcode::Recv);
-        }
+        self.flush_rq(core);
         if std::mem::take(&mut core.srq_bound) {
             flush_cqe(&self.recv_cq, self.qpn, core.srq_wqe.wr_id, WcOpcode::Recv);
         }
@@ -574,8 +653,19 @@ impl QpInner {
         if core.rd.active.take().is_some() {
             self.rd_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
-        while let Some(w) = core.sq.pop() {
-            flush_cqe(&self.send_cq, self.qpn, w.wr_id, wc_opcode_of(w.opcode));
+        while let Some(w) = core.sq.get(0) {
+            let (wr_id, opcode) = (w.wr_id, wc_opcode_of(w.opcode));
+            core.sq.pop();
+            flush_cqe(&self.send_cq, self.qpn, wr_id, opcode);
+        }
+    }
+
+    /// Flushes every RQ WQE, in post order.
+    fn flush_rq(&self, core: &mut QpCore) {
+        while let Some(w) = core.rq.get(0) {
+            let wr_id = w.wr_id;
+            core.rq.pop();
+            flush_cqe(&self.recv_cq, self.qpn, wr_id, WcOpcode::Recv);
         }
     }
 
@@ -731,6 +821,7 @@ impl QpInner {
             tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → Error");
         }
         core.attrs.qp_state = QpState::Error;
+        self.mirror_state(core);
         core.attrs.sq_draining = false;
         core.sqd_event_pending = false;
         core.req.ack_deadline = None;
@@ -738,8 +829,8 @@ impl QpInner {
         if flush {
             self.flush_all(core);
         } else {
-            core.sq.clear();
-            core.rq.clear();
+            core.sq.discard();
+            core.rq.discard();
             core.srq_bound = false;
             core.req.started = 0;
             core.req.cursor = 0;
@@ -765,6 +856,7 @@ impl QpInner {
     pub fn enter_sqe(&self, core: &mut QpCore) {
         tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → SQE");
         core.attrs.qp_state = QpState::Sqe;
+        self.mirror_state(core);
         core.attrs.sq_draining = false;
         core.sqd_event_pending = false;
         self.flush_sq(core);
@@ -826,7 +918,9 @@ impl Qp {
 
     fn modify_locked(&self, attr: &QpAttr) -> Result<()> {
         let q = &self.inner;
-        let mut core = q.lock()?;
+        // Posters wait until the change is complete: none may publish into a queue that a
+        // Reset is discarding or a resize is moving, nor post in a state that no longer holds.
+        let (mut core, mut sq, mut rq) = q.exclusive()?;
         let from = core.attrs.qp_state;
         let to = attr.qp_state;
         let supplied = attr.mask(q.qp_type)?;
@@ -849,8 +943,8 @@ impl Qp {
                 // QPS-RESET-5..7: discard both queues without CQEs and take this QP's CQEs
                 // off its CQs; the attributes return to their Reset values.
                 crate::transport::rd::release(q, &mut core, false);
-                core.sq.clear();
-                core.rq.clear();
+                core.sq.discard();
+                core.rq.discard();
                 core.srq_bound = false;
                 core.req = Default::default();
                 core.resp = Default::default();
@@ -859,10 +953,12 @@ impl Qp {
                 q.recv_cq.purge_qp(q.qpn);
                 let cap = core.attrs.cap;
                 core.attrs = QpAttrs::reset(cap);
+                q.mirror_state(&core);
             }
             QpState::Error => {
                 next.sq_draining = false;
                 core.attrs = next;
+                q.mirror_state(&core);
                 core.sqd_event_pending = false;
                 core.resp.out.clear();
                 core.req.ack_deadline = None;
@@ -871,8 +967,8 @@ impl Qp {
             }
             _ => {
                 if let Some(sizes) = attr.cap {
-                    core.sq.resize(sizes.max_send_wr as usize);
-                    core.rq.resize(sizes.max_recv_wr as usize);
+                    core.sq.resize(&mut sq, sizes.max_send_wr as usize);
+                    core.rq.resize(&mut rq, sizes.max_recv_wr as usize);
                 }
                 if from == QpState::Rts && to == QpState::Sqd {
                     next.sq_draining = core.req.started > 0;
@@ -888,11 +984,12 @@ impl Qp {
                     _ => {}
                 }
                 core.attrs = next;
+                q.mirror_state(&core);
                 q.check_drained(&mut core);
             }
         }
         tracing::debug!(qpn = q.qpn, %from, %to, ?supplied, "modify QP");
-        drop(core);
+        drop((rq, sq, core));
         q.dev.ring();
         Ok(())
     }
@@ -905,36 +1002,78 @@ impl Qp {
 
     fn post_send_locked(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let q = &self.inner;
-        let at = |index: usize| move |error: VerbsError| PostError { index, error };
-        let mut core = q.lock().map_err(at(0))?;
-        let state = core.attrs.qp_state;
-        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(at(0)(VerbsError::InvalidQpState)); // QPS-RESET-2, QPS-INIT-3, QPS-RTR-4
+        q.dev.check_open().map_err(at(0))?;
+        let mut sq = q.sq_ring.producer();
+        if q.destroyed.load(Ordering::Acquire) {
+            return Err(at(0)(VerbsError::InvalidQpHandle));
         }
-        let free = core.sq.free();
-        for (i, wr) in wrs.iter().enumerate() {
-            self.check_send_wr(&core, wr).map_err(at(i))?;
-            if state != QpState::Error && i >= free {
-                return Err(at(i)(VerbsError::QueueFull));
-            }
+        let state = q.posted_state();
+        if state == QpState::Error {
+            drop(sq);
+            return self.post_send_with_core(wrs);
         }
-        for wr in wrs {
-            if state == QpState::Error {
-                flush_cqe(&q.send_cq, q.qpn, wr.wr_id, wc_opcode_of(wr.opcode));
-                continue;
-            }
-            let Some(slot) = core.sq.next_slot() else {
-                break;
-            };
-            fill_send_wqe(q, slot, wr);
-            core.sq.commit();
-        }
-        drop(core);
+        self.queue_send(state, &mut sq, wrs)?;
+        q.finish_post(sq, |q, core| q.flush_sq(core));
         q.dev.ring();
         Ok(())
     }
 
-    fn check_send_wr(&self, core: &QpCore, wr: &SendWr<'_>) -> Result<()> {
+    /// Post Send holding `core`, where the state cannot change under it: for posting in Error.
+    fn post_send_with_core(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let q = &self.inner;
+        let mut core = q.lock().map_err(at(0))?;
+        let mut sq = q.sq_ring.producer();
+        let state = core.attrs.qp_state;
+        if state == QpState::Error {
+            self.check_sends(wrs, None)?;
+            q.flush_sq(&mut core);
+            for wr in wrs {
+                flush_cqe(&q.send_cq, q.qpn, wr.wr_id, wc_opcode_of(wr.opcode));
+            }
+        } else {
+            // Out of Error again (a Reset and back) since the state was first read.
+            self.queue_send(state, &mut sq, wrs)?;
+        }
+        drop((sq, core));
+        q.dev.ring();
+        Ok(())
+    }
+
+    /// Checks every WR, then fills and publishes them all, in a state other than Error.
+    fn queue_send(
+        &self,
+        state: QpState,
+        sq: &mut Producer<'_, SendWqe>,
+        wrs: &[SendWr<'_>],
+    ) -> std::result::Result<(), PostError> {
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(at(0)(VerbsError::InvalidQpState)); // QPS-RESET-2, QPS-INIT-3, QPS-RTR-4
+        }
+        self.check_sends(wrs, Some(sq.free()))?;
+        for wr in wrs {
+            let Some(slot) = sq.next_slot() else {
+                break;
+            };
+            fill_send_wqe(&self.inner, slot, wr);
+            sq.commit();
+        }
+        sq.publish();
+        Ok(())
+    }
+
+    /// Checks each WR in turn, and that it fits when `free` slots are left (none are needed
+    /// in Error): the first failure names its WR.
+    fn check_sends(&self, wrs: &[SendWr<'_>], free: Option<usize>) -> std::result::Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.check_send_wr(wr).map_err(at(i))?;
+            if free.is_some_and(|free| i >= free) {
+                return Err(at(i)(VerbsError::QueueFull));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_send_wr(&self, wr: &SendWr<'_>) -> Result<()> {
         let q = &self.inner;
         if !wr_allowed(q.qp_type, wr.opcode) {
             return Err(VerbsError::InvalidWrType);
@@ -946,10 +1085,10 @@ impl Qp {
             return Err(VerbsError::InvalidWr("a Bind MW work request needs its window and region"));
         }
         let inline = wr.send_flags.contains(SendFlags::INLINE) && wr.opcode.gathers();
-        if inline_bytes(wr).is_none() && wr.sg_list.len() > core.attrs.cap.max_send_sge as usize {
+        if inline_bytes(wr).is_none() && wr.sg_list.len() > q.max_send_sge as usize {
             return Err(VerbsError::MaxSgeExceeded);
         }
-        if inline && wr_length(wr) > core.attrs.cap.max_inline_data as u64 {
+        if inline && wr_length(wr) > q.max_inline_data as u64 {
             return Err(VerbsError::InvalidWr("inline data above max_inline_data"));
         }
         let length = wr_length(wr);
@@ -983,35 +1122,73 @@ impl Qp {
 
     fn post_recv_locked(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let q = &self.inner;
-        let at = |index: usize| move |error: VerbsError| PostError { index, error };
-        let mut core = q.lock().map_err(at(0))?;
-        let state = core.attrs.qp_state;
-        if state == QpState::Reset {
-            return Err(at(0)(VerbsError::InvalidQpState));
+        q.dev.check_open().map_err(at(0))?;
+        let mut rq = q.rq_ring.producer();
+        if q.destroyed.load(Ordering::Acquire) {
+            return Err(at(0)(VerbsError::InvalidQpHandle));
         }
-        if q.srq.is_some() {
+        let state = q.posted_state();
+        if state == QpState::Error {
+            drop(rq);
+            return self.post_recv_with_core(wrs);
+        }
+        self.queue_recv(state, &mut rq, wrs)?;
+        q.finish_post(rq, |q, core| q.flush_rq(core));
+        q.dev.ring();
+        Ok(())
+    }
+
+    /// Post Receive holding `core`: for posting in Error.
+    fn post_recv_with_core(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let q = &self.inner;
+        let mut core = q.lock().map_err(at(0))?;
+        let mut rq = q.rq_ring.producer();
+        let state = core.attrs.qp_state;
+        if state == QpState::Error {
+            self.check_recvs(wrs, None)?;
+            q.flush_rq(&mut core);
+            for wr in wrs {
+                flush_cqe(&q.recv_cq, q.qpn, wr.wr_id, WcOpcode::Recv);
+            }
+        } else {
+            self.queue_recv(state, &mut rq, wrs)?;
+        }
+        drop((rq, core));
+        q.dev.ring();
+        Ok(())
+    }
+
+    /// Like [`Qp::check_sends`], for receives; a QP on an SRQ takes none.
+    fn check_recvs(&self, wrs: &[RecvWr<'_>], free: Option<usize>) -> std::result::Result<(), PostError> {
+        if self.inner.srq.is_some() {
             return Err(at(0)(VerbsError::InvalidWr("the QP receives through an SRQ")));
         }
-        let free = core.rq.free();
         for (i, wr) in wrs.iter().enumerate() {
-            wr.check(core.attrs.cap.max_recv_sge).map_err(at(i))?;
-            if state != QpState::Error && i >= free {
+            wr.check(self.inner.max_recv_sge).map_err(at(i))?;
+            if free.is_some_and(|free| i >= free) {
                 return Err(at(i)(VerbsError::QueueFull));
             }
         }
-        for wr in wrs {
-            if state == QpState::Error {
-                flush_cqe(&q.recv_cq, q.qpn, wr.wr_id, WcOpcode::Recv);
-                continue;
-            }
-            let Some(slot) = core.rq.next_slot() else {
-                break;
-            };
-            slot.fill(wr.wr_id, wr.sg_list);
-            core.rq.commit();
+        Ok(())
+    }
+
+    /// Checks every WR, then fills and publishes them all, in a state other than Error.
+    fn queue_recv(
+        &self,
+        state: QpState,
+        rq: &mut Producer<'_, RecvWqe>,
+        wrs: &[RecvWr<'_>],
+    ) -> std::result::Result<(), PostError> {
+        if state == QpState::Reset {
+            return Err(at(0)(VerbsError::InvalidQpState));
         }
-        drop(core);
-        q.dev.ring();
+        self.check_recvs(wrs, Some(rq.free()))?;
+        for wr in wrs {
+            let Some(slot) = rq.next_slot() else { break };
+            slot.fill(wr.wr_id, wr.sg_list);
+            rq.commit();
+        }
+        rq.publish();
         Ok(())
     }
 
@@ -1055,12 +1232,12 @@ impl Qp {
     /// already on the CQs stay there to be polled.
     pub fn destroy(&self) -> Result<()> {
         let q = &self.inner;
-        let mut core = q.lock()?;
-        core.destroyed = true;
+        let (mut core, sq, rq) = q.exclusive()?;
+        q.destroyed.store(true, Ordering::Release);
         crate::transport::rd::release(q, &mut core, false);
-        core.sq.clear();
-        core.rq.clear();
-        drop(core);
+        core.sq.discard();
+        core.rq.discard();
+        drop((rq, sq, core));
         q.dev.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
         q.send_cq.detach();
         q.recv_cq.detach();
@@ -1145,4 +1322,77 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
         length: b.length,
         access: b.access,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::device::DeviceConfig;
+    use crate::verbs::types::{AhAttr, Gid, Mtu};
+
+    /// An RC QP in RTS (connected to itself; nothing is sent) and its one CQ.
+    fn rts_qp(n: u8) -> (Qp, Cq) {
+        let gid = Gid::from_ipv4([127, 1, 8, n].into());
+        let ctx = Context::create(DeviceConfig::default().name(format!("qp-unit{n}")).gid0(gid).seed(1)).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+        let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::REMOTE_WRITE)).unwrap();
+        qp.modify(&QpAttr::to_rtr(av, qp.qp_num()).rq_psn(0).max_dest_rd_atomic(1).min_rnr_timer(1)).unwrap();
+        qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(10).retry_cnt(7).rnr_retry(7).max_rd_atomic(1)).unwrap();
+        (qp, cq)
+    }
+
+    /// The two interleavings of the handshake in the module doc, made one step at a time with
+    /// the functions a post runs: the engine moves the QP to Error (holding only `core`) either
+    /// between the poster's load of the state and its publish, so that its flush misses the
+    /// WQE, or after the publish, so that it flushes the WQE itself. Either way the WQE
+    /// completes, flushed, exactly once, on the SQ and on the RQ alike.
+    /// Rule QPS-ERR-3, QPS-ERR-4, ERR-FLUSH-1
+    #[test]
+    fn a_wqe_published_as_the_engine_enters_error_is_flushed_once() {
+        for (n, engine_first) in [(1, true), (2, false)] {
+            let (qp, cq) = rts_qp(n);
+            let q = &qp.inner;
+            // The engine's step. Taking `core` while a producer lock is held breaks the lock
+            // order, which is harmless here: nothing runs on another thread.
+            let enter_error = || q.enter_error(&mut q.lock().unwrap(), true);
+
+            let mut sq = q.sq_ring.producer();
+            let state = q.posted_state();
+            assert_eq!(state, QpState::Rts);
+            if engine_first {
+                enter_error();
+            }
+            qp.queue_send(state, &mut sq, &[SendWr::send_inline(7, b"x")]).unwrap();
+            if !engine_first {
+                enter_error();
+            }
+            q.finish_post(sq, |q, core| q.flush_sq(core));
+            let wc = cq.poll_one().unwrap().unwrap();
+            assert_eq!((wc.wr_id, wc.status, wc.opcode), (7, WcStatus::WrFlushErr, WcOpcode::Send));
+            assert_eq!(cq.poll_one().unwrap(), None);
+
+            // Again on the RQ, of a QP already in Error: back to RTS first.
+            for to in [QpAttr::to_reset(), QpAttr::to_init().port(1).pkey_index(0).access(Access::REMOTE_WRITE)] {
+                qp.modify(&to).unwrap();
+            }
+            let mut rq = q.rq_ring.producer();
+            let state = q.posted_state();
+            assert_eq!(state, QpState::Init);
+            if engine_first {
+                enter_error();
+            }
+            qp.queue_recv(state, &mut rq, &[RecvWr::new(8, &[])]).unwrap();
+            if !engine_first {
+                enter_error();
+            }
+            q.finish_post(rq, |q, core| q.flush_rq(core));
+            let wc = cq.poll_one().unwrap().unwrap();
+            assert_eq!((wc.wr_id, wc.status, wc.opcode), (8, WcStatus::WrFlushErr, WcOpcode::Recv));
+            assert_eq!(cq.poll_one().unwrap(), None);
+            assert_eq!(qp.outstanding().unwrap(), (0, 0));
+        }
+    }
 }

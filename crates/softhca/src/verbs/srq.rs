@@ -1,13 +1,19 @@
 //! Shared Receive Queues: one pool of receive WQEs for many QPs, with the SRQ limit event
 //! (EVT-SRQ-1, EVT-SRQ-2).
+//!
+//! The WQEs are a ring (`verbs::wq`) like a QP's RQ: Post SRQ Receive takes only the ring's
+//! producer lock; the engines of the QPs that share the SRQ take WQEs from the consumer end,
+//! under the SRQ's own lock, which posters never take. Modify SRQ and Destroy SRQ hold both,
+//! the SRQ's lock first.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::device::{give, take, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
 use super::types::{AsyncEvent, AsyncEventType, EventElement};
-use super::wq::WorkQueue;
+use super::wq::{Consumer, Producer, Ring};
 use super::wr::{RecvWqe, RecvWr};
 
 /// Create SRQ input (`ibv_srq_init_attr`).
@@ -34,17 +40,22 @@ pub struct SrqAttr {
 }
 
 pub(crate) struct SrqCore {
-    rq: WorkQueue<RecvWqe>,
-    max_sge: u32,
+    /// The consumer end of `SrqInner::ring`.
+    rq: Consumer<RecvWqe>,
     limit: u32,
     qps: u32,
-    destroyed: bool,
 }
 
 pub(crate) struct SrqInner {
     pub handle: u32,
     pub pd: Pd,
     pub dev: Arc<DeviceInner>,
+    /// Fixed at creation.
+    max_sge: u32,
+    /// The posting end.
+    ring: Arc<Ring<RecvWqe>>,
+    /// Set by Destroy SRQ, with both ends held.
+    destroyed: AtomicBool,
     core: Mutex<SrqCore>,
 }
 
@@ -79,18 +90,17 @@ impl Pd {
             give(&dev.counts.srq);
             return Err(e);
         }
+        let max_sge = init.max_sge.max(1) as usize;
+        let (ring, rq) = Ring::with_slots(init.max_wr as usize, |w: &mut RecvWqe| w.sges.reserve(max_sge));
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 handle: dev.new_handle(),
                 pd: self.clone(),
                 dev: dev.clone(),
-                core: Mutex::new(SrqCore {
-                    rq: WorkQueue::new(init.max_wr as usize),
-                    max_sge: init.max_sge,
-                    limit: init.srq_limit,
-                    qps: 0,
-                    destroyed: false,
-                }),
+                max_sge: init.max_sge,
+                ring,
+                destroyed: AtomicBool::new(false),
+                core: Mutex::new(SrqCore { rq, limit: init.srq_limit, qps: 0 }),
             }),
         })
     }
@@ -101,24 +111,41 @@ impl Srq {
         self.inner.handle
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, SrqCore>> {
+    fn check(&self) -> Result<()> {
         self.inner.dev.check_open()?;
-        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        if core.destroyed {
+        if self.inner.destroyed.load(Ordering::Acquire) {
             return Err(VerbsError::InvalidArgument("destroyed SRQ"));
         }
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, SrqCore>> {
+        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+        self.check()?;
         Ok(core)
+    }
+
+    /// The consumer end for a QP's engine, unless the SRQ is destroyed.
+    fn consumer(&self) -> Option<MutexGuard<'_, SrqCore>> {
+        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+        (!self.inner.destroyed.load(Ordering::Acquire)).then_some(core)
+    }
+
+    /// Both ends, in the one order: the SRQ's lock, then the producer lock.
+    fn exclusive(&self) -> Result<(MutexGuard<'_, SrqCore>, Producer<'_, RecvWqe>)> {
+        let core = self.lock()?;
+        Ok((core, self.inner.ring.producer()))
     }
 
     /// Query SRQ.
     pub fn query(&self) -> Result<SrqAttr> {
         let c = self.lock()?;
-        Ok(SrqAttr { max_wr: c.rq.capacity() as u32, max_sge: c.max_sge, srq_limit: c.limit })
+        Ok(SrqAttr { max_wr: c.rq.capacity() as u32, max_sge: self.inner.max_sge, srq_limit: c.limit })
     }
 
     /// Modify SRQ: arm the limit (0 disarms it), and optionally resize.
     pub fn modify(&self, max_wr: Option<u32>, srq_limit: Option<u32>) -> Result<()> {
-        let mut c = self.lock()?;
+        let (mut c, mut p) = self.exclusive()?;
         let size = max_wr.unwrap_or(c.rq.capacity() as u32);
         if size == 0 || size > self.inner.dev.attr.max_srq_wr {
             return Err(VerbsError::MaxWrExceeded);
@@ -131,29 +158,31 @@ impl Srq {
             return Err(VerbsError::InvalidArgument("SRQ limit above its size"));
         }
         if max_wr.is_some() {
-            c.rq.resize(size as usize);
+            c.rq.resize(&mut p, size as usize);
         }
         c.limit = limit;
         Ok(())
     }
 
-    /// Post SRQ Receive: all or none, like `Qp::post_recv`.
+    /// Post SRQ Receive: all or none, like `Qp::post_recv`. Takes only the producer lock.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let at = |index: usize| move |error: VerbsError| PostError { index, error };
-        let mut c = self.lock().map_err(at(0))?;
-        let free = c.rq.free();
+        let mut p = self.inner.ring.producer();
+        self.check().map_err(at(0))?;
+        let free = p.free();
         for (i, wr) in wrs.iter().enumerate() {
-            wr.check(c.max_sge).map_err(at(i))?;
+            wr.check(self.inner.max_sge).map_err(at(i))?;
             if i >= free {
                 return Err(at(i)(VerbsError::QueueFull));
             }
         }
         for wr in wrs {
-            let Some(slot) = c.rq.next_slot() else { break };
+            let Some(slot) = p.next_slot() else { break };
             slot.fill(wr.wr_id, wr.sg_list);
-            c.rq.commit();
+            p.commit();
         }
-        drop(c);
+        p.publish();
+        drop(p);
         self.inner.dev.ring();
         Ok(())
     }
@@ -169,13 +198,13 @@ impl Srq {
 
     /// Destroy SRQ; `InUse` while a QP uses it.
     pub fn destroy(&self) -> Result<()> {
-        let mut c = self.lock()?;
+        let (mut c, p) = self.exclusive()?;
         if c.qps > 0 {
             return Err(VerbsError::InUse("shared receive queue has QPs"));
         }
-        c.destroyed = true;
-        c.rq.clear();
-        drop(c);
+        self.inner.destroyed.store(true, Ordering::Release);
+        c.rq.discard();
+        drop((p, c));
         self.inner.pd.inner.release();
         give(&self.inner.dev.counts.srq);
         Ok(())
@@ -192,19 +221,17 @@ impl Srq {
     }
 
     pub(crate) fn has_wqe(&self) -> bool {
-        self.inner.core.lock().is_ok_and(|c| !c.destroyed && !c.rq.is_empty())
+        self.consumer().is_some_and(|c| !c.rq.is_empty())
     }
 
     /// Takes the head WQE for a QP's inbound message. Leaving fewer than an armed limit raises
     /// SRQ Limit Reached once and disarms the limit.
     pub(crate) fn take_into(&self, slot: &mut RecvWqe) -> bool {
         let fire = {
-            let mut c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-            if c.destroyed {
-                return false;
-            }
-            let Some(w) = c.rq.pop() else { return false };
+            let Some(mut c) = self.consumer() else { return false };
+            let Some(w) = c.rq.get(0) else { return false };
             slot.fill(w.wr_id, &w.sges);
+            c.rq.pop();
             let fire = c.limit > 0 && (c.rq.len() as u32) < c.limit;
             if fire {
                 c.limit = 0;

@@ -1,95 +1,226 @@
-//! A work queue: a fixed ring of reusable WQE slots. Posting fills the next free slot in
-//! place, so a warmed-up queue never allocates.
+//! Work queues. A QP's SQ and RQ are [`Ring`]s between the posting application (the
+//! producer) and the transport engine (the consumer), as in rxe (DESIGN.md, "Lessons from
+//! rxe"): a post fills free slots and publishes them with one store of the producer index, the
+//! engine retires WQEs with one store of the consumer index, and neither side waits for a lock
+//! the other holds while it works. An SRQ's WQEs are a ring too. Slots are reused in place, so
+//! a warmed-up queue never allocates.
 
-/// A bounded FIFO of WQEs with stable, reusable slots.
-#[derive(Debug)]
-pub(crate) struct WorkQueue<T> {
-    slots: Vec<T>,
-    head: usize,
-    len: usize,
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The shared part of a ring. WR number `n` (counted from 0 since creation) lives in slot
+/// `n % capacity`; the counters are 64-bit so that they never wrap in practice, which lets the
+/// capacity be exactly what the consumer asked for rather than a power of two.
+///
+/// Who touches what:
+/// - slots of WRs in `[cons, prod)` belong to the one [`Consumer`];
+/// - slots of WRs in `[prod, cons + capacity)` belong to the [`Producer`] holding `producer`;
+/// - the slot array itself is replaced only by [`Consumer::resize`], which holds both.
+pub(crate) struct Ring<T> {
+    slots: UnsafeCell<Box<[UnsafeCell<T>]>>,
+    /// WRs published. Only a `Producer` stores it.
+    prod: AtomicU64,
+    /// WQEs retired. Only the `Consumer` stores it.
+    cons: AtomicU64,
+    /// Serializes producers. The consumer takes it only to rework both ends (resize), and then
+    /// after its owner's lock, never the other way round.
+    producer: Mutex<()>,
 }
 
-impl<T: Default> WorkQueue<T> {
-    pub fn new(capacity: usize) -> Self {
-        WorkQueue { slots: (0..capacity).map(|_| T::default()).collect(), head: 0, len: 0 }
+// SAFETY: a slot is handed out (as `&T` or `&mut T`) only by the side that owns its WR number
+// under the rules above: the producer writes free slots and publishes them with a SeqCst (hence
+// Release) store of `prod`, which the consumer loads (SeqCst, hence Acquire) before touching
+// them; the consumer retires slots with a Release store of `cons`, which the producer loads with
+// Acquire before reusing them. So no slot is ever accessed from two threads without a
+// happens-before edge between the accesses. Values move between threads (T: Send), and a
+// shared `&Consumer` may hand out `&T` on several threads at once (T: Sync).
+unsafe impl<T: Send + Sync> Sync for Ring<T> {}
+
+impl<T> Ring<T> {
+    /// A ring of `capacity` slots that `prepare` has readied (e.g. reserved their SGE lists),
+    /// so that the first use of a slot does not allocate either, and its one consumer.
+    pub fn with_slots(capacity: usize, mut prepare: impl FnMut(&mut T)) -> (Arc<Ring<T>>, Consumer<T>)
+    where
+        T: Default,
+    {
+        let slots: Box<[UnsafeCell<T>]> = (0..capacity)
+            .map(|_| {
+                let mut t = T::default();
+                prepare(&mut t);
+                UnsafeCell::new(t)
+            })
+            .collect();
+        let ring = Arc::new(Ring {
+            slots: UnsafeCell::new(slots),
+            prod: AtomicU64::new(0),
+            cons: AtomicU64::new(0),
+            producer: Mutex::new(()),
+        });
+        (ring.clone(), Consumer { ring })
     }
 
-    /// A queue whose slots `prepare` has readied (e.g. reserved their SGE lists), so that the
-    /// first use of a slot does not allocate either.
-    pub fn with_slots(capacity: usize, prepare: impl FnMut(&mut T)) -> Self {
-        let mut q = Self::new(capacity);
-        q.slots.iter_mut().for_each(prepare);
-        q
+    /// The producer side, for posting: waits only for other producers (and for a resize).
+    pub fn producer(&self) -> Producer<'_, T> {
+        Producer { ring: self, _lock: self.producer.lock().unwrap_or_else(|e| e.into_inner()), staged: 0 }
+    }
+}
+
+/// Slot of WR number `n` in a ring of `cap` slots; `cap > 0` whenever a WR exists.
+fn index(n: u64, cap: usize) -> usize {
+    (n % cap as u64) as usize
+}
+
+/// The posting side of a ring, while its lock is held. Slots filled with
+/// [`Producer::next_slot`] and [`Producer::commit`] become visible to the consumer all at once,
+/// at [`Producer::publish`].
+pub(crate) struct Producer<'a, T> {
+    ring: &'a Ring<T>,
+    _lock: MutexGuard<'a, ()>,
+    /// Slots committed since the last publish.
+    staged: u64,
+}
+
+impl<T> Producer<'_, T> {
+    fn slots(&self) -> &[UnsafeCell<T>] {
+        // SAFETY: the box is replaced only by `Consumer::resize`, which holds the producer lock,
+        // and we hold it.
+        unsafe { &*self.ring.slots.get() }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.slots.len()
+    /// The next WR number to fill.
+    fn next(&self) -> u64 {
+        // Relaxed: only producers store `prod`, and they hold the lock we hold.
+        self.ring.prod.load(Ordering::Relaxed) + self.staged
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
+    /// Slots free to fill: never fewer than a moment ago, as the consumer only retires.
     pub fn free(&self) -> usize {
-        self.capacity() - self.len
+        let cons = self.ring.cons.load(Ordering::Acquire);
+        self.slots().len() - (self.next() - cons) as usize
     }
 
-    /// The slot behind the tail, to be filled and then committed with [`WorkQueue::commit`].
-    /// `None` when the queue is full.
+    /// The slot behind the last one committed, to be filled and then committed. `None` when
+    /// the ring is full.
     pub fn next_slot(&mut self) -> Option<&mut T> {
-        if self.len == self.slots.len() {
+        if self.free() == 0 {
             return None;
         }
-        let i = (self.head + self.len) % self.slots.len();
-        Some(&mut self.slots[i])
+        let slots = self.slots();
+        let slot = &slots[index(self.next(), slots.len())];
+        // SAFETY: WR number `next` is in [prod, cons + capacity) (free > 0, and the Acquire
+        // load of `cons` in `free` ordered the consumer's last use of this slot before us), so
+        // the slot is ours alone while we hold the lock; `&mut self` keeps this the only
+        // reference we hand out.
+        Some(unsafe { &mut *slot.get() })
     }
 
     pub fn commit(&mut self) {
-        debug_assert!(self.len < self.slots.len());
-        self.len += 1;
+        debug_assert!(self.free() > 0);
+        self.staged += 1;
+    }
+
+    /// Makes every committed slot visible to the consumer. SeqCst rather than Release: a QP's
+    /// poster loads the QP state after this store while the engine stores the state before it
+    /// loads `prod`, and one of the two must see the other (`verbs::qp`, "posting").
+    pub fn publish(&mut self) {
+        self.ring.prod.store(self.next(), Ordering::SeqCst);
+        self.staged = 0;
+    }
+}
+
+/// The engine's side of a ring: the only one, kept under its owner's lock (a QP's core).
+pub(crate) struct Consumer<T> {
+    ring: Arc<Ring<T>>,
+}
+
+impl<T> Consumer<T> {
+    fn slots(&self) -> &[UnsafeCell<T>] {
+        // SAFETY: the box is replaced only by `resize`, which takes `&mut self`; no `&self`
+        // borrow (and so no slice from here) can be alive then.
+        unsafe { &*self.ring.slots.get() }
+    }
+
+    fn cons(&self) -> u64 {
+        // Relaxed: only this consumer stores `cons`.
+        self.ring.cons.load(Ordering::Relaxed)
+    }
+
+    fn prod(&self) -> u64 {
+        // SeqCst: when the engine flushes a QP, this load follows its SeqCst store of the QP
+        // state, against the poster's SeqCst publish and load of the state (`verbs::qp`).
+        self.ring.prod.load(Ordering::SeqCst)
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.slots().len()
+    }
+
+    /// WQEs published and not retired. It may grow between two calls as posts arrive.
+    pub fn len(&self) -> usize {
+        (self.prod() - self.cons()) as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The `i`-th oldest WQE.
     pub fn get(&self, i: usize) -> Option<&T> {
-        (i < self.len).then(|| &self.slots[(self.head + i) % self.slots.len()])
+        if i >= self.len() {
+            return None;
+        }
+        let slots = self.slots();
+        let slot = &slots[index(self.cons() + i as u64, slots.len())];
+        // SAFETY: WR number cons + i is in [cons, prod), published (the SeqCst load of `prod`
+        // in `len` synchronized with the producer's store), so only we access the slot until
+        // we retire it, which takes `&mut self`.
+        Some(unsafe { &*slot.get() })
     }
 
     pub fn get_mut(&mut self, i: usize) -> Option<&mut T> {
-        let n = self.slots.len();
-        (i < self.len).then(|| &mut self.slots[(self.head + i) % n])
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Retires the oldest WQE; its slot stays allocated for reuse.
-    pub fn pop(&mut self) -> Option<&T> {
-        if self.len == 0 {
+        if i >= self.len() {
             return None;
         }
-        let i = self.head;
-        self.head = (self.head + 1) % self.slots.len();
-        self.len -= 1;
-        Some(&self.slots[i])
+        let slots = self.slots();
+        let slot = &slots[index(self.cons() + i as u64, slots.len())];
+        // SAFETY: as in `get`; `&mut self` makes this the only reference into the slot.
+        Some(unsafe { &mut *slot.get() })
     }
 
-    pub fn clear(&mut self) {
-        self.head = 0;
-        self.len = 0;
-    }
-
-    /// Changes the capacity, keeping the queued WQEs in order. The caller has checked that they
-    /// fit (MOD-GEN-10).
-    pub fn resize(&mut self, capacity: usize) {
-        debug_assert!(capacity >= self.len);
-        let mut slots: Vec<T> = (0..capacity).map(|_| T::default()).collect();
-        for (i, slot) in slots.iter_mut().enumerate().take(self.len) {
-            let j = (self.head + i) % self.slots.len();
-            std::mem::swap(slot, &mut self.slots[j]);
+    /// Retires the oldest WQE: from here on its slot is the producer's, so read what you need
+    /// from `get(0)` first.
+    pub fn pop(&mut self) {
+        if !self.is_empty() {
+            self.ring.cons.store(self.cons() + 1, Ordering::Release);
         }
-        self.slots = slots;
-        self.head = 0;
+    }
+
+    /// Retires every published WQE without reading it (Reset, Destroy, an error without
+    /// flush).
+    pub fn discard(&mut self) {
+        self.ring.cons.store(self.prod(), Ordering::Release);
+    }
+
+    /// Changes the capacity, keeping the queued WQEs in order; `producer` is this ring's own,
+    /// so that nobody fills a slot meanwhile. The caller has checked that they fit
+    /// (MOD-GEN-10).
+    pub fn resize(&mut self, producer: &mut Producer<'_, T>, capacity: usize)
+    where
+        T: Default,
+    {
+        // Like a Condvar with a second mutex: another ring's lock would leave this one open.
+        assert!(std::ptr::eq(producer.ring, &*self.ring), "resize with another ring's producer");
+        debug_assert!(capacity >= self.len() && producer.staged == 0);
+        let (cons, prod) = (self.cons(), self.prod());
+        let mut fresh: Box<[UnsafeCell<T>]> = (0..capacity).map(|_| UnsafeCell::new(T::default())).collect();
+        // SAFETY: we are the consumer (`&mut self`) and hold the producer lock (`producer` is
+        // this ring's, checked above): nobody else can reach the slots or the box now.
+        let old = unsafe { &mut *self.ring.slots.get() };
+        for n in cons..prod {
+            std::mem::swap(fresh[index(n, capacity)].get_mut(), old[index(n, old.len())].get_mut());
+        }
+        *old = fresh;
     }
 }
 
@@ -97,24 +228,67 @@ impl<T: Default> WorkQueue<T> {
 mod tests {
     use super::*;
 
+    /// The ring's indices keep counting across wraps and resizes; WQEs stay in post order.
     #[test]
     fn ring_keeps_fifo_order_across_wrap_and_resize() {
-        let mut q: WorkQueue<u32> = WorkQueue::new(3);
+        let (ring, mut c) = Ring::<u32>::with_slots(3, |_| {});
         for round in 0..5u32 {
+            let mut p = ring.producer();
             for k in 0..3 {
-                *q.next_slot().unwrap() = round * 10 + k;
-                q.commit();
+                *p.next_slot().unwrap() = round * 10 + k;
+                p.commit();
             }
-            assert!(q.next_slot().is_none());
-            assert_eq!(q.pop().copied(), Some(round * 10));
-            *q.next_slot().unwrap() = round * 10 + 3;
-            q.commit();
-            q.resize(5);
-            assert_eq!(q.free(), 2);
-            let got: Vec<u32> = (0..q.len()).map(|i| *q.get(i).unwrap()).collect();
+            assert!(p.next_slot().is_none());
+            assert_eq!(c.len(), 0, "nothing is visible before publish");
+            p.publish();
+            assert_eq!(c.get(0).copied(), Some(round * 10));
+            c.pop();
+            assert_eq!(p.free(), 1);
+            *p.next_slot().unwrap() = round * 10 + 3;
+            p.commit();
+            p.publish();
+            c.resize(&mut p, 5);
+            assert_eq!(p.free(), 2);
+            let got: Vec<u32> = (0..c.len()).map(|i| *c.get(i).unwrap()).collect();
             assert_eq!(got, vec![round * 10 + 1, round * 10 + 2, round * 10 + 3]);
-            q.clear();
-            q.resize(3);
+            *c.get_mut(2).unwrap() += 100;
+            c.pop();
+            c.resize(&mut p, 2);
+            let got: Vec<u32> = (0..c.len()).map(|i| *c.get(i).unwrap()).collect();
+            assert_eq!(got, vec![round * 10 + 2, round * 10 + 103]);
+            c.discard();
+            assert!(c.is_empty());
+            c.resize(&mut p, 3);
         }
+    }
+
+    /// One producer thread and one consumer thread: every value arrives once, in order.
+    #[test]
+    fn ring_across_threads() {
+        const N: u64 = 100_000;
+        let (ring, mut c) = Ring::<u64>::with_slots(7, |_| {});
+        let producer = std::thread::spawn(move || {
+            let mut n = 0;
+            while n < N {
+                let mut p = ring.producer();
+                while n < N && p.next_slot().is_some() {
+                    *p.next_slot().unwrap() = n;
+                    p.commit();
+                    n += 1;
+                }
+                p.publish();
+            }
+        });
+        let mut next = 0;
+        while next < N {
+            if let Some(&v) = c.get(0) {
+                assert_eq!(v, next);
+                c.pop();
+                next += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        producer.join().unwrap();
     }
 }
