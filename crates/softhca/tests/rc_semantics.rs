@@ -594,3 +594,37 @@ fn gid_change_reaches_the_next_packet() {
     let n = p.a.ctx.transmit(0, &mut buf).unwrap();
     assert_eq!(Gid::from_ipv6(source(&buf[..n])), moved);
 }
+
+/// A QP with many RDMA Read responses queued still gets its own request out after a short
+/// burst of them, and its responses keep their order.
+/// Rule ORD-RLX-4
+#[test]
+fn requests_are_not_starved_by_queued_responses() {
+    let p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(64 * 1024, all_access()).unwrap();
+    let land = p.b.pd.alloc_mr(64 * 1024, Access::LOCAL_WRITE).unwrap();
+    let into = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let reads: Vec<[Sge; 1]> = (0..16).map(|i| [land.sge(i * 4096..(i + 1) * 4096)]).collect();
+    let wrs: Vec<SendWr> = reads
+        .iter()
+        .enumerate()
+        .map(|(i, s)| SendWr::rdma_read(i as u64, s, src.addr() + i as u64 * 4096, src.rkey()))
+        .collect();
+    p.b.qp.post_send(&wrs).unwrap();
+    p.b.qp.post_recv(&[RecvWr::new(99, &[into.sge(0..64)])]).unwrap();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    while let Some(n) = p.b.ctx.transmit(p.now, &mut buf) {
+        p.a.ctx.receive(p.now, &buf[..n]);
+    }
+    let msg = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.a.qp.post_send(&[SendWr::send(7, &[msg.sge(0..64)])]).unwrap();
+    let mut out = Vec::new();
+    while let Some(n) = p.a.ctx.transmit(p.now, &mut buf) {
+        out.push(Pkt::parse(&buf[..n]));
+    }
+    assert_eq!(out.len(), 16 * 4 + 1);
+    let send_at = out.iter().position(|k| k.opcode == Opcode::RcSendOnly).expect("the Send went out");
+    assert!(send_at <= 8, "the Send waited behind {send_at} responses");
+    let psns: Vec<u32> = out.iter().filter(|k| k.opcode != Opcode::RcSendOnly).map(|k| k.psn).collect();
+    assert!(psns.windows(2).all(|w| w[1] == w[0] + 1), "responses in PSN order: {psns:?}");
+}

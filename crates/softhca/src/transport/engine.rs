@@ -393,9 +393,27 @@ fn emit_one(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Op
     if q.qp_type == QpType::Rd {
         return super::rd::qp_turn(q, core, now, buf);
     }
-    if let Some(len) = emit_response(q, core, buf) {
+    // Responses go first, but not for ever: a QP answering a steady stream of requests still
+    // gets its own requests out.
+    if core.resp_streak < RESPONSE_BURST {
+        if let Some(len) = emit_response(q, core, buf) {
+            core.resp_streak += 1;
+            return Some(len);
+        }
+    }
+    if let Some(len) = emit_request_packet(q, core, now, buf) {
+        core.resp_streak = 0;
         return Some(len);
     }
+    let len = emit_response(q, core, buf)?;
+    core.resp_streak = 1;
+    Some(len)
+}
+
+/// Responses a QP sends in a row, while it has requests waiting, before one of those goes.
+pub(crate) const RESPONSE_BURST: u8 = 8;
+
+fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<usize> {
     loop {
         let Some(np) = requester::next_packet(q, core) else {
             completer::retire(q, core); // a WQE that failed its interface checks

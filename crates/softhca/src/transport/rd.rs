@@ -34,7 +34,7 @@ use crate::wire::{
 };
 
 use super::completer::{scatter, Response};
-use super::engine::{emit, gather, ip_for, pkey_match, send_opcode};
+use super::engine::{emit, gather, ip_for, pkey_match, send_opcode, RESPONSE_BURST};
 use super::requester::{ack_timeout_ns, check_local, ACK_EVERY, WINDOW};
 use super::responder::{length_ok, Request, RespJob};
 
@@ -128,6 +128,8 @@ pub(crate) struct EecEngine {
     rx: Option<RdRx>,
     last: Option<Executed>,
     out: VecDeque<Out>,
+    /// Responses sent in a row (see `engine::RESPONSE_BURST`).
+    resp_streak: u8,
 }
 
 impl EecEngine {
@@ -418,15 +420,22 @@ pub(crate) fn transmit(dev: &DeviceInner, now: u64, buf: &mut [u8]) -> Option<us
         if ec.destroyed || matches!(ec.attrs.state, QpState::Reset | QpState::Init | QpState::Error) {
             continue;
         }
+        if ec.engine.resp_streak < RESPONSE_BURST {
+            if let Some(len) = emit_response(eec, &mut ec, buf) {
+                ec.engine.resp_streak += 1;
+                return Some(len);
+            }
+        }
+        if ec.attrs.state != QpState::Rtr {
+            abandon_if_orphaned(&mut ec.engine);
+            if let Some(len) = emit_request(eec, &mut ec, now, buf) {
+                ec.engine.resp_streak = 0;
+                dev.eec_cursor.store(eec.eecn.wrapping_add(1), Ordering::Relaxed);
+                return Some(len);
+            }
+        }
         if let Some(len) = emit_response(eec, &mut ec, buf) {
-            return Some(len);
-        }
-        if ec.attrs.state == QpState::Rtr {
-            continue;
-        }
-        abandon_if_orphaned(&mut ec.engine);
-        if let Some(len) = emit_request(eec, &mut ec, now, buf) {
-            dev.eec_cursor.store(eec.eecn.wrapping_add(1), Ordering::Relaxed);
+            ec.engine.resp_streak = 1;
             return Some(len);
         }
     }

@@ -380,6 +380,8 @@ pub(crate) struct QpCore {
     pub sqd_event_pending: bool,
     /// RD: the message an EEC carries for this QP and the receive WQEs channels hold.
     pub rd: crate::transport::rd::RdQp,
+    /// Responses sent in a row (see `transport::engine::RESPONSE_BURST`).
+    pub resp_streak: u8,
 }
 
 pub(crate) struct QpInner {
@@ -541,6 +543,7 @@ impl Context {
                 resp: Default::default(),
                 sqd_event_pending: false,
                 rd: Default::default(),
+                resp_streak: 0,
             }),
         });
         self.inner.qps.write().unwrap_or_else(|e| e.into_inner()).insert(qpn, inner.clone());
