@@ -787,8 +787,9 @@ impl Io {
             let requests = tx.pending.iter().filter(|p| !p.response).count();
             if requests > 0 && requests <= REQUESTS_FIRST && requests < tx.pending.len() {
                 tx.pending.sort_by_key(|p| p.response);
-            }
-            if !tx.pending.is_empty() {
+                self.send_batch(&mut tx.buf, &tx.pending[..requests], &mut tx.send);
+                self.send_batch(&mut tx.buf, &tx.pending[requests..], &mut tx.send);
+            } else if !tx.pending.is_empty() {
                 self.send_batch(&mut tx.buf, &tx.pending, &mut tx.send);
             }
             if emitted < BATCH {

@@ -1137,7 +1137,8 @@ impl Qp {
         }
         self.queue_recv(state, &mut rq, wrs)?;
         q.finish_post(rq, |q, core| q.flush_rq(core));
-        q.dev.ring();
+        // No doorbell: the RQ Logic is passive. It takes a WQE when a request arrives, and a
+        // requester held off by an RNR NAK retries on its own timer (PKT-RNR-2).
         Ok(())
     }
 
@@ -1157,7 +1158,6 @@ impl Qp {
             self.queue_recv(state, &mut rq, wrs)?;
         }
         drop((rq, core));
-        q.dev.ring();
         Ok(())
     }
 

@@ -182,8 +182,7 @@ impl Srq {
             p.commit();
         }
         p.publish();
-        drop(p);
-        self.inner.dev.ring();
+        // No doorbell, as for a QP's RQ: nothing in the engine waits for a receive WQE.
         Ok(())
     }
 
