@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::verbs::device::DeviceInner;
 use crate::verbs::qp::{QpCore, QpInner};
 use crate::verbs::types::{AhAttr, QpState, QpType, WcStatus};
-use crate::verbs::wr::{SendFlags, WrOpcode};
+use crate::verbs::wr::{SendFlags, SendWqe, WrOpcode};
 use crate::verbs::Context;
 use crate::wire::aeth::Syndrome;
 use crate::wire::opcode::{Direction, Operation, Position, ServiceType};
@@ -498,34 +498,7 @@ fn emit_request(
         && w.opcode.gathers()
         && (last || np.psn % requester::ACK_EVERY == requester::ACK_EVERY - 1);
     let mut packet = PacketRepr::new(bth);
-    match w.opcode {
-        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm if first => {
-            packet.reth = Some(RethRepr { va: w.remote_addr, r_key: w.rkey, dma_length: w.length as u32 });
-        }
-        WrOpcode::RdmaRead => {
-            packet.reth = Some(RethRepr {
-                va: w.remote_addr.wrapping_add(np.offset),
-                r_key: w.rkey,
-                dma_length: (w.length - np.offset.min(w.length)) as u32,
-            });
-        }
-        WrOpcode::AtomicCmpSwp => {
-            packet.atomic_eth = Some(AtomicEthRepr {
-                va: w.remote_addr,
-                r_key: w.rkey,
-                swap_add_data: w.swap,
-                compare_data: w.compare_add,
-            });
-        }
-        WrOpcode::AtomicFetchAdd => {
-            packet.atomic_eth =
-                Some(AtomicEthRepr { va: w.remote_addr, r_key: w.rkey, swap_add_data: w.compare_add, compare_data: 0 });
-        }
-        _ => {}
-    }
-    if imm && last {
-        packet.immdt = Some(ImmDtRepr { imm_data: w.imm_data }); // WR-SEND-1
-    }
+    add_request_headers(&mut packet, w, np.offset, first, last);
     if q.qp_type == QpType::Ud {
         // WR-SEND-4, WR-SEND-5: a Q_Key with its msb set means "use the QP's own".
         let q_key = if w.remote_qkey & 0x8000_0000 != 0 { a.qkey } else { w.remote_qkey };
@@ -550,6 +523,41 @@ fn emit_request(
             gather(&w.tx.local, np.offset, dst)
         }
     })
+}
+
+/// The headers a request packet of `w` at byte `offset` carries after the BTH (and the
+/// RDETH/DETH of its service): RETH on a Write's first packet and on every Read request (a
+/// re-request asks for the rest from `offset`), AtomicETH on an Atomic, ImmDt on the last
+/// packet of a message with Immediate (WR-SEND-1).
+pub(crate) fn add_request_headers(p: &mut PacketRepr<'_>, w: &SendWqe, offset: u64, first: bool, last: bool) {
+    match w.opcode {
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm if first => {
+            p.reth = Some(RethRepr { va: w.remote_addr, r_key: w.rkey, dma_length: w.length as u32 });
+        }
+        WrOpcode::RdmaRead => {
+            p.reth = Some(RethRepr {
+                va: w.remote_addr.wrapping_add(offset),
+                r_key: w.rkey,
+                dma_length: (w.length - offset.min(w.length)) as u32,
+            });
+        }
+        WrOpcode::AtomicCmpSwp => {
+            p.atomic_eth = Some(AtomicEthRepr {
+                va: w.remote_addr,
+                r_key: w.rkey,
+                swap_add_data: w.swap,
+                compare_data: w.compare_add,
+            });
+        }
+        WrOpcode::AtomicFetchAdd => {
+            p.atomic_eth =
+                Some(AtomicEthRepr { va: w.remote_addr, r_key: w.rkey, swap_add_data: w.compare_add, compare_data: 0 });
+        }
+        _ => {}
+    }
+    if w.opcode.has_imm() && last {
+        p.immdt = Some(ImmDtRepr { imm_data: w.imm_data });
+    }
 }
 
 /// Reads `dst.len()` bytes at byte `offset` of a gather list (WR-COM-5).

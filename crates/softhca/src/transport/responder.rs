@@ -502,22 +502,28 @@ fn rc_atomic(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
     let pd = q.pd.inner.handle;
     let access_fail = |_| Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true };
     let mem = check_access(&q.dev, a.r_key, pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(access_fail)?;
-    let word = mem.atomic_u64().ok_or_else(rc_fail_invalid)?;
-    // WR-ATOM-4, WR-ATOM-5, WR-ATOM-7: real 64-bit atomics on host memory. The operands are
-    // big-endian on the wire and the word is in host order in memory.
-    let orig = if is_cas {
-        match word.compare_exchange(a.compare_data, a.swap_add_data, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(v) | Err(v) => v,
-        }
-    } else {
-        word.fetch_add(a.swap_add_data, Ordering::SeqCst)
-    };
+    let orig = execute_atomic(&mem, is_cas, &a).ok_or_else(rc_fail_invalid)?;
     let psn = r.psn.value();
     add_resource(core, Resource { psn, kind: ResourceKind::Atomic { orig }, pending: true });
     core.resp.epsn = r.psn.next().value();
     core.resp.msn = Psn::new(core.resp.msn).next().value();
     core.resp.out.push_back(RespJob::AtomicAck { psn, orig });
     Ok(())
+}
+
+/// Executes an Atomic on the 8 bytes `mem` covers and returns the original value; `None` when
+/// they are not an aligned word. WR-ATOM-4, WR-ATOM-5, WR-ATOM-7: real 64-bit atomics on host
+/// memory, atomic against the application too. The operands are big-endian on the wire and the
+/// word is in host order in memory.
+pub(crate) fn execute_atomic(mem: &MemRef, is_cas: bool, a: &AtomicEthRepr) -> Option<u64> {
+    let word = mem.atomic_u64()?;
+    Some(if is_cas {
+        match word.compare_exchange(a.compare_data, a.swap_add_data, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(v) | Err(v) => v,
+        }
+    } else {
+        word.fetch_add(a.swap_add_data, Ordering::SeqCst)
+    })
 }
 
 /// Duplicates are never executed again and never change ePSN (PKT-DUP-1..6).

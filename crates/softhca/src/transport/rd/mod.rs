@@ -1,0 +1,318 @@
+//! The Reliable Datagram service. An RD QP hands its SQ head WQE to the local EEC the WR
+//! names (WR-SEND-6); the EEC's Send Logic carries one message at a time, with PSNs, ACKs,
+//! timeouts and retries of its own, and the QP starts its next WQE only once that message has
+//! completed (ORD-SQ-5). The EEC's Receive Logic checks each request against the channel's
+//! ePSN and executes it for the QP the BTH names, with that QP's Q_Key, RDD, enables, PD and
+//! receive queue. A Send binds the QP's RQ head to the channel at its first packet and the RQ
+//! head advances at once (ORD-RD-1), so two channels fill two WQEs of one QP concurrently and
+//! complete them in the order their messages end (ORD-RD-2, ORD-RD-3).
+//!
+//! After a fatal NAK, or when the QP of a message in flight is flushed, the requester EEC
+//! sends a Resync: the responder, which discards requests after a fatal NAK, takes the
+//! Resync's PSN as its new ePSN and aborts any message in progress (Remote Aborted Error).
+//! When retries run out the EEC moves straight to Error (QPS-RD-6).
+//!
+//! Locks: a QP before an EEC. Everything the EEC sends is emitted under the EEC's lock alone;
+//! starting and completing a WQE happen under both, in the QP's turn or on a response.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::verbs::device::DeviceInner;
+use crate::verbs::eec::{EecAttrs, EecInner};
+use crate::verbs::mr::MemRef;
+use crate::verbs::qp::{QpCore, QpInner};
+use crate::verbs::types::{Gid, QpState, QpType, Wc, WcOpcode, WcStatus};
+use crate::verbs::wr::SendWqe;
+use crate::wire::opcode::Operation;
+use crate::wire::roce::RoceDatagram;
+
+use super::completer::Response;
+use super::engine::{pkey_match, RESPONSE_BURST};
+use super::responder::{Request, RespJob};
+
+mod receive;
+mod send;
+
+use receive::{emit_response, on_request, on_resync};
+use send::{abandon_if_orphaned, emit_request, on_response};
+pub(crate) use send::{handle_timeout, qp_turn};
+
+/// An RD QP's side of the service, kept in its `QpCore`.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct RdQp {
+    /// The EEC carrying the SQ head WQE, while one does.
+    pub active: Option<u32>,
+    /// RQ WQEs bound to a channel's inbound message: (EECN, bind token, WR ID), in bind order.
+    pub held: Vec<(u32, u64, u64)>,
+    pub next_token: u64,
+}
+
+/// The message an EEC's Send Logic is carrying.
+struct RdTx {
+    /// The QP whose SQ head this is and its `rd_epoch` at the start; `None` for a Resync.
+    owner: Option<(Arc<QpInner>, u64)>,
+    wqe: SendWqe,
+    src_qp: u32,
+    q_key: u32,
+    first_psn: u32,
+    /// PSNs the message uses: its request packets, or its response packets for a Read.
+    npkts: u32,
+    /// The packet to transmit next, as an index into the message; `npkts` when all are out.
+    next: u32,
+    /// Packets acknowledged (Send, Write) or responses received (Read).
+    done: u32,
+    status: Option<WcStatus>,
+    /// At least one packet has left: aborting the message needs a Resync.
+    sent: bool,
+    /// A fatal NAK ended the message: a Resync follows it.
+    resync_after: bool,
+}
+
+/// The message an EEC's Receive Logic is receiving.
+#[derive(Debug)]
+enum RxMsg {
+    /// A Send into an RQ WQE of `qpn` the channel holds under `token`.
+    Send {
+        token: u64,
+        wr_id: u64,
+        scatter: Vec<MemRef>,
+        offset: u64,
+    },
+    Write {
+        mem: Option<MemRef>,
+        offset: u64,
+        len: u64,
+    },
+}
+
+#[derive(Debug)]
+struct RdRx {
+    qpn: u32,
+    src_qp: u32,
+    msg: RxMsg,
+}
+
+/// The last RDMA Read or Atomic the Receive Logic executed, replayed to a duplicate.
+#[derive(Debug, Clone, Copy)]
+enum Executed {
+    Read { psn: u32, qpn: u32, va: u64, rkey: u32, len: u64, npkts: u32 },
+    Atomic { psn: u32, orig: u64 },
+}
+
+/// A response waiting to leave: from QP `from` to QP `to`.
+#[derive(Debug)]
+struct Out {
+    from: u32,
+    to: u32,
+    job: RespJob,
+}
+
+/// An EEC's Send Logic and Receive Logic.
+#[derive(Default)]
+pub(crate) struct EecEngine {
+    psn: u32,
+    tx: Option<RdTx>,
+    retry_left: u8,
+    rnr_left: u8,
+    ack_deadline: Option<u64>,
+    rnr_deadline: Option<u64>,
+    /// Went back to this packet and waits for it to be answered: later responses still in
+    /// flight from before must not count as new NAKs.
+    recovering: Option<u32>,
+    epsn: u32,
+    msn: u32,
+    nak_sent: bool,
+    /// A fatal NAK went out: requests are discarded until the requester's Resync.
+    want_resync: bool,
+    rx: Option<RdRx>,
+    last: Option<Executed>,
+    out: VecDeque<Out>,
+    /// Responses sent in a row (see `engine::RESPONSE_BURST`).
+    resp_streak: u8,
+}
+
+impl EecEngine {
+    /// Applies a state change made by Modify EEC.
+    pub fn on_modify(&mut self, _eec: &EecInner, from: QpState, a: &EecAttrs) {
+        match (from, a.state) {
+            (_, QpState::Reset) => *self = EecEngine::default(),
+            (_, QpState::Error) => {
+                self.ack_deadline = None;
+                self.rnr_deadline = None;
+                self.out.clear();
+            }
+            (QpState::Init, QpState::Rtr) => {
+                self.epsn = a.rq_psn;
+                self.msn = 0;
+            }
+            (QpState::Rtr, QpState::Rts) => {
+                self.psn = a.sq_psn;
+                self.retry_left = a.retry_cnt;
+                self.rnr_left = a.rnr_retry;
+            }
+            _ => {}
+        }
+    }
+
+    fn owner_is(&self, q: &QpInner) -> bool {
+        matches!(&self.tx, Some(RdTx { owner: Some((o, _)), .. }) if o.qpn == q.qpn && std::ptr::eq(&**o, q))
+    }
+}
+
+fn arm(dev: &DeviceInner, slot: &mut Option<u64>, at: Option<u64>) {
+    *slot = at;
+    if let Some(t) = at {
+        dev.timer_hint.fetch_min(t, Ordering::AcqRel);
+    }
+}
+
+fn find_eec(dev: &DeviceInner, eecn: u32) -> Option<Arc<EecInner>> {
+    dev.eecs.read().unwrap_or_else(|e| e.into_inner()).get(&eecn).cloned()
+}
+
+fn mtu_of(a: &EecAttrs) -> u64 {
+    a.av.map_or(1024, |av| av.path_mtu.bytes() as u64)
+}
+
+/// The EECs' turn: responses first, then the next request packet of each channel's message.
+pub(crate) fn transmit(dev: &DeviceInner, now: u64, buf: &mut [u8]) -> Option<usize> {
+    if dev.counts.eec.load(Ordering::Relaxed) == 0 {
+        return None; // no RD here: keep the EEC table's lock off the other services' path
+    }
+    let eecs: Vec<Arc<EecInner>> = {
+        let map = dev.eecs.read().unwrap_or_else(|e| e.into_inner());
+        if map.is_empty() {
+            return None;
+        }
+        let start = dev.eec_cursor.load(Ordering::Relaxed);
+        map.range(start..).chain(map.range(..start)).map(|(_, e)| e.clone()).collect()
+    };
+    for eec in &eecs {
+        let mut ec = eec.lock();
+        if ec.destroyed || matches!(ec.attrs.state, QpState::Reset | QpState::Init | QpState::Error) {
+            continue;
+        }
+        if ec.engine.resp_streak < RESPONSE_BURST {
+            if let Some(len) = emit_response(eec, &mut ec, buf) {
+                ec.engine.resp_streak += 1;
+                return Some(len);
+            }
+        }
+        if ec.attrs.state != QpState::Rtr {
+            abandon_if_orphaned(&mut ec.engine);
+            if let Some(len) = emit_request(eec, &mut ec, now, buf) {
+                ec.engine.resp_streak = 0;
+                dev.eec_cursor.store(eec.eecn.wrapping_add(1), Ordering::Relaxed);
+                return Some(len);
+            }
+        }
+        if let Some(len) = emit_response(eec, &mut ec, buf) {
+            ec.engine.resp_streak = 1;
+            return Some(len);
+        }
+    }
+    None
+}
+
+/// Header validation and dispatch of an RD packet: the EEC the RDETH names, then the QP the
+/// BTH names. Returns false when the packet was dropped.
+pub(crate) fn deliver(
+    dev: &DeviceInner,
+    qps: &std::collections::BTreeMap<u32, Arc<QpInner>>,
+    now: u64,
+    d: &RoceDatagram<'_>,
+) -> bool {
+    let p = &d.packet;
+    let bth = p.bth;
+    let (Some(rdeth), Some(info)) = (p.rdeth, bth.opcode.info()) else { return false };
+    let Some(eec) = find_eec(dev, rdeth.ee_cnxt) else { return false };
+    let is_request = info.direction == crate::wire::opcode::Direction::Request;
+    let mut qp = qps.get(&bth.dest_qp).filter(|q| q.qp_type == QpType::Rd);
+    let mut core = qp.map(|q| q.core.lock().unwrap_or_else(|e| e.into_inner()));
+    // Destroy QP marks the QP while it holds the QP's lock: look only once we hold it.
+    if qp.is_some_and(|q| q.destroyed.load(Ordering::Acquire)) {
+        (qp, core) = (None, None);
+    }
+    let mut ec = eec.lock();
+    if ec.destroyed {
+        return false;
+    }
+    let state = ec.attrs.state;
+    let accepts = if is_request {
+        matches!(state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    } else {
+        matches!(state, QpState::Rts | QpState::Sqd)
+    };
+    if !accepts {
+        return false;
+    }
+    let our_pkey = dev.pkey(ec.attrs.pkey_index).unwrap_or(0);
+    if !pkey_match(bth.p_key, our_pkey) {
+        dev.stats.pkey_violations.inc(); // PKT-VAL-7
+        return false;
+    }
+    let src = Gid::from_ipv6(d.ip.src_gid());
+    if ec.attrs.av.and_then(|av| av.ah.grh.dgid) != Some(src) {
+        return false; // PKT-VAL-11: not from the other end of the channel
+    }
+    if is_request {
+        let Some(deth) = p.deth else { return false };
+        let req = Request {
+            psn: bth.psn,
+            operation: info.operation,
+            position: info.position,
+            reserved: false,
+            se: bth.se,
+            ack_req: bth.ack_req,
+            imm: p.immdt.map(|i| i.imm_data),
+            reth: p.reth,
+            invalidate: false,
+            atomic: p.atomic_eth.map(|a| (info.operation == Operation::CompareSwap, a)),
+            payload: p.payload,
+            src_qp: deth.src_qp,
+            grh: None,
+        };
+        if info.operation == Operation::Resync {
+            on_resync(qp.zip(core.as_deref_mut()), &eec, &mut ec, &req);
+            return true;
+        }
+        let (Some(q), Some(core)) = (qp, core.as_deref_mut()) else { return false }; // PKT-VAL-4
+        if !matches!(core.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            return false; // PKT-VAL-5
+        }
+        if deth.q_key != core.attrs.qkey {
+            q.bump(|s| &s.qkey_violations); // PKT-VAL-10
+            return false;
+        }
+        q.stats.rx_packets.inc();
+        on_request(q, core, &eec, &mut ec, &req);
+        true
+    } else {
+        let r = Response {
+            psn: bth.psn,
+            operation: info.operation,
+            position: info.position,
+            syndrome: p.aeth.map(|a| a.syndrome),
+            atomic_orig: p.atomic_ack_eth.map(|a| a.orig_remote_data),
+            payload: p.payload,
+        };
+        on_response(qp.zip(core.as_deref_mut()), &eec, &mut ec, now, &r)
+    }
+}
+
+/// An RD QP's message in flight and the receive WQEs channels hold for it stop counting
+/// when the QP is flushed or reset; the channels notice through its epoch.
+pub(crate) fn release(q: &QpInner, core: &mut QpCore, flush: bool) {
+    if core.rd.active.take().is_some() {
+        q.rd_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+    for (_, _, wr_id) in core.rd.held.drain(..) {
+        if flush {
+            let wc =
+                Wc { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
+            let _ = q.recv_cq.push(wc, true);
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! The EEC's Receive Logic: requests checked against the channel's ePSN and executed for the
+//! QP the BTH names, receive WQEs bound per channel, duplicates, the Resync, and the responses.
+
+use std::sync::Arc;
+
+use crate::verbs::eec::{EecCore, EecInner};
+use crate::verbs::mr::{check_access, MemRef};
+use crate::verbs::qp::{QpCore, QpInner};
+use crate::verbs::types::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
+use crate::wire::aeth::{NakCode, Syndrome};
+use crate::wire::opcode::{Operation, Position};
+use crate::wire::psn::{Psn, PsnClass};
+use crate::wire::{AethRepr, AtomicAckEthRepr, BthRepr, Opcode, PacketRepr, RdethRepr};
+
+use crate::transport::completer::scatter;
+use crate::transport::engine::{emit, ip_for};
+use crate::transport::responder::{execute_atomic, length_ok, Request, RespJob};
+
+use super::*;
+
+/// Completes, with Flush Error, the receive WQEs held by a channel that can no longer
+/// finish them: its EEC is gone, or in Reset, Init or Error.
+pub(super) fn reap_held(q: &QpInner, core: &mut QpCore) {
+    if core.rd.held.is_empty() {
+        return;
+    }
+    let mut i = 0;
+    while i < core.rd.held.len() {
+        let (eecn, token, wr_id) = core.rd.held[i];
+        let alive = find_eec(&q.dev, eecn).is_some_and(|eec| {
+            let ec = eec.lock();
+            !ec.destroyed
+                && matches!(ec.attrs.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                && matches!(&ec.engine.rx, Some(RdRx { qpn, msg: RxMsg::Send { token: t, .. }, .. }) if *qpn == q.qpn && *t == token)
+        });
+        if alive {
+            i += 1;
+            continue;
+        }
+        core.rd.held.remove(i);
+        let wc =
+            Wc { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
+        let _ = q.recv_cq.push(wc, true);
+    }
+}
+
+pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) -> Option<usize> {
+    let dev = &eec.dev;
+    let ip = ip_for(dev, &ec.attrs.av?.ah)?;
+    let pkey = dev.pkey(ec.attrs.pkey_index).unwrap_or(0xFFFF);
+    let mtu = mtu_of(&ec.attrs);
+    let dest_eecn = ec.attrs.dest_eecn;
+    let e = &mut ec.engine;
+    let front = e.out.front_mut()?;
+    let (from, to) = (front.from, front.to);
+    let aeth = |s: Syndrome, msn: u32| Some(AethRepr { syndrome: s, msn });
+    let msn = e.msn;
+    let (packet, payload, mem_at) = match &mut front.job {
+        RespJob::Ack { psn, syndrome } => {
+            let mut p = PacketRepr::new(BthRepr::new(Opcode::RdAcknowledge, pkey, to, Psn::new(*psn)));
+            p.aeth = aeth(*syndrome, msn);
+            e.out.pop_front();
+            (p, 0, None)
+        }
+        RespJob::AtomicAck { psn, orig } => {
+            let mut p = PacketRepr::new(BthRepr::new(Opcode::RdAtomicAcknowledge, pkey, to, Psn::new(*psn)));
+            p.aeth = aeth(Syndrome::ACK_NO_CREDITS, msn);
+            p.atomic_ack_eth = Some(AtomicAckEthRepr { orig_remote_data: *orig });
+            e.out.pop_front();
+            (p, 0, None)
+        }
+        RespJob::ReadResp { mem, first_psn, npkts, next, len } => {
+            let (opcode, with_aeth) = match (*npkts, *next) {
+                (1, _) => (Opcode::RdRdmaReadResponseOnly, true),
+                (_, 0) => (Opcode::RdRdmaReadResponseFirst, true),
+                (n, k) if k + 1 == n => (Opcode::RdRdmaReadResponseLast, true),
+                _ => (Opcode::RdRdmaReadResponseMiddle, false),
+            };
+            let offset = *next as u64 * mtu;
+            let payload = (*len - offset.min(*len)).min(mtu) as usize;
+            let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, to, Psn::new(*first_psn).add(*next)));
+            if with_aeth {
+                p.aeth = aeth(Syndrome::ACK_NO_CREDITS, msn);
+            }
+            let m = mem.clone();
+            *next += 1;
+            if *next >= *npkts {
+                e.out.pop_front();
+            }
+            (p, payload, Some((m, offset)))
+        }
+    };
+    let mut packet = packet;
+    packet.rdeth = Some(RdethRepr { ee_cnxt: dest_eecn });
+    emit(from, ip, packet, payload, buf, |dst| match mem_at {
+        Some((Some(m), offset)) => m.read(offset as usize, dst).is_ok(),
+        _ => dst.is_empty(),
+    })
+}
+
+/// Why a request failed: a NAK that leaves everything as it was (Class B), or a fatal one
+/// after which the channel waits for a Resync; `status` completes the RQ WQE in use and
+/// `to_error` moves the destination QP to Error (ERR-C-2, ERR-A-2).
+pub(super) enum Fail {
+    B(Syndrome),
+    Fatal { nak: NakCode, status: WcStatus, to_error: bool },
+    Drop,
+}
+
+pub(super) fn invalid() -> Fail {
+    Fail::Fatal { nak: NakCode::InvalidRequest, status: WcStatus::RemInvReqErr, to_error: true }
+}
+
+pub(super) fn access_fail() -> Fail {
+    Fail::Fatal { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, to_error: true }
+}
+
+pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>) {
+    if ec.engine.want_resync {
+        return;
+    }
+    let mtu = mtu_of(&ec.attrs);
+    match receive(q, core, eec, ec, r, mtu) {
+        Ok(()) => {}
+        Err(Fail::Drop) => {}
+        Err(Fail::B(syndrome)) => {
+            let e = &mut ec.engine;
+            let psn = if matches!(syndrome, Syndrome::Nak(NakCode::PsnSeqErr)) { e.epsn } else { r.psn.value() };
+            match syndrome {
+                Syndrome::RnrNak { .. } => q.bump(|s| &s.rnr_naks_sent),
+                _ => q.bump(|s| &s.seq_naks_sent),
+            }
+            e.out.push_back(Out { from: q.qpn, to: r.src_qp, job: RespJob::Ack { psn, syndrome } });
+        }
+        Err(Fail::Fatal { nak, status, to_error }) => {
+            let e = &mut ec.engine;
+            e.out.push_back(Out {
+                from: q.qpn,
+                to: r.src_qp,
+                job: RespJob::Ack { psn: r.psn.value(), syndrome: Syndrome::Nak(nak) },
+            });
+            e.want_resync = true;
+            e.nak_sent = false;
+            if let Some(rx) = e.rx.take() {
+                if let RxMsg::Send { token, wr_id, .. } = rx.msg {
+                    if rx.qpn == q.qpn {
+                        complete_held(q, core, eec.eecn, token, wr_id, status, 0, None, r, false);
+                    }
+                }
+            }
+            if to_error {
+                q.enter_error(core, true);
+            }
+        }
+    }
+}
+
+/// The checks of PKT-VAL-12 in order — PSN, opcode sequence, RDD, operation enabled,
+/// resources, lengths, keys — then the execution.
+pub(super) fn receive(
+    q: &QpInner,
+    core: &mut QpCore,
+    eec: &EecInner,
+    ec: &mut EecCore,
+    r: &Request<'_>,
+    mtu: u64,
+) -> Result<(), Fail> {
+    let e = &mut ec.engine;
+    match r.psn.classify(Psn::new(e.epsn)) {
+        PsnClass::OutOfSequence => {
+            if e.nak_sent {
+                return Err(Fail::Drop); // PKT-PSN-6
+            }
+            e.nak_sent = true;
+            return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr)));
+        }
+        PsnClass::Duplicate => return duplicate(q, eec, ec, r, mtu),
+        PsnClass::Expected => e.nak_sent = false,
+    }
+    let continuing = matches!(r.position, Position::Middle | Position::Last);
+    match (&e.rx, continuing) {
+        (Some(_), false) | (None, true) => return Err(invalid()),
+        (Some(rx), true) if rx.qpn != q.qpn || rx.src_qp != r.src_qp => return Err(invalid()),
+        (Some(RdRx { msg: RxMsg::Send { .. }, .. }), true) if r.operation != Operation::Send => return Err(invalid()),
+        (Some(RdRx { msg: RxMsg::Write { .. }, .. }), true) if r.operation != Operation::RdmaWrite => {
+            return Err(invalid())
+        }
+        _ => {}
+    }
+    if q.rdd.as_ref() != Some(&eec.rdd) {
+        // The QP is not in the channel's domain: Invalid RD Request, nothing else changes.
+        return Err(Fail::Fatal { nak: NakCode::InvalidRdRequest, status: WcStatus::RemInvRdReqErr, to_error: false });
+    }
+    let acc = core.attrs.qp_access_flags;
+    let enabled = match r.operation {
+        Operation::Send => true,
+        Operation::RdmaWrite => acc.contains(Access::REMOTE_WRITE),
+        Operation::RdmaReadRequest => acc.contains(Access::REMOTE_READ),
+        Operation::CompareSwap | Operation::FetchAdd => acc.contains(Access::REMOTE_ATOMIC),
+        _ => false,
+    };
+    if !enabled {
+        return Err(invalid()); // MOD-ACC-1..3
+    }
+    match r.operation {
+        Operation::Send => rd_send(q, core, eec, ec, r, mtu),
+        Operation::RdmaWrite => rd_write(q, core, eec, ec, r, mtu),
+        Operation::RdmaReadRequest => rd_read(q, core, ec, r, mtu),
+        _ => rd_atomic(q, core, ec, r),
+    }
+}
+
+/// Binds the QP's next receive WQE to the channel: the RQ head (or an SRQ WQE) is copied
+/// into the channel and the RQ head advances at once (ORD-RD-1).
+pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u64, Vec<crate::verbs::types::Sge>)> {
+    let (wr_id, sges) = match &q.srq {
+        None => {
+            let w = core.take_rq_head()?;
+            (w.wr_id, w.sges.clone())
+        }
+        Some(srq) => {
+            let mut slot = crate::verbs::wr::RecvWqe::default();
+            if !srq.take_into(&mut slot) {
+                return None;
+            }
+            (slot.wr_id, slot.sges)
+        }
+    };
+    let token = core.rd.next_token;
+    core.rd.next_token += 1;
+    core.rd.held.push((eecn, token, wr_id));
+    Some((token, wr_id, sges))
+}
+
+impl QpCore {
+    /// Pops the RQ head for a channel.
+    fn take_rq_head(&mut self) -> Option<crate::verbs::wr::RecvWqe> {
+        let w = self.rq.get(0)?.clone();
+        self.rq.pop();
+        Some(w)
+    }
+}
+
+/// Checks a bound WQE's scatter list with local write access against the PD it was posted in.
+pub(super) fn check_scatter(q: &QpInner, sges: &[crate::verbs::types::Sge]) -> Option<Vec<MemRef>> {
+    let pd = q.srq.as_ref().map_or(q.pd.inner.handle, |s| s.inner.pd.inner.handle);
+    sges.iter()
+        .filter(|s| s.length > 0)
+        .map(|s| check_access(&q.dev, s.lkey, pd, s.addr, s.length as u64, Access::LOCAL_WRITE).ok())
+        .collect()
+}
+
+/// The packet is executed: ePSN moves on and an ACK is owed if asked.
+pub(super) fn accept(q: &QpInner, e: &mut EecEngine, r: &Request<'_>) {
+    e.epsn = r.psn.next().value();
+    if r.ack_req {
+        if let Some(Out { job: RespJob::Ack { psn, syndrome }, to, .. }) = e.out.back_mut() {
+            if syndrome.is_ack() && *to == r.src_qp {
+                *psn = r.psn.value();
+                return;
+            }
+        }
+        e.out.push_back(Out {
+            from: q.qpn,
+            to: r.src_qp,
+            job: RespJob::Ack { psn: r.psn.value(), syndrome: Syndrome::ACK_NO_CREDITS },
+        });
+    }
+}
+
+/// Retires a held receive WQE with a CQE (CQE-10, CQE-11); a full CQ is Class G.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn complete_held(
+    q: &QpInner,
+    core: &mut QpCore,
+    eecn: u32,
+    token: u64,
+    wr_id: u64,
+    status: WcStatus,
+    byte_len: u64,
+    opcode: Option<WcOpcode>,
+    r: &Request<'_>,
+    success: bool,
+) {
+    let Some(i) = core.rd.held.iter().position(|&(n, t, _)| n == eecn && t == token) else { return };
+    core.rd.held.remove(i);
+    let mut wc = Wc { wr_id, status, opcode: opcode.unwrap_or(WcOpcode::Recv), qp_num: q.qpn, ..Default::default() };
+    if success {
+        wc.byte_len = byte_len as u32;
+        wc.src_qp = r.src_qp;
+        wc.eecn = eecn;
+        wc.wc_flags |= WcFlags::GRH;
+        if let Some(imm) = r.imm {
+            wc.imm_data = imm;
+            wc.wc_flags |= WcFlags::WITH_IMM;
+        }
+    }
+    if q.recv_cq.push(wc, !success || r.se).is_err() {
+        q.enter_error(core, false);
+    }
+}
+
+pub(super) fn rd_send(
+    q: &QpInner,
+    core: &mut QpCore,
+    eec: &EecInner,
+    ec: &mut EecCore,
+    r: &Request<'_>,
+    mtu: u64,
+) -> Result<(), Fail> {
+    let e = &mut ec.engine;
+    if e.rx.is_none() {
+        let Some((token, wr_id, sges)) = bind(q, core, eec.eecn) else {
+            return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
+            // ERR-RQ-3
+        };
+        let Some(list) = check_scatter(q, &sges) else {
+            complete_held(q, core, eec.eecn, token, wr_id, WcStatus::LocQpOpErr, 0, None, r, false);
+            return Err(Fail::Fatal {
+                nak: NakCode::RemoteOperationalError,
+                status: WcStatus::LocQpOpErr,
+                to_error: true,
+            });
+        };
+        e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg: RxMsg::Send { token, wr_id, scatter: list, offset: 0 } });
+    }
+    if !length_ok(r.position, r.payload.len() as u64, mtu) {
+        return Err(invalid());
+    }
+    let Some(RdRx { msg: RxMsg::Send { token, wr_id, scatter: list, offset }, .. }) = &mut e.rx else {
+        return Err(invalid());
+    };
+    let (token, wr_id) = (*token, *wr_id);
+    if !core.rd.held.iter().any(|&(n, t, _)| n == eec.eecn && t == token) {
+        e.rx = None; // the QP was flushed under the message
+        return Err(Fail::Drop);
+    }
+    let capacity: u64 = list.iter().map(|m| m.len() as u64).sum();
+    if *offset + r.payload.len() as u64 > capacity {
+        return Err(invalid()); // ERR-RQ-11
+    }
+    if scatter(list, *offset, r.payload).is_err() {
+        return Err(Fail::Fatal { nak: NakCode::RemoteOperationalError, status: WcStatus::LocQpOpErr, to_error: true });
+    }
+    *offset += r.payload.len() as u64;
+    let total = *offset;
+    accept(q, e, r);
+    if matches!(r.position, Position::Last | Position::Only) {
+        e.rx = None;
+        e.msn = Psn::new(e.msn).next().value();
+        complete_held(q, core, eec.eecn, token, wr_id, WcStatus::Success, total, Some(WcOpcode::Recv), r, true);
+    }
+    Ok(())
+}
+
+pub(super) fn rd_write(
+    q: &QpInner,
+    core: &mut QpCore,
+    eec: &EecInner,
+    ec: &mut EecCore,
+    r: &Request<'_>,
+    mtu: u64,
+) -> Result<(), Fail> {
+    let len = r.payload.len() as u64;
+    if !length_ok(r.position, len, mtu) {
+        return Err(invalid());
+    }
+    let completes = matches!(r.position, Position::Last | Position::Only);
+    let e = &mut ec.engine;
+    if completes && r.imm.is_some() && q.srq.is_none() && core.rq.is_empty() {
+        return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
+    }
+    if e.rx.is_none() {
+        let reth = r.reth.ok_or_else(invalid)?;
+        let total = reth.dma_length as u64;
+        if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
+            return Err(invalid()); // ERR-RQ-12
+        }
+        let mem = if total == 0 {
+            None
+        } else {
+            Some(
+                check_access(&q.dev, reth.r_key, q.pd.inner.handle, reth.va, total, Access::REMOTE_WRITE)
+                    .map_err(|_| access_fail())?,
+            )
+        };
+        e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg: RxMsg::Write { mem, offset: 0, len: total } });
+    }
+    let Some(RdRx { msg: RxMsg::Write { mem, offset, len: total }, .. }) = &mut e.rx else { return Err(invalid()) };
+    let end = *offset + len;
+    if end > *total || (completes && end != *total) {
+        return Err(invalid()); // ERR-RQ-12
+    }
+    if let Some(m) = mem {
+        m.write(*offset as usize, r.payload).map_err(|_| invalid())?;
+    }
+    *offset = end;
+    let total = *total;
+    if completes && r.imm.is_some() {
+        let Some((token, wr_id, _)) = bind(q, core, eec.eecn) else {
+            return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
+        };
+        accept(q, e, r);
+        e.rx = None;
+        e.msn = Psn::new(e.msn).next().value();
+        complete_held(
+            q,
+            core,
+            eec.eecn,
+            token,
+            wr_id,
+            WcStatus::Success,
+            total,
+            Some(WcOpcode::RecvRdmaWithImm),
+            r,
+            true,
+        );
+        return Ok(());
+    }
+    accept(q, e, r);
+    if completes {
+        e.rx = None;
+        e.msn = Psn::new(e.msn).next().value();
+    }
+    Ok(())
+}
+
+pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+    if core.attrs.max_dest_rd_atomic == 0 || ec.attrs.max_dest_rd_atomic == 0 {
+        return Err(invalid()); // ERR-RQ-6: no inbound Read/Atomic resources
+    }
+    let reth = r.reth.ok_or_else(invalid)?;
+    let len = reth.dma_length as u64;
+    if len > 1 << 31 {
+        return Err(invalid());
+    }
+    let mem = if len == 0 {
+        None
+    } else {
+        Some(
+            check_access(&q.dev, reth.r_key, q.pd.inner.handle, reth.va, len, Access::REMOTE_READ)
+                .map_err(|_| access_fail())?,
+        )
+    };
+    let npkts = len.div_ceil(mtu).max(1) as u32;
+    let psn = r.psn.value();
+    let e = &mut ec.engine;
+    e.last = Some(Executed::Read { psn, qpn: q.qpn, va: reth.va, rkey: reth.r_key, len, npkts });
+    e.epsn = r.psn.add(npkts).value();
+    e.msn = Psn::new(e.msn).next().value();
+    e.out.push_back(Out {
+        from: q.qpn,
+        to: r.src_qp,
+        job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len },
+    });
+    Ok(())
+}
+
+pub(super) fn rd_atomic(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>) -> Result<(), Fail> {
+    let Some((is_cas, a)) = r.atomic else { return Err(invalid()) };
+    if a.va % 8 != 0 {
+        return Err(invalid()); // ERR-RQ-5
+    }
+    if core.attrs.max_dest_rd_atomic == 0 || ec.attrs.max_dest_rd_atomic == 0 {
+        return Err(invalid());
+    }
+    let mem =
+        check_access(&q.dev, a.r_key, q.pd.inner.handle, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| access_fail())?;
+    let orig = execute_atomic(&mem, is_cas, &a).ok_or_else(invalid)?;
+    let psn = r.psn.value();
+    let e = &mut ec.engine;
+    e.last = Some(Executed::Atomic { psn, orig });
+    e.epsn = r.psn.next().value();
+    e.msn = Psn::new(e.msn).next().value();
+    e.out.push_back(Out { from: q.qpn, to: r.src_qp, job: RespJob::AtomicAck { psn, orig } });
+    Ok(())
+}
+
+/// Duplicates are never executed again: Sends and Writes are re-ACKed, the last Read is
+/// replayed from the requested PSN and the last Atomic's result is sent again.
+pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+    let e = &mut ec.engine;
+    let to = r.src_qp;
+    match (r.operation, e.last) {
+        (Operation::Send | Operation::RdmaWrite, _) => {
+            if r.ack_req {
+                let psn = Psn::new(e.epsn).sub(1).value();
+                e.out.push_back(Out { from: q.qpn, to, job: RespJob::Ack { psn, syndrome: Syndrome::ACK_NO_CREDITS } });
+            }
+            Ok(())
+        }
+        (Operation::RdmaReadRequest, Some(Executed::Read { psn, qpn, va, rkey, len, npkts })) if qpn == q.qpn => {
+            let reth = r.reth.ok_or(Fail::Drop)?;
+            let first = Psn::new(psn);
+            if !r.psn.in_range(first, first.add(npkts - 1)) {
+                return Err(Fail::Drop);
+            }
+            let k = r.psn.distance_from(first) as u64;
+            if reth.r_key != rkey || reth.va != va.wrapping_add(k * mtu) || reth.dma_length as u64 != len - k * mtu {
+                return Err(Fail::Drop);
+            }
+            let mem = if len == 0 {
+                None
+            } else {
+                Some(
+                    check_access(&eec.dev, rkey, q.pd.inner.handle, va, len, Access::REMOTE_READ)
+                        .map_err(|_| Fail::Drop)?,
+                )
+            };
+            e.out.push_back(Out {
+                from: q.qpn,
+                to,
+                job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: k as u32, len },
+            });
+            Ok(())
+        }
+        (Operation::CompareSwap | Operation::FetchAdd, Some(Executed::Atomic { psn, orig }))
+            if psn == r.psn.value() =>
+        {
+            e.out.push_back(Out { from: q.qpn, to, job: RespJob::AtomicAck { psn, orig } });
+            Ok(())
+        }
+        _ => Err(Fail::Drop),
+    }
+}
+
+/// A Resync takes its PSN as the channel's new ePSN and aborts the message in progress; a
+/// duplicate Resync is acknowledged again.
+pub(super) fn on_resync(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>) {
+    let e = &mut ec.engine;
+    let duplicate = !e.want_resync && r.psn.classify(Psn::new(e.epsn)) == PsnClass::Duplicate;
+    let from = qp.as_ref().map_or(r.src_qp, |(q, _)| q.qpn);
+    if !duplicate {
+        if let Some(rx) = e.rx.take() {
+            if let (RxMsg::Send { token, wr_id, .. }, Some((q, core))) = (rx.msg, qp) {
+                if rx.qpn == q.qpn {
+                    complete_held(q, core, eec.eecn, token, wr_id, WcStatus::RemAbortErr, 0, None, r, false);
+                }
+            }
+        }
+        e.epsn = r.psn.next().value();
+        e.want_resync = false;
+        e.nak_sent = false;
+    }
+    e.out.push_back(Out {
+        from,
+        to: r.src_qp,
+        job: RespJob::Ack { psn: r.psn.value(), syndrome: Syndrome::ACK_NO_CREDITS },
+    });
+}

@@ -1,0 +1,510 @@
+//! The EEC's Send Logic: an RD QP's turn (starting and completing the SQ head's message), the
+//! request packets, the responses to them, retries, timeouts and the Resync.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::verbs::device::DeviceInner;
+use crate::verbs::eec::{EecCore, EecInner};
+use crate::verbs::qp::{wc_opcode_of, QpCore, QpInner};
+use crate::verbs::types::{QpState, Wc, WcStatus};
+use crate::verbs::wr::{SendFlags, SendWqe, WrOpcode};
+use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
+use crate::wire::opcode::{Operation, Position};
+use crate::wire::psn::Psn;
+use crate::wire::{BthRepr, DethRepr, Opcode, PacketRepr, RdethRepr};
+
+use crate::transport::completer::{scatter, Response};
+use crate::transport::engine::{add_request_headers, emit, gather, ip_for, send_opcode};
+use crate::transport::requester::{ack_timeout_ns, check_local, ACK_EVERY, WINDOW};
+
+use super::receive::reap_held;
+use super::*;
+
+/// An RD QP's turn in the engine: completes receive WQEs whose channel went away, completes
+/// or fails the SQ head's message, or hands the SQ head to its EEC and sends the first packet.
+pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<usize> {
+    reap_held(q, core);
+    let state = core.attrs.qp_state;
+    if !matches!(state, QpState::Rts | QpState::Sqd) {
+        return None;
+    }
+    loop {
+        let head = core.sq.get(0)?;
+        if let Some(eecn) = core.rd.active {
+            let Some(eec) = find_eec(&q.dev, eecn) else {
+                fail_head(q, core, WcStatus::InvEecStateErr);
+                return None;
+            };
+            let mut ec = eec.lock();
+            if !ec.engine.owner_is(q) {
+                drop(ec);
+                fail_head(q, core, WcStatus::InvEecStateErr);
+                return None;
+            }
+            if ec.destroyed || !matches!(ec.attrs.state, QpState::Rts | QpState::Sqd) {
+                // QPS-RD-4, QPS-RD-5: the EEC went to Error under the message.
+                let status = ec.engine.tx.as_ref().and_then(|t| t.status).unwrap_or(WcStatus::InvEecStateErr);
+                ec.engine.tx = None;
+                drop(ec);
+                fail_head(q, core, status);
+                return None;
+            }
+            if let Some(status) = ec.engine.tx.as_ref().and_then(|t| t.status) {
+                finish(q, core, &mut ec, status);
+                continue;
+            }
+            return None; // in flight: the EEC's own turn sends the rest
+        }
+        // A new message: QPS-SQD-3 keeps SQD from starting one.
+        if state == QpState::Sqd {
+            return None;
+        }
+        if let Some(b) = &head.bind {
+            // A bind is local: it takes effect and completes in order, with no packet.
+            let status = match crate::verbs::mw::bind(&q.dev, q.pd.inner.handle, b) {
+                Ok(()) => WcStatus::Success,
+                Err(s) => s,
+            };
+            retire_head(q, core, status);
+            if status != WcStatus::Success {
+                return None;
+            }
+            continue;
+        }
+        let eecn = head.eecn;
+        let Some(eec) = find_eec(&q.dev, eecn) else {
+            fail_head(q, core, WcStatus::InvEecnErr);
+            return None;
+        };
+        if q.rdd.as_ref() != Some(&eec.rdd) {
+            fail_head(q, core, WcStatus::LocRddViolErr);
+            return None;
+        }
+        let mut ec = eec.lock();
+        match ec.attrs.state {
+            _ if ec.destroyed => {
+                drop(ec);
+                fail_head(q, core, WcStatus::InvEecnErr);
+                return None;
+            }
+            QpState::Rts => {}
+            QpState::Sqd => return None, // QPS-RD-3: held while the EEC stays in SQD
+            _ => {
+                // QPS-RD-1, QPS-RD-2, QPS-RD-4, QPS-RD-5
+                drop(ec);
+                fail_head(q, core, WcStatus::InvEecStateErr);
+                return None;
+            }
+        }
+        if ec.engine.tx.is_some() {
+            return None; // the channel carries another QP's message: wait
+        }
+        let mut w = head.clone();
+        if let Err(status) = check_local(q, core, &mut w) {
+            drop(ec);
+            fail_head(q, core, status);
+            return None;
+        }
+        let mtu = mtu_of(&ec.attrs);
+        let npkts = match w.opcode {
+            WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 1,
+            _ => w.length.div_ceil(mtu).max(1) as u32,
+        };
+        if (w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic()) && ec.attrs.max_rd_atomic == 0 {
+            drop(ec);
+            fail_head(q, core, WcStatus::LocQpOpErr); // an outbound depth of 0 allows none
+            return None;
+        }
+        // WR-SEND-4, WR-SEND-5: a Q_Key with its msb set means "use the QP's own".
+        let q_key = if w.remote_qkey & 0x8000_0000 != 0 { core.attrs.qkey } else { w.remote_qkey };
+        let e = &mut ec.engine;
+        let first_psn = e.psn;
+        e.psn = Psn::new(e.psn).add(npkts).value();
+        e.tx = Some(RdTx {
+            owner: Some((q.clone(), q.rd_epoch.load(Ordering::Acquire))),
+            wqe: w,
+            src_qp: q.qpn,
+            q_key,
+            first_psn,
+            npkts,
+            next: 0,
+            done: 0,
+            status: None,
+            sent: false,
+            resync_after: false,
+        });
+        e.recovering = None;
+        core.rd.active = Some(eecn);
+        core.req.started = 1;
+        return emit_request(&eec, &mut ec, now, buf);
+    }
+}
+
+/// Retires the SQ head with `status`: a CQE when signaled or unsuccessful (WR-COM-2..4).
+pub(super) fn retire_head(q: &QpInner, core: &mut QpCore, status: WcStatus) {
+    let Some(w) = core.sq.get(0) else { return };
+    let wc = Wc {
+        wr_id: w.wr_id,
+        status,
+        opcode: wc_opcode_of(w.opcode),
+        byte_len: if w.opcode.is_atomic() { 8 } else { w.length as u32 },
+        qp_num: q.qpn,
+        ..Default::default()
+    };
+    let report = status != WcStatus::Success || w.signaled;
+    core.sq.pop();
+    core.rd.active = None;
+    core.req.started = 0;
+    if report && q.send_cq.push(wc, status != WcStatus::Success).is_err() {
+        q.enter_error(core, false); // CQ-OVF-2
+        return;
+    }
+    if status != WcStatus::Success {
+        q.enter_sqe(core); // ERR-SQ-1, QPT-AUTO-1, QPT-AUTO-2
+        return;
+    }
+    q.check_drained(core);
+}
+
+/// Fails the SQ head before or after its EEC took it.
+pub(super) fn fail_head(q: &QpInner, core: &mut QpCore, status: WcStatus) {
+    retire_head(q, core, status);
+}
+
+/// The EEC's message is over: the WQE retires and the channel is free, or carries the Resync
+/// a fatal NAK calls for.
+pub(super) fn finish(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, status: WcStatus) {
+    let Some(tx) = ec.engine.tx.take() else { return };
+    ec.engine.ack_deadline = None;
+    ec.engine.rnr_deadline = None;
+    ec.engine.recovering = None;
+    if tx.resync_after {
+        start_resync(&mut ec.engine, &tx);
+    }
+    retire_head(q, core, status);
+}
+
+pub(super) fn start_resync(e: &mut EecEngine, old: &RdTx) {
+    let first_psn = e.psn;
+    e.psn = Psn::new(e.psn).next().value();
+    let wqe = SendWqe { opcode: WrOpcode::Resync, remote_qpn: old.wqe.remote_qpn, ..Default::default() };
+    e.tx = Some(RdTx {
+        owner: None,
+        wqe,
+        src_qp: old.src_qp,
+        q_key: old.q_key,
+        first_psn,
+        npkts: 1,
+        next: 0,
+        done: 0,
+        status: None,
+        sent: false,
+        resync_after: false,
+    });
+}
+
+/// A message whose QP was flushed or reset under it: a message that has not left is dropped,
+/// one that has is followed by a Resync so that the responder's ePSN catches up.
+pub(super) fn abandon_if_orphaned(e: &mut EecEngine) {
+    let orphaned =
+        matches!(&e.tx, Some(RdTx { owner: Some((q, epoch)), .. }) if q.rd_epoch.load(Ordering::Acquire) != *epoch);
+    if !orphaned {
+        return;
+    }
+    let Some(tx) = e.tx.take() else { return };
+    e.ack_deadline = None;
+    e.rnr_deadline = None;
+    if tx.sent {
+        start_resync(e, &tx);
+    } else {
+        e.psn = tx.first_psn;
+    }
+}
+
+/// Sends the next packet of the channel's message, if the window and the RNR wait allow.
+pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut [u8]) -> Option<usize> {
+    let dev = &eec.dev;
+    let mtu = mtu_of(&ec.attrs);
+    let attrs = ec.attrs.clone();
+    let e = &mut ec.engine;
+    if e.rnr_deadline.is_some() {
+        return None;
+    }
+    let tx = e.tx.as_mut()?;
+    if tx.status.is_some() || tx.next >= tx.npkts || tx.next.saturating_sub(tx.done) >= WINDOW {
+        return None;
+    }
+    let w = &tx.wqe;
+    let k = tx.next;
+    let psn = Psn::new(tx.first_psn).add(k);
+    let single = w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic() || w.opcode == WrOpcode::Resync;
+    let offset = k as u64 * mtu;
+    let payload = if single { 0 } else { (w.length - offset.min(w.length)).min(mtu) };
+    let first = k == 0;
+    let last = single || k + 1 >= tx.npkts;
+    let imm = w.opcode.has_imm();
+    let value = match w.opcode {
+        WrOpcode::RdmaRead => 0x4C,
+        WrOpcode::AtomicCmpSwp => 0x53,
+        WrOpcode::AtomicFetchAdd => 0x54,
+        WrOpcode::Resync => 0x55,
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => send_opcode(0x46, first, last, imm),
+        _ => send_opcode(0x40, first, last, imm),
+    };
+    let pkey = dev.pkey(attrs.pkey_index).unwrap_or(0xFFFF);
+    let mut bth = BthRepr::new(Opcode::from(value), pkey, w.remote_qpn, psn); // WR-SEND-3
+    let solicited_kind = matches!(w.opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+    bth.se = last && solicited_kind && w.flags.contains(SendFlags::SOLICITED);
+    bth.ack_req = last || psn.value() % ACK_EVERY == ACK_EVERY - 1;
+    let mut p = PacketRepr::new(bth);
+    p.rdeth = Some(RdethRepr { ee_cnxt: attrs.dest_eecn }); // WR-SEND-6
+    p.deth = Some(DethRepr { q_key: tx.q_key, src_qp: tx.src_qp });
+    add_request_headers(&mut p, w, offset, first, last);
+    let ip = ip_for(dev, &attrs.av?.ah)?;
+    let len = emit(tx.src_qp, ip, p, payload as usize, buf, |dst| {
+        if !w.inline.is_empty() {
+            let start = offset as usize;
+            w.inline.get(start..start + dst.len()).map(|src| dst.copy_from_slice(src)).is_some()
+        } else {
+            gather(&w.tx.local, offset, dst)
+        }
+    })?;
+    // A Read asks for all its remaining responses with one request.
+    tx.next = if single { tx.npkts } else { k + 1 };
+    tx.sent = true;
+    if e.ack_deadline.is_none() {
+        arm(dev, &mut e.ack_deadline, ack_timeout_ns(attrs.timeout).map(|t| now + t));
+    }
+    Some(len)
+}
+
+pub(super) fn on_response(
+    qp: Option<(&Arc<QpInner>, &mut QpCore)>,
+    eec: &EecInner,
+    ec: &mut EecCore,
+    now: u64,
+    r: &Response<'_>,
+) -> bool {
+    let dev = &eec.dev;
+    let timeout = ec.attrs.timeout;
+    let rnr_retry = ec.attrs.rnr_retry;
+    let retry_cnt = ec.attrs.retry_cnt;
+    let mtu = mtu_of(&ec.attrs);
+    let e = &mut ec.engine;
+    let Some(tx) = e.tx.as_mut() else { return false };
+    let first = Psn::new(tx.first_psn);
+    if tx.status.is_some() || !r.psn.in_range(first, first.add(tx.npkts - 1)) || tx.next == 0 {
+        return false; // PKT-ACK-8
+    }
+    // Responses of a QP's message reach that QP; those of a Resync reach the QP it was for.
+    if let Some((o, _)) = &tx.owner {
+        if !qp.as_ref().is_some_and(|(q, _)| Arc::ptr_eq(q, o)) {
+            return false;
+        }
+    }
+    let k = r.psn.distance_from(first);
+    if k >= tx.next {
+        return false; // nothing this far was sent
+    }
+    let before = tx.done;
+    let op = tx.wqe.opcode;
+    match (r.operation, r.syndrome) {
+        (Operation::Acknowledge, Some(Syndrome::Ack { .. })) => {
+            if op == WrOpcode::RdmaRead || op.is_atomic() {
+                return false;
+            }
+            tx.done = tx.done.max(k + 1);
+            if tx.done >= tx.npkts {
+                tx.status = Some(WcStatus::Success);
+            }
+        }
+        (Operation::Acknowledge, Some(Syndrome::Nak(NakCode::PsnSeqErr))) => {
+            q_bump(&qp, |s| &s.seq_naks_received);
+            if op != WrOpcode::RdmaRead {
+                tx.done = tx.done.max(k);
+            }
+            go_back_or_fail(e, dev, k, false);
+        }
+        (Operation::Acknowledge, Some(Syndrome::RnrNak { timer_code })) => {
+            q_bump(&qp, |s| &s.rnr_naks_received);
+            if rnr_retry != 7 {
+                if e.rnr_left == 0 {
+                    if let Some(tx) = e.tx.as_mut() {
+                        tx.status = Some(WcStatus::RnrRetryExcErr);
+                    }
+                    e.ack_deadline = None;
+                    to_error_after(ec, qp, eec);
+                    return true;
+                }
+                e.rnr_left -= 1;
+            }
+            if let Some(tx) = e.tx.as_mut() {
+                tx.done = tx.done.max(k);
+                tx.next = k;
+            }
+            e.ack_deadline = None;
+            arm(dev, &mut e.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
+            return true;
+        }
+        (Operation::Acknowledge, Some(Syndrome::Nak(code))) => {
+            let status = match code {
+                NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr, // ERR-SQ-9
+                NakCode::PsnSeqErr => WcStatus::RetryExcErr,
+            };
+            tx.status = Some(status); // PKT-NAK-2: no retransmission
+            tx.resync_after = true;
+        }
+        (Operation::RdmaReadResponse, _) if op == WrOpcode::RdmaRead => {
+            if k < tx.done {
+                return true; // a duplicate response
+            }
+            if k > tx.done {
+                let missing = tx.done;
+                go_back_or_fail(e, dev, missing, false); // an implied NAK
+                return true;
+            }
+            let n = tx.npkts;
+            let want = match (n, k) {
+                (1, _) => Position::Only,
+                (_, 0) => Position::First,
+                (_, k) if k == n - 1 => Position::Last,
+                _ => Position::Middle,
+            };
+            let offset = k as u64 * mtu;
+            let want_len = (tx.wqe.length - offset.min(tx.wqe.length)).min(mtu);
+            tx.status = if r.position != want {
+                Some(WcStatus::BadRespErr)
+            } else if r.payload.len() as u64 != want_len {
+                Some(WcStatus::LocLenErr)
+            } else if scatter(&tx.wqe.tx.local, offset, r.payload).is_err() {
+                Some(WcStatus::LocProtErr)
+            } else {
+                tx.done = k + 1;
+                (tx.done == n).then_some(WcStatus::Success)
+            };
+        }
+        (Operation::AtomicAcknowledge, _) if op.is_atomic() => {
+            let orig = r.atomic_orig.unwrap_or(0);
+            tx.done = 1;
+            tx.status = Some(match tx.wqe.tx.local.first() {
+                Some(m) => m.write(0, &orig.to_ne_bytes()).map_or(WcStatus::LocProtErr, |_| WcStatus::Success),
+                None => WcStatus::LocProtErr,
+            });
+        }
+        _ => {
+            tx.status = Some(WcStatus::BadRespErr); // ERR-SQ-12
+            tx.resync_after = true;
+        }
+    }
+    let Some(tx) = e.tx.as_ref() else { return true };
+    if e.recovering.is_some_and(|k| tx.done > k) {
+        e.recovering = None;
+    }
+    if tx.done != before {
+        e.retry_left = retry_cnt;
+        e.rnr_left = rnr_retry;
+    }
+    let at = if tx.status.is_none() { ack_timeout_ns(timeout).map(|t| now + t) } else { None };
+    if tx.done != before || tx.status.is_some() {
+        arm(dev, &mut e.ack_deadline, at);
+    }
+    if let Some(status) = tx.status {
+        match qp {
+            Some((q, core)) if tx.owner.is_some() => {
+                if core.rd.active == Some(eec.eecn) {
+                    finish(q, core, ec, status);
+                } else {
+                    ec.engine.tx = None;
+                }
+            }
+            _ => {
+                // The Resync is acknowledged: the channel is in step again.
+                ec.engine.tx = None;
+                ec.engine.ack_deadline = None;
+            }
+        }
+    }
+    true
+}
+
+pub(super) fn q_bump(
+    qp: &Option<(&Arc<QpInner>, &mut QpCore)>,
+    counter: impl Fn(&crate::transport::engine::Stats) -> &crate::transport::engine::Counter,
+) {
+    if let Some((q, _)) = qp {
+        q.bump(counter);
+    }
+}
+
+/// Go-back-N inside the message, from packet `k`, counting a retry: once per recovery for a
+/// NAK, every time for a timeout.
+pub(super) fn go_back_or_fail(e: &mut EecEngine, dev: &DeviceInner, k: u32, timeout: bool) {
+    let Some(tx) = e.tx.as_mut() else { return };
+    if !timeout && e.recovering == Some(k) {
+        return;
+    }
+    e.recovering = Some(k);
+    if e.retry_left == 0 {
+        tx.status = Some(WcStatus::RetryExcErr);
+        return;
+    }
+    e.retry_left -= 1;
+    tx.next = k;
+    dev.stats.retransmits.inc();
+}
+
+/// Retries ran out: the EEC moves straight to Error (QPS-RD-6); the message completes in
+/// error at once if its QP is at hand, else at the QP's next turn.
+pub(super) fn to_error_after(ec: &mut EecCore, qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner) {
+    ec.attrs.state = QpState::Error;
+    ec.engine.rnr_deadline = None;
+    ec.engine.ack_deadline = None;
+    ec.engine.out.clear();
+    tracing::debug!(eecn = eec.eecn, "EEC → Error");
+    let status = ec.engine.tx.as_ref().and_then(|t| t.status).unwrap_or(WcStatus::RetryExcErr);
+    if let Some((q, core)) = qp {
+        if core.rd.active == Some(eec.eecn) && ec.engine.owner_is(q) {
+            ec.engine.tx = None;
+            fail_head(q, core, status);
+        }
+    }
+}
+
+/// The EECs' timers: an RNR wait ends, or the ACK timer retries from the first
+/// unacknowledged packet, or, out of retries, moves the EEC to Error. Returns the earliest
+/// timer still armed.
+pub(crate) fn handle_timeout(dev: &DeviceInner, now: u64) -> u64 {
+    if dev.counts.eec.load(Ordering::Relaxed) == 0 {
+        return u64::MAX;
+    }
+    let eecs: Vec<Arc<EecInner>> = dev.eecs.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+    let mut earliest = u64::MAX;
+    for eec in eecs {
+        let mut ec = eec.lock();
+        let e = &mut ec.engine;
+        if e.rnr_deadline.is_some_and(|t| t <= now) {
+            e.rnr_deadline = None;
+        }
+        if e.ack_deadline.is_some_and(|t| t <= now) {
+            e.ack_deadline = None;
+            if let Some(tx) = e.tx.as_mut() {
+                if tx.status.is_none() {
+                    let from = tx.done;
+                    go_back_or_fail(e, dev, from, true);
+                    if e.tx.as_ref().is_some_and(|t| t.status == Some(WcStatus::RetryExcErr)) {
+                        to_error_after(&mut ec, None, &eec);
+                    }
+                }
+            }
+        }
+        let e = &ec.engine;
+        for t in [e.ack_deadline, e.rnr_deadline].into_iter().flatten() {
+            earliest = earliest.min(t);
+        }
+    }
+    earliest
+}
