@@ -775,3 +775,62 @@ fn modify_and_query_eec() {
     e.destroy().unwrap();
     assert!(e.query().is_err());
 }
+
+/// A receive WQE bound to a channel whose EEC goes to Error mid-message completes with Flush
+/// Error at its QP's next turn, and the QP's later receives still work through another channel.
+/// Rule ERR-FLUSH-1, ORD-RD-1
+#[test]
+fn a_held_receive_is_flushed_when_its_channel_fails() {
+    let mut f = SimFabric::new(SimConfig::default().seed(25).latency_ns(1_000).bandwidth_bps(1_000_000_000));
+    let (a, b) = (node(&mut f, "rd14-a"), node(&mut f, "rd14-b"));
+    let (ea, eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let (ea2, _eb2) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..65536)]), RecvWr::new(2, &[b.mr.sge(65536..65600)])]).unwrap();
+    let big = [a.mr.sge(0..65536)];
+    qa.post_send(&[SendWr::send(1, &big).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let bctx = b.ctx.clone();
+    assert!(f.run_until_within(1_000_000_000, |_| bctx.counters().rx_packets >= 4));
+    eb.modify(&EecAttr::new(QpState::Error)).unwrap();
+    f.run_for(10_000_000);
+    let r: Vec<(u64, WcStatus)> = poll_all(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(r, [(1, WcStatus::WrFlushErr)], "the held WQE, and only it");
+    assert_eq!(qb.query().unwrap().qp_state, QpState::Rts, "the QP itself is fine");
+    let small = [a.mr.sge(0..64)];
+    let q2 = rd_qp(&a, &a.rdd);
+    q2.post_send(&[SendWr::send(5, &small).rd(&ea2, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &b.cq, &mut got, 1);
+    assert_eq!((got[0].wr_id, got[0].status, got[0].byte_len), (2, WcStatus::Success, 64));
+}
+
+/// An RD QP may take its receives from an SRQ; each channel binds the SRQ's next WQE.
+/// Rule ORD-RD-1, CQE-11
+#[test]
+fn rd_qp_on_an_srq() {
+    let mut f = fabric(SimConfig::default().seed(26));
+    let (a, b) = (node(&mut f, "rd15-a"), node(&mut f, "rd15-b"));
+    let (ea, eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let qa = rd_qp(&a, &a.rdd);
+    let srq = b.pd.create_srq(&SrqInitAttr::default()).unwrap();
+    let qb = b.pd.create_qp(&QpInitAttr::rd(&b.cq, &b.cq, &b.rdd).srq(&srq)).unwrap();
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    qb.modify(&QpAttr::to_init().access(all).qkey(QKEY)).unwrap();
+    qb.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4)).unwrap();
+    qb.modify(&QpAttr::to_rts().max_rd_atomic(4)).unwrap();
+    srq.post_recv(&[RecvWr::new(70, &[b.mr.sge(0..2048)]), RecvWr::new(71, &[b.mr.sge(2048..4096)])]).unwrap();
+    a.mr.write(0, &[4u8; 1500]).unwrap();
+    let s = [a.mr.sge(0..1500)];
+    qa.post_send(&[
+        SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled(),
+        SendWr::send(2, &s).rd(&ea, qb.qp_num(), QKEY).signaled(),
+    ])
+    .unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &b.cq, &mut got, 2);
+    let r: Vec<(u64, u32, u32)> = got.iter().map(|w| (w.wr_id, w.byte_len, w.eecn)).collect();
+    assert_eq!(r, [(70, 1500, eb.eecn()), (71, 1500, eb.eecn())]);
+    let mut buf = [0u8; 1500];
+    b.mr.read(2048, &mut buf).unwrap();
+    assert!(buf.iter().all(|&x| x == 4));
+}
