@@ -271,7 +271,7 @@ fn rd_qp_works_on_one_wqe_at_a_time() {
 /// through channel 1 and, once its first packet is in, a 25-packet Send through channel 2.
 /// Both messages progress at once, W1 holds the first and W2 the second, and W2's CQE comes
 /// first.
-/// Rule ORD-RD-1, ORD-RD-2, ORD-RD-3, ORD-RQ-1
+/// Rule ORD-RD-1, ORD-RD-2, ORD-RD-3, ORD-RQ-1, CQE-15
 #[test]
 fn two_channels_fill_two_wqes_and_complete_out_of_post_order() {
     let mut f = SimFabric::new(SimConfig::default().seed(13).latency_ns(1_000).bandwidth_bps(1_000_000_000));
@@ -300,6 +300,8 @@ fn two_channels_fill_two_wqes_and_complete_out_of_post_order() {
     assert_eq!((first.wr_id, first.byte_len, first.src_qp, first.eecn), (2, 25 * 256, q2.qp_num(), t2.eecn()));
     assert_eq!((second.wr_id, second.byte_len, second.src_qp, second.eecn), (1, 100 * 256, q1.qp_num(), t1.eecn()));
     assert!(got.iter().all(|w| w.status == WcStatus::Success));
+    // CQE-15: both slots were free by W2's CQE; W1's frees none more.
+    assert_eq!((first.freed, second.freed), (2, 0));
     let mut buf = vec![0u8; 200 * 256];
     t.mr.read(0, &mut buf).unwrap();
     assert!(buf[..100 * 256].iter().all(|&x| x == 1) && buf[100 * 256..125 * 256].iter().all(|&x| x == 2));
@@ -504,6 +506,35 @@ fn flushing_a_qp_under_its_message_resyncs_the_channel() {
     assert_eq!((got[0].wr_id, got[0].status), (7, WcStatus::Success));
     let r: Vec<(u64, WcStatus)> = poll_all(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(r, [(1, WcStatus::RemAbortErr), (2, WcStatus::Success)]);
+}
+
+/// The freed resource counts of an RD QP's receive CQEs, whatever their status, add up to
+/// the receive WQEs retired: completed, aborted, flushed while held, flushed from the RQ and
+/// flushed at post in Error.
+/// Rule CQE-15, CQE-16
+#[test]
+fn freed_resource_counts_add_up() {
+    let mut f = fabric(SimConfig::default().seed(27));
+    let (a, b) = (node(&mut f, "rd16-a"), node(&mut f, "rd16-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    let sges: Vec<[Sge; 1]> = (0..6).map(|i| [b.mr.sge(i * 8192..(i + 1) * 8192)]).collect();
+    let recvs: Vec<RecvWr> = sges.iter().enumerate().map(|(i, s)| RecvWr::new(i as u64, s)).collect();
+    qb.post_recv(&recvs).unwrap();
+    let s = [a.mr.sge(0..3000)];
+    qa.post_send(&[
+        SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled(),
+        SendWr::send(2, &s).rd(&ea, qb.qp_num(), QKEY).signaled(),
+    ])
+    .unwrap();
+    let mut sent = Vec::new();
+    wait_for(&mut f, &a.cq, &mut sent, 2);
+    qb.modify(&QpAttr::to_error()).unwrap();
+    qb.post_recv(&[RecvWr::new(9, &[b.mr.sge(0..64)])]).unwrap();
+    let all = poll_all(&b.cq);
+    assert_eq!(all.len(), 7, "two received, four flushed from the RQ, one flushed at post: {all:?}");
+    assert_eq!(all.iter().filter(|w| w.status == WcStatus::Success).count(), 2);
+    assert_eq!(all.iter().map(|w| w.freed).sum::<u32>(), 7);
 }
 
 /// Four RD QP pairs over two channels, 1000 random Sends, Writes, Reads and Fetch & Adds each,

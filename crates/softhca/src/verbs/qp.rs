@@ -668,6 +668,20 @@ impl QpInner {
         while let Some(w) = core.rq.get(0) {
             let wr_id = w.wr_id;
             core.rq.pop();
+            if self.qp_type == QpType::Rd {
+                // CQE-15: this WQE's slot, and any a channel freed before.
+                let freed = 1 + std::mem::take(&mut core.rd.freed);
+                let wc = Wc {
+                    wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: self.qpn,
+                    freed,
+                    ..Default::default()
+                };
+                let _ = self.recv_cq.push(wc, true);
+                continue;
+            }
             flush_cqe(&self.recv_cq, self.qpn, wr_id, WcOpcode::Recv);
         }
     }
@@ -1152,6 +1166,19 @@ impl Qp {
             self.check_recvs(wrs, None)?;
             q.flush_rq(&mut core);
             for wr in wrs {
+                if q.qp_type == QpType::Rd {
+                    // CQE-15: every RD receive WQE retired counts once.
+                    let wc = Wc {
+                        wr_id: wr.wr_id,
+                        status: WcStatus::WrFlushErr,
+                        opcode: WcOpcode::Recv,
+                        qp_num: q.qpn,
+                        freed: 1,
+                        ..Default::default()
+                    };
+                    let _ = q.recv_cq.push(wc, true);
+                    continue;
+                }
                 flush_cqe(&q.recv_cq, q.qpn, wr.wr_id, WcOpcode::Recv);
             }
         } else {

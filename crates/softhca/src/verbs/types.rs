@@ -361,6 +361,10 @@ pub struct Wc {
     pub dlid_path_bits: u8,
     /// RD: the local EEC the message arrived on (CQE-11).
     pub eecn: u32,
+    /// RD receive CQEs: the RQ slots freed since the QP's previous receive CQE, whatever the
+    /// status. A WQE's slot frees when a channel binds it (ORD-RD-1), so a CQE that completes
+    /// out of post order may report 0 and a later one 2 (CQE-15).
+    pub freed: u32,
 }
 
 impl Wc {

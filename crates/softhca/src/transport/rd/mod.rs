@@ -46,6 +46,8 @@ pub(crate) struct RdQp {
     pub active: Option<u32>,
     /// RQ WQEs bound to a channel's inbound message: (EECN, bind token, WR ID), in bind order.
     pub held: Vec<(u32, u64, u64)>,
+    /// RQ slots freed since the last receive CQE: the freed resource count the next one reports.
+    pub freed: u32,
     pub next_token: u64,
 }
 
@@ -308,10 +310,17 @@ pub(crate) fn release(q: &QpInner, core: &mut QpCore, flush: bool) {
     if core.rd.active.take().is_some() {
         q.rd_epoch.fetch_add(1, Ordering::AcqRel);
     }
-    for (_, _, wr_id) in core.rd.held.drain(..) {
+    let held = std::mem::take(&mut core.rd.held);
+    for (_, _, wr_id) in held {
         if flush {
-            let wc =
-                Wc { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
+            let wc = Wc {
+                wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                qp_num: q.qpn,
+                freed: std::mem::take(&mut core.rd.freed),
+                ..Default::default()
+            };
             let _ = q.recv_cq.push(wc, true);
         }
     }

@@ -38,8 +38,15 @@ pub(super) fn reap_held(q: &QpInner, core: &mut QpCore) {
             continue;
         }
         core.rd.held.remove(i);
-        let wc =
-            Wc { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
+        let freed = std::mem::take(&mut core.rd.freed);
+        let wc = Wc {
+            wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: q.qpn,
+            freed,
+            ..Default::default()
+        };
         let _ = q.recv_cq.push(wc, true);
     }
 }
@@ -229,6 +236,7 @@ pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u6
     let token = core.rd.next_token;
     core.rd.next_token += 1;
     core.rd.held.push((eecn, token, wr_id));
+    core.rd.freed += 1;
     Some((token, wr_id, sges))
 }
 
@@ -284,7 +292,9 @@ pub(super) fn complete_held(
 ) {
     let Some(i) = core.rd.held.iter().position(|&(n, t, _)| n == eecn && t == token) else { return };
     core.rd.held.remove(i);
-    let mut wc = Wc { wr_id, status, opcode: opcode.unwrap_or(WcOpcode::Recv), qp_num: q.qpn, ..Default::default() };
+    let freed = std::mem::take(&mut core.rd.freed); // CQE-15
+    let mut wc =
+        Wc { wr_id, status, opcode: opcode.unwrap_or(WcOpcode::Recv), qp_num: q.qpn, freed, ..Default::default() };
     if success {
         wc.byte_len = byte_len as u32;
         wc.src_qp = r.src_qp;
