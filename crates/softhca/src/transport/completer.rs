@@ -306,16 +306,17 @@ pub(crate) fn retire(q: &QpInner, core: &mut QpCore) {
         } else {
             core.req.cursor_off = 0;
         }
+        // A UC or UD QP is in SQE before its error CQE can be seen (see `begin_sqe`).
+        let sqe = (status != WcStatus::Success && q.qp_type != QpType::Rc).then(|| q.begin_sqe(core));
         if report && q.send_cq.push(wc, status != WcStatus::Success).is_err() {
             // CQ-OVF-2: the QP whose CQE could not be written moves to Error.
             q.enter_error(core, false);
             return;
         }
         if status != WcStatus::Success {
-            if q.qp_type == QpType::Rc {
-                q.enter_error(core, true);
-            } else {
-                q.enter_sqe(core);
+            match sqe {
+                Some(queued) => q.finish_sqe(core, queued),
+                None => q.enter_error(core, true),
             }
             return;
         }

@@ -507,11 +507,9 @@ impl Context {
                 return Err(e);
             }
         }
-        let max_sge = cap.max_send_sge.max(1) as usize;
-        let (sq_ring, sq) = Ring::with_slots(cap.max_send_wr as usize, |w: &mut SendWqe| w.sges.reserve(max_sge));
+        let (sq_ring, sq) = Ring::with_slots(cap.max_send_wr as usize, prepare_send(&cap));
         let rq_len = if init.srq.is_some() { 0 } else { cap.max_recv_wr as usize };
-        let max_recv_sge = cap.max_recv_sge.max(1) as usize;
-        let (rq_ring, rq) = Ring::with_slots(rq_len, |w: &mut RecvWqe| w.sges.reserve(max_recv_sge));
+        let (rq_ring, rq) = Ring::with_slots(rq_len, prepare_recv(cap.max_recv_sge));
         let qpn = self.inner.alloc_qpn();
         let inner = Arc::new(QpInner {
             qpn,
@@ -562,6 +560,22 @@ impl Pd {
 /// Tags an error of a post with the index of the WR it concerns.
 fn at(index: usize) -> impl Fn(VerbsError) -> PostError {
     move |error| PostError { index, error }
+}
+
+/// Readies an SQ slot so that filling it never allocates: room for the most SGEs and inline
+/// bytes a WR may carry.
+fn prepare_send(cap: &QpCap) -> impl FnMut(&mut SendWqe) {
+    let (sges, inline) = (cap.max_send_sge.max(1) as usize, cap.max_inline_data as usize);
+    move |w| {
+        w.sges.reserve(sges);
+        w.inline.reserve(inline);
+    }
+}
+
+/// Readies an RQ (or SRQ) slot for `max_sge` SGEs.
+pub(crate) fn prepare_recv(max_sge: u32) -> impl FnMut(&mut RecvWqe) {
+    let sges = max_sge.max(1) as usize;
+    move |w| w.sges.reserve(sges)
 }
 
 /// Posts one CQE for a WQE that did not execute. Error CQEs are solicited events (EVT-SOL-2,
@@ -653,10 +667,16 @@ impl QpInner {
 
     /// Flushes every SQ WQE, in post order.
     fn flush_sq(&self, core: &mut QpCore) {
+        self.flush_sq_first(core, usize::MAX);
+    }
+
+    /// Flushes the `n` oldest SQ WQEs (or as many as there are), in post order.
+    fn flush_sq_first(&self, core: &mut QpCore, n: usize) {
         if core.rd.active.take().is_some() {
             self.rd_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
-        while let Some(w) = core.sq.get(0) {
+        for _ in 0..n {
+            let Some(w) = core.sq.get(0) else { break };
             let (wr_id, opcode) = (w.wr_id, wc_opcode_of(w.opcode));
             core.sq.pop();
             flush_cqe(&self.send_cq, self.qpn, wr_id, opcode);
@@ -867,16 +887,26 @@ impl QpInner {
         }
     }
 
-    /// A UC or UD SQ WQE completed in error: the QP moves to SQE and the WQEs queued behind
-    /// it are flushed (ERR-SQ-1, ERR-SQE-1, QPT-AUTO-1, QPT-AUTO-2). WRs posted from now on wait
-    /// for SQE→RTS.
-    pub fn enter_sqe(&self, core: &mut QpCore) {
+    /// A UC, UD or RD SQ WQE completed in error: the QP moves to SQE and the WQEs queued
+    /// behind it are flushed (ERR-SQ-1, ERR-SQE-1, QPT-AUTO-1, QPT-AUTO-2); WRs posted from now
+    /// on wait for SQE→RTS. This is the first half, done before the error CQE is written: from
+    /// here on a
+    /// poster sees SQE and its WR waits for SQE→RTS. Returns how many WQEs were published
+    /// before (SeqCst, against the poster's publish-then-look): those, and only those, are
+    /// flushed by [`QpInner::finish_sqe`]. An application that polled the error CQE and then
+    /// posted must find its WR held, not flushed (QPS-SQE, ERR-SQ-1).
+    pub fn begin_sqe(&self, core: &mut QpCore) -> usize {
         tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → SQE");
         core.attrs.qp_state = QpState::Sqe;
         self.mirror_state(core);
         core.attrs.sq_draining = false;
         core.sqd_event_pending = false;
-        self.flush_sq(core);
+        core.sq.len()
+    }
+
+    /// The second half: flushes the `queued` WQEs that preceded the move to SQE.
+    pub fn finish_sqe(&self, core: &mut QpCore, queued: usize) {
+        self.flush_sq_first(core, queued);
         let psn = core.req.psn;
         let (retry, rnr) = (core.attrs.retry_cnt, core.attrs.rnr_retry);
         core.req.start(psn, retry, rnr);
@@ -984,8 +1014,9 @@ impl Qp {
             }
             _ => {
                 if let Some(sizes) = attr.cap {
-                    core.sq.resize(&mut sq, sizes.max_send_wr as usize);
-                    core.rq.resize(&mut rq, sizes.max_recv_wr as usize);
+                    let cap = core.attrs.cap;
+                    core.sq.resize(&mut sq, sizes.max_send_wr as usize, prepare_send(&cap));
+                    core.rq.resize(&mut rq, sizes.max_recv_wr as usize, prepare_recv(cap.max_recv_sge));
                 }
                 if from == QpState::Rts && to == QpState::Sqd {
                     next.sq_draining = core.req.started > 0;

@@ -90,8 +90,7 @@ impl Pd {
             give(&dev.counts.srq);
             return Err(e);
         }
-        let max_sge = init.max_sge.max(1) as usize;
-        let (ring, rq) = Ring::with_slots(init.max_wr as usize, |w: &mut RecvWqe| w.sges.reserve(max_sge));
+        let (ring, rq) = Ring::with_slots(init.max_wr as usize, super::qp::prepare_recv(init.max_sge));
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 handle: dev.new_handle(),
@@ -158,7 +157,7 @@ impl Srq {
             return Err(VerbsError::InvalidArgument("SRQ limit above its size"));
         }
         if max_wr.is_some() {
-            c.rq.resize(&mut p, size as usize);
+            c.rq.resize(&mut p, size as usize, super::qp::prepare_recv(self.inner.max_sge));
         }
         c.limit = limit;
         Ok(())

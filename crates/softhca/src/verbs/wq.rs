@@ -203,9 +203,10 @@ impl<T> Consumer<T> {
     }
 
     /// Changes the capacity, keeping the queued WQEs in order; `producer` is this ring's own,
-    /// so that nobody fills a slot meanwhile. The caller has checked that they fit
-    /// (MOD-GEN-10).
-    pub fn resize(&mut self, producer: &mut Producer<'_, T>, capacity: usize)
+    /// so that nobody fills a slot meanwhile. `prepare` readies the new slots as at creation,
+    /// so that posting after a resize does not allocate either. The caller has checked that the
+    /// queued WQEs fit (MOD-GEN-10).
+    pub fn resize(&mut self, producer: &mut Producer<'_, T>, capacity: usize, mut prepare: impl FnMut(&mut T))
     where
         T: Default,
     {
@@ -213,7 +214,13 @@ impl<T> Consumer<T> {
         assert!(std::ptr::eq(producer.ring, &*self.ring), "resize with another ring's producer");
         debug_assert!(capacity >= self.len() && producer.staged == 0);
         let (cons, prod) = (self.cons(), self.prod());
-        let mut fresh: Box<[UnsafeCell<T>]> = (0..capacity).map(|_| UnsafeCell::new(T::default())).collect();
+        let mut fresh: Box<[UnsafeCell<T>]> = (0..capacity)
+            .map(|_| {
+                let mut t = T::default();
+                prepare(&mut t);
+                UnsafeCell::new(t)
+            })
+            .collect();
         // SAFETY: we are the consumer (`&mut self`) and hold the producer lock (`producer` is
         // this ring's, checked above): nobody else can reach the slots or the box now.
         let old = unsafe { &mut *self.ring.slots.get() };
@@ -247,18 +254,18 @@ mod tests {
             *p.next_slot().unwrap() = round * 10 + 3;
             p.commit();
             p.publish();
-            c.resize(&mut p, 5);
+            c.resize(&mut p, 5, |_| {});
             assert_eq!(p.free(), 2);
             let got: Vec<u32> = (0..c.len()).map(|i| *c.get(i).unwrap()).collect();
             assert_eq!(got, vec![round * 10 + 1, round * 10 + 2, round * 10 + 3]);
             *c.get_mut(2).unwrap() += 100;
             c.pop();
-            c.resize(&mut p, 2);
+            c.resize(&mut p, 2, |_| {});
             let got: Vec<u32> = (0..c.len()).map(|i| *c.get(i).unwrap()).collect();
             assert_eq!(got, vec![round * 10 + 2, round * 10 + 103]);
             c.discard();
             assert!(c.is_empty());
-            c.resize(&mut p, 3);
+            c.resize(&mut p, 3, |_| {});
         }
     }
 

@@ -156,12 +156,14 @@ pub(super) fn retire_head(q: &QpInner, core: &mut QpCore, status: WcStatus) {
     core.sq.pop();
     core.rd.active = None;
     core.req.started = 0;
+    // ERR-SQ-1, QPT-AUTO-1, QPT-AUTO-2: in SQE before the error CQE can be seen.
+    let sqe = (status != WcStatus::Success).then(|| q.begin_sqe(core));
     if report && q.send_cq.push(wc, status != WcStatus::Success).is_err() {
         q.enter_error(core, false); // CQ-OVF-2
         return;
     }
-    if status != WcStatus::Success {
-        q.enter_sqe(core); // ERR-SQ-1, QPT-AUTO-1, QPT-AUTO-2
+    if let Some(queued) = sqe {
+        q.finish_sqe(core, queued);
         return;
     }
     q.check_drained(core);
