@@ -5,8 +5,9 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use softhca::link::{FilterCtx, SimConfig, SimFabric, Verdict};
-use softhca::wire::roce;
+use softhca::link::sim::rewrite;
+use softhca::link::{DeviceId, FilterCtx, SimConfig, SimFabric, Verdict};
+use softhca::wire::{roce, Opcode};
 use softhca::*;
 
 const QKEY: u32 = 0x1111_2222;
@@ -864,4 +865,245 @@ fn rd_qp_on_an_srq() {
     let mut buf = [0u8; 1500];
     b.mr.read(2048, &mut buf).unwrap();
     assert!(buf.iter().all(|&x| x == 4));
+}
+
+fn opcode_of(d: &[u8]) -> Option<u8> {
+    roce::parse_ip(d).ok().map(|p| u8::from(p.packet.bth.opcode))
+}
+
+/// An RDMA Write with Immediate to an RD QP whose SRQ is empty is RNR NAKed with nothing
+/// changed, so the retransmission after a receive is posted succeeds.
+/// Rule ERR-RQ-3, PKT-RNR-3
+#[test]
+fn write_with_imm_to_an_srq_qp_survives_an_rnr_nak() {
+    let mut f = fabric(SimConfig::default().seed(101));
+    let (a, b) = (node(&mut f, "rv1-a"), node(&mut f, "rv1-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let qa = rd_qp(&a, &a.rdd);
+    let srq = b.pd.create_srq(&SrqInitAttr::default()).unwrap();
+    let qb = b.pd.create_qp(&QpInitAttr::rd(&b.cq, &b.cq, &b.rdd).srq(&srq)).unwrap();
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    qb.modify(&QpAttr::to_init().access(all).qkey(QKEY)).unwrap();
+    qb.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
+    qb.modify(&QpAttr::to_rts().max_rd_atomic(4)).unwrap();
+    let s = [a.mr.sge(0..1000)];
+    qa.post_send(&[SendWr::rdma_write(1, &s, b.mr.addr(), b.mr.rkey()).imm(7).rd(&ea, qb.qp_num(), QKEY).signaled()])
+        .unwrap();
+    let bctx = b.ctx.clone();
+    assert!(f.run_until_within(1_000_000_000, |_| bctx.counters().rnr_naks_sent >= 1), "an RNR NAK");
+    srq.post_recv(&[RecvWr::new(70, &[])]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!(got[0].status, WcStatus::Success, "requester: {got:?}");
+    assert_eq!(qb.query().unwrap().qp_state, QpState::Rts);
+}
+
+/// A PSN Sequence Error NAK with no retry left fails the WQE and moves the EEC to Error
+/// (QPS-RD-6), rather than leaving it in RTS with its PSNs out of step with the responder's:
+/// the next message on the channel does not vanish.
+/// Rule QPS-RD-6, PKT-RTY-7
+#[test]
+fn psn_nak_with_no_retry_left_does_not_leave_the_channel_out_of_step() {
+    let mut f = fabric(SimConfig::default().seed(102));
+    let (a, b) = (node(&mut f, "rv2-a"), node(&mut f, "rv2-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 0);
+    let (qa, qa2, qb) = (rd_qp(&a, &a.rdd), rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..4096)]), RecvWr::new(2, &[b.mr.sge(4096..8192)])]).unwrap();
+    // Lose the second request packet of the first message only.
+    let from_a = Rc::new(std::cell::Cell::new(0u32));
+    let n = from_a.clone();
+    f.set_filter(move |ctx: &FilterCtx, _| {
+        if ctx.from == Some(DeviceId(0)) {
+            n.set(n.get() + 1);
+            if n.get() == 2 {
+                return Verdict::Drop;
+            }
+        }
+        Verdict::Pass
+    });
+    let s = [a.mr.sge(0..3000)];
+    qa.post_send(&[SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!(got[0].status, WcStatus::RetryExcErr, "PKT-RTY-7 with retry_cnt 0");
+    let small = [a.mr.sge(0..64)];
+    qa2.post_send(&[SendWr::send(2, &small).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    let eec_state = ea.query().unwrap().state;
+    assert!(
+        got[0].status == WcStatus::Success || got[0].status == WcStatus::InvEecStateErr,
+        "the channel was left out of step (EEC in {eec_state}): {got:?}"
+    );
+}
+
+/// A fatal NAK that arrives after its QP was flushed, before the EEC's next transmit turn:
+/// the message still ends with a Resync, and the channel carries the next QP's message.
+/// Rule PKT-NAK-2, ERR-FLUSH-1
+#[test]
+fn fatal_nak_after_the_owner_was_flushed_still_resyncs() {
+    let mut f = fabric(SimConfig::default().seed(103));
+    let (a, b) = (node(&mut f, "rv3-a"), node(&mut f, "rv3-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    // A long ACK timeout, so that no retransmission overtakes the held NAK.
+    ea.modify(&EecAttr::new(QpState::Rts).timeout(20)).unwrap();
+    let (qa, qa2) = (rd_qp(&a, &a.rdd), rd_qp(&a, &a.rdd));
+    let (qb, qb2) = (rd_qp(&b, &b.rdd), rd_qp(&b, &b.rdd));
+    let held: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
+    let hold = Rc::new(std::cell::Cell::new(true));
+    let (h, c) = (hold.clone(), held.clone());
+    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
+        if h.get() && ctx.from == Some(DeviceId(1)) {
+            c.borrow_mut().push(d.clone());
+            return Verdict::Drop;
+        }
+        Verdict::Pass
+    });
+    let s = [a.mr.sge(0..64)];
+    qa.post_send(&[SendWr::rdma_write(1, &s, b.mr.addr(), b.mr.rkey() ^ 0x100).rd(&ea, qb.qp_num(), QKEY)]).unwrap();
+    let c = held.clone();
+    f.run_for(100_000);
+    assert!(!c.borrow().is_empty(), "the responder's NAK");
+    let nak = held.borrow()[0].clone();
+    assert_eq!(opcode_of(&nak), Some(0x51));
+    hold.set(false);
+    // The application flushes qa; the NAK is handled before the engine's next transmit pass.
+    qa.modify(&QpAttr::to_error()).unwrap();
+    // The message has already turned into its Resync: the NAK finds nothing left to end.
+    a.ctx.receive(f.now(), &nak);
+    ea.modify(&EecAttr::new(QpState::Rts).timeout(8)).unwrap();
+    qb2.post_recv(&[RecvWr::new(5, &[b.mr.sge(0..64)])]).unwrap();
+    qa2.post_send(&[SendWr::send(2, &s).rd(&ea, qb2.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 2);
+    let mine: Vec<&Wc> = got.iter().filter(|w| w.qp_num == qa2.qp_num()).collect();
+    assert_eq!(mine.len(), 1, "{got:?}");
+    assert_eq!(mine[0].status, WcStatus::Success, "the channel never resynchronized: {got:?}");
+}
+
+/// A duplicate Read request after the EEC's path MTU grew (SQD → RTS with a new AV), forged
+/// to match the new MTU: the saved Read keeps the MTU it was cut by, and the peer's numbers
+/// cannot make the arithmetic overflow.
+/// DESIGN rule 6
+#[test]
+fn duplicate_read_after_an_mtu_change_does_not_panic() {
+    let mut f = fabric(SimConfig::default().seed(104));
+    let (a, b) = (node(&mut f, "rv4-a"), node(&mut f, "rv4-b"));
+    let (ea, eb) = channel(&a, &b, Mtu::Mtu256, 7);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    let reqs: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
+    let c = reqs.clone();
+    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(0)) && opcode_of(d) == Some(0x4C) {
+            c.borrow_mut().push(d.clone());
+        }
+        Verdict::Pass
+    });
+    let s = [a.mr.sge(0..1024)];
+    qa.post_send(&[SendWr::rdma_read(1, &s, b.mr.addr(), b.mr.rkey()).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!(got[0].status, WcStatus::Success);
+    eb.modify(&EecAttr::new(QpState::Sqd)).unwrap();
+    let av = AddressVector::new(AhAttr::roce(a.gid, 0), Mtu::Mtu1024);
+    eb.modify(&EecAttr::new(QpState::Rts).av(av)).unwrap();
+    let mut d = reqs.borrow()[0].clone();
+    rewrite(&mut d, |r| {
+        r.packet.bth.psn = r.packet.bth.psn.add(3);
+        if let Some(reth) = r.packet.reth.as_mut() {
+            reth.va = reth.va.wrapping_add(3 * 1024);
+        }
+    })
+    .unwrap();
+    f.inject_to(DeviceId(1), d);
+    f.run_for(1_000_000);
+    assert!(eb.query().is_ok() && qb.query().is_ok());
+}
+
+/// A request out of sequence for a QP outside the channel's RDD changes nothing on that QP:
+/// the RDD check comes first (Invalid RD Request), so a peer cannot move another domain's QP
+/// to Error.
+/// Rule ERR-SQ-9, DESIGN rule 5
+#[test]
+fn a_bad_sequence_for_a_qp_of_another_rdd_leaves_that_qp_alone() {
+    let mut f = fabric(SimConfig::default().seed(105));
+    let (a, b) = (node(&mut f, "rv5-a"), node(&mut f, "rv5-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let qa = rd_qp(&a, &a.rdd);
+    let other = b.ctx.alloc_rdd().unwrap();
+    let (stranger, qb) = (rd_qp(&b, &other), rd_qp(&b, &b.rdd));
+    let reqs: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
+    let c = reqs.clone();
+    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(0)) && opcode_of(d) == Some(0x44) {
+            c.borrow_mut().push(d.clone());
+        }
+        Verdict::Pass
+    });
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)])]).unwrap();
+    let s = [a.mr.sge(0..64)];
+    qa.post_send(&[SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!(got[0].status, WcStatus::Success);
+    let mut d = reqs.borrow()[0].clone();
+    let stranger_qpn = stranger.qp_num();
+    rewrite(&mut d, |r| {
+        r.packet.bth.opcode = Opcode::RdSendMiddle;
+        r.packet.bth.dest_qp = stranger_qpn;
+        r.packet.bth.psn = r.packet.bth.psn.add(1);
+    })
+    .unwrap();
+    f.inject_to(DeviceId(1), d);
+    f.run_for(1_000_000);
+    assert_eq!(stranger.query().unwrap().qp_state, QpState::Rts, "a QP of another RDD was moved to Error");
+}
+
+/// Five Reads arriving before any response leaves, with an inbound depth of 4: the fifth is
+/// refused with an Invalid Request NAK and not executed, so a peer cannot queue Reads
+/// without bound.
+/// Rule ERR-RQ-6, WR-RQ-6
+#[test]
+fn reads_beyond_the_inbound_depth_are_refused() {
+    let mut f = fabric(SimConfig::default().seed(106));
+    let (a, b) = (node(&mut f, "rv6-a"), node(&mut f, "rv6-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu256, 7);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    let reqs: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
+    let c = reqs.clone();
+    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(0)) && opcode_of(d) == Some(0x4C) {
+            c.borrow_mut().push(d.clone());
+        }
+        Verdict::Pass
+    });
+    let s = [a.mr.sge(0..1024)];
+    qa.post_send(&[SendWr::rdma_read(1, &s, b.mr.addr(), b.mr.rkey()).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!(got[0].status, WcStatus::Success);
+    // (opcode, PSN, AETH syndrome) of every packet the responder sends.
+    type Sent = Vec<(u8, u32, Option<u8>)>;
+    let from_b: Rc<RefCell<Sent>> = Rc::default();
+    let c = from_b.clone();
+    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(1)) {
+            if let Ok(p) = roce::parse_ip(d) {
+                let syn = p.packet.aeth.map(|a| u8::from(a.syndrome));
+                c.borrow_mut().push((u8::from(p.packet.bth.opcode), p.packet.bth.psn.value(), syn));
+            }
+        }
+        Verdict::Pass
+    });
+    let original = reqs.borrow()[0].clone();
+    for i in 1..=5u32 {
+        let mut d = original.clone();
+        rewrite(&mut d, |r| r.packet.bth.psn = r.packet.bth.psn.add(4 * i)).unwrap();
+        b.ctx.receive(f.now(), &d);
+    }
+    f.run_for(10_000_000);
+    let log = from_b.borrow();
+    let responses = log.iter().filter(|(op, _, _)| (0x4D..=0x50).contains(op)).count();
+    assert!(responses <= 16, "{responses} Read response packets for 5 Reads of 4 packets with an inbound depth of 4");
+    assert!(log.iter().any(|&(op, _, syn)| op == 0x51 && syn == Some(0x61)), "no Invalid Request NAK: {log:?}");
 }

@@ -22,7 +22,7 @@ use crate::wire::{
 };
 
 use super::completer::{self, Response};
-use super::requester::{self, ack_timeout_ns, pmtu};
+use super::requester::{self, ack_timeout_ns};
 use super::responder::{self, Request, RespJob};
 
 /// The largest datagram the device emits: IPv6 + UDP + BTH + the largest extended headers +
@@ -166,10 +166,27 @@ impl Context {
 
     fn transmit_locked(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
         let dev = &self.inner;
-        if let Some(len) = super::rd::transmit(dev, now, buf) {
-            dev.stats.tx_packets.inc();
+        // The RD channels and the QPs take turns going first, so that neither starves the other.
+        let rd_first = dev.counts.eec.load(Ordering::Relaxed) > 0 && !dev.rd_turn.fetch_xor(true, Ordering::Relaxed);
+        if rd_first {
+            if let Some(len) = super::rd::transmit(dev, now, buf) {
+                dev.stats.tx_packets.inc();
+                return Some(len);
+            }
+        }
+        if let Some(len) = self.transmit_qps(now, buf) {
             return Some(len);
         }
+        if rd_first {
+            return None;
+        }
+        let len = super::rd::transmit(dev, now, buf)?;
+        dev.stats.tx_packets.inc();
+        Some(len)
+    }
+
+    fn transmit_qps(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+        let dev = &self.inner;
         let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
         let start = dev.tx_cursor.load(Ordering::Relaxed);
         for (&qpn, qp) in qps.range(start..).chain(qps.range(..start)) {
@@ -593,7 +610,6 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
         if q.srq.is_some() { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
     let credits = Syndrome::Ack { credit_code };
     let aeth = |s: Syndrome| Some(AethRepr { syndrome: if s.is_ack() { credits } else { s }, msn });
-    let mtu = pmtu(core);
     let len = match job {
         RespJob::Ack { psn, syndrome } => {
             core.resp.out.pop_front();
@@ -609,7 +625,7 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
             p.atomic_ack_eth = Some(AtomicAckEthRepr { orig_remote_data: orig });
             emit(q.qpn, ip, p, 0, buf, |_| true)
         }
-        RespJob::ReadResp { mem, first_psn, npkts, next, len } => {
+        RespJob::ReadResp { mem, first_psn, npkts, next, len, mtu } => {
             let (opcode, with_aeth) = match (npkts, next) {
                 (1, _) => (Opcode::RcRdmaReadResponseOnly, true),
                 (_, 0) => (Opcode::RcRdmaReadResponseFirst, true),

@@ -34,6 +34,9 @@ pub(crate) enum RespJob {
         npkts: u32,
         next: u32,
         len: u64,
+        /// The path MTU the Read was segmented by: a later Modify (SQD→RTS with a new AV)
+        /// must not re-cut responses already promised.
+        mtu: u64,
     },
     AtomicAck {
         psn: u32,
@@ -43,7 +46,7 @@ pub(crate) enum RespJob {
 
 #[derive(Debug, Clone)]
 enum ResourceKind {
-    Read { va: u64, rkey: u32, len: u64, npkts: u32 },
+    Read { va: u64, rkey: u32, len: u64, npkts: u32, mtu: u64 },
     Atomic { orig: u64 },
 }
 
@@ -483,11 +486,11 @@ fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     let psn = r.psn.value();
     add_resource(
         core,
-        Resource { psn, kind: ResourceKind::Read { va: reth.va, rkey: reth.r_key, len, npkts }, pending: true },
+        Resource { psn, kind: ResourceKind::Read { va: reth.va, rkey: reth.r_key, len, npkts, mtu }, pending: true },
     );
     core.resp.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
     core.resp.msn = Psn::new(core.resp.msn).next().value(); // PKT-ACK-14
-    core.resp.out.push_back(RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len });
+    core.resp.out.push_back(RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len, mtu });
     Ok(())
 }
 
@@ -526,9 +529,15 @@ pub(crate) fn execute_atomic(mem: &MemRef, is_cas: bool, a: &AtomicEthRepr) -> O
     })
 }
 
+/// Whether a duplicate Read request asks for the rest of a saved Read from its response `k`:
+/// the VA and length `k` packets of `mtu` in (PKT-DUP-3). The peer chose every number here.
+pub(crate) fn read_rest_matches(va: u64, len: u64, mtu: u64, k: u64, req_va: u64, req_len: u32) -> bool {
+    let Some(skip) = k.checked_mul(mtu).filter(|&s| s <= len) else { return false };
+    req_va == va.wrapping_add(skip) && req_len as u64 == len - skip
+}
+
 /// Duplicates are never executed again and never change ePSN (PKT-DUP-1..6).
 fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
-    let mtu = pmtu(core);
     match r.operation {
         Operation::Send | Operation::RdmaWrite => {
             if r.ack_req {
@@ -540,24 +549,23 @@ fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
         Operation::RdmaReadRequest => {
             let reth = r.reth.ok_or(Fail::D)?;
             let found = core.resp.resources.iter().find_map(|res| match res.kind {
-                ResourceKind::Read { va, rkey, len, npkts } => {
+                ResourceKind::Read { va, rkey, len, npkts, mtu } => {
                     let first = Psn::new(res.psn);
                     let k = r.psn.distance_from(first) as u64;
                     let inside = r.psn.in_range(first, first.add(npkts - 1))
                         && rkey == reth.r_key
-                        && reth.va == va + k * mtu
-                        && reth.dma_length as u64 == len - k * mtu;
-                    inside.then_some((va, rkey, len, npkts, res.psn, k))
+                        && read_rest_matches(va, len, mtu, k, reth.va, reth.dma_length);
+                    inside.then_some((va, rkey, len, npkts, res.psn, k, mtu))
                 }
                 _ => None,
             });
-            let Some((va, rkey, len, npkts, first, k)) = found else { return Err(Fail::D) }; // PKT-DUP-3
+            let Some((va, rkey, len, npkts, first, k, mtu)) = found else { return Err(Fail::D) }; // PKT-DUP-3
             let pd = q.pd.inner.handle;
             let mem = if len == 0 { None } else { check_access(&q.dev, rkey, pd, va, len, Access::REMOTE_READ).ok() };
             if len > 0 && mem.is_none() {
                 return Err(Fail::D);
             }
-            core.resp.out.push_back(RespJob::ReadResp { mem, first_psn: first, npkts, next: k as u32, len });
+            core.resp.out.push_back(RespJob::ReadResp { mem, first_psn: first, npkts, next: k as u32, len, mtu });
             Ok(())
         }
         Operation::CompareSwap | Operation::FetchAdd => {

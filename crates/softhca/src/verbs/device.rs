@@ -267,6 +267,8 @@ pub(crate) struct DeviceInner {
     pub next_eecn: AtomicU32,
     /// Where the next EEC turn starts, so that channels take turns.
     pub eec_cursor: AtomicU32,
+    /// Whether the RD channels went first in the last `transmit` (they alternate with QPs).
+    pub rd_turn: AtomicBool,
     /// Where the next `transmit` starts looking, so that QPs take turns.
     pub tx_cursor: AtomicU32,
     pub stats: crate::transport::engine::Stats,
@@ -416,6 +418,7 @@ impl Context {
             eecs: RwLock::new(BTreeMap::new()),
             next_eecn: AtomicU32::new(first_eecn),
             eec_cursor: AtomicU32::new(0),
+            rd_turn: AtomicBool::new(false),
             tx_cursor: AtomicU32::new(0),
             stats: Default::default(),
             next_qpn: Mutex::new(first_qpn),

@@ -99,7 +99,7 @@ struct RdRx {
 /// The last RDMA Read or Atomic the Receive Logic executed, replayed to a duplicate.
 #[derive(Debug, Clone, Copy)]
 enum Executed {
-    Read { psn: u32, qpn: u32, va: u64, rkey: u32, len: u64, npkts: u32 },
+    Read { psn: u32, qpn: u32, va: u64, rkey: u32, len: u64, npkts: u32, mtu: u64 },
     Atomic { psn: u32, orig: u64 },
 }
 

@@ -14,7 +14,7 @@ use crate::wire::{AethRepr, AtomicAckEthRepr, BthRepr, Opcode, PacketRepr, Rdeth
 
 use crate::transport::completer::scatter;
 use crate::transport::engine::{emit, ip_for};
-use crate::transport::responder::{execute_atomic, length_ok, Request, RespJob};
+use crate::transport::responder::{execute_atomic, length_ok, read_rest_matches, Request, RespJob};
 
 use super::*;
 
@@ -55,7 +55,6 @@ pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) ->
     let dev = &eec.dev;
     let ip = ip_for(dev, &ec.attrs.av?.ah)?;
     let pkey = dev.pkey(ec.attrs.pkey_index).unwrap_or(0xFFFF);
-    let mtu = mtu_of(&ec.attrs);
     let dest_eecn = ec.attrs.dest_eecn;
     let e = &mut ec.engine;
     let front = e.out.front_mut()?;
@@ -76,15 +75,15 @@ pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) ->
             e.out.pop_front();
             (p, 0, None)
         }
-        RespJob::ReadResp { mem, first_psn, npkts, next, len } => {
+        RespJob::ReadResp { mem, first_psn, npkts, next, len, mtu } => {
             let (opcode, with_aeth) = match (*npkts, *next) {
                 (1, _) => (Opcode::RdRdmaReadResponseOnly, true),
                 (_, 0) => (Opcode::RdRdmaReadResponseFirst, true),
                 (n, k) if k + 1 == n => (Opcode::RdRdmaReadResponseLast, true),
                 _ => (Opcode::RdRdmaReadResponseMiddle, false),
             };
-            let offset = *next as u64 * mtu;
-            let payload = (*len - offset.min(*len)).min(mtu) as usize;
+            let offset = *next as u64 * *mtu;
+            let payload = (*len - offset.min(*len)).min(*mtu) as usize;
             let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, to, Psn::new(*first_psn).add(*next)));
             if with_aeth {
                 p.aeth = aeth(Syndrome::ACK_NO_CREDITS, msn);
@@ -172,6 +171,11 @@ pub(super) fn receive(
     r: &Request<'_>,
     mtu: u64,
 ) -> Result<(), Fail> {
+    if q.rdd.as_ref() != Some(&eec.rdd) {
+        // The QP is not in the channel's domain: Invalid RD Request, and nothing changes on
+        // that QP whatever else is wrong with the packet (DESIGN rule 5).
+        return Err(Fail::Fatal { nak: NakCode::InvalidRdRequest, status: WcStatus::RemInvRdReqErr, to_error: false });
+    }
     let e = &mut ec.engine;
     match r.psn.classify(Psn::new(e.epsn)) {
         PsnClass::OutOfSequence => {
@@ -181,22 +185,22 @@ pub(super) fn receive(
             e.nak_sent = true;
             return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr)));
         }
-        PsnClass::Duplicate => return duplicate(q, eec, ec, r, mtu),
+        PsnClass::Duplicate => return duplicate(q, eec, ec, r),
         PsnClass::Expected => e.nak_sent = false,
     }
+    // An opcode out of sequence is the channel's fault: it moves to Error only a QP whose
+    // message it breaks, never one it merely names (ERR-RQ-7, ERR-RQ-8).
     let continuing = matches!(r.position, Position::Middle | Position::Last);
-    match (&e.rx, continuing) {
-        (Some(_), false) | (None, true) => return Err(invalid()),
-        (Some(rx), true) if rx.qpn != q.qpn || rx.src_qp != r.src_qp => return Err(invalid()),
-        (Some(RdRx { msg: RxMsg::Send { .. }, .. }), true) if r.operation != Operation::Send => return Err(invalid()),
-        (Some(RdRx { msg: RxMsg::Write { .. }, .. }), true) if r.operation != Operation::RdmaWrite => {
-            return Err(invalid())
-        }
-        _ => {}
-    }
-    if q.rdd.as_ref() != Some(&eec.rdd) {
-        // The QP is not in the channel's domain: Invalid RD Request, nothing else changes.
-        return Err(Fail::Fatal { nak: NakCode::InvalidRdRequest, status: WcStatus::RemInvRdReqErr, to_error: false });
+    let out_of_sequence = match (&e.rx, continuing) {
+        (None, true) => Some(false),
+        (Some(rx), false) => Some(rx.qpn == q.qpn),
+        (Some(rx), true) if rx.qpn != q.qpn || rx.src_qp != r.src_qp => Some(false),
+        (Some(RdRx { msg: RxMsg::Send { .. }, .. }), true) if r.operation != Operation::Send => Some(true),
+        (Some(RdRx { msg: RxMsg::Write { .. }, .. }), true) if r.operation != Operation::RdmaWrite => Some(true),
+        _ => None,
+    };
+    if let Some(to_error) = out_of_sequence {
+        return Err(Fail::Fatal { nak: NakCode::InvalidRequest, status: WcStatus::RemInvReqErr, to_error });
     }
     let acc = core.attrs.qp_access_flags;
     let enabled = match r.operation {
@@ -262,8 +266,9 @@ pub(super) fn check_scatter(q: &QpInner, sges: &[crate::verbs::types::Sge]) -> O
 pub(super) fn accept(q: &QpInner, e: &mut EecEngine, r: &Request<'_>) {
     e.epsn = r.psn.next().value();
     if r.ack_req {
-        if let Some(Out { job: RespJob::Ack { psn, syndrome }, to, .. }) = e.out.back_mut() {
-            if syndrome.is_ack() && *to == r.src_qp {
+        if let Some(Out { job: RespJob::Ack { psn, syndrome }, from, to }) = e.out.back_mut() {
+            // Coalesce with an ACK between the same two QPs (it leaves from this QP's port).
+            if syndrome.is_ack() && *to == r.src_qp && *from == q.qpn {
                 *psn = r.psn.value();
                 return;
             }
@@ -377,67 +382,72 @@ pub(super) fn rd_write(
     }
     let completes = matches!(r.position, Position::Last | Position::Only);
     let e = &mut ec.engine;
-    if completes && r.imm.is_some() && q.srq.is_none() && core.rq.is_empty() {
-        return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
-    }
-    if e.rx.is_none() {
-        let reth = r.reth.ok_or_else(invalid)?;
-        let total = reth.dma_length as u64;
-        if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
-            return Err(invalid()); // ERR-RQ-12
+    // Everything is checked before anything changes, so that an RNR NAK leaves no trace and
+    // the retransmitted packet is taken as new (ERR-B-4).
+    let (mem, offset, total) = match &e.rx {
+        None => {
+            let reth = r.reth.ok_or_else(invalid)?;
+            let total = reth.dma_length as u64;
+            if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
+                return Err(invalid()); // ERR-RQ-12
+            }
+            let mem = match total {
+                0 => None,
+                _ => Some(
+                    check_access(&q.dev, reth.r_key, q.pd.inner.handle, reth.va, total, Access::REMOTE_WRITE)
+                        .map_err(|_| access_fail())?,
+                ),
+            };
+            (mem, 0, total)
         }
-        let mem = if total == 0 {
-            None
-        } else {
-            Some(
-                check_access(&q.dev, reth.r_key, q.pd.inner.handle, reth.va, total, Access::REMOTE_WRITE)
-                    .map_err(|_| access_fail())?,
-            )
-        };
-        e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg: RxMsg::Write { mem, offset: 0, len: total } });
-    }
-    let Some(RdRx { msg: RxMsg::Write { mem, offset, len: total }, .. }) = &mut e.rx else { return Err(invalid()) };
-    let end = *offset + len;
-    if end > *total || (completes && end != *total) {
+        Some(RdRx { msg: RxMsg::Write { mem, offset, len }, .. }) => (mem.clone(), *offset, *len),
+        Some(_) => return Err(invalid()),
+    };
+    let end = offset + len;
+    if end > total || (completes && end != total) {
         return Err(invalid()); // ERR-RQ-12
     }
-    if let Some(m) = mem {
-        m.write(*offset as usize, r.payload).map_err(|_| invalid())?;
-    }
-    *offset = end;
-    let total = *total;
-    if completes && r.imm.is_some() {
-        let Some((token, wr_id, _)) = bind(q, core, eec.eecn) else {
-            return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
-        };
-        accept(q, e, r);
-        e.rx = None;
-        e.msn = Psn::new(e.msn).next().value();
-        complete_held(
-            q,
-            core,
-            eec.eecn,
-            token,
-            wr_id,
-            WcStatus::Success,
-            total,
-            Some(WcOpcode::RecvRdmaWithImm),
-            r,
-            true,
-        );
-        return Ok(());
+    // Write with Immediate needs a receive WQE for its last packet (ERR-RQ-3).
+    let held = match completes && r.imm.is_some() {
+        true => {
+            Some(bind(q, core, eec.eecn).ok_or(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }))?)
+        }
+        false => None,
+    };
+    if let Some(m) = &mem {
+        // In bounds: `end <= total`, the length the key check covered.
+        if m.write(offset as usize, r.payload).is_err() {
+            if let Some((token, wr_id, _)) = held {
+                complete_held(q, core, eec.eecn, token, wr_id, WcStatus::RemInvReqErr, 0, None, r, false);
+            }
+            return Err(invalid());
+        }
     }
     accept(q, e, r);
-    if completes {
-        e.rx = None;
-        e.msn = Psn::new(e.msn).next().value();
+    if !completes {
+        e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg: RxMsg::Write { mem, offset: end, len: total } });
+        return Ok(());
+    }
+    e.rx = None;
+    e.msn = Psn::new(e.msn).next().value();
+    if let Some((token, wr_id, _)) = held {
+        let opcode = Some(WcOpcode::RecvRdmaWithImm); // WR-WRITE-3, CQE-6
+        complete_held(q, core, eec.eecn, token, wr_id, WcStatus::Success, total, opcode, r, true);
     }
     Ok(())
 }
 
+/// Reads and Atomics the channel has accepted and not yet answered, against the inbound depth
+/// of the EEC and of the QP (ERR-RQ-6): a peer cannot queue more.
+fn room_for_read_or_atomic(core: &QpCore, ec: &EecCore) -> bool {
+    let pending = ec.engine.out.iter().filter(|o| !matches!(o.job, RespJob::Ack { .. })).count();
+    let depth = ec.attrs.max_dest_rd_atomic.min(core.attrs.max_dest_rd_atomic) as usize;
+    pending < depth
+}
+
 pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
-    if core.attrs.max_dest_rd_atomic == 0 || ec.attrs.max_dest_rd_atomic == 0 {
-        return Err(invalid()); // ERR-RQ-6: no inbound Read/Atomic resources
+    if !room_for_read_or_atomic(core, ec) {
+        return Err(invalid()); // ERR-RQ-6
     }
     let reth = r.reth.ok_or_else(invalid)?;
     let len = reth.dma_length as u64;
@@ -455,13 +465,13 @@ pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Requ
     let npkts = len.div_ceil(mtu).max(1) as u32;
     let psn = r.psn.value();
     let e = &mut ec.engine;
-    e.last = Some(Executed::Read { psn, qpn: q.qpn, va: reth.va, rkey: reth.r_key, len, npkts });
+    e.last = Some(Executed::Read { psn, qpn: q.qpn, va: reth.va, rkey: reth.r_key, len, npkts, mtu });
     e.epsn = r.psn.add(npkts).value();
     e.msn = Psn::new(e.msn).next().value();
     e.out.push_back(Out {
         from: q.qpn,
         to: r.src_qp,
-        job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len },
+        job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len, mtu },
     });
     Ok(())
 }
@@ -471,8 +481,8 @@ pub(super) fn rd_atomic(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Re
     if a.va % 8 != 0 {
         return Err(invalid()); // ERR-RQ-5
     }
-    if core.attrs.max_dest_rd_atomic == 0 || ec.attrs.max_dest_rd_atomic == 0 {
-        return Err(invalid());
+    if !room_for_read_or_atomic(core, ec) {
+        return Err(invalid()); // ERR-RQ-6
     }
     let mem =
         check_access(&q.dev, a.r_key, q.pd.inner.handle, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| access_fail())?;
@@ -488,9 +498,15 @@ pub(super) fn rd_atomic(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Re
 
 /// Duplicates are never executed again: Sends and Writes are re-ACKed, the last Read is
 /// replayed from the requested PSN and the last Atomic's result is sent again.
-pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
+pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>) -> Result<(), Fail> {
     let e = &mut ec.engine;
     let to = r.src_qp;
+    let replaying = e.out.iter().any(|o| !matches!(o.job, RespJob::Ack { .. }));
+    if replaying && r.operation != Operation::Send && r.operation != Operation::RdmaWrite {
+        // Its responses are still queued: a repeated request adds nothing (and a peer cannot
+        // grow the queue by repeating one).
+        return Err(Fail::Drop);
+    }
     match (r.operation, e.last) {
         (Operation::Send | Operation::RdmaWrite, _) => {
             if r.ack_req {
@@ -499,14 +515,14 @@ pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Reque
             }
             Ok(())
         }
-        (Operation::RdmaReadRequest, Some(Executed::Read { psn, qpn, va, rkey, len, npkts })) if qpn == q.qpn => {
+        (Operation::RdmaReadRequest, Some(Executed::Read { psn, qpn, va, rkey, len, npkts, mtu })) if qpn == q.qpn => {
             let reth = r.reth.ok_or(Fail::Drop)?;
             let first = Psn::new(psn);
             if !r.psn.in_range(first, first.add(npkts - 1)) {
                 return Err(Fail::Drop);
             }
             let k = r.psn.distance_from(first) as u64;
-            if reth.r_key != rkey || reth.va != va.wrapping_add(k * mtu) || reth.dma_length as u64 != len - k * mtu {
+            if reth.r_key != rkey || !read_rest_matches(va, len, mtu, k, reth.va, reth.dma_length) {
                 return Err(Fail::Drop);
             }
             let mem = if len == 0 {
@@ -520,7 +536,7 @@ pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Reque
             e.out.push_back(Out {
                 from: q.qpn,
                 to,
-                job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: k as u32, len },
+                job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: k as u32, len, mtu },
             });
             Ok(())
         }

@@ -294,6 +294,9 @@ pub(super) fn on_response(
     let retry_cnt = ec.attrs.retry_cnt;
     let mtu = mtu_of(&ec.attrs);
     let e = &mut ec.engine;
+    // A message whose QP was flushed meanwhile turns into its Resync first, so that a fatal
+    // NAK for it cannot end it without one.
+    abandon_if_orphaned(e);
     let Some(tx) = e.tx.as_mut() else { return false };
     let first = Psn::new(tx.first_psn);
     if tx.status.is_some() || !r.psn.in_range(first, first.add(tx.npkts - 1)) || tx.next == 0 {
@@ -311,6 +314,7 @@ pub(super) fn on_response(
     }
     let before = tx.done;
     let op = tx.wqe.opcode;
+    let mut exhausted = false;
     match (r.operation, r.syndrome) {
         (Operation::Acknowledge, Some(Syndrome::Ack { .. })) => {
             if op == WrOpcode::RdmaRead || op.is_atomic() {
@@ -326,10 +330,15 @@ pub(super) fn on_response(
             if op != WrOpcode::RdmaRead {
                 tx.done = tx.done.max(k);
             }
-            go_back_or_fail(e, dev, k, false);
+            exhausted = go_back_or_fail(e, dev, k, false);
         }
         (Operation::Acknowledge, Some(Syndrome::RnrNak { timer_code })) => {
             q_bump(&qp, |s| &s.rnr_naks_received);
+            if k > tx.done {
+                // It acknowledges the packets before it: progress reloads both counts (PKT-RNR-8).
+                e.retry_left = retry_cnt;
+                e.rnr_left = rnr_retry;
+            }
             if rnr_retry != 7 {
                 if e.rnr_left == 0 {
                     if let Some(tx) = e.tx.as_mut() {
@@ -366,7 +375,9 @@ pub(super) fn on_response(
             }
             if k > tx.done {
                 let missing = tx.done;
-                go_back_or_fail(e, dev, missing, false); // an implied NAK
+                if go_back_or_fail(e, dev, missing, false) {
+                    to_error_after(ec, qp, eec); // an implied NAK with no retry left
+                }
                 return true;
             }
             let n = tx.npkts;
@@ -402,6 +413,10 @@ pub(super) fn on_response(
             tx.resync_after = true;
         }
     }
+    if exhausted {
+        to_error_after(ec, qp, eec); // QPS-RD-6
+        return true;
+    }
     let Some(tx) = e.tx.as_ref() else { return true };
     if e.recovering.is_some_and(|k| tx.done > k) {
         e.recovering = None;
@@ -419,8 +434,10 @@ pub(super) fn on_response(
             Some((q, core)) if tx.owner.is_some() => {
                 if core.rd.active == Some(eec.eecn) {
                     finish(q, core, ec, status);
-                } else {
-                    ec.engine.tx = None;
+                } else if let Some(tx) = ec.engine.tx.take() {
+                    if tx.resync_after {
+                        start_resync(&mut ec.engine, &tx);
+                    }
                 }
             }
             _ => {
@@ -443,20 +460,22 @@ pub(super) fn q_bump(
 }
 
 /// Go-back-N inside the message, from packet `k`, counting a retry: once per recovery for a
-/// NAK, every time for a timeout.
-pub(super) fn go_back_or_fail(e: &mut EecEngine, dev: &DeviceInner, k: u32, timeout: bool) {
-    let Some(tx) = e.tx.as_mut() else { return };
+/// NAK, every time for a timeout. True when no retry was left: the message has failed with
+/// Transport Retry Counter Exceeded and the caller moves the EEC to Error (QPS-RD-6).
+pub(super) fn go_back_or_fail(e: &mut EecEngine, dev: &DeviceInner, k: u32, timeout: bool) -> bool {
+    let Some(tx) = e.tx.as_mut() else { return false };
     if !timeout && e.recovering == Some(k) {
-        return;
+        return false;
     }
     e.recovering = Some(k);
     if e.retry_left == 0 {
         tx.status = Some(WcStatus::RetryExcErr);
-        return;
+        return true;
     }
     e.retry_left -= 1;
     tx.next = k;
     dev.stats.retransmits.inc();
+    false
 }
 
 /// Retries ran out: the EEC moves straight to Error (QPS-RD-6); the message completes in
@@ -496,8 +515,7 @@ pub(crate) fn handle_timeout(dev: &DeviceInner, now: u64) -> u64 {
             if let Some(tx) = e.tx.as_mut() {
                 if tx.status.is_none() {
                     let from = tx.done;
-                    go_back_or_fail(e, dev, from, true);
-                    if e.tx.as_ref().is_some_and(|t| t.status == Some(WcStatus::RetryExcErr)) {
+                    if go_back_or_fail(e, dev, from, true) {
                         to_error_after(&mut ec, None, &eec);
                     }
                 }
