@@ -867,6 +867,19 @@ fn rd_qp_on_an_srq() {
     assert!(buf.iter().all(|&x| x == 4));
 }
 
+/// Keeps a copy of every packet device `from` sends with BTH opcode `opcode`.
+fn capture(f: &mut SimFabric, from: usize, opcode: u8) -> Rc<RefCell<Vec<Vec<u8>>>> {
+    let got: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
+    let c = got.clone();
+    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(from)) && opcode_of(d) == Some(opcode) {
+            c.borrow_mut().push(d.clone());
+        }
+        Verdict::Pass
+    });
+    got
+}
+
 fn opcode_of(d: &[u8]) -> Option<u8> {
     roce::parse_ip(d).ok().map(|p| u8::from(p.packet.bth.opcode))
 }
@@ -991,14 +1004,7 @@ fn duplicate_read_after_an_mtu_change_does_not_panic() {
     let (a, b) = (node(&mut f, "rv4-a"), node(&mut f, "rv4-b"));
     let (ea, eb) = channel(&a, &b, Mtu::Mtu256, 7);
     let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
-    let reqs: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
-    let c = reqs.clone();
-    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
-        if ctx.from == Some(DeviceId(0)) && opcode_of(d) == Some(0x4C) {
-            c.borrow_mut().push(d.clone());
-        }
-        Verdict::Pass
-    });
+    let reqs = capture(&mut f, 0, 0x4C);
     let s = [a.mr.sge(0..1024)];
     qa.post_send(&[SendWr::rdma_read(1, &s, b.mr.addr(), b.mr.rkey()).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
     let mut got = Vec::new();
@@ -1032,14 +1038,7 @@ fn a_bad_sequence_for_a_qp_of_another_rdd_leaves_that_qp_alone() {
     let qa = rd_qp(&a, &a.rdd);
     let other = b.ctx.alloc_rdd().unwrap();
     let (stranger, qb) = (rd_qp(&b, &other), rd_qp(&b, &b.rdd));
-    let reqs: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
-    let c = reqs.clone();
-    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
-        if ctx.from == Some(DeviceId(0)) && opcode_of(d) == Some(0x44) {
-            c.borrow_mut().push(d.clone());
-        }
-        Verdict::Pass
-    });
+    let reqs = capture(&mut f, 0, 0x44);
     qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)])]).unwrap();
     let s = [a.mr.sge(0..64)];
     qa.post_send(&[SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
@@ -1069,14 +1068,7 @@ fn reads_beyond_the_inbound_depth_are_refused() {
     let (a, b) = (node(&mut f, "rv6-a"), node(&mut f, "rv6-b"));
     let (ea, _eb) = channel(&a, &b, Mtu::Mtu256, 7);
     let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
-    let reqs: Rc<RefCell<Vec<Vec<u8>>>> = Rc::default();
-    let c = reqs.clone();
-    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
-        if ctx.from == Some(DeviceId(0)) && opcode_of(d) == Some(0x4C) {
-            c.borrow_mut().push(d.clone());
-        }
-        Verdict::Pass
-    });
+    let reqs = capture(&mut f, 0, 0x4C);
     let s = [a.mr.sge(0..1024)];
     qa.post_send(&[SendWr::rdma_read(1, &s, b.mr.addr(), b.mr.rkey()).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
     let mut got = Vec::new();

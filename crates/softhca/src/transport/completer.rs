@@ -20,6 +20,20 @@ pub(crate) struct Response<'a> {
     pub payload: &'a [u8],
 }
 
+impl<'a> Response<'a> {
+    /// The response a packet with opcode `info` carries.
+    pub fn of(p: &crate::wire::PacketRepr<'a>, info: &crate::wire::opcode::OpcodeInfo) -> Self {
+        Response {
+            psn: p.bth.psn,
+            operation: info.operation,
+            position: info.position,
+            syndrome: p.aeth.map(|a| a.syndrome),
+            atomic_orig: p.atomic_ack_eth.map(|a| a.orig_remote_data),
+            payload: p.payload,
+        }
+    }
+}
+
 /// The index of the started WQE whose PSNs hold `psn`.
 fn wqe_of(core: &QpCore, psn: Psn) -> Option<usize> {
     (0..core.req.started).find(|&i| core.sq.get(i).is_some_and(|w| w.tx.npkts > 0 && w.tx.contains(psn)))

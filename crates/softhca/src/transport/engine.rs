@@ -12,7 +12,7 @@ use crate::verbs::types::{AhAttr, QpState, QpType, WcStatus};
 use crate::verbs::wr::{SendFlags, SendWqe, WrOpcode};
 use crate::verbs::Context;
 use crate::wire::aeth::Syndrome;
-use crate::wire::opcode::{Direction, Operation, Position, ServiceType};
+use crate::wire::opcode::{Direction, ServiceType};
 use crate::wire::packet::pad_for;
 use crate::wire::psn::Psn;
 use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
@@ -314,23 +314,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
         }
     }
     if is_request {
-        let (operation, position) = info.map_or((Operation::Send, Position::Only), |i| (i.operation, i.position));
-        let atomic = p.atomic_eth.map(|a| (operation == Operation::CompareSwap, a));
-        let req = Request {
-            psn: bth.psn,
-            operation,
-            position,
-            reserved: info.is_none(),
-            se: bth.se,
-            ack_req: bth.ack_req,
-            imm: p.immdt.map(|i| i.imm_data),
-            reth: p.reth,
-            invalidate: p.ieth.is_some(),
-            atomic,
-            payload: p.payload,
-            src_qp: p.deth.map_or(0, |d| d.src_qp),
-            grh,
-        };
+        let req = Request::of(p, info, grh);
         responder::on_request(qp, &mut core, &req);
         true
     } else {
@@ -338,14 +322,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
         if qp.qp_type != QpType::Rc {
             return false;
         }
-        let r = Response {
-            psn: bth.psn,
-            operation: info.operation,
-            position: info.position,
-            syndrome: p.aeth.map(|a| a.syndrome),
-            atomic_orig: p.atomic_ack_eth.map(|a| a.orig_remote_data),
-            payload: p.payload,
-        };
+        let r = Response::of(p, info);
         completer::on_response(qp, &mut core, now, &r)
     }
 }

@@ -135,6 +135,33 @@ pub(crate) struct Request<'a> {
     pub grh: Option<[u8; 40]>,
 }
 
+impl<'a> Request<'a> {
+    /// The request a packet carries. A reserved opcode (no `info`) is kept as such, as a
+    /// Send Only, so that the responder can answer it per its class (PKT-OP-5).
+    pub fn of(
+        p: &crate::wire::PacketRepr<'a>,
+        info: Option<&crate::wire::opcode::OpcodeInfo>,
+        grh: Option<[u8; 40]>,
+    ) -> Self {
+        let (operation, position) = info.map_or((Operation::Send, Position::Only), |i| (i.operation, i.position));
+        Request {
+            psn: p.bth.psn,
+            operation,
+            position,
+            reserved: info.is_none(),
+            se: p.bth.se,
+            ack_req: p.bth.ack_req,
+            imm: p.immdt.map(|i| i.imm_data),
+            reth: p.reth,
+            invalidate: p.ieth.is_some(),
+            atomic: p.atomic_eth.map(|a| (operation == Operation::CompareSwap, a)),
+            payload: p.payload,
+            src_qp: p.deth.map_or(0, |d| d.src_qp),
+            grh,
+        }
+    }
+}
+
 /// Why a request failed, and how (ERR classes).
 enum Fail {
     /// Class B: NAK, nothing else.

@@ -261,21 +261,7 @@ pub(crate) fn deliver(
     }
     if is_request {
         let Some(deth) = p.deth else { return false };
-        let req = Request {
-            psn: bth.psn,
-            operation: info.operation,
-            position: info.position,
-            reserved: false,
-            se: bth.se,
-            ack_req: bth.ack_req,
-            imm: p.immdt.map(|i| i.imm_data),
-            reth: p.reth,
-            invalidate: false,
-            atomic: p.atomic_eth.map(|a| (info.operation == Operation::CompareSwap, a)),
-            payload: p.payload,
-            src_qp: deth.src_qp,
-            grh: None,
-        };
+        let req = Request::of(p, Some(info), None);
         if info.operation == Operation::Resync {
             on_resync(qp.zip(core.as_deref_mut()), &eec, &mut ec, &req);
             return true;
@@ -292,14 +278,7 @@ pub(crate) fn deliver(
         on_request(q, core, &eec, &mut ec, &req);
         true
     } else {
-        let r = Response {
-            psn: bth.psn,
-            operation: info.operation,
-            position: info.position,
-            syndrome: p.aeth.map(|a| a.syndrome),
-            atomic_orig: p.atomic_ack_eth.map(|a| a.orig_remote_data),
-            payload: p.payload,
-        };
+        let r = Response::of(p, info);
         on_response(qp.zip(core.as_deref_mut()), &eec, &mut ec, now, &r)
     }
 }
