@@ -143,8 +143,7 @@ impl Context {
         let parsed = if verify_icrc { roce::parse_ip(datagram) } else { roce::parse_ip_unverified(datagram) };
         match parsed {
             Ok(d) => {
-                let grh = roce::ud_grh(datagram).ok();
-                if !deliver(dev, now, &d, grh) {
+                if !deliver(dev, now, &d, datagram) {
                     dev.stats.rx_dropped.inc();
                 }
             }
@@ -252,7 +251,7 @@ impl Context {
 
 /// Header validation in the order of PKT-VAL-1, then the transport. Returns false when the
 /// packet was dropped.
-fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 40]>) -> bool {
+fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
     let p = &d.packet;
     let bth = p.bth;
     if bth.tver != 0 {
@@ -314,6 +313,8 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, grh: Option<[u8; 4
         }
     }
     if is_request {
+        // The 40-byte GRH area of a UD receive (PKT-ROCE-11); nobody else needs it.
+        let grh = if qp.qp_type == QpType::Ud { roce::ud_grh(datagram).ok() } else { None };
         let req = Request::of(p, info, grh);
         responder::on_request(qp, &mut core, &req);
         true

@@ -112,9 +112,15 @@ fn packets_for(len: u64, mtu: u64) -> u32 {
     len.div_ceil(mtu).max(1) as u32
 }
 
+/// The most a UD message may carry: the AV's path MTU, at most the port's (WR-SEND-9).
+pub(crate) fn ud_mtu(q: &QpInner, core: &QpCore) -> u64 {
+    let mtu = core.attrs.av.map_or(q.dev.port.active_mtu.bytes(), |av| av.path_mtu.bytes());
+    mtu.min(q.dev.port.active_mtu.bytes()) as u64
+}
+
 /// Interface checks made before any packet of a WQE is sent (ERR-SQ-3): every local buffer
-/// must pass the key check (WR-COM-9), and a UD message must fit one MTU (WR-SEND-9).
-pub(crate) fn check_local(q: &QpInner, core: &QpCore, w: &mut SendWqe) -> Result<(), WcStatus> {
+/// must pass the key check (WR-COM-9), and a UD message must fit `ud_mtu` (WR-SEND-9).
+pub(crate) fn check_local(q: &QpInner, ud_mtu: u64, w: &mut SendWqe) -> Result<(), WcStatus> {
     let pd = q.pd.inner.handle;
     w.tx.local.clear();
     let need = match w.opcode {
@@ -131,12 +137,8 @@ pub(crate) fn check_local(q: &QpInner, core: &QpCore, w: &mut SendWqe) -> Result
             w.tx.local.push(m);
         }
     }
-    if q.qp_type == QpType::Ud {
-        let mtu = core.attrs.av.map_or(q.dev.port.active_mtu.bytes(), |av| av.path_mtu.bytes());
-        let mtu = mtu.min(q.dev.port.active_mtu.bytes());
-        if w.length > mtu as u64 {
-            return Err(WcStatus::LocLenErr);
-        }
+    if q.qp_type == QpType::Ud && w.length > ud_mtu {
+        return Err(WcStatus::LocLenErr);
     }
     Ok(())
 }
@@ -180,7 +182,10 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             if q.qp_type == QpType::Rc && Psn::new(core.req.psn).distance_from(Psn::new(core.req.una)) >= WINDOW {
                 return None; // start it only when its first packet can go
             }
-            let mut w = std::mem::take(core.sq.get_mut(idx)?);
+            let ud_mtu = ud_mtu(q, core);
+            // The WQE is worked on in its slot: `req` and `sq` are separate fields of `core`.
+            let req = &mut core.req;
+            let w = core.sq.get_mut(idx)?;
             if let Some(b) = &w.bind {
                 // A bind is a local operation: it takes effect now, for every WQE after it,
                 // and completes in order with no packet.
@@ -188,43 +193,42 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
                     Ok(()) => WcStatus::Success,
                     Err(s) => s,
                 };
-                w.tx = WqeTx { first_psn: core.req.psn, npkts: 0, status: Some(status), ..std::mem::take(&mut w.tx) };
-                core.req.started += 1;
-                core.req.cursor += 1;
-                core.req.cursor_off = 0;
+                w.tx.first_psn = req.psn;
+                w.tx.npkts = 0;
+                w.tx.status = Some(status);
+                req.started += 1;
+                req.cursor += 1;
+                req.cursor_off = 0;
                 let failed = status != WcStatus::Success;
-                core.req.halted |= failed;
-                *core.sq.get_mut(idx)? = w;
+                req.halted |= failed;
                 if failed {
                     return None;
                 }
                 continue;
             }
-            let checked = check_local(q, core, &mut w);
+            let checked = check_local(q, ud_mtu, w);
             let npkts = match w.opcode {
                 WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 1,
                 _ if q.qp_type == QpType::Ud => 1,
                 _ => packets_for(w.length, mtu),
             };
-            w.tx.first_psn = core.req.psn;
+            w.tx.first_psn = req.psn;
             w.tx.npkts = npkts;
             w.tx.resp_received = 0;
             w.tx.status = None;
-            core.req.started += 1;
-            core.req.cursor_off = 0;
+            req.started += 1;
+            req.cursor_off = 0;
             if let Err(status) = checked {
                 w.tx.status = Some(status);
                 w.tx.npkts = 0;
-                core.req.halted = true;
-                core.req.cursor += 1;
-                *core.sq.get_mut(idx)? = w;
+                req.halted = true;
+                req.cursor += 1;
                 return None;
             }
-            core.req.psn = Psn::new(core.req.psn).add(npkts).value();
+            req.psn = Psn::new(req.psn).add(npkts).value();
             if is_rd_atomic {
-                core.req.rd_atomic += 1;
+                req.rd_atomic += 1;
             }
-            *core.sq.get_mut(idx)? = w;
         }
         let w = core.sq.get(idx)?;
         if w.tx.status.is_some() {

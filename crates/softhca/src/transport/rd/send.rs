@@ -101,7 +101,7 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
             return None; // the channel carries another QP's message: wait
         }
         let mut w = head.clone();
-        if let Err(status) = check_local(q, core, &mut w) {
+        if let Err(status) = check_local(q, u64::MAX, &mut w) {
             drop(ec);
             fail_head(q, core, status);
             return None;
