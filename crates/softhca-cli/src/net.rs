@@ -272,6 +272,9 @@ pub struct QpInfo {
     pub addr: u64,
     #[serde(default)]
     pub rkey: u32,
+    /// RD: the EEC the peer's end of the channel is.
+    #[serde(default)]
+    pub eecn: u32,
 }
 
 impl QpInfo {
@@ -282,7 +285,8 @@ impl QpInfo {
 
     pub fn describe(&self) -> String {
         let gid = self.gid().map(display_gid).unwrap_or_else(|_| self.gid.clone());
-        format!("LID 0x0000, QPN {:#08x}, PSN {:#08x}, GID {gid}", self.qpn, self.psn)
+        let eec = if self.eecn != 0 { format!(", EECN {:#08x}", self.eecn) } else { String::new() };
+        format!("LID 0x0000, QPN {:#08x}, PSN {:#08x}{eec}, GID {gid}", self.qpn, self.psn)
     }
 }
 
@@ -328,6 +332,22 @@ pub fn connect_qp(qp: &Qp, local_psn: u32, remote: &QpInfo, mtu: Mtu, timeout: u
             )?;
         }
     }
+    Ok(())
+}
+
+/// Brings an RD QP to RTS and its EEC to RTS toward the peer's EEC: the EEC holds the path,
+/// the PSNs and the retry counts; the QP its Q_Key and enables.
+pub fn connect_rd(qp: &Qp, eec: &Eec, local_psn: u32, remote: &QpInfo, mtu: Mtu, timeout: u8) -> Res<()> {
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    qp.modify(&QpAttr::to_init().access(all).qkey(QKEY))?;
+    qp.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(16).min_rnr_timer(1))?;
+    qp.modify(&QpAttr::to_rts().max_rd_atomic(16))?;
+    let av = AddressVector::new(AhAttr::roce(remote.gid()?, 0), mtu);
+    eec.modify(&EecAttr::new(QpState::Init).pkey_index(0).port_num(1))?;
+    eec.modify(&EecAttr::new(QpState::Rtr).av(av).dest_eecn(remote.eecn).rq_psn(remote.psn).max_dest_rd_atomic(16))?;
+    eec.modify(
+        &EecAttr::new(QpState::Rts).sq_psn(local_psn).timeout(timeout).retry_cnt(7).rnr_retry(7).max_rd_atomic(16),
+    )?;
     Ok(())
 }
 

@@ -233,6 +233,7 @@ pub(crate) fn qp_info(qp: &Qp, ctx: &Context, mem: Option<&Mr>) -> Res<QpInfo> {
         gid: net::gid_string(ctx.query_gid(1, 0)?),
         addr: mem.map_or(0, Mr::addr),
         rkey: mem.map_or(0, Mr::rkey),
+        eecn: 0,
     })
 }
 

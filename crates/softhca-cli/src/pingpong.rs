@@ -20,6 +20,8 @@ pub enum QpKind {
     Uc,
     /// Unreliable Datagram: single-packet messages addressed per WR.
     Ud,
+    /// Reliable Datagram: messages addressed per WR, carried reliably by an EEC pair.
+    Rd,
 }
 
 impl QpKind {
@@ -28,6 +30,7 @@ impl QpKind {
             QpKind::Rc => QpType::Rc,
             QpKind::Uc => QpType::Uc,
             QpKind::Ud => QpType::Ud,
+            QpKind::Rd => QpType::Rd,
         }
     }
 }
@@ -89,6 +92,8 @@ struct End {
     send: Mr,
     recv: Mr,
     ah: Option<Ah>,
+    /// RD: the local end of the channel, and the domain it and the QP share.
+    eec: Option<(Eec, Rdd)>,
     remote_qpn: u32,
     /// Bytes a receive slot holds (size, plus the GRH for UD).
     slot: usize,
@@ -113,13 +118,16 @@ impl End {
         let pd = ctx.alloc_pd()?;
         let depth = args.rx_depth.clamp(1, 4096) as u32;
         let cq = ctx.create_cq(depth * 2 + 16)?;
-        let qp = pd.create_qp(
-            &QpInitAttr::new(kind.qp_type(), &cq, &cq)
-                .max_send_wr(16)
-                .max_recv_wr(depth)
-                .max_send_sge(1)
-                .max_recv_sge(1),
-        )?;
+        let eec = match kind {
+            QpKind::Rd => {
+                let rdd = ctx.alloc_rdd()?;
+                Some((ctx.create_eec(&rdd)?, rdd))
+            }
+            _ => None,
+        };
+        let mut init = QpInitAttr::new(kind.qp_type(), &cq, &cq);
+        init.rdd = eec.as_ref().map(|(_, rdd)| rdd.clone());
+        let qp = pd.create_qp(&init.max_send_wr(16).max_recv_wr(depth).max_send_sge(1).max_recv_sge(1))?;
         let slot = args.size + if kind == QpKind::Ud { GRH } else { 0 };
         let own_seed = u64::from(!client);
         let send = pd.reg_mr(net::pattern(own_seed, args.size.max(1)), Access::LOCAL_WRITE)?;
@@ -131,6 +139,7 @@ impl End {
             send,
             recv,
             ah: None,
+            eec,
             remote_qpn: 0,
             slot,
             size: args.size,
@@ -149,12 +158,17 @@ impl End {
 
     fn info(&self, ctx: &Context) -> Res<QpInfo> {
         let qpn = self.qp.qp_num();
-        Ok(QpInfo { qpn, psn: net::initial_psn(qpn), gid: net::gid_string(ctx.query_gid(1, 0)?), addr: 0, rkey: 0 })
+        let eecn = self.eec.as_ref().map_or(0, |(e, _)| e.eecn());
+        let gid = net::gid_string(ctx.query_gid(1, 0)?);
+        Ok(QpInfo { qpn, psn: net::initial_psn(qpn), gid, addr: 0, rkey: 0, eecn })
     }
 
     fn connect(&mut self, remote: &QpInfo, mtu: Mtu, link: LinkKind) -> Res<()> {
         let psn = net::initial_psn(self.qp.qp_num());
-        net::connect_qp(&self.qp, psn, remote, mtu, net::rc_timeout(link))?;
+        match &self.eec {
+            Some((eec, _)) => net::connect_rd(&self.qp, eec, psn, remote, mtu, net::rc_timeout(link))?,
+            None => net::connect_qp(&self.qp, psn, remote, mtu, net::rc_timeout(link))?,
+        }
         if self.qp.qp_type() == QpType::Ud {
             self.ah = Some(self.qp.pd().create_ah(&AhAttr::roce(remote.gid()?, 0))?);
         }
@@ -181,6 +195,9 @@ impl End {
         let mut wr = SendWr::send(self.sent, &sge).signaled();
         if let Some(ah) = &self.ah {
             wr = wr.ud(ah, self.remote_qpn, net::QKEY);
+        }
+        if let Some((eec, _)) = &self.eec {
+            wr = wr.rd(eec, self.remote_qpn, net::QKEY);
         }
         self.qp.post_send(&[wr])?;
         self.tokens -= 1;
@@ -291,7 +308,7 @@ fn run_sim(args: &PingpongArgs) -> Res<()> {
     let ca = net.add_device("softhca0")?;
     let cb = net.add_device("softhca1")?;
     let r = run_pair(&mut net, &ca, &cb, args).map_err(|e| {
-        if args.qp != QpKind::Rc && args.faults.loss > 0.0 {
+        if matches!(args.qp, QpKind::Uc | QpKind::Ud) && args.faults.loss > 0.0 {
             net::err(format!(
                 "{e}\n(UC and UD do not retransmit: a lost message stops a pingpong, as it would stop ibv_uc_pingpong)"
             ))

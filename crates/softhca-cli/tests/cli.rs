@@ -90,6 +90,32 @@ fn pingpong_uc_and_ud_on_the_sim_link() {
     assert_pingpong(&out, 1024, 100);
 }
 
+/// RD: each end's EECN crosses with its QPN, and the channel retransmits what the link loses.
+/// Rule WR-SEND-6
+#[test]
+fn pingpong_rd_on_the_sim_link() {
+    let out = ok(&["pingpong", "--qp", "rd", "--iters", "200", "--size", "3000"]);
+    assert_pingpong(&out, 3000, 200);
+    assert!(out.contains(", EECN 0x"), "{out}");
+    let out = ok(&[
+        "pingpong",
+        "--qp",
+        "rd",
+        "--iters",
+        "200",
+        "--size",
+        "3000",
+        "--loss",
+        "0.05",
+        "--corrupt",
+        "0.02",
+        "--seed",
+        "4",
+    ]);
+    assert_pingpong(&out, 3000, 200);
+    assert!(!out.contains("retransmits: 0 "), "the lossy link made the channel retransmit:\n{out}");
+}
+
 #[test]
 fn pingpong_ud_refuses_messages_over_the_mtu() {
     let out = softhca(&["pingpong", "--qp", "ud", "--size", "4096", "--mtu", "1024"]);
@@ -299,7 +325,7 @@ fn free_port() -> u16 {
 
 #[test]
 fn udp_pingpong_between_two_processes() {
-    for qp in ["rc", "ud"] {
+    for qp in ["rc", "ud", "rd"] {
         let port = free_port().to_string();
         let size = "1024";
         let common = ["pingpong", "--link", "udp", "--qp", qp, "--iters", "200", "--size", size, "--port", &port];
