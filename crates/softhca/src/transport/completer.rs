@@ -191,7 +191,7 @@ fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8
         }
         core.req.rnr_left -= 1;
     }
-    arm(q, &mut core.req.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
+    arm(&q.dev, &mut core.req.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
     core.req.ack_deadline = None;
     q.bump(|s| &s.retransmits);
     go_back(core, psn);
@@ -290,7 +290,7 @@ fn progress(q: &QpInner, core: &mut QpCore, now: u64, una_before: u32) {
         } else {
             None
         };
-        arm(q, &mut core.req.ack_deadline, at);
+        arm(&q.dev, &mut core.req.ack_deadline, at);
     }
 }
 

@@ -425,7 +425,7 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                 }
                 if core.req.ack_deadline.is_none() {
                     let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
-                    requester::arm(q, &mut core.req.ack_deadline, at);
+                    requester::arm(&q.dev, &mut core.req.ack_deadline, at);
                 }
             } else if np.offset + np.payload >= core.sq.get(np.idx).map_or(0, |w| w.length) {
                 // PKT-UC-3: a UC or UD WQE is done once its last packet is out.

@@ -3,6 +3,7 @@
 //! a cursor over the SQ: `(cursor, cursor_off)`; going back moves the cursor, and
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
+use crate::verbs::device::DeviceInner;
 use crate::verbs::mr::{check_access, MemRef};
 use crate::verbs::qp::{QpCore, QpInner};
 use crate::verbs::types::{Access, QpState, QpType, WcStatus};
@@ -91,11 +92,12 @@ pub(crate) const WINDOW: u32 = 256;
 /// that the window keeps moving (PKT-ACK-2 asks for the last; any packet may ask).
 pub(crate) const ACK_EVERY: u32 = 64;
 
-/// Arms `slot` (one of the QP's timers) for `at`, and lowers the device's timer hint to it.
-pub(crate) fn arm(q: &QpInner, slot: &mut Option<u64>, at: Option<u64>) {
+/// Arms `slot` (one of a QP's or an EEC's timers) for `at`, and lowers the device's timer
+/// hint to it.
+pub(crate) fn arm(dev: &DeviceInner, slot: &mut Option<u64>, at: Option<u64>) {
     *slot = at;
     if let Some(t) = at {
-        q.dev.timer_hint.fetch_min(t, std::sync::atomic::Ordering::AcqRel);
+        dev.timer_hint.fetch_min(t, std::sync::atomic::Ordering::AcqRel);
     }
 }
 

@@ -379,7 +379,7 @@ impl Eec {
             *a = EecAttrs::default(); // the attributes return to their Reset values
         }
         let attrs = a.clone();
-        core.engine.on_modify(&self.inner, from, &attrs);
+        core.engine.on_modify(from, &attrs);
         tracing::debug!(eecn = self.inner.eecn, %from, %to, "modify EEC");
         drop(core);
         dev.ring();

@@ -137,7 +137,7 @@ pub(crate) struct EecEngine {
 
 impl EecEngine {
     /// Applies a state change made by Modify EEC.
-    pub fn on_modify(&mut self, _eec: &EecInner, from: QpState, a: &EecAttrs) {
+    pub fn on_modify(&mut self, from: QpState, a: &EecAttrs) {
         match (from, a.state) {
             (_, QpState::Reset) => *self = EecEngine::default(),
             (_, QpState::Error) => {
@@ -160,13 +160,6 @@ impl EecEngine {
 
     fn owner_is(&self, q: &QpInner) -> bool {
         matches!(&self.tx, Some(RdTx { owner: Some((o, _)), .. }) if o.qpn == q.qpn && std::ptr::eq(&**o, q))
-    }
-}
-
-fn arm(dev: &DeviceInner, slot: &mut Option<u64>, at: Option<u64>) {
-    *slot = at;
-    if let Some(t) = at {
-        dev.timer_hint.fetch_min(t, Ordering::AcqRel);
     }
 }
 

@@ -161,8 +161,9 @@ pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mu
     }
 }
 
-/// The checks of PKT-VAL-12 in order — PSN, opcode sequence, RDD, operation enabled,
-/// resources, lengths, keys — then the execution.
+/// The RDD first (a QP outside the channel's domain is answered before anything about the
+/// packet is believed), then the checks of PKT-VAL-12 in order — PSN, opcode sequence,
+/// operation enabled, resources, lengths, keys — then the execution.
 pub(super) fn receive(
     q: &QpInner,
     core: &mut QpCore,

@@ -16,7 +16,7 @@ use crate::wire::{BthRepr, DethRepr, Opcode, PacketRepr, RdethRepr};
 
 use crate::transport::completer::{scatter, Response};
 use crate::transport::engine::{add_request_headers, emit, gather, ip_for, send_opcode};
-use crate::transport::requester::{ack_timeout_ns, check_local, ACK_EVERY, WINDOW};
+use crate::transport::requester::{ack_timeout_ns, arm, check_local, ACK_EVERY, WINDOW};
 
 use super::receive::reap_held;
 use super::*;
