@@ -1099,3 +1099,133 @@ fn reads_beyond_the_inbound_depth_are_refused() {
     assert!(responses <= 16, "{responses} Read response packets for 5 Reads of 4 packets with an inbound depth of 4");
     assert!(log.iter().any(|&(op, _, syn)| op == 0x51 && syn == Some(0x61)), "no Invalid Request NAK: {log:?}");
 }
+
+/// A device with two channels: one streams the responses of a large RDMA Read its peer asked
+/// for, the other carries a 16-packet Send of a local QP. The channels take turns packet by
+/// packet, so the Send does not wait behind the whole Read (a 2 GiB Read would otherwise hold
+/// it for seconds, long enough for its ACK timer, and its peer's, to run out of retries).
+#[test]
+fn an_eec_streaming_read_responses_does_not_starve_another_eec() {
+    let mut f = fabric(SimConfig::default().seed(201));
+    let (a, b) = (node(&mut f, "r2s-a"), node(&mut f, "r2s-b"));
+    let (ea1, _eb1) = channel(&a, &b, Mtu::Mtu256, 7);
+    let (_ea2, eb2) = channel(&a, &b, Mtu::Mtu256, 7);
+    let (qa_read, qa_recv) = (rd_qp(&a, &a.rdd), rd_qp(&a, &a.rdd));
+    let (qb_target, qb_send) = (rd_qp(&b, &b.rdd), rd_qp(&b, &b.rdd));
+    // Opcodes device b sends, in order.
+    let from_b: Rc<RefCell<Vec<u8>>> = Rc::default();
+    let c = from_b.clone();
+    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(1)) {
+            if let Some(op) = opcode_of(d) {
+                c.borrow_mut().push(op);
+            }
+        }
+        Verdict::Pass
+    });
+    let is_read_resp = |op: u8| (0x4D..=0x50).contains(&op);
+    let is_send = |op: u8| (0x40..=0x45).contains(&op);
+    // A 512 KiB Read: 2048 response packets from b over channel 1.
+    let local = [a.mr.sge(0..512 * 1024)];
+    qa_read
+        .post_send(&[SendWr::rdma_read(1, &local, b.mr.addr(), b.mr.rkey())
+            .rd(&ea1, qb_target.qp_num(), QKEY)
+            .signaled()])
+        .unwrap();
+    let c = from_b.clone();
+    assert!(f.run_until_within(1_000_000_000, |_| c.borrow().iter().filter(|&&op| is_read_resp(op)).count() >= 8));
+    // Now b's own QP sends 4 KiB (16 packets) over channel 2.
+    qa_recv.post_recv(&[RecvWr::new(7, &[a.mr.sge(600_000..604_096)])]).unwrap();
+    let s = [b.mr.sge(600_000..604_096)];
+    qb_send.post_send(&[SendWr::send(2, &s).rd(&eb2, qa_recv.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 2);
+    let log = from_b.borrow();
+    let first = log.iter().position(|&op| is_send(op)).expect("the Send left");
+    let last = log.iter().rposition(|&op| is_send(op)).unwrap();
+    let between = log[first..last].iter().filter(|&&op| is_read_resp(op)).count();
+    assert!(
+        between < 200,
+        "{between} Read responses of channel 1 left between the first and the last packet of \
+         channel 2's 16-packet Send: one EEC keeps the RD turn while it has responses"
+    );
+}
+
+/// CQE-15 across a Reset: a receive WQE bound to a channel when its QP is reset is discarded
+/// with the rest of the queues (QPS-RESET-5), and the first receive CQE of the QP's next life
+/// counts only the slots freed in that life.
+/// Rule CQE-15, QPS-RESET-5
+#[test]
+fn freed_count_does_not_leak_across_a_reset() {
+    let mut f = fabric(SimConfig::default().seed(202));
+    let (a, b) = (node(&mut f, "r2f-a"), node(&mut f, "r2f-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let (qa, qa2, qb) = (rd_qp(&a, &a.rdd), rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..4096)]), RecvWr::new(2, &[b.mr.sge(4096..8192)])]).unwrap();
+    // Only the first packet of qa's 3-packet Send gets through: W1 is bound and held.
+    let cut = Rc::new(std::cell::Cell::new(true));
+    let n = Rc::new(std::cell::Cell::new(0u32));
+    let (c, k) = (cut.clone(), n.clone());
+    f.set_filter(move |ctx: &FilterCtx, _| {
+        if ctx.from == Some(DeviceId(0)) {
+            k.set(k.get() + 1);
+            if c.get() && k.get() > 1 {
+                return Verdict::Drop;
+            }
+        }
+        Verdict::Pass
+    });
+    let big = [a.mr.sge(0..3000)];
+    qa.post_send(&[SendWr::send(1, &big).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let bctx = b.ctx.clone();
+    assert!(f.run_until_within(1_000_000_000, |_| bctx.counters().rx_packets >= 1));
+    // qb starts a new life; qa gives its message up (the channel resyncs).
+    qb.modify(&QpAttr::new(QpState::Reset)).unwrap();
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    qb.modify(&QpAttr::to_init().access(all).qkey(QKEY)).unwrap();
+    qb.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
+    qb.modify(&QpAttr::to_rts().max_rd_atomic(4)).unwrap();
+    qa.modify(&QpAttr::to_error()).unwrap();
+    cut.set(false);
+    qb.post_recv(&[RecvWr::new(3, &[b.mr.sge(0..64)])]).unwrap();
+    let small = [a.mr.sge(0..64)];
+    qa2.post_send(&[SendWr::send(9, &small).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 2);
+    assert!(got.iter().any(|w| w.wr_id == 9 && w.status == WcStatus::Success), "{got:?}");
+    let recv = poll_all(&b.cq);
+    assert_eq!(recv.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), [(3, WcStatus::Success)]);
+    assert_eq!(recv[0].freed, 1, "one RQ WQE retired since the Reset, but the CQE reports {}", recv[0].freed);
+}
+
+/// A fatal NAK that is lost: the retransmission of the NAKed packet gets the same NAK again,
+/// so the requester learns the real status and the channel lives on.
+/// Rule ERR-SQ-7, PKT-NAK-2
+#[test]
+fn a_lost_fatal_nak_is_repeated_for_the_retransmission() {
+    let mut f = fabric(SimConfig::default().seed(203));
+    let (a, b) = (node(&mut f, "r2n-a"), node(&mut f, "r2n-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    let dropped = Rc::new(std::cell::Cell::new(false));
+    let d = dropped.clone();
+    f.set_filter(move |ctx: &FilterCtx, p: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(1)) && opcode_of(p) == Some(0x51) && !d.get() {
+            d.set(true);
+            return Verdict::Drop; // the Remote Access Error NAK
+        }
+        Verdict::Pass
+    });
+    let s = [a.mr.sge(0..64)];
+    qa.post_send(&[SendWr::rdma_write(1, &s, b.mr.addr(), b.mr.rkey() ^ 0x100).rd(&ea, qb.qp_num(), QKEY).signaled()])
+        .unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert!(dropped.get());
+    let state = ea.query().unwrap().state;
+    assert_eq!(
+        (got[0].status, state),
+        (WcStatus::RemAccessErr, QpState::Rts),
+        "a single lost NAK failed the WQE with the wrong status and took the channel down"
+    );
+}

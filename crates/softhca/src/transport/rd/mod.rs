@@ -25,6 +25,7 @@ use crate::verbs::mr::MemRef;
 use crate::verbs::qp::{QpCore, QpInner};
 use crate::verbs::types::{Gid, QpState, QpType, Wc, WcOpcode, WcStatus};
 use crate::verbs::wr::SendWqe;
+use crate::wire::aeth::Syndrome;
 use crate::wire::opcode::Operation;
 use crate::wire::roce::RoceDatagram;
 
@@ -35,7 +36,7 @@ use super::responder::{Request, RespJob};
 mod receive;
 mod send;
 
-use receive::{emit_response, on_request, on_resync};
+use receive::{emit_response, on_request, on_resync, repeat_fatal_nak};
 use send::{abandon_if_orphaned, emit_request, on_response};
 pub(crate) use send::{handle_timeout, qp_turn};
 
@@ -126,8 +127,11 @@ pub(crate) struct EecEngine {
     epsn: u32,
     msn: u32,
     nak_sent: bool,
-    /// A fatal NAK went out: requests are discarded until the requester's Resync.
+    /// A fatal NAK went out: requests are discarded until the requester's Resync, except a
+    /// retransmission of the NAKed packet, which gets the NAK again (it may have been lost).
     want_resync: bool,
+    /// That NAK: (PSN, syndrome, from QP, to QP).
+    fatal_nak: Option<(u32, Syndrome, u32, u32)>,
     rx: Option<RdRx>,
     last: Option<Executed>,
     out: VecDeque<Out>,
@@ -189,9 +193,12 @@ pub(crate) fn transmit(dev: &DeviceInner, now: u64, buf: &mut [u8]) -> Option<us
         if ec.destroyed || matches!(ec.attrs.state, QpState::Reset | QpState::Init | QpState::Error) {
             continue;
         }
+        // One packet per channel per turn: the next turn starts at the next channel.
+        let next = || dev.eec_cursor.store(eec.eecn.wrapping_add(1), Ordering::Relaxed);
         if ec.engine.resp_streak < RESPONSE_BURST {
             if let Some(len) = emit_response(eec, &mut ec, buf) {
                 ec.engine.resp_streak += 1;
+                next();
                 return Some(len);
             }
         }
@@ -199,12 +206,13 @@ pub(crate) fn transmit(dev: &DeviceInner, now: u64, buf: &mut [u8]) -> Option<us
             abandon_if_orphaned(&mut ec.engine);
             if let Some(len) = emit_request(eec, &mut ec, now, buf) {
                 ec.engine.resp_streak = 0;
-                dev.eec_cursor.store(eec.eecn.wrapping_add(1), Ordering::Relaxed);
+                next();
                 return Some(len);
             }
         }
         if let Some(len) = emit_response(eec, &mut ec, buf) {
             ec.engine.resp_streak = 1;
+            next();
             return Some(len);
         }
     }
@@ -259,6 +267,10 @@ pub(crate) fn deliver(
             on_resync(qp.zip(core.as_deref_mut()), &eec, &mut ec, &req);
             return true;
         }
+        if ec.engine.want_resync {
+            // Whatever became of the QP since, the channel answers for the NAK it sent.
+            return repeat_fatal_nak(&mut ec.engine, &req);
+        }
         let (Some(q), Some(core)) = (qp, core.as_deref_mut()) else { return false }; // PKT-VAL-4
         if !matches!(core.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
             return false; // PKT-VAL-5
@@ -295,5 +307,9 @@ pub(crate) fn release(q: &QpInner, core: &mut QpCore, flush: bool) {
             };
             let _ = q.recv_cq.push(wc, true);
         }
+    }
+    if !flush {
+        // Discarded without CQEs (Reset, Destroy): no later CQE reports these slots (CQE-15).
+        core.rd.freed = 0;
     }
 }

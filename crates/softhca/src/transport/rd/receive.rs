@@ -122,9 +122,6 @@ pub(super) fn access_fail() -> Fail {
 }
 
 pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>) {
-    if ec.engine.want_resync {
-        return;
-    }
     let mtu = mtu_of(&ec.attrs);
     match receive(q, core, eec, ec, r, mtu) {
         Ok(()) => {}
@@ -140,11 +137,9 @@ pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mu
         }
         Err(Fail::Fatal { nak, status, to_error }) => {
             let e = &mut ec.engine;
-            e.out.push_back(Out {
-                from: q.qpn,
-                to: r.src_qp,
-                job: RespJob::Ack { psn: r.psn.value(), syndrome: Syndrome::Nak(nak) },
-            });
+            let (psn, syndrome) = (r.psn.value(), Syndrome::Nak(nak));
+            e.out.push_back(Out { from: q.qpn, to: r.src_qp, job: RespJob::Ack { psn, syndrome } });
+            e.fatal_nak = Some((psn, syndrome, q.qpn, r.src_qp));
             e.want_resync = true;
             e.nak_sent = false;
             if let Some(rx) = e.rx.take() {
@@ -158,6 +153,18 @@ pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mu
                 q.enter_error(core, true);
             }
         }
+    }
+}
+
+/// While the channel waits for a Resync: the NAKed packet, retransmitted because the NAK was
+/// lost, gets the NAK again; anything else is dropped. Returns whether the packet was taken.
+pub(super) fn repeat_fatal_nak(e: &mut EecEngine, r: &Request<'_>) -> bool {
+    match e.fatal_nak {
+        Some((psn, syndrome, from, to)) if psn == r.psn.value() && to == r.src_qp => {
+            e.out.push_back(Out { from, to, job: RespJob::Ack { psn, syndrome } });
+            true
+        }
+        _ => false,
     }
 }
 
@@ -567,6 +574,7 @@ pub(super) fn on_resync(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner
         }
         e.epsn = r.psn.next().value();
         e.want_resync = false;
+        e.fatal_nak = None;
         e.nak_sent = false;
     }
     e.out.push_back(Out {

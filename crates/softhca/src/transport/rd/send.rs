@@ -334,7 +334,7 @@ pub(super) fn on_response(
         }
         (Operation::Acknowledge, Some(Syndrome::RnrNak { timer_code })) => {
             q_bump(&qp, |s| &s.rnr_naks_received);
-            if k > tx.done {
+            if op != WrOpcode::RdmaRead && k > tx.done {
                 // It acknowledges the packets before it: progress reloads both counts (PKT-RNR-8).
                 e.retry_left = retry_cnt;
                 e.rnr_left = rnr_retry;
@@ -351,8 +351,13 @@ pub(super) fn on_response(
                 e.rnr_left -= 1;
             }
             if let Some(tx) = e.tx.as_mut() {
-                tx.done = tx.done.max(k);
-                tx.next = k;
+                if op == WrOpcode::RdmaRead {
+                    // `done` counts responses received: ask again from the first one missing.
+                    tx.next = tx.done;
+                } else {
+                    tx.done = tx.done.max(k);
+                    tx.next = k;
+                }
             }
             e.ack_deadline = None;
             arm(dev, &mut e.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
@@ -439,6 +444,11 @@ pub(super) fn on_response(
                         start_resync(&mut ec.engine, &tx);
                     }
                 }
+            }
+            _ if tx.resync_after => {
+                // A Resync refused: the channel cannot be brought back in step (QPS-RD-6).
+                to_error_after(ec, None, eec);
+                ec.engine.tx = None;
             }
             _ => {
                 // The Resync is acknowledged: the channel is in step again.
