@@ -43,13 +43,15 @@ fn wqe_of(core: &QpCore, psn: Psn) -> Option<usize> {
 /// (PKT-ACK-8).
 pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response<'_>) -> bool {
     let una = Psn::new(core.req.una);
-    let next = Psn::new(core.req.psn);
-    // Only PSNs in [una, next) answer something outstanding. A NAK may name una itself.
-    if !r.psn.in_range(una, next.sub(1)) || !core.req.outstanding() {
+    let sent = Psn::new(core.req.sent_high);
+    // Only PSNs in [una, sent_high) answer something that was sent (PKT-ACK-8): PSNs of a
+    // message whose later packets have not left yet are not acknowledged by anyone. A NAK may
+    // name una itself.
+    if !core.req.outstanding() || una == sent || !r.psn.in_range(una, sent.sub(1)) {
         return false;
     }
     let Some(idx) = wqe_of(core, r.psn) else { return false };
-    let before = core.req.una;
+    let mut before = core.req.una;
     match r.operation {
         Operation::Acknowledge => match r.syndrome {
             Some(Syndrome::Ack { .. }) => {
@@ -58,12 +60,22 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
             Some(Syndrome::Nak(NakCode::PsnSeqErr)) => {
                 q.bump(|s| &s.seq_naks_received);
                 if ack_through(q, core, r.psn.sub(1)) && core.req.recovering != Some(r.psn.value()) {
-                    retry_or_fail(q, core, r.psn); // PKT-NAK-1
+                    // What it acknowledges reloads the counts first; then it costs a retry
+                    // (PKT-RTY-5, PKT-RTY-3), and the ACK timer restarts for the resent packets.
+                    progress(q, core, now, before);
+                    before = core.req.una;
+                    if retry_or_fail(q, core, r.psn) {
+                        // PKT-NAK-1
+                        let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
+                        arm(&q.dev, &mut core.req.ack_deadline, at);
+                    }
                 }
             }
             Some(Syndrome::RnrNak { timer_code }) => {
                 q.bump(|s| &s.rnr_naks_received);
                 if ack_through(q, core, r.psn.sub(1)) {
+                    progress(q, core, now, before); // PKT-RNR-8, before this NAK's own count
+                    before = core.req.una;
                     on_rnr_nak(q, core, now, r.psn, timer_code);
                 }
             }

@@ -420,8 +420,14 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                 let psn = Psn::new(np.psn);
                 if psn.psn_cmp(Psn::new(core.req.sent_high)).is_lt() {
                     q.bump(|s| &s.retransmitted_packets);
-                } else {
-                    core.req.sent_high = psn.next().value();
+                }
+                // A Read request stands for the PSNs of all the responses it asks for.
+                let covered = match core.sq.get(np.idx) {
+                    Some(w) if w.opcode == WrOpcode::RdmaRead => Psn::new(w.tx.first_psn).add(w.tx.npkts),
+                    _ => psn.next(),
+                };
+                if covered.psn_cmp(Psn::new(core.req.sent_high)).is_gt() {
+                    core.req.sent_high = covered.value();
                 }
                 if core.req.ack_deadline.is_none() {
                     let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);

@@ -288,33 +288,40 @@ pub(crate) fn on_ack_timeout(q: &QpInner, core: &mut QpCore) {
 }
 
 /// One retry against the Retry Count, or Transport Retry Counter Exceeded for the oldest
-/// unacknowledged WQE when none is left (PKT-RTY-7: 7 is an ordinary count).
-pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn) {
+/// unacknowledged WQE when none is left (PKT-RTY-7: 7 is an ordinary count). True when it
+/// went back for a retry.
+pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn) -> bool {
     if core.req.retry_left == 0 {
         fail_oldest(core, from, WcStatus::RetryExcErr);
-        return;
+        return false;
     }
     core.req.retry_left -= 1;
     q.bump(|s| &s.retransmits);
     core.req.recovering = Some(from.value());
     go_back(core, from);
+    true
 }
 
 /// Marks the WQE holding `psn` (or else the oldest unfinished one) done with `status`; nothing
-/// new starts after it.
+/// new starts after it. WQEs before it that still wait for their ACKs keep the timers, so that
+/// they are retransmitted and complete first (ORD-SQ-3); the failed one retires after them.
 pub(crate) fn fail_oldest(core: &mut QpCore, psn: Psn, status: WcStatus) {
     let started = core.req.started;
+    let unfinished = |core: &QpCore, i: usize| core.sq.get(i).is_some_and(|w| w.tx.status.is_none());
     let target = (0..started)
-        .find(|&i| core.sq.get(i).is_some_and(|w| w.tx.status.is_none() && w.tx.contains(psn)))
-        .or_else(|| (0..started).find(|&i| core.sq.get(i).is_some_and(|w| w.tx.status.is_none())));
+        .find(|&i| unfinished(core, i) && core.sq.get(i).is_some_and(|w| w.tx.contains(psn)))
+        .or_else(|| (0..started).find(|&i| unfinished(core, i)));
     if let Some(i) = target {
         if let Some(w) = core.sq.get_mut(i) {
             w.tx.status = Some(status);
         }
     }
     core.req.halted = true;
-    core.req.cursor = started;
-    core.req.cursor_off = 0;
-    core.req.ack_deadline = None;
-    core.req.rnr_deadline = None;
+    let earlier_waiting = target.is_some_and(|t| (0..t).any(|i| unfinished(core, i)));
+    if !earlier_waiting {
+        core.req.cursor = started;
+        core.req.cursor_off = 0;
+        core.req.ack_deadline = None;
+        core.req.rnr_deadline = None;
+    }
 }

@@ -430,13 +430,14 @@ fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64
 
 fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
     let len = r.payload.len() as u64;
-    if !length_ok(r.position, len, mtu) {
-        return Err(rc_fail_invalid()); // ERR-RQ-13
-    }
-    // Write with Immediate needs an RQ WQE for its last packet: RNR before executing it.
+    // Write with Immediate needs an RQ WQE for its last packet: resources come before lengths
+    // (PKT-VAL-12), so that a packet with both faults is RNR NAKed.
     let completes = matches!(r.position, Position::Last | Position::Only);
     if completes && r.imm.is_some() && !bind_wqe(q, core) {
         return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
+    }
+    if !length_ok(r.position, len, mtu) {
+        return Err(rc_fail_invalid()); // ERR-RQ-13
     }
     if core.resp.in_msg.is_none() {
         let reth = r.reth.ok_or_else(rc_fail_invalid)?;

@@ -385,10 +385,18 @@ pub(super) fn rd_write(
     mtu: u64,
 ) -> Result<(), Fail> {
     let len = r.payload.len() as u64;
+    let completes = matches!(r.position, Position::Last | Position::Only);
+    let wqe_ready = match &q.srq {
+        None => !core.rq.is_empty(),
+        Some(srq) => srq.has_wqe(),
+    };
+    if completes && r.imm.is_some() && !wqe_ready {
+        // Resources before lengths (PKT-VAL-12).
+        return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
+    }
     if !length_ok(r.position, len, mtu) {
         return Err(invalid());
     }
-    let completes = matches!(r.position, Position::Last | Position::Only);
     let e = &mut ec.engine;
     // Everything is checked before anything changes, so that an RNR NAK leaves no trace and
     // the retransmitted packet is taken as new (ERR-B-4).
