@@ -11,7 +11,7 @@ use crate::verbs::qp::{QpCore, QpInner};
 use crate::verbs::types::{AhAttr, QpState, QpType, WcStatus};
 use crate::verbs::wr::{SendFlags, SendWqe, WrOpcode};
 use crate::verbs::Context;
-use crate::wire::aeth::Syndrome;
+use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Direction, ServiceType};
 use crate::wire::packet::pad_for;
 use crate::wire::psn::Psn;
@@ -609,7 +609,7 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
             p.atomic_ack_eth = Some(AtomicAckEthRepr { orig_remote_data: orig });
             emit(q.qpn, ip, p, 0, buf, |_| true)
         }
-        RespJob::ReadResp { mem, first_psn, npkts, next, len, mtu } => {
+        RespJob::ReadResp { grant, first_psn, npkts, next, len, mtu } => {
             let (opcode, with_aeth) = match (npkts, next) {
                 (1, _) => (Opcode::RcRdmaReadResponseOnly, true),
                 (_, 0) => (Opcode::RcRdmaReadResponseFirst, true),
@@ -619,6 +619,19 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
             let offset = next as u64 * mtu;
             let payload = (len - offset.min(len)).min(mtu) as usize;
             let psn = Psn::new(first_psn).add(next); // PKT-PSN-7
+                                                     // The bytes are read now, so the key is checked now (see `Grant`).
+            let mem = grant.map(|g| g.check(&q.dev, offset, payload as u64));
+            if let Some(None) = mem {
+                // The key no longer covers them: Remote Access Error, as for a bad R_Key at
+                // the request (ERR-RQ-9, Class C).
+                core.resp.out.pop_front();
+                core.resp.resource_done(first_psn);
+                let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, pkey, dest, psn));
+                p.aeth = aeth(Syndrome::Nak(NakCode::RemoteAccessError));
+                let len = emit(q.qpn, ip, p, 0, buf, |_| true);
+                responder::access_lost(q, core);
+                return len;
+            }
             let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, dest, psn));
             if with_aeth {
                 p.aeth = aeth(Syndrome::ACK_NO_CREDITS);
@@ -630,8 +643,8 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
                 *n += 1;
             }
             emit(q.qpn, ip, p, payload, buf, |dst| match &mem {
-                Some(m) => m.read(offset as usize, dst).is_ok(),
-                None => dst.is_empty(),
+                Some(Some(m)) => m.read(0, dst).is_ok(),
+                _ => dst.is_empty(),
             })
         }
     };

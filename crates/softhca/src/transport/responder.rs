@@ -19,6 +19,25 @@ use crate::wire::{AtomicEthRepr, RethRepr};
 use super::completer::scatter;
 use super::requester::pmtu;
 
+/// What a remote peer's R_Key was granted for a multi-packet Write or a Read: checked whole
+/// when the request arrives (ERR-RQ-9), and again for each packet's bytes when they are
+/// touched, so that a key deregistered or a window rebound in the meantime stops the transfer
+/// rather than reaching memory it no longer covers (DESIGN rule 5).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub rkey: u32,
+    pub pd: u32,
+    pub va: u64,
+    pub access: Access,
+}
+
+impl Grant {
+    /// The grant's bytes `[at, at + n)`, if the key still allows them.
+    pub fn check(&self, dev: &crate::verbs::device::DeviceInner, at: u64, n: u64) -> Option<MemRef> {
+        check_access(dev, self.rkey, self.pd, self.va.checked_add(at)?, n, self.access).ok()
+    }
+}
+
 /// A response waiting to be transmitted, in the order it must leave (ORD-RLX-4).
 #[derive(Debug, Clone)]
 pub(crate) enum RespJob {
@@ -29,7 +48,8 @@ pub(crate) enum RespJob {
     },
     /// The response packets of an RDMA Read, from packet `next` on.
     ReadResp {
-        mem: Option<MemRef>,
+        /// `None` for a zero-length Read.
+        grant: Option<Grant>,
         first_psn: u32,
         npkts: u32,
         next: u32,
@@ -65,7 +85,7 @@ enum InMsg {
     /// A Send into the RQ head WQE, `offset` bytes in.
     Send { offset: u64 },
     /// An RDMA Write into `mem`, `offset` bytes in, `len` in all.
-    Write { mem: Option<MemRef>, offset: u64, len: u64 },
+    Write { grant: Option<Grant>, offset: u64, len: u64 },
 }
 
 #[derive(Debug, Default, Clone)]
@@ -445,24 +465,23 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
         if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
             return Err(rc_fail_invalid()); // ERR-RQ-12
         }
-        let mem =
-            if total == 0 {
-                None
-            } else {
-                let pd = q.pd.inner.handle;
-                Some(check_access(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).map_err(|_| {
-                    Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true }
-                })?) // ERR-RQ-9
-            };
-        core.resp.in_msg = Some(InMsg::Write { mem, offset: 0, len: total });
+        let grant = Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_WRITE };
+        let grant = match total {
+            0 => None,
+            _ => Some(grant.check(&q.dev, 0, total).map(|_| grant).ok_or(access_fail())?), // ERR-RQ-9
+        };
+        core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
     }
-    let Some(InMsg::Write { mem, offset, len: total }) = core.resp.in_msg.take() else { return Err(rc_fail_invalid()) };
+    let Some(InMsg::Write { grant, offset, len: total }) = core.resp.in_msg.take() else {
+        return Err(rc_fail_invalid());
+    };
     let end = offset + len;
     if end > total || (completes && end != total) {
         return Err(rc_fail_invalid()); // ERR-RQ-12
     }
-    if let Some(m) = &mem {
-        m.write(offset as usize, r.payload).map_err(|_| rc_fail_invalid())?;
+    if let Some(g) = &grant {
+        let m = g.check(&q.dev, offset, len).ok_or(access_fail())?;
+        m.write(0, r.payload).map_err(|_| rc_fail_invalid())?;
     }
     accept(core, r);
     if completes {
@@ -471,9 +490,20 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
             complete_recv(q, core, WcOpcode::RecvRdmaWithImm, total, r)?; // WR-WRITE-3, CQE-6
         }
     } else {
-        core.resp.in_msg = Some(InMsg::Write { mem, offset: end, len: total });
+        core.resp.in_msg = Some(InMsg::Write { grant, offset: end, len: total });
     }
     Ok(())
+}
+
+/// A Read's key stopped covering its bytes between the request and a response: the QP moves
+/// to Error with the affiliated Local Access Violation error (ERR-C-2, ERR-C-5, ERR-C-6).
+pub(crate) fn access_lost(q: &QpInner, core: &mut QpCore) {
+    q.dev.raise(AsyncEvent { event_type: AsyncEventType::QpAccessErr, element: EventElement::Qp(q.qpn) });
+    q.enter_error(core, true);
+}
+
+fn access_fail() -> Fail {
+    Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true }
 }
 
 fn pending(core: &QpCore) -> usize {
@@ -500,15 +530,10 @@ fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     if len > 1 << 31 {
         return Err(rc_fail_invalid());
     }
-    let mem = if len == 0 {
-        None
-    } else {
-        let pd = q.pd.inner.handle;
-        Some(check_access(&q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).map_err(|_| Fail::C {
-            nak: NakCode::RemoteAccessError,
-            status: WcStatus::RemAccessErr,
-            access: true,
-        })?) // ERR-RQ-9, ORD-RLX-2, ORD-RLX-3
+    let grant = Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_READ };
+    let grant = match len {
+        0 => None,
+        _ => Some(grant.check(&q.dev, 0, len).map(|_| grant).ok_or(access_fail())?), // ERR-RQ-9, ORD-RLX-2/3
     };
     let npkts = len.div_ceil(mtu).max(1) as u32;
     let psn = r.psn.value();
@@ -518,7 +543,7 @@ fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     );
     core.resp.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
     core.resp.msn = Psn::new(core.resp.msn).next().value(); // PKT-ACK-14
-    core.resp.out.push_back(RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len, mtu });
+    core.resp.out.push_back(RespJob::ReadResp { grant, first_psn: psn, npkts, next: 0, len, mtu });
     Ok(())
 }
 
@@ -588,12 +613,13 @@ fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
                 _ => None,
             });
             let Some((va, rkey, len, npkts, first, k, mtu)) = found else { return Err(Fail::D) }; // PKT-DUP-3
-            let pd = q.pd.inner.handle;
-            let mem = if len == 0 { None } else { check_access(&q.dev, rkey, pd, va, len, Access::REMOTE_READ).ok() };
-            if len > 0 && mem.is_none() {
-                return Err(Fail::D);
-            }
-            core.resp.out.push_back(RespJob::ReadResp { mem, first_psn: first, npkts, next: k as u32, len, mtu });
+            let grant = Grant { rkey, pd: q.pd.inner.handle, va, access: Access::REMOTE_READ };
+            let grant = match len {
+                0 => None,
+                _ if grant.check(&q.dev, 0, len).is_none() => return Err(Fail::D),
+                _ => Some(grant),
+            };
+            core.resp.out.push_back(RespJob::ReadResp { grant, first_psn: first, npkts, next: k as u32, len, mtu });
             Ok(())
         }
         Operation::CompareSwap | Operation::FetchAdd => {
@@ -670,26 +696,25 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
             if starts {
                 let Some(reth) = r.reth else { return drop_message(core) };
                 let total = reth.dma_length as u64;
-                let mem = if total == 0 {
-                    None
-                } else {
-                    let pd = q.pd.inner.handle;
-                    match check_access(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE) {
-                        Ok(m) => Some(m),
-                        Err(_) => return drop_message(core),
-                    }
+                let grant =
+                    Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_WRITE };
+                let grant = match total {
+                    0 => None,
+                    _ if grant.check(&q.dev, 0, total).is_none() => return drop_message(core),
+                    _ => Some(grant),
                 };
-                core.resp.in_msg = Some(InMsg::Write { mem, offset: 0, len: total });
+                core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
             }
-            let Some(InMsg::Write { mem, offset, len }) = core.resp.in_msg.take() else { return drop_message(core) };
+            let Some(InMsg::Write { grant, offset, len }) = core.resp.in_msg.take() else { return drop_message(core) };
             let end = offset + r.payload.len() as u64;
             let completes = matches!(r.position, Position::Last | Position::Only);
             if end > len || (completes && end != len) {
                 return drop_message(core);
             }
-            if let Some(m) = &mem {
-                if m.write(offset as usize, r.payload).is_err() {
-                    return drop_message(core);
+            if let Some(g) = &grant {
+                match g.check(&q.dev, offset, r.payload.len() as u64) {
+                    Some(m) if m.write(0, r.payload).is_ok() => {}
+                    _ => return drop_message(core),
                 }
             }
             if completes {
@@ -700,7 +725,7 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
                     let _ = complete_recv(q, core, WcOpcode::RecvRdmaWithImm, len, r);
                 }
             } else {
-                core.resp.in_msg = Some(InMsg::Write { mem, offset: end, len });
+                core.resp.in_msg = Some(InMsg::Write { grant, offset: end, len });
             }
         }
         _ => drop_message(core),

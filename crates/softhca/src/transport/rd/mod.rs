@@ -84,7 +84,7 @@ enum RxMsg {
         offset: u64,
     },
     Write {
-        mem: Option<MemRef>,
+        grant: Option<crate::transport::responder::Grant>,
         offset: u64,
         len: u64,
     },

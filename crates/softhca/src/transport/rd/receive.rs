@@ -14,7 +14,7 @@ use crate::wire::{AethRepr, AtomicAckEthRepr, BthRepr, Opcode, PacketRepr, Rdeth
 
 use crate::transport::completer::scatter;
 use crate::transport::engine::{emit, ip_for};
-use crate::transport::responder::{execute_atomic, length_ok, read_rest_matches, Request, RespJob};
+use crate::transport::responder::{execute_atomic, length_ok, read_rest_matches, Grant, Request, RespJob};
 
 use super::*;
 
@@ -75,7 +75,7 @@ pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) ->
             e.out.pop_front();
             (p, 0, None)
         }
-        RespJob::ReadResp { mem, first_psn, npkts, next, len, mtu } => {
+        RespJob::ReadResp { grant, first_psn, npkts, next, len, mtu } => {
             let (opcode, with_aeth) = match (*npkts, *next) {
                 (1, _) => (Opcode::RdRdmaReadResponseOnly, true),
                 (_, 0) => (Opcode::RdRdmaReadResponseFirst, true),
@@ -84,23 +84,37 @@ pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) ->
             };
             let offset = *next as u64 * *mtu;
             let payload = (*len - offset.min(*len)).min(*mtu) as usize;
-            let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, to, Psn::new(*first_psn).add(*next)));
-            if with_aeth {
-                p.aeth = aeth(Syndrome::ACK_NO_CREDITS, msn);
-            }
-            let m = mem.clone();
-            *next += 1;
-            if *next >= *npkts {
+            let psn = Psn::new(*first_psn).add(*next);
+            // The bytes are read now, so the key is checked now (see `Grant`).
+            let mem = grant.map(|g| g.check(dev, offset, payload as u64));
+            if let Some(None) = mem {
+                // The key no longer covers them: Remote Access Error, and the channel waits
+                // for the requester's Resync as after any fatal NAK.
                 e.out.pop_front();
+                let syndrome = Syndrome::Nak(NakCode::RemoteAccessError);
+                let mut p = PacketRepr::new(BthRepr::new(Opcode::RdAcknowledge, pkey, to, psn));
+                p.aeth = aeth(syndrome, msn);
+                e.want_resync = true;
+                e.fatal_nak = Some((psn.value(), syndrome, from, to));
+                (p, 0, None)
+            } else {
+                let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, to, psn));
+                if with_aeth {
+                    p.aeth = aeth(Syndrome::ACK_NO_CREDITS, msn);
+                }
+                *next += 1;
+                if *next >= *npkts {
+                    e.out.pop_front();
+                }
+                (p, payload, mem.flatten())
             }
-            (p, payload, Some((m, offset)))
         }
     };
     let mut packet = packet;
     packet.rdeth = Some(RdethRepr { ee_cnxt: dest_eecn });
     emit(from, ip, packet, payload, buf, |dst| match mem_at {
-        Some((Some(m), offset)) => m.read(offset as usize, dst).is_ok(),
-        _ => dst.is_empty(),
+        Some(m) => m.read(0, dst).is_ok(),
+        None => dst.is_empty(),
     })
 }
 
@@ -400,23 +414,21 @@ pub(super) fn rd_write(
     let e = &mut ec.engine;
     // Everything is checked before anything changes, so that an RNR NAK leaves no trace and
     // the retransmitted packet is taken as new (ERR-B-4).
-    let (mem, offset, total) = match &e.rx {
+    let (grant, offset, total) = match &e.rx {
         None => {
             let reth = r.reth.ok_or_else(invalid)?;
             let total = reth.dma_length as u64;
             if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
                 return Err(invalid()); // ERR-RQ-12
             }
-            let mem = match total {
+            let grant = Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_WRITE };
+            let grant = match total {
                 0 => None,
-                _ => Some(
-                    check_access(&q.dev, reth.r_key, q.pd.inner.handle, reth.va, total, Access::REMOTE_WRITE)
-                        .map_err(|_| access_fail())?,
-                ),
+                _ => Some(grant.check(&q.dev, 0, total).map(|_| grant).ok_or_else(access_fail)?), // ERR-RQ-9
             };
-            (mem, 0, total)
+            (grant, 0, total)
         }
-        Some(RdRx { msg: RxMsg::Write { mem, offset, len }, .. }) => (mem.clone(), *offset, *len),
+        Some(RdRx { msg: RxMsg::Write { grant, offset, len }, .. }) => (*grant, *offset, *len),
         Some(_) => return Err(invalid()),
     };
     let end = offset + len;
@@ -430,18 +442,19 @@ pub(super) fn rd_write(
         }
         false => None,
     };
-    if let Some(m) = &mem {
-        // In bounds: `end <= total`, the length the key check covered.
-        if m.write(offset as usize, r.payload).is_err() {
+    if let Some(g) = &grant {
+        // The key is checked again for this packet's bytes (see `Grant`).
+        let written = g.check(&q.dev, offset, len).is_some_and(|m| m.write(0, r.payload).is_ok());
+        if !written {
             if let Some((token, wr_id, _)) = held {
-                complete_held(q, core, eec.eecn, token, wr_id, WcStatus::RemInvReqErr, 0, None, r, false);
+                complete_held(q, core, eec.eecn, token, wr_id, WcStatus::RemAccessErr, 0, None, r, false);
             }
-            return Err(invalid());
+            return Err(access_fail());
         }
     }
     accept(q, e, r);
     if !completes {
-        e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg: RxMsg::Write { mem, offset: end, len: total } });
+        e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg: RxMsg::Write { grant, offset: end, len: total } });
         return Ok(());
     }
     e.rx = None;
@@ -470,13 +483,10 @@ pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Requ
     if len > 1 << 31 {
         return Err(invalid());
     }
-    let mem = if len == 0 {
-        None
-    } else {
-        Some(
-            check_access(&q.dev, reth.r_key, q.pd.inner.handle, reth.va, len, Access::REMOTE_READ)
-                .map_err(|_| access_fail())?,
-        )
+    let grant = Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_READ };
+    let grant = match len {
+        0 => None,
+        _ => Some(grant.check(&q.dev, 0, len).map(|_| grant).ok_or_else(access_fail)?), // ERR-RQ-9
     };
     let npkts = len.div_ceil(mtu).max(1) as u32;
     let psn = r.psn.value();
@@ -487,7 +497,7 @@ pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Requ
     e.out.push_back(Out {
         from: q.qpn,
         to: r.src_qp,
-        job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: 0, len, mtu },
+        job: RespJob::ReadResp { grant, first_psn: psn, npkts, next: 0, len, mtu },
     });
     Ok(())
 }
@@ -541,18 +551,16 @@ pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Reque
             if reth.r_key != rkey || !read_rest_matches(va, len, mtu, k, reth.va, reth.dma_length) {
                 return Err(Fail::Drop);
             }
-            let mem = if len == 0 {
-                None
-            } else {
-                Some(
-                    check_access(&eec.dev, rkey, q.pd.inner.handle, va, len, Access::REMOTE_READ)
-                        .map_err(|_| Fail::Drop)?,
-                )
+            let grant = Grant { rkey, pd: q.pd.inner.handle, va, access: Access::REMOTE_READ };
+            let grant = match len {
+                0 => None,
+                _ if grant.check(&eec.dev, 0, len).is_none() => return Err(Fail::Drop),
+                _ => Some(grant),
             };
             e.out.push_back(Out {
                 from: q.qpn,
                 to,
-                job: RespJob::ReadResp { mem, first_psn: psn, npkts, next: k as u32, len, mtu },
+                job: RespJob::ReadResp { grant, first_psn: psn, npkts, next: k as u32, len, mtu },
             });
             Ok(())
         }
