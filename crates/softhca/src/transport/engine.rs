@@ -584,7 +584,7 @@ pub(crate) fn gather(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut dst
 }
 
 fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize> {
-    let job = core.resp.out.front()?.clone();
+    core.resp.out.front()?;
     let ip = route(q, core)?;
     let pkey = q.dev.pkey(core.attrs.pkey_index).unwrap_or(0xFFFF);
     let dest = core.attrs.dest_qp_num;
@@ -594,14 +594,14 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
         if q.srq.is_some() { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
     let credits = Syndrome::Ack { credit_code };
     let aeth = |s: Syndrome| Some(AethRepr { syndrome: if s.is_ack() { credits } else { s }, msn });
-    let len = match job {
-        RespJob::Ack { psn, syndrome } => {
+    let len = match core.resp.out.front_mut()? {
+        &mut RespJob::Ack { psn, syndrome } => {
             core.resp.out.pop_front();
             let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, pkey, dest, Psn::new(psn)));
             p.aeth = aeth(syndrome);
             emit(q.qpn, ip, p, 0, buf, |_| true)
         }
-        RespJob::AtomicAck { psn, orig } => {
+        &mut RespJob::AtomicAck { psn, orig } => {
             core.resp.out.pop_front();
             core.resp.resource_done(psn);
             let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAtomicAcknowledge, pkey, dest, Psn::new(psn)));
@@ -610,42 +610,46 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
             emit(q.qpn, ip, p, 0, buf, |_| true)
         }
         RespJob::ReadResp { grant, first_psn, npkts, next, len, mtu } => {
-            let (opcode, with_aeth) = match (npkts, next) {
+            let (first_psn, npkts, k, len, mtu) = (*first_psn, *npkts, *next, *len, *mtu);
+            let (opcode, with_aeth) = match (npkts, k) {
                 (1, _) => (Opcode::RcRdmaReadResponseOnly, true),
                 (_, 0) => (Opcode::RcRdmaReadResponseFirst, true),
                 (n, k) if k + 1 == n => (Opcode::RcRdmaReadResponseLast, true),
                 _ => (Opcode::RcRdmaReadResponseMiddle, false), // PKT-ACK-10
             };
-            let offset = next as u64 * mtu;
+            let offset = k as u64 * mtu;
             let payload = (len - offset.min(len)).min(mtu) as usize;
-            let psn = Psn::new(first_psn).add(next); // PKT-PSN-7
-                                                     // The bytes are read now, so the key is checked now (see `Grant`).
-            let mem = grant.map(|g| g.check(&q.dev, offset, payload as u64));
-            if let Some(None) = mem {
-                // The key no longer covers them: Remote Access Error, as for a bad R_Key at
-                // the request (ERR-RQ-9, Class C).
-                core.resp.out.pop_front();
-                core.resp.resource_done(first_psn);
-                let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, pkey, dest, psn));
-                p.aeth = aeth(Syndrome::Nak(NakCode::RemoteAccessError));
-                let len = emit(q.qpn, ip, p, 0, buf, |_| true);
-                responder::access_lost(q, core);
-                return len;
-            }
+            let psn = Psn::new(first_psn).add(k); // PKT-PSN-7
+                                                  // The bytes are read now, through a grant that checks its key again if one was
+                                                  // revoked since the request (see `Grant`).
             let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, dest, psn));
             if with_aeth {
                 p.aeth = aeth(Syndrome::ACK_NO_CREDITS);
             }
-            if next + 1 >= npkts {
+            let sent = match grant {
+                None => emit(q.qpn, ip, p, payload, buf, |dst| dst.is_empty()),
+                Some(g) => match g.bytes(&q.dev, offset, payload as u64) {
+                    Some((m, at)) => emit(q.qpn, ip, p, payload, buf, |dst| m.read(at, dst).is_ok()),
+                    None => {
+                        // The key no longer covers them: Remote Access Error, as for a bad
+                        // R_Key at the request (ERR-RQ-9, Class C).
+                        core.resp.out.pop_front();
+                        core.resp.resource_done(first_psn);
+                        let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, pkey, dest, psn));
+                        p.aeth = aeth(Syndrome::Nak(NakCode::RemoteAccessError));
+                        let len = emit(q.qpn, ip, p, 0, buf, |_| true);
+                        responder::access_lost(q, core);
+                        return len;
+                    }
+                },
+            };
+            if k + 1 >= npkts {
                 core.resp.out.pop_front();
                 core.resp.resource_done(first_psn);
-            } else if let Some(RespJob::ReadResp { next: n, .. }) = core.resp.out.front_mut() {
-                *n += 1;
+            } else if let Some(RespJob::ReadResp { next, .. }) = core.resp.out.front_mut() {
+                *next += 1;
             }
-            emit(q.qpn, ip, p, payload, buf, |dst| match &mem {
-                Some(Some(m)) => m.read(0, dst).is_ok(),
-                _ => dst.is_empty(),
-            })
+            sent
         }
     };
     if len.is_none() {

@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
+use crate::verbs::device::DeviceInner;
 use crate::verbs::mr::{check_access, AccessError, MemRef};
 use crate::verbs::qp::{QpCore, QpInner};
 use crate::verbs::types::{
@@ -20,21 +21,42 @@ use super::completer::scatter;
 use super::requester::pmtu;
 
 /// What a remote peer's R_Key was granted for a multi-packet Write or a Read: checked whole
-/// when the request arrives (ERR-RQ-9), and again for each packet's bytes when they are
-/// touched, so that a key deregistered or a window rebound in the meantime stops the transfer
-/// rather than reaching memory it no longer covers (DESIGN rule 5).
-#[derive(Debug, Clone, Copy)]
+/// when the request arrives (ERR-RQ-9), and checked again before any later packet's bytes are
+/// touched if a key was revoked meanwhile, so that a region deregistered or a window rebound
+/// stops the transfer rather than leaving memory open to it (DESIGN rule 5).
+#[derive(Debug, Clone)]
 pub(crate) struct Grant {
-    pub rkey: u32,
-    pub pd: u32,
-    pub va: u64,
-    pub access: Access,
+    rkey: u32,
+    pd: u32,
+    va: u64,
+    len: u64,
+    access: Access,
+    /// The whole range as last checked, and the device's key generation before that check.
+    checked: MemRef,
+    gen: u64,
 }
 
 impl Grant {
-    /// The grant's bytes `[at, at + n)`, if the key still allows them.
-    pub fn check(&self, dev: &crate::verbs::device::DeviceInner, at: u64, n: u64) -> Option<MemRef> {
-        check_access(dev, self.rkey, self.pd, self.va.checked_add(at)?, n, self.access).ok()
+    /// `len` bytes at `va` through `rkey` with `access`, if the key allows them now.
+    pub fn new(dev: &DeviceInner, rkey: u32, pd: u32, va: u64, len: u64, access: Access) -> Option<Grant> {
+        // The generation is read first: a revocation racing the check shows at the next use.
+        let gen = dev.key_gen.load(Ordering::Acquire);
+        let checked = check_access(dev, rkey, pd, va, len, access).ok()?;
+        Some(Grant { rkey, pd, va, len, access, checked, gen })
+    }
+
+    /// The memory of bytes `[at, at + n)` of the grant and their offset in it, if the key still
+    /// allows the whole range.
+    pub fn bytes(&mut self, dev: &DeviceInner, at: u64, n: u64) -> Option<(&MemRef, usize)> {
+        if at.checked_add(n)? > self.len {
+            return None;
+        }
+        let gen = dev.key_gen.load(Ordering::Acquire);
+        if gen != self.gen {
+            self.checked = check_access(dev, self.rkey, self.pd, self.va, self.len, self.access).ok()?;
+            self.gen = gen;
+        }
+        Some((&self.checked, at as usize))
     }
 }
 
@@ -465,23 +487,23 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
         if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
             return Err(rc_fail_invalid()); // ERR-RQ-12
         }
-        let grant = Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_WRITE };
+        let pd = q.pd.inner.handle;
         let grant = match total {
             0 => None,
-            _ => Some(grant.check(&q.dev, 0, total).map(|_| grant).ok_or(access_fail())?), // ERR-RQ-9
+            _ => Some(Grant::new(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).ok_or(access_fail())?), // ERR-RQ-9
         };
         core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
     }
-    let Some(InMsg::Write { grant, offset, len: total }) = core.resp.in_msg.take() else {
+    let Some(InMsg::Write { mut grant, offset, len: total }) = core.resp.in_msg.take() else {
         return Err(rc_fail_invalid());
     };
     let end = offset + len;
     if end > total || (completes && end != total) {
         return Err(rc_fail_invalid()); // ERR-RQ-12
     }
-    if let Some(g) = &grant {
-        let m = g.check(&q.dev, offset, len).ok_or(access_fail())?;
-        m.write(0, r.payload).map_err(|_| rc_fail_invalid())?;
+    if let Some(g) = &mut grant {
+        let (m, at) = g.bytes(&q.dev, offset, len).ok_or(access_fail())?;
+        m.write(at, r.payload).map_err(|_| rc_fail_invalid())?;
     }
     accept(core, r);
     if completes {
@@ -530,10 +552,10 @@ fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     if len > 1 << 31 {
         return Err(rc_fail_invalid());
     }
-    let grant = Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_READ };
+    let pd = q.pd.inner.handle;
     let grant = match len {
         0 => None,
-        _ => Some(grant.check(&q.dev, 0, len).map(|_| grant).ok_or(access_fail())?), // ERR-RQ-9, ORD-RLX-2/3
+        _ => Some(Grant::new(&q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or(access_fail())?), // ERR-RQ-9, ORD-RLX-2/3
     };
     let npkts = len.div_ceil(mtu).max(1) as u32;
     let psn = r.psn.value();
@@ -613,11 +635,9 @@ fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
                 _ => None,
             });
             let Some((va, rkey, len, npkts, first, k, mtu)) = found else { return Err(Fail::D) }; // PKT-DUP-3
-            let grant = Grant { rkey, pd: q.pd.inner.handle, va, access: Access::REMOTE_READ };
             let grant = match len {
                 0 => None,
-                _ if grant.check(&q.dev, 0, len).is_none() => return Err(Fail::D),
-                _ => Some(grant),
+                _ => Some(Grant::new(&q.dev, rkey, q.pd.inner.handle, va, len, Access::REMOTE_READ).ok_or(Fail::D)?),
             };
             core.resp.out.push_back(RespJob::ReadResp { grant, first_psn: first, npkts, next: k as u32, len, mtu });
             Ok(())
@@ -696,24 +716,27 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
             if starts {
                 let Some(reth) = r.reth else { return drop_message(core) };
                 let total = reth.dma_length as u64;
-                let grant =
-                    Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_WRITE };
+                let pd = q.pd.inner.handle;
                 let grant = match total {
                     0 => None,
-                    _ if grant.check(&q.dev, 0, total).is_none() => return drop_message(core),
-                    _ => Some(grant),
+                    _ => match Grant::new(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE) {
+                        Some(g) => Some(g),
+                        None => return drop_message(core),
+                    },
                 };
                 core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
             }
-            let Some(InMsg::Write { grant, offset, len }) = core.resp.in_msg.take() else { return drop_message(core) };
+            let Some(InMsg::Write { mut grant, offset, len }) = core.resp.in_msg.take() else {
+                return drop_message(core);
+            };
             let end = offset + r.payload.len() as u64;
             let completes = matches!(r.position, Position::Last | Position::Only);
             if end > len || (completes && end != len) {
                 return drop_message(core);
             }
-            if let Some(g) = &grant {
-                match g.check(&q.dev, offset, r.payload.len() as u64) {
-                    Some(m) if m.write(0, r.payload).is_ok() => {}
+            if let Some(g) = &mut grant {
+                match g.bytes(&q.dev, offset, r.payload.len() as u64) {
+                    Some((m, at)) if m.write(at, r.payload).is_ok() => {}
                     _ => return drop_message(core),
                 }
             }

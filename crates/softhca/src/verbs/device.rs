@@ -259,6 +259,9 @@ pub(crate) struct DeviceInner {
     pub counts: Counts,
     next_handle: AtomicU32,
     pub keys: RwLock<KeyTable>,
+    /// Bumped by every change that can revoke a key's access (deregistration, window bind or
+    /// deallocation), so that a transfer in progress re-checks its key only when one happened.
+    pub key_gen: std::sync::atomic::AtomicU64,
     pub rng: Mutex<StdRng>,
     /// Live QPs by QPN: the demultiplexer for inbound packets.
     pub qps: RwLock<BTreeMap<u32, Arc<QpInner>>>,
@@ -413,6 +416,7 @@ impl Context {
             counts: Counts::default(),
             next_handle: AtomicU32::new(1),
             keys: RwLock::new(KeyTable::default()),
+            key_gen: std::sync::atomic::AtomicU64::new(0),
             rng: Mutex::new(rng),
             qps: RwLock::new(BTreeMap::new()),
             eecs: RwLock::new(BTreeMap::new()),

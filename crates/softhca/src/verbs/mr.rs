@@ -413,6 +413,7 @@ impl Mr {
             return Err(VerbsError::InvalidMrHandle);
         }
         let removed = self.dev.keys.write().unwrap_or_else(|e| e.into_inner()).remove(self.inner.key);
+        self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
         if removed.is_some() {
             self.inner.pd.release();
             give(&self.dev.counts.mr);

@@ -73,6 +73,7 @@ impl Mw {
         }
         let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
         self.dev.keys.write().unwrap_or_else(|e| e.into_inner()).remove(st.key);
+        self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
         if let Some(b) = st.binding.take() {
             b.mr.windows.fetch_sub(1, Ordering::AcqRel);
         }
@@ -133,6 +134,7 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::r
         return fail;
     }
     let Some(new_key) = keys.rekey(&mut *rng, st.key) else { return fail };
+    dev.key_gen.fetch_add(1, Ordering::AcqRel);
     st.key = new_key;
     mr.windows.fetch_add(1, Ordering::AcqRel);
     if let Some(old) = st.binding.replace(Binding { mr: mr.clone(), addr: b.addr, len: b.length, access: b.access }) {

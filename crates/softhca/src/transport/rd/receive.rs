@@ -85,8 +85,9 @@ pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) ->
             let offset = *next as u64 * *mtu;
             let payload = (*len - offset.min(*len)).min(*mtu) as usize;
             let psn = Psn::new(*first_psn).add(*next);
-            // The bytes are read now, so the key is checked now (see `Grant`).
-            let mem = grant.map(|g| g.check(dev, offset, payload as u64));
+            // The bytes are read now, through a grant that checks its key again if one was
+            // revoked since the request (see `Grant`).
+            let mem = grant.as_mut().map(|g| g.bytes(dev, offset, payload as u64).map(|(m, at)| (m.clone(), at)));
             if let Some(None) = mem {
                 // The key no longer covers them: Remote Access Error, and the channel waits
                 // for the requester's Resync as after any fatal NAK.
@@ -113,7 +114,7 @@ pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) ->
     let mut packet = packet;
     packet.rdeth = Some(RdethRepr { ee_cnxt: dest_eecn });
     emit(from, ip, packet, payload, buf, |dst| match mem_at {
-        Some(m) => m.read(0, dst).is_ok(),
+        Some((m, at)) => m.read(at, dst).is_ok(),
         None => dst.is_empty(),
     })
 }
@@ -414,21 +415,23 @@ pub(super) fn rd_write(
     let e = &mut ec.engine;
     // Everything is checked before anything changes, so that an RNR NAK leaves no trace and
     // the retransmitted packet is taken as new (ERR-B-4).
-    let (grant, offset, total) = match &e.rx {
+    let (mut grant, offset, total) = match &e.rx {
         None => {
             let reth = r.reth.ok_or_else(invalid)?;
             let total = reth.dma_length as u64;
             if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
                 return Err(invalid()); // ERR-RQ-12
             }
-            let grant = Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_WRITE };
+            let pd = q.pd.inner.handle;
             let grant = match total {
                 0 => None,
-                _ => Some(grant.check(&q.dev, 0, total).map(|_| grant).ok_or_else(access_fail)?), // ERR-RQ-9
+                _ => Some(
+                    Grant::new(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).ok_or_else(access_fail)?,
+                ), // ERR-RQ-9
             };
             (grant, 0, total)
         }
-        Some(RdRx { msg: RxMsg::Write { grant, offset, len }, .. }) => (*grant, *offset, *len),
+        Some(RdRx { msg: RxMsg::Write { grant, offset, len }, .. }) => (grant.clone(), *offset, *len),
         Some(_) => return Err(invalid()),
     };
     let end = offset + len;
@@ -442,9 +445,9 @@ pub(super) fn rd_write(
         }
         false => None,
     };
-    if let Some(g) = &grant {
-        // The key is checked again for this packet's bytes (see `Grant`).
-        let written = g.check(&q.dev, offset, len).is_some_and(|m| m.write(0, r.payload).is_ok());
+    if let Some(g) = &mut grant {
+        // Through a grant that checks its key again if one was revoked since (see `Grant`).
+        let written = g.bytes(&q.dev, offset, len).is_some_and(|(m, at)| m.write(at, r.payload).is_ok());
         if !written {
             if let Some((token, wr_id, _)) = held {
                 complete_held(q, core, eec.eecn, token, wr_id, WcStatus::RemAccessErr, 0, None, r, false);
@@ -483,10 +486,10 @@ pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Requ
     if len > 1 << 31 {
         return Err(invalid());
     }
-    let grant = Grant { rkey: reth.r_key, pd: q.pd.inner.handle, va: reth.va, access: Access::REMOTE_READ };
+    let pd = q.pd.inner.handle;
     let grant = match len {
         0 => None,
-        _ => Some(grant.check(&q.dev, 0, len).map(|_| grant).ok_or_else(access_fail)?), // ERR-RQ-9
+        _ => Some(Grant::new(&q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or_else(access_fail)?), // ERR-RQ-9
     };
     let npkts = len.div_ceil(mtu).max(1) as u32;
     let psn = r.psn.value();
@@ -551,11 +554,11 @@ pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Reque
             if reth.r_key != rkey || !read_rest_matches(va, len, mtu, k, reth.va, reth.dma_length) {
                 return Err(Fail::Drop);
             }
-            let grant = Grant { rkey, pd: q.pd.inner.handle, va, access: Access::REMOTE_READ };
             let grant = match len {
                 0 => None,
-                _ if grant.check(&eec.dev, 0, len).is_none() => return Err(Fail::Drop),
-                _ => Some(grant),
+                _ => Some(
+                    Grant::new(&eec.dev, rkey, q.pd.inner.handle, va, len, Access::REMOTE_READ).ok_or(Fail::Drop)?,
+                ),
             };
             e.out.push_back(Out {
                 from: q.qpn,
