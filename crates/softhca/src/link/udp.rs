@@ -857,6 +857,10 @@ impl Io {
             bump(&self.stats.drop_family, 1);
             return (1, None);
         };
+        if m.len == 0 {
+            bump(&self.stats.drop_malformed, 1); // an empty datagram carries no packet
+            return (1, None);
+        }
         if self.raw.is_some() {
             return (self.on_raw(&mut buf[headroom..headroom + m.len]), None);
         }
@@ -988,8 +992,17 @@ impl Io {
             fix_v4_header(&mut header, len, id0.wrapping_add(k));
             scratch[..HDR].copy_from_slice(&header);
             scratch[HDR..HDR + len].copy_from_slice(&dgram[HDR + off..HDR + off + len]);
-            bump(&self.stats.rx_icrc_exact, 1);
-            self.deliver(&scratch[..HDR + len]);
+            // Every segment is verified over the header it had on the wire, not only the one
+            // that told the segment size.
+            let piece = &scratch[..HDR + len];
+            if len < BTH_LEN + ICRC_LEN {
+                bump(&self.stats.drop_malformed, 1);
+            } else if crate::wire::icrc::verify_datagram(piece).is_err() {
+                bump(&self.stats.drop_bad_icrc, 1);
+            } else {
+                bump(&self.stats.rx_icrc_exact, 1);
+                self.deliver(piece);
+            }
             off += len;
             k = k.wrapping_add(1);
         }

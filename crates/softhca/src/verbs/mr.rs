@@ -115,6 +115,9 @@ pub(crate) struct MrInner {
     pub key: u32,
     /// Memory windows bound to this region: it cannot be deregistered while any is.
     pub windows: std::sync::atomic::AtomicU32,
+    /// The `Mr` was dropped with windows still bound: its memory may be gone, so the windows
+    /// no longer reach it.
+    pub revoked: std::sync::atomic::AtomicBool,
     pub pd: Arc<PdInner>,
     pub access: Access,
     /// The region's first byte; its virtual address is the host address (`iova == addr`).
@@ -293,8 +296,16 @@ impl Pd {
     fn register(&self, ptr: NonNull<u8>, len: usize, access: Access, owned: bool) -> Result<Mr> {
         let dev = &self.inner.dev;
         let inner = new_key(&self.inner, &dev.counts.mr, dev.attr.max_mr, |key| {
-            let mr =
-                Arc::new(MrInner { key, windows: Default::default(), pd: self.inner.clone(), access, ptr, len, owned });
+            let mr = Arc::new(MrInner {
+                key,
+                windows: Default::default(),
+                revoked: Default::default(),
+                pd: self.inner.clone(),
+                access,
+                ptr,
+                len,
+                owned,
+            });
             (KeyEntry::Mr(mr.clone()), mr)
         })?;
         Ok(Mr { inner, dev: dev.clone(), deregistered: AtomicBool::new(false) })
@@ -364,7 +375,8 @@ impl Mr {
     /// An SGE for `range` (byte offsets into the region).
     pub fn sge(&self, range: std::ops::Range<usize>) -> Sge {
         Sge {
-            addr: self.addr() + range.start as u64,
+            // Wrapping: a nonsense range gives an SGE that the key check refuses, not a panic.
+            addr: self.addr().wrapping_add(range.start as u64),
             length: range.end.saturating_sub(range.start) as u32,
             lkey: self.lkey(),
         }
@@ -403,17 +415,28 @@ impl Mr {
     /// they do; new ones miss the key.
     pub fn dereg(&self) -> Result<()> {
         self.dev.check_open()?;
+        self.remove_key(false)
+    }
+
+    /// Takes the region's key out of the table. A bind increments `windows` under the table's
+    /// write lock, so looking at it under that lock leaves no gap for a bind to slip into.
+    /// `force` (the `Mr` is being dropped) removes it even with windows bound, and cuts them
+    /// off the memory too.
+    fn remove_key(&self, force: bool) -> Result<()> {
+        let mut keys = self.dev.keys.write().unwrap_or_else(|e| e.into_inner());
         if self.deregistered.load(Ordering::Acquire) {
             return Err(VerbsError::InvalidMrHandle);
         }
         if self.inner.windows.load(Ordering::Acquire) > 0 {
-            return Err(VerbsError::InUse("memory windows are bound to the region"));
+            if !force {
+                return Err(VerbsError::InUse("memory windows are bound to the region"));
+            }
+            self.inner.revoked.store(true, Ordering::Release);
         }
-        if self.deregistered.swap(true, Ordering::AcqRel) {
-            return Err(VerbsError::InvalidMrHandle);
-        }
-        let removed = self.dev.keys.write().unwrap_or_else(|e| e.into_inner()).remove(self.inner.key);
+        self.deregistered.store(true, Ordering::Release);
+        let removed = keys.remove(self.inner.key);
         self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
+        drop(keys);
         if removed.is_some() {
             self.inner.pd.release();
             give(&self.dev.counts.mr);
@@ -424,9 +447,8 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        if !self.deregistered.load(Ordering::Acquire) {
-            let _ = self.dereg();
-        }
+        // The handle is gone, so is the application's hold on the memory: no key may reach it.
+        let _ = self.remove_key(true);
     }
 }
 
@@ -482,6 +504,9 @@ pub(crate) fn check_access(
             }
             if !b.access.contains(access) {
                 return Err(AccessError::MissingRight);
+            }
+            if b.mr.revoked.load(Ordering::Acquire) {
+                return Err(AccessError::BadKey);
             }
             let offset = b.mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
             Ok(MemRef { mr: b.mr.clone(), offset, len: len as usize })

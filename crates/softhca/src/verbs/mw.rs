@@ -71,8 +71,11 @@ impl Mw {
         if self.inner.dealloced.swap(true, Ordering::AcqRel) {
             return Err(VerbsError::InvalidArgument("memory window already deallocated"));
         }
+        // The key table before the window's state, as in check_access and bind.
+        let mut keys = self.dev.keys.write().unwrap_or_else(|e| e.into_inner());
         let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.dev.keys.write().unwrap_or_else(|e| e.into_inner()).remove(st.key);
+        keys.remove(st.key);
+        drop(keys);
         self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
         if let Some(b) = st.binding.take() {
             b.mr.windows.fetch_sub(1, Ordering::AcqRel);
