@@ -21,7 +21,9 @@ pub struct CqOverflow;
 /// and both indices are shared through the Acquire/Release protocol below. Resize, purge and
 /// destroy take both locks.
 struct Ring {
-    slots: UnsafeCell<Box<[Wc]>>,
+    /// One cell per slot: a producer writing slot t and a consumer reading slot h never hold
+    /// references to the same memory (the box as a whole is only replaced under both locks).
+    slots: UnsafeCell<Box<[UnsafeCell<Wc>]>>,
     /// Next slot to poll (written by the consumer side).
     head: AtomicUsize,
     /// Next slot to fill (written by the producer side).
@@ -90,7 +92,8 @@ pub struct CompChannel {
 impl CompChannel {
     /// The next completion event, if one is waiting.
     pub fn try_get_cq_event(&self) -> Option<Cq> {
-        let cq = self.inner.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        let mut q = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        let cq = q.pop_front();
         if cq.is_some() {
             self.inner.fd.consume();
         }
@@ -116,14 +119,29 @@ impl CompChannel {
     }
 
     fn push(&self, cq: Cq) {
-        self.inner.events.lock().unwrap_or_else(|e| e.into_inner()).push_back(cq);
+        // The descriptor moves with the queue, under its lock: a reader that takes an event
+        // also takes its count, never leaving the descriptor readable over an empty queue.
+        let mut q = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        q.push_back(cq);
         self.inner.fd.notify();
+        drop(q);
         self.inner.ready.notify_all();
     }
 }
 
-fn actual_size(requested: u32) -> u32 {
-    requested.max(1).next_power_of_two()
+/// The ring's size for a request: the next power of two, at most `max` (never below the
+/// request, which the caller has checked against `max`).
+fn actual_size(requested: u32, max: u32) -> u32 {
+    requested.max(1).checked_next_power_of_two().unwrap_or(u32::MAX).min(max)
+}
+
+/// `size` empty slots, or `InsufficientResources` when the memory is not there (a caller may
+/// ask for up to `max_cqe`, and a failed allocation must not abort the process).
+fn new_slots(size: u32) -> Result<Box<[UnsafeCell<Wc>]>> {
+    let mut v: Vec<UnsafeCell<Wc>> = Vec::new();
+    v.try_reserve_exact(size as usize).map_err(|_| VerbsError::InsufficientResources)?;
+    v.extend((0..size).map(|_| UnsafeCell::new(Wc::default())));
+    Ok(v.into_boxed_slice())
 }
 
 impl Context {
@@ -151,15 +169,18 @@ impl Context {
             return Err(VerbsError::CqSizeTooLarge);
         }
         take(&self.inner.counts.cq, self.inner.attr.max_cq)?;
-        let size = actual_size(cqe).min(self.inner.attr.max_cqe);
+        let size = actual_size(cqe, self.inner.attr.max_cqe);
+        let slots = match new_slots(size) {
+            Ok(s) => s,
+            Err(e) => {
+                give(&self.inner.counts.cq);
+                return Err(e);
+            }
+        };
         let inner = Arc::new(CqInner {
             handle: self.inner.new_handle(),
             dev: self.inner.clone(),
-            ring: Ring {
-                slots: UnsafeCell::new(vec![Wc::default(); size as usize].into_boxed_slice()),
-                head: AtomicUsize::new(0),
-                tail: AtomicUsize::new(0),
-            },
+            ring: Ring { slots: UnsafeCell::new(slots), head: AtomicUsize::new(0), tail: AtomicUsize::new(0) },
             producer: Mutex::new(()),
             consumer: Mutex::new(()),
             size: AtomicU32::new(size),
@@ -224,16 +245,19 @@ impl Cq {
     fn drain_all(&self) -> Vec<Wc> {
         let r = &self.inner.ring;
         let (h, t) = (r.head.load(Ordering::Acquire), r.tail.load(Ordering::Acquire));
-        // SAFETY: both locks are held by the caller: nobody else touches the slots.
+        // SAFETY: both locks are held by the caller: nobody else touches the box or a slot.
         let slots = unsafe { &*r.slots.get() };
-        (h..t).map(|i| slots[i % slots.len()]).collect()
+        // SAFETY: as above, every slot is ours to read.
+        (h..t).map(|i| unsafe { *slots[i % slots.len()].get() }).collect()
     }
 
     /// Refills the ring (both locks held) with `wcs`, oldest first, in a ring of `size` slots.
-    fn refill(&self, wcs: &[Wc], size: u32) {
+    fn refill(&self, wcs: &[Wc], mut fresh: Box<[UnsafeCell<Wc>]>) {
         let r = &self.inner.ring;
-        let mut fresh = vec![Wc::default(); size as usize].into_boxed_slice();
-        fresh[..wcs.len()].copy_from_slice(wcs);
+        let size = fresh.len() as u32;
+        for (slot, wc) in fresh.iter_mut().zip(wcs) {
+            *slot.get_mut() = *wc;
+        }
         // SAFETY: both locks are held by the caller: no producer or consumer can see the old
         // or the new slots until the locks are released, and the indices are reset with them.
         unsafe { *r.slots.get() = fresh };
@@ -255,9 +279,10 @@ impl Cq {
         if cqe == 0 || (cqe as usize) < self.held() {
             return Err(VerbsError::InvalidCqSize("smaller than the CQEs it holds"));
         }
-        let size = actual_size(cqe).min(dev.attr.max_cqe);
+        let fresh = new_slots(actual_size(cqe, dev.attr.max_cqe))?;
+        let size = fresh.len() as u32;
         let held = self.drain_all();
-        self.refill(&held, size);
+        self.refill(&held, fresh);
         Ok(size)
     }
 
@@ -268,7 +293,7 @@ impl Cq {
             return Err(VerbsError::CqInUse);
         }
         self.inner.destroyed.store(true, Ordering::Release);
-        self.refill(&[], 1);
+        self.refill(&[], Box::new([UnsafeCell::new(Wc::default())]));
         drop(both);
         let dev = &self.inner.dev;
         dev.cqs.write().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.handle);
@@ -287,12 +312,13 @@ impl Cq {
         let h = r.head.load(Ordering::Relaxed);
         let t = r.tail.load(Ordering::Acquire);
         let n = wcs.len().min(t.wrapping_sub(h));
-        // SAFETY: slots h..h+n were published by the producer's Release store of `tail` (seen
-        // by the Acquire load above) and stay ours until `head` moves past them; the box is
-        // only replaced under both locks, and we hold the consumer lock.
+        // SAFETY: the box is only replaced under both locks, and we hold the consumer lock;
+        // a shared reference to it creates none into the slots' contents (they are cells).
         let slots = unsafe { &*r.slots.get() };
         for (k, out) in wcs.iter_mut().take(n).enumerate() {
-            *out = slots[(h + k) % slots.len()];
+            // SAFETY: slots h..h+n were published by the producer's Release store of `tail`
+            // (seen by the Acquire load above) and stay ours until `head` moves past them.
+            *out = unsafe { *slots[(h + k) % slots.len()].get() };
         }
         r.head.store(h.wrapping_add(n), Ordering::Release);
         Ok(n)
@@ -355,21 +381,22 @@ impl Cq {
             if self.inner.destroyed.load(Ordering::Acquire) || t.wrapping_sub(h) >= size {
                 false
             } else {
+                // SAFETY: the box is only replaced under both locks, and we hold the producer
+                // lock; a shared reference to it creates none into the slots' contents.
+                let slots = unsafe { &*r.slots.get() };
                 // SAFETY: slot t is free (the consumer moved `head` past its last use, seen by
-                // the Acquire load) and not yet published; we hold the producer lock, and the
-                // box is only replaced under both locks.
-                let slots = unsafe { &mut *r.slots.get() };
-                let n = slots.len();
-                slots[t % n] = wc;
+                // the Acquire load) and not yet published: only we touch it.
+                unsafe { *slots[t % slots.len()].get() = wc };
                 r.tail.store(t.wrapping_add(1), Ordering::Release);
                 true
             }
         };
         if !written {
-            self.inner.overflowed.store(true, Ordering::Release);
-            self.inner
-                .dev
-                .raise(AsyncEvent { event_type: AsyncEventType::CqErr, element: EventElement::Cq(self.inner.handle) });
+            // One CQ Error per CQ: the CQEs refused after the first belong to the same overflow.
+            if !self.inner.overflowed.swap(true, Ordering::AcqRel) {
+                let element = EventElement::Cq(self.inner.handle);
+                self.inner.dev.raise(AsyncEvent { event_type: AsyncEventType::CqErr, element });
+            }
             return Err(CqOverflow);
         }
         // EVT-CN-1, EVT-CN-2, EVT-CN-4, EVT-CN-6: a CQE of the kind asked for consumes every
@@ -404,6 +431,15 @@ impl Cq {
         let Ok(_both) = self.exclusive() else { return };
         let mut held = self.drain_all();
         held.retain(|wc| wc.qp_num != qpn);
-        self.refill(&held, self.inner.size.load(Ordering::Acquire));
+        let r = &self.inner.ring;
+        // SAFETY: both locks are held: nobody else touches the box or a slot, and `held` is
+        // no longer than the ring it came from.
+        let slots = unsafe { &*r.slots.get() };
+        for (slot, wc) in slots.iter().zip(&held) {
+            // SAFETY: as above.
+            unsafe { *slot.get() = *wc };
+        }
+        r.head.store(0, Ordering::Release);
+        r.tail.store(held.len(), Ordering::Release);
     }
 }

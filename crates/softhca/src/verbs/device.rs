@@ -315,11 +315,12 @@ impl DeviceInner {
         tracing::debug!(device = %self.name, ?event, "async event");
         let handler = self.async_events.handler.read().unwrap_or_else(|e| e.into_inner()).clone();
         {
+            // The descriptor's count moves with the queue, under its lock (see `consumed`).
             let mut q = self.async_events.events.lock().unwrap_or_else(|e| e.into_inner());
             q.push_back(event);
-        }
-        if let Some(fd) = &self.async_events.fd {
-            fd.notify();
+            if let Some(fd) = &self.async_events.fd {
+                fd.notify();
+            }
         }
         self.async_events.ready.notify_all();
         if let Some(h) = handler {
@@ -507,7 +508,8 @@ impl Context {
 
     /// The oldest queued asynchronous event, if any (`ibv_get_async_event` without blocking).
     pub fn get_async_event(&self) -> Option<AsyncEvent> {
-        let ev = self.inner.async_events.events.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        let mut q = self.inner.async_events.events.lock().unwrap_or_else(|e| e.into_inner());
+        let ev = q.pop_front();
         self.consumed(&ev);
         ev
     }
@@ -534,8 +536,8 @@ impl Context {
             .wait_timeout_while(q, timeout, |q| q.is_empty())
             .unwrap_or_else(|e| e.into_inner());
         let ev = q.pop_front();
-        drop(q);
         self.consumed(&ev);
+        drop(q);
         ev
     }
 

@@ -579,10 +579,11 @@ pub(crate) fn prepare_recv(max_sge: u32) -> impl FnMut(&mut RecvWqe) {
 }
 
 /// Posts one CQE for a WQE that did not execute. Error CQEs are solicited events (EVT-SOL-2,
-/// EVT-SOL-5). An overflowing CQ has raised its CQ Error; the QP is already in Error here.
-fn flush_cqe(cq: &Cq, qpn: u32, wr_id: u64, opcode: WcOpcode) {
+/// EVT-SOL-5). False when the CQ was full: it has raised its CQ Error, and the caller moves
+/// the QP to Error unless it is there already (CQ-OVF-2).
+fn flush_cqe(cq: &Cq, qpn: u32, wr_id: u64, opcode: WcOpcode) -> bool {
     let wc = Wc { wr_id, status: WcStatus::WrFlushErr, opcode, qp_num: qpn, ..Default::default() };
-    let _ = cq.push(wc, true);
+    cq.push(wc, true).is_ok()
 }
 
 pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
@@ -671,16 +672,19 @@ impl QpInner {
     }
 
     /// Flushes the `n` oldest SQ WQEs (or as many as there are), in post order.
-    fn flush_sq_first(&self, core: &mut QpCore, n: usize) {
+    /// False when a flush CQE did not fit in the CQ.
+    fn flush_sq_first(&self, core: &mut QpCore, n: usize) -> bool {
         if core.rd.active.take().is_some() {
             self.rd_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
+        let mut fitted = true;
         for _ in 0..n {
             let Some(w) = core.sq.get(0) else { break };
             let (wr_id, opcode) = (w.wr_id, wc_opcode_of(w.opcode));
             core.sq.pop();
-            flush_cqe(&self.send_cq, self.qpn, wr_id, opcode);
+            fitted &= flush_cqe(&self.send_cq, self.qpn, wr_id, opcode);
         }
+        fitted
     }
 
     /// Flushes every RQ WQE, in post order.
@@ -906,7 +910,10 @@ impl QpInner {
 
     /// The second half: flushes the `queued` WQEs that preceded the move to SQE.
     pub fn finish_sqe(&self, core: &mut QpCore, queued: usize) {
-        self.flush_sq_first(core, queued);
+        if !self.flush_sq_first(core, queued) {
+            self.enter_error(core, false); // CQ-OVF-2: a flush CQE did not fit
+            return;
+        }
         let psn = core.req.psn;
         let (retry, rnr) = (core.attrs.retry_cnt, core.attrs.rnr_retry);
         core.req.start(psn, retry, rnr);
@@ -1002,6 +1009,9 @@ impl Qp {
                 core.attrs = QpAttrs::reset(cap);
                 q.mirror_state(&core);
             }
+            // QPT-SW-9: Error → Error changes nothing (no second flush, no second Last WQE
+            // Reached, no response dropped).
+            QpState::Error if from == QpState::Error => {}
             QpState::Error => {
                 next.sq_draining = false;
                 core.attrs = next;

@@ -1,0 +1,125 @@
+//! Verbs-layer edge cases from a review: Error → Error changes nothing, a flush that overflows
+//! the CQ on entry to SQE moves the QP to Error, one overflow is one CQ Error, a huge CQ is
+//! refused rather than panicking, and a channel's descriptor is readable exactly while events
+//! wait.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::pair::*;
+use common::*;
+use softhca::*;
+
+fn count(ctx: &Context, t: AsyncEventType) -> usize {
+    std::iter::from_fn(|| ctx.get_async_event()).filter(|e| e.event_type == t).count()
+}
+
+/// Error→Error "is accepted and changes nothing", and Last WQE Reached is generated exactly
+/// once per entry to Error: a second Modify QP to Error does not raise it again.
+/// Rule EVT-LWR-1, QPT-SW-9
+#[test]
+fn last_wqe_reached_is_not_raised_again_by_error_to_error() {
+    let f = fixture();
+    let srq = f.pd.create_srq(&SrqInitAttr::default()).unwrap();
+    let qp = f.pd.create_qp(&QpInitAttr::rc(&f.cq, &f.cq).max_recv_wr(0).srq(&srq)).unwrap();
+    drive(&qp, QpState::Init);
+    qp.modify(&QpAttr::to_error()).unwrap();
+    assert_eq!(count(&f.ctx, AsyncEventType::QpLastWqeReached), 1);
+    qp.modify(&QpAttr::to_error()).unwrap();
+    assert_eq!(count(&f.ctx, AsyncEventType::QpLastWqeReached), 0, "a second Last WQE Reached for the same entry");
+}
+
+/// A UD QP whose SQ WQE fails moves to SQE and flushes the WQEs behind it. When those flush
+/// CQEs overflow the CQ, the CQ Error is raised and the QP moves to Error, not SQE.
+/// Rule CQ-OVF-2, QPT-AUTO-6
+#[test]
+fn flush_on_entry_to_sqe_that_overflows_the_cq_moves_the_qp_to_error() {
+    let mut p = Pair::with(QpType::Ud, Mtu::Mtu1024, Opts { cq_size: 2, ..Opts::default() });
+    let ah = p.a.pd.create_ah(&AhAttr::roce(p.b.gid, 0)).unwrap();
+    let src = p.a.pd.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
+    let bq = p.b.qp.qp_num();
+    let (big, small) = ([src.sge(0..4097)], [src.sge(0..8)]);
+    p.a.qp
+        .post_send(&[
+            SendWr::send(1, &big).ud(&ah, bq, 0x1111).signaled(), // Local Length Error → SQE
+            SendWr::send(2, &small).ud(&ah, bq, 0x1111).signaled(), // flushed, fills the CQ
+            SendWr::send(3, &small).ud(&ah, bq, 0x1111).signaled(), // flush CQE lost
+            SendWr::send(4, &small).ud(&ah, bq, 0x1111).signaled(), // flush CQE lost
+        ])
+        .unwrap();
+    p.run(10_000_000_000);
+    assert!(p.a.cq.overflowed().unwrap());
+    assert!(count(&p.a.ctx, AsyncEventType::CqErr) >= 1);
+    assert_eq!(p.a.qp.state().unwrap(), QpState::Error, "the QP whose CQE could not be written stays in SQE");
+}
+
+/// One overflow of one CQ is one CQ Error, however many CQEs it refuses.
+/// Rule CQ-OVF-2, EVT-AE-1
+#[test]
+fn one_overflow_raises_one_cq_error() {
+    let f = fixture();
+    let cq = f.ctx.create_cq(2).unwrap();
+    let qp = f.pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+    drive(&qp, QpState::Init);
+    let wrs: Vec<RecvWr> = (0..6).map(|i| RecvWr::new(i, &[])).collect();
+    qp.post_recv(&wrs).unwrap();
+    qp.modify(&QpAttr::to_error()).unwrap(); // 2 flushed CQEs fit, 4 are refused
+    assert_eq!(count(&f.ctx, AsyncEventType::CqErr), 1);
+}
+
+/// Never panic on caller input (DESIGN rule 6): Create CQ on a device configured with a huge
+/// `max_cqe` rounds up without overflow and refuses what it cannot allocate.
+/// Rule CRT-CQ-2, CRT-CQ-4
+#[test]
+fn create_cq_with_a_large_max_cqe_does_not_panic() {
+    let mut cfg = DeviceConfig::default().seed(5);
+    cfg.attr.max_cqe = u32::MAX;
+    let f = fixture_with(cfg);
+    let r = std::panic::catch_unwind(|| f.ctx.create_cq((1 << 31) + 1).map(|_| ()));
+    assert!(r.is_ok(), "create_cq panicked");
+}
+
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+/// The channel's fd is readable exactly while events wait, with a producer and a consumer
+/// racing: the descriptor's count moves with the queue, under its lock.
+/// Rule CQ-NOTIFY-2 (ibv_comp_channel::fd semantics)
+#[test]
+fn channel_fd_is_not_left_readable_with_no_event_pending() {
+    const N: u64 = 200_000;
+    let f = fixture();
+    let ch = f.ctx.create_comp_channel().unwrap();
+    let cq = f.ctx.create_cq_with_channel(64, Some(&ch)).unwrap();
+    let qp = f.pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+    drive(&qp, QpState::Error);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ch2, stop2) = (ch.clone(), stop.clone());
+    let consumer = std::thread::spawn(move || {
+        let mut got = 0u64;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while got < N && Instant::now() < deadline && !stop2.load(Ordering::Relaxed) {
+            if ch2.try_get_cq_event().is_some() {
+                got += 1;
+            }
+        }
+        got
+    });
+    for i in 0..N {
+        cq.req_notify(NotifyKind::NextCompletion).unwrap();
+        qp.post_recv(&[RecvWr::new(i, &[])]).unwrap(); // flushed at once: one event
+        cq.poll_one().unwrap();
+    }
+    let got = consumer.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(got, N, "every event delivered");
+    assert!(ch.try_get_cq_event().is_none());
+    assert!(!readable(ch.fd()), "fd readable with no event pending");
+}
