@@ -1,7 +1,7 @@
 //! What every traffic subcommand shares: the link the devices sit on (`Net`), QP setup and
 //! connection, the QP information two ends exchange, and the data pattern that is verified.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -78,7 +78,7 @@ impl Faults {
 
 /// How long `wait` on the udp link waits for a condition before giving up:
 /// `SOFTHCA_WAIT_SECS`, else 60 s.
-fn udp_wait() -> Duration {
+pub fn udp_wait() -> Duration {
     let secs = std::env::var("SOFTHCA_WAIT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     Duration::from_secs(secs)
 }
@@ -275,6 +275,9 @@ pub struct QpInfo {
     /// RD: the EEC the peer's end of the channel is.
     #[serde(default)]
     pub eecn: u32,
+    /// The run's parameters both ends must share (pingpong), to name a mismatch up front.
+    #[serde(default)]
+    pub params: String,
 }
 
 impl QpInfo {
@@ -392,8 +395,20 @@ impl Exchange {
         let listener =
             TcpListener::bind(("0.0.0.0", port)).map_err(|e| err(format!("cannot listen on TCP port {port}: {e}")))?;
         let (stream, _) = listener.accept()?;
+        Exchange::over(stream)
+    }
+
+    /// A peer that says nothing is given up on after SOFTHCA_WAIT_SECS (see `patience`).
+    fn over(stream: TcpStream) -> Res<Exchange> {
         stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(udp_wait()))?;
         Ok(Exchange { stream: BufReader::new(stream) })
+    }
+
+    /// How long the next receives may wait: `None` while the peer is busy with a run of its
+    /// own length (a benchmark's `--duration`), the SOFTHCA_WAIT_SECS default otherwise.
+    pub fn patience(&self, limit: Option<Duration>) -> Res<()> {
+        Ok(self.stream.get_ref().set_read_timeout(limit)?)
     }
 
     /// Connects to a server, retrying for a few seconds while it starts.
@@ -401,10 +416,7 @@ impl Exchange {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match TcpStream::connect((host, port)) {
-                Ok(stream) => {
-                    stream.set_nodelay(true)?;
-                    return Ok(Exchange { stream: BufReader::new(stream) });
-                }
+                Ok(stream) => return Exchange::over(stream),
                 Err(e) if Instant::now() >= deadline => {
                     return Err(err(format!("cannot connect to {host}:{port}: {e}")));
                 }
@@ -426,10 +438,27 @@ impl Exchange {
     }
 
     pub fn recv<T: for<'de> Deserialize<'de>>(&mut self) -> Res<T> {
+        // Every message is one short JSON line; a peer cannot make this end buffer more.
+        const MAX_LINE: u64 = 64 * 1024;
         let mut line = String::new();
-        if self.stream.read_line(&mut line)? == 0 {
+        let n = match (&mut self.stream).take(MAX_LINE).read_line(&mut line) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(err(format!(
+                    "the peer sent nothing on the TCP side channel for {} s (SOFTHCA_WAIT_SECS)",
+                    udp_wait().as_secs()
+                )));
+            }
+            Err(e) => return Err(err(format!("the TCP side channel failed: {e}"))),
+        };
+        if n == 0 {
             return Err(err("peer closed the TCP exchange"));
         }
-        Ok(serde_json::from_str(line.trim_end())?)
+        if !line.ends_with('\n') && n as u64 == MAX_LINE {
+            return Err(err("the peer sent an over-long line on the TCP side channel; is it softhca?"));
+        }
+        serde_json::from_str(line.trim_end()).map_err(|e| {
+            err(format!("the peer sent something softhca did not expect on the TCP side channel ({e}); is it softhca, the same version, run with the same subcommand?"))
+        })
     }
 }

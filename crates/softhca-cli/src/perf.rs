@@ -234,6 +234,7 @@ pub(crate) fn qp_info(qp: &Qp, ctx: &Context, mem: Option<&Mr>) -> Res<QpInfo> {
         addr: mem.map_or(0, Mr::addr),
         rkey: mem.map_or(0, Mr::rkey),
         eecn: 0,
+        params: String::new(),
     })
 }
 
@@ -435,7 +436,7 @@ impl Errors {
     }
 
     pub fn absorb(&mut self, count: u64, first: Option<String>) {
-        self.count += count;
+        self.count = self.count.saturating_add(count); // the peer's count: not trusted
         if self.first.is_none() {
             self.first = first;
         }
@@ -619,20 +620,21 @@ impl From<DeviceCounters> for CountersJson {
     }
 }
 
+// Saturating: the peer reports its half, and a peer is not trusted to report sense.
 impl std::ops::Add for CountersJson {
     type Output = CountersJson;
     fn add(self, o: CountersJson) -> CountersJson {
         CountersJson {
-            tx_packets: self.tx_packets + o.tx_packets,
-            rx_packets: self.rx_packets + o.rx_packets,
-            rx_dropped: self.rx_dropped + o.rx_dropped,
-            rx_bad_icrc: self.rx_bad_icrc + o.rx_bad_icrc,
-            retransmits: self.retransmits + o.retransmits,
-            timeouts: self.timeouts + o.timeouts,
-            seq_naks_sent: self.seq_naks_sent + o.seq_naks_sent,
-            seq_naks_received: self.seq_naks_received + o.seq_naks_received,
-            rnr_naks_sent: self.rnr_naks_sent + o.rnr_naks_sent,
-            implied_naks: self.implied_naks + o.implied_naks,
+            tx_packets: self.tx_packets.saturating_add(o.tx_packets),
+            rx_packets: self.rx_packets.saturating_add(o.rx_packets),
+            rx_dropped: self.rx_dropped.saturating_add(o.rx_dropped),
+            rx_bad_icrc: self.rx_bad_icrc.saturating_add(o.rx_bad_icrc),
+            retransmits: self.retransmits.saturating_add(o.retransmits),
+            timeouts: self.timeouts.saturating_add(o.timeouts),
+            seq_naks_sent: self.seq_naks_sent.saturating_add(o.seq_naks_sent),
+            seq_naks_received: self.seq_naks_received.saturating_add(o.seq_naks_received),
+            rnr_naks_sent: self.rnr_naks_sent.saturating_add(o.rnr_naks_sent),
+            implied_naks: self.implied_naks.saturating_add(o.implied_naks),
         }
     }
 }
@@ -736,9 +738,14 @@ pub(crate) fn validate(args: &PerfArgs) -> Res<()> {
         return Err(err("--iters must be at least 1"));
     }
     if let Some(d) = args.duration {
-        if !(d > 0.0 && d.is_finite()) {
-            return Err(err("--duration must be a positive number of seconds"));
+        if !(d > 0.0 && d <= 1e6) {
+            return Err(err("--duration must be a number of seconds in (0, 1000000]"));
         }
+    }
+    // Each QP's buffers hold its message slots at each end: keep the whole within reach.
+    let bytes = (args.slots() as u64).saturating_mul(args.msg_size() as u64).saturating_mul(args.qps as u64);
+    if bytes > 8 << 30 {
+        return Err(err("--size and --qps need more than 8 GiB of buffers per end: use fewer QPs or smaller messages"));
     }
     net::parse_mtu(args.mtu)?;
     Ok(())
@@ -753,7 +760,7 @@ pub(crate) fn progress_bar(args: &PerfArgs) -> Option<ProgressBar> {
             ProgressStyle::with_template("{spinner} {elapsed_precise} [{bar:40}] {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         ),
-        None => ProgressBar::new(args.iters.unwrap_or(1000) * args.qps as u64).with_style(
+        None => ProgressBar::new(args.iters.unwrap_or(1000).saturating_mul(args.qps as u64)).with_style(
             ProgressStyle::with_template("{spinner} {elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         ),
@@ -809,7 +816,8 @@ pub(crate) fn drive(
     let per_qp = args.per_qp();
     let total = per_qp.unwrap_or(u64::MAX);
     let deadline = args.duration.map(Duration::from_secs_f64);
-    let mut t = Tally::new(per_qp.unwrap_or(1 << 16).min(1 << 24) as usize * init.flows.len());
+    // The latency list grows as samples come; this only sizes its start.
+    let mut t = Tally::new((per_qp.unwrap_or(1 << 16) as usize).saturating_mul(init.flows.len()).min(1 << 20));
     let mut resp_errors = Errors::default();
     let mut stop_posting = false;
     let mut wcs = vec![Wc::default(); 256];

@@ -312,7 +312,7 @@ fn write_lat_client(
     bar: Option<&indicatif::ProgressBar>,
 ) -> Res<Tally> {
     let size = args.msg_size();
-    let mut t = Tally::new(args.per_qp().unwrap_or(1 << 16).min(1 << 24) as usize * args.qps);
+    let mut t = Tally::new((args.per_qp().unwrap_or(1 << 16) as usize).saturating_mul(args.qps).min(1 << 20));
     let mut wcs = vec![Wc::default(); 16];
     let mut rounds = Rounds::new(args);
     'run: while let Some(i) = rounds.next(init, bar) {
@@ -365,7 +365,7 @@ fn send_lat_client(
     bar: Option<&indicatif::ProgressBar>,
 ) -> Res<Tally> {
     let size = args.msg_size();
-    let mut t = Tally::new(args.per_qp().unwrap_or(1 << 16).min(1 << 24) as usize * args.qps);
+    let mut t = Tally::new((args.per_qp().unwrap_or(1 << 16) as usize).saturating_mul(args.qps).min(1 << 20));
     let mut wcs = vec![Wc::default(); 16];
     let expect: Vec<Vec<u8>> = (0..args.qps).map(|i| echo_pattern(i, size)).collect();
     let qps: Vec<Qp> = init.flows.iter().map(|f| f.qp.clone()).collect();
@@ -473,7 +473,9 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
     ex.send(&"go")?;
     let mut errors = Errors::default();
     let (mut ex, done) = if pingpong(args) || args.op == Op::Send {
-        // Active: a thread waits for the client's Done while this one serves.
+        // Active: a thread waits for the client's Done while this one serves, as long as the
+        // client's run takes.
+        ex.patience(None)?;
         let closer = ex.closer()?;
         let reader = std::thread::spawn(move || {
             let done = ex.recv::<Done>();
@@ -493,7 +495,9 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
         (ex, done?)
     } else {
         // Passive: write_bw, read and atomic are one-sided.
+        ex.patience(None)?;
         let done: Done = ex.recv()?;
+        ex.patience(Some(net::udp_wait()))?;
         (ex, done)
     };
     if done.completed.len() != resp.targets.len() {

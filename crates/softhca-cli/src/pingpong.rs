@@ -160,7 +160,7 @@ impl End {
         let qpn = self.qp.qp_num();
         let eecn = self.eec.as_ref().map_or(0, |(e, _)| e.eecn());
         let gid = net::gid_string(ctx.query_gid(1, 0)?);
-        Ok(QpInfo { qpn, psn: net::initial_psn(qpn), gid, addr: 0, rkey: 0, eecn })
+        Ok(QpInfo { qpn, psn: net::initial_psn(qpn), gid, addr: 0, rkey: 0, eecn, params: String::new() })
     }
 
     fn connect(&mut self, remote: &QpInfo, mtu: Mtu, link: LinkKind) -> Res<()> {
@@ -255,6 +255,13 @@ pub fn run(args: &PingpongArgs) -> Res<()> {
     if args.iters == 0 {
         return Err(err("--iters must be at least 1"));
     }
+    if args.size as u64 > MAX_MSG_SIZE {
+        return Err(err(format!("--size {} is above the largest message, 2^31 bytes", args.size)));
+    }
+    let depth = args.rx_depth.clamp(1, 4096);
+    if (args.size as u64 + GRH as u64).saturating_mul(depth) > 8 << 30 {
+        return Err(err("--size × --rx-depth needs more than 8 GiB of receive buffers: lower one of them"));
+    }
     let mtu = net::parse_mtu(args.mtu)?;
     if args.qp == QpKind::Ud && args.size > mtu.bytes() as usize {
         return Err(err(format!("UD messages must fit one packet: --size {} exceeds --mtu {}", args.size, args.mtu)));
@@ -343,7 +350,9 @@ fn run_udp(args: &PingpongArgs) -> Res<()> {
     let mut net = Net::udp(args.pcap.pcap.as_deref(), args.busy_poll);
     let ctx = net.add_device(if client { "softhca_udp_client" } else { "softhca_udp_server" })?;
     let mut end = End::new(&ctx, args.qp, client, args)?;
-    let mine = end.info(&ctx)?;
+    let mut mine = end.info(&ctx)?;
+    mine.params =
+        format!("--qp {:?} --size {} --iters {} --mtu {}", args.qp, args.size, args.iters, args.mtu).to_lowercase();
     let (mut ex, theirs) = if let Some(host) = &args.connect {
         let mut ex = Exchange::connect(host, args.port)?;
         ex.send(&mine)?;
@@ -360,6 +369,12 @@ fn run_udp(args: &PingpongArgs) -> Res<()> {
         ex.send(&mine)?;
         (ex, theirs)
     };
+    if !theirs.params.is_empty() && theirs.params != mine.params {
+        return Err(err(format!(
+            "the peer runs {}, this end {}: both ends need the same --qp, --size, --iters and --mtu",
+            theirs.params, mine.params
+        )));
+    }
     end.connect(&theirs, mtu, LinkKind::Udp)?;
     // Both ends have their receives posted before the first Send.
     ex.send(&"ready")?;

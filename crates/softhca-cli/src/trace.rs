@@ -120,14 +120,30 @@ pub fn syndrome_text(s: Syndrome) -> String {
 /// Reads and decodes `path`.
 pub fn analyze(path: &Path) -> Res<Trace> {
     let file = File::open(path).map_err(|e| err(format!("cannot open {}: {e}", path.display())))?;
-    let mut reader =
-        PcapReader::new(BufReader::new(file)).map_err(|e| err(format!("{}: not a pcap file: {e}", path.display())))?;
+    let mut reader = PcapReader::new(BufReader::new(file)).map_err(|e| match e {
+        // Wireshark's default format: the same packets, another container.
+        softhca::wire::pcap::PcapError::BadMagic(0x0a0d_0d0a) => err(format!(
+            "{} is a pcapng file; softhca reads classic pcap: convert it with `editcap -F pcap {} out.pcap`",
+            path.display(),
+            path.display()
+        )),
+        e => err(format!("{}: {e}", path.display())),
+    })?;
     let linktype = reader.linktype();
     let mut packets = Vec::new();
     let mut skipped = Vec::new();
     let mut t0 = None;
     let mut index = 0;
-    while let Some(rec) = reader.next_record().map_err(|e| err(format!("{}: {e}", path.display())))? {
+    loop {
+        let rec = match reader.next_record() {
+            Ok(Some(rec)) => rec,
+            Ok(None) => break,
+            Err(e) => {
+                // A capture cut short (a writer killed mid-record): show what came before it.
+                skipped.push(format!("#{}: {e}; the records before it are shown", index + 1));
+                break;
+            }
+        };
         index += 1;
         let t = rec.timestamp.as_secs_f64();
         let t0 = *t0.get_or_insert(t);

@@ -35,6 +35,9 @@ pub const UDP_HEADER_LEN: usize = 8;
 pub const ETHERNET_HEADER_LEN: usize = 14;
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 pub const ETHERTYPE_IPV6: u16 = 0x86dd;
+/// 802.1Q VLAN tag and 802.1ad (QinQ) service tag: 4 bytes before the real EtherType.
+const ETHERTYPE_VLAN: u16 = 0x8100;
+const ETHERTYPE_QINQ: u16 = 0x88A8;
 /// IP protocol / next header number of UDP.
 pub const IP_PROTO_UDP: u8 = 17;
 /// Default TTL / hop limit, as Linux uses.
@@ -511,18 +514,25 @@ pub struct EthernetRepr {
 
 impl EthernetRepr {
     /// Parses the header and returns it with the frame's payload, which
-    /// must be IPv4 or IPv6.
+    /// must be IPv4 or IPv6. 802.1Q / 802.1ad tags are skipped: RoCE
+    /// traffic is usually VLAN-tagged (for PFC).
     pub fn parse(frame: &[u8]) -> Result<(Self, &[u8]), WireError> {
         check_len(frame, ETHERNET_HEADER_LEN)?;
         let mut dst = [0u8; 6];
         let mut src = [0u8; 6];
         dst.copy_from_slice(&frame[0..6]);
         src.copy_from_slice(&frame[6..12]);
-        let ethertype = u16_at(frame, 12);
+        let mut at = 12;
+        let mut ethertype = u16_at(frame, at);
+        while matches!(ethertype, ETHERTYPE_VLAN | ETHERTYPE_QINQ) {
+            at += 4;
+            check_len(frame, at + 2)?;
+            ethertype = u16_at(frame, at);
+        }
         if ethertype != ETHERTYPE_IPV4 && ethertype != ETHERTYPE_IPV6 {
             return Err(WireError::BadEtherType(ethertype));
         }
-        Ok((EthernetRepr { dst, src, ethertype }, &frame[ETHERNET_HEADER_LEN..]))
+        Ok((EthernetRepr { dst, src, ethertype }, &frame[at + 2..]))
     }
 
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
