@@ -31,6 +31,10 @@ impl Default for DemoArgs {
 }
 
 pub fn run(args: &DemoArgs) -> Res<()> {
+    // Checked before anything runs, not when the lossy phase starts.
+    if !(0.0..1.0).contains(&args.loss) {
+        return Err(crate::net::err("--loss must be a probability in [0, 1)"));
+    }
     let started = Instant::now();
     let faults = Faults { seed: args.seed, ..Faults::default() };
     let (pcap, mut net) = match &args.pcap {

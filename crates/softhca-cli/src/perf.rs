@@ -976,8 +976,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
+    // Nearest rank: the smallest sample with at least p% of the samples at or below it.
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 pub fn print_table(r: &PerfResult) {
@@ -1038,5 +1039,22 @@ pub fn print_table(r: &PerfResult) {
     );
     if let Some(p) = &r.pcap {
         println!(" pcap: {p}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    /// Nearest rank: with two samples the median is the smaller one, p99 the larger.
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        assert_eq!(percentile(&[1.0, 2.0], 50.0), 1.0);
+        assert_eq!(percentile(&[1.0, 2.0], 99.0), 2.0);
+        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&hundred, 50.0), 50.0);
+        assert_eq!(percentile(&hundred, 99.0), 99.0);
+        assert_eq!(percentile(&[7.0], 0.0), 7.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
     }
 }

@@ -307,3 +307,15 @@ fn perf_client_survives_a_report_with_huge_counters() {
     assert!(!e.contains("panicked"), "a peer's counters made the client panic:\n{e}");
     assert_ne!(client.status.code(), Some(101), "{e}");
 }
+
+/// The demo checks its --loss before running anything.
+#[test]
+fn demo_refuses_a_bad_loss_up_front() {
+    for loss in ["2", "NaN", "1.5"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_softhca")).args(["demo", "--loss", loss]).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "--loss {loss} accepted");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--loss must be a probability"), "--loss {loss}");
+        assert!(!stdout.contains("1. "), "--loss {loss}: a phase ran before the check:\n{stdout}");
+    }
+}
