@@ -690,8 +690,16 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
     match r.operation {
         Operation::Send => {
             if starts {
-                if !bind_wqe(q, core) || take_scatter(q, core).is_err() {
-                    drop_message(core);
+                if !bind_wqe(q, core) {
+                    drop_message(core); // PKT-RNR-7
+                    return;
+                }
+                if take_scatter(q, core).is_err() {
+                    // Class A, as for RC (ERR-RQ-2, ERR-A-2, ERR-A-3) without the NAK: the
+                    // unusable WQE completes in error and the QP moves to Error, rather than
+                    // sitting at the head and swallowing every later message.
+                    complete_wqe_in_use(q, core, WcStatus::LocQpOpErr);
+                    q.enter_error(core, true);
                     return;
                 }
                 core.resp.in_msg = Some(InMsg::Send { offset: 0 });
@@ -759,6 +767,11 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
 /// and the data starts at byte 40 (WR-RQ-7, WR-RQ-8, CQE-7).
 fn ud_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
     if r.operation != Operation::Send || r.position != Position::Only {
+        return;
+    }
+    // A UD message is one packet of at most the MTU (PKT-LEN-1): the port's, since UD has no
+    // path of its own. Anything longer is dropped before it takes a receive WQE.
+    if r.payload.len() > q.dev.port.active_mtu.bytes() as usize {
         return;
     }
     if !bind_wqe(q, core) {
