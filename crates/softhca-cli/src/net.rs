@@ -411,8 +411,14 @@ impl Exchange {
         Ok(self.stream.get_ref().set_read_timeout(limit)?)
     }
 
-    /// Connects to a server, retrying for a few seconds while it starts.
+    /// Connects to a server, retrying for a few seconds while it starts. A name that does not
+    /// resolve is an error at once (retrying cannot fix it).
     pub fn connect(host: &str, port: u16) -> Res<Exchange> {
+        use std::net::ToSocketAddrs;
+        if host.parse::<std::net::SocketAddr>().is_ok() {
+            return Err(err(format!("--connect takes a host without a port ({host}); give the port with --port")));
+        }
+        (host, port).to_socket_addrs().map_err(|e| err(format!("cannot resolve {host}: {e}")))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match TcpStream::connect((host, port)) {

@@ -319,3 +319,15 @@ fn demo_refuses_a_bad_loss_up_front() {
         assert!(!stdout.contains("1. "), "--loss {loss}: a phase ran before the check:\n{stdout}");
     }
 }
+
+/// `--connect` with a name that does not resolve, or with a port glued on, is an error at once
+/// that says what is wrong, not ten seconds of retries.
+#[test]
+fn connect_names_an_unresolvable_host_and_a_glued_port() {
+    let out = softhca(&["pingpong", "--link", "udp", "--connect", "no.such.host.invalid"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot resolve no.such.host.invalid"));
+    let out = softhca(&["pingpong", "--link", "udp", "--connect", "127.0.0.1:9000"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give the port with --port"));
+}
