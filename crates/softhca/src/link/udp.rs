@@ -362,6 +362,7 @@ impl UdpDevice {
             shifts: verify::Shifts::default(),
             clock: 0,
             rx_idle: false,
+            tx_backlog: false,
         };
         let engine = Engine {
             io,
@@ -394,8 +395,12 @@ impl UdpDevice {
         if cfg.busy_poll {
             let weak = Arc::downgrade(&link);
             ctx.set_progress(Some(Arc::new(move || {
+                // Work the poller's turn left (the rest of a batch, more to send) must not
+                // wait for the engine thread's idle wake if the poller stops here.
                 if let Some(l) = weak.upgrade() {
-                    l.drive_inline(true);
+                    if l.drive_inline(true) {
+                        l.wake_for_leftovers();
+                    }
                 }
             })));
         }
@@ -495,6 +500,8 @@ struct Io {
     clock: u64,
     /// The last receive found nothing (the next asks for a single message).
     rx_idle: bool,
+    /// The last flush stopped at its batch limit with more to send.
+    tx_backlog: bool,
 }
 
 /// The transmit batch: [`BATCH`] datagram slots and what is pending in them.
@@ -572,11 +579,13 @@ impl Link {
     /// turn (`full`: the progress hook, busy-poll) or the transmit side only (the doorbell).
     /// A doorbell rung while another thread held the engine is honoured by that thread when it
     /// lets go: it rechecks the ring count after unlocking (the ringer counts before trying).
-    fn drive_inline(&self, mut full: bool) {
+    /// Returns whether it left work behind (more to transmit than one flush sends, or the rest
+    /// of a receive batch), which a sleeping engine thread must be woken for.
+    fn drive_inline(&self, mut full: bool) -> bool {
         loop {
             let seen = self.shared.rings.load(Ordering::SeqCst);
-            {
-                let Some(mut e) = self.try_engine() else { return };
+            let left = {
+                let Some(mut e) = self.try_engine() else { return false };
                 let now = self.now();
                 if full {
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
@@ -584,11 +593,20 @@ impl Link {
                 } else {
                     e.flush_tx(now);
                 }
-            }
+                e.resume.is_some() || e.io.tx_backlog
+            };
             if self.shared.rings.load(Ordering::SeqCst) == seen {
-                return;
+                return left;
             }
             full = false;
+        }
+    }
+
+    /// Wakes the engine thread if it sleeps, for work an application thread left it.
+    fn wake_for_leftovers(&self) {
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            bump_shared(&self.stats.doorbells, 1);
+            sys::eventfd_signal(self.efd.as_raw_fd());
         }
     }
 
@@ -601,7 +619,10 @@ impl Link {
             // several posts (and a pending ACK) go out in one batch.
             return;
         }
-        self.drive_inline(false);
+        if self.drive_inline(false) {
+            self.wake_for_leftovers(); // more than one flush sends: the engine thread goes on
+            return;
+        }
         if self.shared.sleeping.load(Ordering::SeqCst) {
             let until = self.shared.sleep_until.load(Ordering::SeqCst);
             if until == 0 || self.ctx.poll_timeout().is_some_and(|t| t < until) {
@@ -761,6 +782,8 @@ impl Io {
     /// [`TX_ROUNDS`] batches). Returns whether anything was sent.
     fn flush_tx(&mut self, tx: &mut TxBufs, mut now: u64) -> bool {
         let mut any = false;
+        // Set again below if every round is full: then more may be waiting.
+        self.tx_backlog = false;
         for round in 0..TX_ROUNDS {
             if round > 0 {
                 now = self.now();
@@ -795,6 +818,7 @@ impl Io {
             if emitted < BATCH {
                 break;
             }
+            self.tx_backlog = round + 1 == TX_ROUNDS;
         }
         any
     }
