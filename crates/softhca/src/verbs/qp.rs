@@ -692,22 +692,24 @@ impl QpInner {
         while let Some(w) = core.rq.get(0) {
             let wr_id = w.wr_id;
             core.rq.pop();
-            if self.qp_type == QpType::Rd {
-                // CQE-15: this WQE's slot, and any a channel freed before.
-                let freed = 1 + std::mem::take(&mut core.rd.freed);
-                let wc = Wc {
-                    wr_id,
-                    status: WcStatus::WrFlushErr,
-                    opcode: WcOpcode::Recv,
-                    qp_num: self.qpn,
-                    freed,
-                    ..Default::default()
-                };
-                let _ = self.recv_cq.push(wc, true);
-                continue;
-            }
-            flush_cqe(&self.recv_cq, self.qpn, wr_id, WcOpcode::Recv);
+            self.flush_recv_cqe(core, wr_id, 1);
         }
+    }
+
+    /// Flushes one receive WQE. An RD QP's CQE carries the freed resource count (CQE-15): the
+    /// `slots` this WQE frees now (1 from the RQ, 0 when a channel held it) plus those channels
+    /// freed at bind since the last receive CQE.
+    pub(crate) fn flush_recv_cqe(&self, core: &mut QpCore, wr_id: u64, slots: u32) -> bool {
+        let freed = if self.qp_type == QpType::Rd { slots + std::mem::take(&mut core.rd.freed) } else { 0 };
+        let wc = Wc {
+            wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: self.qpn,
+            freed,
+            ..Default::default()
+        };
+        self.recv_cq.push(wc, true).is_ok()
     }
 
     /// Checks every value a Modify QP request supplies against the device and the QP
@@ -1207,20 +1209,7 @@ impl Qp {
             self.check_recvs(wrs, None)?;
             q.flush_rq(&mut core);
             for wr in wrs {
-                if q.qp_type == QpType::Rd {
-                    // CQE-15: every RD receive WQE retired counts once.
-                    let wc = Wc {
-                        wr_id: wr.wr_id,
-                        status: WcStatus::WrFlushErr,
-                        opcode: WcOpcode::Recv,
-                        qp_num: q.qpn,
-                        freed: 1,
-                        ..Default::default()
-                    };
-                    let _ = q.recv_cq.push(wc, true);
-                    continue;
-                }
-                flush_cqe(&q.recv_cq, q.qpn, wr.wr_id, WcOpcode::Recv);
+                q.flush_recv_cqe(&mut core, wr.wr_id, 1);
             }
         } else {
             self.queue_recv(state, &mut rq, wrs)?;

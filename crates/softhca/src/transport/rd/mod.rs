@@ -23,7 +23,7 @@ use crate::verbs::device::DeviceInner;
 use crate::verbs::eec::{EecAttrs, EecInner};
 use crate::verbs::mr::MemRef;
 use crate::verbs::qp::{QpCore, QpInner};
-use crate::verbs::types::{Gid, QpState, QpType, Wc, WcOpcode, WcStatus};
+use crate::verbs::types::{Gid, QpState, QpType, WcStatus};
 use crate::verbs::wr::SendWqe;
 use crate::wire::aeth::Syndrome;
 use crate::wire::opcode::Operation;
@@ -180,15 +180,11 @@ pub(crate) fn transmit(dev: &DeviceInner, now: u64, buf: &mut [u8]) -> Option<us
     if dev.counts.eec.load(Ordering::Relaxed) == 0 {
         return None; // no RD here: keep the EEC table's lock off the other services' path
     }
-    let eecs: Vec<Arc<EecInner>> = {
-        let map = dev.eecs.read().unwrap_or_else(|e| e.into_inner());
-        if map.is_empty() {
-            return None;
-        }
-        let start = dev.eec_cursor.load(Ordering::Relaxed);
-        map.range(start..).chain(map.range(..start)).map(|(_, e)| e.clone()).collect()
-    };
-    for eec in &eecs {
+    // The table stays read-locked while the channels take their turn (no copy of it per call):
+    // nothing takes the table's write lock while holding an EEC's lock.
+    let map = dev.eecs.read().unwrap_or_else(|e| e.into_inner());
+    let start = dev.eec_cursor.load(Ordering::Relaxed);
+    for eec in map.range(start..).chain(map.range(..start)).map(|(_, e)| e) {
         let mut ec = eec.lock();
         if ec.destroyed || matches!(ec.attrs.state, QpState::Reset | QpState::Init | QpState::Error) {
             continue;
@@ -297,15 +293,7 @@ pub(crate) fn release(q: &QpInner, core: &mut QpCore, flush: bool) {
     let held = std::mem::take(&mut core.rd.held);
     for (_, _, wr_id) in held {
         if flush {
-            let wc = Wc {
-                wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                qp_num: q.qpn,
-                freed: std::mem::take(&mut core.rd.freed),
-                ..Default::default()
-            };
-            let _ = q.recv_cq.push(wc, true);
+            q.flush_recv_cqe(core, wr_id, 0);
         }
     }
     if !flush {

@@ -38,16 +38,7 @@ pub(super) fn reap_held(q: &QpInner, core: &mut QpCore) {
             continue;
         }
         core.rd.held.remove(i);
-        let freed = std::mem::take(&mut core.rd.freed);
-        let wc = Wc {
-            wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode: WcOpcode::Recv,
-            qp_num: q.qpn,
-            freed,
-            ..Default::default()
-        };
-        let _ = q.recv_cq.push(wc, true);
+        q.flush_recv_cqe(core, wr_id, 0);
     }
 }
 
