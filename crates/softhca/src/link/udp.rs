@@ -21,19 +21,36 @@
 //!
 //! The core emits whole IP datagrams; the kernel writes the IP and UDP headers, so the link
 //! sends the BTH … ICRC part as the payload. The ICRC covers header fields the kernel chooses,
-//! so the link makes the kernel write exactly the header the core sealed:
-//! - sockets are unconnected and use `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so IPv4 goes out with
-//!   DF and Identification 0 (measured on this kernel with tshark, see the tests), which is
-//!   what [`crate::wire::Ipv4Repr::new`] puts in the core's header. TTL, TOS and the UDP
+//! so the link makes the kernel write exactly the header the core sealed, or re-seals the ICRC
+//! for the header the kernel will write:
+//! - sockets use `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so IPv4 goes out with DF. An unconnected
+//!   socket sends Identification 0 (measured on this kernel with tshark, see the tests), which
+//!   is what [`crate::wire::Ipv4Repr::new`] puts in the core's header. TTL, TOS and the UDP
 //!   checksum are masked by the ICRC;
 //! - the UDP source port is the one the core put in the header ([`crate::wire::roce::UdpRepr::for_qp`],
 //!   one flow per QP): the link keeps a small cache of sockets bound to (address, port),
 //!   created on first use. If such a socket cannot be had (port taken, or more than
 //!   [`MAX_PORT_SOCKETS`] flows), the datagram goes out from port 4791 and the link re-seals its
 //!   ICRC for that port (receivers accept any source port, PKT-ROCE-6);
+//! - an RC or UC flow has one peer, so its socket is *connected* to it ([`UdpConfig::connected`],
+//!   on by default): a send then skips the kernel's route lookup, about 0.4 µs of the 2.6 µs a
+//!   small datagram costs on loopback. A connected IPv4 socket numbers its datagrams from a
+//!   per-socket counter that `connect` starts at random; the link learns it once per flow with
+//!   two probe datagrams to a drop-everything socket of its own (a software transmit timestamp
+//!   returns a copy of each probe with its IP header; the two must be consecutive) and then
+//!   stamps message i of a `sendmmsg` with counter + i. If the copy is withheld
+//!   (`net.core.tstamp_allow_data = 0` without CAP_NET_RAW) or a send fails in a way that may
+//!   have used an Identification, the socket is disconnected and the flow sends with
+//!   Identification 0 from then on. UD and RD flows stay unconnected: their many peers would
+//!   each see a sample of one counter. IPv6 has no such field;
 //! - a GSO run is segmented by the kernel (or the NIC), which numbers the IPv4 Identification
-//!   of the segments 0, 1, 2 …; the link re-seals segment k's ICRC for Identification k
-//!   (cheaply: the ICRC is affine in those bits, see [`verify`]).
+//!   of the segments from the message's own: 0, 1, 2 … unconnected, counter + k connected (the
+//!   counter itself moves by one per message); the link re-seals segment k's ICRC for its
+//!   Identification (cheaply: the ICRC is affine in those bits, see [`verify`]).
+//!
+//! The pcap records each datagram as it leaves, Identification and ICRC included. A receiver
+//! that verifies IPv4 ICRCs without the real header under [`IcrcPolicy::Exact`] cannot follow
+//! a connected flow's random start: its peers should send with `connected(false)`.
 //!
 //! # Receiving and the ICRC
 //!
@@ -41,7 +58,8 @@
 //! - [`RxMode::Socket`] (default, no privilege): the 4791 socket gives the payload and the
 //!   source address. The link rebuilds the IP + UDP header and verifies the ICRC over it: exact
 //!   for IPv6; for IPv4 the Identification and DF are unknown and are found by hypotheses
-//!   (0, the GRO segment index, the previous one + 1) or, under [`IcrcPolicy::Solve`], solved
+//!   (0, the GRO segment index, and per source address and port the previous one + 1 and the
+//!   previous buffer's first + 1, see `SeenIds`) or, under [`IcrcPolicy::Solve`], solved
 //!   for by linear algebra over GF(2) — the trade-off is explained in [`verify`].
 //! - [`RxMode::Raw`] (CAP_NET_RAW, e.g. root in CI): a raw IPv4 socket bound to the address
 //!   with a BPF filter for port 4791 sees the real IP header, so every ICRC is checked exactly
@@ -116,6 +134,10 @@ pub struct UdpConfig {
     pub gso: bool,
     /// Use UDP GRO on receive where the kernel offers it.
     pub gro: bool,
+    /// Send each flow through a socket connected to its peer, with the IPv4 Identification
+    /// learned and followed (see "Sending" in the module docs); off: every socket stays
+    /// unconnected and IPv4 goes out with Identification 0.
+    pub connected: bool,
 }
 
 impl Default for UdpConfig {
@@ -129,6 +151,7 @@ impl Default for UdpConfig {
             icrc_policy: IcrcPolicy::Solve,
             gso: true,
             gro: true,
+            connected: true,
         }
     }
 }
@@ -164,6 +187,11 @@ impl UdpConfig {
     }
     pub fn gro(mut self, on: bool) -> Self {
         self.gro = on;
+        self
+    }
+
+    pub fn connected(mut self, on: bool) -> Self {
+        self.connected = on;
         self
     }
 }
@@ -213,6 +241,10 @@ counters! {
     tx_gso_segments,
     /// Datagrams sent from port 4791 because the flow's port could not be bound.
     tx_port_fallback,
+    /// Flows sending through a connected socket, and flows left unconnected because the
+    /// Identification could not be learned or stopped matching (see the module docs).
+    tx_connected_flows,
+    tx_unconnected_flows,
     /// Datagrams the kernel refused (counted, then dropped; RC retransmits).
     tx_errors,
     /// Times the engine slept in ppoll, and doorbell syscalls.
@@ -352,6 +384,8 @@ impl UdpDevice {
             sock,
             raw,
             ports: HashMap::new(),
+            connect: cfg.connected,
+            sink: None,
             stats: stats.clone(),
             policy: cfg.icrc_policy,
             gso,
@@ -475,6 +509,39 @@ struct Pending {
     port: u16,
     /// An RC/RD response (ACK, RDMA Read response, Atomic ACK), not a request.
     response: bool,
+    /// RC or UC: its flow has one peer.
+    one_peer: bool,
+}
+
+/// A flow's send socket, bound to (the device's address, the flow's source port).
+struct FlowSocket {
+    sock: UdpSocket,
+    /// Whom it is connected to, if it is.
+    conn: Option<Conn>,
+    /// Connecting was tried (once per flow).
+    tried: bool,
+}
+
+/// A flow socket's association: its peer (port 4791) and, for IPv4, the Identification the
+/// kernel gives the socket's next datagram.
+#[derive(Debug, Clone, Copy)]
+struct Conn {
+    peer: IpAddr,
+    next_id: u16,
+}
+
+/// How long a probe waits for its transmit timestamp (it comes back within the `sendto` on
+/// loopback, where probes go).
+const PROBE_PATIENCE: Duration = Duration::from_millis(5);
+
+/// A source's last IPv4 Identifications: a counting sender's next datagram has `last + 1`,
+/// unless it starts a new GSO message on a connected Linux socket, whose counter moves by one
+/// per message while the segments take consecutive Identifications from the message's own:
+/// then it has `first + 1` (`first`: the last one seen first in a receive buffer).
+#[derive(Debug, Clone, Copy, Default)]
+struct SeenIds {
+    last: u16,
+    first: u16,
 }
 
 /// The engine's sockets and per-datagram state.
@@ -484,16 +551,22 @@ struct Io {
     sock: UdpSocket,
     raw: Option<OwnedFd>,
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
-    ports: HashMap<u16, Option<UdpSocket>>,
+    ports: HashMap<u16, Option<FlowSocket>>,
+    /// Connect flow sockets ([`UdpConfig::connected`]).
+    connect: bool,
+    /// Where Identification probes go: a socket on this address that drops everything
+    /// (opened on first use; `Some(None)`: it could not be).
+    sink: Option<Option<UdpSocket>>,
     stats: Arc<Stats>,
     policy: IcrcPolicy,
     gso: bool,
     pcap: Option<PcapTap<BufWriter<File>>>,
     epoch: Instant,
-    /// The last IPv4 Identification seen per source (a hint for counting senders), and the
-    /// latest source's in front of the map (see [`Io::set_last_id`]).
-    last_id: HashMap<IpAddr, u16>,
-    last_src: Option<(IpAddr, u16)>,
+    /// The IPv4 Identifications last seen per source address and port (hints for senders that
+    /// count per socket, as connected Linux sockets do), and the latest source's in front of
+    /// the map (see [`Io::set_last_id`]).
+    last_id: HashMap<SocketAddr, SeenIds>,
+    last_src: Option<(SocketAddr, SeenIds)>,
     /// Cached ICRC shift constants (see [`verify::Shifts`]).
     shifts: verify::Shifts,
     /// `now` for the datagrams being handled (read once per receive batch or transmit batch).
@@ -910,21 +983,27 @@ impl Io {
         (n, None)
     }
 
-    /// The last IPv4 Identification seen from `src`.
-    fn last_id_of(&self, src: IpAddr) -> Option<u16> {
+    /// The IPv4 Identifications last seen from `src`.
+    fn last_id_of(&self, src: SocketAddr) -> Option<SeenIds> {
         match self.last_src {
-            Some((a, id)) if a == src => Some(id),
+            Some((a, ids)) if a == src => Some(ids),
             _ => self.last_id.get(&src).copied(),
         }
     }
 
-    /// Records it: the latest source lives in `last_src` and goes to the map (at most 4096
-    /// sources) only when another source takes its place.
-    fn set_last_id(&mut self, src: IpAddr, id: u16) {
+    /// Records `id`, the `index`th datagram of its receive buffer: the latest source lives in
+    /// `last_src` and goes to the map (at most 4096 sources) only when another source takes
+    /// its place.
+    fn set_last_id(&mut self, src: SocketAddr, id: u16, index: u16) {
+        let seen = |old: Option<SeenIds>| SeenIds {
+            last: id,
+            first: if index == 0 { id } else { old.map_or(id, |o| o.first) },
+        };
         match &mut self.last_src {
-            Some((a, last)) if *a == src => *last = id,
+            Some((a, ids)) if *a == src => *ids = seen(Some(*ids)),
             cached => {
-                if let Some((a, last)) = cached.replace((src, id)) {
+                let ids = seen(self.last_id.get(&src).copied());
+                if let Some((a, last)) = cached.replace((src, ids)) {
                     if self.last_id.len() < 4096 || self.last_id.contains_key(&a) {
                         self.last_id.insert(a, last);
                     }
@@ -937,19 +1016,21 @@ impl Io {
     /// front of it and hands the datagram to the device.
     fn on_payload(&mut self, buf: &mut [u8], at: usize, len: usize, from: SocketAddr, index: u16) {
         let src = verify::unmap(from.ip());
+        let flow = SocketAddr::new(src, from.port());
         let payload = &buf[at..at + len];
-        let last = self.last_id_of(src).map_or(0, |id| id.wrapping_add(1));
-        let hints = [index, last];
+        let seen = self.last_id_of(flow);
+        let next = |id: u16| id.wrapping_add(1);
+        let hints = [index, seen.map_or(0, |s| next(s.last)), seen.map_or(0, |s| next(s.first))];
         match verify::rebuild_with(&mut self.shifts, src, from.port(), self.addr, payload, &hints, self.policy) {
             Ok(h) => {
                 let c = match h.how {
                     Verified::Exact => &self.stats.rx_icrc_exact,
                     Verified::Hypothesis { identification, .. } => {
-                        self.set_last_id(src, identification);
+                        self.set_last_id(flow, identification, index);
                         &self.stats.rx_icrc_hypothesis
                     }
                     Verified::Solved { identification, .. } => {
-                        self.set_last_id(src, identification);
+                        self.set_last_id(flow, identification, index);
                         &self.stats.rx_icrc_solved
                     }
                 };
@@ -1047,10 +1128,6 @@ impl Io {
     /// Checks a datagram the core emitted and finds its UDP payload; fixes the header fields
     /// the kernel will write differently (it should never need to).
     fn prepare(&mut self, slot: usize, d: &mut [u8]) -> Option<Pending> {
-        let now = self.clock;
-        if let Some(p) = self.pcap.as_mut() {
-            let _ = p.write_datagram(now, mac_of(d, 12), mac_of(d, 16), d);
-        }
         let (hl, dst) = match d.first().map(|b| b >> 4) {
             Some(4) if d.len() >= 20 => {
                 if d[4..8] != [0, 0, 0x40, 0] {
@@ -1074,14 +1151,17 @@ impl Io {
             return None;
         }
         let port = u16::from_be_bytes([d[hl], d[hl + 1]]);
-        let response = is_response(d[hl + UDP_HEADER_LEN]);
-        Some(Pending { slot, start: hl + UDP_HEADER_LEN, end: d.len(), dst, port, response })
+        let op = d[hl + UDP_HEADER_LEN];
+        let one_peer = op >> 5 <= 1;
+        Some(Pending { slot, start: hl + UDP_HEADER_LEN, end: d.len(), dst, port, response: is_response(op), one_peer })
     }
 
-    /// The socket to send a flow's datagrams from: bound to (addr, port), created on first use.
-    fn port_socket(&mut self, port: u16) -> Option<RawFd> {
+    /// The socket to send a flow's datagrams from (bound to (addr, port), created on first
+    /// use; an RC or UC flow's is connected to `first.dst` on first use where configured) and
+    /// its association; None if the port cannot be had.
+    fn port_socket(&mut self, port: u16, first: &Pending) -> Option<(RawFd, Option<Conn>)> {
         if port == ROCE_V2_PORT {
-            return Some(self.sock.as_raw_fd());
+            return Some((self.sock.as_raw_fd(), None));
         }
         if !self.ports.contains_key(&port) {
             if self.ports.len() >= MAX_PORT_SOCKETS {
@@ -1092,9 +1172,31 @@ impl Io {
                     && sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20).is_ok()
                     && sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).is_ok()
             });
-            self.ports.insert(port, s);
+            self.ports.insert(port, s.map(|sock| FlowSocket { sock, conn: None, tried: false }));
         }
-        self.ports.get(&port).and_then(|s| s.as_ref()).map(|s| s.as_raw_fd())
+        let f = self.ports.get_mut(&port)?.as_mut()?;
+        let fd = f.sock.as_raw_fd();
+        // UD and RD flows talk to many peers: each peer would see a sample of the socket's
+        // Identification counter, which only a solving receiver could follow.
+        if self.connect && !f.tried && first.one_peer {
+            f.tried = true;
+            let sink = self.sink.get_or_insert_with(|| open_sink(self.addr));
+            f.conn = connect_flow(fd, self.addr, first.dst, sink.as_ref());
+            let c = if f.conn.is_some() { &self.stats.tx_connected_flows } else { &self.stats.tx_unconnected_flows };
+            bump(c, 1);
+        }
+        Some((fd, f.conn))
+    }
+
+    /// Records a flow's association; None dissolves it (the socket goes on unconnected).
+    fn set_conn(&mut self, port: u16, conn: Option<Conn>) {
+        let Some(Some(f)) = self.ports.get_mut(&port) else { return };
+        if f.conn.is_some() && conn.is_none() {
+            tracing::debug!(port, "flow socket disconnected; Identification 0 from now on");
+            let _ = sys::disconnect(f.sock.as_raw_fd());
+            bump(&self.stats.tx_unconnected_flows, 1);
+        }
+        f.conn = conn;
     }
 
     /// Sends a transmit batch: consecutive datagrams of one flow go through one sendmmsg on
@@ -1108,8 +1210,13 @@ impl Io {
                 j += 1;
             }
             let run = &pending[i..j];
-            let fd = match self.port_socket(port) {
-                Some(fd) => fd,
+            match self.port_socket(port, &run[0]) {
+                Some((fd, conn)) => {
+                    let after = self.send_run(fd, conn, tx, run, sc);
+                    if conn.is_some() {
+                        self.set_conn(port, after);
+                    }
+                }
                 None => {
                     // Send from 4791 and re-seal the ICRC for that source port.
                     for p in run {
@@ -1119,15 +1226,23 @@ impl Io {
                         let _ = crate::wire::icrc::fill_datagram(d);
                     }
                     bump(&self.stats.tx_port_fallback, run.len() as u64);
-                    self.sock.as_raw_fd()
+                    self.send_run(self.sock.as_raw_fd(), None, tx, run, sc);
                 }
-            };
-            self.send_run(fd, tx, run, sc);
+            }
             i = j;
         }
     }
 
-    fn send_run(&mut self, fd: RawFd, tx: &mut [u8], run: &[Pending], sc: &mut SendScratch) {
+    /// Sends one flow's run from `fd`, whose association is `conn`; returns the association
+    /// after (None once it was given up).
+    fn send_run(
+        &mut self,
+        fd: RawFd,
+        mut conn: Option<Conn>,
+        tx: &mut [u8],
+        run: &[Pending],
+        sc: &mut SendScratch,
+    ) -> Option<Conn> {
         let SendScratch { segs, msgs, sys: scratch } = sc;
         segs.clear();
         msgs.clear();
@@ -1150,17 +1265,14 @@ impl Io {
                     n += 1;
                 }
             }
-            let to = sys::CAddr::new(SocketAddr::new(run[k].dst, ROCE_V2_PORT));
+            let to = destination(conn, run[k].dst);
             msgs.push(sys::TxMsg { to, first: k, count: n, gso: (n > 1).then_some(size as u16) });
             k += n;
         }
-        // GSO segment m (m ≥ 1) leaves with IPv4 Identification m: re-seal for it.
-        for m in msgs.iter().filter(|m| m.gso.is_some()) {
-            for (i, p) in run[m.first..m.first + m.count].iter().enumerate().skip(1) {
-                if p.dst.is_ipv4() {
-                    let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
-                    reseal_identification(&mut self.shifts, d, i as u16);
-                }
+        stamp_identifications(&mut self.shifts, tx, run, msgs, conn.map(|c| c.next_id));
+        if let Some(p) = self.pcap.as_mut() {
+            for d in run.iter().map(|p| &tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end]) {
+                let _ = p.write_datagram(self.clock, mac_of(d, 12), mac_of(d, 16), d);
             }
         }
         let mut done = 0;
@@ -1179,53 +1291,129 @@ impl Io {
                             bump(&self.stats.tx_gso_segments, m.count as u64);
                         }
                     }
+                    if let Some(c) = conn.as_mut() {
+                        // Linux counts messages, not segments (a GSO message's segments take
+                        // consecutive Identifications from its own).
+                        c.next_id = c.next_id.wrapping_add(n as u16);
+                    }
                     done += n;
                 }
+                // Refused before the kernel built the datagram: no Identification was used.
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && spins < 1000 => {
                     spins += 1;
                     let mut fds = [libc::pollfd { fd, events: libc::POLLOUT, revents: 0 }];
                     let _ = sys::ppoll(&mut fds, Some(Duration::from_millis(10)));
                 }
                 Err(e) if msgs[done].gso.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
-                    // The path cannot segment: send this run's datagrams one by one from now
-                    // on, each re-sealed back for the Identification 0 it will leave with.
+                    // The path cannot segment: send this run's datagrams one by one from now on.
                     tracing::warn!(error = %e, "UDP GSO refused; disabled");
                     self.gso = false;
                     let m = msgs[done];
-                    for (i, p) in run[m.first..m.first + m.count].iter().enumerate().skip(1) {
-                        if p.dst.is_ipv4() {
-                            let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
-                            reseal_identification(&mut self.shifts, d, i as u16);
-                        }
-                    }
                     let singles =
                         (0..m.count).map(|i| sys::TxMsg { to: m.to, first: m.first + i, count: 1, gso: None });
                     msgs.splice(done..done + 1, singles);
+                    let next = conn.map(|c| c.next_id);
+                    stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], next);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "sendmmsg dropped a message");
                     bump(&self.stats.tx_errors, msgs[done].count as u64);
                     done += 1;
+                    if conn.take().is_some() {
+                        // Whether the refused datagram used an Identification is unknown:
+                        // the flow goes on unconnected, from Identification 0.
+                        let _ = sys::disconnect(fd);
+                        for m in &mut msgs[done..] {
+                            m.to = Some(sys::CAddr::new(SocketAddr::new(run[m.first].dst, ROCE_V2_PORT)));
+                        }
+                        stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], None);
+                    }
                 }
+            }
+        }
+        conn
+    }
+}
+
+/// Opens the socket Identification probes go to: bound to the device's address with a filter
+/// that drops everything (so that nothing queues and no ICMP answers a probe).
+fn open_sink(addr: IpAddr) -> Option<UdpSocket> {
+    let s = UdpSocket::bind(SocketAddr::new(addr, 0)).ok()?;
+    sys::drop_all(s.as_raw_fd()).ok()?;
+    Some(s)
+}
+
+/// Connects flow socket `fd` to `dst` (port 4791). IPv6 needs nothing more: its header has no
+/// field the kernel chooses. IPv4 needs the Identification the kernel will number the socket's
+/// datagrams from: two probes must get consecutive ones, else the socket is disconnected again
+/// and the flow sends unconnected (Identification 0).
+fn connect_flow(fd: RawFd, local: IpAddr, dst: IpAddr, sink: Option<&UdpSocket>) -> Option<Conn> {
+    let fresh = |next_id| Some(Conn { peer: dst, next_id });
+    match (local, dst) {
+        (IpAddr::V6(_), IpAddr::V6(_)) => {
+            sys::connect(fd, SocketAddr::new(dst, ROCE_V2_PORT)).ok()?;
+            fresh(0)
+        }
+        (IpAddr::V4(l), IpAddr::V4(_)) => {
+            let SocketAddr::V4(sink) = sink?.local_addr().ok()? else { return None };
+            sys::connect(fd, SocketAddr::new(dst, ROCE_V2_PORT)).ok()?;
+            let probe = || sys::probe_identification(fd, l, sink, PROBE_PATIENCE);
+            match (probe(), probe()) {
+                (Ok(a), Ok(b)) if b == a.wrapping_add(1) => fresh(b.wrapping_add(1)),
+                (a, b) => {
+                    tracing::debug!(?a, ?b, "IPv4 Identification not learned; the flow stays unconnected");
+                    let _ = sys::disconnect(fd);
+                    None
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
+/// A message's destination: none (the connected peer) or its address.
+fn destination(conn: Option<Conn>, dst: IpAddr) -> Option<sys::CAddr> {
+    match conn {
+        Some(c) if c.peer == dst => None,
+        _ => Some(sys::CAddr::new(SocketAddr::new(dst, ROCE_V2_PORT))),
+    }
+}
+
+/// Gives every IPv4 datagram of `msgs` the Identification it will leave with and re-seals its
+/// ICRC for it: on a connected socket message i gets `next + i` (from the socket's counter), on
+/// an unconnected one 0; segment k of a GSO message gets its message's + k.
+fn stamp_identifications(
+    shifts: &mut verify::Shifts,
+    tx: &mut [u8],
+    run: &[Pending],
+    msgs: &[sys::TxMsg],
+    next: Option<u16>,
+) {
+    for (i, m) in msgs.iter().enumerate() {
+        let first = next.map_or(0, |n| n.wrapping_add(i as u16));
+        for (k, p) in run[m.first..m.first + m.count].iter().enumerate() {
+            if p.dst.is_ipv4() {
+                let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
+                set_identification(shifts, d, first.wrapping_add(k as u16));
             }
         }
     }
 }
 
-/// Re-seals an IPv4 datagram whose ICRC was computed for Identification 0 for Identification
-/// `id`, using the ICRC's linearity instead of a second pass over the payload. Applying it
-/// twice restores the ICRC for Identification 0 (the Identification field in `d` is not sent:
-/// the kernel writes the IP header).
-fn reseal_identification(shifts: &mut verify::Shifts, d: &mut [u8], id: u16) {
+/// Sets an IPv4 datagram's Identification (and header checksum) and re-seals its ICRC for it,
+/// using the ICRC's linearity in those bits instead of a second pass over the payload.
+fn set_identification(shifts: &mut verify::Shifts, d: &mut [u8], id: u16) {
     let n = d.len();
     let hdr = 20 + UDP_HEADER_LEN;
-    if n < hdr + BTH_LEN + ICRC_LEN || id == 0 {
+    let old = u16::from_be_bytes([d[4], d[5]]);
+    if n < hdr + BTH_LEN + ICRC_LEN || id == old {
         return;
     }
-    let delta = verify::id_effect(shifts, n - hdr, id, true);
-    let old = u32::from_le_bytes([d[n - 4], d[n - 3], d[n - 2], d[n - 1]]);
-    d[n - 4..].copy_from_slice(&(old ^ delta).to_le_bytes());
+    let delta = verify::id_effect(shifts, n - hdr, old ^ id, true);
+    let icrc = u32::from_le_bytes([d[n - 4], d[n - 3], d[n - 2], d[n - 1]]);
+    d[n - 4..].copy_from_slice(&(icrc ^ delta).to_le_bytes());
     d[4..6].copy_from_slice(&id.to_be_bytes());
+    set_v4_checksum(d);
 }
 
 /// Sets Total Length, Identification and the header checksum of a 28-byte IPv4 + UDP header
@@ -1235,6 +1423,11 @@ fn fix_v4_header(h: &mut [u8; 28], payload: usize, id: u16) {
     h[2..4].copy_from_slice(&total.to_be_bytes());
     h[4..6].copy_from_slice(&id.to_be_bytes());
     h[24..26].copy_from_slice(&((UDP_HEADER_LEN + payload) as u16).to_be_bytes());
+    set_v4_checksum(h);
+}
+
+/// Recomputes the header checksum of the IPv4 header (no options) at the start of `h`.
+fn set_v4_checksum(h: &mut [u8]) {
     h[10..12].copy_from_slice(&[0, 0]);
     let mut sum: u32 = h[..20].chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
     while sum >> 16 != 0 {

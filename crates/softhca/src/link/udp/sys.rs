@@ -332,10 +332,11 @@ impl RxBatch {
 }
 
 /// One message to send: the datagrams `segs[first..first + count]` (one datagram, or a GSO
-/// run of equal-size segments but the last when `gso` is set) to `to`.
+/// run of equal-size segments but the last when `gso` is set) to `to`, or with `to` = None to
+/// the socket's connected peer.
 #[derive(Clone, Copy)]
 pub struct TxMsg {
-    pub to: CAddr,
+    pub to: Option<CAddr>,
     pub first: usize,
     pub count: usize,
     pub gso: Option<u16>,
@@ -376,7 +377,8 @@ pub fn sendmmsg(
             let s = &buf[r.clone()];
             iovs.push(libc::iovec { iov_base: s.as_ptr() as *mut libc::c_void, iov_len: s.len() });
         }
-        names.push(m.to.storage);
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid (and unused when unnamed).
+        names.push(m.to.map_or(unsafe { zeroed() }, |a| a.storage));
         ctrl.push([0u64; 4]);
         // SAFETY: mmsghdr is plain old data; all-zero is valid, and every field used is set
         // below once the vectors stop growing.
@@ -385,8 +387,10 @@ pub fn sendmmsg(
     let mut at = 0;
     for (i, m) in msgs.iter().enumerate() {
         let h = &mut hdrs[i].msg_hdr;
-        h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-        h.msg_namelen = m.to.len;
+        if let Some(to) = m.to {
+            h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = to.len;
+        }
         // SAFETY: at + m.count <= iovs.len(): the iovecs were pushed in this order above.
         h.msg_iov = unsafe { iovs.as_mut_ptr().add(at) };
         h.msg_iovlen = m.count as _;
@@ -411,6 +415,114 @@ pub fn sendmmsg(
     // writes msg_len into `hdrs`).
     let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, libc::MSG_DONTWAIT) };
     cvt(r).map(|n| n as usize)
+}
+
+/// Connects a datagram socket to `peer`: the kernel keeps its route, and sends without an
+/// address skip the per-call route lookup.
+pub fn connect(fd: RawFd, peer: SocketAddr) -> io::Result<()> {
+    let a = CAddr::new(peer);
+    // SAFETY: `a.storage` holds a sockaddr of length `a.len`, alive for the call; the kernel
+    // only reads it.
+    cvt(unsafe { libc::connect(fd, (&a.storage as *const libc::sockaddr_storage).cast(), a.len) }).map(|_| ())
+}
+
+/// Dissolves a datagram socket's association (connect to AF_UNSPEC); its local binding stays.
+pub fn disconnect(fd: RawFd) -> io::Result<()> {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+    let mut a: libc::sockaddr_storage = unsafe { zeroed() };
+    a.ss_family = libc::AF_UNSPEC as libc::sa_family_t;
+    let len = size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: `a` is a live sockaddr_storage, larger than the length passed; read only.
+    cvt(unsafe { libc::connect(fd, (&a as *const libc::sockaddr_storage).cast(), len) }).map(|_| ())
+}
+
+/// What an Identification probe sends (to the device's own sink socket; it never leaves the host).
+const PROBE: &[u8] = b"softhca: IPv4 Identification probe";
+
+/// Learns the IPv4 Identification a connected IPv4 socket gives its datagrams (Linux numbers
+/// them from a per-socket counter that `connect` starts at random): sends one probe datagram
+/// from `fd` to `sink` (a socket of this host that drops what it gets) with a software
+/// transmit timestamp, whose error-queue copy carries the headers as sent, and reads the
+/// Identification there. The socket's next datagram gets the returned value + 1. Fails where
+/// the kernel withholds the packet copy (`net.core.tstamp_allow_data = 0` without
+/// CAP_NET_RAW) or the timestamp does not come within `patience`.
+pub fn probe_identification(
+    fd: RawFd,
+    local: std::net::Ipv4Addr,
+    sink: SocketAddrV4,
+    patience: Duration,
+) -> io::Result<u16> {
+    let on = (libc::SOF_TIMESTAMPING_TX_SOFTWARE | libc::SOF_TIMESTAMPING_SOFTWARE) as libc::c_int;
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, on)?;
+    let got = probe_once(fd, local, sink, patience);
+    let off = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, 0);
+    drain_errqueue(fd);
+    let id = got?;
+    off.map(|_| id)
+}
+
+fn probe_once(fd: RawFd, local: std::net::Ipv4Addr, sink: SocketAddrV4, patience: Duration) -> io::Result<u16> {
+    drain_errqueue(fd);
+    let to = CAddr::new(SocketAddr::V4(sink));
+    // SAFETY: PROBE and `to.storage` are live for the call and read only.
+    let sent = unsafe {
+        libc::sendto(
+            fd,
+            PROBE.as_ptr().cast(),
+            PROBE.len(),
+            libc::MSG_DONTWAIT,
+            (&to.storage as *const libc::sockaddr_storage).cast(),
+            to.len,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The copy is queued on transmit (synchronously on loopback); POLLERR reports it.
+    let mut fds = [libc::pollfd { fd, events: 0, revents: 0 }];
+    ppoll(&mut fds, Some(patience))?;
+    let mut frame = [0u8; 512];
+    let mut ctrl = [0u64; 64];
+    let mut iov = libc::iovec { iov_base: frame.as_mut_ptr().cast(), iov_len: frame.len() };
+    // SAFETY: msghdr is plain old data; all-zero is valid.
+    let mut h: libc::msghdr = unsafe { zeroed() };
+    h.msg_iov = &mut iov;
+    h.msg_iovlen = 1;
+    h.msg_control = ctrl.as_mut_ptr().cast();
+    h.msg_controllen = size_of::<[u64; 64]>() as _;
+    // SAFETY: `h` points at `iov` (into `frame`) and `ctrl`, all live and writable for the
+    // call and of the lengths given.
+    let n = unsafe { libc::recvmsg(fd, &mut h, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let frame = &frame[..(n as usize).min(frame.len())];
+    identification_of_probe(frame, local, *sink.ip())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "the transmit timestamp carried no packet copy"))
+}
+
+/// The Identification of the probe in an error-queue frame (link-layer header, IPv4, UDP,
+/// [`PROBE`]): the IPv4 header is the 20 bytes before the UDP header that precedes the probe.
+fn identification_of_probe(frame: &[u8], src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr) -> Option<u16> {
+    let at = frame.len().checked_sub(PROBE.len() + 8 + 20)?;
+    let ip = &frame[at..at + 20];
+    let ok = frame.ends_with(PROBE)
+        && ip[0] == 0x45
+        && ip[9] == libc::IPPROTO_UDP as u8
+        && ip[12..16] == src.octets()
+        && ip[16..20] == dst.octets();
+    ok.then(|| u16::from_be_bytes([ip[4], ip[5]]))
+}
+
+fn drain_errqueue(fd: RawFd) {
+    let mut buf = [0u8; 512];
+    for _ in 0..64 {
+        // SAFETY: reads at most buf.len() bytes into a live, writable buffer.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return;
+        }
+    }
 }
 
 /// Whether the socket family of `ip` is IPv6.

@@ -8,10 +8,10 @@
 //!   UDP length) follows from what the socket reports. Exact.
 //! - **IPv4**: Identification (16 bits) and the DF flag are covered by the ICRC and invisible
 //!   to a UDP socket. The link first tries a short list of *hypotheses* — Identification 0
-//!   with DF (what softhca and every unconnected Linux DF socket send), the index of the
-//!   segment inside a GRO buffer (UDP GSO numbers segments 0, 1, 2 …), and the previous
-//!   Identification from the same source plus one (senders that count) — each a full 32-bit
-//!   check of one header. If none matches, it **solves** for the header: CRC-32 is affine over
+//!   with DF (what every unconnected Linux DF socket sends), the index of the segment inside
+//!   a GRO buffer (UDP GSO numbers segments 0, 1, 2 …), and the caller's hints (the link
+//!   passes the previous Identification from the same source plus one, for senders that
+//!   count, softhca's connected flows among them) — each a full 32-bit check of one header. If none matches, it **solves** for the header: CRC-32 is affine over
 //!   GF(2) in its input bits for a fixed length, so `icrc(id, df) = icrc(0, DF) ⊕ Σ bitᵢ·eᵢ`
 //!   with 17 constant vectors `eᵢ` (one per unknown bit, shifted past the rest of the packet
 //!   with zlib's `x^(8n) mod P` trick). Gaussian elimination over GF(2) finds the unknown bits

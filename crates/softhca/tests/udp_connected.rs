@@ -1,0 +1,194 @@
+//! Connected flow sockets on the UDP link: an RC or UC flow sends through a socket connected to
+//! its peer, whose IPv4 Identifications come from a per-socket counter the link learns with a
+//! probe and follows, so every ICRC is still sealed over exactly the header on the wire.
+
+mod udp_common;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use softhca::link::udp::{RxMode, UdpConfig, UdpCounters, UdpDevice};
+use softhca::wire::icrc;
+use softhca::wire::pcap::PcapReader;
+use softhca::*;
+use udp_common::*;
+
+/// Singles and GSO runs both ways on one RC QP pair: Sends, a Write and a Read of 200 KB
+/// (GSO on the requester's flow, then on the responder's), atomics.
+fn traffic(a: &End, b: &End) {
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
+    let n = 200_000usize;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let src = a.pd.reg_mr((0..n).map(|i| (i * 13) as u8).collect(), all).unwrap();
+    let dst = b.pd.alloc_mr(n, all).unwrap();
+    let (rsge, ssge) = ([dst.sge(0..64)], [src.sge(0..8)]);
+    for round in 0..3u64 {
+        b.qp.post_recv(&(0..20).map(|i| RecvWr::new(i, &rsge)).collect::<Vec<_>>()).unwrap();
+        a.qp.post_send(&(0..20).map(|i| SendWr::send(i, &ssge).signaled()).collect::<Vec<_>>()).unwrap();
+        wait(&a.cq, 20, 10);
+        wait(&b.cq, 20, 10);
+        a.qp.post_send(&[SendWr::rdma_write(100 + round, &[src.sge(0..n)], dst.addr(), dst.rkey()).signaled()])
+            .unwrap();
+        wait(&a.cq, 1, 10);
+        let back = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+        a.qp.post_send(&[SendWr::rdma_read(200 + round, &[back.sge(0..n)], dst.addr(), dst.rkey()).signaled()])
+            .unwrap();
+        let w = wait(&a.cq, 1, 10);
+        assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
+        assert_eq!(back.to_vec().unwrap(), src.to_vec().unwrap());
+        a.qp.post_send(&[
+            SendWr::atomic_fetch_add(300 + round, &[back.sge(0..8)], dst.addr(), dst.rkey(), 1).signaled()
+        ])
+        .unwrap();
+        assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+    }
+}
+
+fn clean(c: &UdpCounters) {
+    assert_eq!((c.drop_bad_icrc, c.drop_malformed, c.tx_errors, c.tx_port_fallback), (0, 0, 0, 0), "{c:?}");
+    assert!(c.rx_datagrams > 0, "{c:?}");
+}
+
+fn raw_refused() -> bool {
+    match UdpDevice::open(UdpConfig::default().rx_mode(RxMode::Raw)) {
+        Ok(_) => false,
+        Err(e) => {
+            eprintln!("SKIP: raw sockets refused here ({e})");
+            true
+        }
+    }
+}
+
+/// Rule PKT-ROCE-7, PKT-ROCE-10: a receiver that sees the real IPv4 header (raw socket)
+/// checks every ICRC exactly; connected flows pass it, single datagrams and GSO segments alike.
+#[test]
+fn connected_flows_seal_the_identification_on_the_wire() {
+    if raw_refused() {
+        return;
+    }
+    let cfg = || UdpConfig::default().rx_mode(RxMode::Raw);
+    let (a, b) = (end(cfg()), end(cfg()));
+    traffic(&a, &b);
+    for d in [&a.dev, &b.dev] {
+        let c = d.counters();
+        clean(&c);
+        assert_eq!((c.tx_connected_flows, c.tx_unconnected_flows), (1, 0), "{c:?}");
+        assert_eq!(c.rx_icrc_exact, c.rx_datagrams, "{c:?}");
+        assert!(c.rx_gro_buffers > 0 || c.rx_datagrams > 100, "{c:?}");
+    }
+    assert!(a.dev.counters().tx_gso_messages > 0 && b.dev.counters().tx_gso_messages > 0);
+}
+
+/// Reads the IPv4 datagrams of a pcap the link wrote (Ethernet framing).
+fn datagrams(path: &std::path::Path) -> Vec<Vec<u8>> {
+    let mut r = PcapReader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let mut out = Vec::new();
+    while let Some(rec) = r.next_record().unwrap() {
+        out.push(rec.data[14..].to_vec());
+    }
+    out
+}
+
+/// Without privilege the receiver follows each flow's counter: only a flow's first datagram
+/// needs solving, every later one matches a hypothesis (full 32-bit check), GSO message starts
+/// included. The pcap holds what went on the wire: Identifications and ICRCs that match.
+#[test]
+fn an_unprivileged_receiver_follows_each_flows_counter() {
+    let dir = std::env::temp_dir().join(format!("softhca-connected-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pa = dir.join("a.pcap");
+    let a = end(UdpConfig::default().pcap(&pa));
+    let b = end(UdpConfig::default());
+    traffic(&a, &b);
+    for d in [&a.dev, &b.dev] {
+        let c = d.counters();
+        clean(&c);
+        assert_eq!((c.tx_connected_flows, c.rx_icrc_solved), (1, 1), "{c:?}");
+        assert_eq!(c.rx_icrc_hypothesis + 1, c.rx_datagrams, "{c:?}");
+    }
+    drop(a);
+    let sent = datagrams(&pa);
+    let ours = |d: &&Vec<u8>| IpAddr::from([d[12], d[13], d[14], d[15]]) != b.dev.addr();
+    let ids: Vec<u16> = sent.iter().filter(ours).map(|d| u16::from_be_bytes([d[4], d[5]])).collect();
+    assert!(ids.len() > 100, "{}", ids.len());
+    for d in sent.iter().filter(ours) {
+        icrc::verify_datagram(d).unwrap();
+    }
+    assert!(ids.iter().any(|&id| id != 0), "a connected flow's Identifications count");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// With `connected(false)` every socket stays unconnected: Identification 0 (and the GSO
+/// segment index), no solving at the receiver.
+#[test]
+fn unconnected_flows_send_identification_zero() {
+    let cfg = || UdpConfig::default().connected(false);
+    let (a, b) = (end(cfg()), end(cfg()));
+    traffic(&a, &b);
+    for d in [&a.dev, &b.dev] {
+        let c = d.counters();
+        clean(&c);
+        assert_eq!((c.tx_connected_flows, c.rx_icrc_solved), (0, 0), "{c:?}");
+    }
+}
+
+fn uc_end(dev: UdpDevice) -> (UdpDevice, Pd, Cq, Qp) {
+    let ctx = dev.context().clone();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::uc(&cq, &cq).max_send_wr(64).max_recv_wr(64)).unwrap();
+    (dev, pd, cq, qp)
+}
+
+fn uc_connect(qp: &Qp, gid: Gid, qpn: u32) {
+    qp.modify(&QpAttr::to_reset()).unwrap();
+    let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
+    qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE)).unwrap();
+    qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0)).unwrap();
+    qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
+}
+
+/// A connected flow whose peer went away (ICMP port unreachable: the next send is refused)
+/// drops that datagram, dissolves the association and goes on unconnected, from
+/// Identification 0, so that a new peer at the address gets exact ICRCs.
+#[test]
+fn a_refused_connected_flow_goes_on_unconnected() {
+    let (a, apd, acq, aqp) = uc_end(UdpDevice::open(UdpConfig::default()).unwrap());
+    let buf = apd.reg_mr(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
+    let baddr = {
+        let (b, bpd, bcq, bqp) = uc_end(UdpDevice::open(UdpConfig::default()).unwrap());
+        uc_connect(&aqp, b.gid(), bqp.qp_num());
+        uc_connect(&bqp, a.gid(), aqp.qp_num());
+        let rbuf = bpd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        bqp.post_recv(&[RecvWr::new(1, &[rbuf.sge(0..64)])]).unwrap();
+        aqp.post_send(&[SendWr::send(1, &[buf.sge(0..32)]).signaled()]).unwrap();
+        wait(&acq, 1, 10);
+        assert_eq!(wait(&bcq, 1, 10)[0].status, WcStatus::Success);
+        assert_eq!(a.counters().tx_connected_flows, 1);
+        b.addr()
+    };
+    // The peer's port is closed now: keep sending until a send is refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut id = 2;
+    while a.counters().tx_unconnected_flows == 0 {
+        assert!(Instant::now() < deadline, "{:?}", a.counters());
+        aqp.post_send(&[SendWr::send(id, &[buf.sge(0..32)]).signaled()]).unwrap();
+        wait(&acq, 1, 10);
+        id += 1;
+    }
+    assert!(a.counters().tx_errors >= 1, "{:?}", a.counters());
+    // A new device at the same address: the flow reaches it unconnected (Identification 0).
+    let (b2, b2pd, b2cq, b2qp) = uc_end(UdpDevice::open(UdpConfig::default().addr(baddr)).unwrap());
+    uc_connect(&aqp, b2.gid(), b2qp.qp_num());
+    uc_connect(&b2qp, a.gid(), aqp.qp_num());
+    let rbuf = b2pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    b2qp.post_recv(&[RecvWr::new(9, &[rbuf.sge(0..64)])]).unwrap();
+    aqp.post_send(&[SendWr::send(9, &[buf.sge(0..32)]).signaled()]).unwrap();
+    wait(&acq, 1, 10);
+    let w = wait(&b2cq, 1, 10);
+    assert_eq!((w[0].status, w[0].byte_len), (WcStatus::Success, 32));
+    let c = b2.counters();
+    assert_eq!((c.rx_icrc_solved, c.drop_bad_icrc, c.rx_icrc_hypothesis), (0, 0, 1), "{c:?}");
+    assert_eq!((a.counters().tx_connected_flows, a.counters().tx_unconnected_flows), (1, 1));
+}
