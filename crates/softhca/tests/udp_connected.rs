@@ -154,10 +154,13 @@ fn uc_connect(qp: &Qp, gid: Gid, qpn: u32) {
 /// Identification 0, so that a new peer at the address gets exact ICRCs.
 #[test]
 fn a_refused_connected_flow_goes_on_unconnected() {
-    let (a, apd, acq, aqp) = uc_end(UdpDevice::open(UdpConfig::default()).unwrap());
+    // Addresses outside the automatic range (127.0.0.x): a device of a test running meanwhile
+    // must not take the peer's address while it is free.
+    let (aaddr, baddr): (IpAddr, IpAddr) = ([127, 0, 1, 1].into(), [127, 0, 1, 2].into());
+    let (a, apd, acq, aqp) = uc_end(UdpDevice::open(UdpConfig::default().addr(aaddr)).unwrap());
     let buf = apd.reg_mr(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
-    let baddr = {
-        let (b, bpd, bcq, bqp) = uc_end(UdpDevice::open(UdpConfig::default()).unwrap());
+    {
+        let (b, bpd, bcq, bqp) = uc_end(UdpDevice::open(UdpConfig::default().addr(baddr)).unwrap());
         uc_connect(&aqp, b.gid(), bqp.qp_num());
         uc_connect(&bqp, a.gid(), aqp.qp_num());
         let rbuf = bpd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
@@ -166,8 +169,7 @@ fn a_refused_connected_flow_goes_on_unconnected() {
         wait(&acq, 1, 10);
         assert_eq!(wait(&bcq, 1, 10)[0].status, WcStatus::Success);
         assert_eq!(a.counters().tx_connected_flows, 1);
-        b.addr()
-    };
+    }
     // The peer's port is closed now: keep sending until a send is refused.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut id = 2;

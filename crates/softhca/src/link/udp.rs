@@ -876,18 +876,16 @@ impl Io {
                 break;
             }
             any = true;
-            // A few requests go before the responses of the same batch: when an application
-            // answers a message, the peer waits for the answer, while the ACK that the
-            // transport queued first only retires a Send the peer may not even wait for.
-            // (Requests and responses are independent streams; each keeps its own order.)
+            // A few requests go before the responses of the same batch (in the same
+            // `sendmmsg`, as datagrams of their own): when an application answers a message,
+            // the peer waits for the answer, while the ACK that the transport queued first only
+            // retires a Send the peer may not even wait for. (Requests and responses are
+            // independent streams; each keeps its own order, and the sort is stable.)
             let requests = tx.pending.iter().filter(|p| !p.response).count();
             if requests > 0 && requests <= REQUESTS_FIRST && requests < tx.pending.len() {
                 tx.pending.sort_by_key(|p| p.response);
-                self.send_batch(&mut tx.buf, &tx.pending[..requests], &mut tx.send);
-                self.send_batch(&mut tx.buf, &tx.pending[requests..], &mut tx.send);
-            } else if !tx.pending.is_empty() {
-                self.send_batch(&mut tx.buf, &tx.pending, &mut tx.send);
             }
+            self.send_batch(&mut tx.buf, &tx.pending, &mut tx.send);
             if emitted < BATCH {
                 break;
             }
@@ -1247,7 +1245,9 @@ impl Io {
         segs.clear();
         msgs.clear();
         segs.extend(run.iter().map(|p| p.slot * MAX_DATAGRAM + p.start..p.slot * MAX_DATAGRAM + p.end));
-        // Group into messages: equal-size runs to one destination (the last may be shorter).
+        // Group into messages: equal-size runs to one destination (the last may be shorter), a
+        // run of requests or of responses (never both in one GSO message, so that a request
+        // reaches the peer as a datagram of its own).
         let mut k = 0;
         while k < run.len() {
             let size = segs[k].len();
@@ -1257,6 +1257,7 @@ impl Io {
                 while k + n < run.len()
                     && n < GSO_MAX_SEGS
                     && run[k + n].dst == run[k].dst
+                    && run[k + n].response == run[k].response
                     && segs[k + n - 1].len() == size
                     && segs[k + n].len() <= size
                     && bytes + segs[k + n].len() <= GSO_MAX_BYTES

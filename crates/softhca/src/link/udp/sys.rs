@@ -279,13 +279,16 @@ impl RxBatch {
         // self (set in `new`, into heap allocations that never move), sized as declared, alive
         // and unaliased for the call; the kernel writes at most the declared lengths.
         let r = unsafe {
-            libc::recvmmsg(
+            // The system call itself: libc's wrapper is a cancellation point, and entering
+            // and leaving asynchronous cancellation costs two calls per receive.
+            libc::syscall(
+                libc::SYS_recvmmsg,
                 fd,
                 self.hdrs.as_mut_ptr(),
                 max.clamp(1, self.hdrs.len()) as libc::c_uint,
                 libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
+                std::ptr::null_mut::<libc::timespec>(),
+            ) as libc::c_int
         };
         if r < 0 {
             let e = io::Error::last_os_error();
@@ -413,7 +416,10 @@ pub fn sendmmsg(
     // SAFETY: the headers point at names, iovecs and control areas in `scratch` and at
     // payloads in `buf`, all alive and unmoved for the call; the kernel only reads them (and
     // writes msg_len into `hdrs`).
-    let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, libc::MSG_DONTWAIT) };
+    // (The system call itself, not libc's cancellation-point wrapper, as in `RxBatch::recv`.)
+    let r = unsafe {
+        libc::syscall(libc::SYS_sendmmsg, fd, hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, libc::MSG_DONTWAIT)
+    } as libc::c_int;
     cvt(r).map(|n| n as usize)
 }
 

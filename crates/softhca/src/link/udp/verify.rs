@@ -129,23 +129,30 @@ pub fn rebuild_with(
     }
 }
 
-/// A small cache of `x^(8n) mod P` by `n` (the packets of one flow come in very few lengths).
+/// A small cache, by packet length, of the 17 unknown bits' ICRC effects carried to the end
+/// of a packet of that length (the packets of one flow come in very few lengths): then an
+/// Identification's effect is a few XORs.
 #[derive(Debug, Clone, Default)]
 pub struct Shifts {
-    slots: [(usize, u32); 4],
+    slots: [(usize, [u32; 17]); 4],
     next: usize,
 }
 
 impl Shifts {
-    /// `x8nmodp(n)`, cached.
-    pub fn get(&mut self, n: usize) -> u32 {
-        if let Some(&(_, v)) = self.slots.iter().find(|&&(k, v)| k == n && v != 0) {
-            return v;
-        }
-        let v = x8nmodp(n);
-        self.slots[self.next] = (n, v);
-        self.next = (self.next + 1) % self.slots.len();
-        v
+    /// The effects of the 17 unknown bits (see [`id_basis`]) for a packet (BTH … ICRC) of
+    /// `packet_len` bytes, cached.
+    fn effects(&mut self, packet_len: usize) -> &[u32; 17] {
+        let i = match self.slots.iter().position(|(k, e)| *k == packet_len && e[0] != 0) {
+            Some(i) => i,
+            None => {
+                let shift = x8nmodp(packet_len.saturating_sub(BTH_LEN + ICRC_LEN));
+                let i = self.next;
+                self.slots[i] = (packet_len, id_basis().map(|b| multmodp(shift, b)));
+                self.next = (i + 1) % self.slots.len();
+                i
+            }
+        };
+        &self.slots[i].1
     }
 }
 
@@ -178,17 +185,13 @@ fn id_basis() -> &'static [u32; 17] {
 /// The ICRC difference between IPv4 Identification 0 with DF and (`id`, `df`), for a packet
 /// (BTH … ICRC) of `packet_len` bytes.
 pub fn id_effect(shifts: &mut Shifts, packet_len: usize, id: u16, df: bool) -> u32 {
-    let basis = id_basis();
-    let mut d = if df { 0 } else { basis[16] };
-    for (i, b) in basis[..16].iter().enumerate() {
-        if id >> i & 1 != 0 {
-            d ^= b;
-        }
+    let e = shifts.effects(packet_len);
+    // Carrying past the packet is linear, so the carried effects add up (XOR) like the bits.
+    let mut d = if df { 0 } else { e[16] };
+    for (i, b) in e[..16].iter().enumerate() {
+        d ^= b & 0u32.wrapping_sub(u32::from(id >> i & 1));
     }
-    if d == 0 {
-        return 0;
-    }
-    multmodp(shifts.get(packet_len.saturating_sub(BTH_LEN + ICRC_LEN)), d)
+    d
 }
 
 /// The same for an IPv4-mapped IPv6 address pair as an IPv6 socket reports it.
