@@ -636,8 +636,10 @@ impl Echoer {
     }
 }
 
-/// Reaps the server's CQ: echo completions count against their echoer, receives are
-/// counted and checked for length, then handed to `on_recv(qp index, wc)`.
+/// Reaps the server's CQ once (up to `wcs.len()` completions): echo completions count against
+/// their echoer, receives are counted and checked for length, then handed to `on_recv(qp
+/// index, wc)`. Once, not until empty: every poll runs an engine turn, and a latency server
+/// must answer what arrived before that turn takes in the ACKs queued behind it.
 fn poll_server(
     resp: &mut Responder,
     echoes: &mut [Echoer],
@@ -646,35 +648,31 @@ fn poll_server(
     size: usize,
     mut on_recv: impl FnMut(usize, &Wc) -> Res<()>,
 ) -> Res<()> {
-    loop {
-        let n = resp.cq.poll(wcs)?;
-        if n == 0 {
-            return Ok(());
-        }
-        for wc in &wcs[..n] {
-            let Some(&i) = resp.by_qpn.get(&wc.qp_num) else { continue };
-            let ok = wc.status == WcStatus::Success;
-            if wc.wr_id & RECV_TAG != 0 {
-                let t = &mut resp.targets[i];
-                t.recv_done += 1;
-                if !ok {
-                    errors.record("receive", wc);
-                    continue;
-                }
-                if wc.byte_len as usize != size {
-                    t.bad_len += 1;
-                }
-                on_recv(i, wc)?;
-            } else {
-                if let Some(e) = echoes.get_mut(i) {
-                    e.completed += 1;
-                }
-                if !ok {
-                    errors.record("echo", wc);
-                }
+    let n = resp.cq.poll(wcs)?;
+    for wc in &wcs[..n] {
+        let Some(&i) = resp.by_qpn.get(&wc.qp_num) else { continue };
+        let ok = wc.status == WcStatus::Success;
+        if wc.wr_id & RECV_TAG != 0 {
+            let t = &mut resp.targets[i];
+            t.recv_done += 1;
+            if !ok {
+                errors.record("receive", wc);
+                continue;
+            }
+            if wc.byte_len as usize != size {
+                t.bad_len += 1;
+            }
+            on_recv(i, wc)?;
+        } else {
+            if let Some(e) = echoes.get_mut(i) {
+                e.completed += 1;
+            }
+            if !ok {
+                errors.record("echo", wc);
             }
         }
     }
+    Ok(())
 }
 
 type Reader = std::thread::JoinHandle<(Exchange, Res<Done>)>;

@@ -123,3 +123,40 @@ fn channel_fd_is_not_left_readable_with_no_event_pending() {
     assert!(ch.try_get_cq_event().is_none());
     assert!(!readable(ch.fd()), "fd readable with no event pending");
 }
+
+/// A link that its pollers drive (busy-poll) gets an engine turn from Poll for Completion,
+/// but completions already waiting are returned first, without one: the turn would take in
+/// what arrived behind the packet that completed them (an ACK) before the application can
+/// answer it. Never twice in a row, so that a poller that always finds completions still
+/// drives the device; an empty CQ always drives it.
+/// Rule CQ-POLL-1, CQ-POLL-3
+#[test]
+fn a_poll_that_finds_completions_waiting_skips_one_engine_turn() {
+    let f = fixture();
+    let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let t = turns.clone();
+    f.ctx.set_progress(Some(Arc::new(move || {
+        t.fetch_add(1, Ordering::Relaxed);
+    })));
+    let mut wc = [Wc::default()];
+    assert_eq!(f.cq.poll(&mut wc).unwrap(), 0);
+    assert_eq!(turns.load(Ordering::Relaxed), 1, "an empty CQ drives the device");
+    // Three flushed receives wait in the CQ.
+    let qp = f.pd.create_qp(&QpInitAttr::rc(&f.cq, &f.cq)).unwrap();
+    drive(&qp, QpState::Init);
+    let mr = f.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0..8)];
+    qp.post_recv(&(0..3).map(|i| RecvWr::new(i, &sge)).collect::<Vec<_>>()).unwrap();
+    qp.modify(&QpAttr::to_error()).unwrap();
+    let seen: Vec<(usize, usize)> = (0..4)
+        .map(|_| {
+            let n = f.cq.poll(&mut wc).unwrap();
+            (n, turns.load(Ordering::Relaxed))
+        })
+        .collect();
+    assert_eq!(seen, [(1, 1), (1, 2), (1, 2), (0, 3)], "(CQEs returned, turns so far) per poll");
+    // Polling with no room for a CQE is a plain progress call.
+    f.cq.poll(&mut []).unwrap();
+    assert_eq!(turns.load(Ordering::Relaxed), 4);
+    f.ctx.set_progress(None);
+}

@@ -54,6 +54,9 @@ pub(crate) struct CqInner {
     users: AtomicU32,
     destroyed: AtomicBool,
     overflowed: AtomicBool,
+    /// The last poll found completions waiting and returned them without driving the device
+    /// (see [`Cq::poll`]).
+    skipped_progress: AtomicBool,
     channel: Option<CompChannel>,
 }
 
@@ -188,6 +191,7 @@ impl Context {
             users: AtomicU32::new(0),
             destroyed: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
+            skipped_progress: AtomicBool::new(false),
             channel: channel.cloned(),
         });
         self.inner.cqs.write().unwrap_or_else(|e| e.into_inner()).insert(inner.handle, Arc::downgrade(&inner));
@@ -305,7 +309,19 @@ impl Cq {
     /// how many (CQ-POLL-1..4). An empty CQ gives 0. Takes only the pollers' lock, never one
     /// the engine holds.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
-        self.progress();
+        // A link driven by its pollers (busy-poll) runs an engine turn here. Completions
+        // already waiting are returned first, without one: a turn would take in (and handle)
+        // whatever arrived behind the packet that completed them, on the way to an
+        // application that is waiting to answer it. Never twice in a row, so that a poller
+        // that always finds completions still drives the device.
+        let waiting = {
+            let r = &self.inner.ring;
+            r.tail.load(Ordering::Acquire) != r.head.load(Ordering::Relaxed)
+        };
+        if !(waiting && !wcs.is_empty() && !self.inner.skipped_progress.swap(true, Ordering::Relaxed)) {
+            self.inner.skipped_progress.store(false, Ordering::Relaxed);
+            self.progress();
+        }
         self.check()?;
         let _consumer = lock(&self.inner.consumer);
         let r = &self.inner.ring;
