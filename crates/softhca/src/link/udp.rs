@@ -571,7 +571,8 @@ struct Io {
     shifts: verify::Shifts,
     /// `now` for the datagrams being handled (read once per receive batch or transmit batch).
     clock: u64,
-    /// The last receive found nothing (the next asks for a single message).
+    /// The last receive found at most one datagram where it could have taken more (the next
+    /// asks for a single message).
     rx_idle: bool,
     /// The last flush stopped at its batch limit with more to send.
     tx_backlog: bool,
@@ -792,13 +793,13 @@ impl Engine {
             now = io.clock;
         } else {
             let rx_fd = io.raw.as_ref().map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd());
-            // After an empty receive, ask for one message: a lone datagram (or a GRO buffer)
-            // is the common case then, and a larger vlen costs a second, failing dequeue in
-            // the kernel (≈ 0.3 µs) before the data reaches the device. Traffic restores the
-            // batch.
+            // After a receive that found nothing or a lone datagram, ask for one message: a
+            // lone datagram (or a GRO buffer) is the common case then, and a larger vlen costs
+            // a second, failing dequeue in the kernel (≈ 0.3 µs) before the data reaches the
+            // device. A single message received, or several, restores the batch.
             let max = if io.rx_idle { 1 } else { BATCH };
             let got = rx.recv(rx_fd, msgs, max);
-            io.rx_idle = !matches!(got, Ok(n) if n > 0);
+            io.rx_idle = !matches!(got, Ok(n) if n >= 2 || n == max);
             match got {
                 Ok(n) if n > 0 => {
                     worked = true;
