@@ -63,3 +63,42 @@ fn doorbell_leaves_tx_beyond_four_batches_until_idle_wake() {
     );
     assert_eq!(wait(&b.cq, 1, 10)[0].status, WcStatus::Success);
 }
+
+/// The last handle of a device dropped by a completion handler, which the engine thread runs:
+/// the engine thread is told to stop and ends on its own instead of joining itself (which
+/// panicked the engine thread, and the handler's caller with it).
+/// Rule CQ-HANDLER-2
+#[test]
+fn dropping_a_device_from_a_handler_on_its_engine_thread() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let a = end(UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, 1)));
+    let b = end(UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, 2)));
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
+    let End { pd, cq, qp, dev } = a;
+    let ctx = dev.context().clone();
+    let slot = Arc::new(Mutex::new(Some(dev)));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (s, d) = (slot.clone(), dropped.clone());
+    ctx.set_completion_handler(move |_| {
+        let dev = s.lock().unwrap().take();
+        drop(dev);
+        d.store(true, Ordering::SeqCst);
+    })
+    .unwrap();
+    cq.req_notify(NotifyKind::NextCompletion).unwrap();
+    let mr = pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr::new(1, &[rmr.sge(0..64)])]).unwrap();
+    qp.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).signaled()]).unwrap();
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    while !dropped.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the handler never finished dropping the device");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(slot.lock().unwrap().is_none());
+    // The CQE is there; the context stays usable without its link.
+    assert_eq!(cq.poll(&mut [Wc::default(); 2]).unwrap(), 1);
+    drop(qp);
+}

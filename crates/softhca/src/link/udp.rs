@@ -265,6 +265,8 @@ struct Shared {
     /// When an application thread last ran a whole engine turn inline (busy-poll), ns since
     /// the epoch; 0: never.
     last_inline: AtomicU64,
+    /// The doorbell count the last transmit flush covered.
+    rings_flushed: AtomicU64,
 }
 
 /// What the engine thread, the doorbell and the progress hook share. The engine's state is
@@ -488,7 +490,11 @@ impl Drop for UdpDevice {
         self.link.shared.stop.store(true, Ordering::SeqCst);
         sys::eventfd_signal(self.link.efd.as_raw_fd());
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // Dropped on the engine thread itself (from a handler it ran): it sees `stop` and
+            // ends on its own; joining itself would deadlock.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -621,6 +627,12 @@ fn bump_shared(c: &AtomicU64, n: u64) {
 const INLINE_GRACE: Duration = Duration::from_millis(10);
 /// A doorbell leaves its transmit work to the poller if it polled this recently (busy-poll).
 const DOORBELL_DEFER: Duration = Duration::from_micros(50);
+/// While a poller drives the engine, the engine thread looks this often for a doorbell left
+/// to a poller that has stopped since.
+const DEFERRED_CHECK: Duration = Duration::from_millis(1);
+/// How long a datagram waits for room in a full socket send buffer before it is dropped (and
+/// counted; RC retransmits it), so that the engine's lock is not held for longer.
+const SEND_PATIENCE: Duration = Duration::from_millis(50);
 /// The engine thread wakes at least this often even with no deadline, so that a deadline an
 /// inline transmit sets later than this needs no wake-up call.
 const IDLE_WAKE: Duration = Duration::from_millis(50);
@@ -667,6 +679,7 @@ impl Link {
                 } else {
                     e.flush_tx(now);
                 }
+                self.shared.rings_flushed.store(seen, Ordering::SeqCst);
                 e.resume.is_some() || e.io.tx_backlog
             };
             if self.shared.rings.load(Ordering::SeqCst) == seen {
@@ -726,7 +739,14 @@ impl Link {
     fn background(self: Arc<Self>) {
         while !self.shared.stop.load(Ordering::Acquire) {
             if let Some(nap) = self.inline_active(self.now()) {
-                std::thread::sleep(nap.max(Duration::from_micros(200)));
+                // A doorbell left to a poller that stopped polling right after it (the
+                // application posted its last request and went to sleep) is flushed here.
+                let deferred =
+                    self.shared.rings.load(Ordering::SeqCst) != self.shared.rings_flushed.load(Ordering::SeqCst);
+                if deferred && !self.poller_spinning() && self.drive_inline(false) {
+                    continue;
+                }
+                std::thread::sleep(nap.min(DEFERRED_CHECK).max(Duration::from_micros(200)));
                 continue;
             }
             let seen = self.shared.rings.load(Ordering::SeqCst);
@@ -741,6 +761,7 @@ impl Link {
             } else {
                 self.lock_engine().turn(false, self.now())
             };
+            self.shared.rings_flushed.store(seen, Ordering::SeqCst);
             if worked {
                 continue;
             }
@@ -1278,7 +1299,7 @@ impl Io {
             }
         }
         let mut done = 0;
-        let mut spins = 0u32;
+        let mut blocked_since: Option<Instant> = None;
         while done < msgs.len() {
             bump(&self.stats.tx_syscalls, 1);
             let r = sys::sendmmsg(fd, tx, segs, &msgs[done..], scratch);
@@ -1301,10 +1322,19 @@ impl Io {
                     done += n;
                 }
                 // Refused before the kernel built the datagram: no Identification was used.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && spins < 1000 => {
-                    spins += 1;
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        && blocked_since.get_or_insert_with(Instant::now).elapsed() < SEND_PATIENCE =>
+                {
                     let mut fds = [libc::pollfd { fd, events: libc::POLLOUT, revents: 0 }];
-                    let _ = sys::ppoll(&mut fds, Some(Duration::from_millis(10)));
+                    let _ = sys::ppoll(&mut fds, Some(Duration::from_millis(1)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Out of patience: this message is dropped, the ones behind it get one try
+                    // each, numbered from where the counter stands.
+                    bump(&self.stats.tx_errors, msgs[done].count as u64);
+                    done += 1;
+                    stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], conn.map(|c| c.next_id));
                 }
                 Err(e) if msgs[done].gso.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
                     // The path cannot segment: send this run's datagrams one by one from now on.
