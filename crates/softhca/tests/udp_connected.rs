@@ -194,3 +194,27 @@ fn a_refused_connected_flow_goes_on_unconnected() {
     assert_eq!((c.rx_icrc_solved, c.drop_bad_icrc, c.rx_icrc_hypothesis), (0, 0, 1), "{c:?}");
     assert_eq!((a.counters().tx_connected_flows, a.counters().tx_unconnected_flows), (1, 1));
 }
+
+/// A QP reset and connected to another peer gets its flow socket connected anew (to the new
+/// peer, with a freshly learned Identification counter), not left connected to the old one.
+/// Rule PKT-ROCE-6
+#[test]
+fn a_qp_connected_anew_reconnects_its_flow() {
+    let addr = |last| UdpConfig::default().addr(IpAddr::from([127, 0, 1, last]));
+    let a = end(addr(11));
+    let b1 = end(addr(12));
+    let b2 = end(addr(13));
+    let mr = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    for (round, b) in [&b1, &b2].into_iter().enumerate() {
+        a.qp.modify(&QpAttr::to_reset()).unwrap();
+        connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
+        connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
+        let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        b.qp.post_recv(&[RecvWr::new(1, &[rmr.sge(0..64)])]).unwrap();
+        a.qp.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).signaled()]).unwrap();
+        assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+        assert_eq!(wait(&b.cq, 1, 10)[0].status, WcStatus::Success);
+        assert_eq!(a.dev.counters().tx_connected_flows, round as u64 + 1, "{:?}", a.dev.counters());
+        clean(&b.dev.counters());
+    }
+}

@@ -58,8 +58,7 @@
 //! - [`RxMode::Socket`] (default, no privilege): the 4791 socket gives the payload and the
 //!   source address. The link rebuilds the IP + UDP header and verifies the ICRC over it: exact
 //!   for IPv6; for IPv4 the Identification and DF are unknown and are found by hypotheses
-//!   (0, the GRO segment index, and per source address and port the previous one + 1 and the
-//!   previous buffer's first + 1, see `SeenIds`) or, under [`IcrcPolicy::Solve`], solved
+//!   (0, the GRO segment index, and what the source sent last, see `hints`) or, under [`IcrcPolicy::Solve`], solved
 //!   for by linear algebra over GF(2) — the trade-off is explained in [`verify`].
 //! - [`RxMode::Raw`] (CAP_NET_RAW, e.g. root in CI): a raw IPv4 socket bound to the address
 //!   with a BPF filter for port 4791 sees the real IP header, so every ICRC is checked exactly
@@ -72,6 +71,7 @@
 //! Malformed or hostile datagrams are dropped and counted in [`UdpCounters`], never trusted;
 //! the core then validates the transport headers (PKT-VAL-*).
 
+mod hints;
 pub mod sys;
 pub mod verify;
 
@@ -393,8 +393,7 @@ impl UdpDevice {
             gso,
             pcap,
             epoch,
-            last_id: HashMap::new(),
-            last_src: None,
+            hints: hints::IdHints::default(),
             shifts: verify::Shifts::default(),
             clock: 0,
             rx_idle: false,
@@ -540,16 +539,6 @@ struct Conn {
 /// loopback, where probes go).
 const PROBE_PATIENCE: Duration = Duration::from_millis(5);
 
-/// A source's last IPv4 Identifications: a counting sender's next datagram has `last + 1`,
-/// unless it starts a new GSO message on a connected Linux socket, whose counter moves by one
-/// per message while the segments take consecutive Identifications from the message's own:
-/// then it has `first + 1` (`first`: the last one seen first in a receive buffer).
-#[derive(Debug, Clone, Copy, Default)]
-struct SeenIds {
-    last: u16,
-    first: u16,
-}
-
 /// The engine's sockets and per-datagram state.
 struct Io {
     ctx: Context,
@@ -568,11 +557,8 @@ struct Io {
     gso: bool,
     pcap: Option<PcapTap<BufWriter<File>>>,
     epoch: Instant,
-    /// The IPv4 Identifications last seen per source address and port (hints for senders that
-    /// count per socket, as connected Linux sockets do), and the latest source's in front of
-    /// the map (see [`Io::set_last_id`]).
-    last_id: HashMap<SocketAddr, SeenIds>,
-    last_src: Option<(SocketAddr, SeenIds)>,
+    /// What each source sent last: the IPv4 Identification hypotheses.
+    hints: hints::IdHints,
     /// Cached ICRC shift constants (see [`verify::Shifts`]).
     shifts: verify::Shifts,
     /// `now` for the datagrams being handled (read once per receive batch or transmit batch).
@@ -1003,54 +989,23 @@ impl Io {
         (n, None)
     }
 
-    /// The IPv4 Identifications last seen from `src`.
-    fn last_id_of(&self, src: SocketAddr) -> Option<SeenIds> {
-        match self.last_src {
-            Some((a, ids)) if a == src => Some(ids),
-            _ => self.last_id.get(&src).copied(),
-        }
-    }
-
-    /// Records `id`, the `index`th datagram of its receive buffer: the latest source lives in
-    /// `last_src` and goes to the map (at most 4096 sources) only when another source takes
-    /// its place.
-    fn set_last_id(&mut self, src: SocketAddr, id: u16, index: u16) {
-        let seen = |old: Option<SeenIds>| SeenIds {
-            last: id,
-            first: if index == 0 { id } else { old.map_or(id, |o| o.first) },
-        };
-        match &mut self.last_src {
-            Some((a, ids)) if *a == src => *ids = seen(Some(*ids)),
-            cached => {
-                let ids = seen(self.last_id.get(&src).copied());
-                if let Some((a, last)) = cached.replace((src, ids)) {
-                    if self.last_id.len() < 4096 || self.last_id.contains_key(&a) {
-                        self.last_id.insert(a, last);
-                    }
-                }
-            }
-        }
-    }
-
     /// Verifies one UDP payload at `buf[at..at + len]` from `from`, writes the rebuilt header in
     /// front of it and hands the datagram to the device.
     fn on_payload(&mut self, buf: &mut [u8], at: usize, len: usize, from: SocketAddr, index: u16) {
         let src = verify::unmap(from.ip());
         let flow = SocketAddr::new(src, from.port());
         let payload = &buf[at..at + len];
-        let seen = self.last_id_of(flow);
-        let next = |id: u16| id.wrapping_add(1);
-        let hints = [index, seen.map_or(0, |s| next(s.last)), seen.map_or(0, |s| next(s.first))];
+        let hints = self.hints.for_datagram(flow, index);
         match verify::rebuild_with(&mut self.shifts, src, from.port(), self.addr, payload, &hints, self.policy) {
             Ok(h) => {
                 let c = match h.how {
                     Verified::Exact => &self.stats.rx_icrc_exact,
                     Verified::Hypothesis { identification, .. } => {
-                        self.set_last_id(flow, identification, index);
+                        self.hints.record(flow, identification, index, len);
                         &self.stats.rx_icrc_hypothesis
                     }
                     Verified::Solved { identification, .. } => {
-                        self.set_last_id(flow, identification, index);
+                        self.hints.record(flow, identification, index, len);
                         &self.stats.rx_icrc_solved
                     }
                 };
@@ -1197,8 +1152,14 @@ impl Io {
         let f = self.ports.get_mut(&port)?.as_mut()?;
         let fd = f.sock.as_raw_fd();
         // UD and RD flows talk to many peers: each peer would see a sample of the socket's
-        // Identification counter, which only a solving receiver could follow.
-        if self.connect && !f.tried && first.one_peer {
+        // Identification counter, which only a solving receiver could follow. (Such a flow
+        // whose port a connected flow holds goes out from 4791, see `send_batch`.) A QP
+        // connected anew to another peer gets its socket connected anew.
+        if !first.one_peer && f.conn.is_some() {
+            return None;
+        }
+        let moved = f.conn.is_some_and(|c| c.peer != first.dst);
+        if self.connect && first.one_peer && (!f.tried || moved) {
             f.tried = true;
             let sink = self.sink.get_or_insert_with(|| open_sink(self.addr));
             f.conn = connect_flow(fd, self.addr, first.dst, sink.as_ref());
@@ -1293,11 +1254,6 @@ impl Io {
             k += n;
         }
         stamp_identifications(&mut self.shifts, tx, run, msgs, conn.map(|c| c.next_id));
-        if let Some(p) = self.pcap.as_mut() {
-            for d in run.iter().map(|p| &tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end]) {
-                let _ = p.write_datagram(self.clock, mac_of(d, 12), mac_of(d, 16), d);
-            }
-        }
         let mut done = 0;
         let mut blocked_since: Option<Instant> = None;
         while done < msgs.len() {
@@ -1306,6 +1262,13 @@ impl Io {
             match r {
                 Ok(n) => {
                     for m in &msgs[done..done + n] {
+                        // The pcap holds what the kernel took, as it took it.
+                        if let Some(p) = self.pcap.as_mut() {
+                            for q in &run[m.first..m.first + m.count] {
+                                let d = &tx[q.slot * MAX_DATAGRAM..q.slot * MAX_DATAGRAM + q.end];
+                                let _ = p.write_datagram(self.clock, mac_of(d, 12), mac_of(d, 16), d);
+                            }
+                        }
                         let bytes: usize = segs[m.first..m.first + m.count].iter().map(|r| r.len()).sum();
                         bump(&self.stats.tx_datagrams, m.count as u64);
                         bump(&self.stats.tx_bytes, bytes as u64);
@@ -1320,6 +1283,17 @@ impl Io {
                         c.next_id = c.next_id.wrapping_add(n as u16);
                     }
                     done += n;
+                    if done < msgs.len() && conn.is_some() {
+                        // The kernel stopped at an error it did not report. Usually a full send
+                        // buffer, which uses no Identification, but one that struck after the
+                        // datagram was built did: ask the counter where it stands.
+                        if let Some(next) = self.probe_next_id(fd) {
+                            if let Some(c) = conn.as_mut() {
+                                c.next_id = next;
+                            }
+                            stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], Some(next));
+                        }
+                    }
                 }
                 // Refused before the kernel built the datagram: no Identification was used.
                 Err(e)
@@ -1344,8 +1318,12 @@ impl Io {
                     let singles =
                         (0..m.count).map(|i| sys::TxMsg { to: m.to, first: m.first + i, count: 1, gso: None });
                     msgs.splice(done..done + 1, singles);
-                    let next = conn.map(|c| c.next_id);
-                    stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], next);
+                    // The refusal came after the datagram was built: whether it used an
+                    // Identification is unknown, so a connected flow goes on unconnected.
+                    if conn.take().is_some() {
+                        self.disconnect_run(fd, run, msgs, done);
+                    }
+                    stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], conn.map(|c| c.next_id));
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "sendmmsg dropped a message");
@@ -1354,16 +1332,35 @@ impl Io {
                     if conn.take().is_some() {
                         // Whether the refused datagram used an Identification is unknown:
                         // the flow goes on unconnected, from Identification 0.
-                        let _ = sys::disconnect(fd);
-                        for m in &mut msgs[done..] {
-                            m.to = Some(sys::CAddr::new(SocketAddr::new(run[m.first].dst, ROCE_V2_PORT)));
-                        }
+                        self.disconnect_run(fd, run, msgs, done);
                         stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], None);
                     }
                 }
             }
         }
         conn
+    }
+}
+
+impl Io {
+    /// Dissolves the association of the flow socket `fd` in the middle of sending `run`: the
+    /// messages from `from` on get their destination addresses.
+    fn disconnect_run(&mut self, fd: RawFd, run: &[Pending], msgs: &mut [sys::TxMsg], from: usize) {
+        let _ = sys::disconnect(fd);
+        for m in &mut msgs[from..] {
+            m.to = Some(sys::CAddr::new(SocketAddr::new(run[m.first].dst, ROCE_V2_PORT)));
+        }
+    }
+
+    /// Where the connected IPv4 socket `fd`'s Identification counter stands (one probe), if
+    /// it can be learned now.
+    fn probe_next_id(&mut self, fd: RawFd) -> Option<u16> {
+        let IpAddr::V4(local) = self.addr else { return None };
+        let sink = match self.sink.as_ref()?.as_ref()?.local_addr().ok()? {
+            SocketAddr::V4(s) => s,
+            SocketAddr::V6(_) => return None,
+        };
+        sys::probe_identification(fd, local, sink, PROBE_PATIENCE).ok().map(|id| id.wrapping_add(1))
     }
 }
 

@@ -555,9 +555,11 @@ impl Context {
         *self.inner.doorbell.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(bell));
     }
 
-    /// Installs (or with `None` removes) the progress hook a driver wants called at the start of
-    /// every Poll for Completion on this device's CQs, so that the polling thread itself can run
-    /// the engine (inline progress). The hook must not poll a CQ.
+    /// Installs (or with `None` removes) the progress hook a driver wants called by Poll for
+    /// Completion on this device's CQs, so that the polling thread itself can run the engine
+    /// (inline progress): before the CQ is read, except that a poll finding completions
+    /// waiting returns them first, without the hook, at most every other time (see
+    /// [`super::cq::Cq::poll`]). The hook must not poll a CQ.
     pub fn set_progress(&self, hook: Option<Progress>) {
         *self.inner.progress.write().unwrap_or_else(|e| e.into_inner()) = hook;
     }
