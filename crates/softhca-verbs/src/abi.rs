@@ -1,0 +1,498 @@
+//! The libibverbs structures and constants the drop-in library shares with C programs, laid
+//! out as rdma-core's `infiniband/verbs.h` (checked field by field against the system header
+//! by `tests/abi_layout.rs`). Only what the implemented verbs touch is spelled out; the rest
+//! of a structure is kept as opaque bytes of the right size.
+
+#![allow(non_camel_case_types)]
+
+use libc::{c_char, c_int, c_uint, c_void, pthread_cond_t, pthread_mutex_t};
+
+pub const IBV_SYSFS_NAME_MAX: usize = 64;
+pub const IBV_SYSFS_PATH_MAX: usize = 256;
+
+#[repr(C)]
+pub struct _ibv_device_ops {
+    pub _dummy1: *mut c_void,
+    pub _dummy2: *mut c_void,
+}
+
+#[repr(C)]
+pub struct ibv_device {
+    pub _ops: _ibv_device_ops,
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_name: [c_char; IBV_SYSFS_NAME_MAX],
+    pub dev_path: [c_char; IBV_SYSFS_PATH_MAX],
+    pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
+}
+
+pub type PollCq = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+pub type ReqNotifyCq = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+pub type PostSrqRecv = unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type PostSend = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+pub type PostRecv = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+
+/// `struct ibv_context_ops`: the entries `verbs.h`'s inline functions call. The `_compat_`
+/// slots are never called by programs built against rdma-core's headers.
+#[repr(C)]
+pub struct ibv_context_ops {
+    pub _compat_query_device: *mut c_void,
+    pub _compat_query_port: *mut c_void,
+    pub _compat_alloc_pd: *mut c_void,
+    pub _compat_dealloc_pd: *mut c_void,
+    pub _compat_reg_mr: *mut c_void,
+    pub _compat_rereg_mr: *mut c_void,
+    pub _compat_dereg_mr: *mut c_void,
+    pub alloc_mw: *mut c_void,
+    pub bind_mw: *mut c_void,
+    pub dealloc_mw: *mut c_void,
+    pub _compat_create_cq: *mut c_void,
+    pub poll_cq: Option<PollCq>,
+    pub req_notify_cq: Option<ReqNotifyCq>,
+    pub _compat_cq_event: *mut c_void,
+    pub _compat_resize_cq: *mut c_void,
+    pub _compat_destroy_cq: *mut c_void,
+    pub _compat_create_srq: *mut c_void,
+    pub _compat_modify_srq: *mut c_void,
+    pub _compat_query_srq: *mut c_void,
+    pub _compat_destroy_srq: *mut c_void,
+    pub post_srq_recv: Option<PostSrqRecv>,
+    pub _compat_create_qp: *mut c_void,
+    pub _compat_query_qp: *mut c_void,
+    pub _compat_modify_qp: *mut c_void,
+    pub _compat_destroy_qp: *mut c_void,
+    pub post_send: Option<PostSend>,
+    pub post_recv: Option<PostRecv>,
+    pub _compat_create_ah: *mut c_void,
+    pub _compat_destroy_ah: *mut c_void,
+    pub _compat_attach_mcast: *mut c_void,
+    pub _compat_detach_mcast: *mut c_void,
+    pub _compat_async_event: *mut c_void,
+}
+
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    /// Not `__VERBS_ABI_IS_EXTENDED`: `verbs.h` then takes the plain entry points.
+    pub abi_compat: *mut c_void,
+}
+
+#[repr(C)]
+pub struct ibv_device_attr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: c_uint,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: c_int,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_port_attr` up to `link_layer`: the part the old (compat) layout has too, which
+/// is all `ibv_query_port` writes.
+#[repr(C)]
+pub struct ibv_port_attr {
+    pub state: c_int,
+    pub max_mtu: c_int,
+    pub active_mtu: c_int,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+#[repr(C)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+#[repr(C)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_int,
+    pub qp_type: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: c_int,
+    pub opcode: c_int,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (network order) or `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_rdma {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_atomic {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_ud {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_send_wr_wr {
+    pub rdma: ibv_send_wr_rdma,
+    pub atomic: ibv_send_wr_atomic,
+    pub ud: ibv_send_wr_ud,
+}
+
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: c_int,
+    pub send_flags: c_uint,
+    /// `imm_data` (network order) or `invalidate_rkey`.
+    pub imm_data: u32,
+    pub wr: ibv_send_wr_wr,
+    /// `qp_type.xrc.remote_srqn`.
+    pub qp_type: u32,
+    /// The `bind_mw` / `tso` union (48 bytes, 8-aligned); not read.
+    pub bind_mw: [u64; 6],
+}
+
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+#[repr(C)]
+pub struct ibv_qp_attr {
+    pub qp_state: c_int,
+    pub cur_qp_state: c_int,
+    pub path_mtu: c_int,
+    pub path_mig_state: c_int,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+#[repr(C)]
+pub struct ibv_async_event {
+    /// The union of `cq`, `qp`, `srq`, `wq` pointers and `port_num`.
+    pub element: *mut c_void,
+    pub event_type: c_int,
+}
+
+// enum ibv_qp_attr_mask
+pub const IBV_QP_STATE: c_int = 1 << 0;
+pub const IBV_QP_CUR_STATE: c_int = 1 << 1;
+pub const IBV_QP_EN_SQD_ASYNC_NOTIFY: c_int = 1 << 2;
+pub const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
+pub const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
+pub const IBV_QP_PORT: c_int = 1 << 5;
+pub const IBV_QP_QKEY: c_int = 1 << 6;
+pub const IBV_QP_AV: c_int = 1 << 7;
+pub const IBV_QP_PATH_MTU: c_int = 1 << 8;
+pub const IBV_QP_TIMEOUT: c_int = 1 << 9;
+pub const IBV_QP_RETRY_CNT: c_int = 1 << 10;
+pub const IBV_QP_RNR_RETRY: c_int = 1 << 11;
+pub const IBV_QP_RQ_PSN: c_int = 1 << 12;
+pub const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+pub const IBV_QP_ALT_PATH: c_int = 1 << 14;
+pub const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
+pub const IBV_QP_SQ_PSN: c_int = 1 << 16;
+pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+pub const IBV_QP_PATH_MIG_STATE: c_int = 1 << 18;
+pub const IBV_QP_CAP: c_int = 1 << 19;
+pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+
+// enum ibv_qp_type
+pub const IBV_QPT_RC: c_int = 2;
+pub const IBV_QPT_UC: c_int = 3;
+pub const IBV_QPT_UD: c_int = 4;
+
+// enum ibv_wr_opcode
+pub const IBV_WR_RDMA_WRITE: c_int = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
+pub const IBV_WR_SEND: c_int = 2;
+pub const IBV_WR_SEND_WITH_IMM: c_int = 3;
+pub const IBV_WR_RDMA_READ: c_int = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+pub const IBV_WR_LOCAL_INV: c_int = 7;
+pub const IBV_WR_BIND_MW: c_int = 8;
+pub const IBV_WR_SEND_WITH_INV: c_int = 9;
+
+// enum ibv_wc_opcode
+pub const IBV_WC_RECV: c_int = 1 << 7;
+
+pub const IBV_NODE_CA: c_int = 1;
+pub const IBV_TRANSPORT_IB: c_int = 0;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+pub const IBV_ATOMIC_GLOB: c_int = 2;
+
+/// The layout facts `tests/abi_layout.rs` compares with what a C compiler says for the
+/// system's `verbs.h`: one `name size` or `type.field offset` line each.
+pub fn layout_report() -> String {
+    use std::fmt::Write;
+    use std::mem::{offset_of, size_of};
+    let mut out = String::new();
+    macro_rules! size {
+        ($($t:ident),*) => { $( let _ = writeln!(out, "{} {}", stringify!($t), size_of::<$t>()); )* };
+    }
+    macro_rules! off {
+        ($t:ident: $($f:ident),*) => { $( let _ = writeln!(out, "{}.{} {}", stringify!($t), stringify!($f), offset_of!($t, $f)); )* };
+    }
+    size!(ibv_device, ibv_context_ops, ibv_device_attr, ibv_gid, ibv_pd, ibv_mr, ibv_comp_channel, ibv_cq, ibv_srq);
+    size!(ibv_qp, ibv_ah, ibv_wc, ibv_sge, ibv_send_wr, ibv_recv_wr, ibv_qp_cap, ibv_qp_init_attr);
+    size!(ibv_global_route, ibv_ah_attr, ibv_qp_attr, ibv_srq_attr, ibv_srq_init_attr, ibv_async_event);
+    off!(ibv_device: node_type, name, dev_name, dev_path, ibdev_path);
+    off!(ibv_context_ops: poll_cq, req_notify_cq, post_srq_recv, post_send, post_recv, _compat_async_event);
+    off!(ibv_context: ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat);
+    off!(ibv_device_attr: node_guid, max_qp, device_cap_flags, atomic_cap, max_srq_sge, max_pkeys, phys_port_cnt);
+    off!(ibv_port_attr: state, active_mtu, gid_tbl_len, max_msg_sz, pkey_tbl_len, lid, lmc, active_width, link_layer);
+    off!(ibv_mr: addr, length, handle, lkey, rkey);
+    off!(ibv_comp_channel: fd, refcnt);
+    off!(ibv_cq: channel, cq_context, handle, cqe, mutex, cond, comp_events_completed, async_events_completed);
+    off!(ibv_srq: srq_context, pd, handle, mutex, cond, events_completed);
+    off!(ibv_qp: qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type, mutex, cond, events_completed);
+    off!(ibv_ah: pd, handle);
+    off!(ibv_wc: status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp, wc_flags, pkey_index, slid, sl, dlid_path_bits);
+    off!(ibv_send_wr: next, sg_list, num_sge, opcode, send_flags, imm_data, wr, qp_type, bind_mw);
+    off!(ibv_recv_wr: next, sg_list, num_sge);
+    off!(ibv_qp_init_attr: send_cq, recv_cq, srq, cap, qp_type, sq_sig_all);
+    off!(ibv_global_route: flow_label, sgid_index, hop_limit, traffic_class);
+    off!(ibv_ah_attr: dlid, sl, src_path_bits, static_rate, is_global, port_num);
+    off!(ibv_qp_attr: cur_qp_state, path_mtu, qkey, rq_psn, sq_psn, dest_qp_num, qp_access_flags, cap, ah_attr);
+    off!(ibv_qp_attr: alt_ah_attr, pkey_index, en_sqd_async_notify, max_rd_atomic, max_dest_rd_atomic, min_rnr_timer);
+    off!(ibv_qp_attr: port_num, timeout, retry_cnt, rnr_retry, alt_timeout, rate_limit);
+    off!(ibv_srq_init_attr: attr);
+    off!(ibv_async_event: event_type);
+    out
+}

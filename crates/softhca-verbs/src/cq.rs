@@ -1,0 +1,255 @@
+//! Completion channels and completion queues: create, destroy, poll, notification, events.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use softhca::{CompChannel, Cq as SoftCq, NotifyKind, Wc, WcOpcode, WcStatus};
+
+use crate::abi::*;
+use crate::device::ctx;
+use crate::{errno_of, fail, set_errno};
+
+#[repr(C)]
+struct Channel {
+    ibv: ibv_comp_channel,
+    ch: CompChannel,
+    /// The C CQs on this channel, by softhca handle: what a completion event names.
+    cqs: Mutex<HashMap<u32, usize>>,
+}
+
+#[repr(C)]
+pub(crate) struct Cq {
+    pub ibv: ibv_cq,
+    pub cq: SoftCq,
+}
+
+/// # Safety
+/// `c` comes from [`ibv_create_cq`] and is not destroyed.
+pub(crate) unsafe fn cq<'a>(c: *mut ibv_cq) -> &'a Cq {
+    // SAFETY: `ibv` is the first field of the repr(C) Cq the pointer was made from.
+    unsafe { &*(c as *const Cq) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    match c.ctx.create_comp_channel() {
+        Ok(ch) => {
+            // libibverbs' channel descriptor blocks until the program makes it non-blocking;
+            // softhca's is created non-blocking (it only ever reads a count it knows is there,
+            // so blocking mode is safe for it).
+            let fd = ch.fd();
+            // SAFETY: fcntl on the channel's own descriptor.
+            unsafe {
+                let flags = libc::fcntl(fd, libc::F_GETFL);
+                if flags >= 0 {
+                    libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+                }
+            }
+            let ibv = ibv_comp_channel { context, fd, refcnt: 0 };
+            Box::into_raw(Box::new(Channel { ibv, ch, cqs: Mutex::new(HashMap::new()) })).cast()
+        }
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    // SAFETY: a live channel from ibv_create_comp_channel.
+    let ch = unsafe { &*(channel as *const Channel) };
+    if !ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        return libc::EBUSY;
+    }
+    // SAFETY: from Box::into_raw, freed once.
+    drop(unsafe { Box::from_raw(channel as *mut Channel) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    let Ok(size) = u32::try_from(cqe) else { return fail(libc::EINVAL) };
+    // SAFETY: a live channel or null.
+    let ch = (!channel.is_null()).then(|| unsafe { &*(channel as *const Channel) });
+    let soft = match c.ctx.create_cq_with_channel(size, ch.map(|ch| &ch.ch)) {
+        Ok(cq) => cq,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    let ibv = ibv_cq {
+        context,
+        channel,
+        cq_context,
+        handle: soft.handle(),
+        cqe: soft.query().map_or(cqe, |n| n.min(i32::MAX as u32) as c_int),
+        // SAFETY: all-zero pthread objects are their static initializers on Linux.
+        mutex: unsafe { std::mem::zeroed() },
+        // SAFETY: as above.
+        cond: unsafe { std::mem::zeroed() },
+        comp_events_completed: 0,
+        async_events_completed: 0,
+    };
+    let handle = soft.handle();
+    let p = Box::into_raw(Box::new(Cq { ibv, cq: soft }));
+    if let Some(ch) = ch {
+        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, p as usize);
+    }
+    c.objects.lock().unwrap_or_else(|e| e.into_inner()).cqs.insert(handle, p as usize);
+    p.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
+    // SAFETY: a live CQ.
+    let q = unsafe { cq(c) };
+    if let Err(e) = q.cq.destroy() {
+        return errno_of(&e);
+    }
+    let handle = q.ibv.handle;
+    if !q.ibv.channel.is_null() {
+        // SAFETY: the channel outlives its CQs (destroying it is refused while it has any).
+        let ch = unsafe { &*(q.ibv.channel as *const Channel) };
+        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle);
+    }
+    // SAFETY: the CQ's context is open.
+    let cx = unsafe { ctx(q.ibv.context) };
+    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).cqs.remove(&handle);
+    // SAFETY: from ibv_create_cq's Box::into_raw, freed once.
+    drop(unsafe { Box::from_raw(c as *mut Cq) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(c: *mut ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: a live CQ, owned by the program: resizing it is a write the caller serializes.
+    let q = unsafe { &mut *(c as *mut Cq) };
+    let Ok(size) = u32::try_from(cqe) else { return libc::EINVAL };
+    match q.cq.resize(size) {
+        Ok(n) => {
+            q.ibv.cqe = n.min(i32::MAX as u32) as c_int;
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+/// Waits for the next completion event of `channel` (a blocking read of its descriptor,
+/// unless the program made that non-blocking: then EAGAIN when none waits).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: a live channel.
+    let ch = unsafe { &*(channel as *const Channel) };
+    // SAFETY: fcntl on the channel's own descriptor.
+    let nonblocking = unsafe { libc::fcntl(ch.ibv.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let got = loop {
+        let ev = if nonblocking { ch.ch.try_get_cq_event() } else { ch.ch.get_cq_event(Duration::from_secs(3600)) };
+        match ev {
+            Some(cq) => break cq,
+            None if nonblocking => {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            None => continue,
+        }
+    };
+    let Some(p) = ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).get(&got.handle()).copied() else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    let p = p as *mut Cq;
+    // SAFETY: `p` is a live CQ of this channel (removed from the map when destroyed); the
+    // out-pointers are writable.
+    unsafe {
+        *cq_out = p.cast();
+        *cq_context = (*p).ibv.cq_context;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(c: *mut ibv_cq, nevents: c_uint) {
+    // SAFETY: a live CQ; the count is only for the program's bookkeeping.
+    let q = unsafe { &mut *(c as *mut Cq) };
+    q.ibv.comp_events_completed = q.ibv.comp_events_completed.wrapping_add(nevents);
+}
+
+pub(crate) unsafe extern "C" fn req_notify_cq(c: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    // SAFETY: a live CQ.
+    let q = unsafe { cq(c) };
+    let kind = if solicited_only != 0 { NotifyKind::Solicited } else { NotifyKind::NextCompletion };
+    q.cq.req_notify(kind).map_or_else(|e| errno_of(&e), |_| 0)
+}
+
+fn wc_opcode(o: WcOpcode) -> c_int {
+    match o {
+        WcOpcode::Send => 0,
+        WcOpcode::RdmaWrite => 1,
+        WcOpcode::RdmaRead => 2,
+        WcOpcode::CompSwap => 3,
+        WcOpcode::FetchAdd => 4,
+        WcOpcode::BindMw => 5,
+        WcOpcode::LocalInv => 6,
+        WcOpcode::Recv => IBV_WC_RECV,
+        WcOpcode::RecvRdmaWithImm => IBV_WC_RECV + 1,
+    }
+}
+
+fn wc_status(s: WcStatus) -> c_int {
+    // softhca's statuses are ibv_wc_status in order.
+    s as c_int
+}
+
+fn c_wc(w: &Wc) -> ibv_wc {
+    ibv_wc {
+        wr_id: w.wr_id,
+        status: wc_status(w.status),
+        opcode: wc_opcode(w.opcode),
+        vendor_err: w.vendor_err,
+        byte_len: w.byte_len,
+        imm_data: w.imm_data.to_be(),
+        qp_num: w.qp_num,
+        src_qp: w.src_qp,
+        wc_flags: w.wc_flags.bits(),
+        pkey_index: w.pkey_index,
+        slid: w.slid,
+        sl: w.sl,
+        dlid_path_bits: w.dlid_path_bits,
+    }
+}
+
+pub(crate) unsafe extern "C" fn poll_cq(c: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: a live CQ.
+    let q = unsafe { cq(c) };
+    let want = usize::try_from(num_entries).unwrap_or(0);
+    let mut buf = [Wc::default(); 16];
+    let mut got = 0;
+    while got < want {
+        let n = match q.cq.poll(&mut buf[..(want - got).min(16)]) {
+            Ok(n) => n,
+            Err(_) if got == 0 => return -1,
+            Err(_) => break,
+        };
+        for (k, w) in buf[..n].iter().enumerate() {
+            // SAFETY: the caller's array holds num_entries completions; got + k < num_entries.
+            unsafe { std::ptr::write(wc.add(got + k), c_wc(w)) };
+        }
+        got += n;
+        if n < 16 {
+            break;
+        }
+    }
+    got as c_int
+}

@@ -1,0 +1,475 @@
+//! Devices and contexts: the device list, Open/Close Device, the queries, asynchronous events
+//! and the string helpers.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr::null_mut;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use softhca::link::udp::{UdpConfig, UdpDevice};
+use softhca::{AsyncEventType, Context, EventElement, Mtu};
+
+use crate::abi::*;
+use crate::{errno_of, fail};
+
+/// The one device softhca shows; every Open Device gives a new UDP device (a new address).
+struct Device {
+    ibv: ibv_device,
+}
+
+// SAFETY: the device is written once, before it is shared, and only read afterwards.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+const DEVICE_NAME: &str = "softhca0";
+/// The node GUID every context reports (softhca has no hardware GUID; a locally administered
+/// EUI-64).
+const NODE_GUID: u64 = 0x0200_5eff_fe00_5ca0;
+
+fn copy_name(dst: &mut [c_char], s: &str) {
+    let room = dst.len().saturating_sub(1);
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(room)) {
+        *d = b as c_char;
+    }
+}
+
+fn device() -> *mut ibv_device {
+    static DEVICE: OnceLock<Box<Device>> = OnceLock::new();
+    let d = DEVICE.get_or_init(|| {
+        let mut ibv = ibv_device {
+            _ops: _ibv_device_ops { _dummy1: null_mut(), _dummy2: null_mut() },
+            node_type: IBV_NODE_CA,
+            transport_type: IBV_TRANSPORT_IB,
+            name: [0; IBV_SYSFS_NAME_MAX],
+            dev_name: [0; IBV_SYSFS_NAME_MAX],
+            dev_path: [0; IBV_SYSFS_PATH_MAX],
+            ibdev_path: [0; IBV_SYSFS_PATH_MAX],
+        };
+        copy_name(&mut ibv.name, DEVICE_NAME);
+        copy_name(&mut ibv.dev_name, "uverbs-softhca0");
+        copy_name(&mut ibv.dev_path, "/nonexistent/softhca/uverbs-softhca0");
+        copy_name(&mut ibv.ibdev_path, "/nonexistent/softhca/softhca0");
+        Box::new(Device { ibv })
+    });
+    &d.ibv as *const ibv_device as *mut ibv_device
+}
+
+/// An open device: the `ibv_context` the program holds, the UDP device and its verbs context,
+/// and the objects an asynchronous event can name, by handle.
+#[repr(C)]
+pub struct Ctx {
+    pub ibv: ibv_context,
+    pub dev: UdpDevice,
+    pub ctx: Context,
+    pub(crate) objects: Mutex<Objects>,
+}
+
+/// The C objects of a context an event can name (their addresses, by QPN or handle).
+#[derive(Default)]
+pub(crate) struct Objects {
+    pub qps: HashMap<u32, usize>,
+    pub cqs: HashMap<u32, usize>,
+    pub srqs: HashMap<u32, usize>,
+}
+
+/// The context behind an `ibv_context` pointer.
+///
+/// # Safety
+/// `c` comes from [`ibv_open_device`] and is not closed.
+pub(crate) unsafe fn ctx<'a>(c: *mut ibv_context) -> &'a Ctx {
+    // SAFETY: `ibv` is the first field of the repr(C) Ctx the pointer was made from.
+    unsafe { &*(c as *const Ctx) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    // SAFETY: calloc of two pointers; checked for null below.
+    let list = unsafe { libc::calloc(2, std::mem::size_of::<*mut ibv_device>()) } as *mut *mut ibv_device;
+    if list.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    // SAFETY: `list` holds two pointers; the second stays null (the terminator).
+    unsafe { *list = device() };
+    if !num_devices.is_null() {
+        // SAFETY: the caller passes a writable int or null.
+        unsafe { *num_devices = 1 };
+    }
+    list
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: `list` came from ibv_get_device_list's calloc (or is null).
+    unsafe { libc::free(list.cast()) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    if device.is_null() {
+        return std::ptr::null();
+    }
+    // SAFETY: a device pointer from the list; `name` is NUL-terminated.
+    unsafe { (*device).name.as_ptr() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(_device: *mut ibv_device) -> u64 {
+    NODE_GUID.to_be()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    if device.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let busy = std::env::var("SOFTHCA_BUSY_POLL").is_ok_and(|v| v == "1");
+    let dev = match UdpDevice::open(UdpConfig::default().name(DEVICE_NAME).busy_poll(busy)) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("softhca: cannot open a UDP device: {e}");
+            return fail(e.raw_os_error().unwrap_or(libc::ENODEV));
+        }
+    };
+    let ctx = dev.context().clone();
+    let ops = ibv_context_ops {
+        _compat_query_device: null_mut(),
+        _compat_query_port: null_mut(),
+        _compat_alloc_pd: null_mut(),
+        _compat_dealloc_pd: null_mut(),
+        _compat_reg_mr: null_mut(),
+        _compat_rereg_mr: null_mut(),
+        _compat_dereg_mr: null_mut(),
+        alloc_mw: null_mut(),
+        bind_mw: null_mut(),
+        dealloc_mw: null_mut(),
+        _compat_create_cq: null_mut(),
+        poll_cq: Some(crate::cq::poll_cq),
+        req_notify_cq: Some(crate::cq::req_notify_cq),
+        _compat_cq_event: null_mut(),
+        _compat_resize_cq: null_mut(),
+        _compat_destroy_cq: null_mut(),
+        _compat_create_srq: null_mut(),
+        _compat_modify_srq: null_mut(),
+        _compat_query_srq: null_mut(),
+        _compat_destroy_srq: null_mut(),
+        post_srq_recv: Some(crate::qp::post_srq_recv),
+        _compat_create_qp: null_mut(),
+        _compat_query_qp: null_mut(),
+        _compat_modify_qp: null_mut(),
+        _compat_destroy_qp: null_mut(),
+        post_send: Some(crate::qp::post_send),
+        post_recv: Some(crate::qp::post_recv),
+        _compat_create_ah: null_mut(),
+        _compat_destroy_ah: null_mut(),
+        _compat_attach_mcast: null_mut(),
+        _compat_detach_mcast: null_mut(),
+        _compat_async_event: null_mut(),
+    };
+    let boxed = Box::new(Ctx {
+        ibv: ibv_context {
+            device,
+            ops,
+            cmd_fd: -1,
+            async_fd: ctx.async_fd().unwrap_or(-1),
+            num_comp_vectors: 1,
+            // SAFETY: an all-zero pthread_mutex_t is PTHREAD_MUTEX_INITIALIZER on Linux.
+            mutex: unsafe { std::mem::zeroed() },
+            abi_compat: null_mut(),
+        },
+        dev,
+        ctx,
+        objects: Mutex::new(Objects::default()),
+    });
+    Box::into_raw(boxed).cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    if context.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the pointer came from ibv_open_device's Box::into_raw and is closed once.
+    drop(unsafe { Box::from_raw(context as *mut Ctx) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    let a = match c.ctx.query_device() {
+        Ok(a) => a,
+        Err(e) => return errno_of(&e),
+    };
+    let n = |v: u32| v.min(i32::MAX as u32) as c_int;
+    // SAFETY: the caller passes a writable ibv_device_attr; every byte is written.
+    let out = unsafe { &mut *attr };
+    // SAFETY: ibv_device_attr is plain old data; all-zero is valid.
+    *out = unsafe { std::mem::zeroed() };
+    copy_name(&mut out.fw_ver, &a.fw_ver);
+    out.node_guid = NODE_GUID.to_be();
+    out.sys_image_guid = NODE_GUID.to_be();
+    out.max_mr_size = a.max_mr_size;
+    out.page_size_cap = a.page_size_cap;
+    out.vendor_id = a.vendor_id;
+    out.vendor_part_id = a.vendor_part_id;
+    out.hw_ver = a.hw_ver;
+    out.max_qp = n(a.max_qp);
+    out.max_qp_wr = n(a.max_qp_wr);
+    out.max_sge = n(a.max_sge);
+    out.max_sge_rd = n(a.max_sge_rd);
+    out.max_cq = n(a.max_cq);
+    out.max_cqe = n(a.max_cqe);
+    out.max_mr = n(a.max_mr);
+    out.max_pd = n(a.max_pd);
+    out.max_qp_rd_atom = n(a.max_qp_rd_atom);
+    out.max_res_rd_atom = n(a.max_res_rd_atom);
+    out.max_qp_init_rd_atom = n(a.max_qp_init_rd_atom);
+    out.atomic_cap = IBV_ATOMIC_GLOB;
+    out.max_ee = n(a.max_ee);
+    out.max_rdd = n(a.max_rdd);
+    out.max_mw = n(a.max_mw);
+    out.max_ah = n(a.max_ah);
+    out.max_srq = n(a.max_srq);
+    out.max_srq_wr = n(a.max_srq_wr);
+    out.max_srq_sge = n(a.max_srq_sge);
+    out.max_pkeys = a.max_pkeys;
+    out.local_ca_ack_delay = 15;
+    out.phys_port_cnt = a.phys_port_cnt;
+    0
+}
+
+fn mtu_code(m: Mtu) -> c_int {
+    m as c_int
+}
+
+/// Writes the port's attributes up to `link_layer` (the old layout's end; see
+/// [`ibv_port_attr`]).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8, attr: *mut ibv_port_attr) -> c_int {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    let p = match c.ctx.query_port(port_num) {
+        Ok(p) => p,
+        Err(e) => return errno_of(&e),
+    };
+    let out = ibv_port_attr {
+        state: p.state as c_int + 1, // IBV_PORT_DOWN = 1 … IBV_PORT_ACTIVE = 4
+        max_mtu: mtu_code(p.max_mtu),
+        active_mtu: mtu_code(p.active_mtu),
+        gid_tbl_len: p.gid_tbl_len as c_int,
+        port_cap_flags: 0,
+        max_msg_sz: p.max_msg_sz,
+        bad_pkey_cntr: 0,
+        qkey_viol_cntr: 0,
+        pkey_tbl_len: p.pkey_tbl_len,
+        lid: p.lid,
+        sm_lid: p.sm_lid,
+        lmc: p.lmc,
+        max_vl_num: 1,
+        sm_sl: 0,
+        subnet_timeout: 0,
+        init_type_reply: 0,
+        active_width: 1,  // 1X
+        active_speed: 32, // 10 Gb/s lanes (FDR10-like); informational
+        phys_state: 5,    // LinkUp
+        link_layer: if p.link_layer_ethernet { IBV_LINK_LAYER_ETHERNET } else { 1 },
+    };
+    // SAFETY: the caller passes a port attribute structure at least as large as the old one.
+    unsafe { std::ptr::write(attr, out) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    let Ok(index) = u32::try_from(index) else { return -1 };
+    match c.ctx.query_gid(port_num, index) {
+        Ok(g) => {
+            // SAFETY: the caller passes a writable gid.
+            unsafe { (*gid).raw = g.0 };
+            0
+        }
+        Err(_) => -1,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(context: *mut ibv_context, port_num: u8, index: c_int, pkey: *mut u16) -> c_int {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    let Ok(index) = u16::try_from(index) else { return -1 };
+    match c.ctx.query_pkey(port_num, index) {
+        Ok(p) => {
+            // SAFETY: the caller passes a writable u16.
+            unsafe { *pkey = p.to_be() };
+            0
+        }
+        Err(_) => -1,
+    }
+}
+
+/// rdma-core's private `ibv_query_gid_type` (ibv_devinfo calls it): every GID is RoCE v2.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: u32,
+    gid_type: *mut c_int,
+) -> c_int {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    if c.ctx.query_gid(port_num, index).is_err() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller passes a writable enum.
+    unsafe { *gid_type = 1 }; // IBV_GID_TYPE_SYSFS_ROCE_V2
+    0
+}
+
+/// There is no sysfs for softhca: every read fails (callers treat the value as absent).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    _dir: *const c_char,
+    _file: *const c_char,
+    _buf: *mut c_char,
+    _size: usize,
+) -> c_int {
+    -1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// The extended QP interface (`ibv_wr_*`) is not implemented.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
+    fail(libc::EOPNOTSUPP)
+}
+
+fn event_code(t: AsyncEventType) -> c_int {
+    use AsyncEventType::*;
+    match t {
+        CqErr => 0,
+        QpFatal => 1,
+        QpReqErr => 2,
+        QpAccessErr => 3,
+        CommEst => 4,
+        SqDrained => 5,
+        PathMig => 6,
+        PathMigErr => 7,
+        DeviceFatal => 8,
+        PortActive => 9,
+        PortErr => 10,
+        SrqErr => 14,
+        SrqLimitReached => 15,
+        QpLastWqeReached => 16,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    let ev = loop {
+        if let Some(ev) = c.ctx.wait_async_event(Duration::from_secs(3600)) {
+            break ev;
+        }
+    };
+    let objects = c.objects.lock().unwrap_or_else(|e| e.into_inner());
+    let element = match ev.element {
+        EventElement::Qp(qpn) => objects.qps.get(&qpn).copied().unwrap_or(0) as *mut c_void,
+        EventElement::Cq(h) => objects.cqs.get(&h).copied().unwrap_or(0) as *mut c_void,
+        EventElement::Srq(h) => objects.srqs.get(&h).copied().unwrap_or(0) as *mut c_void,
+        EventElement::Port(p) => p as usize as *mut c_void,
+        EventElement::Device => null_mut(),
+    };
+    // SAFETY: the caller passes a writable event.
+    unsafe { std::ptr::write(event, ibv_async_event { element, event_type: event_code(ev.event_type) }) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+
+macro_rules! c_strs {
+    ($($s:literal),* $(,)?) => { [$(concat!($s, "\0")),*] };
+}
+
+fn c_str(table: &[&'static str], i: c_int, unknown: &'static str) -> *const c_char {
+    let s = usize::try_from(i).ok().and_then(|i| table.get(i)).copied().unwrap_or(unknown);
+    debug_assert!(CStr::from_bytes_with_nul(s.as_bytes()).is_ok());
+    s.as_ptr().cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
+    const S: [&str; 22] = c_strs!(
+        "success",
+        "local length error",
+        "local QP operation error",
+        "local EE context operation error",
+        "local protection error",
+        "Work Request Flushed Error",
+        "memory management operation error",
+        "bad response error",
+        "local access error",
+        "remote invalid request error",
+        "remote access error",
+        "remote operation error",
+        "transport retry counter exceeded",
+        "RNR retry counter exceeded",
+        "local RDD violation error",
+        "remote invalid RD request",
+        "aborted error",
+        "invalid EE context number",
+        "invalid EE context state",
+        "fatal error",
+        "response timeout error",
+        "general error",
+    );
+    c_str(&S, status, "unknown\0")
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_port_state_str(state: c_int) -> *const c_char {
+    const S: [&str; 6] = c_strs!("no state change (NOP)", "down", "init", "armed", "active", "active defer");
+    c_str(&S, state, "unknown\0")
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
+    const S: [&str; 5] = c_strs!("unknown", "InfiniBand channel adapter", "InfiniBand switch", "InfiniBand router", "iWARP NIC");
+    c_str(&S, node_type, "unknown\0")
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
+    const S: [&str; 19] = c_strs!(
+        "CQ error",
+        "local work queue catastrophic error",
+        "invalid request local work queue error",
+        "local access violation work queue error",
+        "communication established",
+        "send queue drained",
+        "path migrated",
+        "path migration request error",
+        "local catastrophic error",
+        "port active",
+        "port error",
+        "LID change",
+        "P_Key change",
+        "SM change",
+        "SRQ catastrophic error",
+        "SRQ limit reached",
+        "last WQE reached",
+        "client reregistration",
+        "GID table change",
+    );
+    c_str(&S, event, "unknown\0")
+}

@@ -1,0 +1,47 @@
+//! softhca behind the libibverbs C ABI: linked by `scripts/build-libibverbs` into a
+//! `libibverbs.so.1` that unmodified C programs (ibv_devinfo, ibv_rc_pingpong, …) load with
+//! `LD_LIBRARY_PATH`. Each `ibv_*` object is a heap box whose first field is the C structure
+//! the program sees, followed by the softhca object behind it; the program's pointer is the
+//! box's. Every device is a [`UdpDevice`] (RoCEv2 over UDP, GID 0 = its IPv4 address), so two
+//! programs on one host, or on two hosts, talk as two RDMA nodes.
+//!
+//! What a C caller passes is trusted as libibverbs trusts it (pointers, list links, lengths);
+//! what softhca checks (keys, bounds, states, sizes) it still checks, and its errors come back
+//! as the errno values libibverbs uses.
+
+#![allow(clippy::missing_safety_doc)]
+
+pub mod abi;
+mod cq;
+mod device;
+mod mem;
+mod qp;
+
+use std::ffi::c_int;
+
+use softhca::VerbsError;
+
+pub use device::Ctx;
+
+/// The errno libibverbs returns for a softhca error.
+fn errno_of(e: &VerbsError) -> c_int {
+    match e {
+        VerbsError::InsufficientResources | VerbsError::QueueFull | VerbsError::CqSizeTooLarge => libc::ENOMEM,
+        VerbsError::NotSupported(_) | VerbsError::InvalidServiceType(_) => libc::EOPNOTSUPP,
+        VerbsError::CqInUse | VerbsError::InUse(_) => libc::EBUSY,
+        VerbsError::InvalidAccess(_) => libc::EACCES,
+        _ => libc::EINVAL,
+    }
+}
+
+/// Sets errno (for the verbs that return a pointer or -1).
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// A null pointer after setting errno.
+fn fail<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    std::ptr::null_mut()
+}

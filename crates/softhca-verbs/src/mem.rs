@@ -1,0 +1,189 @@
+//! Protection domains, memory regions and address handles.
+
+use std::ffi::{c_int, c_void};
+
+use softhca::{Access, Ah as SoftAh, AhAttr, Gid, GlobalRoute, Mr as SoftMr, Pd as SoftPd};
+
+use crate::abi::*;
+use crate::device::ctx;
+use crate::{errno_of, fail};
+
+#[repr(C)]
+pub(crate) struct Pd {
+    pub ibv: ibv_pd,
+    pub pd: SoftPd,
+}
+
+/// # Safety
+/// `p` comes from [`ibv_alloc_pd`] and is not deallocated.
+pub(crate) unsafe fn pd<'a>(p: *mut ibv_pd) -> &'a Pd {
+    // SAFETY: `ibv` is the first field of the repr(C) Pd the pointer was made from.
+    unsafe { &*(p as *const Pd) }
+}
+
+#[repr(C)]
+struct Mr {
+    ibv: ibv_mr,
+    mr: SoftMr,
+}
+
+#[repr(C)]
+pub(crate) struct Ah {
+    pub ibv: ibv_ah,
+    pub ah: SoftAh,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    match c.ctx.alloc_pd() {
+        Ok(pd) => {
+            Box::into_raw(Box::new(Pd { ibv: ibv_pd { context, handle: pd.handle() }, pd })).cast()
+        }
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
+    // SAFETY: a live PD.
+    if let Err(e) = unsafe { pd(p) }.pd.dealloc() {
+        return errno_of(&e);
+    }
+    // SAFETY: from ibv_alloc_pd's Box::into_raw, freed once (the dealloc above succeeded).
+    drop(unsafe { Box::from_raw(p as *mut Pd) });
+    0
+}
+
+fn access_of(flags: c_int) -> Access {
+    Access::from_bits_truncate(flags as u32)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    // SAFETY: a live PD.
+    let pd = unsafe { pd(p) };
+    // SAFETY: the caller registers memory it owns and keeps mapped until ibv_dereg_mr, as the
+    // libibverbs contract says; softhca only touches it through the region's checks.
+    match unsafe { pd.pd.reg_mr_raw(addr.cast(), length, access_of(access)) } {
+        Ok(mr) => {
+            let ibv = ibv_mr {
+                context: pd.ibv.context,
+                pd: p,
+                addr,
+                length,
+                handle: mr.lkey(),
+                lkey: mr.lkey(),
+                rkey: mr.rkey(),
+            };
+            Box::into_raw(Box::new(Mr { ibv, mr })).cast()
+        }
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// `ibv_reg_mr` with an I/O virtual address: only `iova == addr` (what `ibv_reg_mr` means).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    if iova != addr as u64 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: forwarded with the caller's guarantees.
+    unsafe { ibv_reg_mr(p, addr, length, access as c_int) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded with the caller's guarantees.
+    unsafe { ibv_reg_mr_iova2(p, addr, length, iova, access as u32) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
+    // SAFETY: a live MR from ibv_reg_mr.
+    let mr = unsafe { &*(m as *const Mr) };
+    if let Err(e) = mr.mr.dereg() {
+        return errno_of(&e);
+    }
+    // SAFETY: from ibv_reg_mr's Box::into_raw, freed once.
+    drop(unsafe { Box::from_raw(m as *mut Mr) });
+    0
+}
+
+/// softhca's address from an `ibv_ah_attr`.
+pub(crate) fn ah_attr_of(a: &ibv_ah_attr) -> AhAttr {
+    let g = &a.grh;
+    AhAttr {
+        is_global: a.is_global != 0,
+        grh: GlobalRoute {
+            dgid: Some(Gid(g.dgid.raw)),
+            flow_label: Some(g.flow_label),
+            sgid_index: Some(g.sgid_index),
+            hop_limit: Some(g.hop_limit),
+            traffic_class: Some(g.traffic_class),
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        port_num: a.port_num,
+    }
+}
+
+/// The `ibv_ah_attr` of a softhca address.
+pub(crate) fn c_ah_attr(a: &AhAttr) -> ibv_ah_attr {
+    let g = &a.grh;
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: g.dgid.map_or([0; 16], |d| d.0) },
+            flow_label: g.flow_label.unwrap_or(0),
+            sgid_index: g.sgid_index.unwrap_or(0),
+            hop_limit: g.hop_limit.unwrap_or(0),
+            traffic_class: g.traffic_class.unwrap_or(0),
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: a.is_global as u8,
+        port_num: a.port_num,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    // SAFETY: a live PD and a readable attribute structure.
+    let (pd, attr) = unsafe { (pd(p), &*attr) };
+    match pd.pd.create_ah(&ah_attr_of(attr)) {
+        Ok(ah) => {
+            let ibv = ibv_ah { context: pd.ibv.context, pd: p, handle: 0 };
+            Box::into_raw(Box::new(Ah { ibv, ah })).cast()
+        }
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(a: *mut ibv_ah) -> c_int {
+    // SAFETY: a live AH from ibv_create_ah.
+    let ah = unsafe { &*(a as *const Ah) };
+    if let Err(e) = ah.ah.destroy() {
+        return errno_of(&e);
+    }
+    // SAFETY: from ibv_create_ah's Box::into_raw, freed once.
+    drop(unsafe { Box::from_raw(a as *mut Ah) });
+    0
+}

@@ -1,0 +1,564 @@
+//! Queue pairs and shared receive queues: create, modify, query, destroy, and posting.
+
+use std::ffi::c_int;
+
+use softhca::{
+    Access, AddressVector, MigState, Mtu, PostError, Qp as SoftQp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendFlags, SendWr, Sge, Srq as SoftSrq, SrqInitAttr, WqSizes, WrOpcode,
+};
+
+use crate::abi::*;
+use crate::cq::cq;
+use crate::device::ctx;
+use crate::mem::{ah_attr_of, c_ah_attr, pd, Ah};
+use crate::{errno_of, fail};
+
+#[repr(C)]
+struct Qp {
+    ibv: ibv_qp,
+    qp: SoftQp,
+    sq_sig_all: bool,
+}
+
+#[repr(C)]
+struct Srq {
+    ibv: ibv_srq,
+    srq: SoftSrq,
+}
+
+/// # Safety
+/// `q` comes from [`ibv_create_qp`] and is not destroyed.
+unsafe fn qp<'a>(q: *mut ibv_qp) -> &'a Qp {
+    // SAFETY: `ibv` is the first field of the repr(C) Qp the pointer was made from.
+    unsafe { &*(q as *const Qp) }
+}
+
+fn qp_state_code(s: QpState) -> c_int {
+    s as c_int
+}
+
+fn qp_state_of(code: c_int) -> Option<QpState> {
+    Some(match code {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Error,
+        _ => return None,
+    })
+}
+
+fn qp_type_of(code: c_int) -> Option<QpType> {
+    Some(match code {
+        IBV_QPT_RC => QpType::Rc,
+        IBV_QPT_UC => QpType::Uc,
+        IBV_QPT_UD => QpType::Ud,
+        _ => return None,
+    })
+}
+
+fn cap_of(c: &ibv_qp_cap) -> QpCap {
+    QpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+fn c_cap(c: &QpCap) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    // SAFETY: a live PD and a writable init attribute structure (its `cap` is updated).
+    let (pd, a) = unsafe { (pd(p), &mut *attr) };
+    let Some(qp_type) = qp_type_of(a.qp_type) else { return fail(libc::EOPNOTSUPP) };
+    if a.send_cq.is_null() || a.recv_cq.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: live CQs (and SRQ) of this context.
+    let (scq, rcq) = unsafe { (cq(a.send_cq), cq(a.recv_cq)) };
+    let mut init = QpInitAttr::new(qp_type, &scq.cq, &rcq.cq);
+    init.cap = cap_of(&a.cap);
+    init.sq_sig_all = a.sq_sig_all != 0;
+    if !a.srq.is_null() {
+        // SAFETY: a live SRQ.
+        init.srq = Some(unsafe { &*(a.srq as *const Srq) }.srq.clone());
+    }
+    let soft = match pd.pd.create_qp(&init) {
+        Ok(q) => q,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    if let Ok(q) = soft.query() {
+        a.cap = c_cap(&q.cap);
+    }
+    let ibv = ibv_qp {
+        context: pd.ibv.context,
+        qp_context: a.qp_context,
+        pd: p,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        handle: soft.qp_num(),
+        qp_num: soft.qp_num(),
+        state: 0,
+        qp_type: a.qp_type,
+        // SAFETY: all-zero pthread objects are their static initializers on Linux.
+        mutex: unsafe { std::mem::zeroed() },
+        // SAFETY: as above.
+        cond: unsafe { std::mem::zeroed() },
+        events_completed: 0,
+    };
+    let qpn = soft.qp_num();
+    let q = Box::into_raw(Box::new(Qp { ibv, qp: soft, sq_sig_all: a.sq_sig_all != 0 }));
+    // SAFETY: the PD's context is open.
+    let cx = unsafe { ctx(pd.ibv.context) };
+    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.insert(qpn, q as usize);
+    q.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
+    // SAFETY: a live QP.
+    let x = unsafe { qp(q) };
+    if let Err(e) = x.qp.destroy() {
+        return errno_of(&e);
+    }
+    // SAFETY: the QP's context is open.
+    let cx = unsafe { ctx(x.ibv.context) };
+    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.remove(&x.ibv.qp_num);
+    // SAFETY: from ibv_create_qp's Box::into_raw, freed once.
+    drop(unsafe { Box::from_raw(q as *mut Qp) });
+    0
+}
+
+fn mtu_of(code: c_int) -> Option<Mtu> {
+    Mtu::from_code(u32::try_from(code).ok()?).ok()
+}
+
+/// Modify QP with libibverbs' attribute mask. Beyond the digest, what Linux accepts is
+/// accepted (B-2): `IBV_QP_CUR_STATE` when it names the current state, and on a UC QP the
+/// Read and Atomic enables, which Linux ignores there.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    // SAFETY: a live QP, owned by the program (its `state` field is updated); readable attrs.
+    let (x, a) = unsafe { (&mut *(q as *mut Qp), &*attr) };
+    let has = |bit: c_int| mask & bit != 0;
+    let current = match x.qp.state() {
+        Ok(s) => s,
+        Err(e) => return errno_of(&e),
+    };
+    if has(IBV_QP_CUR_STATE) && qp_state_of(a.cur_qp_state) != Some(current) {
+        return libc::EINVAL;
+    }
+    let target = if has(IBV_QP_STATE) {
+        match qp_state_of(a.qp_state) {
+            Some(s) => s,
+            None => return libc::EINVAL,
+        }
+    } else {
+        current
+    };
+    let mut m = QpAttr::new(target);
+    if has(IBV_QP_ACCESS_FLAGS) {
+        let mut access = Access::from_bits_truncate(a.qp_access_flags)
+            & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+        if x.qp.qp_type() == QpType::Uc {
+            access &= Access::REMOTE_WRITE;
+        }
+        m.access = Some(access);
+    }
+    if has(IBV_QP_PKEY_INDEX) {
+        m.pkey_index = Some(a.pkey_index);
+    }
+    if has(IBV_QP_PORT) {
+        m.port_num = Some(a.port_num);
+    }
+    if has(IBV_QP_QKEY) {
+        m.qkey = Some(a.qkey);
+    }
+    if has(IBV_QP_AV) || has(IBV_QP_PATH_MTU) {
+        let old = x.qp.query().ok().and_then(|q| q.av);
+        let mtu = if has(IBV_QP_PATH_MTU) {
+            match mtu_of(a.path_mtu) {
+                Some(m) => m,
+                None => return libc::EINVAL,
+            }
+        } else {
+            old.map_or(Mtu::Mtu1024, |av| av.path_mtu)
+        };
+        let ah = if has(IBV_QP_AV) { Some(ah_attr_of(&a.ah_attr)) } else { old.map(|av| av.ah) };
+        if let Some(ah) = ah {
+            m.av = Some(AddressVector::new(ah, mtu));
+        }
+    }
+    if has(IBV_QP_TIMEOUT) {
+        m.timeout = Some(a.timeout);
+    }
+    if has(IBV_QP_RETRY_CNT) {
+        m.retry_cnt = Some(a.retry_cnt);
+    }
+    if has(IBV_QP_RNR_RETRY) {
+        m.rnr_retry = Some(a.rnr_retry);
+    }
+    if has(IBV_QP_RQ_PSN) {
+        m.rq_psn = Some(a.rq_psn);
+    }
+    if has(IBV_QP_SQ_PSN) {
+        m.sq_psn = Some(a.sq_psn);
+    }
+    if has(IBV_QP_MAX_QP_RD_ATOMIC) {
+        m.max_rd_atomic = Some(a.max_rd_atomic);
+    }
+    if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
+        m.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
+    }
+    if has(IBV_QP_MIN_RNR_TIMER) {
+        m.min_rnr_timer = Some(a.min_rnr_timer);
+    }
+    if has(IBV_QP_DEST_QPN) {
+        m.dest_qp_num = Some(a.dest_qp_num);
+    }
+    if has(IBV_QP_EN_SQD_ASYNC_NOTIFY) {
+        m.en_sqd_async_notify = Some(a.en_sqd_async_notify != 0);
+    }
+    if has(IBV_QP_PATH_MIG_STATE) {
+        m.path_mig_state = Some(match a.path_mig_state {
+            0 => MigState::Migrated,
+            1 => MigState::Rearm,
+            _ => MigState::Armed,
+        });
+    }
+    if has(IBV_QP_CAP) {
+        m.cap = Some(WqSizes { max_send_wr: a.cap.max_send_wr, max_recv_wr: a.cap.max_recv_wr });
+    }
+    if has(IBV_QP_ALT_PATH) {
+        return libc::EOPNOTSUPP;
+    }
+    match x.qp.modify(&m) {
+        Ok(()) => {
+            x.ibv.state = qp_state_code(x.qp.state().unwrap_or(target));
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    q: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: a live QP; writable output structures.
+    let x = unsafe { qp(q) };
+    let s = match x.qp.query() {
+        Ok(s) => s,
+        Err(e) => return errno_of(&e),
+    };
+    let ah = s.av.map(|av| c_ah_attr(&av.ah));
+    // SAFETY: ibv_qp_attr is plain old data; all-zero is valid.
+    let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    out.qp_state = qp_state_code(s.qp_state);
+    out.cur_qp_state = out.qp_state;
+    out.path_mtu = s.av.map_or(3, |av| av.path_mtu as c_int);
+    out.path_mig_state = match s.path_mig_state {
+        MigState::Migrated => 0,
+        MigState::Rearm => 1,
+        MigState::Armed => 2,
+    };
+    out.qkey = s.qkey;
+    out.rq_psn = s.rq_psn;
+    out.sq_psn = s.sq_psn;
+    out.dest_qp_num = s.dest_qp_num;
+    out.qp_access_flags = s.qp_access_flags.bits();
+    out.cap = c_cap(&s.cap);
+    if let Some(ah) = ah {
+        out.ah_attr = ah;
+    }
+    out.pkey_index = s.pkey_index;
+    out.en_sqd_async_notify = s.en_sqd_async_notify as u8;
+    out.sq_draining = s.sq_draining as u8;
+    out.max_rd_atomic = s.max_rd_atomic;
+    out.max_dest_rd_atomic = s.max_dest_rd_atomic;
+    out.min_rnr_timer = s.min_rnr_timer;
+    out.port_num = s.port_num;
+    out.timeout = s.timeout;
+    out.retry_cnt = s.retry_cnt;
+    out.rnr_retry = s.rnr_retry;
+    // SAFETY: writable outputs, as the caller promises.
+    unsafe {
+        std::ptr::write(attr, out);
+        if !init_attr.is_null() {
+            std::ptr::write(
+                init_attr,
+                ibv_qp_init_attr {
+                    qp_context: x.ibv.qp_context,
+                    send_cq: x.ibv.send_cq,
+                    recv_cq: x.ibv.recv_cq,
+                    srq: x.ibv.srq,
+                    cap: c_cap(&s.cap),
+                    qp_type: x.ibv.qp_type,
+                    sq_sig_all: x.sq_sig_all as c_int,
+                },
+            );
+        }
+    }
+    0
+}
+
+/// The most SGEs one work request may carry here (softhca's max_sge).
+const MAX_SGE: usize = 32;
+/// The most inline bytes (softhca's max_inline_data).
+const MAX_INLINE: usize = 512;
+
+/// Copies a C gather list into `out`; None if it is longer than [`MAX_SGE`] or negative.
+///
+/// # Safety
+/// `list` points at `n` readable SGEs (or `n` is 0).
+unsafe fn sges<'a>(list: *const ibv_sge, n: c_int, out: &'a mut [Sge; MAX_SGE]) -> Option<&'a [Sge]> {
+    let n = usize::try_from(n).ok().filter(|&n| n <= MAX_SGE)?;
+    for (k, o) in out[..n].iter_mut().enumerate() {
+        // SAFETY: k < n, within the caller's list.
+        let s = unsafe { *list.add(k) };
+        *o = Sge { addr: s.addr, length: s.length, lkey: s.lkey };
+    }
+    Some(&out[..n])
+}
+
+fn wr_opcode_of(code: c_int) -> Option<WrOpcode> {
+    Some(match code {
+        IBV_WR_RDMA_WRITE => WrOpcode::RdmaWrite,
+        IBV_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
+        IBV_WR_SEND => WrOpcode::Send,
+        IBV_WR_SEND_WITH_IMM => WrOpcode::SendWithImm,
+        IBV_WR_RDMA_READ => WrOpcode::RdmaRead,
+        IBV_WR_ATOMIC_CMP_AND_SWP => WrOpcode::AtomicCmpSwp,
+        IBV_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAdd,
+        IBV_WR_LOCAL_INV => WrOpcode::LocalInv,
+        IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInv,
+        _ => return None,
+    })
+}
+
+/// Posts one C send work request.
+///
+/// # Safety
+/// `w` is a readable work request whose gather list and (UD) address handle are live; with
+/// IBV_SEND_INLINE its gather list names readable memory.
+unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
+    let mut list = [Sge::default(); MAX_SGE];
+    // SAFETY: the caller's gather list.
+    let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, &mut list) }) else { return libc::EINVAL };
+    let Some(opcode) = wr_opcode_of(w.opcode) else { return libc::EINVAL };
+    if w.opcode == IBV_WR_BIND_MW {
+        return libc::EOPNOTSUPP;
+    }
+    let flags = SendFlags::from_bits_truncate(w.send_flags);
+    let mut inline = [0u8; MAX_INLINE];
+    let mut wr = SendWr { wr_id: w.wr_id, opcode, send_flags: flags, sg_list: sg, ..SendWr::default() };
+    if flags.contains(SendFlags::INLINE) {
+        let mut at = 0;
+        for s in sg {
+            let len = s.length as usize;
+            if at + len > MAX_INLINE {
+                return libc::EINVAL;
+            }
+            // SAFETY: with IBV_SEND_INLINE the program's gather list names readable memory
+            // of these lengths (the data is copied now, the keys are not checked).
+            unsafe { std::ptr::copy_nonoverlapping(s.addr as *const u8, inline[at..].as_mut_ptr(), len) };
+            at += len;
+        }
+        wr.inline_data = &inline[..at];
+    }
+    match opcode {
+        WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm => wr.imm_data = u32::from_be(w.imm_data),
+        WrOpcode::SendWithInv | WrOpcode::LocalInv => wr.invalidate_rkey = w.imm_data,
+        _ => {}
+    }
+    // SAFETY: the union member the opcode (and the QP type) selects, as libibverbs reads it.
+    unsafe {
+        match opcode {
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {
+                wr.remote_addr = w.wr.rdma.remote_addr;
+                wr.rkey = w.wr.rdma.rkey;
+            }
+            WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => {
+                wr.remote_addr = w.wr.atomic.remote_addr;
+                wr.rkey = w.wr.atomic.rkey;
+                wr.compare_add = w.wr.atomic.compare_add;
+                wr.swap = w.wr.atomic.swap;
+            }
+            _ => {}
+        }
+    }
+    let ah;
+    if x.qp.qp_type() == QpType::Ud {
+        // SAFETY: a UD work request carries an address handle, remote QPN and Q_Key.
+        let ud = unsafe { w.wr.ud };
+        if ud.ah.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: a live AH from ibv_create_ah.
+        ah = unsafe { &*(ud.ah as *const Ah) };
+        wr.ah = Some(&ah.ah);
+        wr.remote_qpn = ud.remote_qpn;
+        wr.remote_qkey = ud.remote_qkey;
+    }
+    match x.qp.post_send(&[wr]) {
+        Ok(()) => 0,
+        Err(PostError { error, .. }) => errno_of(&error),
+    }
+}
+
+/// `ops.post_send`: each WR is posted in turn; the first that fails is `*bad_wr` and the ones
+/// before it stay posted, as libibverbs does (the Rust API posts a list all or nothing).
+pub(crate) unsafe extern "C" fn post_send(q: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    // SAFETY: a live QP.
+    let x = unsafe { qp(q) };
+    let mut w = wr;
+    while !w.is_null() {
+        // SAFETY: a readable list of work requests, as the caller promises.
+        let r = unsafe { post_one_send(x, &*w) };
+        if r != 0 {
+            if !bad_wr.is_null() {
+                // SAFETY: a writable out-pointer.
+                unsafe { *bad_wr = w };
+            }
+            return r;
+        }
+        // SAFETY: as above.
+        w = unsafe { (*w).next };
+    }
+    0
+}
+
+/// Posts a C receive list through `post` (a QP's RQ or an SRQ), one WR at a time.
+///
+/// # Safety
+/// `wr` is a readable list of receive work requests with readable gather lists.
+unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl Fn(&[RecvWr<'_>]) -> Result<(), PostError>,
+) -> c_int {
+    let mut w = wr;
+    while !w.is_null() {
+        // SAFETY: a readable work request.
+        let r = unsafe { &*w };
+        let mut list = [Sge::default(); MAX_SGE];
+        // SAFETY: its gather list.
+        let res = match unsafe { sges(r.sg_list, r.num_sge, &mut list) } {
+            Some(sg) => post(&[RecvWr::new(r.wr_id, sg)]).map_err(|e| errno_of(&e.error)),
+            None => Err(libc::EINVAL),
+        };
+        if let Err(e) = res {
+            if !bad_wr.is_null() {
+                // SAFETY: a writable out-pointer.
+                unsafe { *bad_wr = w };
+            }
+            return e;
+        }
+        w = r.next;
+    }
+    0
+}
+
+pub(crate) unsafe extern "C" fn post_recv(q: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+    // SAFETY: a live QP; the list as the caller promises.
+    let x = unsafe { qp(q) };
+    unsafe { post_recv_list(wr, bad_wr, |w| x.qp.post_recv(w)) }
+}
+
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    s: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: a live SRQ; the list as the caller promises.
+    let x = unsafe { &*(s as *const Srq) };
+    unsafe { post_recv_list(wr, bad_wr, |w| x.srq.post_recv(w)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    // SAFETY: a live PD and a writable init attribute structure (its sizes are updated).
+    let (pd, a) = unsafe { (pd(p), &mut *attr) };
+    let init = SrqInitAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: a.attr.srq_limit };
+    let soft = match pd.pd.create_srq(&init) {
+        Ok(s) => s,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    if let Ok(q) = soft.query() {
+        a.attr = ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit };
+    }
+    let ibv = ibv_srq {
+        context: pd.ibv.context,
+        srq_context: a.srq_context,
+        pd: p,
+        handle: soft.handle(),
+        // SAFETY: all-zero pthread objects are their static initializers on Linux.
+        mutex: unsafe { std::mem::zeroed() },
+        // SAFETY: as above.
+        cond: unsafe { std::mem::zeroed() },
+        events_completed: 0,
+    };
+    let handle = soft.handle();
+    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft }));
+    // SAFETY: the PD's context is open.
+    let cx = unsafe { ctx(pd.ibv.context) };
+    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.insert(handle, s as usize);
+    s.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    // SAFETY: a live SRQ and readable attributes.
+    let (x, a) = unsafe { (&*(s as *const Srq), &*attr) };
+    const IBV_SRQ_MAX_WR: c_int = 1;
+    const IBV_SRQ_LIMIT: c_int = 2;
+    let max_wr = (mask & IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
+    let limit = (mask & IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
+    x.srq.modify(max_wr, limit).map_or_else(|e| errno_of(&e), |_| 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    // SAFETY: a live SRQ and a writable output.
+    let x = unsafe { &*(s as *const Srq) };
+    match x.srq.query() {
+        Ok(q) => {
+            // SAFETY: as above.
+            unsafe { std::ptr::write(attr, ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit }) };
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(s: *mut ibv_srq) -> c_int {
+    // SAFETY: a live SRQ.
+    let x = unsafe { &*(s as *const Srq) };
+    if let Err(e) = x.srq.destroy() {
+        return errno_of(&e);
+    }
+    // SAFETY: the SRQ's context is open.
+    let cx = unsafe { ctx(x.ibv.context) };
+    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.remove(&x.ibv.handle);
+    // SAFETY: from ibv_create_srq's Box::into_raw, freed once.
+    drop(unsafe { Box::from_raw(s as *mut Srq) });
+    0
+}
