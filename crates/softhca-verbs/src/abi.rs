@@ -153,7 +153,8 @@ pub struct ibv_port_attr {
     pub link_layer: u8,
 }
 
-#[repr(C)]
+/// `union ibv_gid`: 16 bytes, 8-aligned (its other member is two `__be64`).
+#[repr(C, align(8))]
 #[derive(Clone, Copy)]
 pub struct ibv_gid {
     pub raw: [u8; 16],

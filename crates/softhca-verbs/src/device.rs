@@ -283,7 +283,12 @@ pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8,
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+pub unsafe extern "C" fn ibv_query_gid(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
     let Ok(index) = u32::try_from(index) else { return -1 };
@@ -298,7 +303,12 @@ pub unsafe extern "C" fn ibv_query_gid(context: *mut ibv_context, port_num: u8, 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_pkey(context: *mut ibv_context, port_num: u8, index: c_int, pkey: *mut u16) -> c_int {
+pub unsafe extern "C" fn ibv_query_pkey(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
     let Ok(index) = u16::try_from(index) else { return -1 };
@@ -444,7 +454,8 @@ pub unsafe extern "C" fn ibv_port_state_str(state: c_int) -> *const c_char {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_node_type_str(node_type: c_int) -> *const c_char {
-    const S: [&str; 5] = c_strs!("unknown", "InfiniBand channel adapter", "InfiniBand switch", "InfiniBand router", "iWARP NIC");
+    const S: [&str; 5] =
+        c_strs!("unknown", "InfiniBand channel adapter", "InfiniBand switch", "InfiniBand router", "iWARP NIC");
     c_str(&S, node_type, "unknown\0")
 }
 

@@ -5,9 +5,11 @@
 //! box's. Every device is a [`UdpDevice`] (RoCEv2 over UDP, GID 0 = its IPv4 address), so two
 //! programs on one host, or on two hosts, talk as two RDMA nodes.
 //!
-//! What a C caller passes is trusted as libibverbs trusts it (pointers, list links, lengths);
-//! what softhca checks (keys, bounds, states, sizes) it still checks, and its errors come back
-//! as the errno values libibverbs uses.
+//! What a C caller passes is trusted as libibverbs trusts it (pointers, list links, lengths):
+//! the `# Safety` of every exported function is libibverbs' contract for it (live objects
+//! from this library, readable and writable structures of the declared types). What softhca
+//! checks (keys, bounds, states, sizes) it still checks, and its errors come back as the errno
+//! values libibverbs uses.
 
 #![allow(clippy::missing_safety_doc)]
 

@@ -38,9 +38,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
     match c.ctx.alloc_pd() {
-        Ok(pd) => {
-            Box::into_raw(Box::new(Pd { ibv: ibv_pd { context, handle: pd.handle() }, pd })).cast()
-        }
+        Ok(pd) => Box::into_raw(Box::new(Pd { ibv: ibv_pd { context, handle: pd.handle() }, pd })).cast(),
         Err(e) => fail(errno_of(&e)),
     }
 }

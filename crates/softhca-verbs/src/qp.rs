@@ -3,8 +3,8 @@
 use std::ffi::c_int;
 
 use softhca::{
-    Access, AddressVector, MigState, Mtu, PostError, Qp as SoftQp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
-    RecvWr, SendFlags, SendWr, Sge, Srq as SoftSrq, SrqInitAttr, WqSizes, WrOpcode,
+    Access, AddressVector, MigState, Mtu, PostError, Qp as SoftQp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RecvWr,
+    SendFlags, SendWr, Sge, Srq as SoftSrq, SrqInitAttr, WqSizes, WrOpcode,
 };
 
 use crate::abi::*;
@@ -328,7 +328,7 @@ const MAX_INLINE: usize = 512;
 ///
 /// # Safety
 /// `list` points at `n` readable SGEs (or `n` is 0).
-unsafe fn sges<'a>(list: *const ibv_sge, n: c_int, out: &'a mut [Sge; MAX_SGE]) -> Option<&'a [Sge]> {
+unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Option<&[Sge]> {
     let n = usize::try_from(n).ok().filter(|&n| n <= MAX_SGE)?;
     for (k, o) in out[..n].iter_mut().enumerate() {
         // SAFETY: k < n, within the caller's list.
@@ -425,7 +425,11 @@ unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
 
 /// `ops.post_send`: each WR is posted in turn; the first that fails is `*bad_wr` and the ones
 /// before it stay posted, as libibverbs does (the Rust API posts a list all or nothing).
-pub(crate) unsafe extern "C" fn post_send(q: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+pub(crate) unsafe extern "C" fn post_send(
+    q: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
     // SAFETY: a live QP.
     let x = unsafe { qp(q) };
     let mut w = wr;
@@ -476,9 +480,14 @@ unsafe fn post_recv_list(
     0
 }
 
-pub(crate) unsafe extern "C" fn post_recv(q: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
-    // SAFETY: a live QP; the list as the caller promises.
+pub(crate) unsafe extern "C" fn post_recv(
+    q: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: a live QP.
     let x = unsafe { qp(q) };
+    // SAFETY: a readable list of receive work requests, as the caller promises.
     unsafe { post_recv_list(wr, bad_wr, |w| x.qp.post_recv(w)) }
 }
 
@@ -487,8 +496,9 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: a live SRQ; the list as the caller promises.
+    // SAFETY: a live SRQ from ibv_create_srq (its C structure is the box's first field).
     let x = unsafe { &*(s as *const Srq) };
+    // SAFETY: a readable list of receive work requests, as the caller promises.
     unsafe { post_recv_list(wr, bad_wr, |w| x.srq.post_recv(w)) }
 }
 
@@ -541,7 +551,9 @@ pub unsafe extern "C" fn ibv_query_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr)
     match x.srq.query() {
         Ok(q) => {
             // SAFETY: as above.
-            unsafe { std::ptr::write(attr, ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit }) };
+            unsafe {
+                std::ptr::write(attr, ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit })
+            };
             0
         }
         Err(e) => errno_of(&e),

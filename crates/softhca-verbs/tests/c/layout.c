@@ -1,0 +1,63 @@
+/* Prints the sizes and field offsets of the libibverbs structures softhca-verbs mirrors, in
+   the format of softhca_verbs::abi::layout_report(), from the system's infiniband/verbs.h. */
+#include <stddef.h>
+#include <stdio.h>
+#include <infiniband/verbs.h>
+
+#define SIZE(t) printf(#t " %zu\n", sizeof(struct t))
+#define OFF(t, f) printf(#t "." #f " %zu\n", offsetof(struct t, f))
+
+int main(void)
+{
+	SIZE(ibv_device); SIZE(ibv_context_ops); SIZE(ibv_device_attr); printf("ibv_gid %zu\n", sizeof(union ibv_gid));
+	SIZE(ibv_pd); SIZE(ibv_mr); SIZE(ibv_comp_channel); SIZE(ibv_cq); SIZE(ibv_srq);
+	SIZE(ibv_qp); SIZE(ibv_ah); SIZE(ibv_wc); SIZE(ibv_sge); SIZE(ibv_send_wr); SIZE(ibv_recv_wr);
+	SIZE(ibv_qp_cap); SIZE(ibv_qp_init_attr);
+	SIZE(ibv_global_route); SIZE(ibv_ah_attr); SIZE(ibv_qp_attr); SIZE(ibv_srq_attr); SIZE(ibv_srq_init_attr);
+	SIZE(ibv_async_event);
+	OFF(ibv_device, node_type); OFF(ibv_device, name); OFF(ibv_device, dev_name); OFF(ibv_device, dev_path);
+	OFF(ibv_device, ibdev_path);
+	OFF(ibv_context_ops, poll_cq); OFF(ibv_context_ops, req_notify_cq); OFF(ibv_context_ops, post_srq_recv);
+	OFF(ibv_context_ops, post_send); OFF(ibv_context_ops, post_recv); OFF(ibv_context_ops, _compat_async_event);
+	OFF(ibv_context, ops); OFF(ibv_context, cmd_fd); OFF(ibv_context, async_fd); OFF(ibv_context, num_comp_vectors);
+	OFF(ibv_context, mutex); OFF(ibv_context, abi_compat);
+	OFF(ibv_device_attr, node_guid); OFF(ibv_device_attr, max_qp); OFF(ibv_device_attr, device_cap_flags);
+	OFF(ibv_device_attr, atomic_cap); OFF(ibv_device_attr, max_srq_sge); OFF(ibv_device_attr, max_pkeys);
+	OFF(ibv_device_attr, phys_port_cnt);
+	OFF(ibv_port_attr, state); OFF(ibv_port_attr, active_mtu); OFF(ibv_port_attr, gid_tbl_len);
+	OFF(ibv_port_attr, max_msg_sz); OFF(ibv_port_attr, pkey_tbl_len); OFF(ibv_port_attr, lid); OFF(ibv_port_attr, lmc);
+	OFF(ibv_port_attr, active_width); OFF(ibv_port_attr, link_layer);
+	OFF(ibv_mr, addr); OFF(ibv_mr, length); OFF(ibv_mr, handle); OFF(ibv_mr, lkey); OFF(ibv_mr, rkey);
+	OFF(ibv_comp_channel, fd); OFF(ibv_comp_channel, refcnt);
+	OFF(ibv_cq, channel); OFF(ibv_cq, cq_context); OFF(ibv_cq, handle); OFF(ibv_cq, cqe); OFF(ibv_cq, mutex);
+	OFF(ibv_cq, cond); OFF(ibv_cq, comp_events_completed); OFF(ibv_cq, async_events_completed);
+	OFF(ibv_srq, srq_context); OFF(ibv_srq, pd); OFF(ibv_srq, handle); OFF(ibv_srq, mutex); OFF(ibv_srq, cond);
+	OFF(ibv_srq, events_completed);
+	OFF(ibv_qp, qp_context); OFF(ibv_qp, pd); OFF(ibv_qp, send_cq); OFF(ibv_qp, recv_cq); OFF(ibv_qp, srq);
+	OFF(ibv_qp, handle); OFF(ibv_qp, qp_num); OFF(ibv_qp, state); OFF(ibv_qp, qp_type); OFF(ibv_qp, mutex);
+	OFF(ibv_qp, cond); OFF(ibv_qp, events_completed);
+	OFF(ibv_ah, pd); OFF(ibv_ah, handle);
+	OFF(ibv_wc, status); OFF(ibv_wc, opcode); OFF(ibv_wc, vendor_err); OFF(ibv_wc, byte_len); OFF(ibv_wc, imm_data);
+	OFF(ibv_wc, qp_num); OFF(ibv_wc, src_qp); OFF(ibv_wc, wc_flags); OFF(ibv_wc, pkey_index); OFF(ibv_wc, slid);
+	OFF(ibv_wc, sl); OFF(ibv_wc, dlid_path_bits);
+	OFF(ibv_send_wr, next); OFF(ibv_send_wr, sg_list); OFF(ibv_send_wr, num_sge); OFF(ibv_send_wr, opcode);
+	OFF(ibv_send_wr, send_flags); OFF(ibv_send_wr, imm_data); OFF(ibv_send_wr, wr); OFF(ibv_send_wr, qp_type);
+	OFF(ibv_send_wr, bind_mw);
+	OFF(ibv_recv_wr, next); OFF(ibv_recv_wr, sg_list); OFF(ibv_recv_wr, num_sge);
+	OFF(ibv_qp_init_attr, send_cq); OFF(ibv_qp_init_attr, recv_cq); OFF(ibv_qp_init_attr, srq);
+	OFF(ibv_qp_init_attr, cap); OFF(ibv_qp_init_attr, qp_type); OFF(ibv_qp_init_attr, sq_sig_all);
+	OFF(ibv_global_route, flow_label); OFF(ibv_global_route, sgid_index); OFF(ibv_global_route, hop_limit);
+	OFF(ibv_global_route, traffic_class);
+	OFF(ibv_ah_attr, dlid); OFF(ibv_ah_attr, sl); OFF(ibv_ah_attr, src_path_bits); OFF(ibv_ah_attr, static_rate);
+	OFF(ibv_ah_attr, is_global); OFF(ibv_ah_attr, port_num);
+	OFF(ibv_qp_attr, cur_qp_state); OFF(ibv_qp_attr, path_mtu); OFF(ibv_qp_attr, qkey); OFF(ibv_qp_attr, rq_psn);
+	OFF(ibv_qp_attr, sq_psn); OFF(ibv_qp_attr, dest_qp_num); OFF(ibv_qp_attr, qp_access_flags); OFF(ibv_qp_attr, cap);
+	OFF(ibv_qp_attr, ah_attr);
+	OFF(ibv_qp_attr, alt_ah_attr); OFF(ibv_qp_attr, pkey_index); OFF(ibv_qp_attr, en_sqd_async_notify);
+	OFF(ibv_qp_attr, max_rd_atomic); OFF(ibv_qp_attr, max_dest_rd_atomic); OFF(ibv_qp_attr, min_rnr_timer);
+	OFF(ibv_qp_attr, port_num); OFF(ibv_qp_attr, timeout); OFF(ibv_qp_attr, retry_cnt); OFF(ibv_qp_attr, rnr_retry);
+	OFF(ibv_qp_attr, alt_timeout); OFF(ibv_qp_attr, rate_limit);
+	OFF(ibv_srq_init_attr, attr);
+	OFF(ibv_async_event, event_type);
+	return 0;
+}
