@@ -182,7 +182,6 @@ fn structure_layouts_match_the_system_header() {
 /// A C program's RC operations through the drop-in library: Send with Immediate, Write,
 /// Read, both atomics, inline Send, a wrong R_Key (Remote Access Error, QP to Error, the next
 /// WR flushed), Query QP and the busy refusals of teardown.
-/// Rule B-2
 #[test]
 fn a_c_program_runs_rc_operations() {
     if !tool("cc") || !verbs_header() {
@@ -193,6 +192,22 @@ fn a_c_program_runs_rc_operations() {
     let out = finish(with_lib(&mut c).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(), 60, "rc_ops");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("rc_ops: ok"), "{text}");
+}
+
+/// Modify QP through the C ABI accepts what Linux accepts beyond the digest:
+/// `IBV_QP_CUR_STATE` naming the current state (another is EINVAL), Read/Atomic enables on a
+/// UC QP (ignored), RC Init -> RTR without the Minimum RNR NAK Timer; a bad state is EINVAL.
+/// Rule B-2
+#[test]
+fn modify_qp_accepts_what_linux_accepts() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    let exe = compile("modify_qp");
+    let mut c = Command::new(&exe);
+    let out = finish(with_lib(&mut c).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(), 60, "modify_qp");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("modify_qp: ok"), "{text}");
 }
 
 /// `ibv_devinfo -v` shows the device, an active Ethernet port and its RoCE v2 GID.

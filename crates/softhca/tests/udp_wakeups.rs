@@ -102,3 +102,33 @@ fn dropping_a_device_from_a_handler_on_its_engine_thread() {
     assert_eq!(cq.poll(&mut [Wc::default(); 2]).unwrap(), 1);
     drop(qp);
 }
+
+/// A busy-poll device leaves the ACK for what a poll completed to the next poll or post (so
+/// that it rides with the answer); an application that instead destroys its QP and closes
+/// the device right after the completion must not lose it: Destroy QP sends what the QP owes
+/// first, as a hardware HCA would already have. The requester's Send completes with Success,
+/// not with a retry error against a closed port.
+/// Rule PKT-ACK-13
+#[test]
+fn destroy_qp_right_after_a_completion_still_acknowledges_it() {
+    let a = end(UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, 3)));
+    let b = end(UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, 4)).busy_poll(true));
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let av = AddressVector::new(AhAttr::roce(b.dev.gid(), 0), Mtu::Mtu1024);
+    a.qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+    a.qp.modify(&QpAttr::to_rtr(av, b.qp.qp_num()).rq_psn(0).max_dest_rd_atomic(1)).unwrap();
+    // A short ACK timeout and one retry: a lost ACK fails the Send quickly.
+    a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(12).retry_cnt(1).rnr_retry(0).max_rd_atomic(1)).unwrap();
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
+    let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr::new(1, &[rmr.sge(0..64)])]).unwrap();
+    let mr = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).signaled()]).unwrap();
+    // The busy-poll receiver's own poll takes the Send in and returns its completion.
+    assert_eq!(wait(&b.cq, 1, 10)[0].status, WcStatus::Success);
+    let End { pd, cq, qp, dev } = b;
+    qp.destroy().unwrap();
+    drop((qp, cq, pd, dev));
+    let w = wait(&a.cq, 1, 10);
+    assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
+}

@@ -427,6 +427,12 @@ impl UdpDevice {
                 l.ring();
             }
         });
+        let weak = Arc::downgrade(&link);
+        ctx.set_flush(move || {
+            if let Some(l) = weak.upgrade() {
+                l.flush_now();
+            }
+        });
         if cfg.busy_poll {
             let weak = Arc::downgrade(&link);
             ctx.set_progress(Some(Arc::new(move || {
@@ -484,6 +490,8 @@ impl UdpDevice {
 
 impl Drop for UdpDevice {
     fn drop(&mut self) {
+        // What the device owes its peers (ACKs of what was completed) leaves before it closes.
+        self.link.flush_now();
         self.ctx.set_progress(None);
         self.ctx.clear_doorbell();
         self.link.shared.stop.store(true, Ordering::SeqCst);
@@ -672,6 +680,18 @@ impl Link {
                 return left;
             }
             full = false;
+        }
+    }
+
+    /// Sends what the transport has queued now (the flush hook). If another thread holds the
+    /// engine — the engine thread in its turn, which ends with a flush, or this very thread,
+    /// from a handler — that turn sends it.
+    fn flush_now(&self) {
+        let seen = self.shared.rings.load(Ordering::SeqCst);
+        if let Some(mut e) = self.try_engine() {
+            let now = self.now();
+            e.flush_tx(now);
+            self.shared.rings_flushed.store(seen, Ordering::SeqCst);
         }
     }
 

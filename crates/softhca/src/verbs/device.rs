@@ -280,6 +280,8 @@ pub(crate) struct DeviceInner {
     pub async_events: AsyncQueue,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
     pub doorbell: RwLock<Option<Doorbell>>,
+    /// Sends what the transport has queued now (see [`Context::set_flush`]).
+    pub flush: RwLock<Option<Doorbell>>,
     pub progress: RwLock<Option<Progress>>,
 }
 
@@ -325,6 +327,15 @@ impl DeviceInner {
         self.async_events.ready.notify_all();
         if let Some(h) = handler {
             super::callbacks::call(move || h(&event));
+        }
+    }
+
+    /// Asks the driver, if it installed a flush hook, to send what the transport has queued
+    /// now (ACKs a QP owes before it is destroyed).
+    pub fn flush_now(&self) {
+        let hook = self.flush.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(hook) = hook {
+            hook();
         }
     }
 
@@ -436,6 +447,7 @@ impl Context {
             },
             comp_handler: RwLock::new(None),
             doorbell: RwLock::new(None),
+            flush: RwLock::new(None),
             progress: RwLock::new(None),
         });
         DEVICES.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&inner));
@@ -564,9 +576,17 @@ impl Context {
         *self.inner.progress.write().unwrap_or_else(|e| e.into_inner()) = hook;
     }
 
-    /// Removes the doorbell.
+    /// Installs the hook a driver wants called when queued packets must leave now rather than
+    /// at its next turn: before Destroy QP, so that the ACKs a QP owes for what it received
+    /// (and completed) are not lost with it, as a hardware HCA would have sent them already.
+    pub fn set_flush(&self, hook: impl Fn() + Send + Sync + 'static) {
+        *self.inner.flush.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(hook));
+    }
+
+    /// Removes the doorbell and the flush hook.
     pub fn clear_doorbell(&self) {
         *self.inner.doorbell.write().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.inner.flush.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     pub(crate) fn same_device(&self, other: &Arc<DeviceInner>) -> bool {

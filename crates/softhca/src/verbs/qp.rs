@@ -1292,6 +1292,9 @@ impl Qp {
     /// already on the CQs stay there to be polled.
     pub fn destroy(&self) -> Result<()> {
         let q = &self.inner;
+        // The ACKs this QP owes leave first: the application may have seen the completions
+        // they acknowledge, and a peer waiting for them would retry into a closed port.
+        q.dev.flush_now();
         let (mut core, sq, rq) = q.exclusive()?;
         q.destroyed.store(true, Ordering::Release);
         crate::transport::rd::release(q, &mut core, false);

@@ -1,0 +1,93 @@
+/* Modify QP through the C ABI where Linux and the digest differ (B-2): what Linux accepts is
+   accepted. IBV_QP_CUR_STATE naming the current state is accepted, naming another is EINVAL;
+   a UC QP's Read and Atomic enables (which Linux ignores there) are accepted; an RC QP's
+   Init -> RTR without IBV_QP_MIN_RNR_TIMER (which Linux requires and the digest does not) is
+   accepted too. Prints "modify_qp: ok". */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+#define CHECK(c, ...)                                                                          \
+	do {                                                                                       \
+		if (!(c)) {                                                                            \
+			fprintf(stderr, "modify_qp: line %d: ", __LINE__);                                 \
+			fprintf(stderr, __VA_ARGS__);                                                      \
+			fprintf(stderr, "\n");                                                             \
+			exit(1);                                                                           \
+		}                                                                                      \
+	} while (0)
+
+static struct ibv_qp *qp_of(struct ibv_pd *pd, struct ibv_cq *cq, enum ibv_qp_type t)
+{
+	struct ibv_qp_init_attr init = { .send_cq = cq, .recv_cq = cq, .qp_type = t,
+					 .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+						  .max_recv_sge = 1 } };
+	struct ibv_qp *qp = ibv_create_qp(pd, &init);
+	CHECK(qp, "ibv_create_qp");
+	return qp;
+}
+
+int main(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	CHECK(list && list[0], "no device");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "ibv_open_device");
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	CHECK(pd && cq, "pd, cq");
+	union ibv_gid gid;
+	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "gid");
+
+	/* IBV_QP_CUR_STATE. */
+	struct ibv_qp *rc = qp_of(pd, cq, IBV_QPT_RC);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .cur_qp_state = IBV_QPS_RTS, .port_num = 1 };
+	int mask = IBV_QP_STATE | IBV_QP_CUR_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+	CHECK(ibv_modify_qp(rc, &a, mask) == EINVAL, "a wrong current state was accepted");
+	CHECK(rc->state == IBV_QPS_RESET, "state moved");
+	a.cur_qp_state = IBV_QPS_RESET;
+	CHECK(ibv_modify_qp(rc, &a, mask) == 0, "the right current state was refused");
+	CHECK(rc->state == IBV_QPS_INIT, "state %d", rc->state);
+
+	/* RC Init -> RTR without the Minimum RNR NAK Timer. */
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = rc->qp_num;
+	a.max_dest_rd_atomic = 1;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	CHECK(ibv_modify_qp(rc, &a,
+			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				    IBV_QP_MAX_DEST_RD_ATOMIC) == 0,
+	      "RTR without MIN_RNR_TIMER refused");
+	struct ibv_qp_attr q;
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(rc, &q, IBV_QP_STATE, &qi) == 0 && q.qp_state == IBV_QPS_RTR && q.path_mtu == IBV_MTU_1024,
+	      "query after RTR");
+
+	/* UC: Read and Atomic enables are accepted (and ignored). */
+	struct ibv_qp *uc = qp_of(pd, cq, IBV_QPT_UC);
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	CHECK(ibv_modify_qp(uc, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+	      "UC with Read/Atomic enables refused");
+	CHECK(ibv_query_qp(uc, &q, IBV_QP_ACCESS_FLAGS, &qi) == 0 && q.qp_access_flags == IBV_ACCESS_REMOTE_WRITE,
+	      "UC access flags %x", q.qp_access_flags);
+
+	/* An invalid target state is EINVAL, not a crash. */
+	a.qp_state = 42;
+	CHECK(ibv_modify_qp(uc, &a, IBV_QP_STATE) == EINVAL, "state 42 accepted");
+
+	CHECK(ibv_destroy_qp(rc) == 0 && ibv_destroy_qp(uc) == 0, "destroy");
+	CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0 && ibv_close_device(ctx) == 0, "teardown");
+	ibv_free_device_list(list);
+	printf("modify_qp: ok\n");
+	return 0;
+}
