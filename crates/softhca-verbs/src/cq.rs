@@ -42,13 +42,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *
             // softhca's is created non-blocking (it only ever reads a count it knows is there,
             // so blocking mode is safe for it).
             let fd = ch.fd();
-            // SAFETY: fcntl on the channel's own descriptor.
-            unsafe {
-                let flags = libc::fcntl(fd, libc::F_GETFL);
-                if flags >= 0 {
-                    libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-                }
-            }
+            crate::make_blocking(fd);
             let ibv = ibv_comp_channel { context, fd, refcnt: 0 };
             Box::into_raw(Box::new(Channel { ibv, ch, cqs: Mutex::new(HashMap::new()) })).cast()
         }
@@ -130,12 +124,19 @@ pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(c: *mut ibv_cq, cqe: c_int) -> c_int {
-    // SAFETY: a live CQ, owned by the program: resizing it is a write the caller serializes.
-    let q = unsafe { &mut *(c as *mut Cq) };
+    // SAFETY: a live CQ.
+    let q = unsafe { cq(c) };
     let Ok(size) = u32::try_from(cqe) else { return libc::EINVAL };
     match q.cq.resize(size) {
         Ok(n) => {
-            q.ibv.cqe = n.min(i32::MAX as u32) as c_int;
+            // SAFETY: `cqe` is the program's to read; written in place, under the CQ's
+            // mutex as libibverbs does, without a reference to the shared object.
+            unsafe {
+                let m = std::ptr::addr_of_mut!((*c).mutex);
+                libc::pthread_mutex_lock(m);
+                std::ptr::addr_of_mut!((*c).cqe).write(n.min(i32::MAX as u32) as c_int);
+                libc::pthread_mutex_unlock(m);
+            }
             0
         }
         Err(e) => errno_of(&e),
@@ -152,8 +153,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 ) -> c_int {
     // SAFETY: a live channel.
     let ch = unsafe { &*(channel as *const Channel) };
-    // SAFETY: fcntl on the channel's own descriptor.
-    let nonblocking = unsafe { libc::fcntl(ch.ibv.fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let nonblocking = crate::nonblocking(ch.ibv.fd);
     let got = loop {
         let ev = if nonblocking { ch.ch.try_get_cq_event() } else { ch.ch.get_cq_event(Duration::from_secs(3600)) };
         match ev {
@@ -181,9 +181,15 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(c: *mut ibv_cq, nevents: c_uint) {
-    // SAFETY: a live CQ; the count is only for the program's bookkeeping.
-    let q = unsafe { &mut *(c as *mut Cq) };
-    q.ibv.comp_events_completed = q.ibv.comp_events_completed.wrapping_add(nevents);
+    // SAFETY: a live CQ; the count is updated in place under the CQ's mutex, as libibverbs
+    // does, without a reference to the shared object.
+    unsafe {
+        let m = std::ptr::addr_of_mut!((*c).mutex);
+        libc::pthread_mutex_lock(m);
+        let n = std::ptr::addr_of_mut!((*c).comp_events_completed);
+        n.write(n.read().wrapping_add(nevents));
+        libc::pthread_mutex_unlock(m);
+    }
 }
 
 pub(crate) unsafe extern "C" fn req_notify_cq(c: *mut ibv_cq, solicited_only: c_int) -> c_int {
@@ -219,7 +225,8 @@ fn c_wc(w: &Wc) -> ibv_wc {
         opcode: wc_opcode(w.opcode),
         vendor_err: w.vendor_err,
         byte_len: w.byte_len,
-        imm_data: w.imm_data.to_be(),
+        // Immediate data travels in network order; an invalidated R_Key does not.
+        imm_data: if w.wc_flags.contains(softhca::WcFlags::WITH_INV) { w.imm_data } else { w.imm_data.to_be() },
         qp_num: w.qp_num,
         src_qp: w.src_qp,
         wc_flags: w.wc_flags.bits(),

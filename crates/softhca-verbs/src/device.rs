@@ -133,6 +133,10 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         }
     };
     let ctx = dev.context().clone();
+    let async_fd = ctx.async_fd().unwrap_or(-1);
+    // libibverbs' async descriptor blocks until the program makes it non-blocking (softhca's
+    // only ever reads counts it knows are there: blocking mode is safe for it).
+    crate::make_blocking(async_fd);
     let ops = ibv_context_ops {
         _compat_query_device: null_mut(),
         _compat_query_port: null_mut(),
@@ -172,7 +176,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             device,
             ops,
             cmd_fd: -1,
-            async_fd: ctx.async_fd().unwrap_or(-1),
+            async_fd,
             num_comp_vectors: 1,
             // SAFETY: an all-zero pthread_mutex_t is PTHREAD_MUTEX_INITIALIZER on Linux.
             mutex: unsafe { std::mem::zeroed() },
@@ -218,6 +222,8 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
     out.hw_ver = a.hw_ver;
     out.max_qp = n(a.max_qp);
     out.max_qp_wr = n(a.max_qp_wr);
+    // RESIZE_MAX_WR, SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE, N_NOTIFY_CQ.
+    out.device_cap_flags = if a.resize_wq { 1 } else { 0 } | 1 << 11 | 1 << 12 | 1 << 13 | 1 << 14;
     out.max_sge = n(a.max_sge);
     out.max_sge_rd = n(a.max_sge_rd);
     out.max_cq = n(a.max_cq);
@@ -273,7 +279,7 @@ pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8,
         subnet_timeout: 0,
         init_type_reply: 0,
         active_width: 1,  // 1X
-        active_speed: 32, // 10 Gb/s lanes (FDR10-like); informational
+        active_speed: 32, // EDR, 25 Gb/s per lane: informational (the link is a UDP socket)
         phys_state: 5,    // LinkUp
         link_layer: if p.link_layer_ethernet { IBV_LINK_LAYER_ETHERNET } else { 1 },
     };
@@ -298,7 +304,10 @@ pub unsafe extern "C" fn ibv_query_gid(
             unsafe { (*gid).raw = g.0 };
             0
         }
-        Err(_) => -1,
+        Err(_) => {
+            crate::set_errno(libc::EINVAL);
+            -1
+        }
     }
 }
 
@@ -333,7 +342,8 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
     if c.ctx.query_gid(port_num, index).is_err() {
-        return libc::EINVAL;
+        crate::set_errno(libc::EINVAL);
+        return -1;
     }
     // SAFETY: the caller passes a writable enum.
     unsafe { *gid_type = 1 }; // IBV_GID_TYPE_SYSFS_ROCE_V2
@@ -386,9 +396,19 @@ fn event_code(t: AsyncEventType) -> c_int {
 pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
-    let ev = loop {
-        if let Some(ev) = c.ctx.wait_async_event(Duration::from_secs(3600)) {
-            break ev;
+    let ev = if crate::nonblocking(c.ibv.async_fd) {
+        match c.ctx.get_async_event() {
+            Some(ev) => ev,
+            None => {
+                crate::set_errno(libc::EAGAIN);
+                return -1;
+            }
+        }
+    } else {
+        loop {
+            if let Some(ev) = c.ctx.wait_async_event(Duration::from_secs(3600)) {
+                break ev;
+            }
         }
     };
     let objects = c.objects.lock().unwrap_or_else(|e| e.into_inner());

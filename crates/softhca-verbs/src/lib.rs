@@ -31,7 +31,6 @@ fn errno_of(e: &VerbsError) -> c_int {
         VerbsError::InsufficientResources | VerbsError::QueueFull | VerbsError::CqSizeTooLarge => libc::ENOMEM,
         VerbsError::NotSupported(_) | VerbsError::InvalidServiceType(_) => libc::EOPNOTSUPP,
         VerbsError::CqInUse | VerbsError::InUse(_) => libc::EBUSY,
-        VerbsError::InvalidAccess(_) => libc::EACCES,
         _ => libc::EINVAL,
     }
 }
@@ -40,6 +39,24 @@ fn errno_of(e: &VerbsError) -> c_int {
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
     unsafe { *libc::__errno_location() = e };
+}
+
+/// Whether the program made `fd` non-blocking.
+fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: fcntl on a descriptor; a bad one gives -1.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK != 0
+}
+
+/// Clears O_NONBLOCK on `fd` (libibverbs' descriptors start out blocking).
+fn make_blocking(fd: c_int) {
+    // SAFETY: fcntl on a descriptor softhca created for this object.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
 }
 
 /// A null pointer after setting errno.

@@ -62,6 +62,9 @@ fn access_of(flags: c_int) -> Access {
 pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
     // SAFETY: a live PD.
     let pd = unsafe { pd(p) };
+    if (addr as usize).checked_add(length).is_none() {
+        return fail(libc::EINVAL); // a range past the top of the address space
+    }
     // SAFETY: the caller registers memory it owns and keeps mapped until ibv_dereg_mr, as the
     // libibverbs contract says; softhca only touches it through the region's checks.
     match unsafe { pd.pd.reg_mr_raw(addr.cast(), length, access_of(access)) } {
@@ -172,6 +175,99 @@ pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -
         }
         Err(e) => fail(errno_of(&e)),
     }
+}
+
+/// The address of a UD completion's sender (`ibv_init_ah_from_wc`): on RoCEv2 the GRH area
+/// holds the IPv6 header, or for IPv4 20 undefined bytes and the IPv4 header (PKT-ROCE-11).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    _context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut c_void,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    // SAFETY: a completion, and the 40-byte GRH area of its receive buffer when it has one.
+    let wc = unsafe { &*wc };
+    if wc.wc_flags & 1 == 0 || grh.is_null() {
+        return libc::EINVAL; // RoCE needs the GRH: no IBV_WC_GRH, no address
+    }
+    // SAFETY: as above: 40 readable bytes.
+    let g = unsafe { std::slice::from_raw_parts(grh as *const u8, 40) };
+    let (dgid, tclass, hop) = if g[20] == 0x45 {
+        let mut d = [0u8; 16];
+        d[10] = 0xff;
+        d[11] = 0xff;
+        d[12..].copy_from_slice(&g[32..36]);
+        (d, g[21], g[28])
+    } else if g[0] >> 4 == 6 {
+        let mut d = [0u8; 16];
+        d.copy_from_slice(&g[8..24]);
+        (d, (g[0] << 4) | (g[1] >> 4), g[7])
+    } else {
+        return libc::EINVAL;
+    };
+    let out = ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: dgid },
+            flow_label: 0,
+            sgid_index: 0,
+            hop_limit: hop,
+            traffic_class: tclass,
+        },
+        dlid: wc.slid,
+        sl: wc.sl,
+        src_path_bits: wc.dlid_path_bits,
+        static_rate: 0,
+        is_global: 1,
+        port_num,
+    };
+    // SAFETY: a writable attribute structure.
+    unsafe { std::ptr::write(ah_attr, out) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    p: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut c_void,
+    port_num: u8,
+) -> *mut ibv_ah {
+    // SAFETY: all-zero is a valid ibv_ah_attr.
+    let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: forwarded with the caller's guarantees (a live PD).
+    let r = unsafe { ibv_init_ah_from_wc(pd(p).ibv.context, port_num, wc, grh, &mut attr) };
+    if r != 0 {
+        return fail(r);
+    }
+    // SAFETY: a live PD and the attributes just made.
+    unsafe { ibv_create_ah(p, &mut attr) }
+}
+
+/// Multicast is not implemented.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// Re-registration is not implemented (`IBV_REREG_MR_ERR_INPUT`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    _mr: *mut ibv_mr,
+    _flags: c_int,
+    _pd: *mut ibv_pd,
+    _addr: *mut c_void,
+    _length: usize,
+    _access: c_int,
+) -> c_int {
+    crate::set_errno(libc::EOPNOTSUPP);
+    -1
 }
 
 #[no_mangle]

@@ -152,8 +152,8 @@ fn mtu_of(code: c_int) -> Option<Mtu> {
 /// Read and Atomic enables, which Linux ignores there.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
-    // SAFETY: a live QP, owned by the program (its `state` field is updated); readable attrs.
-    let (x, a) = unsafe { (&mut *(q as *mut Qp), &*attr) };
+    // SAFETY: a live QP and readable attributes.
+    let (x, a) = unsafe { (qp(q), &*attr) };
     let has = |bit: c_int| mask & bit != 0;
     let current = match x.qp.state() {
         Ok(s) => s,
@@ -248,10 +248,26 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
     }
     match x.qp.modify(&m) {
         Ok(()) => {
-            x.ibv.state = qp_state_code(x.qp.state().unwrap_or(target));
+            // SAFETY: the program's copy of the state, written in place (as libibverbs does
+            // after a successful Modify QP) without a reference to the shared object.
+            unsafe { set_state(q, x.qp.state().unwrap_or(target)) };
             0
         }
         Err(e) => errno_of(&e),
+    }
+}
+
+/// Writes `qp->state` under the QP's mutex.
+///
+/// # Safety
+/// `q` is a live QP.
+unsafe fn set_state(q: *mut ibv_qp, s: QpState) {
+    // SAFETY: fields of a live QP, written through raw pointers under its mutex.
+    unsafe {
+        let m = std::ptr::addr_of_mut!((*q).mutex);
+        libc::pthread_mutex_lock(m);
+        std::ptr::addr_of_mut!((*q).state).write(qp_state_code(s));
+        libc::pthread_mutex_unlock(m);
     }
 }
 
@@ -268,6 +284,8 @@ pub unsafe extern "C" fn ibv_query_qp(
         Ok(s) => s,
         Err(e) => return errno_of(&e),
     };
+    // SAFETY: a live QP (libibverbs refreshes `qp->state` on every query).
+    unsafe { set_state(q, s.qp_state) };
     let ah = s.av.map(|av| c_ah_attr(&av.ah));
     // SAFETY: ibv_qp_attr is plain old data; all-zero is valid.
     let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -362,10 +380,10 @@ unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
     let mut list = [Sge::default(); MAX_SGE];
     // SAFETY: the caller's gather list.
     let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, &mut list) }) else { return libc::EINVAL };
-    let Some(opcode) = wr_opcode_of(w.opcode) else { return libc::EINVAL };
     if w.opcode == IBV_WR_BIND_MW {
-        return libc::EOPNOTSUPP;
+        return libc::EOPNOTSUPP; // memory windows are not in the C ABI yet
     }
+    let Some(opcode) = wr_opcode_of(w.opcode) else { return libc::EINVAL };
     let flags = SendFlags::from_bits_truncate(w.send_flags);
     let mut inline = [0u8; MAX_INLINE];
     let mut wr = SendWr { wr_id: w.wr_id, opcode, send_flags: flags, sg_list: sg, ..SendWr::default() };
@@ -506,7 +524,8 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     // SAFETY: a live PD and a writable init attribute structure (its sizes are updated).
     let (pd, a) = unsafe { (pd(p), &mut *attr) };
-    let init = SrqInitAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: a.attr.srq_limit };
+    // The limit is "irrelevant for ibv_create_srq" (verbs.h): an SRQ starts unarmed.
+    let init = SrqInitAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: 0 };
     let soft = match pd.pd.create_srq(&init) {
         Ok(s) => s,
         Err(e) => return fail(errno_of(&e)),

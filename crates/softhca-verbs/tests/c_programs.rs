@@ -4,113 +4,12 @@
 //! 127.0.0.x). Needs `cc`, `libibverbs-dev` and `ibverbs-utils`; without them each test says
 //! so and passes, except under CI (`CI` set), where they are required.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+mod common;
+
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn required() -> bool {
-    std::env::var_os("CI").is_some()
-}
-
-/// Whether `what` is there; under CI its absence fails the test.
-fn have(ok: bool, what: &str) -> bool {
-    if !ok {
-        assert!(!required(), "{what} is required in CI");
-        eprintln!("SKIPPED: {what} not available");
-    }
-    ok
-}
-
-fn tool(name: &str) -> bool {
-    have(
-        Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success()),
-        name,
-    )
-}
-
-fn verbs_header() -> bool {
-    have(Path::new("/usr/include/infiniband/verbs.h").exists(), "infiniband/verbs.h (libibverbs-dev)")
-}
-
-fn scratch() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("softhca-verbs-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Links the crate's static library (built by cargo beside this test binary) into
-/// `libibverbs.so.1` with the version script, as `scripts/build-libibverbs` does; once per
-/// test process. Returns its directory.
-fn library() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
-        let archive = std::fs::read_dir(&deps)
-            .unwrap()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                let n = p.file_name().unwrap().to_string_lossy();
-                n.starts_with("libsofthca_verbs-") && n.ends_with(".a")
-            })
-            .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-            .expect("cargo builds libsofthca_verbs-*.a beside the tests");
-        let dir = scratch().join("lib");
-        std::fs::create_dir_all(&dir).unwrap();
-        let map = Path::new(env!("CARGO_MANIFEST_DIR")).join("libibverbs.map");
-        let out = Command::new("cc")
-            .args(["-shared", "-o"])
-            .arg(dir.join("libibverbs.so.1"))
-            .args(["-Wl,-soname,libibverbs.so.1"])
-            .arg(format!("-Wl,--version-script={}", map.display()))
-            .arg("-Wl,--whole-archive")
-            .arg(&archive)
-            .args(["-Wl,--no-whole-archive", "-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "linking libibverbs.so.1: {}", String::from_utf8_lossy(&out.stderr));
-        dir
-    })
-}
-
-/// Compiles `tests/c/<name>.c` against the system's verbs.h (linked with -libverbs: at run
-/// time LD_LIBRARY_PATH swaps in softhca's library).
-fn compile(name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
-    let exe = scratch().join(name);
-    let out = Command::new("cc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).arg("-libverbs").output().unwrap();
-    assert!(out.status.success(), "compiling {name}.c: {}", String::from_utf8_lossy(&out.stderr));
-    exe
-}
-
-fn with_lib(cmd: &mut Command) -> &mut Command {
-    cmd.env("LD_LIBRARY_PATH", library())
-}
-
-/// Waits for a child at most `secs` (a hang guard), then returns its output.
-fn finish(mut child: Child, secs: u64, what: &str) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stdout = Vec::new();
-            let mut stderr = Vec::new();
-            child.stdout.take().map(|mut s| s.read_to_end(&mut stdout));
-            child.stderr.take().map(|mut s| s.read_to_end(&mut stderr));
-            return Output { status, stdout, stderr };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} did not finish in {secs} s: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use common::*;
 
 /// Whether a TCP socket listens on `port` (from /proc/net/tcp*, without connecting to it:
 /// the pingpong servers accept exactly one connection).

@@ -121,6 +121,16 @@ impl CompChannel {
         cq
     }
 
+    /// Drops the events of `cq` still queued (its destruction: nobody can take them any more).
+    fn purge(&self, cq: &Cq) {
+        let mut q = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        let before = q.len();
+        q.retain(|c| c != cq);
+        for _ in q.len()..before {
+            self.inner.fd.consume();
+        }
+    }
+
     fn push(&self, cq: Cq) {
         // The descriptor moves with the queue, under its lock: a reader that takes an event
         // also takes its count, never leaving the descriptor readable over an empty queue.
@@ -299,7 +309,13 @@ impl Cq {
         self.inner.destroyed.store(true, Ordering::Release);
         self.refill(&[], Box::new([UnsafeCell::new(Wc::default())]));
         drop(both);
+        // Its unread completion events and asynchronous events go with it, as the kernel
+        // drops them: they would name a CQ that no longer exists.
+        if let Some(ch) = &self.inner.channel {
+            ch.purge(self);
+        }
         let dev = &self.inner.dev;
+        dev.purge_async_events(EventElement::Cq(self.inner.handle));
         dev.cqs.write().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.handle);
         give(&dev.counts.cq);
         Ok(())

@@ -12,7 +12,7 @@ use super::cq::CqInner;
 use super::error::{Result, VerbsError};
 use super::mr::KeyTable;
 use super::qp::QpInner;
-use super::types::{AsyncEvent, Gid, Mtu};
+use super::types::{AsyncEvent, EventElement, Gid, Mtu};
 
 /// `ibv_atomic_cap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,6 +327,18 @@ impl DeviceInner {
         self.async_events.ready.notify_all();
         if let Some(h) = handler {
             super::callbacks::call(move || h(&event));
+        }
+    }
+
+    /// Drops the queued asynchronous events that name `element` (it is being destroyed).
+    pub(crate) fn purge_async_events(&self, element: EventElement) {
+        let mut q = self.async_events.events.lock().unwrap_or_else(|e| e.into_inner());
+        let before = q.len();
+        q.retain(|e| e.element != element);
+        if let Some(fd) = &self.async_events.fd {
+            for _ in q.len()..before {
+                fd.consume();
+            }
         }
     }
 

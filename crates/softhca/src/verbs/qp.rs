@@ -1311,6 +1311,9 @@ impl Qp {
         if let Some(rdd) = &q.rdd {
             rdd.inner.release();
         }
+        // Its unread asynchronous events name a QP that no longer exists: dropped, as the
+        // kernel drops them.
+        q.dev.purge_async_events(super::types::EventElement::Qp(q.qpn));
         give(&q.dev.counts.qp);
         tracing::debug!(qpn = q.qpn, "QP destroyed");
         Ok(())

@@ -203,6 +203,7 @@ impl Srq {
         self.inner.destroyed.store(true, Ordering::Release);
         c.rq.discard();
         drop((p, c));
+        self.inner.dev.purge_async_events(super::types::EventElement::Srq(self.inner.handle));
         self.inner.pd.inner.release();
         give(&self.inner.dev.counts.srq);
         Ok(())

@@ -1,0 +1,331 @@
+/* Review checks of softhca's libibverbs.so.1 against what rdma-core's libibverbs does, one
+   per command-line argument. Each prints "<name>: ok" and exits 0, or names the first check
+   that failed and exits 1. An alarm is a hang guard only: a verb that should return at once
+   but blocks prints "<name>: HANG" and exits 3. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+
+static const char *test = "review_abi";
+
+#define CHECK(c, ...)                                                                          \
+	do {                                                                                       \
+		if (!(c)) {                                                                            \
+			fprintf(stderr, "%s: %s:%d: ", test, __FILE__, __LINE__);                          \
+			fprintf(stderr, __VA_ARGS__);                                                      \
+			fprintf(stderr, "\n");                                                             \
+			exit(1);                                                                           \
+		}                                                                                      \
+	} while (0)
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+	char msg[128];
+	int n = snprintf(msg, sizeof msg, "%s: HANG (a verb that should return blocked)\n", test);
+	if (write(2, msg, n) < 0)
+		_exit(4);
+	_exit(3);
+}
+
+static void hang_guard(unsigned secs)
+{
+	signal(SIGALRM, on_alarm);
+	alarm(secs);
+}
+
+static struct ibv_context *open_ctx(void)
+{
+	int num = 0;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	CHECK(list && num >= 1 && list[0], "ibv_get_device_list");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "ibv_open_device");
+	ibv_free_device_list(list);
+	return ctx;
+}
+
+/* Polls until one completion arrives (10 s at most: a hang guard). */
+static struct ibv_wc wait_one(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	time_t end = time(NULL) + 10;
+	for (;;) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0, "ibv_poll_cq");
+		if (n == 1)
+			return wc;
+		CHECK(time(NULL) < end, "no completion");
+	}
+}
+
+static void to_init(struct ibv_qp *qp, int access)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+				 .qp_access_flags = access };
+	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	CHECK(r == 0, "to INIT: %d", r);
+}
+
+static void to_error(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+	CHECK(r == 0, "to ERR: %d", r);
+}
+
+/* An RC end: context, PD, CQ, MR over a buffer, QP. */
+struct end {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	char *buf;
+	union ibv_gid gid;
+};
+
+static void open_end(struct end *e, enum ibv_qp_type type)
+{
+	e->ctx = open_ctx();
+	CHECK(ibv_query_gid(e->ctx, 1, 0, &e->gid) == 0, "ibv_query_gid");
+	e->pd = ibv_alloc_pd(e->ctx);
+	CHECK(e->pd, "ibv_alloc_pd");
+	e->cq = ibv_create_cq(e->ctx, 64, NULL, NULL, 0);
+	CHECK(e->cq, "ibv_create_cq");
+	e->buf = calloc(1, 65536);
+	e->mr = ibv_reg_mr(e->pd, e->buf, 65536,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	CHECK(e->mr, "ibv_reg_mr");
+	struct ibv_qp_init_attr init = {
+		.send_cq = e->cq, .recv_cq = e->cq, .qp_type = type,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	e->qp = ibv_create_qp(e->pd, &init);
+	CHECK(e->qp, "ibv_create_qp");
+}
+
+static void connect_rc(struct end *e, struct end *peer)
+{
+	to_init(e->qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = peer->qp->qp_num;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = peer->gid;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	CHECK(ibv_modify_qp(e->qp, &a,
+			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
+	      "to RTR");
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	CHECK(ibv_modify_qp(e->qp, &a,
+			    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+				    IBV_QP_MAX_QP_RD_ATOMIC) == 0,
+	      "to RTS");
+}
+
+/* libibverbs' ibv_get_async_event is a read() of async_fd: once the program has made that
+   descriptor non-blocking, the call returns -1 with errno EAGAIN when no event waits. */
+static void async_nonblocking(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	int flags = fcntl(ctx->async_fd, F_GETFL);
+	CHECK(flags >= 0 && fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "fcntl(async_fd)");
+	hang_guard(10);
+	struct ibv_async_event ev;
+	errno = 0;
+	int r = ibv_get_async_event(ctx, &ev);
+	alarm(0);
+	CHECK(r == -1 && errno == EAGAIN, "ibv_get_async_event on an idle non-blocking fd: %d errno %d", r, errno);
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+}
+
+/* Flushes one receive of `qp` (INIT, a posted receive, then Error): one CQE on its CQ. */
+static void flush_one_recv(struct ibv_qp *qp, struct ibv_mr *mr, uint64_t id)
+{
+	struct ibv_sge s = { (uintptr_t)mr->addr, 8, mr->lkey };
+	struct ibv_recv_wr w = { .wr_id = id, .sg_list = &s, .num_sge = 1 }, *bad = NULL;
+	CHECK(ibv_post_recv(qp, &w, &bad) == 0, "ibv_post_recv");
+	to_error(qp);
+}
+
+/* Destroying a CQ drops its completion events that the channel has not yet handed out (the
+   kernel's ib_uverbs_release_ucq): the next ibv_get_cq_event names a live CQ. */
+static void cq_event_after_destroy(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	char *buf = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	CHECK(pd && mr && ch, "setup");
+	struct ibv_cq *a = ibv_create_cq(ctx, 16, (void *)0xa, ch, 0);
+	struct ibv_cq *b = ibv_create_cq(ctx, 16, (void *)0xb, ch, 0);
+	CHECK(a && b, "ibv_create_cq");
+	struct ibv_qp_init_attr ia = { .send_cq = a, .recv_cq = a, .qp_type = IBV_QPT_RC, .cap = { 4, 4, 1, 1, 0 } };
+	struct ibv_qp *qa = ibv_create_qp(pd, &ia);
+	ia.send_cq = ia.recv_cq = b;
+	struct ibv_qp *qb = ibv_create_qp(pd, &ia);
+	CHECK(qa && qb, "ibv_create_qp");
+	to_init(qa, 0);
+	to_init(qb, 0);
+
+	/* CQ a: an event is generated, never taken; then the QP and the CQ go. */
+	CHECK(ibv_req_notify_cq(a, 0) == 0, "arm a");
+	flush_one_recv(qa, mr, 1);
+	CHECK(wait_one(a).wr_id == 1, "flushed CQE on a");
+	CHECK(ibv_destroy_qp(qa) == 0, "ibv_destroy_qp(qa)");
+	CHECK(ibv_destroy_cq(a) == 0, "ibv_destroy_cq(a)");
+
+	/* CQ b: the event the program waits for. */
+	CHECK(ibv_req_notify_cq(b, 0) == 0, "arm b");
+	flush_one_recv(qb, mr, 2);
+	hang_guard(10);
+	struct ibv_cq *got = NULL;
+	void *cq_ctx = NULL;
+	errno = 0;
+	int r = ibv_get_cq_event(ch, &got, &cq_ctx);
+	alarm(0);
+	CHECK(r == 0, "ibv_get_cq_event after a CQ with a pending event was destroyed: %d errno %d", r, errno);
+	CHECK(got == b && cq_ctx == (void *)0xb, "the event names CQ %p (context %p), not b", (void *)got, cq_ctx);
+	ibv_ack_cq_events(b, 1);
+}
+
+/* Destroying a QP drops its asynchronous events the program has not yet read (the kernel's
+   ib_uverbs_release_uevent); libibverbs never hands out an event whose element is NULL or a
+   freed object. */
+static void qp_event_after_destroy(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	CHECK(pd && cq && srq, "setup");
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+				       .cap = { 4, 0, 1, 1, 0 } };
+	struct ibv_qp *q1 = ibv_create_qp(pd, &ia);
+	struct ibv_qp *q2 = ibv_create_qp(pd, &ia);
+	CHECK(q1 && q2, "ibv_create_qp");
+	to_init(q1, 0);
+	to_init(q2, 0);
+	to_error(q1); /* Last WQE Reached for q1 */
+	CHECK(ibv_destroy_qp(q1) == 0, "ibv_destroy_qp(q1)");
+	to_error(q2); /* Last WQE Reached for q2 */
+	hang_guard(10);
+	struct ibv_async_event ev;
+	int r = ibv_get_async_event(ctx, &ev);
+	alarm(0);
+	CHECK(r == 0, "ibv_get_async_event: %d", r);
+	CHECK(ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && ev.element.qp == q2,
+	      "event %d (%s) for QP %p: an event of the destroyed QP was delivered (q2 is %p)", ev.event_type,
+	      ibv_event_type_str(ev.event_type), (void *)ev.element.qp, (void *)q2);
+	ibv_ack_async_event(&ev);
+}
+
+/* libibverbs' ibv_query_qp stores the state it read in qp->state when the mask has
+   IBV_QP_STATE (verbs.c: `if (attr_mask & IBV_QP_STATE) qp->state = attr->qp_state;`). */
+static void query_qp_updates_state(void)
+{
+	struct end a, b;
+	open_end(&a, IBV_QPT_RC);
+	open_end(&b, IBV_QPT_RC);
+	connect_rc(&a, &b);
+	connect_rc(&b, &a);
+	CHECK(a.qp->state == IBV_QPS_RTS, "state after RTS %d", a.qp->state);
+	/* A Write with a wrong R_Key: Remote Access Error, and the QP moves to Error by itself. */
+	struct ibv_sge s = { (uintptr_t)a.buf, 8, a.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 8, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+	wr.wr.rdma.remote_addr = (uintptr_t)b.buf;
+	wr.wr.rdma.rkey = b.mr->rkey ^ 0x55;
+	CHECK(ibv_post_send(a.qp, &wr, &bad) == 0, "ibv_post_send");
+	struct ibv_wc wc = wait_one(a.cq);
+	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "bad rkey: %s", ibv_wc_status_str(wc.status));
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(a.qp, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_ERR, "query: state %d",
+	      qa.qp_state);
+	CHECK(a.qp->state == IBV_QPS_ERR, "qp->state is %d after ibv_query_qp returned %d", a.qp->state, qa.qp_state);
+}
+
+/* verbs.h: srq_limit is "The limit value of the SRQ (irrelevant for ibv_create_srq)". */
+static void create_srq_ignores_limit(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd, "ibv_alloc_pd");
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1, .srq_limit = 1000 } };
+	errno = 0;
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	CHECK(srq, "ibv_create_srq with srq_limit %u above max_wr: errno %d", 1000u, errno);
+	struct ibv_srq_attr q;
+	CHECK(ibv_query_srq(srq, &q) == 0 && q.srq_limit == 0, "the SRQ was armed at creation: limit %u", q.srq_limit);
+	CHECK(ibv_destroy_srq(srq) == 0, "ibv_destroy_srq");
+}
+
+/* The kernel's ib_check_mr_access refuses Remote Write without Local Write with EINVAL. */
+static void reg_mr_access_errno(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	char *buf = calloc(1, 4096);
+	errno = 0;
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_REMOTE_WRITE);
+	int e = errno;
+	CHECK(!mr && e == EINVAL, "Remote Write without Local Write: mr %p errno %d (%s)", (void *)mr, e, strerror(e));
+}
+
+/* The kernel (ib_umem_get) refuses a range whose end wraps past the top of the address space
+   with EINVAL; softhca registers it, and later accesses index outside any mapping. */
+static void reg_mr_wrapping_range(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	errno = 0;
+	struct ibv_mr *mr = ibv_reg_mr(pd, (void *)(UINTPTR_MAX - 100), 4096, IBV_ACCESS_LOCAL_WRITE);
+	int e = errno;
+	CHECK(!mr && e == EINVAL, "a wrapping range was registered: mr %p errno %d", (void *)mr, e);
+}
+
+int main(int argc, char **argv)
+{
+	CHECK(argc == 2, "usage: review_abi <check>");
+	test = argv[1];
+	if (!strcmp(test, "async_nonblocking"))
+		async_nonblocking();
+	else if (!strcmp(test, "cq_event_after_destroy"))
+		cq_event_after_destroy();
+	else if (!strcmp(test, "qp_event_after_destroy"))
+		qp_event_after_destroy();
+	else if (!strcmp(test, "query_qp_updates_state"))
+		query_qp_updates_state();
+	else if (!strcmp(test, "create_srq_ignores_limit"))
+		create_srq_ignores_limit();
+	else if (!strcmp(test, "reg_mr_access_errno"))
+		reg_mr_access_errno();
+	else if (!strcmp(test, "reg_mr_wrapping_range"))
+		reg_mr_wrapping_range();
+	else
+		CHECK(0, "unknown check");
+	printf("%s: ok\n", test);
+	return 0;
+}

@@ -1,0 +1,122 @@
+/* A UD responder as verbs programs write it: it answers a datagram at the address of its
+   sender, with ibv_create_ah_from_wc (libibverbs 1.1, which reads the GRH area of the receive
+   buffer). Two devices in one process; prints "review_ud_ah: ok" and exits 0, or names the
+   first check that failed. */
+#include <arpa/inet.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <infiniband/verbs.h>
+
+#define CHECK(c, ...)                                                                          \
+	do {                                                                                       \
+		if (!(c)) {                                                                            \
+			fprintf(stderr, "review_ud_ah: %s:%d: ", __FILE__, __LINE__);                      \
+			fprintf(stderr, __VA_ARGS__);                                                      \
+			fprintf(stderr, "\n");                                                             \
+			exit(1);                                                                           \
+		}                                                                                      \
+	} while (0)
+
+enum { QKEY = 0x11111111, SIZE = 64, GRH = 40 };
+
+struct end {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	char *buf;
+	union ibv_gid gid;
+};
+
+static void open_end(struct ibv_device *dev, struct end *e)
+{
+	e->ctx = ibv_open_device(dev);
+	CHECK(e->ctx, "ibv_open_device");
+	CHECK(ibv_query_gid(e->ctx, 1, 0, &e->gid) == 0, "ibv_query_gid");
+	e->pd = ibv_alloc_pd(e->ctx);
+	e->cq = ibv_create_cq(e->ctx, 16, NULL, NULL, 0);
+	e->buf = calloc(1, 4096);
+	e->mr = ibv_reg_mr(e->pd, e->buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(e->pd && e->cq && e->mr, "setup");
+	struct ibv_qp_init_attr init = {
+		.send_cq = e->cq, .recv_cq = e->cq, .qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	e->qp = ibv_create_qp(e->pd, &init);
+	CHECK(e->qp, "ibv_create_qp");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = QKEY };
+	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0, "INIT");
+	a.qp_state = IBV_QPS_RTR;
+	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE) == 0, "RTR");
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 0;
+	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "RTS");
+}
+
+static void post_recv(struct end *e)
+{
+	struct ibv_sge s = { (uintptr_t)e->buf, GRH + SIZE, e->mr->lkey };
+	struct ibv_recv_wr w = { .wr_id = 1, .sg_list = &s, .num_sge = 1 }, *bad = NULL;
+	CHECK(ibv_post_recv(e->qp, &w, &bad) == 0, "ibv_post_recv");
+}
+
+static void send_to(struct end *e, struct ibv_ah *ah, uint32_t qpn, const char *msg)
+{
+	strcpy(e->buf + 2048, msg);
+	struct ibv_sge s = { (uintptr_t)e->buf + 2048, SIZE, e->mr->lkey };
+	struct ibv_send_wr w = { .wr_id = 2, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND,
+				 .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+	w.wr.ud.ah = ah;
+	w.wr.ud.remote_qpn = qpn;
+	w.wr.ud.remote_qkey = QKEY;
+	CHECK(ibv_post_send(e->qp, &w, &bad) == 0, "ibv_post_send");
+}
+
+static struct ibv_wc wait_one(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	time_t end = time(NULL) + 10;
+	for (;;) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0, "ibv_poll_cq");
+		if (n == 1)
+			return wc;
+		CHECK(time(NULL) < end, "no completion");
+	}
+}
+
+int main(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	CHECK(list && list[0], "ibv_get_device_list");
+	struct end a, b;
+	open_end(list[0], &a);
+	open_end(list[0], &b);
+	post_recv(&a);
+	post_recv(&b);
+
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1 };
+	aa.grh.dgid = b.gid;
+	aa.grh.hop_limit = 1;
+	struct ibv_ah *to_b = ibv_create_ah(a.pd, &aa);
+	CHECK(to_b, "ibv_create_ah");
+	send_to(&a, to_b, b.qp->qp_num, "ping");
+	CHECK(wait_one(a.cq).status == IBV_WC_SUCCESS, "send ping");
+	struct ibv_wc wc = wait_one(b.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_GRH) && strcmp(b.buf + GRH, "ping") == 0,
+	      "ping received");
+
+	/* The reply, addressed from the completion and the GRH area. */
+	struct ibv_ah *to_a = ibv_create_ah_from_wc(b.pd, &wc, (struct ibv_grh *)b.buf, 1);
+	CHECK(to_a, "ibv_create_ah_from_wc");
+	send_to(&b, to_a, wc.src_qp, "pong");
+	CHECK(wait_one(b.cq).status == IBV_WC_SUCCESS, "send pong");
+	wc = wait_one(a.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && strcmp(a.buf + GRH, "pong") == 0, "pong received");
+	printf("review_ud_ah: ok\n");
+	return 0;
+}

@@ -1,0 +1,98 @@
+//! Review findings on the drop-in `libibverbs.so.1`: C programs built against rdma-core's
+//! `infiniband/verbs.h` (`tests/c/review_*.c`), run against softhca's library, checking what
+//! rdma-core's libibverbs does. Every test here failed when it was written; each names the
+//! difference. The helpers are those of `tests/c_programs.rs` (a test file cannot import
+//! another's). Waits in the C programs are hang guards only.
+
+mod common;
+
+use common::*;
+
+/// `ibv_get_async_event` ignores a non-blocking `async_fd` and waits for an event forever
+/// (src/device.rs: a loop of one-hour waits). libibverbs' `ibv_get_async_event` is a `read()`
+/// of `async_fd`: a program that made it non-blocking (as `ibv_get_async_event(3)` shows, and
+/// event loops that drain after a wakeup do) gets -1 with errno EAGAIN when nothing waits.
+#[test]
+fn get_async_event_honours_a_non_blocking_async_fd() {
+    if ready() {
+        run("review_abi", Some("async_nonblocking"));
+    }
+}
+
+/// A CQ destroyed while its completion event sits unread in the channel leaves the event
+/// behind: the next `ibv_get_cq_event` on the shared channel fails with -1/EINVAL (the CQ is
+/// gone from the channel's map) instead of returning the next live CQ's event. The kernel
+/// (`ib_uverbs_release_ucq`) removes a destroyed CQ's pending events from its channel, so
+/// with libibverbs the program gets CQ b's event.
+#[test]
+fn destroying_a_cq_drops_its_pending_channel_events() {
+    if ready() {
+        run("review_abi", Some("cq_event_after_destroy"));
+    }
+}
+
+/// An asynchronous event of a QP destroyed before the program read it is still delivered,
+/// with `element.qp == NULL` (the QP is gone from `Objects`), so an event loop that
+/// dereferences `ev.element.qp` crashes. The kernel (`ib_uverbs_release_uevent`) removes a
+/// destroyed object's unread events; libibverbs then returns the next live QP's event.
+#[test]
+fn destroying_a_qp_drops_its_unread_async_events() {
+    if ready() {
+        run("review_abi", Some("qp_event_after_destroy"));
+    }
+}
+
+/// `ibv_query_qp` with `IBV_QP_STATE` does not store the state it read in `qp->state`
+/// (src/qp.rs `ibv_query_qp`); libibverbs' `ibv_query_qp` does (`if (attr_mask &
+/// IBV_QP_STATE) qp->state = attr->qp_state;`), so a QP that moved to Error by itself still
+/// shows RTS in `qp->state` after the program asked.
+#[test]
+fn query_qp_updates_the_qp_state_field() {
+    if ready() {
+        run("review_abi", Some("query_qp_updates_state"));
+    }
+}
+
+/// `ibv_create_srq` passes `attr.srq_limit` to softhca, which refuses a limit above max_wr
+/// (EINVAL) and otherwise arms the limit at creation. verbs.h documents srq_limit as
+/// "irrelevant for ibv_create_srq": the limit is only set by `ibv_modify_srq(IBV_SRQ_LIMIT)`,
+/// so creation must succeed with the SRQ unarmed (limit 0).
+#[test]
+fn create_srq_ignores_srq_limit() {
+    if ready() {
+        run("review_abi", Some("create_srq_ignores_limit"));
+    }
+}
+
+/// `ibv_reg_mr` with Remote Write but no Local Write fails with errno EACCES (errno_of maps
+/// softhca's InvalidAccess to EACCES); libibverbs (the kernel's `ib_check_mr_access`) fails
+/// it with EINVAL.
+#[test]
+fn reg_mr_remote_write_without_local_write_is_einval() {
+    if ready() {
+        run("review_abi", Some("reg_mr_access_errno"));
+    }
+}
+
+/// `ibv_reg_mr` registers a range whose end wraps past the top of the address space
+/// (`reg_mr_raw` checks only for a null address). The kernel (`ib_umem_get`) refuses it with
+/// EINVAL; softhca hands out keys to memory that does not exist.
+#[test]
+fn reg_mr_refuses_a_wrapping_range() {
+    if ready() {
+        run("review_abi", Some("reg_mr_wrapping_range"));
+    }
+}
+
+/// `ibv_create_ah_from_wc` (IBVERBS_1.1) is not exported, nor `ibv_init_ah_from_wc`, so the
+/// usual UD responder (answer the sender of a datagram) dies with "symbol lookup error" when
+/// it first calls it. libibverbs builds the address from the completion and the GRH area
+/// (softhca already writes the IPv4 header at bytes 20..40 of it). Also missing: every
+/// IBVERBS_1.9 … 1.14 version node (a program using e.g. `ibv_get_device_index` or
+/// `ibv_query_gid_ex` does not load at all), `ibv_rate_to_mult`, `ibv_attach_mcast`, ….
+#[test]
+fn ud_responder_replies_with_ibv_create_ah_from_wc() {
+    if ready() {
+        run("review_ud_ah", None);
+    }
+}
