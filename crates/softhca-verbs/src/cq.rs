@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -23,6 +24,9 @@ struct Channel {
 pub(crate) struct Cq {
     pub ibv: ibv_cq,
     pub cq: SoftCq,
+    /// Completion events `ibv_get_cq_event` returned for this CQ (counted under the channel's
+    /// map lock); Destroy CQ waits until the program acknowledged as many.
+    delivered: std::sync::atomic::AtomicU32,
 }
 
 /// # Safety
@@ -93,7 +97,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         async_events_completed: 0,
     };
     let handle = soft.handle();
-    let p = Box::into_raw(Box::new(Cq { ibv, cq: soft }));
+    let p = Box::into_raw(Box::new(Cq { ibv, cq: soft, delivered: Default::default() }));
     if let Some(ch) = ch {
         ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, p as usize);
     }
@@ -113,6 +117,21 @@ pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
         // SAFETY: the channel outlives its CQs (destroying it is refused while it has any).
         let ch = unsafe { &*(q.ibv.channel as *const Channel) };
         ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle);
+        // As libibverbs: wait until every event handed out for this CQ was acknowledged, so
+        // that no thread still holds it from ibv_get_cq_event when it is freed. (No event
+        // can be handed out any more: the CQ left the channel's map above.)
+        let delivered = q.delivered.load(Ordering::SeqCst);
+        // SAFETY: the CQ's own mutex and condition variable, used in place.
+        unsafe {
+            let m = std::ptr::addr_of_mut!((*c).mutex);
+            let cv = std::ptr::addr_of_mut!((*c).cond);
+            let done = std::ptr::addr_of!((*c).comp_events_completed);
+            libc::pthread_mutex_lock(m);
+            while done.read() != delivered {
+                libc::pthread_cond_wait(cv, m);
+            }
+            libc::pthread_mutex_unlock(m);
+        }
     }
     // SAFETY: the CQ's context is open.
     let cx = unsafe { ctx(q.ibv.context) };
@@ -165,12 +184,19 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             None => continue,
         }
     };
-    let Some(p) = ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).get(&got.handle()).copied() else {
-        set_errno(libc::EINVAL);
-        return -1;
+    let p = {
+        let map = ch.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(&p) = map.get(&got.handle()) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // Counted before the map lock is released: a Destroy CQ that removes it afterwards
+        // waits for this event's acknowledgement.
+        // SAFETY: in the map, so not yet destroyed.
+        unsafe { &*(p as *const Cq) }.delivered.fetch_add(1, Ordering::SeqCst);
+        p as *mut Cq
     };
-    let p = p as *mut Cq;
-    // SAFETY: `p` is a live CQ of this channel (removed from the map when destroyed); the
+    // SAFETY: `p` stays live until the program acknowledges this event (see Destroy CQ); the
     // out-pointers are writable.
     unsafe {
         *cq_out = p.cast();
@@ -188,6 +214,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(c: *mut ibv_cq, nevents: c_uint) {
         libc::pthread_mutex_lock(m);
         let n = std::ptr::addr_of_mut!((*c).comp_events_completed);
         n.write(n.read().wrapping_add(nevents));
+        libc::pthread_cond_signal(std::ptr::addr_of_mut!((*c).cond));
         libc::pthread_mutex_unlock(m);
     }
 }
