@@ -368,8 +368,11 @@ impl UdpDevice {
             sys::drop_all(fd)?;
         }
         let gid = Gid::from_ipv6(verify::gid_addr(addr));
-        let ctx = Context::create(DeviceConfig::default().name(cfg.name.clone()).gid0(gid))
-            .map_err(|e| io::Error::other(e.to_string()))?;
+        let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
+        if let Some(mtu) = sys::interface_mtu(addr) {
+            dcfg.port.active_mtu = active_mtu(mtu, addr.is_ipv6());
+        }
+        let ctx = Context::create(dcfg).map_err(|e| io::Error::other(e.to_string()))?;
         let pcap = match &cfg.pcap {
             Some(p) => Some(PcapTap::new(BufWriter::new(File::create(p)?))?),
             None => None,
@@ -504,6 +507,20 @@ impl Drop for UdpDevice {
             }
         }
     }
+}
+
+/// The largest IBA MTU whose packets fit the interface's MTU (`iface`, bytes of IP datagram)
+/// with the headers around them: IP, UDP, BTH, the longest extended header a payload-carrying
+/// packet adds (RETH + ImmDt), ICRC. The port reports it as its active MTU, which bounds a
+/// QP's path MTU, so that DF datagrams are never too big for the link.
+fn active_mtu(iface: u32, ipv6: bool) -> crate::verbs::Mtu {
+    use crate::verbs::Mtu;
+    let overhead = if ipv6 { 40 } else { 20 } + UDP_HEADER_LEN as u32 + BTH_LEN as u32 + 16 + 4 + ICRC_LEN as u32;
+    let room = iface.saturating_sub(overhead);
+    [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512]
+        .into_iter()
+        .find(|m| m.bytes() <= room)
+        .unwrap_or(Mtu::Mtu256)
 }
 
 /// Whether the kernel accepts UDP_SEGMENT for this family.
@@ -1491,5 +1508,32 @@ fn mac_of(d: &[u8], at: usize) -> [u8; 6] {
     match d.first().map(|b| b >> 4) {
         Some(4) if d.len() >= at + 4 => [0x02, 0, d[at], d[at + 1], d[at + 2], d[at + 3]],
         _ => crate::link::pcap::UNKNOWN_MAC,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::Mtu;
+
+    /// PKT-ROCE-1: a RoCEv2 packet is IP + UDP + BTH + extended headers + payload + ICRC, so
+    /// a 1500-byte Ethernet MTU carries 1024-byte IBA payloads, a 9000-byte one 4096.
+    #[test]
+    fn the_active_mtu_fits_the_interface() {
+        assert_eq!(active_mtu(1500, false), Mtu::Mtu1024);
+        assert_eq!(active_mtu(1500, true), Mtu::Mtu1024);
+        assert_eq!(active_mtu(9000, false), Mtu::Mtu4096);
+        assert_eq!(active_mtu(65536, false), Mtu::Mtu4096);
+        assert_eq!(active_mtu(4096 + 63, false), Mtu::Mtu2048);
+        assert_eq!(active_mtu(4096 + 64, false), Mtu::Mtu4096);
+        assert_eq!(active_mtu(576, false), Mtu::Mtu512);
+        assert_eq!(active_mtu(0, false), Mtu::Mtu256);
+    }
+
+    #[test]
+    fn loopback_carries_4096() {
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let mtu = sys::interface_mtu(lo).expect("lo has an MTU");
+        assert_eq!(active_mtu(mtu, false), Mtu::Mtu4096);
     }
 }

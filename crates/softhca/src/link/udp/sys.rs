@@ -531,6 +531,51 @@ fn drain_errqueue(fd: RawFd) {
     }
 }
 
+/// The MTU of the interface that holds `addr` (getifaddrs, then sysfs), if it can be found.
+pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a list it allocates, freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*at };
+        // SAFETY: a non-null ifa_addr points at a sockaddr, whose family field comes first.
+        let family = (!ifa.ifa_addr.is_null()).then(|| unsafe { (*ifa.ifa_addr).sa_family } as libc::c_int);
+        let len = match family {
+            Some(libc::AF_INET) => size_of::<libc::sockaddr_in>(),
+            Some(libc::AF_INET6) => size_of::<libc::sockaddr_in6>(),
+            _ => 0,
+        };
+        if len > 0 {
+            // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+            let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+            // SAFETY: the family says ifa_addr holds `len` bytes (its sockaddr type), and
+            // sockaddr_storage is larger than either.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    ifa.ifa_addr.cast::<u8>(),
+                    (&mut ss as *mut libc::sockaddr_storage).cast::<u8>(),
+                    len,
+                )
+            };
+            if CAddr::decode(&ss, len as libc::socklen_t).is_some_and(|a| a.ip() == addr) {
+                // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+                name = Some(unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned());
+                break;
+            }
+        }
+        at = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(list) };
+    let name = name?;
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?.trim().parse().ok()
+}
+
 /// Whether the socket family of `ip` is IPv6.
 pub fn is_v6(ip: IpAddr) -> bool {
     matches!(ip, IpAddr::V6(_))
