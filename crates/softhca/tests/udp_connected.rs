@@ -13,38 +13,6 @@ use softhca::wire::pcap::PcapReader;
 use softhca::*;
 use udp_common::*;
 
-/// Singles and GSO runs both ways on one RC QP pair: Sends, a Write and a Read of 200 KB
-/// (GSO on the requester's flow, then on the responder's), atomics.
-fn traffic(a: &End, b: &End) {
-    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
-    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
-    let n = 200_000usize;
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let src = a.pd.reg_mr((0..n).map(|i| (i * 13) as u8).collect(), all).unwrap();
-    let dst = b.pd.alloc_mr(n, all).unwrap();
-    let (rsge, ssge) = ([dst.sge(0..64)], [src.sge(0..8)]);
-    for round in 0..3u64 {
-        b.qp.post_recv(&(0..20).map(|i| RecvWr::new(i, &rsge)).collect::<Vec<_>>()).unwrap();
-        a.qp.post_send(&(0..20).map(|i| SendWr::send(i, &ssge).signaled()).collect::<Vec<_>>()).unwrap();
-        wait(&a.cq, 20, 10);
-        wait(&b.cq, 20, 10);
-        a.qp.post_send(&[SendWr::rdma_write(100 + round, &[src.sge(0..n)], dst.addr(), dst.rkey()).signaled()])
-            .unwrap();
-        wait(&a.cq, 1, 10);
-        let back = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
-        a.qp.post_send(&[SendWr::rdma_read(200 + round, &[back.sge(0..n)], dst.addr(), dst.rkey()).signaled()])
-            .unwrap();
-        let w = wait(&a.cq, 1, 10);
-        assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
-        assert_eq!(back.to_vec().unwrap(), src.to_vec().unwrap());
-        a.qp.post_send(&[
-            SendWr::atomic_fetch_add(300 + round, &[back.sge(0..8)], dst.addr(), dst.rkey(), 1).signaled()
-        ])
-        .unwrap();
-        assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
-    }
-}
-
 fn clean(c: &UdpCounters) {
     assert_eq!((c.drop_bad_icrc, c.drop_malformed, c.tx_errors, c.tx_port_fallback), (0, 0, 0, 0), "{c:?}");
     assert!(c.rx_datagrams > 0, "{c:?}");

@@ -4,20 +4,8 @@
    Init -> RTR without IBV_QP_MIN_RNR_TIMER (which Linux requires and the digest does not) is
    accepted too. Prints "modify_qp: ok". */
 #include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <infiniband/verbs.h>
-
-#define CHECK(c, ...)                                                                          \
-	do {                                                                                       \
-		if (!(c)) {                                                                            \
-			fprintf(stderr, "modify_qp: line %d: ", __LINE__);                                 \
-			fprintf(stderr, __VA_ARGS__);                                                      \
-			fprintf(stderr, "\n");                                                             \
-			exit(1);                                                                           \
-		}                                                                                      \
-	} while (0)
+#define TEST_NAME "modify_qp"
+#include "verbs_test.h"
 
 static struct ibv_qp *qp_of(struct ibv_pd *pd, struct ibv_cq *cq, enum ibv_qp_type t)
 {

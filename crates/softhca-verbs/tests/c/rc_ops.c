@@ -4,34 +4,10 @@
    Write with a wrong R_Key (Remote Access Error, QP in Error, later WRs flushed), and the
    query verbs. Prints "rc_ops: ok" and exits 0, or names the first check that failed. */
 #include <arpa/inet.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <infiniband/verbs.h>
-
-#define CHECK(c, ...)                                                                          \
-	do {                                                                                       \
-		if (!(c)) {                                                                            \
-			fprintf(stderr, "rc_ops: %s:%d: ", __FILE__, __LINE__);                            \
-			fprintf(stderr, __VA_ARGS__);                                                      \
-			fprintf(stderr, "\n");                                                             \
-			exit(1);                                                                           \
-		}                                                                                      \
-	} while (0)
+#define TEST_NAME "rc_ops"
+#include "verbs_test.h"
 
 enum { N = 65536 };
-
-struct end {
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct ibv_cq *cq;
-	struct ibv_qp *qp;
-	struct ibv_mr *mr;
-	char *buf;
-	union ibv_gid gid;
-};
 
 static void open_end(struct ibv_device *dev, struct end *e)
 {
@@ -60,56 +36,6 @@ static void open_end(struct ibv_device *dev, struct end *e)
 	CHECK(e->qp->state == IBV_QPS_RESET, "new QP state %d", e->qp->state);
 }
 
-static void connect_end(struct end *e, struct end *peer)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-						    IBV_ACCESS_REMOTE_ATOMIC };
-	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
-	      "to INIT");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = peer->qp->qp_num;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = peer->gid;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	CHECK(ibv_modify_qp(e->qp, &a,
-			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
-	      "to RTR");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 4;
-	CHECK(ibv_modify_qp(e->qp, &a,
-			    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				    IBV_QP_MAX_QP_RD_ATOMIC) == 0,
-	      "to RTS");
-	CHECK(e->qp->state == IBV_QPS_RTS, "state after RTS %d", e->qp->state);
-}
-
-/* Polls until one completion arrives (10 s at most). */
-static struct ibv_wc wait_one(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	time_t end = time(NULL) + 10;
-	for (;;) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0, "ibv_poll_cq");
-		if (n == 1)
-			return wc;
-		CHECK(time(NULL) < end, "no completion");
-	}
-}
-
 static void post(struct ibv_qp *qp, struct ibv_send_wr *wr)
 {
 	struct ibv_send_wr *bad = NULL;
@@ -127,8 +53,9 @@ int main(void)
 	open_end(list[0], &b);
 	ibv_free_device_list(list);
 	CHECK(memcmp(&a.gid, &b.gid, sizeof a.gid) != 0, "two devices share a GID");
-	connect_end(&a, &b);
-	connect_end(&b, &a);
+	int all = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+	connect_rc(&a, &b, all, 4);
+	connect_rc(&b, &a, all, 4);
 
 	/* Send with Immediate into a posted receive. */
 	struct ibv_sge rs = { (uintptr_t)b.buf, 64, b.mr->lkey };

@@ -11,19 +11,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <infiniband/verbs.h>
-
 static const char *test = "review_abi";
-
-#define CHECK(c, ...)                                                                          \
-	do {                                                                                       \
-		if (!(c)) {                                                                            \
-			fprintf(stderr, "%s: %s:%d: ", test, __FILE__, __LINE__);                          \
-			fprintf(stderr, __VA_ARGS__);                                                      \
-			fprintf(stderr, "\n");                                                             \
-			exit(1);                                                                           \
-		}                                                                                      \
-	} while (0)
+#define TEST_NAME test
+#include "verbs_test.h"
 
 static void on_alarm(int sig)
 {
@@ -52,20 +42,6 @@ static struct ibv_context *open_ctx(void)
 	return ctx;
 }
 
-/* Polls until one completion arrives (10 s at most: a hang guard). */
-static struct ibv_wc wait_one(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	time_t end = time(NULL) + 10;
-	for (;;) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0, "ibv_poll_cq");
-		if (n == 1)
-			return wc;
-		CHECK(time(NULL) < end, "no completion");
-	}
-}
-
 static void to_init(struct ibv_qp *qp, int access)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
@@ -80,17 +56,6 @@ static void to_error(struct ibv_qp *qp)
 	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE);
 	CHECK(r == 0, "to ERR: %d", r);
 }
-
-/* An RC end: context, PD, CQ, MR over a buffer, QP. */
-struct end {
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct ibv_cq *cq;
-	struct ibv_qp *qp;
-	struct ibv_mr *mr;
-	char *buf;
-	union ibv_gid gid;
-};
 
 static void open_end(struct end *e, enum ibv_qp_type type)
 {
@@ -110,36 +75,6 @@ static void open_end(struct end *e, enum ibv_qp_type type)
 	};
 	e->qp = ibv_create_qp(e->pd, &init);
 	CHECK(e->qp, "ibv_create_qp");
-}
-
-static void connect_rc(struct end *e, struct end *peer)
-{
-	to_init(e->qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-	struct ibv_qp_attr a;
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = peer->qp->qp_num;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = peer->gid;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	CHECK(ibv_modify_qp(e->qp, &a,
-			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-				    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
-	      "to RTR");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	CHECK(ibv_modify_qp(e->qp, &a,
-			    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-				    IBV_QP_MAX_QP_RD_ATOMIC) == 0,
-	      "to RTS");
 }
 
 /* libibverbs' ibv_get_async_event is a read() of async_fd: once the program has made that
@@ -248,8 +183,8 @@ static void query_qp_updates_state(void)
 	struct end a, b;
 	open_end(&a, IBV_QPT_RC);
 	open_end(&b, IBV_QPT_RC);
-	connect_rc(&a, &b);
-	connect_rc(&b, &a);
+	connect_rc(&a, &b, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, 1);
+	connect_rc(&b, &a, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, 1);
 	CHECK(a.qp->state == IBV_QPS_RTS, "state after RTS %d", a.qp->state);
 	/* A Write with a wrong R_Key: Remote Access Error, and the QP moves to Error by itself. */
 	struct ibv_sge s = { (uintptr_t)a.buf, 8, a.mr->lkey };

@@ -8,29 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <infiniband/verbs.h>
-
-#define CHECK(c, ...)                                                                          \
-	do {                                                                                       \
-		if (!(c)) {                                                                            \
-			fprintf(stderr, "review_ud_ah: %s:%d: ", __FILE__, __LINE__);                      \
-			fprintf(stderr, __VA_ARGS__);                                                      \
-			fprintf(stderr, "\n");                                                             \
-			exit(1);                                                                           \
-		}                                                                                      \
-	} while (0)
+#define TEST_NAME "review_ud_ah"
+#include "verbs_test.h"
 
 enum { QKEY = 0x11111111, SIZE = 64, GRH = 40 };
-
-struct end {
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct ibv_cq *cq;
-	struct ibv_qp *qp;
-	struct ibv_mr *mr;
-	char *buf;
-	union ibv_gid gid;
-};
 
 static void open_end(struct ibv_device *dev, struct end *e)
 {
@@ -74,19 +55,6 @@ static void send_to(struct end *e, struct ibv_ah *ah, uint32_t qpn, const char *
 	w.wr.ud.remote_qpn = qpn;
 	w.wr.ud.remote_qkey = QKEY;
 	CHECK(ibv_post_send(e->qp, &w, &bad) == 0, "ibv_post_send");
-}
-
-static struct ibv_wc wait_one(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	time_t end = time(NULL) + 10;
-	for (;;) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		CHECK(n >= 0, "ibv_poll_cq");
-		if (n == 1)
-			return wc;
-		CHECK(time(NULL) < end, "no completion");
-	}
 }
 
 int main(void)
