@@ -9,7 +9,7 @@ use std::time::Duration;
 use softhca::{CompChannel, Cq as SoftCq, NotifyKind, Wc, WcOpcode, WcStatus};
 
 use crate::abi::*;
-use crate::device::ctx;
+use crate::device::{ctx, wait_for_acks};
 use crate::{errno_of, fail, set_errno};
 
 #[repr(C)]
@@ -136,6 +136,16 @@ pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
     // SAFETY: the CQ's context is open.
     let cx = unsafe { ctx(q.ibv.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).cqs.remove(&handle);
+    // SAFETY: the CQ's own fields.
+    unsafe {
+        wait_for_acks(
+            cx,
+            c as usize,
+            std::ptr::addr_of_mut!((*c).mutex),
+            std::ptr::addr_of_mut!((*c).cond),
+            std::ptr::addr_of!((*c).async_events_completed),
+        )
+    };
     // SAFETY: from ibv_create_cq's Box::into_raw, freed once.
     drop(unsafe { Box::from_raw(c as *mut Cq) });
     0

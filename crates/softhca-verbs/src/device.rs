@@ -72,6 +72,48 @@ pub(crate) struct Objects {
     pub qps: HashMap<u32, usize>,
     pub cqs: HashMap<u32, usize>,
     pub srqs: HashMap<u32, usize>,
+    /// Asynchronous events handed out per object (by address): its destroy waits until the
+    /// program acknowledged as many (see [`wait_for_acks`]).
+    pub delivered: HashMap<usize, u32>,
+}
+
+/// Takes `object` out of the event bookkeeping and waits, as libibverbs does, until the
+/// program acknowledged every asynchronous event it was handed for it: the counter at
+/// `acked` under the object's `mutex`, signalled on `cond` by [`ibv_ack_async_event`].
+/// The caller has already removed the object from its map, so no event can name it any more.
+///
+/// # Safety
+/// The three pointers are fields of the live C object at address `object`.
+pub(crate) unsafe fn wait_for_acks(
+    c: &Ctx,
+    object: usize,
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    acked: *const u32,
+) {
+    let delivered = c.objects.lock().unwrap_or_else(|e| e.into_inner()).delivered.remove(&object).unwrap_or(0);
+    // SAFETY: as the caller promises; the counter is read under the mutex that guards it.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        while acked.read() != delivered {
+            libc::pthread_cond_wait(cond, mutex);
+        }
+        libc::pthread_mutex_unlock(mutex);
+    }
+}
+
+/// Adds one acknowledgement to the counter at `acked` under `mutex` and signals `cond`.
+///
+/// # Safety
+/// The pointers are fields of a live C object.
+unsafe fn ack(mutex: *mut libc::pthread_mutex_t, cond: *mut libc::pthread_cond_t, acked: *mut u32) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        acked.write(acked.read().wrapping_add(1));
+        libc::pthread_cond_signal(cond);
+        libc::pthread_mutex_unlock(mutex);
+    }
 }
 
 /// The context behind an `ibv_context` pointer.
@@ -396,36 +438,89 @@ fn event_code(t: AsyncEventType) -> c_int {
 pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
-    let ev = if crate::nonblocking(c.ibv.async_fd) {
-        match c.ctx.get_async_event() {
-            Some(ev) => ev,
-            None => {
-                crate::set_errno(libc::EAGAIN);
-                return -1;
+    loop {
+        let ev = if crate::nonblocking(c.ibv.async_fd) {
+            match c.ctx.get_async_event() {
+                Some(ev) => ev,
+                None => {
+                    crate::set_errno(libc::EAGAIN);
+                    return -1;
+                }
             }
-        }
-    } else {
-        loop {
-            if let Some(ev) = c.ctx.wait_async_event(Duration::from_secs(3600)) {
-                break ev;
+        } else {
+            loop {
+                if let Some(ev) = c.ctx.wait_async_event(Duration::from_secs(3600)) {
+                    break ev;
+                }
             }
+        };
+        let mut objects = c.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let object = match ev.element {
+            EventElement::Qp(qpn) => objects.qps.get(&qpn).copied(),
+            EventElement::Cq(h) => objects.cqs.get(&h).copied(),
+            EventElement::Srq(h) => objects.srqs.get(&h).copied(),
+            EventElement::Port(p) => {
+                let e = ibv_async_event { element: p as usize as *mut c_void, event_type: event_code(ev.event_type) };
+                // SAFETY: the caller passes a writable event.
+                unsafe { std::ptr::write(event, e) };
+                return 0;
+            }
+            EventElement::Device => Some(0),
+        };
+        // An event whose object was destroyed meanwhile names nothing: the next one.
+        let Some(object) = object else { continue };
+        if object != 0 {
+            // Counted under the objects lock: a destroy that takes the object out later waits
+            // for this event's acknowledgement.
+            *objects.delivered.entry(object).or_default() += 1;
         }
-    };
-    let objects = c.objects.lock().unwrap_or_else(|e| e.into_inner());
-    let element = match ev.element {
-        EventElement::Qp(qpn) => objects.qps.get(&qpn).copied().unwrap_or(0) as *mut c_void,
-        EventElement::Cq(h) => objects.cqs.get(&h).copied().unwrap_or(0) as *mut c_void,
-        EventElement::Srq(h) => objects.srqs.get(&h).copied().unwrap_or(0) as *mut c_void,
-        EventElement::Port(p) => p as usize as *mut c_void,
-        EventElement::Device => null_mut(),
-    };
-    // SAFETY: the caller passes a writable event.
-    unsafe { std::ptr::write(event, ibv_async_event { element, event_type: event_code(ev.event_type) }) };
-    0
+        let e = ibv_async_event { element: object as *mut c_void, event_type: event_code(ev.event_type) };
+        // SAFETY: the caller passes a writable event.
+        unsafe { std::ptr::write(event, e) };
+        return 0;
+    }
 }
 
+/// Acknowledges an event: its object's destroy waits for this (see [`wait_for_acks`]).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    // SAFETY: an event ibv_get_async_event filled; its object stays alive until this
+    // acknowledgement (its destroy waits for it).
+    let e = unsafe { &*event };
+    if e.element.is_null() {
+        return;
+    }
+    // SAFETY: as above: the element is the object the event type names.
+    unsafe {
+        match e.event_type {
+            0 => {
+                let c = e.element as *mut ibv_cq;
+                ack(
+                    std::ptr::addr_of_mut!((*c).mutex),
+                    std::ptr::addr_of_mut!((*c).cond),
+                    std::ptr::addr_of_mut!((*c).async_events_completed),
+                )
+            }
+            1..=7 | 16 => {
+                let q = e.element as *mut ibv_qp;
+                ack(
+                    std::ptr::addr_of_mut!((*q).mutex),
+                    std::ptr::addr_of_mut!((*q).cond),
+                    std::ptr::addr_of_mut!((*q).events_completed),
+                )
+            }
+            14 | 15 => {
+                let s = e.element as *mut ibv_srq;
+                ack(
+                    std::ptr::addr_of_mut!((*s).mutex),
+                    std::ptr::addr_of_mut!((*s).cond),
+                    std::ptr::addr_of_mut!((*s).events_completed),
+                )
+            }
+            _ => {}
+        }
+    }
+}
 
 macro_rules! c_strs {
     ($($s:literal),* $(,)?) => { [$(concat!($s, "\0")),*] };

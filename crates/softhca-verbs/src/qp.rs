@@ -9,7 +9,7 @@ use softhca::{
 
 use crate::abi::*;
 use crate::cq::cq;
-use crate::device::ctx;
+use crate::device::{ctx, wait_for_acks};
 use crate::mem::{ah_attr_of, c_ah_attr, pd, Ah};
 use crate::{errno_of, fail};
 
@@ -138,6 +138,16 @@ pub unsafe extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
     // SAFETY: the QP's context is open.
     let cx = unsafe { ctx(x.ibv.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.remove(&x.ibv.qp_num);
+    // SAFETY: the QP's own fields.
+    unsafe {
+        wait_for_acks(
+            cx,
+            q as usize,
+            std::ptr::addr_of_mut!((*q).mutex),
+            std::ptr::addr_of_mut!((*q).cond),
+            std::ptr::addr_of!((*q).events_completed),
+        )
+    };
     // SAFETY: from ibv_create_qp's Box::into_raw, freed once.
     drop(unsafe { Box::from_raw(q as *mut Qp) });
     0
@@ -589,6 +599,16 @@ pub unsafe extern "C" fn ibv_destroy_srq(s: *mut ibv_srq) -> c_int {
     // SAFETY: the SRQ's context is open.
     let cx = unsafe { ctx(x.ibv.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.remove(&x.ibv.handle);
+    // SAFETY: the SRQ's own fields.
+    unsafe {
+        wait_for_acks(
+            cx,
+            s as usize,
+            std::ptr::addr_of_mut!((*s).mutex),
+            std::ptr::addr_of_mut!((*s).cond),
+            std::ptr::addr_of!((*s).events_completed),
+        )
+    };
     // SAFETY: from ibv_create_srq's Box::into_raw, freed once.
     drop(unsafe { Box::from_raw(s as *mut Srq) });
     0

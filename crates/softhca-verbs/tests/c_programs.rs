@@ -86,11 +86,7 @@ fn a_c_program_runs_rc_operations() {
     if !tool("cc") || !verbs_header() {
         return;
     }
-    let exe = compile("rc_ops");
-    let mut c = Command::new(&exe);
-    let out = finish(with_lib(&mut c).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(), 60, "rc_ops");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("rc_ops: ok"), "{text}");
+    run("rc_ops", None);
 }
 
 /// Modify QP through the C ABI accepts what Linux accepts beyond the digest:
@@ -102,11 +98,7 @@ fn modify_qp_accepts_what_linux_accepts() {
     if !tool("cc") || !verbs_header() {
         return;
     }
-    let exe = compile("modify_qp");
-    let mut c = Command::new(&exe);
-    let out = finish(with_lib(&mut c).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(), 60, "modify_qp");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("modify_qp: ok"), "{text}");
+    run("modify_qp", None);
 }
 
 /// `ibv_devinfo -v` shows the device, an active Ethernet port and its RoCE v2 GID.
@@ -172,4 +164,16 @@ fn ibv_srq_pingpong_between_two_processes() {
         return;
     }
     pingpong("ibv_srq_pingpong", &["-n", "200"], 5, &[]);
+}
+
+/// Asynchronous events through the C ABI: Last WQE Reached names the QP (on an SRQ, moved to
+/// Error), and Destroy QP returns once the program acknowledged it (libibverbs' destroy waits
+/// for the acknowledgements of what it handed out).
+/// Rule EVT-LWR-1
+#[test]
+fn async_events_name_their_qp_and_destroy_waits_for_the_ack() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("async_events", None);
 }
