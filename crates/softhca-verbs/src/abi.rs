@@ -32,6 +32,9 @@ pub type ReqNotifyCq = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
 pub type PostSrqRecv = unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type PostSend = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
 pub type PostRecv = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type AllocMw = unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut ibv_mw;
+pub type BindMw = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+pub type DeallocMw = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 
 /// `struct ibv_context_ops`: the entries `verbs.h`'s inline functions call. The `_compat_`
 /// slots are never called by programs built against rdma-core's headers.
@@ -44,9 +47,9 @@ pub struct ibv_context_ops {
     pub _compat_reg_mr: *mut c_void,
     pub _compat_rereg_mr: *mut c_void,
     pub _compat_dereg_mr: *mut c_void,
-    pub alloc_mw: *mut c_void,
-    pub bind_mw: *mut c_void,
-    pub dealloc_mw: *mut c_void,
+    pub alloc_mw: Option<AllocMw>,
+    pub bind_mw: Option<BindMw>,
+    pub dealloc_mw: Option<DeallocMw>,
     pub _compat_create_cq: *mut c_void,
     pub poll_cq: Option<PollCq>,
     pub req_notify_cq: Option<ReqNotifyCq>,
@@ -175,6 +178,31 @@ pub struct ibv_mr {
     pub handle: u32,
     pub lkey: u32,
     pub rkey: u32,
+}
+
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub mw_type: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 #[repr(C)]
@@ -471,6 +499,7 @@ pub fn layout_report() -> String {
         ($t:ident: $($f:ident),*) => { $( let _ = writeln!(out, "{}.{} {}", stringify!($t), stringify!($f), offset_of!($t, $f)); )* };
     }
     size!(ibv_device, ibv_context_ops, ibv_device_attr, ibv_gid, ibv_pd, ibv_mr, ibv_comp_channel, ibv_cq, ibv_srq);
+    size!(ibv_mw, ibv_mw_bind_info, ibv_mw_bind);
     size!(ibv_qp, ibv_ah, ibv_wc, ibv_sge, ibv_send_wr, ibv_recv_wr, ibv_qp_cap, ibv_qp_init_attr);
     size!(ibv_global_route, ibv_ah_attr, ibv_qp_attr, ibv_srq_attr, ibv_srq_init_attr, ibv_async_event);
     off!(ibv_device: node_type, name, dev_name, dev_path, ibdev_path);
@@ -480,6 +509,10 @@ pub fn layout_report() -> String {
     off!(ibv_port_attr: state, active_mtu, gid_tbl_len, max_msg_sz, pkey_tbl_len, lid, lmc, active_width, link_layer);
     off!(ibv_mr: addr, length, handle, lkey, rkey);
     off!(ibv_comp_channel: fd, refcnt);
+    off!(ibv_mw: pd, rkey, handle, mw_type);
+    off!(ibv_mw_bind_info: addr, length, mw_access_flags);
+    off!(ibv_mw_bind: send_flags, bind_info);
+    off!(ibv_context_ops: alloc_mw, bind_mw, dealloc_mw);
     off!(ibv_cq: channel, cq_context, handle, cqe, mutex, cond, comp_events_completed, async_events_completed);
     off!(ibv_srq: srq_context, pd, handle, mutex, cond, events_completed);
     off!(ibv_qp: qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type, mutex, cond, events_completed);

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use softhca::{Access, Ah as SoftAh, AhAttr, Gid, GlobalRoute, Mr as SoftMr, Pd as SoftPd};
+use softhca::{Access, Ah as SoftAh, AhAttr, Gid, GlobalRoute, Mr as SoftMr, Mw as SoftMw, Pd as SoftPd};
 
 use crate::abi::*;
 use crate::device::ctx;
@@ -22,9 +22,43 @@ pub(crate) unsafe fn pd<'a>(p: *mut ibv_pd) -> &'a Pd {
 }
 
 #[repr(C)]
-struct Mr {
-    ibv: ibv_mr,
-    mr: SoftMr,
+pub(crate) struct Mr {
+    pub ibv: ibv_mr,
+    pub mr: SoftMr,
+}
+
+#[repr(C)]
+pub(crate) struct Mw {
+    pub ibv: ibv_mw,
+    pub mw: SoftMw,
+}
+
+/// `ops.alloc_mw`: type 1 windows (softhca has no type 2).
+pub(crate) unsafe extern "C" fn alloc_mw(p: *mut ibv_pd, mw_type: c_int) -> *mut ibv_mw {
+    if mw_type != 1 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: a live PD.
+    let pd = unsafe { pd(p) };
+    match pd.pd.alloc_mw() {
+        Ok(mw) => {
+            let ibv = ibv_mw { context: pd.ibv.context, pd: p, rkey: mw.rkey(), handle: mw.rkey() >> 8, mw_type };
+            Box::into_raw(Box::new(Mw { ibv, mw })).cast()
+        }
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// `ops.dealloc_mw`.
+pub(crate) unsafe extern "C" fn dealloc_mw(m: *mut ibv_mw) -> c_int {
+    // SAFETY: a live window from alloc_mw.
+    let w = unsafe { &*(m as *const Mw) };
+    if let Err(e) = w.mw.dealloc() {
+        return errno_of(&e);
+    }
+    // SAFETY: from alloc_mw's Box::into_raw, freed once.
+    drop(unsafe { Box::from_raw(m as *mut Mw) });
+    0
 }
 
 #[repr(C)]

@@ -10,7 +10,7 @@ use softhca::{
 use crate::abi::*;
 use crate::cq::cq;
 use crate::device::{ctx, wait_for_acks};
-use crate::mem::{ah_attr_of, c_ah_attr, pd, Ah};
+use crate::mem::{ah_attr_of, c_ah_attr, pd, Ah, Mr, Mw};
 use crate::{errno_of, fail};
 
 #[repr(C)]
@@ -475,6 +475,35 @@ pub(crate) unsafe extern "C" fn post_send(
         w = unsafe { (*w).next };
     }
     0
+}
+
+/// `ops.bind_mw` (`ibv_bind_mw`, type 1): posts a Bind MW work request whose new R_Key is the
+/// window's current one with its low byte incremented (`ibv_inc_rkey`), and gives the window
+/// that R_Key at once, as libibverbs does; the program uses it once the bind completed.
+pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut ibv_mw_bind) -> c_int {
+    // SAFETY: a live QP, a live window and a readable bind description, as verbs.h's inline
+    // ibv_bind_mw passes them.
+    let (x, w, b) = unsafe { (qp(q), &*(m as *const Mw), &*b) };
+    if b.bind_info.mr.is_null() {
+        return libc::EOPNOTSUPP; // unbinding (a zero-length bind) is not implemented
+    }
+    // SAFETY: a live region from ibv_reg_mr.
+    let mr = unsafe { &*(b.bind_info.mr as *const Mr) };
+    // SAFETY: the program's copy of the R_Key, read in place.
+    let current = unsafe { std::ptr::addr_of!((*m).rkey).read() };
+    let next = (current as u8).wrapping_add(1);
+    let access = Access::from_bits_truncate(b.bind_info.mw_access_flags)
+        & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+    let mut wr = SendWr::bind_mw(b.wr_id, &w.mw, &mr.mr, b.bind_info.addr, b.bind_info.length, access).new_key(next);
+    wr.send_flags = SendFlags::from_bits_truncate(b.send_flags);
+    match x.qp.post_send(&[wr]) {
+        Ok(()) => {
+            // SAFETY: as above, written in place.
+            unsafe { std::ptr::addr_of_mut!((*m).rkey).write((current & !0xff) | u32::from(next)) };
+            0
+        }
+        Err(PostError { error, .. }) => errno_of(&error),
+    }
 }
 
 /// Posts a C receive list through `post` (a QP's RQ or an SRQ), one WR at a time.

@@ -177,3 +177,15 @@ fn async_events_name_their_qp_and_destroy_waits_for_the_ack() {
     }
     run("async_events", None);
 }
+
+/// Memory windows through the C ABI: a type 1 window bound with `ibv_bind_mw` carries the
+/// R_Key `ibv_inc_rkey` gives at once, grants its range to an RDMA Write, and after a rebind
+/// the old R_Key is refused; type 2 is EOPNOTSUPP.
+/// Rule WR-BIND-1, WR-BIND-6
+#[test]
+fn memory_windows_through_the_c_abi() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("mw", None);
+}

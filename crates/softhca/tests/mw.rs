@@ -122,3 +122,40 @@ fn dealloc_window() {
     );
     region.dereg().unwrap();
 }
+
+/// A consumer may choose the key byte of the window's next R_Key (as libibverbs'
+/// `ibv_bind_mw` does with `ibv_inc_rkey`): the bind gives the window exactly that R_Key, and
+/// the old one stops working; naming the current key byte again fails the bind.
+/// Rule WR-BIND-1, WR-BIND-6
+#[test]
+fn bind_with_a_chosen_key_byte() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let region = p.b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    let mw = p.b.pd.alloc_mw().unwrap();
+    let before = mw.rkey();
+    let next = (before as u8).wrapping_add(1);
+    let bind =
+        |id: u64, byte: u8| SendWr::bind_mw(id, &mw, &region, region.addr(), 4096, Access::REMOTE_WRITE).new_key(byte);
+    p.b.qp.post_send(&[bind(1, next).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.b.cq), vec![(1, WcStatus::Success, WcOpcode::BindMw)]);
+    assert_eq!(mw.rkey(), (before & !0xff) | u32::from(next));
+    let src = p.a.pd.reg_mr(vec![7; 64], Access::LOCAL_WRITE).unwrap();
+    p.a.qp.post_send(&[SendWr::rdma_write(10, &[src.sge(0..64)], region.addr(), before).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq)[0].1, WcStatus::RemAccessErr, "the old R_Key still works");
+
+    // On a fresh pair: the current key byte again is refused, the key stays.
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let region = p.b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    let mw = p.b.pd.alloc_mw().unwrap();
+    let before = mw.rkey();
+    p.b.qp
+        .post_send(&[SendWr::bind_mw(2, &mw, &region, region.addr(), 4096, Access::REMOTE_WRITE)
+            .new_key(before as u8)
+            .signaled()])
+        .unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.b.cq), vec![(2, WcStatus::MwBindErr, WcOpcode::BindMw)]);
+    assert_eq!(mw.rkey(), before);
+}

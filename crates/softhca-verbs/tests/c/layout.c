@@ -11,6 +11,7 @@ int main(void)
 {
 	SIZE(ibv_device); SIZE(ibv_context_ops); SIZE(ibv_device_attr); printf("ibv_gid %zu\n", sizeof(union ibv_gid));
 	SIZE(ibv_pd); SIZE(ibv_mr); SIZE(ibv_comp_channel); SIZE(ibv_cq); SIZE(ibv_srq);
+	SIZE(ibv_mw); SIZE(ibv_mw_bind_info); SIZE(ibv_mw_bind);
 	SIZE(ibv_qp); SIZE(ibv_ah); SIZE(ibv_wc); SIZE(ibv_sge); SIZE(ibv_send_wr); SIZE(ibv_recv_wr);
 	SIZE(ibv_qp_cap); SIZE(ibv_qp_init_attr);
 	SIZE(ibv_global_route); SIZE(ibv_ah_attr); SIZE(ibv_qp_attr); SIZE(ibv_srq_attr); SIZE(ibv_srq_init_attr);
@@ -29,6 +30,10 @@ int main(void)
 	OFF(ibv_port_attr, active_width); OFF(ibv_port_attr, link_layer);
 	OFF(ibv_mr, addr); OFF(ibv_mr, length); OFF(ibv_mr, handle); OFF(ibv_mr, lkey); OFF(ibv_mr, rkey);
 	OFF(ibv_comp_channel, fd); OFF(ibv_comp_channel, refcnt);
+	OFF(ibv_mw, pd); OFF(ibv_mw, rkey); OFF(ibv_mw, handle); printf("ibv_mw.mw_type %zu\n", offsetof(struct ibv_mw, type));
+	OFF(ibv_mw_bind_info, addr); OFF(ibv_mw_bind_info, length); OFF(ibv_mw_bind_info, mw_access_flags);
+	OFF(ibv_mw_bind, send_flags); OFF(ibv_mw_bind, bind_info);
+	OFF(ibv_context_ops, alloc_mw); OFF(ibv_context_ops, bind_mw); OFF(ibv_context_ops, dealloc_mw);
 	OFF(ibv_cq, channel); OFF(ibv_cq, cq_context); OFF(ibv_cq, handle); OFF(ibv_cq, cqe); OFF(ibv_cq, mutex);
 	OFF(ibv_cq, cond); OFF(ibv_cq, comp_events_completed); OFF(ibv_cq, async_events_completed);
 	OFF(ibv_srq, srq_context); OFF(ibv_srq, pd); OFF(ibv_srq, handle); OFF(ibv_srq, mutex); OFF(ibv_srq, cond);

@@ -74,13 +74,21 @@ impl KeyTable {
     }
 
     /// Gives the entry behind `key` a new key in the same slot (a memory window's R_Key changes
-    /// at every bind), so the old key stops working.
-    pub(crate) fn rekey(&mut self, rng: &mut impl Rng, key: u32) -> Option<u32> {
+    /// at every bind), so the old key stops working: with key byte `byte` when the consumer
+    /// chose one (it must differ from the current one), else a fresh random one.
+    pub(crate) fn rekey(&mut self, rng: &mut impl Rng, key: u32, byte: Option<u8>) -> Option<u32> {
         let slot = key >> 8;
         if self.slots.get(slot as usize)?.as_ref().is_none_or(|(k, _)| *k != key) {
             return None;
         }
-        let new = self.fresh_byte(rng, slot);
+        let new = match byte {
+            Some(b) if u32::from(b) == key & 0xff => return None,
+            Some(b) => {
+                self.last_key_byte[slot as usize] = b;
+                slot << 8 | u32::from(b)
+            }
+            None => self.fresh_byte(rng, slot),
+        };
         if let Some((k, _)) = self.slots[slot as usize].as_mut() {
             *k = new;
         }

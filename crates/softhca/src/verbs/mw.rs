@@ -97,6 +97,8 @@ pub(crate) struct BindRequest {
     pub addr: u64,
     pub length: u64,
     pub access: Access,
+    /// The key byte the consumer chose for the window's next R_Key, if it did.
+    pub new_key: Option<u8>,
 }
 
 impl std::fmt::Debug for BindRequest {
@@ -136,7 +138,7 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::r
     if st.key != b.rkey {
         return fail;
     }
-    let Some(new_key) = keys.rekey(&mut *rng, st.key) else { return fail };
+    let Some(new_key) = keys.rekey(&mut *rng, st.key, b.new_key) else { return fail };
     dev.key_gen.fetch_add(1, Ordering::AcqRel);
     st.key = new_key;
     mr.windows.fetch_add(1, Ordering::AcqRel);

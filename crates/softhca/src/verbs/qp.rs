@@ -1387,6 +1387,7 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
         addr: b.addr,
         length: b.length,
         access: b.access,
+        new_key: b.new_key,
     });
 }
 

@@ -120,6 +120,10 @@ pub struct MwBind<'a> {
     pub length: u64,
     /// Any of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC (WR-BIND-2).
     pub access: super::types::Access,
+    /// The key byte (the R_Key's low 8 bits) the window is to carry after the bind, as a
+    /// consumer that chooses its R_Keys names it (libibverbs' `ibv_inc_rkey`); None: softhca
+    /// picks one. It must differ from the current one, or the bind fails.
+    pub new_key: Option<u8>,
 }
 
 impl<'a> SendWr<'a> {
@@ -136,9 +140,18 @@ impl<'a> SendWr<'a> {
         SendWr {
             wr_id,
             opcode: WrOpcode::BindMw,
-            bind: Some(MwBind { mw, rkey: mw.rkey(), mr, addr, length, access }),
+            bind: Some(MwBind { mw, rkey: mw.rkey(), mr, addr, length, access, new_key: None }),
             ..Default::default()
         }
+    }
+
+    /// A Bind MW with the key byte the window's next R_Key is to carry (a consumer that
+    /// chooses its R_Keys, as libibverbs' `ibv_bind_mw` does with `ibv_inc_rkey`).
+    pub fn new_key(mut self, byte: u8) -> Self {
+        if let Some(b) = self.bind.as_mut() {
+            b.new_key = Some(byte);
+        }
+        self
     }
 
     pub fn send(wr_id: u64, sg_list: &'a [Sge]) -> Self {
