@@ -267,6 +267,9 @@ struct Shared {
     last_inline: AtomicU64,
     /// The doorbell count the last transmit flush covered.
     rings_flushed: AtomicU64,
+    /// An inline turn took packets in after its flush: what they produced (ACKs) waits for
+    /// the next turn.
+    owed: AtomicBool,
 }
 
 /// What the engine thread, the doorbell and the progress hook share. The engine's state is
@@ -430,12 +433,6 @@ impl UdpDevice {
                 l.ring();
             }
         });
-        let weak = Arc::downgrade(&link);
-        ctx.set_flush(move || {
-            if let Some(l) = weak.upgrade() {
-                l.flush_now();
-            }
-        });
         if cfg.busy_poll {
             let weak = Arc::downgrade(&link);
             ctx.set_progress(Some(Arc::new(move || {
@@ -493,8 +490,9 @@ impl UdpDevice {
 
 impl Drop for UdpDevice {
     fn drop(&mut self) {
-        // What the device owes its peers (ACKs of what was completed) leaves before it closes.
-        self.link.flush_now();
+        // What the device owes its peers (ACKs of what was completed, those of destroyed QPs)
+        // leaves before it closes; handlers that fires run after the engine is let go.
+        crate::verbs::callbacks::scope(|| self.link.drive_inline(false));
         self.ctx.set_progress(None);
         self.ctx.clear_doorbell();
         self.link.shared.stop.store(true, Ordering::SeqCst);
@@ -686,9 +684,11 @@ impl Link {
                 let now = self.now();
                 if full {
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
-                    e.turn(true, now);
+                    let worked = e.turn(true, now);
+                    self.shared.owed.store(worked, Ordering::SeqCst);
                 } else {
                     e.flush_tx(now);
+                    self.shared.owed.store(false, Ordering::SeqCst);
                 }
                 self.shared.rings_flushed.store(seen, Ordering::SeqCst);
                 e.resume.is_some() || e.io.tx_backlog
@@ -697,18 +697,6 @@ impl Link {
                 return left;
             }
             full = false;
-        }
-    }
-
-    /// Sends what the transport has queued now (the flush hook). If another thread holds the
-    /// engine — the engine thread in its turn, which ends with a flush, or this very thread,
-    /// from a handler — that turn sends it.
-    fn flush_now(&self) {
-        let seen = self.shared.rings.load(Ordering::SeqCst);
-        if let Some(mut e) = self.try_engine() {
-            let now = self.now();
-            e.flush_tx(now);
-            self.shared.rings_flushed.store(seen, Ordering::SeqCst);
         }
     }
 
@@ -763,9 +751,11 @@ impl Link {
         while !self.shared.stop.load(Ordering::Acquire) {
             if let Some(nap) = self.inline_active(self.now()) {
                 // A doorbell left to a poller that stopped polling right after it (the
-                // application posted its last request and went to sleep) is flushed here.
-                let deferred =
-                    self.shared.rings.load(Ordering::SeqCst) != self.shared.rings_flushed.load(Ordering::SeqCst);
+                // application posted its last request and went to sleep), or ACKs its last
+                // turn left for the next, are flushed here.
+                let deferred = self.shared.rings.load(Ordering::SeqCst)
+                    != self.shared.rings_flushed.load(Ordering::SeqCst)
+                    || self.shared.owed.load(Ordering::SeqCst);
                 if deferred && !self.poller_spinning() && self.drive_inline(false) {
                     continue;
                 }

@@ -165,6 +165,10 @@ impl Context {
 
     fn transmit_locked(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
         let dev = &self.inner;
+        if let Some(len) = dev.take_orphan(buf) {
+            dev.stats.tx_packets.inc();
+            return Some(len);
+        }
         // The RD channels and the QPs take turns going first, so that neither starves the other.
         let rd_first = dev.counts.eec.load(Ordering::Relaxed) > 0 && !dev.rd_turn.fetch_xor(true, Ordering::Relaxed);
         if rd_first {
@@ -581,6 +585,24 @@ pub(crate) fn gather(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut dst
         offset = 0;
     }
     dst.is_empty()
+}
+
+/// The ACKs and NAKs a QP still owes, built now (Destroy QP hands them to the device: the
+/// application may already have seen the completions they acknowledge, PKT-ACK-13). Read
+/// responses and Atomic ACKs owed are not: the QP's resources go with it.
+pub(crate) fn owed_acks(q: &QpInner, core: &mut QpCore) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while matches!(core.resp.out.front(), Some(RespJob::Ack { .. })) {
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        match emit_response(q, core, &mut buf) {
+            Some(len) => {
+                buf.truncate(len);
+                out.push(buf);
+            }
+            None => break,
+        }
+    }
+    out
 }
 
 fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize> {

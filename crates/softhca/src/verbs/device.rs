@@ -280,8 +280,10 @@ pub(crate) struct DeviceInner {
     pub async_events: AsyncQueue,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
     pub doorbell: RwLock<Option<Doorbell>>,
-    /// Sends what the transport has queued now (see [`Context::set_flush`]).
-    pub flush: RwLock<Option<Doorbell>>,
+    /// Datagrams built for QPs that no longer exist (the ACKs a destroyed QP owed), sent by
+    /// the next `transmit` before anything else; `orphaned` says whether there are any.
+    pub orphans: Mutex<VecDeque<Vec<u8>>>,
+    pub orphaned: AtomicBool,
     pub progress: RwLock<Option<Progress>>,
 }
 
@@ -342,13 +344,29 @@ impl DeviceInner {
         }
     }
 
-    /// Asks the driver, if it installed a flush hook, to send what the transport has queued
-    /// now (ACKs a QP owes before it is destroyed).
-    pub fn flush_now(&self) {
-        let hook = self.flush.read().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(hook) = hook {
-            hook();
+    /// Hands datagrams a destroyed QP still owed to the next `transmit` and rings the doorbell.
+    pub(crate) fn orphan(&self, datagrams: Vec<Vec<u8>>) {
+        if datagrams.is_empty() {
+            return;
         }
+        self.orphans.lock().unwrap_or_else(|e| e.into_inner()).extend(datagrams);
+        self.orphaned.store(true, Ordering::Release);
+        self.ring();
+    }
+
+    /// The next orphaned datagram, copied into `buf` (see [`DeviceInner::orphan`]).
+    pub(crate) fn take_orphan(&self, buf: &mut [u8]) -> Option<usize> {
+        if !self.orphaned.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut q = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = q.pop_front() else {
+            self.orphaned.store(false, Ordering::Release);
+            return None;
+        };
+        let len = d.len().min(buf.len());
+        buf[..len].copy_from_slice(&d[..len]);
+        Some(len)
     }
 
     /// Rings the doorbell, if a driver installed one, so that it runs the engine.
@@ -459,7 +477,8 @@ impl Context {
             },
             comp_handler: RwLock::new(None),
             doorbell: RwLock::new(None),
-            flush: RwLock::new(None),
+            orphans: Mutex::new(VecDeque::new()),
+            orphaned: AtomicBool::new(false),
             progress: RwLock::new(None),
         });
         DEVICES.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&inner));
@@ -588,17 +607,9 @@ impl Context {
         *self.inner.progress.write().unwrap_or_else(|e| e.into_inner()) = hook;
     }
 
-    /// Installs the hook a driver wants called when queued packets must leave now rather than
-    /// at its next turn: before Destroy QP, so that the ACKs a QP owes for what it received
-    /// (and completed) are not lost with it, as a hardware HCA would have sent them already.
-    pub fn set_flush(&self, hook: impl Fn() + Send + Sync + 'static) {
-        *self.inner.flush.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(hook));
-    }
-
-    /// Removes the doorbell and the flush hook.
+    /// Removes the doorbell.
     pub fn clear_doorbell(&self) {
         *self.inner.doorbell.write().unwrap_or_else(|e| e.into_inner()) = None;
-        *self.inner.flush.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     pub(crate) fn same_device(&self, other: &Arc<DeviceInner>) -> bool {

@@ -1291,11 +1291,16 @@ impl Qp {
     /// Destroy QP: accepted in every state (QPT-SW-12). Outstanding WQEs are discarded; CQEs
     /// already on the CQs stay there to be polled.
     pub fn destroy(&self) -> Result<()> {
+        super::callbacks::scope(|| self.destroy_locked())
+    }
+
+    fn destroy_locked(&self) -> Result<()> {
         let q = &self.inner;
-        // The ACKs this QP owes leave first: the application may have seen the completions
-        // they acknowledge, and a peer waiting for them would retry into a closed port.
-        q.dev.flush_now();
         let (mut core, sq, rq) = q.exclusive()?;
+        // The ACKs this QP owes outlive it: the application may have seen the completions they
+        // acknowledge, and a peer waiting for them would retry into a missing QP. Built now,
+        // sent by the next transmit (the doorbell below asks for it).
+        let owed = crate::transport::engine::owed_acks(q, &mut core);
         q.destroyed.store(true, Ordering::Release);
         crate::transport::rd::release(q, &mut core, false);
         core.sq.discard();
@@ -1315,6 +1320,7 @@ impl Qp {
         // kernel drops them.
         q.dev.purge_async_events(super::types::EventElement::Qp(q.qpn));
         give(&q.dev.counts.qp);
+        q.dev.orphan(owed);
         tracing::debug!(qpn = q.qpn, "QP destroyed");
         Ok(())
     }
