@@ -1229,3 +1229,26 @@ fn a_lost_fatal_nak_is_repeated_for_the_retransmission() {
         "a single lost NAK failed the WQE with the wrong status and took the channel down"
     );
 }
+
+/// The ACK an EEC owes for a Send whose completion the application has already seen survives
+/// Destroy EEC (as a QP's survives Destroy QP): the requester's Send completes with Success,
+/// not with a retry error against a channel that no longer exists.
+/// Rule PKT-ACK-3, PKT-ACK-13
+#[test]
+fn destroying_an_eec_still_sends_the_ack_it_owes() {
+    let mut f = fabric(SimConfig::default().seed(5));
+    let (a, b) = (node(&mut f, "rd-a"), node(&mut f, "rd-b"));
+    let (ea, eb) = channel(&a, &b, Mtu::Mtu1024, 1);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)])]).unwrap();
+    let s = [a.mr.sge(0..8)];
+    qa.post_send(&[SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    // Run until B completes the receive, then destroy B's end of the channel at once.
+    let mut got = Vec::new();
+    wait_for(&mut f, &b.cq, &mut got, 1);
+    assert_eq!(got[0].status, WcStatus::Success, "{got:?}");
+    eb.destroy().unwrap();
+    let mut sent = Vec::new();
+    wait_for(&mut f, &a.cq, &mut sent, 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (1, WcStatus::Success), "{sent:?}");
+}

@@ -388,7 +388,13 @@ impl Eec {
 
     /// Destroy EEC. A message it was carrying completes in error at its QP's next turn.
     pub fn destroy(&self) -> Result<()> {
+        super::callbacks::scope(|| self.destroy_locked())
+    }
+
+    fn destroy_locked(&self) -> Result<()> {
         let mut core = self.locked()?;
+        // The ACKs the channel owes outlive it (see Qp::destroy).
+        let owed = crate::transport::rd::owed_acks(&self.inner, &mut core);
         core.destroyed = true;
         core.attrs.state = QpState::Error;
         drop(core);
@@ -396,6 +402,7 @@ impl Eec {
         dev.eecs.write().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.eecn);
         self.inner.rdd.inner.release();
         give(&dev.counts.eec);
+        dev.orphan(owed);
         dev.ring();
         Ok(())
     }

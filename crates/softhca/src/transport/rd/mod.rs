@@ -36,6 +36,7 @@ use super::responder::{Request, RespJob};
 mod receive;
 mod send;
 
+pub(crate) use receive::owed_acks;
 use receive::{emit_response, on_request, on_resync, repeat_fatal_nak};
 use send::{abandon_if_orphaned, emit_request, on_response};
 pub(crate) use send::{handle_timeout, qp_turn};

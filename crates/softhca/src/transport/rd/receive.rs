@@ -42,6 +42,23 @@ pub(super) fn reap_held(q: &QpInner, core: &mut QpCore) {
     }
 }
 
+/// The ACKs and NAKs an EEC still owes, built now (Destroy EEC hands them to the device, as
+/// Destroy QP does for a QP's, PKT-ACK-13).
+pub(crate) fn owed_acks(eec: &EecInner, ec: &mut EecCore) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while matches!(ec.engine.out.front(), Some(Out { job: RespJob::Ack { .. }, .. })) {
+        let mut buf = vec![0u8; crate::transport::MAX_DATAGRAM];
+        match emit_response(eec, ec, &mut buf) {
+            Some(len) => {
+                buf.truncate(len);
+                out.push(buf);
+            }
+            None => break,
+        }
+    }
+    out
+}
+
 pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) -> Option<usize> {
     let dev = &eec.dev;
     let ip = ip_for(dev, &ec.attrs.av?.ah)?;
