@@ -17,19 +17,12 @@ use softhca::link::udp::UdpConfig;
 use softhca::*;
 use udp_common::*;
 
-/// A (requester) with a short ACK timeout and one retry, so that a lost ACK fails its Send
-/// quickly; B (responder, blocking engine) connected back to it. One Receive posted on B.
+/// A (requester, impatient: a lost ACK fails its Send quickly) and B (responder, blocking
+/// engine) on the given addresses, one Receive posted on B.
 fn pair(a_addr: Ipv4Addr, b_addr: Ipv4Addr) -> (End, End, Mr) {
     let a = end(UdpConfig::default().addr(a_addr));
     let b = end(UdpConfig::default().addr(b_addr));
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    let av = AddressVector::new(AhAttr::roce(b.dev.gid(), 0), Mtu::Mtu1024);
-    a.qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
-    a.qp.modify(&QpAttr::to_rtr(av, b.qp.qp_num()).rq_psn(0).max_dest_rd_atomic(1)).unwrap();
-    a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(12).retry_cnt(1).rnr_retry(0).max_rd_atomic(1)).unwrap();
-    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
-    let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&[RecvWr::new(1, &[rmr.sge(0..64)])]).unwrap();
+    let rmr = impatient_pair(&a, &b);
     (a, b, rmr)
 }
 

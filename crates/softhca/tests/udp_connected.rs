@@ -101,22 +101,6 @@ fn unconnected_flows_send_identification_zero() {
     }
 }
 
-fn uc_end(dev: UdpDevice) -> (UdpDevice, Pd, Cq, Qp) {
-    let ctx = dev.context().clone();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).unwrap();
-    let qp = pd.create_qp(&QpInitAttr::uc(&cq, &cq).max_send_wr(64).max_recv_wr(64)).unwrap();
-    (dev, pd, cq, qp)
-}
-
-fn uc_connect(qp: &Qp, gid: Gid, qpn: u32) {
-    qp.modify(&QpAttr::to_reset()).unwrap();
-    let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
-    qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE)).unwrap();
-    qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0)).unwrap();
-    qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
-}
-
 /// A connected flow whose peer went away (ICMP port unreachable: the next send is refused)
 /// drops that datagram, dissolves the association and goes on unconnected, from
 /// Identification 0, so that a new peer at the address gets exact ICRCs.
@@ -125,42 +109,42 @@ fn a_refused_connected_flow_goes_on_unconnected() {
     // Addresses outside the automatic range (127.0.0.x): a device of a test running meanwhile
     // must not take the peer's address while it is free.
     let (aaddr, baddr): (IpAddr, IpAddr) = ([127, 0, 1, 1].into(), [127, 0, 1, 2].into());
-    let (a, apd, acq, aqp) = uc_end(UdpDevice::open(UdpConfig::default().addr(aaddr)).unwrap());
-    let buf = apd.reg_mr(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
+    let a = uc_end(UdpConfig::default().addr(aaddr));
+    let buf = a.pd.reg_mr(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
     {
-        let (b, bpd, bcq, bqp) = uc_end(UdpDevice::open(UdpConfig::default().addr(baddr)).unwrap());
-        uc_connect(&aqp, b.gid(), bqp.qp_num());
-        uc_connect(&bqp, a.gid(), aqp.qp_num());
-        let rbuf = bpd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-        bqp.post_recv(&[RecvWr::new(1, &[rbuf.sge(0..64)])]).unwrap();
-        aqp.post_send(&[SendWr::send(1, &[buf.sge(0..32)]).signaled()]).unwrap();
-        wait(&acq, 1, 10);
-        assert_eq!(wait(&bcq, 1, 10)[0].status, WcStatus::Success);
-        assert_eq!(a.counters().tx_connected_flows, 1);
+        let b = uc_end(UdpConfig::default().addr(baddr));
+        uc_connect(&a.qp, b.dev.gid(), b.qp.qp_num());
+        uc_connect(&b.qp, a.dev.gid(), a.qp.qp_num());
+        let rbuf = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        b.qp.post_recv(&[RecvWr::new(1, &[rbuf.sge(0..64)])]).unwrap();
+        a.qp.post_send(&[SendWr::send(1, &[buf.sge(0..32)]).signaled()]).unwrap();
+        wait(&a.cq, 1, 10);
+        assert_eq!(wait(&b.cq, 1, 10)[0].status, WcStatus::Success);
+        assert_eq!(a.dev.counters().tx_connected_flows, 1);
     }
     // The peer's port is closed now: keep sending until a send is refused.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut id = 2;
-    while a.counters().tx_unconnected_flows == 0 {
-        assert!(Instant::now() < deadline, "{:?}", a.counters());
-        aqp.post_send(&[SendWr::send(id, &[buf.sge(0..32)]).signaled()]).unwrap();
-        wait(&acq, 1, 10);
+    while a.dev.counters().tx_unconnected_flows == 0 {
+        assert!(Instant::now() < deadline, "{:?}", a.dev.counters());
+        a.qp.post_send(&[SendWr::send(id, &[buf.sge(0..32)]).signaled()]).unwrap();
+        wait(&a.cq, 1, 10);
         id += 1;
     }
-    assert!(a.counters().tx_errors >= 1, "{:?}", a.counters());
+    assert!(a.dev.counters().tx_errors >= 1, "{:?}", a.dev.counters());
     // A new device at the same address: the flow reaches it unconnected (Identification 0).
-    let (b2, b2pd, b2cq, b2qp) = uc_end(UdpDevice::open(UdpConfig::default().addr(baddr)).unwrap());
-    uc_connect(&aqp, b2.gid(), b2qp.qp_num());
-    uc_connect(&b2qp, a.gid(), aqp.qp_num());
-    let rbuf = b2pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    b2qp.post_recv(&[RecvWr::new(9, &[rbuf.sge(0..64)])]).unwrap();
-    aqp.post_send(&[SendWr::send(9, &[buf.sge(0..32)]).signaled()]).unwrap();
-    wait(&acq, 1, 10);
-    let w = wait(&b2cq, 1, 10);
+    let b2 = uc_end(UdpConfig::default().addr(baddr));
+    uc_connect(&a.qp, b2.dev.gid(), b2.qp.qp_num());
+    uc_connect(&b2.qp, a.dev.gid(), a.qp.qp_num());
+    let rbuf = b2.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    b2.qp.post_recv(&[RecvWr::new(9, &[rbuf.sge(0..64)])]).unwrap();
+    a.qp.post_send(&[SendWr::send(9, &[buf.sge(0..32)]).signaled()]).unwrap();
+    wait(&a.cq, 1, 10);
+    let w = wait(&b2.cq, 1, 10);
     assert_eq!((w[0].status, w[0].byte_len), (WcStatus::Success, 32));
-    let c = b2.counters();
+    let c = b2.dev.counters();
     assert_eq!((c.rx_icrc_solved, c.drop_bad_icrc, c.rx_icrc_hypothesis), (0, 0, 1), "{c:?}");
-    assert_eq!((a.counters().tx_connected_flows, a.counters().tx_unconnected_flows), (1, 1));
+    assert_eq!((a.dev.counters().tx_connected_flows, a.dev.counters().tx_unconnected_flows), (1, 1));
 }
 
 /// A QP reset and connected to another peer gets its flow socket connected anew (to the new

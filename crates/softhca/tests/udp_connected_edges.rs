@@ -53,30 +53,6 @@ fn id_of(d: &[u8]) -> u16 {
     u16::from_be_bytes([d[4], d[5]])
 }
 
-struct UcEnd {
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
-    dev: UdpDevice,
-}
-
-fn uc_end(cfg: UdpConfig) -> UcEnd {
-    let dev = UdpDevice::open(cfg).expect("open udp device");
-    let ctx = dev.context().clone();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256).unwrap();
-    let qp = pd.create_qp(&QpInitAttr::uc(&cq, &cq).max_send_wr(64).max_recv_wr(64)).unwrap();
-    UcEnd { pd, cq, qp, dev }
-}
-
-fn uc_connect(qp: &Qp, gid: Gid, qpn: u32) {
-    qp.modify(&QpAttr::to_reset()).unwrap();
-    let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
-    qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE)).unwrap();
-    qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0)).unwrap();
-    qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
-}
-
 /// The pcap holds each datagram as the kernel took it. When a send is refused (here: the
 /// peer's port was closed, so the next send reports ECONNREFUSED) the flow is disconnected
 /// and the rest of that very batch is re-stamped for Identification 0; the pcap used to be

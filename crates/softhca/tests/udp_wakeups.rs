@@ -3,33 +3,10 @@
 
 mod udp_common;
 
-use softhca::link::udp::{UdpConfig, UdpDevice};
+use softhca::link::udp::UdpConfig;
 use softhca::*;
 use std::time::Instant;
 use udp_common::*;
-
-struct Uc {
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
-    dev: UdpDevice,
-}
-
-fn uc_end(cfg: UdpConfig) -> Uc {
-    let dev = UdpDevice::open(cfg).unwrap();
-    let ctx = dev.context().clone();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(4096).unwrap();
-    let qp = pd.create_qp(&QpInitAttr::uc(&cq, &cq).max_send_wr(64).max_recv_wr(64)).unwrap();
-    Uc { pd, cq, qp, dev }
-}
-
-fn uc_connect(qp: &Qp, gid: Gid, qpn: u32) {
-    let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
-    qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)).unwrap();
-    qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0)).unwrap();
-    qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
-}
 
 /// Blocking mode: a post whose message is more than one flush sends (256 datagrams), rung
 /// while the engine thread sleeps in ppoll: the doorbell sends what it can and wakes the
@@ -113,15 +90,8 @@ fn dropping_a_device_from_a_handler_on_its_engine_thread() {
 fn destroy_qp_right_after_a_completion_still_acknowledges_it() {
     let a = end(UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, 3)));
     let b = end(UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, 4)).busy_poll(true));
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    let av = AddressVector::new(AhAttr::roce(b.dev.gid(), 0), Mtu::Mtu1024);
-    a.qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
-    a.qp.modify(&QpAttr::to_rtr(av, b.qp.qp_num()).rq_psn(0).max_dest_rd_atomic(1)).unwrap();
     // A short ACK timeout and one retry: a lost ACK fails the Send quickly.
-    a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(12).retry_cnt(1).rnr_retry(0).max_rd_atomic(1)).unwrap();
-    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
-    let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    b.qp.post_recv(&[RecvWr::new(1, &[rmr.sge(0..64)])]).unwrap();
+    let _rmr = impatient_pair(&a, &b);
     let mr = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     a.qp.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).signaled()]).unwrap();
     // The busy-poll receiver's own poll takes the Send in and returns its completion.

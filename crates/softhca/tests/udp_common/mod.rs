@@ -81,4 +81,44 @@ pub fn traffic(a: &End, b: &End) {
     }
 }
 
+/// One UC endpoint on a real [`UdpDevice`] (the device last, as in [`End`]).
+pub struct UcEnd {
+    pub pd: Pd,
+    pub cq: Cq,
+    pub qp: Qp,
+    pub dev: UdpDevice,
+}
+
+pub fn uc_end(cfg: UdpConfig) -> UcEnd {
+    let dev = UdpDevice::open(cfg).expect("open udp device");
+    let ctx = dev.context().clone();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::uc(&cq, &cq).max_send_wr(64).max_recv_wr(64)).unwrap();
+    UcEnd { pd, cq, qp, dev }
+}
+
+/// Brings a UC `qp` (from any state, through Reset) to RTS toward (`gid`, `qpn`).
+pub fn uc_connect(qp: &Qp, gid: Gid, qpn: u32) {
+    qp.modify(&QpAttr::to_reset()).unwrap();
+    let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
+    qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)).unwrap();
+    qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0)).unwrap();
+    qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
+}
+
+/// Connects `a` to `b` as a requester with a short ACK timeout and one retry (a lost ACK
+/// fails its Send quickly) and `b` back to `a`, and posts one Receive on `b`.
+pub fn impatient_pair(a: &End, b: &End) -> Mr {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let av = AddressVector::new(AhAttr::roce(b.dev.gid(), 0), Mtu::Mtu1024);
+    a.qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+    a.qp.modify(&QpAttr::to_rtr(av, b.qp.qp_num()).rq_psn(0).max_dest_rd_atomic(1)).unwrap();
+    a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(12).retry_cnt(1).rnr_retry(0).max_rd_atomic(1)).unwrap();
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
+    let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr::new(1, &[rmr.sge(0..64)])]).unwrap();
+    rmr
+}
+
 pub mod procs;
