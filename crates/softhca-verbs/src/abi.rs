@@ -481,6 +481,8 @@ pub const IBV_WR_SEND_WITH_INV: c_int = 9;
 // enum ibv_wc_opcode
 pub const IBV_WC_RECV: c_int = 1 << 7;
 
+pub const IBV_ACCESS_ZERO_BASED: c_uint = 1 << 5;
+
 pub const IBV_NODE_CA: c_int = 1;
 pub const IBV_TRANSPORT_IB: c_int = 0;
 pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;

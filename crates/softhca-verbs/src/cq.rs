@@ -107,20 +107,22 @@ pub unsafe extern "C" fn ibv_create_cq(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
-    // SAFETY: a live CQ.
+    // SAFETY: a live CQ; only its Rust half and fields no other thread writes are read
+    // through this reference (the counters and pthread objects are used in place below).
     let q = unsafe { cq(c) };
     if let Err(e) = q.cq.destroy() {
         return errno_of(&e);
     }
-    let handle = q.ibv.handle;
-    if !q.ibv.channel.is_null() {
+    let (handle, channel, context) = (q.ibv.handle, q.ibv.channel, q.ibv.context);
+    if !channel.is_null() {
         // SAFETY: the channel outlives its CQs (destroying it is refused while it has any).
-        let ch = unsafe { &*(q.ibv.channel as *const Channel) };
+        let ch = unsafe { &*(channel as *const Channel) };
         ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle);
         // As libibverbs: wait until every event handed out for this CQ was acknowledged, so
         // that no thread still holds it from ibv_get_cq_event when it is freed. (No event
         // can be handed out any more: the CQ left the channel's map above.)
-        let delivered = q.delivered.load(Ordering::SeqCst);
+        // SAFETY: the atomic counter of a live CQ, reached without a reference to the rest.
+        let delivered = unsafe { &*std::ptr::addr_of!((*(c as *const Cq)).delivered) }.load(Ordering::SeqCst);
         // SAFETY: the CQ's own mutex and condition variable, used in place.
         unsafe {
             let m = std::ptr::addr_of_mut!((*c).mutex);
@@ -134,7 +136,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
         }
     }
     // SAFETY: the CQ's context is open.
-    let cx = unsafe { ctx(q.ibv.context) };
+    let cx = unsafe { ctx(context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).cqs.remove(&handle);
     // SAFETY: the CQ's own fields.
     unsafe {
@@ -183,28 +185,24 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     // SAFETY: a live channel.
     let ch = unsafe { &*(channel as *const Channel) };
     let nonblocking = crate::nonblocking(ch.ibv.fd);
-    let got = loop {
+    let p = loop {
         let ev = if nonblocking { ch.ch.try_get_cq_event() } else { ch.ch.get_cq_event(Duration::from_secs(3600)) };
-        match ev {
-            Some(cq) => break cq,
+        let got = match ev {
+            Some(cq) => cq,
             None if nonblocking => {
                 set_errno(libc::EAGAIN);
                 return -1;
             }
             None => continue,
-        }
-    };
-    let p = {
-        let map = ch.cqs.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(&p) = map.get(&got.handle()) else {
-            set_errno(libc::EINVAL);
-            return -1;
         };
+        let map = ch.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        // An event of a CQ destroyed since it was queued names nothing: the next one.
+        let Some(&p) = map.get(&got.handle()) else { continue };
         // Counted before the map lock is released: a Destroy CQ that removes it afterwards
         // waits for this event's acknowledgement.
-        // SAFETY: in the map, so not yet destroyed.
-        unsafe { &*(p as *const Cq) }.delivered.fetch_add(1, Ordering::SeqCst);
-        p as *mut Cq
+        // SAFETY: in the map, so not yet destroyed; only the atomic counter is referenced.
+        unsafe { &*std::ptr::addr_of!((*(p as *const Cq)).delivered) }.fetch_add(1, Ordering::SeqCst);
+        break p as *mut Cq;
     };
     // SAFETY: `p` stays live until the program acknowledges this event (see Destroy CQ); the
     // out-pointers are writable.

@@ -391,7 +391,7 @@ unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
     // SAFETY: the caller's gather list.
     let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, &mut list) }) else { return libc::EINVAL };
     if w.opcode == IBV_WR_BIND_MW {
-        return libc::EOPNOTSUPP; // memory windows are not in the C ABI yet
+        return libc::EOPNOTSUPP; // a type 2 window's bind; type 1 binds go through ibv_bind_mw
     }
     let Some(opcode) = wr_opcode_of(w.opcode) else { return libc::EINVAL };
     let flags = SendFlags::from_bits_truncate(w.send_flags);
@@ -485,7 +485,12 @@ pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut 
     // ibv_bind_mw passes them.
     let (x, w, b) = unsafe { (qp(q), &*(m as *const Mw), &*b) };
     if b.bind_info.mr.is_null() {
+        crate::set_errno(libc::EOPNOTSUPP);
         return libc::EOPNOTSUPP; // unbinding (a zero-length bind) is not implemented
+    }
+    if b.bind_info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
+        crate::set_errno(libc::EINVAL);
+        return libc::EINVAL; // windows are addressed by virtual address only
     }
     // SAFETY: a live region from ibv_reg_mr.
     let mr = unsafe { &*(b.bind_info.mr as *const Mr) };
@@ -502,7 +507,11 @@ pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut 
             unsafe { std::ptr::addr_of_mut!((*m).rkey).write((current & !0xff) | u32::from(next)) };
             0
         }
-        Err(PostError { error, .. }) => errno_of(&error),
+        Err(PostError { error, .. }) => {
+            let e = errno_of(&error);
+            crate::set_errno(e);
+            e
+        }
     }
 }
 

@@ -135,7 +135,9 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::r
         return fail; // WR-BIND-5
     }
     let mut st = b.mw.state.lock().unwrap_or_else(|e| e.into_inner());
-    if st.key != b.rkey {
+    // A consumer that chooses its R_Keys (libibverbs) may post several binds before the first
+    // runs: each names the key it gives, and only has to change it (checked by the rekey).
+    if b.new_key.is_none() && st.key != b.rkey {
         return fail;
     }
     let Some(new_key) = keys.rekey(&mut *rng, st.key, b.new_key) else { return fail };

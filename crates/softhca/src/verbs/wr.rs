@@ -122,7 +122,8 @@ pub struct MwBind<'a> {
     pub access: super::types::Access,
     /// The key byte (the R_Key's low 8 bits) the window is to carry after the bind, as a
     /// consumer that chooses its R_Keys names it (libibverbs' `ibv_inc_rkey`); None: softhca
-    /// picks one. It must differ from the current one, or the bind fails.
+    /// picks one. It must differ from the current one, or the bind fails; `rkey` is then not
+    /// checked (binds posted back to back each name their own next key).
     pub new_key: Option<u8>,
 }
 
