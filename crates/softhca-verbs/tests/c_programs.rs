@@ -189,3 +189,15 @@ fn memory_windows_through_the_c_abi() {
     }
     run("mw", None);
 }
+
+/// `ibv_devices` lists the device with its node GUID.
+#[test]
+fn ibv_devices_lists_the_device() {
+    if !tool("ibv_devices") || !tool("cc") {
+        return;
+    }
+    let out = with_lib(&mut Command::new("ibv_devices")).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.lines().any(|l| l.contains("softhca0") && l.contains("02005efffe005ca0")), "{text}");
+}
