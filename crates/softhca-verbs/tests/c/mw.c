@@ -4,23 +4,6 @@
 #define TEST_NAME "mw"
 #include "verbs_test.h"
 
-static void open_end(struct ibv_device *dev, struct end *e)
-{
-	e->ctx = ibv_open_device(dev);
-	CHECK(e->ctx, "ibv_open_device");
-	CHECK(ibv_query_gid(e->ctx, 1, 0, &e->gid) == 0, "ibv_query_gid");
-	e->pd = ibv_alloc_pd(e->ctx);
-	e->cq = ibv_create_cq(e->ctx, 16, NULL, NULL, 0);
-	e->buf = calloc(1, 8192);
-	e->mr = ibv_reg_mr(e->pd, e->buf, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
-	CHECK(e->pd && e->cq && e->mr, "setup");
-	struct ibv_qp_init_attr init = { .send_cq = e->cq, .recv_cq = e->cq, .qp_type = IBV_QPT_RC,
-					 .cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1,
-						  .max_recv_sge = 1 } };
-	e->qp = ibv_create_qp(e->pd, &init);
-	CHECK(e->qp, "ibv_create_qp");
-}
-
 static void write_to(struct end *a, uint64_t wr_id, uint64_t addr, uint32_t rkey)
 {
 	struct ibv_sge s = { (uintptr_t)a->buf, 64, a->mr->lkey };
@@ -36,8 +19,9 @@ int main(void)
 	struct ibv_device **list = ibv_get_device_list(NULL);
 	CHECK(list && list[0], "no device");
 	struct end a, b;
-	open_end(list[0], &a);
-	open_end(list[0], &b);
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+	setup_end(&a, ibv_open_device(list[0]), IBV_QPT_RC, access, 8192);
+	setup_end(&b, ibv_open_device(list[0]), IBV_QPT_RC, access, 8192);
 	ibv_free_device_list(list);
 	connect_rc(&a, &b, IBV_ACCESS_REMOTE_WRITE, 1);
 	connect_rc(&b, &a, IBV_ACCESS_REMOTE_WRITE, 1);

@@ -4,7 +4,6 @@
    but blocks prints "<name>: HANG" and exits 3. */
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,22 +13,6 @@
 static const char *test = "review_abi";
 #define TEST_NAME test
 #include "verbs_test.h"
-
-static void on_alarm(int sig)
-{
-	(void)sig;
-	char msg[128];
-	int n = snprintf(msg, sizeof msg, "%s: HANG (a verb that should return blocked)\n", test);
-	if (write(2, msg, n) < 0)
-		_exit(4);
-	_exit(3);
-}
-
-static void hang_guard(unsigned secs)
-{
-	signal(SIGALRM, on_alarm);
-	alarm(secs);
-}
 
 static struct ibv_context *open_ctx(void)
 {
@@ -59,22 +42,8 @@ static void to_error(struct ibv_qp *qp)
 
 static void open_end(struct end *e, enum ibv_qp_type type)
 {
-	e->ctx = open_ctx();
-	CHECK(ibv_query_gid(e->ctx, 1, 0, &e->gid) == 0, "ibv_query_gid");
-	e->pd = ibv_alloc_pd(e->ctx);
-	CHECK(e->pd, "ibv_alloc_pd");
-	e->cq = ibv_create_cq(e->ctx, 64, NULL, NULL, 0);
-	CHECK(e->cq, "ibv_create_cq");
-	e->buf = calloc(1, 65536);
-	e->mr = ibv_reg_mr(e->pd, e->buf, 65536,
-			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-	CHECK(e->mr, "ibv_reg_mr");
-	struct ibv_qp_init_attr init = {
-		.send_cq = e->cq, .recv_cq = e->cq, .qp_type = type,
-		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
-	};
-	e->qp = ibv_create_qp(e->pd, &init);
-	CHECK(e->qp, "ibv_create_qp");
+	setup_end(e, open_ctx(), type, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+		  65536);
 }
 
 /* libibverbs' ibv_get_async_event is a read() of async_fd: once the program has made that

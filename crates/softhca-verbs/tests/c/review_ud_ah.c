@@ -15,20 +15,7 @@ enum { QKEY = 0x11111111, SIZE = 64, GRH = 40 };
 
 static void open_end(struct ibv_device *dev, struct end *e)
 {
-	e->ctx = ibv_open_device(dev);
-	CHECK(e->ctx, "ibv_open_device");
-	CHECK(ibv_query_gid(e->ctx, 1, 0, &e->gid) == 0, "ibv_query_gid");
-	e->pd = ibv_alloc_pd(e->ctx);
-	e->cq = ibv_create_cq(e->ctx, 16, NULL, NULL, 0);
-	e->buf = calloc(1, 4096);
-	e->mr = ibv_reg_mr(e->pd, e->buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	CHECK(e->pd && e->cq && e->mr, "setup");
-	struct ibv_qp_init_attr init = {
-		.send_cq = e->cq, .recv_cq = e->cq, .qp_type = IBV_QPT_UD,
-		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
-	};
-	e->qp = ibv_create_qp(e->pd, &init);
-	CHECK(e->qp, "ibv_create_qp");
+	setup_end(e, ibv_open_device(dev), IBV_QPT_UD, IBV_ACCESS_LOCAL_WRITE, 4096);
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = QKEY };
 	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0, "INIT");
 	a.qp_state = IBV_QPS_RTR;

@@ -1,7 +1,8 @@
 /* Shared by the C test programs: define TEST_NAME (a string) before including. CHECK names
-   the first failed check and exits 1; wait_one polls for one completion (10 s at most: a hang
-   guard); struct end is one device with a PD, a CQ, a QP and a registered buffer; connect_rc
-   takes an RC QP through Init, RTR and RTS toward its peer. */
+   the first failed check and exits 1; hang_guard makes a verb that blocks when it should not
+   end the program (exit 3, "<name>: HANG"); wait_one polls for one completion (10 s at most: a
+   hang guard); struct end is one device with a PD, a CQ, a QP and a registered buffer, which
+   setup_end fills; connect_rc takes an RC QP through Init, RTR and RTS toward its peer. */
 #ifndef SOFTHCA_VERBS_TEST_H
 #define SOFTHCA_VERBS_TEST_H
 
@@ -10,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #define CHECK(c, ...)                                                                          \
@@ -23,6 +26,23 @@
 		}                                                                                      \
 	} while (0)
 
+static inline void on_hang(int sig)
+{
+	(void)sig;
+	char msg[128];
+	int n = snprintf(msg, sizeof msg, "%s: HANG (a verb that should return blocked)\n", TEST_NAME);
+	if (write(2, msg, n) < 0)
+		_exit(4);
+	_exit(3);
+}
+
+/* Ends the program after `secs` (0 disarms): a hang guard, not a timing check. */
+static inline void hang_guard(unsigned secs)
+{
+	signal(SIGALRM, on_hang);
+	alarm(secs);
+}
+
 struct end {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
@@ -32,6 +52,28 @@ struct end {
 	char *buf;
 	union ibv_gid gid;
 };
+
+/* Fills `e` on the open context `ctx`: its GID 0, a PD, a CQ, `len` bytes registered with
+   `mr_access`, and a QP of `type` (16 send and receive WRs of one SGE). */
+static inline void setup_end(struct end *e, struct ibv_context *ctx, enum ibv_qp_type type, int mr_access, size_t len)
+{
+	e->ctx = ctx;
+	CHECK(e->ctx, "ibv_open_device");
+	CHECK(ibv_query_gid(e->ctx, 1, 0, &e->gid) == 0, "ibv_query_gid");
+	e->pd = ibv_alloc_pd(e->ctx);
+	CHECK(e->pd, "ibv_alloc_pd");
+	e->cq = ibv_create_cq(e->ctx, 64, NULL, NULL, 0);
+	CHECK(e->cq, "ibv_create_cq");
+	e->buf = calloc(1, len);
+	e->mr = ibv_reg_mr(e->pd, e->buf, len, mr_access);
+	CHECK(e->mr, "ibv_reg_mr");
+	struct ibv_qp_init_attr init = {
+		.send_cq = e->cq, .recv_cq = e->cq, .qp_type = type,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	e->qp = ibv_create_qp(e->pd, &init);
+	CHECK(e->qp, "ibv_create_qp");
+}
 
 static inline struct ibv_wc wait_one(struct ibv_cq *cq)
 {
