@@ -35,6 +35,13 @@ fn errno_of(e: &VerbsError) -> c_int {
     }
 }
 
+/// The errno of a softhca error, also set in `errno` (for the verbs libibverbs makes do both).
+fn errno_set(e: &VerbsError) -> c_int {
+    let code = errno_of(e);
+    set_errno(code);
+    code
+}
+
 /// Sets errno (for the verbs that return a pointer or -1).
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns the calling thread's errno slot, always valid.

@@ -54,9 +54,7 @@ pub(crate) unsafe extern "C" fn dealloc_mw(m: *mut ibv_mw) -> c_int {
     // SAFETY: a live window from alloc_mw.
     let w = unsafe { &*(m as *const Mw) };
     if let Err(e) = w.mw.dealloc() {
-        let e = errno_of(&e);
-        crate::set_errno(e);
-        return e;
+        return crate::errno_set(&e);
     }
     // SAFETY: from alloc_mw's Box::into_raw, freed once.
     drop(unsafe { Box::from_raw(m as *mut Mw) });

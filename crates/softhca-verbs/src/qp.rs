@@ -507,11 +507,7 @@ pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut 
             unsafe { std::ptr::addr_of_mut!((*m).rkey).write((current & !0xff) | u32::from(next)) };
             0
         }
-        Err(PostError { error, .. }) => {
-            let e = errno_of(&error);
-            crate::set_errno(e);
-            e
-        }
+        Err(PostError { error, .. }) => crate::errno_set(&error),
     }
 }
 

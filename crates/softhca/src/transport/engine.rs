@@ -591,16 +591,22 @@ pub(crate) fn gather(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut dst
 /// application may already have seen the completions they acknowledge, PKT-ACK-13). Read
 /// responses and Atomic ACKs owed are not: the QP's resources go with it.
 pub(crate) fn owed_acks(q: &QpInner, core: &mut QpCore) -> Vec<Vec<u8>> {
+    owed_datagrams(core, |c| matches!(c.resp.out.front(), Some(RespJob::Ack { .. })), |c, buf| emit_response(q, c, buf))
+}
+
+/// Builds datagrams with `emit` while `owes` says the next response is one to keep (Destroy
+/// QP's and Destroy EEC's ACKs); stops early if one cannot be built.
+pub(crate) fn owed_datagrams<C>(
+    core: &mut C,
+    owes: impl Fn(&C) -> bool,
+    mut emit: impl FnMut(&mut C, &mut [u8]) -> Option<usize>,
+) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    while matches!(core.resp.out.front(), Some(RespJob::Ack { .. })) {
+    while owes(core) {
         let mut buf = vec![0u8; MAX_DATAGRAM];
-        match emit_response(q, core, &mut buf) {
-            Some(len) => {
-                buf.truncate(len);
-                out.push(buf);
-            }
-            None => break,
-        }
+        let Some(len) = emit(core, &mut buf) else { break };
+        buf.truncate(len);
+        out.push(buf);
     }
     out
 }

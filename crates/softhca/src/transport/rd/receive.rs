@@ -45,18 +45,11 @@ pub(super) fn reap_held(q: &QpInner, core: &mut QpCore) {
 /// The ACKs and NAKs an EEC still owes, built now (Destroy EEC hands them to the device, as
 /// Destroy QP does for a QP's, PKT-ACK-13).
 pub(crate) fn owed_acks(eec: &EecInner, ec: &mut EecCore) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    while matches!(ec.engine.out.front(), Some(Out { job: RespJob::Ack { .. }, .. })) {
-        let mut buf = vec![0u8; crate::transport::MAX_DATAGRAM];
-        match emit_response(eec, ec, &mut buf) {
-            Some(len) => {
-                buf.truncate(len);
-                out.push(buf);
-            }
-            None => break,
-        }
-    }
-    out
+    crate::transport::engine::owed_datagrams(
+        ec,
+        |c| matches!(c.engine.out.front(), Some(Out { job: RespJob::Ack { .. }, .. })),
+        |c, buf| emit_response(eec, c, buf),
+    )
 }
 
 pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) -> Option<usize> {
