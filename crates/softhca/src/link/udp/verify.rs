@@ -253,9 +253,9 @@ fn rebuild_v4(
     }
     // Unknowns: bit i < 16 of the Identification, bit 16 = "DF cleared".
     let mut basis: [(u32, u32); 32] = [(0, 0); 32];
-    for i in 0..17u32 {
-        let (id, df) = if i < 16 { (1u16 << i, true) } else { (0, false) };
-        let mut v = effect(id, df);
+    let effects = *shifts.effects(packet_len);
+    for (i, &e) in effects.iter().enumerate() {
+        let mut v = e;
         let mut mask = 1u32 << i;
         for bit in (0..32).rev() {
             if v >> bit & 1 == 0 {
