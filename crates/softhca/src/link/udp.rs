@@ -265,7 +265,9 @@ struct Shared {
     /// When an application thread last ran a whole engine turn inline (busy-poll), ns since
     /// the epoch; 0: never.
     last_inline: AtomicU64,
-    /// The doorbell count the last transmit flush covered.
+    /// The doorbell count the last transmit flush covered. With `owed`, only a hint for the
+    /// napping engine thread (a stale value costs it one needless flush), so both are written
+    /// Relaxed on the poller's hot path.
     rings_flushed: AtomicU64,
     /// An inline turn took packets in after its flush: what they produced (ACKs) waits for
     /// the next turn.
@@ -685,12 +687,12 @@ impl Link {
                 if full {
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
                     let worked = e.turn(true, now);
-                    self.shared.owed.store(worked, Ordering::SeqCst);
+                    self.shared.owed.store(worked, Ordering::Relaxed);
                 } else {
                     e.flush_tx(now);
-                    self.shared.owed.store(false, Ordering::SeqCst);
+                    self.shared.owed.store(false, Ordering::Relaxed);
                 }
-                self.shared.rings_flushed.store(seen, Ordering::SeqCst);
+                self.shared.rings_flushed.store(seen, Ordering::Relaxed);
                 e.resume.is_some() || e.io.tx_backlog
             };
             if self.shared.rings.load(Ordering::SeqCst) == seen {
@@ -754,8 +756,8 @@ impl Link {
                 // application posted its last request and went to sleep), or ACKs its last
                 // turn left for the next, are flushed here.
                 let deferred = self.shared.rings.load(Ordering::SeqCst)
-                    != self.shared.rings_flushed.load(Ordering::SeqCst)
-                    || self.shared.owed.load(Ordering::SeqCst);
+                    != self.shared.rings_flushed.load(Ordering::Relaxed)
+                    || self.shared.owed.load(Ordering::Relaxed);
                 if deferred && !self.poller_spinning() && self.drive_inline(false) {
                     continue;
                 }
@@ -774,7 +776,7 @@ impl Link {
             } else {
                 self.lock_engine().turn(false, self.now())
             };
-            self.shared.rings_flushed.store(seen, Ordering::SeqCst);
+            self.shared.rings_flushed.store(seen, Ordering::Relaxed);
             if worked {
                 continue;
             }
