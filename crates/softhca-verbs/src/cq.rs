@@ -9,7 +9,7 @@ use std::time::Duration;
 use softhca::{CompChannel, Cq as SoftCq, NotifyKind, Wc, WcOpcode, WcStatus};
 
 use crate::abi::*;
-use crate::device::{ctx, wait_for_acks};
+use crate::device::{acknowledge, ctx, wait_for_acks, wait_until};
 use crate::{errno_of, fail, set_errno};
 
 #[repr(C)]
@@ -123,17 +123,15 @@ pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
         // can be handed out any more: the CQ left the channel's map above.)
         // SAFETY: the atomic counter of a live CQ, reached without a reference to the rest.
         let delivered = unsafe { &*std::ptr::addr_of!((*(c as *const Cq)).delivered) }.load(Ordering::SeqCst);
-        // SAFETY: the CQ's own mutex and condition variable, used in place.
+        // SAFETY: the CQ's own mutex, condition variable and counter, used in place.
         unsafe {
-            let m = std::ptr::addr_of_mut!((*c).mutex);
-            let cv = std::ptr::addr_of_mut!((*c).cond);
-            let done = std::ptr::addr_of!((*c).comp_events_completed);
-            libc::pthread_mutex_lock(m);
-            while done.read() != delivered {
-                libc::pthread_cond_wait(cv, m);
-            }
-            libc::pthread_mutex_unlock(m);
-        }
+            wait_until(
+                std::ptr::addr_of_mut!((*c).mutex),
+                std::ptr::addr_of_mut!((*c).cond),
+                std::ptr::addr_of!((*c).comp_events_completed),
+                delivered,
+            )
+        };
     }
     // SAFETY: the CQ's context is open.
     let cx = unsafe { ctx(context) };
@@ -218,12 +216,12 @@ pub unsafe extern "C" fn ibv_ack_cq_events(c: *mut ibv_cq, nevents: c_uint) {
     // SAFETY: a live CQ; the count is updated in place under the CQ's mutex, as libibverbs
     // does, without a reference to the shared object.
     unsafe {
-        let m = std::ptr::addr_of_mut!((*c).mutex);
-        libc::pthread_mutex_lock(m);
-        let n = std::ptr::addr_of_mut!((*c).comp_events_completed);
-        n.write(n.read().wrapping_add(nevents));
-        libc::pthread_cond_signal(std::ptr::addr_of_mut!((*c).cond));
-        libc::pthread_mutex_unlock(m);
+        acknowledge(
+            std::ptr::addr_of_mut!((*c).mutex),
+            std::ptr::addr_of_mut!((*c).cond),
+            std::ptr::addr_of_mut!((*c).comp_events_completed),
+            nevents,
+        )
     }
 }
 

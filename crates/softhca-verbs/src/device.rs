@@ -92,25 +92,45 @@ pub(crate) unsafe fn wait_for_acks(
     acked: *const u32,
 ) {
     let delivered = c.objects.lock().unwrap_or_else(|e| e.into_inner()).delivered.remove(&object).unwrap_or(0);
+    // SAFETY: as the caller promises.
+    unsafe { wait_until(mutex, cond, acked, delivered) };
+}
+
+/// Waits, under `mutex`, until the counter at `acked` reaches `target` (signalled on `cond`
+/// by [`acknowledge`]).
+///
+/// # Safety
+/// The pointers are fields of a live C object (its own mutex, condition and counter).
+pub(crate) unsafe fn wait_until(
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    acked: *const u32,
+    target: u32,
+) {
     // SAFETY: as the caller promises; the counter is read under the mutex that guards it.
     unsafe {
         libc::pthread_mutex_lock(mutex);
-        while acked.read() != delivered {
+        while acked.read() != target {
             libc::pthread_cond_wait(cond, mutex);
         }
         libc::pthread_mutex_unlock(mutex);
     }
 }
 
-/// Adds one acknowledgement to the counter at `acked` under `mutex` and signals `cond`.
+/// Adds `n` acknowledgements to the counter at `acked` under `mutex` and signals `cond`.
 ///
 /// # Safety
 /// The pointers are fields of a live C object.
-unsafe fn ack(mutex: *mut libc::pthread_mutex_t, cond: *mut libc::pthread_cond_t, acked: *mut u32) {
+pub(crate) unsafe fn acknowledge(
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    acked: *mut u32,
+    n: u32,
+) {
     // SAFETY: as the caller promises.
     unsafe {
         libc::pthread_mutex_lock(mutex);
-        acked.write(acked.read().wrapping_add(1));
+        acked.write(acked.read().wrapping_add(n));
         libc::pthread_cond_signal(cond);
         libc::pthread_mutex_unlock(mutex);
     }
@@ -495,26 +515,29 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
         match e.event_type {
             0 => {
                 let c = e.element as *mut ibv_cq;
-                ack(
+                acknowledge(
                     std::ptr::addr_of_mut!((*c).mutex),
                     std::ptr::addr_of_mut!((*c).cond),
                     std::ptr::addr_of_mut!((*c).async_events_completed),
+                    1,
                 )
             }
             1..=7 | 16 => {
                 let q = e.element as *mut ibv_qp;
-                ack(
+                acknowledge(
                     std::ptr::addr_of_mut!((*q).mutex),
                     std::ptr::addr_of_mut!((*q).cond),
                     std::ptr::addr_of_mut!((*q).events_completed),
+                    1,
                 )
             }
             14 | 15 => {
                 let s = e.element as *mut ibv_srq;
-                ack(
+                acknowledge(
                     std::ptr::addr_of_mut!((*s).mutex),
                     std::ptr::addr_of_mut!((*s).cond),
                     std::ptr::addr_of_mut!((*s).events_completed),
+                    1,
                 )
             }
             _ => {}
