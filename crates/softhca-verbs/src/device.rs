@@ -423,11 +423,6 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     -1
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn ibv_fork_init() -> c_int {
-    0
-}
-
 /// The extended QP interface (`ibv_wr_*`) is not implemented.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {

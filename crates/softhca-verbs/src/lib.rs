@@ -16,8 +16,15 @@
 pub mod abi;
 mod cq;
 mod device;
+mod ece;
+mod foreign;
+mod fork;
+mod gid;
+mod marshall;
 mod mem;
+pub mod modify_mask;
 mod qp;
+mod rate;
 
 use std::ffi::c_int;
 

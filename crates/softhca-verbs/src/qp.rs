@@ -14,10 +14,12 @@ use crate::mem::{ah_attr_of, c_ah_attr, pd, Ah, Mr, Mw};
 use crate::{errno_of, fail};
 
 #[repr(C)]
-struct Qp {
+pub(crate) struct Qp {
     ibv: ibv_qp,
     qp: SoftQp,
     sq_sig_all: bool,
+    /// What `ibv_set_ece` kept (crate::ece).
+    pub(crate) ece: std::sync::Mutex<Option<crate::ece::ibv_ece>>,
 }
 
 #[repr(C)]
@@ -28,7 +30,7 @@ struct Srq {
 
 /// # Safety
 /// `q` comes from [`ibv_create_qp`] and is not destroyed.
-unsafe fn qp<'a>(q: *mut ibv_qp) -> &'a Qp {
+pub(crate) unsafe fn qp<'a>(q: *mut ibv_qp) -> &'a Qp {
     // SAFETY: `ibv` is the first field of the repr(C) Qp the pointer was made from.
     unsafe { &*(q as *const Qp) }
 }
@@ -121,7 +123,7 @@ pub unsafe extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_at
         events_completed: 0,
     };
     let qpn = soft.qp_num();
-    let q = Box::into_raw(Box::new(Qp { ibv, qp: soft, sq_sig_all: a.sq_sig_all != 0 }));
+    let q = Box::into_raw(Box::new(Qp { ibv, qp: soft, sq_sig_all: a.sq_sig_all != 0, ece: Default::default() }));
     // SAFETY: the PD's context is open.
     let cx = unsafe { ctx(pd.ibv.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.insert(qpn, q as usize);
@@ -157,9 +159,9 @@ fn mtu_of(code: c_int) -> Option<Mtu> {
     Mtu::from_code(u32::try_from(code).ok()?).ok()
 }
 
-/// Modify QP with libibverbs' attribute mask. Beyond the digest, what Linux accepts is
-/// accepted (B-2): `IBV_QP_CUR_STATE` when it names the current state, and on a UC QP the
-/// Read and Atomic enables, which Linux ignores there.
+/// Modify QP with libibverbs' attribute mask. The mask is checked as Linux checks it
+/// ([`crate::modify_mask`]); `IBV_QP_CUR_STATE` must name the current state, and on a UC QP
+/// the Read and Atomic enables, which Linux ignores there, are accepted and ignored.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     // SAFETY: a live QP and readable attributes.
@@ -180,6 +182,9 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
     } else {
         current
     };
+    if let Err(e) = crate::modify_mask::check(x.qp.qp_type(), current, target, mask) {
+        return e;
+    }
     let mut m = QpAttr::new(target);
     if has(IBV_QP_ACCESS_FLAGS) {
         let mut access = Access::from_bits_truncate(a.qp_access_flags)

@@ -190,6 +190,17 @@ fn memory_windows_through_the_c_abi() {
     run("mw", None);
 }
 
+/// The public helpers beyond the verbs (rates, kernel-ABI copies, P_Key and GID tables,
+/// Ethernet neighbours, ECE, fork, sysfs) answer as libibverbs 44 does, and what softhca
+/// cannot do (import, dma-buf) fails with libibverbs' errno.
+#[test]
+fn public_helpers_of_libibverbs() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("helpers", None);
+}
+
 /// `ibv_devices` lists the device with its node GUID.
 #[test]
 fn ibv_devices_lists_the_device() {

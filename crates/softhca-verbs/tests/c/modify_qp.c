@@ -1,5 +1,6 @@
 /* Modify QP through the C ABI where Linux and the digest differ (B-2): what Linux accepts is
-   accepted. IBV_QP_CUR_STATE naming the current state is accepted, naming another is EINVAL;
+   accepted. IBV_QP_CUR_STATE is taken only where Linux takes it (out of RTR, RTS, SQD, SQE)
+   and then must name the current state;
    a UC QP's Read and Atomic enables (which Linux ignores there) are accepted; an RC QP's
    Init -> RTR without IBV_QP_MIN_RNR_TIMER (which Linux requires and the digest does not) is
    accepted too. Prints "modify_qp: ok". */
@@ -29,14 +30,14 @@ int main(void)
 	union ibv_gid gid;
 	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "gid");
 
-	/* IBV_QP_CUR_STATE. */
+	/* IBV_QP_CUR_STATE is not an attribute of Reset -> Init in Linux's table, even naming
+	   the current state. */
 	struct ibv_qp *rc = qp_of(pd, cq, IBV_QPT_RC);
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .cur_qp_state = IBV_QPS_RTS, .port_num = 1 };
-	int mask = IBV_QP_STATE | IBV_QP_CUR_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-	CHECK(ibv_modify_qp(rc, &a, mask) == EINVAL, "a wrong current state was accepted");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .cur_qp_state = IBV_QPS_RESET, .port_num = 1 };
+	int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+	CHECK(ibv_modify_qp(rc, &a, mask | IBV_QP_CUR_STATE) == EINVAL, "CUR_STATE at Reset -> Init accepted");
 	CHECK(rc->state == IBV_QPS_RESET, "state moved");
-	a.cur_qp_state = IBV_QPS_RESET;
-	CHECK(ibv_modify_qp(rc, &a, mask) == 0, "the right current state was refused");
+	CHECK(ibv_modify_qp(rc, &a, mask) == 0, "Reset -> Init refused");
 	CHECK(rc->state == IBV_QPS_INIT, "state %d", rc->state);
 
 	/* RC Init -> RTR without the Minimum RNR NAK Timer. */
@@ -57,6 +58,24 @@ int main(void)
 	struct ibv_qp_init_attr qi;
 	CHECK(ibv_query_qp(rc, &q, IBV_QP_STATE, &qi) == 0 && q.qp_state == IBV_QPS_RTR && q.path_mtu == IBV_MTU_1024,
 	      "query after RTR");
+
+	/* Out of RTR, IBV_QP_CUR_STATE is taken, and must name the current state. */
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTS;
+	a.cur_qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	mask = IBV_QP_STATE | IBV_QP_CUR_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+	       IBV_QP_MAX_QP_RD_ATOMIC;
+	CHECK(ibv_modify_qp(rc, &a, mask) == EINVAL, "a wrong current state was accepted");
+	CHECK(rc->state == IBV_QPS_RTR, "state moved");
+	CHECK(ibv_modify_qp(rc, &a, mask & ~IBV_QP_SQ_PSN) == EINVAL, "RTS without its SQ PSN accepted");
+	CHECK(ibv_modify_qp(rc, &a, mask | IBV_QP_PATH_MTU) == EINVAL, "RTS with a path MTU accepted");
+	a.cur_qp_state = IBV_QPS_RTR;
+	CHECK(ibv_modify_qp(rc, &a, mask) == 0, "the right current state was refused");
+	CHECK(rc->state == IBV_QPS_RTS, "state %d", rc->state);
 
 	/* UC: Read and Atomic enables are accepted (and ignored). */
 	struct ibv_qp *uc = qp_of(pd, cq, IBV_QPT_UC);

@@ -76,8 +76,11 @@ impl Default for DeviceAttr {
             fw_ver: concat!("softhca ", env!("CARGO_PKG_VERSION")).to_string(),
             node_guid: 0,
             sys_image_guid: 0,
+            // No IEEE OUI (as Linux rxe reports), and a part number of softhca's own, so that
+            // a program that recognises devices by part number (perftest) sees an unknown one
+            // rather than mistaking softhca for some vendor's part 0.
             vendor_id: 0xFFFFFF,
-            vendor_part_id: 0,
+            vendor_part_id: 0x5CA0,
             hw_ver: 0,
             max_mr_size: 1 << 40,
             page_size_cap: 0xFFFF_F000,

@@ -531,8 +531,8 @@ fn drain_errqueue(fd: RawFd) {
     }
 }
 
-/// The MTU of the interface that holds `addr` (getifaddrs, then sysfs), if it can be found.
-pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
+/// The name of the interface that holds `addr` exactly (getifaddrs), if there is one.
+pub fn interface_name(addr: IpAddr) -> Option<String> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `list` with a list it allocates, freed below.
     if unsafe { libc::getifaddrs(&mut list) } != 0 {
@@ -572,7 +572,12 @@ pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
     }
     // SAFETY: the list getifaddrs returned, freed once.
     unsafe { libc::freeifaddrs(list) };
-    let name = name?;
+    name
+}
+
+/// The MTU of the interface that holds `addr` (getifaddrs, then sysfs), if it can be found.
+pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
+    let name = interface_name(addr)?;
     std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?.trim().parse().ok()
 }
 
