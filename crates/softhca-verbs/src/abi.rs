@@ -82,8 +82,75 @@ pub struct ibv_context {
     pub async_fd: c_int,
     pub num_comp_vectors: c_int,
     pub mutex: pthread_mutex_t,
-    /// Not `__VERBS_ABI_IS_EXTENDED`: `verbs.h` then takes the plain entry points.
+    /// `__VERBS_ABI_IS_EXTENDED` ([`VERBS_ABI_IS_EXTENDED`]): a [`verbs_context_ops`]
+    /// precedes this structure, and `verbs.h`'s inline extended verbs call through it.
     pub abi_compat: *mut c_void,
+}
+
+/// `abi_compat`'s value that tells `verbs.h` a `struct verbs_context` surrounds the context.
+pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
+
+/// What a null slot is for `verbs.h` (it checks each extended op for NULL before calling).
+pub type Slot = *mut c_void;
+pub type QueryPortEx = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type CreateCqEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+pub type QueryDeviceEx =
+    unsafe extern "C" fn(*mut ibv_context, *const ibv_query_device_ex_input, *mut ibv_device_attr_ex, usize) -> c_int;
+pub type CreateQpEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+
+/// `struct verbs_context` up to (not including) its last member, the `ibv_context`: the
+/// extended ops, in the header's order ("grows up": new members come first).
+#[repr(C)]
+pub struct verbs_context_ops {
+    pub query_port: Option<QueryPortEx>,
+    pub advise_mr: Slot,
+    pub alloc_null_mr: Slot,
+    pub read_counters: Slot,
+    pub attach_counters_point_flow: Slot,
+    pub create_counters: Slot,
+    pub destroy_counters: Slot,
+    pub reg_dm_mr: Slot,
+    pub alloc_dm: Slot,
+    pub free_dm: Slot,
+    pub modify_flow_action_esp: Slot,
+    pub destroy_flow_action: Slot,
+    pub create_flow_action_esp: Slot,
+    pub modify_qp_rate_limit: Slot,
+    pub alloc_parent_domain: Slot,
+    pub dealloc_td: Slot,
+    pub alloc_td: Slot,
+    pub modify_cq: Slot,
+    pub post_srq_ops: Slot,
+    pub destroy_rwq_ind_table: Slot,
+    pub create_rwq_ind_table: Slot,
+    pub destroy_wq: Slot,
+    pub modify_wq: Slot,
+    pub create_wq: Slot,
+    pub query_rt_values: Slot,
+    pub create_cq_ex: Option<CreateCqEx>,
+    pub priv_: Slot,
+    pub query_device_ex: Option<QueryDeviceEx>,
+    pub ibv_destroy_flow: Slot,
+    pub abi_placeholder2: Slot,
+    pub ibv_create_flow: Slot,
+    pub abi_placeholder1: Slot,
+    pub open_qp: Slot,
+    pub create_qp_ex: Option<CreateQpEx>,
+    pub get_srq_num: Slot,
+    pub create_srq_ex: Slot,
+    pub open_xrcd: Slot,
+    pub close_xrcd: Slot,
+    pub abi_placeholder3: u64,
+    /// The size of the whole `struct verbs_context`: `verbs.h` compares it with each op's
+    /// distance from the end before it calls the op.
+    pub sz: usize,
+}
+
+/// `struct verbs_context` itself, for its layout (the drop-in's contexts embed the two parts).
+#[repr(C)]
+pub struct verbs_context {
+    pub ops: verbs_context_ops,
+    pub context: ibv_context,
 }
 
 #[repr(C)]
@@ -154,6 +221,9 @@ pub struct ibv_port_attr {
     pub active_speed: u8,
     pub phys_state: u8,
     pub link_layer: u8,
+    /// Where the old layout ends: `ibv_query_port`'s compatibility entry writes no further.
+    pub flags: u8,
+    pub port_cap_flags2: u16,
 }
 
 /// `union ibv_gid`: 16 bytes, 8-aligned (its other member is two `__be64`).
@@ -223,6 +293,238 @@ pub struct ibv_cq {
     pub cond: pthread_cond_t,
     pub comp_events_completed: u32,
     pub async_events_completed: u32,
+}
+
+/// `struct ibv_cq_ex`: an `ibv_cq` followed by the polling interface.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub base: ibv_cq,
+    pub comp_mask: u32,
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    pub read_opcode: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub read_vendor_err: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_byte_len: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_imm_data: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_qp_num: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_src_qp: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_wc_flags: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_uint>,
+    pub read_slid: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_sl: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u8>,
+    pub read_completion_ts: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u64>,
+    pub read_cvlan: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u16>,
+    pub read_flow_tag: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u32>,
+    pub read_tm_info: Slot,
+    pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> u64>,
+}
+
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+// enum ibv_create_cq_wc_flags
+pub const IBV_WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
+pub const IBV_WC_EX_WITH_IMM: u64 = 1 << 1;
+pub const IBV_WC_EX_WITH_QP_NUM: u64 = 1 << 2;
+pub const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
+pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
+pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
+pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+// enum ibv_cq_init_attr_mask, enum ibv_create_cq_attr_flags
+pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
+pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+pub const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 1 << 1;
+
+/// `struct ibv_qp_ex`: an `ibv_qp` followed by the work-request builder (`ibv_wr_*`).
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: c_uint,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
+    pub wr_bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_send: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_tso: Slot,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: Slot,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
+    pub wr_set_inline_data_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_sge)>,
+    pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
+    pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
+    pub wr_atomic_write: Slot,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: usize,
+}
+
+#[repr(C)]
+pub struct ibv_rx_hash_conf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
+}
+
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: ibv_rx_hash_conf,
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+// enum ibv_qp_init_attr_mask
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+pub const IBV_QP_INIT_ATTR_MAX_TSO_HEADER: u32 = 1 << 3;
+pub const IBV_QP_INIT_ATTR_IND_TABLE: u32 = 1 << 4;
+pub const IBV_QP_INIT_ATTR_RX_HASH: u32 = 1 << 5;
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+// enum ibv_qp_create_send_ops_flags
+pub const IBV_QP_EX_WITH_RDMA_WRITE: u64 = 1 << 0;
+pub const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: u64 = 1 << 1;
+pub const IBV_QP_EX_WITH_SEND: u64 = 1 << 2;
+pub const IBV_QP_EX_WITH_SEND_WITH_IMM: u64 = 1 << 3;
+pub const IBV_QP_EX_WITH_RDMA_READ: u64 = 1 << 4;
+pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
+pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
+pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
+pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
+
+#[repr(C)]
+#[derive(Default)]
+pub struct ibv_query_device_ex_input {
+    pub comp_mask: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub struct ibv_tso_caps {
+    pub max_tso: u32,
+    pub supported_qpts: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub struct ibv_rss_caps {
+    pub supported_qpts: u32,
+    pub max_rwq_indirection_tables: u32,
+    pub max_rwq_indirection_table_size: u32,
+    pub rx_hash_fields_mask: u64,
+    pub rx_hash_function: u8,
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub struct ibv_packet_pacing_caps {
+    pub qp_rate_limit_min: u32,
+    pub qp_rate_limit_max: u32,
+    pub supported_qpts: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub struct ibv_tm_caps {
+    pub max_rndv_hdr_size: u32,
+    pub max_num_tags: u32,
+    pub flags: u32,
+    pub max_ops: u32,
+    pub max_sge: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub struct ibv_cq_moderation_caps {
+    pub max_cq_count: u16,
+    pub max_cq_period: u16,
+}
+
+#[repr(C)]
+#[derive(Default)]
+pub struct ibv_pci_atomic_caps {
+    pub fetch_add: u16,
+    pub swap: u16,
+    pub compare_swap: u16,
+}
+
+/// `struct ibv_device_attr_ex`.
+#[repr(C)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub odp_caps: ibv_odp_caps,
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+    pub tso_caps: ibv_tso_caps,
+    pub rss_caps: ibv_rss_caps,
+    pub max_wq_type_rq: u32,
+    pub packet_pacing_caps: ibv_packet_pacing_caps,
+    pub raw_packet_caps: u32,
+    pub tm_caps: ibv_tm_caps,
+    pub cq_mod_caps: ibv_cq_moderation_caps,
+    pub max_dm_size: u64,
+    pub pci_atomic_caps: ibv_pci_atomic_caps,
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
 }
 
 #[repr(C)]
@@ -530,5 +832,18 @@ pub fn layout_report() -> String {
     off!(ibv_qp_attr: port_num, timeout, retry_cnt, rnr_retry, alt_timeout, rate_limit);
     off!(ibv_srq_init_attr: attr);
     off!(ibv_async_event: event_type);
+    size!(verbs_context, ibv_port_attr, ibv_cq_ex, ibv_cq_init_attr_ex, ibv_qp_ex, ibv_qp_init_attr_ex);
+    size!(ibv_device_attr_ex, ibv_data_buf);
+    off!(verbs_context: context);
+    off!(ibv_port_attr: flags, port_cap_flags2);
+    off!(ibv_cq_ex: comp_mask, status, wr_id, start_poll, read_opcode, read_completion_ts, read_completion_wallclock_ns);
+    off!(ibv_cq_init_attr_ex: cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain);
+    off!(ibv_qp_ex: comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp, wr_send_tso, wr_set_sge_list, wr_start, wr_abort);
+    off!(ibv_qp_ex: wr_atomic_write);
+    off!(ibv_qp_init_attr_ex: comp_mask, pd, xrcd, create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf);
+    off!(ibv_qp_init_attr_ex: source_qpn, send_ops_flags);
+    off!(ibv_device_attr_ex: comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock, device_cap_flags_ex);
+    off!(ibv_device_attr_ex: tso_caps, rss_caps, max_wq_type_rq, packet_pacing_caps, raw_packet_caps, tm_caps);
+    off!(ibv_device_attr_ex: cq_mod_caps, max_dm_size, pci_atomic_caps, xrc_odp_caps, phys_port_cnt_ex);
     out
 }

@@ -1,4 +1,7 @@
-//! Completion channels and completion queues: create, destroy, poll, notification, events.
+//! Completion channels and completion queues: create, destroy, poll, notification, events,
+//! and the extended CQ (`ibv_create_cq_ex`) with its polling interface (`ibv_start_poll`,
+//! `ibv_next_poll`, `ibv_end_poll`, `ibv_wc_read_*`). Every CQ is laid out as an `ibv_cq_ex`
+//! (an `ibv_cq` followed by the polling entries), so both kinds share one type and one ring.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
@@ -22,11 +25,16 @@ struct Channel {
 
 #[repr(C)]
 pub(crate) struct Cq {
-    pub ibv: ibv_cq,
+    pub ibv: ibv_cq_ex,
     pub cq: SoftCq,
     /// Completion events `ibv_get_cq_event` returned for this CQ (counted under the channel's
     /// map lock); Destroy CQ waits until the program acknowledged as many.
     delivered: std::sync::atomic::AtomicU32,
+    /// The completion the extended polling interface is on, and when it was read
+    /// (CLOCK_MONOTONIC and CLOCK_REALTIME nanoseconds, taken where asked for).
+    current: Mutex<(Wc, u64, u64)>,
+    /// The `IBV_WC_EX_WITH_*` fields the program asked for at creation.
+    wc_flags: u64,
 }
 
 /// # Safety
@@ -66,6 +74,75 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     0
 }
 
+/// Creates a CQ of at least `cqe` entries; `wc_flags` are the extended fields asked for.
+///
+/// # Safety
+/// `context` is open; `channel` is a live channel of it or null.
+unsafe fn create(
+    context: *mut ibv_context,
+    cqe: u32,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    wc_flags: u64,
+) -> *mut Cq {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    // SAFETY: a live channel or null.
+    let ch = (!channel.is_null()).then(|| unsafe { &*(channel as *const Channel) });
+    let soft = match c.ctx.create_cq_with_channel(cqe, ch.map(|ch| &ch.ch)) {
+        Ok(cq) => cq,
+        // libibverbs' drivers answer a CQ larger than the device's max_cqe with EINVAL.
+        Err(softhca::VerbsError::CqSizeTooLarge) => return fail(libc::EINVAL),
+        Err(e) => return fail(errno_of(&e)),
+    };
+    let base = ibv_cq {
+        context,
+        channel,
+        cq_context,
+        handle: soft.handle(),
+        cqe: soft.query().map_or(0, |n| n.min(i32::MAX as u32) as c_int),
+        // SAFETY: all-zero pthread objects are their static initializers on Linux.
+        mutex: unsafe { std::mem::zeroed() },
+        // SAFETY: as above.
+        cond: unsafe { std::mem::zeroed() },
+        comp_events_completed: 0,
+        async_events_completed: 0,
+    };
+    let ibv = ibv_cq_ex {
+        base,
+        comp_mask: 0,
+        status: 0,
+        wr_id: 0,
+        start_poll: Some(start_poll),
+        next_poll: Some(next_poll),
+        end_poll: Some(end_poll),
+        read_opcode: Some(read_opcode),
+        read_vendor_err: Some(read_vendor_err),
+        read_byte_len: Some(read_byte_len),
+        read_imm_data: Some(read_imm_data),
+        read_qp_num: Some(read_qp_num),
+        read_src_qp: Some(read_src_qp),
+        read_wc_flags: Some(read_wc_flags),
+        read_slid: Some(read_slid),
+        read_sl: Some(read_sl),
+        read_dlid_path_bits: Some(read_dlid_path_bits),
+        read_completion_ts: (wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP != 0).then_some(read_completion_ts),
+        read_cvlan: None,
+        read_flow_tag: None,
+        read_tm_info: std::ptr::null_mut(),
+        read_completion_wallclock_ns: (wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK != 0)
+            .then_some(read_completion_wallclock_ns),
+    };
+    let handle = soft.handle();
+    let cq = Cq { ibv, cq: soft, delivered: Default::default(), current: Mutex::new((Wc::default(), 0, 0)), wc_flags };
+    let p = Box::into_raw(Box::new(cq));
+    if let Some(ch) = ch {
+        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, p as usize);
+    }
+    c.objects.lock().unwrap_or_else(|e| e.into_inner()).cqs.insert(handle, p as usize);
+    p
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_cq(
     context: *mut ibv_context,
@@ -74,35 +151,47 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     _comp_vector: c_int,
 ) -> *mut ibv_cq {
-    // SAFETY: an open context.
-    let c = unsafe { ctx(context) };
     let Ok(size) = u32::try_from(cqe) else { return fail(libc::EINVAL) };
-    // SAFETY: a live channel or null.
-    let ch = (!channel.is_null()).then(|| unsafe { &*(channel as *const Channel) });
-    let soft = match c.ctx.create_cq_with_channel(size, ch.map(|ch| &ch.ch)) {
-        Ok(cq) => cq,
-        Err(e) => return fail(errno_of(&e)),
-    };
-    let ibv = ibv_cq {
-        context,
-        channel,
-        cq_context,
-        handle: soft.handle(),
-        cqe: soft.query().map_or(cqe, |n| n.min(i32::MAX as u32) as c_int),
-        // SAFETY: all-zero pthread objects are their static initializers on Linux.
-        mutex: unsafe { std::mem::zeroed() },
-        // SAFETY: as above.
-        cond: unsafe { std::mem::zeroed() },
-        comp_events_completed: 0,
-        async_events_completed: 0,
-    };
-    let handle = soft.handle();
-    let p = Box::into_raw(Box::new(Cq { ibv, cq: soft, delivered: Default::default() }));
-    if let Some(ch) = ch {
-        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, p as usize);
+    // SAFETY: an open context and a channel of it or null, as the caller promises.
+    unsafe { create(context, size, cq_context, channel, 0) }.cast()
+}
+
+/// The `IBV_WC_EX_WITH_*` fields softhca fills: the standard ones and both timestamps (no
+/// VLAN, flow tag or tag-matching information: softhca has none of those).
+const SUPPORTED_WC_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
+    | IBV_WC_EX_WITH_IMM
+    | IBV_WC_EX_WITH_QP_NUM
+    | IBV_WC_EX_WITH_SRC_QP
+    | IBV_WC_EX_WITH_SLID
+    | IBV_WC_EX_WITH_SL
+    | IBV_WC_EX_WITH_DLID_PATH_BITS
+    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+    | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+
+/// `verbs_context.create_cq_ex`: unknown `comp_mask` bits are EINVAL (libibverbs' command
+/// check); the flags a provider may ignore (single-threaded use, overrun) are accepted; a
+/// parent domain does not exist here (EOPNOTSUPP), nor do fields softhca cannot fill.
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
     }
-    c.objects.lock().unwrap_or_else(|e| e.into_inner()).cqs.insert(handle, p as usize);
-    p.cast()
+    // SAFETY: a readable attribute structure.
+    let a = unsafe { &*attr };
+    if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
+        return fail(libc::EINVAL);
+    }
+    if a.wc_flags & !SUPPORTED_WC_FLAGS != 0 || a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let known = IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+    if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !known != 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: an open context (verbs.h found the op in it); the channel is the program's.
+    unsafe { create(context, a.cqe, a.cq_context, a.channel, a.wc_flags) }.cast()
 }
 
 #[no_mangle]
@@ -113,7 +202,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
     if let Err(e) = q.cq.destroy() {
         return errno_of(&e);
     }
-    let (handle, channel, context) = (q.ibv.handle, q.ibv.channel, q.ibv.context);
+    let (handle, channel, context) = (q.ibv.base.handle, q.ibv.base.channel, q.ibv.base.context);
     if !channel.is_null() {
         // SAFETY: the channel outlives its CQs (destroying it is refused while it has any).
         let ch = unsafe { &*(channel as *const Channel) };
@@ -206,7 +295,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     // out-pointers are writable.
     unsafe {
         *cq_out = p.cast();
-        *cq_context = (*p).ibv.cq_context;
+        *cq_context = (*p).ibv.base.cq_context;
     }
     0
 }
@@ -292,4 +381,129 @@ pub(crate) unsafe extern "C" fn poll_cq(c: *mut ibv_cq, num_entries: c_int, wc: 
         }
     }
     got as c_int
+}
+
+/// The CQ behind an extended CQ pointer.
+///
+/// # Safety
+/// `c` comes from [`create_cq_ex`] (or [`ibv_create_cq`]) and is not destroyed.
+unsafe fn cq_ex<'a>(c: *mut ibv_cq_ex) -> &'a Cq {
+    // SAFETY: `ibv` (an ibv_cq_ex) is the first field of the repr(C) Cq.
+    unsafe { &*(c as *const Cq) }
+}
+
+/// Nanoseconds of `clock`.
+fn now_ns(clock: libc::clockid_t) -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the local timespec.
+    unsafe { libc::clock_gettime(clock, &mut t) };
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64)
+}
+
+/// Takes the next completion into the CQ's current slot and the program's `status` and
+/// `wr_id`; ENOENT when the CQ is empty.
+///
+/// # Safety
+/// `c` is a live CQ.
+unsafe fn advance(c: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: a live CQ.
+    let q = unsafe { cq_ex(c) };
+    let mut one = [Wc::default()];
+    match q.cq.poll(&mut one) {
+        Ok(1) => {}
+        Ok(_) => return libc::ENOENT,
+        Err(e) => return errno_of(&e),
+    }
+    let stamp = |flag, clock| if q.wc_flags & flag != 0 { now_ns(clock) } else { 0 };
+    let mono = stamp(IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, libc::CLOCK_MONOTONIC);
+    let wall = stamp(IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK, libc::CLOCK_REALTIME);
+    *q.current.lock().unwrap_or_else(|e| e.into_inner()) = (one[0], mono, wall);
+    // SAFETY: the program's fields of its CQ, written in place as a provider does.
+    unsafe {
+        std::ptr::addr_of_mut!((*c).status).write(wc_status(one[0].status));
+        std::ptr::addr_of_mut!((*c).wr_id).write(one[0].wr_id);
+    }
+    0
+}
+
+/// `ibv_start_poll`: the first completion, or ENOENT (then no `ibv_end_poll` is due).
+unsafe extern "C" fn start_poll(c: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: a readable attribute or null.
+    if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live CQ.
+    unsafe { advance(c) }
+}
+
+/// `ibv_next_poll`: the next completion, or ENOENT.
+unsafe extern "C" fn next_poll(c: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: a live CQ.
+    unsafe { advance(c) }
+}
+
+/// `ibv_end_poll`: the completions read are already retired from the ring; nothing is held.
+unsafe extern "C" fn end_poll(_c: *mut ibv_cq_ex) {}
+
+/// The current completion, converted as `ibv_poll_cq` gives it.
+///
+/// # Safety
+/// `c` is a live CQ.
+unsafe fn current(c: *mut ibv_cq_ex) -> ibv_wc {
+    // SAFETY: as the caller promises.
+    c_wc(&unsafe { cq_ex(c) }.current.lock().unwrap_or_else(|e| e.into_inner()).0)
+}
+
+unsafe extern "C" fn read_opcode(c: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.opcode
+}
+unsafe extern "C" fn read_vendor_err(c: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.vendor_err
+}
+unsafe extern "C" fn read_byte_len(c: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.byte_len
+}
+/// The immediate data (network order) or, with `IBV_WC_WITH_INV`, the invalidated R_Key.
+unsafe extern "C" fn read_imm_data(c: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.imm_data
+}
+unsafe extern "C" fn read_qp_num(c: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.qp_num
+}
+unsafe extern "C" fn read_src_qp(c: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.src_qp
+}
+unsafe extern "C" fn read_wc_flags(c: *mut ibv_cq_ex) -> c_uint {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.wc_flags
+}
+unsafe extern "C" fn read_slid(c: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: a live CQ.
+    u32::from(unsafe { current(c) }.slid)
+}
+unsafe extern "C" fn read_sl(c: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.sl
+}
+unsafe extern "C" fn read_dlid_path_bits(c: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: a live CQ.
+    unsafe { current(c) }.dlid_path_bits
+}
+/// When the program took the completion from the ring (CLOCK_MONOTONIC nanoseconds, the
+/// `hca_core_clock` of 1 GHz that Query Device Ex reports): softhca's CQEs carry no time of
+/// their own, so this is the moment the completion was polled, not when it was written.
+unsafe extern "C" fn read_completion_ts(c: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: a live CQ.
+    unsafe { cq_ex(c) }.current.lock().unwrap_or_else(|e| e.into_inner()).1
+}
+/// The same moment in wall-clock time (CLOCK_REALTIME nanoseconds).
+unsafe extern "C" fn read_completion_wallclock_ns(c: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: a live CQ.
+    unsafe { cq_ex(c) }.current.lock().unwrap_or_else(|e| e.into_inner()).2
 }

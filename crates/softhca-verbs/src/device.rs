@@ -56,10 +56,12 @@ fn device() -> *mut ibv_device {
     &d.ibv as *const ibv_device as *mut ibv_device
 }
 
-/// An open device: the `ibv_context` the program holds, the UDP device and its verbs context,
-/// and the objects an asynchronous event can name, by handle.
+/// An open device: the `struct verbs_context` the program sees (the extended ops, then the
+/// `ibv_context` it holds a pointer to), the UDP device and its verbs context, and the objects
+/// an asynchronous event can name, by handle.
 #[repr(C)]
 pub struct Ctx {
+    pub ops_ex: verbs_context_ops,
     pub ibv: ibv_context,
     pub dev: UdpDevice,
     pub ctx: Context,
@@ -141,8 +143,8 @@ pub(crate) unsafe fn acknowledge(
 /// # Safety
 /// `c` comes from [`ibv_open_device`] and is not closed.
 pub(crate) unsafe fn ctx<'a>(c: *mut ibv_context) -> &'a Ctx {
-    // SAFETY: `ibv` is the first field of the repr(C) Ctx the pointer was made from.
-    unsafe { &*(c as *const Ctx) }
+    // SAFETY: the pointer is the `ibv` field of a repr(C) Ctx (container_of).
+    unsafe { &*c.cast::<u8>().sub(std::mem::offset_of!(Ctx, ibv)).cast::<Ctx>() }
 }
 
 #[no_mangle]
@@ -233,7 +235,50 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         _compat_detach_mcast: null_mut(),
         _compat_async_event: null_mut(),
     };
+    let ops_ex = verbs_context_ops {
+        query_port: Some(query_port_ex),
+        advise_mr: null_mut(),
+        alloc_null_mr: null_mut(),
+        read_counters: null_mut(),
+        attach_counters_point_flow: null_mut(),
+        create_counters: null_mut(),
+        destroy_counters: null_mut(),
+        reg_dm_mr: null_mut(),
+        alloc_dm: null_mut(),
+        free_dm: null_mut(),
+        modify_flow_action_esp: null_mut(),
+        destroy_flow_action: null_mut(),
+        create_flow_action_esp: null_mut(),
+        modify_qp_rate_limit: null_mut(),
+        alloc_parent_domain: null_mut(),
+        dealloc_td: null_mut(),
+        alloc_td: null_mut(),
+        modify_cq: null_mut(),
+        post_srq_ops: null_mut(),
+        destroy_rwq_ind_table: null_mut(),
+        create_rwq_ind_table: null_mut(),
+        destroy_wq: null_mut(),
+        modify_wq: null_mut(),
+        create_wq: null_mut(),
+        query_rt_values: null_mut(),
+        create_cq_ex: Some(crate::cq::create_cq_ex),
+        priv_: null_mut(),
+        query_device_ex: Some(query_device_ex),
+        ibv_destroy_flow: null_mut(),
+        abi_placeholder2: null_mut(),
+        ibv_create_flow: null_mut(),
+        abi_placeholder1: null_mut(),
+        open_qp: null_mut(),
+        create_qp_ex: Some(crate::qp::create_qp_ex),
+        get_srq_num: null_mut(),
+        create_srq_ex: null_mut(),
+        open_xrcd: null_mut(),
+        close_xrcd: null_mut(),
+        abi_placeholder3: 0,
+        sz: size_of::<verbs_context>(),
+    };
     let boxed = Box::new(Ctx {
+        ops_ex,
         ibv: ibv_context {
             device,
             ops,
@@ -242,13 +287,16 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             num_comp_vectors: 1,
             // SAFETY: an all-zero pthread_mutex_t is PTHREAD_MUTEX_INITIALIZER on Linux.
             mutex: unsafe { std::mem::zeroed() },
-            abi_compat: null_mut(),
+            abi_compat: VERBS_ABI_IS_EXTENDED,
         },
         dev,
         ctx,
         objects: Mutex::new(Objects::default()),
     });
-    Box::into_raw(boxed).cast()
+    let p = Box::into_raw(boxed);
+    // SAFETY: a live box; the program holds its `ibv` field, as libibverbs hands out the
+    // `context` member of its `verbs_context`.
+    unsafe { std::ptr::addr_of_mut!((*p).ibv) }
 }
 
 #[no_mangle]
@@ -256,8 +304,8 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     if context.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: the pointer came from ibv_open_device's Box::into_raw and is closed once.
-    drop(unsafe { Box::from_raw(context as *mut Ctx) });
+    // SAFETY: the pointer is the `ibv` field of ibv_open_device's Box::into_raw, closed once.
+    drop(unsafe { Box::from_raw((ctx(context) as *const Ctx).cast_mut()) });
     0
 }
 
@@ -309,21 +357,47 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
     0
 }
 
+/// `verbs_context.query_device_ex`: the basic attributes and the extended ones softhca has
+/// (one port; no ODP, TSO, RSS, tag matching, pacing, device memory; completion timestamps in
+/// nanoseconds of CLOCK_MONOTONIC, so `hca_core_clock` is 1 GHz). A program built against an
+/// older header passes a smaller `attr_size`: only that much is written.
+pub(crate) unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    // SAFETY: a readable input or null.
+    if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+        return libc::EINVAL;
+    }
+    if attr_size < size_of::<ibv_device_attr>() {
+        return libc::EINVAL;
+    }
+    // SAFETY: ibv_device_attr_ex is plain old data; all-zero is valid.
+    let mut a: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+    // SAFETY: an open context and a writable structure.
+    let r = unsafe { ibv_query_device(context, &mut a.orig_attr) };
+    if r != 0 {
+        return r;
+    }
+    a.completion_timestamp_mask = u64::MAX;
+    a.hca_core_clock = 1_000_000; // kHz: timestamps count nanoseconds
+    a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
+    a.pci_atomic_caps = ibv_pci_atomic_caps::default();
+    // SAFETY: the caller passes `attr_size` writable bytes; at most our size is written.
+    unsafe { write_prefix(attr, &a, attr_size.min(size_of::<ibv_device_attr_ex>())) };
+    0
+}
+
 fn mtu_code(m: Mtu) -> c_int {
     m as c_int
 }
 
-/// Writes the port's attributes up to `link_layer` (the old layout's end; see
-/// [`ibv_port_attr`]).
-#[no_mangle]
-pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8, attr: *mut ibv_port_attr) -> c_int {
-    // SAFETY: an open context.
-    let c = unsafe { ctx(context) };
-    let p = match c.ctx.query_port(port_num) {
-        Ok(p) => p,
-        Err(e) => return errno_of(&e),
-    };
-    let out = ibv_port_attr {
+/// The port's attributes in the current layout.
+fn port_attr(c: &Ctx, port_num: u8) -> Result<ibv_port_attr, c_int> {
+    let p = c.ctx.query_port(port_num).map_err(|e| errno_of(&e))?;
+    Ok(ibv_port_attr {
         state: p.state as c_int + 1, // IBV_PORT_DOWN = 1 … IBV_PORT_ACTIVE = 4
         max_mtu: mtu_code(p.max_mtu),
         active_mtu: mtu_code(p.active_mtu),
@@ -344,9 +418,49 @@ pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8,
         active_speed: 32, // EDR, 25 Gb/s per lane: informational (the link is a UDP socket)
         phys_state: 5,    // LinkUp
         link_layer: if p.link_layer_ethernet { IBV_LINK_LAYER_ETHERNET } else { 1 },
-    };
-    // SAFETY: the caller passes a port attribute structure at least as large as the old one.
-    unsafe { std::ptr::write(attr, out) };
+        flags: 0,
+        port_cap_flags2: 0,
+    })
+}
+
+/// Writes the first `len` bytes of `a` to `out` (a caller's structure of that size).
+///
+/// # Safety
+/// `out` has `len` writable bytes, and `len` is at most the size of `T`.
+unsafe fn write_prefix<T>(out: *mut T, a: &T, len: usize) {
+    // SAFETY: as the caller promises; `a` has size_of::<T>() >= len readable bytes.
+    unsafe { std::ptr::copy_nonoverlapping((a as *const T).cast::<u8>(), out.cast::<u8>(), len) };
+}
+
+/// The compatibility entry (`verbs.h` calls it only for a context without the extended
+/// `query_port`): writes the attributes up to `link_layer`, the old layout's end.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8, attr: *mut ibv_port_attr) -> c_int {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    match port_attr(c, port_num) {
+        // SAFETY: the caller passes a port attribute structure at least as large as the old one.
+        Ok(a) => unsafe { write_prefix(attr, &a, std::mem::offset_of!(ibv_port_attr, flags)) },
+        Err(e) => return e,
+    }
+    0
+}
+
+/// `verbs_context.query_port`: the whole structure, as much of it as the program's
+/// `port_attr_len` holds (a program built against an older header passes less).
+pub(crate) unsafe extern "C" fn query_port_ex(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+    port_attr_len: usize,
+) -> c_int {
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    match port_attr(c, port_num) {
+        // SAFETY: the caller passes `port_attr_len` writable bytes; at most our size is written.
+        Ok(a) => unsafe { write_prefix(attr, &a, port_attr_len.min(size_of::<ibv_port_attr>())) },
+        Err(e) => return e,
+    }
     0
 }
 
@@ -421,12 +535,6 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     _size: usize,
 ) -> c_int {
     -1
-}
-
-/// The extended QP interface (`ibv_wr_*`) is not implemented.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut c_void {
-    fail(libc::EOPNOTSUPP)
 }
 
 fn event_code(t: AsyncEventType) -> c_int {

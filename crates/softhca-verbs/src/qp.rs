@@ -1,6 +1,9 @@
-//! Queue pairs and shared receive queues: create, modify, query, destroy, and posting.
+//! Queue pairs and shared receive queues: create (also `ibv_create_qp_ex`), modify, query,
+//! destroy, and posting through `ibv_post_send`/`ibv_post_recv`. Every QP is laid out as an
+//! `ibv_qp_ex`; the `ibv_wr_*` builder behind it is [`crate::wr`], which posts through the
+//! same ring.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 
 use softhca::{
     Access, AddressVector, MigState, Mtu, PostError, Qp as SoftQp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RecvWr,
@@ -15,11 +18,16 @@ use crate::{errno_of, fail};
 
 #[repr(C)]
 pub(crate) struct Qp {
-    ibv: ibv_qp,
-    qp: SoftQp,
+    pub(crate) ibv: ibv_qp_ex,
+    pub(crate) qp: SoftQp,
     sq_sig_all: bool,
     /// What `ibv_set_ece` kept (crate::ece).
     pub(crate) ece: std::sync::Mutex<Option<crate::ece::ibv_ece>>,
+    /// Whether it was created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (`ibv_qp_to_qp_ex`
+    /// hands out its `ibv_qp_ex` only then, as libibverbs does).
+    pub(crate) extended: bool,
+    /// The work requests `ibv_wr_*` are building ([`crate::wr`]).
+    pub(crate) batch: std::sync::Mutex<crate::wr::Batch>,
 }
 
 #[repr(C)]
@@ -81,18 +89,55 @@ fn c_cap(c: &QpCap) -> ibv_qp_cap {
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
-    // SAFETY: a live PD and a writable init attribute structure (its `cap` is updated).
-    let (pd, a) = unsafe { (pd(p), &mut *attr) };
+/// What both Create QP entries take from the program.
+struct CreateQp<'a> {
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: &'a mut ibv_qp_cap,
+    qp_type: c_int,
+    sq_sig_all: c_int,
+    /// `IBV_QP_EX_WITH_*`, for a QP created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+    send_ops: Option<u64>,
+}
+
+/// The `IBV_QP_EX_WITH_*` operations each service type posts (type 1 windows are bound
+/// through `ibv_wr_bind_mw` too); Local Invalidate and Send with Invalidate need type 2
+/// windows, which softhca does not have yet.
+fn send_ops_of(qp_type: QpType) -> u64 {
+    let uc = IBV_QP_EX_WITH_RDMA_WRITE
+        | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+        | IBV_QP_EX_WITH_SEND
+        | IBV_QP_EX_WITH_SEND_WITH_IMM
+        | IBV_QP_EX_WITH_BIND_MW;
+    match qp_type {
+        QpType::Rc => {
+            uc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+        }
+        QpType::Uc => uc,
+        _ => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
+    }
+}
+
+/// Creates a QP on `p`.
+///
+/// # Safety
+/// `p` is a live PD; the CQs and SRQ in `a` are live objects of its context (or null).
+unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
+    // SAFETY: a live PD.
+    let pd = unsafe { pd(p) };
     let Some(qp_type) = qp_type_of(a.qp_type) else { return fail(libc::EOPNOTSUPP) };
     if a.send_cq.is_null() || a.recv_cq.is_null() {
         return fail(libc::EINVAL);
     }
+    if a.send_ops.is_some_and(|ops| ops & !send_ops_of(qp_type) != 0) {
+        return fail(libc::EOPNOTSUPP);
+    }
     // SAFETY: live CQs (and SRQ) of this context.
     let (scq, rcq) = unsafe { (cq(a.send_cq), cq(a.recv_cq)) };
     let mut init = QpInitAttr::new(qp_type, &scq.cq, &rcq.cq);
-    init.cap = cap_of(&a.cap);
+    init.cap = cap_of(a.cap);
     init.sq_sig_all = a.sq_sig_all != 0;
     if !a.srq.is_null() {
         // SAFETY: a live SRQ.
@@ -103,9 +148,9 @@ pub unsafe extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_at
         Err(e) => return fail(errno_of(&e)),
     };
     if let Ok(q) = soft.query() {
-        a.cap = c_cap(&q.cap);
+        *a.cap = c_cap(&q.cap);
     }
-    let ibv = ibv_qp {
+    let qp_base = ibv_qp {
         context: pd.ibv.context,
         qp_context: a.qp_context,
         pd: p,
@@ -123,10 +168,88 @@ pub unsafe extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_at
         events_completed: 0,
     };
     let qpn = soft.qp_num();
-    let q = Box::into_raw(Box::new(Qp { ibv, qp: soft, sq_sig_all: a.sq_sig_all != 0, ece: Default::default() }));
+    let q = Box::into_raw(Box::new(Qp {
+        ibv: crate::wr::qp_ex(qp_base, qp_type),
+        qp: soft,
+        sq_sig_all: a.sq_sig_all != 0,
+        ece: Default::default(),
+        extended: a.send_ops.is_some(),
+        batch: Default::default(),
+    }));
     // SAFETY: the PD's context is open.
     let cx = unsafe { ctx(pd.ibv.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.insert(qpn, q as usize);
+    q.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    // SAFETY: a writable init attribute structure (its `cap` is updated).
+    let a = unsafe { &mut *attr };
+    let c = CreateQp {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: &mut a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+        send_ops: None,
+    };
+    // SAFETY: a live PD and objects of its context, as the caller promises.
+    unsafe { create(p, c) }
+}
+
+/// `verbs_context.create_qp_ex`: a PD is required (no XRC domain); of the other attributes
+/// only the send operations are known here, and creation flags, TSO, RSS and a source QPN
+/// (which need Raw Packet QPs or hardware offloads) are EOPNOTSUPP.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a writable init attribute structure (its `cap` is updated).
+    let a = unsafe { &mut *attr };
+    let known = IBV_QP_INIT_ATTR_PD
+        | IBV_QP_INIT_ATTR_XRCD
+        | IBV_QP_INIT_ATTR_CREATE_FLAGS
+        | IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+        | IBV_QP_INIT_ATTR_IND_TABLE
+        | IBV_QP_INIT_ATTR_RX_HASH
+        | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if a.comp_mask & !known != 0 {
+        return fail(libc::EINVAL);
+    }
+    if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        return fail(libc::EINVAL);
+    }
+    if a.comp_mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let send_ops = (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
+    let c = CreateQp {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: &mut a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+        send_ops,
+    };
+    // SAFETY: a live PD and objects of its context, as the caller promises.
+    unsafe { create(a.pd, c) }
+}
+
+/// The QP's `ibv_qp_ex` if it was created with send operations, else NULL (libibverbs).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(q: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: a live QP of this library.
+    if q.is_null() || !unsafe { qp(q) }.extended {
+        return std::ptr::null_mut();
+    }
     q.cast()
 }
 
@@ -138,8 +261,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
         return errno_of(&e);
     }
     // SAFETY: the QP's context is open.
-    let cx = unsafe { ctx(x.ibv.context) };
-    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.remove(&x.ibv.qp_num);
+    let cx = unsafe { ctx(x.ibv.qp_base.context) };
+    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.remove(&x.ibv.qp_base.qp_num);
     // SAFETY: the QP's own fields.
     unsafe {
         wait_for_acks(
@@ -338,12 +461,12 @@ pub unsafe extern "C" fn ibv_query_qp(
             std::ptr::write(
                 init_attr,
                 ibv_qp_init_attr {
-                    qp_context: x.ibv.qp_context,
-                    send_cq: x.ibv.send_cq,
-                    recv_cq: x.ibv.recv_cq,
-                    srq: x.ibv.srq,
+                    qp_context: x.ibv.qp_base.qp_context,
+                    send_cq: x.ibv.qp_base.send_cq,
+                    recv_cq: x.ibv.qp_base.recv_cq,
+                    srq: x.ibv.qp_base.srq,
                     cap: c_cap(&s.cap),
-                    qp_type: x.ibv.qp_type,
+                    qp_type: x.ibv.qp_base.qp_type,
                     sq_sig_all: x.sq_sig_all as c_int,
                 },
             );
@@ -353,9 +476,9 @@ pub unsafe extern "C" fn ibv_query_qp(
 }
 
 /// The most SGEs one work request may carry here (softhca's max_sge).
-const MAX_SGE: usize = 32;
+pub(crate) const MAX_SGE: usize = 32;
 /// The most inline bytes (softhca's max_inline_data).
-const MAX_INLINE: usize = 512;
+pub(crate) const MAX_INLINE: usize = 512;
 
 /// Copies a C gather list into `out`; None if it is longer than [`MAX_SGE`] or negative.
 ///

@@ -201,6 +201,18 @@ fn public_helpers_of_libibverbs() {
     run("helpers", None);
 }
 
+/// The extended verbs: Query Device Ex and the extended port attributes, `ibv_create_cq_ex`
+/// polled through `ibv_start_poll`/`ibv_next_poll`/`ibv_wc_read_*`, `ibv_create_qp_ex` and
+/// every `ibv_wr_*` operation and setter softhca posts (RC and UD), aborted and failed
+/// batches (nothing posted), and the refusals of what softhca does not have.
+#[test]
+fn extended_verbs() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("extended", None);
+}
+
 /// `ibv_devices` lists the device with its node GUID.
 #[test]
 fn ibv_devices_lists_the_device() {

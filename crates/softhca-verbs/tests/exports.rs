@@ -47,7 +47,7 @@ fn every_public_symbol_of_libibverbs_44_with_its_version() {
         return;
     }
     let system: BTreeSet<_> = exports(Path::new(SYSTEM)).into_iter().filter(|(v, n)| public(v, n)).collect();
-    assert!(system.len() > 100, "the system table looks wrong: {system:?}");
+    assert!(system.len() > 70, "the system table looks wrong: {system:?}");
     let ours = exports(&library().join("libibverbs.so.1"));
     let missing: Vec<_> = system.difference(&ours).collect();
     assert!(missing.is_empty(), "{} symbols of the system libibverbs are missing: {missing:?}", missing.len());

@@ -64,5 +64,28 @@ int main(void)
 	OFF(ibv_qp_attr, alt_timeout); OFF(ibv_qp_attr, rate_limit);
 	OFF(ibv_srq_init_attr, attr);
 	OFF(ibv_async_event, event_type);
+	SIZE(verbs_context); SIZE(ibv_port_attr); SIZE(ibv_cq_ex); SIZE(ibv_cq_init_attr_ex); SIZE(ibv_qp_ex);
+	SIZE(ibv_qp_init_attr_ex); SIZE(ibv_device_attr_ex); SIZE(ibv_data_buf);
+	OFF(verbs_context, context);
+	OFF(ibv_port_attr, flags); OFF(ibv_port_attr, port_cap_flags2);
+	OFF(ibv_cq_ex, comp_mask); OFF(ibv_cq_ex, status); OFF(ibv_cq_ex, wr_id); OFF(ibv_cq_ex, start_poll);
+	OFF(ibv_cq_ex, read_opcode); OFF(ibv_cq_ex, read_completion_ts); OFF(ibv_cq_ex, read_completion_wallclock_ns);
+	OFF(ibv_cq_init_attr_ex, cq_context); OFF(ibv_cq_init_attr_ex, channel); OFF(ibv_cq_init_attr_ex, comp_vector);
+	OFF(ibv_cq_init_attr_ex, wc_flags); OFF(ibv_cq_init_attr_ex, comp_mask); OFF(ibv_cq_init_attr_ex, flags);
+	OFF(ibv_cq_init_attr_ex, parent_domain);
+	OFF(ibv_qp_ex, comp_mask); OFF(ibv_qp_ex, wr_id); OFF(ibv_qp_ex, wr_flags); OFF(ibv_qp_ex, wr_atomic_cmp_swp);
+	OFF(ibv_qp_ex, wr_send_tso); OFF(ibv_qp_ex, wr_set_sge_list); OFF(ibv_qp_ex, wr_start); OFF(ibv_qp_ex, wr_abort);
+	OFF(ibv_qp_ex, wr_atomic_write);
+	OFF(ibv_qp_init_attr_ex, comp_mask); OFF(ibv_qp_init_attr_ex, pd); OFF(ibv_qp_init_attr_ex, xrcd);
+	OFF(ibv_qp_init_attr_ex, create_flags); OFF(ibv_qp_init_attr_ex, max_tso_header);
+	OFF(ibv_qp_init_attr_ex, rwq_ind_tbl); OFF(ibv_qp_init_attr_ex, rx_hash_conf);
+	OFF(ibv_qp_init_attr_ex, source_qpn); OFF(ibv_qp_init_attr_ex, send_ops_flags);
+	OFF(ibv_device_attr_ex, comp_mask); OFF(ibv_device_attr_ex, odp_caps);
+	OFF(ibv_device_attr_ex, completion_timestamp_mask); OFF(ibv_device_attr_ex, hca_core_clock);
+	OFF(ibv_device_attr_ex, device_cap_flags_ex); OFF(ibv_device_attr_ex, tso_caps); OFF(ibv_device_attr_ex, rss_caps);
+	OFF(ibv_device_attr_ex, max_wq_type_rq); OFF(ibv_device_attr_ex, packet_pacing_caps);
+	OFF(ibv_device_attr_ex, raw_packet_caps); OFF(ibv_device_attr_ex, tm_caps); OFF(ibv_device_attr_ex, cq_mod_caps);
+	OFF(ibv_device_attr_ex, max_dm_size); OFF(ibv_device_attr_ex, pci_atomic_caps);
+	OFF(ibv_device_attr_ex, xrc_odp_caps); OFF(ibv_device_attr_ex, phys_port_cnt_ex);
 	return 0;
 }
