@@ -1,14 +1,21 @@
 //! Devices and contexts: the device list, Open/Close Device, the queries, asynchronous events
 //! and the string helpers.
+//!
+//! A process has one softhca0: the first Open Device opens a UDP device (one address, so one
+//! GID and one port), and every context opened while it is open shares it, as contexts of one
+//! adapter do under libibverbs: their QPs reach each other through the device's own address.
+//! Each context keeps its objects and its asynchronous events; the device's events are handed
+//! to the context that owns the object they name (port and device events to every context).
+//! The device closes with its last context.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
-use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 use softhca::link::udp::{UdpConfig, UdpDevice};
-use softhca::{AsyncEventType, Context, EventElement, Mtu};
+use softhca::{AsyncEvent, AsyncEventType, Context, EventElement, Mtu};
 
 use crate::abi::*;
 use crate::{errno_of, fail};
@@ -56,16 +63,137 @@ fn device() -> *mut ibv_device {
     &d.ibv as *const ibv_device as *mut ibv_device
 }
 
-/// An open device: the `struct verbs_context` the program sees (the extended ops, then the
-/// `ibv_context` it holds a pointer to), the UDP device and its verbs context, and the objects
-/// an asynchronous event can name, by handle.
+/// The process's open device, shared by its contexts.
+pub struct Shared {
+    pub dev: UdpDevice,
+    /// The open contexts (their addresses): where the device's asynchronous events go.
+    contexts: Mutex<Vec<usize>>,
+}
+
+/// The shared device while any context holds it.
+static SHARED: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
+
+/// The open device, or a new one (then its asynchronous events are routed to the contexts).
+fn shared_device() -> std::io::Result<Arc<Shared>> {
+    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = slot.upgrade() {
+        return Ok(s);
+    }
+    let busy = std::env::var("SOFTHCA_BUSY_POLL").is_ok_and(|v| v == "1");
+    let dev = UdpDevice::open(UdpConfig::default().name(DEVICE_NAME).busy_poll(busy))?;
+    let s = Arc::new(Shared { dev, contexts: Mutex::new(Vec::new()) });
+    let weak = Arc::downgrade(&s);
+    let routed = s.dev.context().set_async_event_handler(move |ev| {
+        if let Some(s) = weak.upgrade() {
+            s.route(ev);
+        }
+    });
+    if routed.is_err() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENODEV));
+    }
+    *slot = Arc::downgrade(&s);
+    Ok(s)
+}
+
+impl Shared {
+    /// Hands `ev` to the context that owns the object it names (every context for a port or
+    /// device event). The device also queues each event for readers of its own, which the
+    /// drop-in has none of: those copies are dropped here, so that queue stays empty.
+    fn route(&self, ev: &AsyncEvent) {
+        while self.dev.context().get_async_event().is_some() {}
+        let contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        for &c in contexts.iter() {
+            // SAFETY: a context is in the list from its open until its close, which takes it
+            // out under this lock before freeing it.
+            let c = unsafe { &*(c as *const Ctx) };
+            let mine = {
+                let o = c.objects.lock().unwrap_or_else(|e| e.into_inner());
+                match ev.element {
+                    EventElement::Qp(qpn) => o.qps.contains_key(&qpn),
+                    EventElement::Cq(h) => o.cqs.contains_key(&h),
+                    EventElement::Srq(h) => o.srqs.contains_key(&h),
+                    EventElement::Port(_) | EventElement::Device => true,
+                }
+            };
+            if mine {
+                c.events.push(*ev);
+            }
+        }
+    }
+}
+
+/// A context's asynchronous events, with the descriptor (`async_fd`) that is readable while
+/// any wait: an eventfd in semaphore mode, blocking until the program makes it non-blocking,
+/// as libibverbs' is. Its count moves with the queue, under the queue's lock.
+pub(crate) struct EventQueue {
+    queue: Mutex<VecDeque<AsyncEvent>>,
+    ready: Condvar,
+    fd: OwnedFd,
+}
+
+impl EventQueue {
+    fn new() -> std::io::Result<EventQueue> {
+        // SAFETY: eventfd takes no pointers; it returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened and owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventQueue { queue: Mutex::new(VecDeque::new()), ready: Condvar::new(), fd })
+    }
+
+    /// Takes one count off the descriptor; the caller holds the queue's lock and has just
+    /// removed an event, so the count is at least one and the read does not block.
+    fn take_count(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live local from our own eventfd.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    fn push(&self, ev: AsyncEvent) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.push_back(ev);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local to our own eventfd.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.ready.notify_all();
+    }
+
+    /// Drops the waiting events that name `element` (it is being destroyed), as the kernel
+    /// drops a destroyed object's unread events.
+    pub(crate) fn purge(&self, element: EventElement) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let before = q.len();
+        q.retain(|e| e.element != element);
+        for _ in q.len()..before {
+            self.take_count();
+        }
+    }
+
+    /// The oldest event; waits for one unless `nonblocking`.
+    fn pop(&self, nonblocking: bool) -> Option<AsyncEvent> {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        while q.is_empty() && !nonblocking {
+            q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+        let ev = q.pop_front()?;
+        self.take_count();
+        Some(ev)
+    }
+}
+
+/// An open context: the `struct verbs_context` the program sees (the extended ops, then the
+/// `ibv_context` it holds a pointer to), the shared device and its verbs context, the objects
+/// an asynchronous event can name, by handle, and the events for them.
 #[repr(C)]
 pub struct Ctx {
     pub ops_ex: verbs_context_ops,
     pub ibv: ibv_context,
-    pub dev: UdpDevice,
+    pub shared: Arc<Shared>,
     pub ctx: Context,
     pub(crate) objects: Mutex<Objects>,
+    pub(crate) events: EventQueue,
 }
 
 /// The C objects of a context an event can name (their addresses, by QPN or handle).
@@ -188,19 +316,19 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     if device.is_null() {
         return fail(libc::EINVAL);
     }
-    let busy = std::env::var("SOFTHCA_BUSY_POLL").is_ok_and(|v| v == "1");
-    let dev = match UdpDevice::open(UdpConfig::default().name(DEVICE_NAME).busy_poll(busy)) {
+    let shared = match shared_device() {
         Ok(d) => d,
         Err(e) => {
             eprintln!("softhca: cannot open a UDP device: {e}");
             return fail(e.raw_os_error().unwrap_or(libc::ENODEV));
         }
     };
-    let ctx = dev.context().clone();
-    let async_fd = ctx.async_fd().unwrap_or(-1);
-    // libibverbs' async descriptor blocks until the program makes it non-blocking (softhca's
-    // only ever reads counts it knows are there: blocking mode is safe for it).
-    crate::make_blocking(async_fd);
+    let events = match EventQueue::new() {
+        Ok(q) => q,
+        Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
+    };
+    let ctx = shared.dev.context().clone();
+    let async_fd = events.fd.as_raw_fd();
     let ops = ibv_context_ops {
         _compat_query_device: null_mut(),
         _compat_query_port: null_mut(),
@@ -289,11 +417,13 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             mutex: unsafe { std::mem::zeroed() },
             abi_compat: VERBS_ABI_IS_EXTENDED,
         },
-        dev,
+        shared: shared.clone(),
         ctx,
         objects: Mutex::new(Objects::default()),
+        events,
     });
     let p = Box::into_raw(boxed);
+    shared.contexts.lock().unwrap_or_else(|e| e.into_inner()).push(p as usize);
     // SAFETY: a live box; the program holds its `ibv` field, as libibverbs hands out the
     // `context` member of its `verbs_context`.
     unsafe { std::ptr::addr_of_mut!((*p).ibv) }
@@ -304,8 +434,13 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     if context.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: an open context.
+    let p = (unsafe { ctx(context) } as *const Ctx).cast_mut();
+    // SAFETY: as above; out of the routing list (under its lock) before it is freed.
+    let shared = unsafe { &(*p).shared }.clone();
+    shared.contexts.lock().unwrap_or_else(|e| e.into_inner()).retain(|&c| c != p as usize);
     // SAFETY: the pointer is the `ibv` field of ibv_open_device's Box::into_raw, closed once.
-    drop(unsafe { Box::from_raw((ctx(context) as *const Ctx).cast_mut()) });
+    drop(unsafe { Box::from_raw(p) });
     0
 }
 
@@ -562,20 +697,9 @@ pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
     loop {
-        let ev = if crate::nonblocking(c.ibv.async_fd) {
-            match c.ctx.get_async_event() {
-                Some(ev) => ev,
-                None => {
-                    crate::set_errno(libc::EAGAIN);
-                    return -1;
-                }
-            }
-        } else {
-            loop {
-                if let Some(ev) = c.ctx.wait_async_event(Duration::from_secs(3600)) {
-                    break ev;
-                }
-            }
+        let Some(ev) = c.events.pop(crate::nonblocking(c.ibv.async_fd)) else {
+            crate::set_errno(libc::EAGAIN);
+            return -1;
         };
         let mut objects = c.objects.lock().unwrap_or_else(|e| e.into_inner());
         let object = match ev.element {

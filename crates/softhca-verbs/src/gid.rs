@@ -56,7 +56,7 @@ unsafe fn gid_entry(context: *mut ibv_context, port_num: u32, gid_index: u32) ->
         gid_index,
         port_num,
         gid_type: IBV_GID_TYPE_ROCE_V2,
-        ndev_ifindex: interface_of(c.dev.addr()).map_or(0, |n| ifindex(&n)),
+        ndev_ifindex: interface_of(c.shared.dev.addr()).map_or(0, |n| ifindex(&n)),
     })
 }
 
