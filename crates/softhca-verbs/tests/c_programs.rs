@@ -101,6 +101,27 @@ fn modify_qp_accepts_what_linux_accepts() {
     run("modify_qp", None);
 }
 
+/// Modify QP's attribute masks through the C ABI, exhaustively, against a table written
+/// from the kernel's `qp_state_table` (`verbs.c`) apart from `modify_mask.rs`: for RC, UC and
+/// UD and every (from, to) pair of the seven states, the required mask succeeds, one required
+/// bit removed or one refused bit added is EINVAL and leaves the state unchanged, each
+/// optional bit added succeeds, and a pair Linux refuses is EINVAL with every mask (SQE is
+/// never a target; Error goes only to Reset or Error; no RTS -> RTR; no Reset, Init or RTR
+/// to anything past the next state). `IBV_QP_CUR_STATE` is taken only out of RTR, RTS, SQD
+/// and SQE, naming the current state. Softhca's own answers are applied apart: Reset ->
+/// Error accepted, RC Init -> RTR without the Minimum RNR NAK Timer, SQD -> RTS taking the
+/// SQD -> SQD attributes. UC and UD QPs reach SQE by a Send with a bad L_Key; an alternate
+/// path passes the mask check and is refused as unsupported (EOPNOTSUPP).
+/// Rule B-2, MOD-GEN-5, MOD-GEN-9, MOD-GEN-12, QPT-SW-8, QPT-INV-2, QPT-INV-3, QPT-INV-4,
+/// QPT-INV-5, QPT-INV-6, QPT-INV-7, QPT-AUTO-1
+#[test]
+fn modify_qp_masks_follow_the_kernel_table() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("modify_qp_table", None);
+}
+
 /// `ibv_devinfo -v` shows the device, an active Ethernet port and its RoCE v2 GID.
 #[test]
 fn ibv_devinfo_shows_the_device() {
