@@ -383,7 +383,9 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         m.cap = Some(WqSizes { max_send_wr: a.cap.max_send_wr, max_recv_wr: a.cap.max_recv_wr });
     }
     if has(IBV_QP_ALT_PATH) {
-        return libc::EOPNOTSUPP;
+        // No Automatic Path Migration yet (MOD-GEN-9); Linux refuses alternate paths on a
+        // RoCE device with EINVAL too.
+        return libc::EINVAL;
     }
     match x.qp.modify(&m) {
         Ok(()) => {

@@ -173,11 +173,11 @@ static int expect(int type, enum ibv_qp_state from, enum ibv_qp_state to, int ma
 	if (!mask_ok(type, from, to, mask))
 		return EINVAL;
 	/* Value-level refusal: softhca implements no alternate path (no Automatic Path
-	   Migration, MOD-GEN-9), so IBV_QP_ALT_PATH passes the mask check and is refused with
-	   EOPNOTSUPP. Linux refuses it on a RoCE device too, with EINVAL (the core bans alternate
-	   paths outside InfiniBand); the errno differs, both refuse. */
+	   Migration, MOD-GEN-9), so IBV_QP_ALT_PATH passes the mask check and is then refused
+	   with EINVAL, as Linux refuses it on a RoCE device (the core bans alternate paths
+	   outside InfiniBand). */
 	if (mask & ALT)
-		return EOPNOTSUPP;
+		return EINVAL;
 	return 0;
 }
 
