@@ -1,0 +1,187 @@
+//! Debian's unmodified perftest on softhca: each test as two processes (server and client)
+//! on loopback with `-x 0` (the RoCE v2 GID), through the drop-in `libibverbs.so.1` and the
+//! two vendor libraries perftest also needs. Both sides must exit 0 and print their result
+//! table. perftest takes its "unknown device" path on softhca, as on Linux rxe: the old
+//! post-send flow (`ibv_post_send`), which `--use_old_post_send` also asks for; its new flow
+//! (`ibv_wr_*`) is reserved to the vendors it knows. Needs perftest; without it each test says
+//! so and passes, except under CI (`CI` set), where it is required.
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// One pair at a time: the cases share two cores, and perftest measures.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Whether a TCP socket listens on `port` (read from /proc/net/tcp*, without connecting: a
+/// perftest server takes exactly one connection).
+fn listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3
+                    && cols[3] == "0A"
+                    && cols[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+            })
+        })
+    })
+}
+
+/// Waits for `child` at most `secs` (a hang guard), then returns its output.
+fn finish(mut child: Child, secs: u64, what: &str) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stdout = Vec::new();
+            let mut stderr = Vec::new();
+            child.stdout.take().map(|mut s| s.read_to_end(&mut stdout));
+            child.stderr.take().map(|mut s| s.read_to_end(&mut stderr));
+            return Output { status, stdout, stderr };
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} did not finish in {secs} s: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Runs perftest's `prog` with `args` as server and client; both must exit 0, and both print
+/// a result row, except the passive side of the Read and Atomic latency tests, which perftest
+/// never has print one. Returns the client's output.
+fn perftest(prog: &str, args: &[&str], k: u16) -> Option<String> {
+    let path = format!("/usr/bin/{prog}");
+    if !(tool("cc") && have(Path::new(&path).exists(), "perftest")) {
+        return None;
+    }
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = 21000 + (std::process::id() % 1000) as u16 * 16 + k;
+    let spawn = |client: bool| {
+        let mut c = Command::new(&path);
+        c.env("LD_LIBRARY_PATH", all_libs()).args(["-x", "0", "-p", &port.to_string()]).args(args);
+        if client {
+            c.arg("127.0.0.1");
+        }
+        c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    let server = spawn(false);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listening(port) {
+        assert!(Instant::now() < deadline, "{prog} server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let client = finish(spawn(true), 120, prog);
+    let server = finish(server, 120, prog);
+    let text = |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let passive_server = matches!(prog, "ib_read_lat" | "ib_atomic_lat");
+    for (who, o) in [("client", &client), ("server", &server)] {
+        let t = text(o);
+        assert!(o.status.success(), "{prog} {args:?} {who} failed ({}): {t}", o.status);
+        if who == "server" && passive_server {
+            continue;
+        }
+        assert!(t.contains("#bytes"), "{prog} {args:?} {who} printed no result table: {t}");
+        // A result row: the message size first, then the iterations.
+        let rows = t.lines().filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().is_some_and(|x| x.parse::<u64>().is_ok()) && w.next().is_some_and(|x| x.parse::<u64>().is_ok())
+        });
+        assert!(rows.count() > 0, "{prog} {args:?} {who}: no result row: {t}");
+    }
+    Some(text(&client))
+}
+
+#[test]
+fn ib_write_bw() {
+    perftest("ib_write_bw", &[], 0);
+}
+
+#[test]
+fn ib_write_bw_old_post_send() {
+    let Some(out) = perftest("ib_write_bw", &["--use_old_post_send"], 1) else { return };
+    assert!(out.contains("ibv_wr* API     : OFF"), "{out}");
+}
+
+#[test]
+fn ib_write_bw_four_qps() {
+    let Some(out) = perftest("ib_write_bw", &["-q", "4"], 2) else { return };
+    assert!(out.contains("Number of qps   : 4"), "{out}");
+}
+
+/// Every size from 2 B to 8 MiB (20 iterations each, to stay short).
+#[test]
+fn ib_write_bw_all_sizes() {
+    let Some(out) = perftest("ib_write_bw", &["-a", "-n", "20"], 3) else { return };
+    assert!(out.lines().any(|l| l.trim_start().starts_with("8388608")), "{out}");
+}
+
+#[test]
+fn ib_read_bw() {
+    perftest("ib_read_bw", &[], 4);
+}
+
+#[test]
+fn ib_send_bw() {
+    perftest("ib_send_bw", &[], 5);
+}
+
+#[test]
+fn ib_atomic_bw_compare_and_swap() {
+    perftest("ib_atomic_bw", &["-A", "CMP_AND_SWAP"], 6);
+}
+
+#[test]
+fn ib_atomic_bw_fetch_and_add() {
+    perftest("ib_atomic_bw", &["-A", "FETCH_AND_ADD"], 7);
+}
+
+#[test]
+fn ib_write_lat() {
+    perftest("ib_write_lat", &[], 8);
+}
+
+#[test]
+fn ib_read_lat() {
+    perftest("ib_read_lat", &[], 9);
+}
+
+#[test]
+fn ib_send_lat() {
+    perftest("ib_send_lat", &[], 10);
+}
+
+/// Every size from 2 B to 8 MiB (20 iterations each).
+#[test]
+fn ib_send_lat_all_sizes() {
+    let Some(out) = perftest("ib_send_lat", &["-a", "-n", "20"], 11) else { return };
+    assert!(out.lines().any(|l| l.trim_start().starts_with("8388608")), "{out}");
+}
+
+#[test]
+fn ib_atomic_lat_compare_and_swap() {
+    perftest("ib_atomic_lat", &["-A", "CMP_AND_SWAP"], 12);
+}
+
+#[test]
+fn ib_atomic_lat_fetch_and_add() {
+    perftest("ib_atomic_lat", &["-A", "FETCH_AND_ADD"], 13);
+}
+
+/// UD Send, bandwidth and latency.
+#[test]
+fn ib_send_bw_and_lat_over_ud() {
+    perftest("ib_send_bw", &["-c", "UD"], 14);
+    perftest("ib_send_lat", &["-c", "UD"], 15);
+}
