@@ -194,6 +194,39 @@ pub struct Ctx {
     pub ctx: Context,
     pub(crate) objects: Mutex<Objects>,
     pub(crate) events: EventQueue,
+    /// What `cmd_fd` shows: softhca has no uverbs command channel, but programs dup the
+    /// descriptor to import the context elsewhere (then told EOPNOTSUPP), so it is a real one.
+    cmd: OwnedFd,
+}
+
+/// An anonymous file of its own for a context's `cmd_fd`.
+fn cmd_file() -> std::io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name; memfd_create returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(c"softhca-cmd".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The file (device, inode) behind a descriptor.
+fn file_id(fd: c_int) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes into a local buffer; a bad descriptor gives -1.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Whether `fd` is (a duplicate of) the `cmd_fd` of one of this process's open contexts.
+pub(crate) fn is_context_cmd_fd(fd: c_int) -> bool {
+    let Some(id) = file_id(fd) else { return false };
+    let Some(shared) = SHARED.lock().unwrap_or_else(|e| e.into_inner()).upgrade() else { return false };
+    let contexts = shared.contexts.lock().unwrap_or_else(|e| e.into_inner());
+    contexts.iter().any(|&c| {
+        // SAFETY: a context in the list is open (see `Shared::route`).
+        file_id(unsafe { &*(c as *const Ctx) }.cmd.as_raw_fd()) == Some(id)
+    })
 }
 
 /// The C objects of a context an event can name (their addresses, by QPN or handle).
@@ -323,8 +356,8 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             return fail(e.raw_os_error().unwrap_or(libc::ENODEV));
         }
     };
-    let events = match EventQueue::new() {
-        Ok(q) => q,
+    let (events, cmd) = match EventQueue::new().and_then(|q| Ok((q, cmd_file()?))) {
+        Ok(x) => x,
         Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
     };
     let ctx = shared.dev.context().clone();
@@ -410,7 +443,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         ibv: ibv_context {
             device,
             ops,
-            cmd_fd: -1,
+            cmd_fd: cmd.as_raw_fd(),
             async_fd,
             num_comp_vectors: 1,
             // SAFETY: an all-zero pthread_mutex_t is PTHREAD_MUTEX_INITIALIZER on Linux.
@@ -421,6 +454,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         ctx,
         objects: Mutex::new(Objects::default()),
         events,
+        cmd,
     });
     let p = Box::into_raw(boxed);
     shared.contexts.lock().unwrap_or_else(|e| e.into_inner()).push(p as usize);

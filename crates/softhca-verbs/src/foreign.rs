@@ -2,23 +2,28 @@
 //! kernel context behind a command descriptor) created, and memory a dma-buf names. Each
 //! answers as libibverbs 44 does for a provider without the operation (rxe's answers): NULL
 //! with `errno` `EOPNOTSUPP`, and nothing to undo for the unimports. Importing needs the
-//! uverbs command descriptor of a kernel device, which softhca has not: `ibv_import_device`
-//! fails as libibverbs does when no device matches the descriptor.
+//! uverbs command descriptor of a kernel device, which softhca has not: a context's `cmd_fd`
+//! is an anonymous file of its own, and importing it is EOPNOTSUPP.
 
 use std::ffi::{c_int, c_void};
 
 use crate::abi::{ibv_context, ibv_mr, ibv_pd};
 use crate::fail;
 
+/// The `cmd_fd` of a softhca context (or a duplicate) names a device whose provider cannot
+/// import: EOPNOTSUPP. Any other descriptor fails as libibverbs fails it: EINVAL for one that
+/// is not a character device, ENODEV for one that is no uverbs device of this host's.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    if crate::device::is_context_cmd_fd(cmd_fd) {
+        return fail(libc::EOPNOTSUPP);
+    }
     // SAFETY: fstat writes into a local stat buffer; a bad descriptor gives -1.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     if unsafe { libc::fstat(cmd_fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFCHR {
         return fail(libc::EINVAL);
     }
-    // A character device, but no uverbs device of softhca's: it has none.
     fail(libc::ENODEV)
 }
 

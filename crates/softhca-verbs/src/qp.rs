@@ -201,8 +201,8 @@ pub unsafe extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_at
 }
 
 /// `verbs_context.create_qp_ex`: a PD is required (no XRC domain); of the other attributes
-/// only the send operations are known here, and creation flags, TSO, RSS and a source QPN
-/// (which need Raw Packet QPs or hardware offloads) are EOPNOTSUPP.
+/// only the send operations are known here, and creation flags (other than none), TSO, RSS
+/// and a source QPN (which need Raw Packet QPs or hardware offloads) are EOPNOTSUPP.
 pub(crate) unsafe extern "C" fn create_qp_ex(
     _context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -225,7 +225,11 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
         return fail(libc::EINVAL);
     }
-    if a.comp_mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+    // Creation flags are accepted when none is set (programs pass the mask with 0); any flag
+    // is EOPNOTSUPP, as rxe answers.
+    let flags_given = a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0;
+    let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    if a.comp_mask & !supported != 0 || flags_given {
         return fail(libc::EOPNOTSUPP);
     }
     let send_ops = (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);

@@ -150,8 +150,13 @@ static void refusals(struct xend *e)
 	errno = 0;
 	CHECK(!ibv_create_qp_ex(e->ctx, &qa) && errno == EINVAL, "no PD");
 	qa.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	qa.send_ops_flags = 0;
+	qa.create_flags = IBV_QP_CREATE_SCATTER_FCS;
 	errno = 0;
 	CHECK(!ibv_create_qp_ex(e->ctx, &qa) && errno == EOPNOTSUPP, "creation flags");
+	qa.create_flags = 0; /* the mask with no flag set is taken */
+	struct ibv_qp *noflags = ibv_create_qp_ex(e->ctx, &qa);
+	CHECK(noflags && ibv_destroy_qp(noflags) == 0, "creation flags mask with no flag");
 	/* Only IBV_QP_INIT_ATTR_PD: verbs.h takes the plain Create QP, and there is no qp_ex. */
 	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
 	struct ibv_qp *plain = ibv_create_qp_ex(e->ctx, &qa);

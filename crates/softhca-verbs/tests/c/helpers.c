@@ -137,6 +137,11 @@ static void process(struct ibv_device *dev, struct end *e)
 	CHECK(ibv_import_mr(e->pd, 1) == NULL && errno == EOPNOTSUPP, "import MR");
 	errno = 0;
 	CHECK(ibv_import_device(-1) == NULL && errno != 0, "import a device from no descriptor");
+	int dup_fd = dup(e->ctx->cmd_fd);
+	CHECK(dup_fd >= 0, "cmd_fd is a descriptor a program can dup");
+	errno = 0;
+	CHECK(ibv_import_device(dup_fd) == NULL && errno == EOPNOTSUPP, "import softhca's own context");
+	close(dup_fd);
 	errno = 0;
 	CHECK(ibv_reg_dmabuf_mr(e->pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP,
 	      "dma-buf");
