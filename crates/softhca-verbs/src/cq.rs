@@ -149,11 +149,25 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     let Ok(size) = u32::try_from(cqe) else { return fail(libc::EINVAL) };
+    // SAFETY: an open context.
+    if !unsafe { valid_comp_vector(context, comp_vector as u32) } {
+        return fail(libc::EINVAL);
+    }
     // SAFETY: an open context and a channel of it or null, as the caller promises.
     unsafe { create(context, size, cq_context, channel, 0) }.cast()
+}
+
+/// Whether `vector` is one of the context's completion vectors (the kernel refuses any
+/// other with EINVAL; a negative `int` is a huge `__u32` there).
+///
+/// # Safety
+/// `context` is open.
+unsafe fn valid_comp_vector(context: *mut ibv_context, vector: u32) -> bool {
+    // SAFETY: as the caller promises.
+    i64::from(vector) < i64::from(unsafe { (*context).num_comp_vectors })
 }
 
 /// The `IBV_WC_EX_WITH_*` fields softhca fills: the standard ones and both timestamps (no
@@ -189,6 +203,10 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     let known = IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
     if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !known != 0 {
         return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: an open context (verbs.h found the op in it).
+    if !unsafe { valid_comp_vector(context, a.comp_vector) } {
+        return fail(libc::EINVAL);
     }
     // SAFETY: an open context (verbs.h found the op in it); the channel is the program's.
     unsafe { create(context, a.cqe, a.cq_context, a.channel, a.wc_flags) }.cast()

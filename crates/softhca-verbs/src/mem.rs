@@ -92,10 +92,34 @@ fn access_of(flags: c_int) -> Access {
     Access::from_bits_truncate(flags as u32)
 }
 
+/// The access bits Linux knows (`IB_ACCESS_SUPPORTED`): 0..=9, up to the FLUSH ones, and the
+/// optional range 20..=29, which a device without those features ignores.
+const KNOWN_ACCESS: u32 = 0x3ff | 0x3ff0_0000;
+/// `IBV_ACCESS_ON_DEMAND` and the two FLUSH bits: capabilities softhca does not report.
+const UNSUPPORTED_ACCESS: u32 = 1 << 6 | 1 << 8 | 1 << 9;
+
+/// The kernel's `ib_check_mr_access`, before it looks at the memory: EINVAL for remote write
+/// or atomic without local write and for a bit it does not know (softhca would drop it),
+/// EOPNOTSUPP for on-demand paging and FLUSH.
+fn check_access(flags: c_int) -> Result<(), c_int> {
+    let a = access_of(flags);
+    let remote = a.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+    if (remote && !a.contains(Access::LOCAL_WRITE)) || flags as u32 & !KNOWN_ACCESS != 0 {
+        return Err(libc::EINVAL);
+    }
+    if flags as u32 & UNSUPPORTED_ACCESS != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
     // SAFETY: a live PD.
     let pd = unsafe { pd(p) };
+    if let Err(e) = check_access(access) {
+        return fail(e);
+    }
     if (addr as usize).checked_add(length).is_none() {
         return fail(libc::EINVAL); // a range past the top of the address space
     }

@@ -310,7 +310,9 @@ unsafe fn set_inline(q: *mut ibv_qp_ex, bufs: impl Iterator<Item = (*const u8, u
     let fill = |p: &mut Pending| {
         p.inline.clear();
         for (addr, len) in bufs {
-            if p.inline.len() + len > MAX_INLINE {
+            // Never past MAX_INLINE so far, so this cannot wrap (a sum could: a huge length
+            // after a non-empty buffer).
+            if len > MAX_INLINE - p.inline.len() {
                 return libc::ENOMEM;
             }
             // SAFETY: as the caller promises.
