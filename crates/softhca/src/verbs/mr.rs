@@ -269,9 +269,6 @@ impl Pd {
         self.inner.check()?;
         check_access_flags(access)?;
         let len = buf.len();
-        if len as u64 > self.inner.dev.attr.max_mr_size {
-            return Err(VerbsError::InvalidArgument("region larger than max_mr_size"));
-        }
         let raw = Box::into_raw(buf.into_boxed_slice()) as *mut u8;
         // SAFETY: Box::into_raw never returns null (a zero-length box gives a dangling,
         // non-null pointer).
@@ -301,8 +298,12 @@ impl Pd {
         self.register(ptr, len, access, false)
     }
 
+    /// Every registration's one size check and key allocation.
     fn register(&self, ptr: NonNull<u8>, len: usize, access: Access, owned: bool) -> Result<Mr> {
         let dev = &self.inner.dev;
+        if len as u64 > dev.attr.max_mr_size {
+            return Err(VerbsError::InvalidArgument("region larger than max_mr_size"));
+        }
         let inner = new_key(&self.inner, &dev.counts.mr, dev.attr.max_mr, |key| {
             let mr = Arc::new(MrInner {
                 key,
