@@ -1,6 +1,6 @@
 /* The extended verbs as modern programs use them (UCX, libfabric, perftest's new post-send
    path, the rdma-core tests): ibv_query_device_ex, ibv_query_port's extended fields,
-   ibv_create_cq_ex with every field softhca fills and the ibv_start_poll / ibv_next_poll /
+   ibv_create_srq_ex, ibv_create_cq_ex with every field softhca fills and the ibv_start_poll / ibv_next_poll /
    ibv_end_poll / ibv_wc_read_* interface, ibv_create_qp_ex with send operations and the
    ibv_wr_* builder for every opcode softhca posts (RC: send, send with immediate, RDMA write,
    write with immediate, read, both atomics, bind MW; UD: send with ibv_wr_set_ud_addr),
@@ -157,6 +157,18 @@ static void refusals(struct xend *e)
 	qa.create_flags = 0; /* the mask with no flag set is taken */
 	struct ibv_qp *noflags = ibv_create_qp_ex(e->ctx, &qa);
 	CHECK(noflags && ibv_destroy_qp(noflags) == 0, "creation flags mask with no flag");
+	/* ibv_create_srq_ex: a basic SRQ (verbs.h takes the plain Create SRQ for it); XRC and
+	   tag-matching SRQs are EOPNOTSUPP, as on rxe. */
+	struct ibv_srq_init_attr_ex sa = { .attr = { .max_wr = 8, .max_sge = 1 },
+					   .comp_mask = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE,
+					   .srq_type = IBV_SRQT_BASIC, .pd = e->pd };
+	struct ibv_srq *srq = ibv_create_srq_ex(e->ctx, &sa);
+	CHECK(srq && sa.attr.max_wr >= 8 && ibv_destroy_srq(srq) == 0, "basic SRQ through ibv_create_srq_ex");
+	sa.srq_type = IBV_SRQT_XRC;
+	sa.comp_mask |= IBV_SRQ_INIT_ATTR_CQ;
+	sa.cq = ibv_cq_ex_to_cq(e->cq);
+	errno = 0;
+	CHECK(!ibv_create_srq_ex(e->ctx, &sa) && errno == EOPNOTSUPP, "XRC SRQ");
 	/* Only IBV_QP_INIT_ATTR_PD: verbs.h takes the plain Create QP, and there is no qp_ex. */
 	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
 	struct ibv_qp *plain = ibv_create_qp_ex(e->ctx, &qa);
