@@ -128,7 +128,8 @@ pub struct PerfArgs {
     pub busy_poll: bool,
     #[command(flatten)]
     pub faults: net::Faults,
-    /// Print exactly one JSON object (bw_gbps, msg_rate_mps, lat_us_p50, lat_us_p99,
+    /// Print exactly one JSON object (bw_gbps in gigabits/s and bw_gbytes_s in gigabytes/s,
+    /// both 10^9; msg_rate_mps, lat_us_p50, lat_us_p99,
     /// completions, errors, retransmits, data_verified and more) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -555,8 +556,10 @@ pub struct PerfResult {
     pub depth: u32,
     pub inline: bool,
     pub iters: u64,
-    /// Gigabits per second of payload, wall-clock.
+    /// Gigabits (10^9 bits) per second of payload, wall-clock.
     pub bw_gbps: f64,
+    /// The same in gigabytes (10^9 bytes) per second: `bw_gbps / 8`.
+    pub bw_gbytes_s: f64,
     /// Millions of messages per second, wall-clock.
     pub msg_rate_mps: f64,
     /// What the latency figures are: "completion" (post to CQE) or "half round trip"
@@ -916,6 +919,7 @@ pub(crate) fn result(
         inline: args.inline,
         iters: flows.iter().map(|f| f.posted).max().unwrap_or(0),
         bw_gbps: bytes as f64 * 8.0 / wall.max(1e-9) / 1e9,
+        bw_gbytes_s: bytes as f64 / wall.max(1e-9) / 1e9,
         msg_rate_mps: t.ok as f64 / wall.max(1e-9) / 1e6,
         lat_method: lat_method.to_string(),
         lat_us_p50: percentile(&t.lats, 50.0),

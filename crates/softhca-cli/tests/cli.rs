@@ -134,9 +134,12 @@ fn perf_json(args: &[&str]) -> Value {
 }
 
 fn check_perf(v: &Value, completions: u64) {
-    for key in ["bw_gbps", "msg_rate_mps", "lat_us_p50", "lat_us_p99", "retransmits"] {
+    for key in ["bw_gbps", "bw_gbytes_s", "msg_rate_mps", "lat_us_p50", "lat_us_p99", "retransmits"] {
         assert!(v[key].is_number(), "{key} missing: {v}");
     }
+    // Gigabits and gigabytes of the same run.
+    let (bits, bytes) = (v["bw_gbps"].as_f64().unwrap(), v["bw_gbytes_s"].as_f64().unwrap());
+    assert!((bits - 8.0 * bytes).abs() <= 1e-9 * bits.max(1.0), "{v}");
     assert_eq!(v["data_verified"], Value::Bool(true), "{v}");
     assert_eq!(v["completions"].as_u64(), Some(completions), "{v}");
     assert_eq!(v["errors"].as_u64(), Some(0), "{v}");
