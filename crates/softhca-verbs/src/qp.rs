@@ -134,8 +134,16 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
     if a.send_ops.is_some_and(|ops| ops & !send_ops_of(qp_type) != 0) {
         return fail(libc::EOPNOTSUPP);
     }
-    // SAFETY: live CQs (and SRQ) of this context.
+    // SAFETY: live CQs (and SRQ) of this library.
     let (scq, rcq) = unsafe { (cq(a.send_cq), cq(a.recv_cq)) };
+    // SAFETY: as above; only the context field is read.
+    let srq_context = (!a.srq.is_null()).then(|| unsafe { (*a.srq).context });
+    // The kernel looks each handle up in the PD's context: another context's CQ or SRQ is
+    // not found there (EINVAL), though both contexts share the device here.
+    let here = pd.ibv.context;
+    if scq.ibv.base.context != here || rcq.ibv.base.context != here || srq_context.is_some_and(|c| c != here) {
+        return fail(libc::EINVAL);
+    }
     let mut init = QpInitAttr::new(qp_type, &scq.cq, &rcq.cq);
     init.cap = cap_of(a.cap);
     init.sq_sig_all = a.sq_sig_all != 0;

@@ -169,6 +169,18 @@ static void refusals(struct xend *e)
 	sa.cq = ibv_cq_ex_to_cq(e->cq);
 	errno = 0;
 	CHECK(!ibv_create_srq_ex(e->ctx, &sa) && errno == EOPNOTSUPP, "XRC SRQ");
+	/* A CQ of another context (of the same device) is not one of this context's: EINVAL. */
+	struct ibv_context *other = ibv_open_device(e->ctx->device);
+	CHECK(other, "a second context");
+	struct ibv_cq *foreign = ibv_create_cq(other, 4, NULL, NULL, 0);
+	CHECK(foreign, "a CQ of the second context");
+	struct ibv_qp_init_attr_ex xa = qa;
+	xa.comp_mask = IBV_QP_INIT_ATTR_PD;
+	xa.create_flags = 0;
+	xa.send_cq = foreign;
+	errno = 0;
+	CHECK(!ibv_create_qp_ex(e->ctx, &xa) && errno == EINVAL, "a QP with another context's CQ");
+	CHECK(ibv_destroy_cq(foreign) == 0 && ibv_close_device(other) == 0, "second context closed");
 	/* Only IBV_QP_INIT_ATTR_PD: verbs.h takes the plain Create QP, and there is no qp_ex. */
 	qa.comp_mask = IBV_QP_INIT_ATTR_PD;
 	struct ibv_qp *plain = ibv_create_qp_ex(e->ctx, &qa);
