@@ -8,9 +8,8 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -18,45 +17,6 @@ use common::*;
 
 /// One pair at a time: the cases share two cores, and perftest measures.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Whether a TCP socket listens on `port` (read from /proc/net/tcp*, without connecting: a
-/// perftest server takes exactly one connection).
-fn listening(port: u16) -> bool {
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3
-                    && cols[3] == "0A"
-                    && cols[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
-            })
-        })
-    })
-}
-
-/// Waits for `child` at most `secs` (a hang guard), then returns its output.
-fn finish(mut child: Child, secs: u64, what: &str) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stdout = Vec::new();
-            let mut stderr = Vec::new();
-            child.stdout.take().map(|mut s| s.read_to_end(&mut stdout));
-            child.stderr.take().map(|mut s| s.read_to_end(&mut stderr));
-            return Output { status, stdout, stderr };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} did not finish in {secs} s: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 /// Runs perftest's `prog` with `args` as server and client; both must exit 0, and both print
 /// a result row, except the passive side of the Read and Atomic latency tests, which perftest

@@ -11,21 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Whether a TCP socket listens on `port` (from /proc/net/tcp*, without connecting to it:
-/// the pingpong servers accept exactly one connection).
-fn listening(port: u16) -> bool {
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3
-                    && cols[3] == "0A"
-                    && cols[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
-            })
-        })
-    })
-}
-
 /// A TCP port for one pingpong: distinct per test process and per call.
 fn port(k: u16) -> u16 {
     20000 + (std::process::id() % 2000) as u16 * 10 + k

@@ -5,32 +5,15 @@
 #![allow(dead_code)]
 
 pub mod fake;
+#[path = "../../../softhca-verbs/tests/common/procs.rs"]
+mod procs;
+pub use procs::*;
 
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-
-/// Whether tools are required (CI): then a missing one fails the test instead of skipping it.
-pub fn required() -> bool {
-    std::env::var_os("CI").is_some()
-}
-
-pub fn have(ok: bool, what: &str) -> bool {
-    if !ok {
-        assert!(!required(), "{what} is required in CI");
-        eprintln!("SKIPPED: {what} not available");
-    }
-    ok
-}
-
-pub fn tool(name: &str) -> bool {
-    have(
-        Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success()),
-        name,
-    )
-}
 
 fn scratch() -> PathBuf {
     let d = std::env::temp_dir().join(format!("softhca-vendor-tests-{}", std::process::id()));

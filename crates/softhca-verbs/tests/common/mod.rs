@@ -3,31 +3,12 @@
 //! `tests/c/*.c`, and waiting for child processes (with hang guards only).
 #![allow(dead_code)]
 
-use std::io::Read;
+mod procs;
+pub use procs::*;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
-
-/// Whether tools are required (CI): then a missing one fails the test instead of skipping it.
-pub fn required() -> bool {
-    std::env::var_os("CI").is_some()
-}
-
-pub fn have(ok: bool, what: &str) -> bool {
-    if !ok {
-        assert!(!required(), "{what} is required in CI");
-        eprintln!("SKIPPED: {what} not available");
-    }
-    ok
-}
-
-pub fn tool(name: &str) -> bool {
-    have(
-        Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success()),
-        name,
-    )
-}
 
 pub fn verbs_header() -> bool {
     have(Path::new("/usr/include/infiniband/verbs.h").exists(), "infiniband/verbs.h (libibverbs-dev)")
@@ -90,30 +71,6 @@ pub fn compile(name: &str) -> PathBuf {
         built.push(name.to_string());
     }
     exe
-}
-
-/// Waits for a child at most `secs` (a hang guard), then returns its output.
-pub fn finish(mut child: Child, secs: u64, what: &str) -> Output {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut stdout = Vec::new();
-            let mut stderr = Vec::new();
-            child.stdout.take().map(|mut s| s.read_to_end(&mut stdout));
-            child.stderr.take().map(|mut s| s.read_to_end(&mut stderr));
-            return Output { status, stdout, stderr };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} did not finish in {secs} s: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// Runs `tests/c/<prog>.c` (with `arg`, if any) against the drop-in library; it must print

@@ -1,0 +1,68 @@
+//! Process and tool helpers shared by the tests of softhca-verbs and softhca-vendor (the
+//! latter includes this file by path): what must be installed, TCP listeners seen without
+//! connecting, and waiting for a child with a hang guard only.
+
+use std::io::Read;
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+/// Whether tools are required (CI): then a missing one fails the test instead of skipping it.
+pub fn required() -> bool {
+    std::env::var_os("CI").is_some()
+}
+
+/// `ok`, or a skip (a failure under CI) naming `what` is missing.
+pub fn have(ok: bool, what: &str) -> bool {
+    if !ok {
+        assert!(!required(), "{what} is required in CI");
+        eprintln!("SKIPPED: {what} not available");
+    }
+    ok
+}
+
+/// Whether the command `name` is installed (see [`have`]).
+pub fn tool(name: &str) -> bool {
+    have(
+        Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success()),
+        name,
+    )
+}
+
+/// Whether a TCP socket listens on `port` (from /proc/net/tcp*, without connecting to it:
+/// the pingpong and perftest servers accept exactly one connection).
+pub fn listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3
+                    && cols[3] == "0A"
+                    && cols[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+            })
+        })
+    })
+}
+
+/// Waits for a child at most `secs` (a hang guard), then returns its output.
+pub fn finish(mut child: Child, secs: u64, what: &str) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stdout = Vec::new();
+            let mut stderr = Vec::new();
+            child.stdout.take().map(|mut s| s.read_to_end(&mut stdout));
+            child.stderr.take().map(|mut s| s.read_to_end(&mut stderr));
+            return Output { status, stdout, stderr };
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what} did not finish in {secs} s: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
