@@ -326,6 +326,39 @@ fn ext_header_offsets_follow_wire_order() {
     assert_eq!(names, ["RDETH", "DETH", "RETH", "IMMDT"]);
 }
 
+/// Rule PKT-OP-1: the table read backwards: every row is the one opcode of its service,
+/// operation, position and suffix, and meanings no row has give none.
+#[test]
+fn opcode_lookup_by_meaning() {
+    for row in OPCODES {
+        assert_eq!(
+            Opcode::lookup(row.service, row.operation, row.position, row.suffix()),
+            Some(row.opcode),
+            "{}",
+            row.name
+        );
+    }
+    use Operation as O;
+    use Position as P;
+    use ServiceType as S;
+    use Suffix as X;
+    assert_eq!(Opcode::lookup(S::Rc, O::Send, P::Middle, X::Plain), Some(Opcode::RcSendMiddle));
+    assert_eq!(Opcode::lookup(S::Uc, O::RdmaWrite, P::Only, X::Immediate), Some(Opcode::UcRdmaWriteOnlyWithImmediate));
+    assert_eq!(Opcode::lookup(S::Rd, O::Resync, P::Only, X::Plain), Some(Opcode::RdResync));
+    assert_eq!(Opcode::lookup(S::Ud, O::Send, P::Only, X::Immediate), Some(Opcode::UdSendOnlyWithImmediate));
+    // What the table has no opcode for.
+    assert_eq!(Opcode::lookup(S::Ud, O::RdmaWrite, P::Only, X::Plain), None);
+    assert_eq!(Opcode::lookup(S::Ud, O::Send, P::First, X::Plain), None);
+    assert_eq!(Opcode::lookup(S::Uc, O::RdmaReadRequest, P::Only, X::Plain), None);
+    assert_eq!(Opcode::lookup(S::Rc, O::Send, P::First, X::Immediate), None);
+    assert_eq!(Opcode::lookup(S::Rc, O::RdmaWrite, P::Last, X::Invalidate), None);
+    assert_eq!(Opcode::lookup(S::Rc, O::FetchAdd, P::Middle, X::Plain), None);
+    assert_eq!(Position::of(true, true), P::Only);
+    assert_eq!(Position::of(true, false), P::First);
+    assert_eq!(Position::of(false, false), P::Middle);
+    assert_eq!(Position::of(false, true), P::Last);
+}
+
 /// Rule PKT-OP-1: positions, directions, operations and flags of the table.
 #[test]
 fn opcode_attributes() {

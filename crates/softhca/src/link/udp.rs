@@ -91,6 +91,7 @@ use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
 use crate::wire::packet::{BTH_LEN, ICRC_LEN};
 use crate::wire::roce::{ROCE_V2_PORT, UDP_HEADER_LEN};
+use crate::wire::Opcode;
 
 pub use verify::{IcrcPolicy, Refused, Verified};
 
@@ -868,9 +869,10 @@ fn gro_segment(m: &sys::RxMsg) -> usize {
     m.gro_size.filter(|&g| g > 0 && g < m.len).unwrap_or(m.len.max(1))
 }
 
-/// Whether a BTH opcode is an RC or RD response (ACK, RDMA Read response, Atomic ACK).
+/// Whether a BTH opcode is a response (ACK, RDMA Read response, Atomic ACK: only RC and RD
+/// have them), by the opcode table.
 fn is_response(op: u8) -> bool {
-    matches!(op >> 5, 0 | 2) && (0x0d..=0x12).contains(&(op & 0x1f))
+    Opcode::from(op).info().is_some_and(|i| !i.is_request())
 }
 
 /// Whether every datagram of a received (socket-mode) message from byte `start` on is a

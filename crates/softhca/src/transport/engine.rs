@@ -12,7 +12,7 @@ use crate::verbs::types::{AhAttr, QpState, QpType, WcStatus};
 use crate::verbs::wr::{SendFlags, SendWqe, WrOpcode};
 use crate::verbs::Context;
 use crate::wire::aeth::{NakCode, Syndrome};
-use crate::wire::opcode::{Direction, ServiceType};
+use crate::wire::opcode::{Direction, Operation, Position, ServiceType, Suffix};
 use crate::wire::packet::pad_for;
 use crate::wire::psn::Psn;
 use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
@@ -456,15 +456,27 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
     }
 }
 
-pub(crate) fn send_opcode(base: u8, first: bool, last: bool, imm: bool) -> u8 {
-    match (first, last, imm) {
-        (true, true, false) => base + 4,
-        (true, true, true) => base + 5,
-        (true, false, _) => base,
-        (false, false, _) => base + 1,
-        (false, true, false) => base + 2,
-        (false, true, true) => base + 3,
-    }
+/// The opcode of a request packet of a `op` work request on `service`, the `first` and/or
+/// `last` of its message, chosen from the opcode table by what it means (PKT-OP-1). `None`
+/// for what the table has no opcode for (the post-time checks keep those from the wire).
+pub(crate) fn request_opcode(service: ServiceType, op: WrOpcode, first: bool, last: bool) -> Option<Opcode> {
+    let (operation, single) = match op {
+        WrOpcode::RdmaRead => (Operation::RdmaReadRequest, true),
+        WrOpcode::AtomicCmpSwp => (Operation::CompareSwap, true),
+        WrOpcode::AtomicFetchAdd => (Operation::FetchAdd, true),
+        WrOpcode::Resync => (Operation::Resync, true),
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => (Operation::RdmaWrite, false),
+        _ => (Operation::Send, false),
+    };
+    let position = if single { Position::Only } else { Position::of(first, last) };
+    // Immediate Data and the R_Key to invalidate ride on the message's last packet.
+    let suffix = match op {
+        _ if !last => Suffix::Plain,
+        _ if op.has_imm() => Suffix::Immediate,
+        WrOpcode::SendWithInv => Suffix::Invalidate,
+        _ => Suffix::Plain,
+    };
+    Opcode::lookup(service, operation, position, suffix)
 }
 
 /// `connected` is the route of an RC or UC QP; a UD packet takes its WQE's address handle.
@@ -479,21 +491,11 @@ fn emit_request(
     let a = &core.attrs;
     let first = np.offset == 0;
     let last = np.offset + np.payload >= w.length;
-    let (svc_base, ah, dest_qp) = match q.qp_type {
-        QpType::Rc => (0x00u8, a.av?.ah, a.dest_qp_num),
-        QpType::Uc => (0x20, a.av?.ah, a.dest_qp_num),
-        _ => (0x64, w.ah.as_ref()?.attr(), w.remote_qpn),
+    let (ah, dest_qp) = match q.qp_type {
+        QpType::Rc | QpType::Uc => (a.av?.ah, a.dest_qp_num),
+        _ => (w.ah.as_ref()?.attr(), w.remote_qpn),
     };
-    let imm = w.opcode.has_imm();
-    let value = match w.opcode {
-        WrOpcode::RdmaRead => 0x0C,
-        WrOpcode::AtomicCmpSwp => 0x13,
-        WrOpcode::AtomicFetchAdd => 0x14,
-        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => send_opcode(svc_base + 6, first, last, imm),
-        _ if q.qp_type == QpType::Ud => 0x64 + imm as u8,
-        _ => send_opcode(svc_base, first, last, imm),
-    };
-    let opcode = Opcode::from(value);
+    let opcode = request_opcode(service_of(q.qp_type)?, w.opcode, first, last)?;
     let pkey = q.dev.pkey(a.pkey_index).unwrap_or(0xFFFF); // MOD-PKEY-1
     let mut bth = BthRepr::new(opcode, pkey, dest_qp, Psn::new(np.psn)); // MOD-DQPN-1
     let solicited_kind = matches!(w.opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);

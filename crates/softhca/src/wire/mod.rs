@@ -46,7 +46,7 @@ pub use bth::{Bth, BthRepr};
 pub use deth::{Deth, DethRepr};
 pub use ieth::{Ieth, IethRepr};
 pub use immdt::{ImmDt, ImmDtRepr};
-pub use opcode::{Direction, ExtHeaders, Opcode, OpcodeInfo, Operation, Position, ServiceType, OPCODES};
+pub use opcode::{Direction, ExtHeaders, Opcode, OpcodeInfo, Operation, Position, ServiceType, Suffix, OPCODES};
 pub use packet::{Packet, PacketRepr};
 pub use psn::{Psn, PsnClass};
 pub use rdeth::{Rdeth, RdethRepr};

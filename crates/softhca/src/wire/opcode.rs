@@ -102,6 +102,27 @@ pub enum Position {
     Only,
 }
 
+impl Position {
+    /// The position of a packet that is (or is not) the first and the last of its message.
+    pub const fn of(first: bool, last: bool) -> Position {
+        match (first, last) {
+            (true, true) => Position::Only,
+            (true, false) => Position::First,
+            (false, false) => Position::Middle,
+            (false, true) => Position::Last,
+        }
+    }
+}
+
+/// What tells apart the opcodes of one service, operation and position: Immediate Data, an
+/// R_Key to invalidate, or neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Suffix {
+    Plain,
+    Immediate,
+    Invalidate,
+}
+
 /// Whether an opcode is sent by the requester (SQ Logic) or the responder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Direction {
@@ -309,6 +330,43 @@ static BY_VALUE: [u8; 256] = {
     t
 };
 
+impl OpcodeInfo {
+    /// The suffix its headers give it.
+    pub const fn suffix(&self) -> Suffix {
+        if self.has_immediate() {
+            Suffix::Immediate
+        } else if self.has_invalidate() {
+            Suffix::Invalidate
+        } else {
+            Suffix::Plain
+        }
+    }
+}
+
+/// The index of (service, operation, position, suffix) in [`BY_MEANING`].
+const fn meaning(service: ServiceType, operation: Operation, position: Position, suffix: Suffix) -> usize {
+    ((service as usize * OPERATIONS + operation as usize) * 4 + position as usize) * 3 + suffix as usize
+}
+
+const SERVICES: usize = 5;
+const OPERATIONS: usize = 10;
+
+/// Row index into [`OPCODES`] for every (service, operation, position, suffix), computed at
+/// compile time from the table: the table read backwards, so that every opcode sent is chosen
+/// by what it means (no opcode arithmetic). Two rows with one meaning fail the build.
+static BY_MEANING: [u8; SERVICES * OPERATIONS * 4 * 3] = {
+    let mut t = [UNLISTED; SERVICES * OPERATIONS * 4 * 3];
+    let mut i = 0;
+    while i < OPCODES.len() {
+        let r = &OPCODES[i];
+        let k = meaning(r.service, r.operation, r.position, r.suffix());
+        assert!(t[k] == UNLISTED, "two opcodes with one meaning");
+        t[k] = i as u8;
+        i += 1;
+    }
+    t
+};
+
 impl From<u8> for Opcode {
     #[inline]
     fn from(v: u8) -> Self {
@@ -352,6 +410,14 @@ impl Opcode {
             0b100 => Some(ServiceType::Cnp),
             _ => None,
         }
+    }
+
+    /// The opcode of a `service` packet at `position` of an `operation`, with `suffix`, or
+    /// `None` where the table has none (a UD RDMA Write, a middle packet of an Atomic, …).
+    #[inline]
+    pub fn lookup(service: ServiceType, operation: Operation, position: Position, suffix: Suffix) -> Option<Opcode> {
+        let row = BY_MEANING[meaning(service, operation, position, suffix)];
+        OPCODES.get(row as usize).map(|r| r.opcode)
     }
 
     /// The spec name, or `"RESERVED"`.

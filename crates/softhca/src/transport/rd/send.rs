@@ -10,12 +10,12 @@ use crate::verbs::qp::{wc_opcode_of, QpCore, QpInner};
 use crate::verbs::types::{QpState, Wc, WcStatus};
 use crate::verbs::wr::{SendFlags, SendWqe, WrOpcode};
 use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
-use crate::wire::opcode::{Operation, Position};
+use crate::wire::opcode::{Operation, Position, ServiceType};
 use crate::wire::psn::Psn;
-use crate::wire::{BthRepr, DethRepr, Opcode, PacketRepr, RdethRepr};
+use crate::wire::{BthRepr, DethRepr, PacketRepr, RdethRepr};
 
 use crate::transport::completer::{scatter, Response};
-use crate::transport::engine::{add_request_headers, emit, gather, ip_for, send_opcode};
+use crate::transport::engine::{add_request_headers, emit, gather, ip_for, request_opcode};
 use crate::transport::requester::{ack_timeout_ns, arm, check_local, ACK_EVERY, WINDOW};
 
 use super::receive::reap_held;
@@ -245,17 +245,9 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     let payload = if single { 0 } else { (w.length - offset.min(w.length)).min(mtu) };
     let first = k == 0;
     let last = single || k + 1 >= tx.npkts;
-    let imm = w.opcode.has_imm();
-    let value = match w.opcode {
-        WrOpcode::RdmaRead => 0x4C,
-        WrOpcode::AtomicCmpSwp => 0x53,
-        WrOpcode::AtomicFetchAdd => 0x54,
-        WrOpcode::Resync => 0x55,
-        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => send_opcode(0x46, first, last, imm),
-        _ => send_opcode(0x40, first, last, imm),
-    };
+    let opcode = request_opcode(ServiceType::Rd, w.opcode, first, last)?;
     let pkey = dev.pkey(attrs.pkey_index).unwrap_or(0xFFFF);
-    let mut bth = BthRepr::new(Opcode::from(value), pkey, w.remote_qpn, psn); // WR-SEND-3
+    let mut bth = BthRepr::new(opcode, pkey, w.remote_qpn, psn); // WR-SEND-3
     let solicited_kind = matches!(w.opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
     bth.se = last && solicited_kind && w.flags.contains(SendFlags::SOLICITED);
     bth.ack_req = last || psn.value() % ACK_EVERY == ACK_EVERY - 1;
