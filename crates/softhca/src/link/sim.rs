@@ -865,14 +865,7 @@ impl Drop for SimFabric {
 /// UDP lengths must still be consistent.
 pub fn reseal(datagram: &mut [u8]) -> std::result::Result<(), WireError> {
     if datagram.first().is_some_and(|b| b >> 4 == 4) && datagram.len() >= IPV4_HEADER_LEN {
-        let h = &mut datagram[..IPV4_HEADER_LEN];
-        h[10] = 0;
-        h[11] = 0;
-        let mut sum: u32 = h.chunks_exact(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
-        while sum >> 16 != 0 {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        roce::Ipv4Header::new_unchecked(&mut datagram[..]).fill_checksum();
     }
     let split = roce::split_ip(datagram)?;
     let (ip, checksum) = (split.ip, split.udp.checksum);

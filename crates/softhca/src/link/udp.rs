@@ -90,6 +90,7 @@ use crate::link::pcap::PcapTap;
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
 use crate::wire::packet::{BTH_LEN, ICRC_LEN};
+use crate::wire::roce::{Ipv4Header, Ipv6Header, UdpHeader, IPV4_DONT_FRAGMENT, IPV4_HEADER_LEN};
 use crate::wire::roce::{ROCE_V2_PORT, UDP_HEADER_LEN};
 use crate::wire::Opcode;
 
@@ -1079,7 +1080,7 @@ impl Io {
         // with the same P_Key and destination QP follows; the one at which segment 0's ICRC
         // verifies wins.
         let body = dgram.len() - HDR;
-        let id0 = u16::from_be_bytes([dgram[4], dgram[5]]);
+        let id0 = Ipv4Header::new_unchecked(&dgram[..]).identification();
         let mut header = [0u8; HDR];
         header.copy_from_slice(&dgram[..HDR]);
         let first_bth = [dgram[HDR + 2], dgram[HDR + 3], dgram[HDR + 5], dgram[HDR + 6], dgram[HDR + 7]];
@@ -1125,7 +1126,8 @@ impl Io {
         bump(&self.stats.rx_datagrams, 1);
         bump(&self.stats.rx_bytes, dgram.len() as u64);
         if let Some(p) = self.pcap.as_mut() {
-            let _ = p.write_datagram(now, mac_of(dgram, 12), mac_of(dgram, 16), dgram);
+            let (src, dst) = macs_of(dgram);
+            let _ = p.write_datagram(now, src, dst, dgram);
         }
         // Every path here verified the ICRC first (on_message, on_raw).
         self.ctx.receive_icrc_checked(now, dgram);
@@ -1136,17 +1138,16 @@ impl Io {
     fn prepare(&mut self, slot: usize, d: &mut [u8]) -> Option<Pending> {
         let (hl, dst) = match d.first().map(|b| b >> 4) {
             Some(4) if d.len() >= 20 => {
-                if d[4..8] != [0, 0, 0x40, 0] {
-                    d[4..8].copy_from_slice(&[0, 0, 0x40, 0]);
+                let mut h = Ipv4Header::new_unchecked(&mut d[..]);
+                if h.identification() != 0 || h.flags_fragment() != IPV4_DONT_FRAGMENT {
+                    h.set_identification(0);
+                    h.set_flags_fragment(IPV4_DONT_FRAGMENT);
+                    h.fill_checksum();
                     let _ = crate::wire::icrc::fill_datagram(d);
                 }
-                (20, IpAddr::V4(Ipv4Addr::new(d[16], d[17], d[18], d[19])))
+                (20, IpAddr::V4(Ipv4Header::new_unchecked(&d[..]).dst_addr()))
             }
-            Some(6) if d.len() >= 40 => {
-                let mut a = [0u8; 16];
-                a.copy_from_slice(&d[24..40]);
-                (40, verify::unmap(IpAddr::V6(a.into())))
-            }
+            Some(6) if d.len() >= 40 => (40, verify::unmap(IpAddr::V6(Ipv6Header::new_unchecked(&d[..]).dst_addr()))),
             _ => {
                 bump(&self.stats.tx_errors, 1);
                 return None;
@@ -1156,7 +1157,7 @@ impl Io {
             bump(&self.stats.tx_errors, 1);
             return None;
         }
-        let port = u16::from_be_bytes([d[hl], d[hl + 1]]);
+        let port = UdpHeader::new_unchecked(&d[hl..]).src_port();
         let op = d[hl + UDP_HEADER_LEN];
         let one_peer = op >> 5 <= 1;
         Some(Pending { slot, start: hl + UDP_HEADER_LEN, end: d.len(), dst, port, response: is_response(op), one_peer })
@@ -1297,7 +1298,8 @@ impl Io {
                         if let Some(p) = self.pcap.as_mut() {
                             for q in &run[m.first..m.first + m.count] {
                                 let d = &tx[q.slot * MAX_DATAGRAM..q.slot * MAX_DATAGRAM + q.end];
-                                let _ = p.write_datagram(self.clock, mac_of(d, 12), mac_of(d, 16), d);
+                                let (src, dst) = macs_of(d);
+                                let _ = p.write_datagram(self.clock, src, dst, d);
                             }
                         }
                         let bytes: usize = segs[m.first..m.first + m.count].iter().map(|r| r.len()).sum();
@@ -1465,43 +1467,38 @@ fn stamp_identifications(
 fn set_identification(shifts: &mut verify::Shifts, d: &mut [u8], id: u16) {
     let n = d.len();
     let hdr = 20 + UDP_HEADER_LEN;
-    let old = u16::from_be_bytes([d[4], d[5]]);
+    let old = Ipv4Header::new_unchecked(&d[..]).identification();
     if n < hdr + BTH_LEN + ICRC_LEN || id == old {
         return;
     }
     let delta = verify::id_effect(shifts, n - hdr, old ^ id, true);
     let icrc = u32::from_le_bytes([d[n - 4], d[n - 3], d[n - 2], d[n - 1]]);
     d[n - 4..].copy_from_slice(&(icrc ^ delta).to_le_bytes());
-    d[4..6].copy_from_slice(&id.to_be_bytes());
-    set_v4_checksum(d);
+    let mut h = Ipv4Header::new_unchecked(d);
+    h.set_identification(id);
+    h.fill_checksum();
 }
 
 /// Sets Total Length, Identification and the header checksum of a 28-byte IPv4 + UDP header
 /// for a UDP payload of `payload` bytes.
 fn fix_v4_header(h: &mut [u8; 28], payload: usize, id: u16) {
-    let total = (28 + payload) as u16;
-    h[2..4].copy_from_slice(&total.to_be_bytes());
-    h[4..6].copy_from_slice(&id.to_be_bytes());
-    h[24..26].copy_from_slice(&((UDP_HEADER_LEN + payload) as u16).to_be_bytes());
-    set_v4_checksum(h);
+    UdpHeader::new_unchecked(&mut h[IPV4_HEADER_LEN..]).set_len((UDP_HEADER_LEN + payload) as u16);
+    let mut ip = Ipv4Header::new_unchecked(&mut h[..]);
+    ip.set_total_len((IPV4_HEADER_LEN + UDP_HEADER_LEN + payload) as u16);
+    ip.set_identification(id);
+    ip.fill_checksum();
 }
 
-/// Recomputes the header checksum of the IPv4 header (no options) at the start of `h`.
-fn set_v4_checksum(h: &mut [u8]) {
-    h[10..12].copy_from_slice(&[0, 0]);
-    let mut sum: u32 = h[..20].chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-}
-
-/// A pcap MAC for the IPv4 address at `at` of a datagram (02:00 + the address); IPv6 gets a
+/// The pcap MACs (source, destination) of a datagram: 02:00 + the IPv4 address; IPv6 gets a
 /// fixed one.
-fn mac_of(d: &[u8], at: usize) -> [u8; 6] {
-    match d.first().map(|b| b >> 4) {
-        Some(4) if d.len() >= at + 4 => [0x02, 0, d[at], d[at + 1], d[at + 2], d[at + 3]],
-        _ => crate::link::pcap::UNKNOWN_MAC,
+fn macs_of(d: &[u8]) -> ([u8; 6], [u8; 6]) {
+    let mac = |a: Ipv4Addr| {
+        let o = a.octets();
+        [0x02, 0, o[0], o[1], o[2], o[3]]
+    };
+    match Ipv4Header::new_checked(d) {
+        Ok(h) if d[0] >> 4 == 4 => (mac(h.src_addr()), mac(h.dst_addr())),
+        _ => (crate::link::pcap::UNKNOWN_MAC, crate::link::pcap::UNKNOWN_MAC),
     }
 }
 

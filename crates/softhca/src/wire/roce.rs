@@ -86,6 +86,123 @@ fn fold(mut acc: u64) -> u16 {
     acc as u16
 }
 
+/// Field offsets of the IPv4 header (no options), named once.
+mod ipv4_field {
+    pub const TOS: usize = 1;
+    pub const TOTAL_LEN: usize = 2;
+    pub const IDENT: usize = 4;
+    pub const FLAGS_FRAG: usize = 6;
+    pub const TTL: usize = 8;
+    pub const PROTOCOL: usize = 9;
+    pub const CHECKSUM: usize = 10;
+    pub const SRC: usize = 12;
+    pub const DST: usize = 16;
+}
+
+/// Field offsets of the IPv6 header, named once.
+mod ipv6_field {
+    pub const PAYLOAD_LEN: usize = 4;
+    pub const NEXT_HEADER: usize = 6;
+    pub const HOP_LIMIT: usize = 7;
+    pub const SRC: usize = 8;
+    pub const DST: usize = 24;
+}
+
+/// Field offsets of the UDP header, named once.
+mod udp_field {
+    pub const SRC_PORT: usize = 0;
+    pub const DST_PORT: usize = 2;
+    pub const LEN: usize = 4;
+    pub const CHECKSUM: usize = 6;
+}
+
+/// The Flags/Fragment Offset word of a datagram that may not be fragmented.
+pub const IPV4_DONT_FRAGMENT: u16 = 0x4000;
+
+super::header_view!(
+    /// A view over an IPv4 header (20 bytes, no options), read and written in place: what a
+    /// link that stamps datagrams after the core built them uses (Identification, lengths,
+    /// the header checksum).
+    Ipv4Header, IPV4_HEADER_LEN
+);
+
+impl<T: AsRef<[u8]>> Ipv4Header<T> {
+    pub fn total_len(&self) -> u16 {
+        u16_at(self.buffer.as_ref(), ipv4_field::TOTAL_LEN)
+    }
+    pub fn identification(&self) -> u16 {
+        u16_at(self.buffer.as_ref(), ipv4_field::IDENT)
+    }
+    /// Flags (DF, MF) and Fragment Offset.
+    pub fn flags_fragment(&self) -> u16 {
+        u16_at(self.buffer.as_ref(), ipv4_field::FLAGS_FRAG)
+    }
+    pub fn src_addr(&self) -> Ipv4Addr {
+        let b = self.buffer.as_ref();
+        Ipv4Addr::new(b[ipv4_field::SRC], b[ipv4_field::SRC + 1], b[ipv4_field::SRC + 2], b[ipv4_field::SRC + 3])
+    }
+    pub fn dst_addr(&self) -> Ipv4Addr {
+        let b = self.buffer.as_ref();
+        Ipv4Addr::new(b[ipv4_field::DST], b[ipv4_field::DST + 1], b[ipv4_field::DST + 2], b[ipv4_field::DST + 3])
+    }
+    /// Whether the header checksum is right.
+    pub fn checksum_ok(&self) -> bool {
+        fold(ones_sum(&self.buffer.as_ref()[..IPV4_HEADER_LEN], 0)) == 0xffff
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Header<T> {
+    pub fn set_total_len(&mut self, v: u16) {
+        set_u16(self.buffer.as_mut(), ipv4_field::TOTAL_LEN, v);
+    }
+    pub fn set_identification(&mut self, v: u16) {
+        set_u16(self.buffer.as_mut(), ipv4_field::IDENT, v);
+    }
+    pub fn set_flags_fragment(&mut self, v: u16) {
+        set_u16(self.buffer.as_mut(), ipv4_field::FLAGS_FRAG, v);
+    }
+    /// Recomputes the header checksum over the other fields.
+    pub fn fill_checksum(&mut self) {
+        let h = &mut self.buffer.as_mut()[..IPV4_HEADER_LEN];
+        set_u16(h, ipv4_field::CHECKSUM, 0);
+        let sum = !fold(ones_sum(h, 0));
+        set_u16(h, ipv4_field::CHECKSUM, sum);
+    }
+}
+
+super::header_view!(
+    /// A view over an IPv6 header (40 bytes).
+    Ipv6Header, IPV6_HEADER_LEN
+);
+
+impl<T: AsRef<[u8]>> Ipv6Header<T> {
+    pub fn dst_addr(&self) -> Ipv6Addr {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&self.buffer.as_ref()[ipv6_field::DST..ipv6_field::DST + 16]);
+        a.into()
+    }
+}
+
+super::header_view!(
+    /// A view over a UDP header (8 bytes).
+    UdpHeader, UDP_HEADER_LEN
+);
+
+impl<T: AsRef<[u8]>> UdpHeader<T> {
+    pub fn src_port(&self) -> u16 {
+        u16_at(self.buffer.as_ref(), udp_field::SRC_PORT)
+    }
+    pub fn dst_port(&self) -> u16 {
+        u16_at(self.buffer.as_ref(), udp_field::DST_PORT)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpHeader<T> {
+    pub fn set_len(&mut self, v: u16) {
+        set_u16(self.buffer.as_mut(), udp_field::LEN, v);
+    }
+}
+
 /// An outbound or parsed IPv4 header (20 bytes, no options).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv4Repr {
@@ -114,27 +231,27 @@ impl Ipv4Repr {
             return Err(WireError::BadIpVersion(buf[0] >> 4));
         }
         let h = &buf[..IPV4_HEADER_LEN];
-        if fold(ones_sum(h, 0)) != 0xffff {
+        if !Ipv4Header::new_unchecked(h).checksum_ok() {
             return Err(WireError::BadIpChecksum);
         }
-        let total = usize::from(u16_at(h, 2));
+        let total = usize::from(u16_at(h, ipv4_field::TOTAL_LEN));
         if total < IPV4_HEADER_LEN || total > buf.len() {
             return Err(WireError::BadLength);
         }
-        let flags_frag = u16_at(h, 6);
+        let flags_frag = u16_at(h, ipv4_field::FLAGS_FRAG);
         if flags_frag & 0x3fff != 0 {
             return Err(WireError::UnsupportedIp("IPv4 fragment"));
         }
-        if h[9] != IP_PROTO_UDP {
-            return Err(WireError::NotUdp(h[9]));
+        if h[ipv4_field::PROTOCOL] != IP_PROTO_UDP {
+            return Err(WireError::NotUdp(h[ipv4_field::PROTOCOL]));
         }
         let repr = Ipv4Repr {
-            src: Ipv4Addr::new(h[12], h[13], h[14], h[15]),
-            dst: Ipv4Addr::new(h[16], h[17], h[18], h[19]),
-            tos: h[1],
-            identification: u16_at(h, 4),
-            dont_fragment: flags_frag & 0x4000 != 0,
-            ttl: h[8],
+            src: Ipv4Header::new_unchecked(h).src_addr(),
+            dst: Ipv4Header::new_unchecked(h).dst_addr(),
+            tos: h[ipv4_field::TOS],
+            identification: u16_at(h, ipv4_field::IDENT),
+            dont_fragment: flags_frag & IPV4_DONT_FRAGMENT != 0,
+            ttl: h[ipv4_field::TTL],
         };
         Ok((repr, &buf[IPV4_HEADER_LEN..total]))
     }
@@ -146,17 +263,15 @@ impl Ipv4Repr {
         let total = u16::try_from(IPV4_HEADER_LEN + payload_len).map_err(|_| WireError::BadLength)?;
         let h = &mut buf[..IPV4_HEADER_LEN];
         h[0] = 0x45;
-        h[1] = self.tos;
-        set_u16(h, 2, total);
-        set_u16(h, 4, self.identification);
-        set_u16(h, 6, if self.dont_fragment { 0x4000 } else { 0 });
-        h[8] = self.ttl;
-        h[9] = IP_PROTO_UDP;
-        set_u16(h, 10, 0);
-        h[12..16].copy_from_slice(&self.src.octets());
-        h[16..20].copy_from_slice(&self.dst.octets());
-        let sum = !fold(ones_sum(h, 0));
-        set_u16(h, 10, sum);
+        h[ipv4_field::TOS] = self.tos;
+        set_u16(h, ipv4_field::TOTAL_LEN, total);
+        set_u16(h, ipv4_field::IDENT, self.identification);
+        set_u16(h, ipv4_field::FLAGS_FRAG, if self.dont_fragment { IPV4_DONT_FRAGMENT } else { 0 });
+        h[ipv4_field::TTL] = self.ttl;
+        h[ipv4_field::PROTOCOL] = IP_PROTO_UDP;
+        h[ipv4_field::SRC..ipv4_field::SRC + 4].copy_from_slice(&self.src.octets());
+        h[ipv4_field::DST..ipv4_field::DST + 4].copy_from_slice(&self.dst.octets());
+        Ipv4Header::new_unchecked(h).fill_checksum();
         Ok(())
     }
 }
@@ -187,22 +302,22 @@ impl Ipv6Repr {
         if h[0] >> 4 != 6 {
             return Err(WireError::BadIpVersion(h[0] >> 4));
         }
-        if h[6] != IP_PROTO_UDP {
-            return Err(WireError::NotUdp(h[6]));
+        if h[ipv6_field::NEXT_HEADER] != IP_PROTO_UDP {
+            return Err(WireError::NotUdp(h[ipv6_field::NEXT_HEADER]));
         }
-        let end = IPV6_HEADER_LEN + usize::from(u16_at(h, 4));
+        let end = IPV6_HEADER_LEN + usize::from(u16_at(h, ipv6_field::PAYLOAD_LEN));
         let payload = buf.get(IPV6_HEADER_LEN..end).ok_or(WireError::Truncated { needed: end, len: buf.len() })?;
         let word0 = u32_at(h, 0);
         let mut src = [0u8; 16];
         let mut dst = [0u8; 16];
-        src.copy_from_slice(&h[8..24]);
-        dst.copy_from_slice(&h[24..40]);
+        src.copy_from_slice(&h[ipv6_field::SRC..ipv6_field::SRC + 16]);
+        dst.copy_from_slice(&h[ipv6_field::DST..ipv6_field::DST + 16]);
         let repr = Ipv6Repr {
             src: Ipv6Addr::from(src),
             dst: Ipv6Addr::from(dst),
             traffic_class: (word0 >> 20) as u8,
             flow_label: word0 & 0x000f_ffff,
-            hop_limit: h[7],
+            hop_limit: h[ipv6_field::HOP_LIMIT],
         };
         Ok((repr, payload))
     }
@@ -213,11 +328,11 @@ impl Ipv6Repr {
         let plen = u16::try_from(payload_len).map_err(|_| WireError::BadLength)?;
         let h = &mut buf[..IPV6_HEADER_LEN];
         set_u32(h, 0, (6 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0x000f_ffff));
-        set_u16(h, 4, plen);
-        h[6] = IP_PROTO_UDP;
-        h[7] = self.hop_limit;
-        h[8..24].copy_from_slice(&self.src.octets());
-        h[24..40].copy_from_slice(&self.dst.octets());
+        set_u16(h, ipv6_field::PAYLOAD_LEN, plen);
+        h[ipv6_field::NEXT_HEADER] = IP_PROTO_UDP;
+        h[ipv6_field::HOP_LIMIT] = self.hop_limit;
+        h[ipv6_field::SRC..ipv6_field::SRC + 16].copy_from_slice(&self.src.octets());
+        h[ipv6_field::DST..ipv6_field::DST + 16].copy_from_slice(&self.dst.octets());
         Ok(())
     }
 }
@@ -325,14 +440,18 @@ impl UdpRepr {
     /// returns it with the UDP payload.
     pub fn parse(ip_payload: &[u8]) -> Result<(Self, &[u8]), WireError> {
         check_len(ip_payload, UDP_HEADER_LEN)?;
-        let len = usize::from(u16_at(ip_payload, 4));
+        let len = usize::from(u16_at(ip_payload, udp_field::LEN));
         if len != ip_payload.len() {
             return Err(WireError::BadLength);
         }
         let repr = UdpRepr {
-            src_port: u16_at(ip_payload, 0),
-            dst_port: u16_at(ip_payload, 2),
-            checksum: if u16_at(ip_payload, 6) == 0 { UdpChecksum::Zero } else { UdpChecksum::Compute },
+            src_port: u16_at(ip_payload, udp_field::SRC_PORT),
+            dst_port: u16_at(ip_payload, udp_field::DST_PORT),
+            checksum: if u16_at(ip_payload, udp_field::CHECKSUM) == 0 {
+                UdpChecksum::Zero
+            } else {
+                UdpChecksum::Compute
+            },
         };
         Ok((repr, &ip_payload[UDP_HEADER_LEN..]))
     }
@@ -341,10 +460,10 @@ impl UdpRepr {
     pub fn emit(&self, payload_len: usize, buf: &mut [u8]) -> Result<(), WireError> {
         check_len(buf, UDP_HEADER_LEN)?;
         let len = u16::try_from(UDP_HEADER_LEN + payload_len).map_err(|_| WireError::BadLength)?;
-        set_u16(buf, 0, self.src_port);
-        set_u16(buf, 2, self.dst_port);
-        set_u16(buf, 4, len);
-        set_u16(buf, 6, 0);
+        set_u16(buf, udp_field::SRC_PORT, self.src_port);
+        set_u16(buf, udp_field::DST_PORT, self.dst_port);
+        set_u16(buf, udp_field::LEN, len);
+        set_u16(buf, udp_field::CHECKSUM, 0);
         Ok(())
     }
 }
@@ -371,10 +490,10 @@ pub fn seal(datagram: &mut [u8], ip: &IpRepr, checksum: UdpChecksum) -> Result<(
         let at = ip.header_len();
         let udp = datagram.get_mut(at..).ok_or(WireError::BadLength)?;
         check_len(udp, UDP_HEADER_LEN)?;
-        set_u16(udp, 6, 0);
+        set_u16(udp, udp_field::CHECKSUM, 0);
         let sum = !fold(ones_sum(udp, ip.pseudo_header_sum(udp.len())));
         // 0 means "no checksum", so a computed 0 is sent as its other form.
-        set_u16(udp, 6, if sum == 0 { 0xffff } else { sum });
+        set_u16(udp, udp_field::CHECKSUM, if sum == 0 { 0xffff } else { sum });
     }
     Ok(())
 }

@@ -511,13 +511,9 @@ fn probe_once(fd: RawFd, local: std::net::Ipv4Addr, sink: SocketAddrV4, patience
 /// [`PROBE`]): the IPv4 header is the 20 bytes before the UDP header that precedes the probe.
 fn identification_of_probe(frame: &[u8], src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr) -> Option<u16> {
     let at = frame.len().checked_sub(PROBE.len() + 8 + 20)?;
-    let ip = &frame[at..at + 20];
-    let ok = frame.ends_with(PROBE)
-        && ip[0] == 0x45
-        && ip[9] == libc::IPPROTO_UDP as u8
-        && ip[12..16] == src.octets()
-        && ip[16..20] == dst.octets();
-    ok.then(|| u16::from_be_bytes([ip[4], ip[5]]))
+    let ip = crate::wire::roce::Ipv4Repr::parse(&frame[at..]).ok()?.0;
+    let ok = frame.ends_with(PROBE) && ip.src == src && ip.dst == dst;
+    ok.then_some(ip.identification)
 }
 
 fn drain_errqueue(fd: RawFd) {
