@@ -300,6 +300,12 @@ fn mtu_of(code: c_int) -> Option<Mtu> {
 /// the Read and Atomic enables, which Linux ignores there, are accepted and ignored.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    // A bit past IBV_QP_DEST_QPN is refused before anything else: libibverbs' legacy Modify QP
+    // command refuses IBV_QP_RATE_LIMIT and above, the kernel's the bits between, both with
+    // EOPNOTSUPP.
+    if mask & !((IBV_QP_DEST_QPN << 1) - 1) != 0 {
+        return libc::EOPNOTSUPP;
+    }
     // SAFETY: a live QP and readable attributes.
     let (x, a) = unsafe { (qp(q), &*attr) };
     let has = |bit: c_int| mask & bit != 0;

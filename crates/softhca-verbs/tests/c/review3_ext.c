@@ -1,0 +1,313 @@
+/* Review findings on contexts, the shared device and the extended verbs of the drop-in
+   libibverbs.so.1, each checked against what rdma-core's libibverbs (with rxe) does. The
+   argument names the case; prints "<case>: ok" and exits 0, or names the first failed check.
+   Alarms and deadlines are hang guards only. */
+#include <pthread.h>
+#include <stdatomic.h>
+#define TEST_NAME "review3_ext"
+#include "verbs_test.h"
+
+static struct ibv_context *open_ctx(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	CHECK(list && list[0], "no device");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	CHECK(ctx, "ibv_open_device");
+	return ctx;
+}
+
+/* ---- close_wakes_async_waiter ---- */
+
+struct waiter {
+	struct ibv_context *ctx;
+	int ret, err;
+	atomic_int started;
+};
+
+static void *wait_async(void *p)
+{
+	struct waiter *w = p;
+	struct ibv_async_event ev;
+	atomic_store(&w->started, 1);
+	errno = 0;
+	w->ret = ibv_get_async_event(w->ctx, &ev);
+	w->err = errno;
+	return NULL;
+}
+
+/* A thread blocked in ibv_get_async_event while another closes the context: Linux closes
+   the async event queue with the context (ib_uverbs_free_event_queue) and the blocked read
+   returns -EIO, so libibverbs' ibv_get_async_event returns -1 with errno EIO. */
+static void close_wakes_async_waiter(void)
+{
+	struct waiter w = { .ctx = open_ctx() };
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, wait_async, &w) == 0, "pthread_create");
+	while (!atomic_load(&w.started))
+		usleep(1000);
+	usleep(200 * 1000); /* let it block */
+	CHECK(ibv_close_device(w.ctx) == 0, "ibv_close_device");
+	CHECK(pthread_join(t, NULL) == 0, "pthread_join");
+	CHECK(w.ret == -1 && w.err == EIO, "ibv_get_async_event after close: %d errno %d", w.ret, w.err);
+}
+
+/* ---- close_stops_qps ---- */
+
+/* Two contexts on the one device, an RC pair between them; context a is closed with its QP,
+   PD and MR still there. Linux destroys a context's objects when it is closed (the kernel
+   releases every uobject of the closed command file), so a's QP no longer answers and its
+   memory is no longer a target: b's RDMA Write fails and a's buffer stays as it was. */
+static void close_stops_qps(void)
+{
+	struct end a, b;
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	setup_end(&a, open_ctx(), IBV_QPT_RC, access, 4096);
+	setup_end(&b, open_ctx(), IBV_QPT_RC, access, 4096);
+	connect_rc(&a, &b, access, 1);
+	connect_rc(&b, &a, access, 1);
+
+	memset(b.buf, 'x', 64);
+	struct ibv_sge s = { (uintptr_t)b.buf, 64, b.mr->lkey };
+	struct ibv_send_wr w = { .wr_id = 1, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+	w.wr.rdma.remote_addr = (uintptr_t)a.buf;
+	w.wr.rdma.rkey = a.mr->rkey;
+	CHECK(ibv_post_send(b.qp, &w, &bad) == 0, "first write");
+	struct ibv_wc wc = wait_one(b.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && a.buf[0] == 'x', "first write: %s", ibv_wc_status_str(wc.status));
+
+	CHECK(ibv_close_device(a.ctx) == 0, "ibv_close_device(a)");
+	memset(b.buf, 'y', 64);
+	w.wr_id = 2;
+	CHECK(ibv_post_send(b.qp, &w, &bad) == 0, "second write");
+	wc = wait_one(b.cq);
+	CHECK(wc.wr_id == 2 && wc.status != IBV_WC_SUCCESS, "a write to a closed context's QP: %s",
+	      ibv_wc_status_str(wc.status));
+	CHECK(a.buf[0] == 'x', "the closed context's memory was written");
+}
+
+/* ---- wr_exclusive / cq_ex_exclusive: a pair of RC QPs on one context ---- */
+
+enum { PER_THREAD = 4000, SQ = 256, CQE = 4096 };
+
+struct pair {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq_ex *cqx;
+	struct ibv_cq *cq;
+	struct ibv_cq *peer_cq;
+	struct ibv_qp *qp, *peer;
+	struct ibv_qp_ex *qpx;
+	struct ibv_mr *mr;
+	char *buf;
+	union ibv_gid gid;
+};
+
+static void open_pair(struct pair *p)
+{
+	p->ctx = open_ctx();
+	CHECK(ibv_query_gid(p->ctx, 1, 0, &p->gid) == 0, "ibv_query_gid");
+	p->pd = ibv_alloc_pd(p->ctx);
+	struct ibv_cq_init_attr_ex ca = { .cqe = CQE, .wc_flags = IBV_WC_STANDARD_FLAGS };
+	p->cqx = ibv_create_cq_ex(p->ctx, &ca);
+	CHECK(p->pd && p->cqx, "pd, cq ex");
+	p->cq = ibv_cq_ex_to_cq(p->cqx);
+	p->peer_cq = ibv_create_cq(p->ctx, 16, NULL, NULL, 0);
+	p->buf = calloc(1, 4096);
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	p->mr = ibv_reg_mr(p->pd, p->buf, 4096, access);
+	CHECK(p->peer_cq && p->mr, "peer cq, mr");
+	struct ibv_qp_init_attr_ex qa = {
+		.send_cq = p->cq, .recv_cq = p->cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = SQ, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 16 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, .pd = p->pd,
+		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE,
+	};
+	p->qp = ibv_create_qp_ex(p->ctx, &qa);
+	CHECK(p->qp, "ibv_create_qp_ex: %d", errno);
+	p->qpx = ibv_qp_to_qp_ex(p->qp);
+	qa.send_cq = qa.recv_cq = p->peer_cq;
+	p->peer = ibv_create_qp_ex(p->ctx, &qa);
+	CHECK(p->qpx && p->peer, "qp ex, peer");
+	struct end x = { .ctx = p->ctx, .qp = p->qp, .gid = p->gid };
+	struct end y = { .ctx = p->ctx, .qp = p->peer, .gid = p->gid };
+	connect_rc(&x, &y, access, 1);
+	connect_rc(&y, &x, access, 1);
+}
+
+static atomic_int seen[2 * PER_THREAD];
+static atomic_int recorded, posted;
+
+/* Waits while SQ requests are posted whose completions were not polled yet: an SQ slot is
+   free once its WQE completed, before its CQE is polled, so the SQ alone does not keep the
+   CQ from overflowing. */
+static void throttle(void)
+{
+	while (atomic_load(&posted) - atomic_load(&recorded) >= SQ)
+		sched_yield();
+}
+
+static void record(uint64_t id, int status)
+{
+	CHECK(id < 2 * PER_THREAD, "a completion of wr_id %llu", (unsigned long long)id);
+	CHECK(status == IBV_WC_SUCCESS, "wr_id %llu: %s", (unsigned long long)id, ibv_wc_status_str(status));
+	atomic_fetch_add(&seen[id], 1);
+	atomic_fetch_add(&recorded, 1);
+}
+
+static void check_seen(int n)
+{
+	for (int i = 0; i < n; i++)
+		CHECK(atomic_load(&seen[i]) == 1, "wr_id %d completed %d times", i, atomic_load(&seen[i]));
+}
+
+struct poster {
+	struct pair *p;
+	int first;
+};
+
+/* Posts PER_THREAD signaled 8-byte inline RDMA Writes through the builder, one per batch,
+   retrying a batch the full SQ refused (ENOMEM). */
+static void *post_builder(void *arg)
+{
+	struct poster *t = arg;
+	struct pair *p = t->p;
+	for (int i = 0; i < PER_THREAD; i++) {
+		uint64_t v = t->first + i;
+		throttle();
+		for (;;) {
+			ibv_wr_start(p->qpx);
+			p->qpx->wr_id = t->first + i;
+			p->qpx->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_rdma_write(p->qpx, p->mr->rkey, (uintptr_t)p->buf + 8 * (t->first != 0));
+			sched_yield(); /* the program's own work inside its critical section */
+			ibv_wr_set_inline_data(p->qpx, &v, 8);
+			int r = ibv_wr_complete(p->qpx);
+			if (r == 0) {
+				atomic_fetch_add(&posted, 1);
+				break;
+			}
+			CHECK(r == ENOMEM, "ibv_wr_complete: %d", r);
+			sched_yield();
+		}
+	}
+	return NULL;
+}
+
+/* The builder's critical section: "The provider will provide locking to ensure that
+   ibv_wr_start() and ibv_wr_complete()/abort() form a per-QP critical section where no other
+   threads can enter" (ibv_wr_post(3); rxe and mlx5 hold the SQ lock from wr_start to
+   wr_complete). Two threads post through one QP's builder: every request is posted once. */
+static void wr_exclusive(void)
+{
+	struct pair p;
+	open_pair(&p);
+	struct poster t0 = { &p, 0 }, t1 = { &p, PER_THREAD };
+	pthread_t a, b;
+	CHECK(pthread_create(&a, NULL, post_builder, &t0) == 0 && pthread_create(&b, NULL, post_builder, &t1) == 0,
+	      "pthread_create");
+	time_t end = time(NULL) + 30;
+	struct ibv_wc wc[32];
+	while (atomic_load(&recorded) < 2 * PER_THREAD) {
+		int n = ibv_poll_cq(p.cq, 32, wc);
+		CHECK(n >= 0, "ibv_poll_cq");
+		for (int i = 0; i < n; i++)
+			record(wc[i].wr_id, wc[i].status);
+		CHECK(time(NULL) < end, "%d of %d completions", atomic_load(&recorded), 2 * PER_THREAD);
+	}
+	pthread_join(a, NULL);
+	pthread_join(b, NULL);
+	usleep(100 * 1000);
+	CHECK(ibv_poll_cq(p.cq, 32, wc) == 0, "more completions than requests");
+	check_seen(2 * PER_THREAD);
+}
+
+static void *poll_ex(void *arg)
+{
+	struct pair *p = arg;
+	struct ibv_poll_cq_attr attr = { 0 };
+	time_t end = time(NULL) + 30;
+	while (atomic_load(&recorded) < 2 * PER_THREAD) {
+		CHECK(time(NULL) < end, "%d of %d completions", atomic_load(&recorded), 2 * PER_THREAD);
+		if (ibv_start_poll(p->cqx, &attr) != 0)
+			continue;
+		do {
+			CHECK(ibv_wc_read_opcode(p->cqx) == IBV_WC_RDMA_WRITE, "opcode");
+			CHECK(ibv_wc_read_qp_num(p->cqx) == p->qp->qp_num, "qp_num");
+			sched_yield();
+			record(p->cqx->wr_id, p->cqx->status);
+		} while (ibv_next_poll(p->cqx) == 0);
+		ibv_end_poll(p->cqx);
+	}
+	return NULL;
+}
+
+/* An extended CQ polled by two threads: between ibv_start_poll and ibv_end_poll the CQ is the
+   poller's (rxe and mlx5 hold the CQ lock; only IBV_CREATE_CQ_ATTR_SINGLE_THREADED drops it),
+   so wr_id, status and the ibv_wc_read_* answers are those of the poller's own completion. */
+static void cq_ex_exclusive(void)
+{
+	struct pair p;
+	open_pair(&p);
+	pthread_t a, b;
+	CHECK(pthread_create(&a, NULL, poll_ex, &p) == 0 && pthread_create(&b, NULL, poll_ex, &p) == 0,
+	      "pthread_create");
+	uint64_t v = 0;
+	for (int i = 0; i < 2 * PER_THREAD; i++) {
+		struct ibv_sge s = { (uintptr_t)&v, 8, 0 };
+		struct ibv_send_wr w = { .wr_id = i, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+					 .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE }, *bad = NULL;
+		w.wr.rdma.remote_addr = (uintptr_t)p.buf;
+		w.wr.rdma.rkey = p.mr->rkey;
+		int r;
+		throttle();
+		while ((r = ibv_post_send(p.qp, &w, &bad)) == ENOMEM)
+			sched_yield();
+		CHECK(r == 0, "ibv_post_send: %d", r);
+		atomic_fetch_add(&posted, 1);
+	}
+	pthread_join(a, NULL);
+	pthread_join(b, NULL);
+	check_seen(2 * PER_THREAD);
+}
+
+/* ---- modify_unknown_bits ---- */
+
+/* Attribute-mask bits above IBV_QP_DEST_QPN: libibverbs' ibv_cmd_modify_qp (rxe's modify_qp)
+   refuses IBV_QP_RATE_LIMIT and above with EOPNOTSUPP, and the kernel's legacy Modify QP
+   refuses any bit past IB_QP_DEST_QPN with -EOPNOTSUPP, before it looks at the transition. */
+static void modify_unknown_bits(void)
+{
+	struct end e;
+	setup_end(&e, open_ctx(), IBV_QPT_RC, IBV_ACCESS_LOCAL_WRITE, 64);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+	int init = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+	CHECK(ibv_modify_qp(e.qp, &a, init | IBV_QP_RATE_LIMIT) == EOPNOTSUPP, "IBV_QP_RATE_LIMIT");
+	CHECK(ibv_modify_qp(e.qp, &a, init | 1 << 21) == EOPNOTSUPP, "bit 21");
+	CHECK(ibv_modify_qp(e.qp, &a, init | 1 << 30) == EOPNOTSUPP, "bit 30");
+	CHECK(e.qp->state == IBV_QPS_RESET, "state changed");
+	CHECK(ibv_modify_qp(e.qp, &a, init) == 0, "to INIT");
+}
+
+int main(int argc, char **argv)
+{
+	CHECK(argc == 2, "usage: review3_ext <case>");
+	hang_guard(50);
+	const char *c = argv[1];
+	if (!strcmp(c, "close_wakes_async_waiter"))
+		close_wakes_async_waiter();
+	else if (!strcmp(c, "close_stops_qps"))
+		close_stops_qps();
+	else if (!strcmp(c, "wr_exclusive"))
+		wr_exclusive();
+	else if (!strcmp(c, "cq_ex_exclusive"))
+		cq_ex_exclusive();
+	else if (!strcmp(c, "modify_unknown_bits"))
+		modify_unknown_bits();
+	else
+		CHECK(0, "unknown case %s", c);
+	printf("%s: ok\n", c);
+	return 0;
+}
