@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 use softhca::link::udp::{UdpConfig, UdpDevice};
@@ -129,6 +130,11 @@ pub(crate) struct EventQueue {
     queue: Mutex<VecDeque<AsyncEvent>>,
     ready: Condvar,
     fd: OwnedFd,
+    /// Set (under the queue's lock) when the context closes: waiters return, no one enters.
+    closed: AtomicBool,
+    /// The threads inside `ibv_get_async_event` of this context; its close waits for none.
+    inside: Mutex<usize>,
+    left: Condvar,
 }
 
 impl EventQueue {
@@ -140,7 +146,14 @@ impl EventQueue {
         }
         // SAFETY: a descriptor just opened and owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(EventQueue { queue: Mutex::new(VecDeque::new()), ready: Condvar::new(), fd })
+        Ok(EventQueue {
+            queue: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            fd,
+            closed: AtomicBool::new(false),
+            inside: Mutex::new(0),
+            left: Condvar::new(),
+        })
     }
 
     /// Takes one count off the descriptor; the caller holds the queue's lock and has just
@@ -171,15 +184,51 @@ impl EventQueue {
         }
     }
 
-    /// The oldest event; waits for one unless `nonblocking`.
-    fn pop(&self, nonblocking: bool) -> Option<AsyncEvent> {
+    /// The oldest event; waits for one unless `nonblocking`. `Err` once the context closes.
+    fn pop(&self, nonblocking: bool) -> Result<Option<AsyncEvent>, ()> {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        while q.is_empty() && !nonblocking {
+        while q.is_empty() && !nonblocking && !self.closed.load(Ordering::SeqCst) {
             q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
         }
-        let ev = q.pop_front()?;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(());
+        }
+        let Some(ev) = q.pop_front() else { return Ok(None) };
         self.take_count();
-        Some(ev)
+        Ok(Some(ev))
+    }
+
+    /// Counts the caller in as a thread inside `ibv_get_async_event`; false once closed.
+    fn enter(&self) -> bool {
+        let mut n = self.inside.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    /// Counts the caller out; the context may be freed as soon as this returns.
+    fn leave(&self) {
+        let mut n = self.inside.lock().unwrap_or_else(|e| e.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            self.left.notify_all();
+        }
+    }
+
+    /// Closes the queue, as the kernel closes a context's async event file with it: threads
+    /// waiting for an event return (EIO), and this returns once none is inside any more.
+    fn close(&self) {
+        {
+            let _q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            self.closed.store(true, Ordering::SeqCst);
+            self.ready.notify_all();
+        }
+        let mut n = self.inside.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 {
+            n = self.left.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 
@@ -471,9 +520,14 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     // SAFETY: an open context.
     let p = (unsafe { ctx(context) } as *const Ctx).cast_mut();
     // SAFETY: as above; out of the routing list (under its lock) before it is freed.
-    let shared = unsafe { &(*p).shared }.clone();
-    shared.contexts.lock().unwrap_or_else(|e| e.into_inner()).retain(|&c| c != p as usize);
-    // SAFETY: the pointer is the `ibv` field of ibv_open_device's Box::into_raw, closed once.
+    let c = unsafe { &*p };
+    let shared = c.shared.clone();
+    shared.contexts.lock().unwrap_or_else(|e| e.into_inner()).retain(|&x| x != p as usize);
+    // A thread waiting in ibv_get_async_event returns (EIO) before the context goes.
+    c.events.close();
+    drop(shared);
+    // SAFETY: the pointer is the `ibv` field of ibv_open_device's Box::into_raw, closed once;
+    // no reference to it is used after this.
     drop(unsafe { Box::from_raw(p) });
     0
 }
@@ -726,14 +780,39 @@ fn event_code(t: AsyncEventType) -> c_int {
     }
 }
 
+/// The next asynchronous event of the context; -1 with EAGAIN when none waits on a
+/// non-blocking `async_fd`, and with EIO when the context is closed meanwhile (its close
+/// waits until this has returned).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
+    if !c.events.enter() {
+        crate::set_errno(libc::EIO);
+        return -1;
+    }
+    // SAFETY: an open context (its close waits for `leave`) and a writable event.
+    let r = unsafe { next_async_event(c, event) };
+    c.events.leave();
+    r
+}
+
+/// [`ibv_get_async_event`] between `enter` and `leave`.
+///
+/// # Safety
+/// `event` is writable.
+unsafe fn next_async_event(c: &Ctx, event: *mut ibv_async_event) -> c_int {
     loop {
-        let Some(ev) = c.events.pop(crate::nonblocking(c.ibv.async_fd)) else {
-            crate::set_errno(libc::EAGAIN);
-            return -1;
+        let ev = match c.events.pop(crate::nonblocking(c.ibv.async_fd)) {
+            Ok(Some(ev)) => ev,
+            Ok(None) => {
+                crate::set_errno(libc::EAGAIN);
+                return -1;
+            }
+            Err(()) => {
+                crate::set_errno(libc::EIO);
+                return -1;
+            }
         };
         let mut objects = c.objects.lock().unwrap_or_else(|e| e.into_inner());
         let object = match ev.element {

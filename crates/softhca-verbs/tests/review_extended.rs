@@ -7,6 +7,17 @@ mod common;
 
 use common::*;
 
+/// A thread blocked in `ibv_get_async_event` while another thread closes the context waited
+/// on a condition variable inside the freed context (a use after free; in practice it never
+/// returned). Linux closes the context's async event queue with it and the blocked read
+/// returns -EIO: `ibv_get_async_event` gives -1 with errno EIO.
+#[test]
+fn closing_a_context_wakes_its_async_event_waiter() {
+    if ready() {
+        run("review3_ext", Some("close_wakes_async_waiter"));
+    }
+}
+
 /// Modify QP with an attribute-mask bit above `IBV_QP_DEST_QPN` answered EINVAL; libibverbs'
 /// `ibv_cmd_modify_qp` (rxe) refuses `IBV_QP_RATE_LIMIT` and above, and the kernel's Modify QP
 /// any bit past `IB_QP_DEST_QPN`, with EOPNOTSUPP.
