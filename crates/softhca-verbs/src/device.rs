@@ -525,6 +525,14 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     shared.contexts.lock().unwrap_or_else(|e| e.into_inner()).retain(|&x| x != p as usize);
     // A thread waiting in ibv_get_async_event returns (EIO) before the context goes.
     c.events.close();
+    // The kernel releases a closed context's objects. Its QPs go from the device, which other
+    // contexts may keep open: none of them answers a peer or touches the program's memory
+    // any more. (Their C structures stay allocated, as libibverbs leaves the provider's.)
+    let qps: Vec<usize> = c.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.values().copied().collect();
+    for q in qps {
+        // SAFETY: a QP of this context, not destroyed (Destroy QP takes it out of the map).
+        let _ = unsafe { &*(q as *const crate::qp::Qp) }.qp.destroy();
+    }
     drop(shared);
     // SAFETY: the pointer is the `ibv` field of ibv_open_device's Box::into_raw, closed once;
     // no reference to it is used after this.

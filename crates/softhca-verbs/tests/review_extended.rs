@@ -18,6 +18,17 @@ fn closing_a_context_wakes_its_async_event_waiter() {
     }
 }
 
+/// A context closed with its QP still there left the QP running on the shared device (other
+/// contexts keep it open): a peer's RDMA Write still landed in the closed context's memory,
+/// which the program may have freed. Closing a context on Linux releases every object of it
+/// (the kernel destroys the command file's uobjects), so the peer's write fails.
+#[test]
+fn closing_a_context_stops_its_qps() {
+    if ready() {
+        run("review3_ext", Some("close_stops_qps"));
+    }
+}
+
 /// Modify QP with an attribute-mask bit above `IBV_QP_DEST_QPN` answered EINVAL; libibverbs'
 /// `ibv_cmd_modify_qp` (rxe) refuses `IBV_QP_RATE_LIMIT` and above, and the kernel's Modify QP
 /// any bit past `IB_QP_DEST_QPN`, with EOPNOTSUPP.
