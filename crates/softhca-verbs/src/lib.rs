@@ -79,3 +79,33 @@ fn fail<T>(e: c_int) -> *mut T {
     set_errno(e);
     std::ptr::null_mut()
 }
+
+/// A critical section that spans several C calls, as a provider's spin lock makes
+/// `ibv_wr_start` .. `ibv_wr_complete` (ibv_wr_post(3): "a per-QP critical section where no
+/// other threads can enter") and `ibv_start_poll` .. `ibv_end_poll` of one CQ: another
+/// thread's [`Gate::enter`] waits until the holder leaves. The holder entering again (a
+/// program that starts over without ending) does not wait for itself.
+#[derive(Default)]
+pub(crate) struct Gate {
+    /// The `pthread_self` of the thread inside, if any.
+    holder: std::sync::Mutex<Option<libc::pthread_t>>,
+    free: std::sync::Condvar,
+}
+
+impl Gate {
+    pub(crate) fn enter(&self) {
+        // SAFETY: pthread_self takes nothing and cannot fail.
+        let me = unsafe { libc::pthread_self() };
+        let mut h = self.holder.lock().unwrap_or_else(|e| e.into_inner());
+        while h.is_some_and(|t| t != me) {
+            h = self.free.wait(h).unwrap_or_else(|e| e.into_inner());
+        }
+        *h = Some(me);
+    }
+
+    pub(crate) fn leave(&self) {
+        if self.holder.lock().unwrap_or_else(|e| e.into_inner()).take().is_some() {
+            self.free.notify_one();
+        }
+    }
+}

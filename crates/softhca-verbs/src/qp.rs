@@ -28,6 +28,8 @@ pub(crate) struct Qp {
     pub(crate) extended: bool,
     /// The work requests `ibv_wr_*` are building ([`crate::wr`]).
     pub(crate) batch: std::sync::Mutex<crate::wr::Batch>,
+    /// Held from `ibv_wr_start` to `ibv_wr_complete`/`ibv_wr_abort` ([`crate::wr`]).
+    pub(crate) builder: crate::Gate,
 }
 
 #[repr(C)]
@@ -183,6 +185,7 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         ece: Default::default(),
         extended: a.send_ops.is_some(),
         batch: Default::default(),
+        builder: Default::default(),
     }));
     // SAFETY: the PD's context is open.
     let cx = unsafe { ctx(pd.ibv.context) };

@@ -125,14 +125,19 @@ unsafe fn begin(q: *mut ibv_qp_ex, opcode: WrOpcode, fill: impl FnOnce(&mut Pend
     }
 }
 
+/// Enters the QP's critical section (another thread's batch waits for this one's end).
 unsafe extern "C" fn wr_start(q: *mut ibv_qp_ex) {
+    // SAFETY: a live QP.
+    unsafe { qp(q.cast()) }.builder.enter();
     // SAFETY: a live QP.
     unsafe { with_batch(q, Batch::reset) }
 }
 
 unsafe extern "C" fn wr_abort(q: *mut ibv_qp_ex) {
     // SAFETY: a live QP.
-    unsafe { with_batch(q, Batch::reset) }
+    unsafe { with_batch(q, Batch::reset) };
+    // SAFETY: a live QP.
+    unsafe { qp(q.cast()) }.builder.leave();
 }
 
 unsafe extern "C" fn wr_send(q: *mut ibv_qp_ex) {
@@ -344,10 +349,22 @@ unsafe extern "C" fn wr_set_inline_data_list(q: *mut ibv_qp_ex, num_buf: usize, 
     }
 }
 
-/// Posts the batch as one list: 0, or the error of the first bad request (none posted).
+/// Posts the batch as one list: 0, or the error of the first bad request (none posted); then
+/// leaves the critical section `ibv_wr_start` entered.
 unsafe extern "C" fn wr_complete(q: *mut ibv_qp_ex) -> c_int {
     // SAFETY: a live QP.
     let x = unsafe { qp(q.cast()) };
+    // SAFETY: as above.
+    let r = unsafe { post_batch(x) };
+    x.builder.leave();
+    r
+}
+
+/// Posts the QP's batch and empties it.
+///
+/// # Safety
+/// The batch's raw pointers are live objects of this library (the program's promise).
+unsafe fn post_batch(x: &crate::qp::Qp) -> c_int {
     let mut b = x.batch.lock().unwrap_or_else(|e| e.into_inner());
     let err = b.err;
     let len = b.len;

@@ -29,6 +29,18 @@ fn closing_a_context_stops_its_qps() {
     }
 }
 
+/// `ibv_wr_start` .. `ibv_wr_complete` was no critical section: another thread's `wr_start`
+/// reset the batch being built, so requests were lost, posted twice, or failed with EINVAL.
+/// ibv_wr_post(3): "The provider will provide locking to ensure that ibv_wr_start() and
+/// ibv_wr_complete()/abort() form a per-QP critical section where no other threads can
+/// enter" (rxe and mlx5 hold the SQ lock across it).
+#[test]
+fn the_wr_builder_is_a_per_qp_critical_section() {
+    if ready() {
+        run("review3_ext", Some("wr_exclusive"));
+    }
+}
+
 /// Modify QP with an attribute-mask bit above `IBV_QP_DEST_QPN` answered EINVAL; libibverbs'
 /// `ibv_cmd_modify_qp` (rxe) refuses `IBV_QP_RATE_LIMIT` and above, and the kernel's Modify QP
 /// any bit past `IB_QP_DEST_QPN`, with EOPNOTSUPP.
