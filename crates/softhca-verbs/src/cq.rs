@@ -35,6 +35,9 @@ pub(crate) struct Cq {
     current: Mutex<(Wc, u64, u64)>,
     /// The `IBV_WC_EX_WITH_*` fields the program asked for at creation.
     wc_flags: u64,
+    /// Held from a successful `ibv_start_poll` to `ibv_end_poll`: the poll batch, and so
+    /// `current`, is its poller's.
+    poller: crate::Gate,
 }
 
 /// # Safety
@@ -134,7 +137,14 @@ unsafe fn create(
             .then_some(read_completion_wallclock_ns),
     };
     let handle = soft.handle();
-    let cq = Cq { ibv, cq: soft, delivered: Default::default(), current: Mutex::new((Wc::default(), 0, 0)), wc_flags };
+    let cq = Cq {
+        ibv,
+        cq: soft,
+        delivered: Default::default(),
+        current: Mutex::new((Wc::default(), 0, 0)),
+        wc_flags,
+        poller: Default::default(),
+    };
     let p = Box::into_raw(Box::new(cq));
     if let Some(ch) = ch {
         ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, p as usize);
@@ -445,14 +455,23 @@ unsafe fn advance(c: *mut ibv_cq_ex) -> c_int {
     0
 }
 
-/// `ibv_start_poll`: the first completion, or ENOENT (then no `ibv_end_poll` is due).
+/// `ibv_start_poll`: the first completion, or ENOENT (then no `ibv_end_poll` is due). Until
+/// `ibv_end_poll` the batch is this thread's: another poller's `ibv_start_poll` waits, as it
+/// does for the CQ lock a provider holds.
 unsafe extern "C" fn start_poll(c: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
     // SAFETY: a readable attribute or null.
     if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
         return libc::EINVAL;
     }
+    // SAFETY: a live CQ (no reference to it is held while `advance` writes its fields).
+    unsafe { cq_ex(c) }.poller.enter();
     // SAFETY: a live CQ.
-    unsafe { advance(c) }
+    let r = unsafe { advance(c) };
+    if r != 0 {
+        // SAFETY: a live CQ.
+        unsafe { cq_ex(c) }.poller.leave();
+    }
+    r
 }
 
 /// `ibv_next_poll`: the next completion, or ENOENT.
@@ -461,8 +480,11 @@ unsafe extern "C" fn next_poll(c: *mut ibv_cq_ex) -> c_int {
     unsafe { advance(c) }
 }
 
-/// `ibv_end_poll`: the completions read are already retired from the ring; nothing is held.
-unsafe extern "C" fn end_poll(_c: *mut ibv_cq_ex) {}
+/// `ibv_end_poll`: the completions read are already retired from the ring; the batch ends.
+unsafe extern "C" fn end_poll(c: *mut ibv_cq_ex) {
+    // SAFETY: a live CQ.
+    unsafe { cq_ex(c) }.poller.leave();
+}
 
 /// The current completion, converted as `ibv_poll_cq` gives it.
 ///

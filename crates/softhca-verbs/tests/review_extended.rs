@@ -41,6 +41,17 @@ fn the_wr_builder_is_a_per_qp_critical_section() {
     }
 }
 
+/// Two threads polling one extended CQ overwrote each other's current completion between
+/// `ibv_start_poll` and `ibv_end_poll` (one `current` slot per CQ, no lock), so a poller read
+/// the other's `wr_id`: completions seen twice and never. rxe and mlx5 hold the CQ lock from
+/// `start_poll` to `end_poll` unless the CQ was created single-threaded.
+#[test]
+fn an_extended_cq_poll_batch_belongs_to_its_poller() {
+    if ready() {
+        run("review3_ext", Some("cq_ex_exclusive"));
+    }
+}
+
 /// Modify QP with an attribute-mask bit above `IBV_QP_DEST_QPN` answered EINVAL; libibverbs'
 /// `ibv_cmd_modify_qp` (rxe) refuses `IBV_QP_RATE_LIMIT` and above, and the kernel's Modify QP
 /// any bit past `IB_QP_DEST_QPN`, with EOPNOTSUPP.
