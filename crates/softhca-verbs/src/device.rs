@@ -616,8 +616,8 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     a.hca_core_clock = 1_000_000; // kHz: timestamps count nanoseconds
     a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
     a.pci_atomic_caps = ibv_pci_atomic_caps::default();
-    // SAFETY: the caller passes `attr_size` writable bytes; at most our size is written.
-    unsafe { write_prefix(attr, &a, attr_size.min(size_of::<ibv_device_attr_ex>())) };
+    // SAFETY: the caller passes `attr_size` writable bytes.
+    unsafe { write_zero_padded(attr, &a, attr_size) };
     0
 }
 
@@ -663,15 +663,30 @@ unsafe fn write_prefix<T>(out: *mut T, a: &T, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping((a as *const T).cast::<u8>(), out.cast::<u8>(), len) };
 }
 
+/// Fills a caller's structure of `len` bytes, as libibverbs does after zeroing all of it:
+/// `a` up to `len`, and zeros past the end of `T` (the fields of a newer, larger structure).
+///
+/// # Safety
+/// `out` has `len` writable bytes.
+unsafe fn write_zero_padded<T>(out: *mut T, a: &T, len: usize) {
+    let n = len.min(size_of::<T>());
+    // SAFETY: `n` <= both sizes; the tail is within the caller's `len` bytes.
+    unsafe {
+        write_prefix(out, a, n);
+        std::ptr::write_bytes(out.cast::<u8>().add(n), 0, len - n);
+    }
+}
+
 /// The compatibility entry (`verbs.h` calls it only for a context without the extended
-/// `query_port`): writes the attributes up to `link_layer`, the old layout's end.
+/// `query_port`): writes the old layout's 48 bytes, up to `flags` (libibverbs zeroes them all
+/// before the provider fills them).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8, attr: *mut ibv_port_attr) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
     match port_attr(c, port_num) {
         // SAFETY: the caller passes a port attribute structure at least as large as the old one.
-        Ok(a) => unsafe { write_prefix(attr, &a, std::mem::offset_of!(ibv_port_attr, flags)) },
+        Ok(a) => unsafe { write_prefix(attr, &a, std::mem::offset_of!(ibv_port_attr, flags) + 1) },
         Err(e) => return e,
     }
     0
@@ -688,8 +703,8 @@ pub(crate) unsafe extern "C" fn query_port_ex(
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
     match port_attr(c, port_num) {
-        // SAFETY: the caller passes `port_attr_len` writable bytes; at most our size is written.
-        Ok(a) => unsafe { write_prefix(attr, &a, port_attr_len.min(size_of::<ibv_port_attr>())) },
+        // SAFETY: the caller passes `port_attr_len` writable bytes.
+        Ok(a) => unsafe { write_zero_padded(attr, &a, port_attr_len) },
         Err(e) => return e,
     }
     0

@@ -61,3 +61,15 @@ fn modify_qp_refuses_unknown_mask_bits_with_eopnotsupp() {
         run("review3_ext", Some("modify_unknown_bits"));
     }
 }
+
+/// The queries left bytes libibverbs zeroes: the compatibility `ibv_query_port` did not write
+/// `flags` (the old layout's last byte, which `__lib_query_port` zeroes with the rest), and
+/// the extended `query_port` and `query_device_ex` wrote nothing past their own structure when
+/// a program built against a newer header passed a larger one (libibverbs zeroes the caller's
+/// whole `port_attr_len` / `attr_size` first).
+#[test]
+fn queries_zero_what_they_do_not_fill() {
+    if ready() {
+        run("review3_ext", Some("query_zeroes"));
+    }
+}

@@ -291,6 +291,40 @@ static void modify_unknown_bits(void)
 	CHECK(ibv_modify_qp(e.qp, &a, init) == 0, "to INIT");
 }
 
+/* ---- query_zeroes ---- */
+
+/* What libibverbs zeroes before a query fills it: the compatibility ibv_query_port
+   (__lib_query_port: memset of the old layout's 48 bytes, `flags` included), the extended
+   query_port and query_device_ex (memset of the caller's whole port_attr_len / attr_size, so
+   a program built against a newer, larger structure reads zeros past what this one knows). */
+#undef ibv_query_port
+static void query_zeroes(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_port_attr p;
+	memset(&p, 0xff, sizeof p);
+	CHECK(ibv_query_port(ctx, 1, (struct _compat_ibv_port_attr *)&p) == 0, "compat ibv_query_port");
+	CHECK(p.state == IBV_PORT_ACTIVE && p.flags == 0, "compat ibv_query_port: state %d flags %#x", p.state, p.flags);
+
+	struct verbs_context *v = verbs_get_ctx_op(ctx, query_port);
+	CHECK(v, "query_port op");
+	unsigned char big[sizeof(struct ibv_port_attr) + 64];
+	memset(big, 0xff, sizeof big);
+	CHECK(v->query_port(ctx, 1, (struct ibv_port_attr *)big, sizeof big) == 0, "query_port, larger structure");
+	for (size_t i = sizeof(struct ibv_port_attr); i < sizeof big; i++)
+		CHECK(big[i] == 0, "query_port left byte %zu of %zu", i, sizeof big);
+
+	v = verbs_get_ctx_op(ctx, query_device_ex);
+	CHECK(v, "query_device_ex op");
+	unsigned char dev[sizeof(struct ibv_device_attr_ex) + 64];
+	memset(dev, 0xff, sizeof dev);
+	CHECK(v->query_device_ex(ctx, NULL, (struct ibv_device_attr_ex *)dev, sizeof dev) == 0,
+	      "query_device_ex, larger structure");
+	for (size_t i = sizeof(struct ibv_device_attr_ex); i < sizeof dev; i++)
+		CHECK(dev[i] == 0, "query_device_ex left byte %zu of %zu", i, sizeof dev);
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: review3_ext <case>");
@@ -306,6 +340,8 @@ int main(int argc, char **argv)
 		cq_ex_exclusive();
 	else if (!strcmp(c, "modify_unknown_bits"))
 		modify_unknown_bits();
+	else if (!strcmp(c, "query_zeroes"))
+		query_zeroes();
 	else
 		CHECK(0, "unknown case %s", c);
 	printf("%s: ok\n", c);
