@@ -5,6 +5,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use softhca::link::SimCounters;
+use softhca::transport::DeviceCounters;
+use softhca::Context;
+
 use crate::net::{self, err, Faults, LinkKind, Net, Res};
 use crate::perf::{self, Op, PerfArgs};
 use crate::pingpong::{self, PingpongArgs, QpKind};
@@ -36,12 +40,37 @@ pub fn run(args: &DemoArgs) -> Res<()> {
         return Err(crate::net::err("--loss must be a probability in [0, 1)"));
     }
     let started = Instant::now();
+    let (pcap, mut net) = open_fabric(args)?;
+    println!("softhca demo: two software HCAs on the deterministic simulated fabric");
+    println!("==========================================================================");
+    let (ca, cb) = (net.add_device("softhca0")?, net.add_device("softhca1")?);
+    show_devices(&[&ca, &cb])?;
+    clean_pingpong(&mut net, &ca, &cb)?;
+    let before = (net::add_counters(ca.counters(), cb.counters()), net.sim_counters().unwrap_or_default());
+    let all_ok = lossy_bursts(&mut net, &ca, &cb, args)?;
+    show_recovery(&net, &ca, &cb, before, all_ok);
+    println!();
+    println!("4. pcap written to {}", pcap.display());
+    show_trace(&pcap)?;
+    println!();
+    println!(
+        "done in {:.2} s. Next: softhca perf write --loss 0.02, softhca trace {}",
+        started.elapsed().as_secs_f64(),
+        pcap.display()
+    );
+    if !all_ok {
+        return Err(err("a burst failed its data check"));
+    }
+    Ok(())
+}
+
+/// The simulated fabric, recording to the pcap (the temp dir's by default; if another user's
+/// file is in the way, one named after this process).
+fn open_fabric(args: &DemoArgs) -> Res<(PathBuf, Net)> {
     let faults = Faults { seed: args.seed, ..Faults::default() };
-    let (pcap, mut net) = match &args.pcap {
+    Ok(match &args.pcap {
         Some(p) => (p.clone(), Net::sim(&faults, Some(p))?),
         None => {
-            // The default lives in the temp dir; if another user's file is in the way, this
-            // process's own name.
             let p = std::env::temp_dir().join("softhca-demo.pcap");
             match Net::sim(&faults, Some(&p)) {
                 Ok(net) => (p, net),
@@ -51,12 +80,12 @@ pub fn run(args: &DemoArgs) -> Res<()> {
                 }
             }
         }
-    };
-    println!("softhca demo: two software HCAs on the deterministic simulated fabric");
-    println!("==========================================================================");
-    let ca = net.add_device("softhca0")?;
-    let cb = net.add_device("softhca1")?;
-    for ctx in [&ca, &cb] {
+    })
+}
+
+/// One line per device: GID, node GUID, port state and MTU.
+fn show_devices(devices: &[&Context]) -> Res<()> {
+    for ctx in devices {
         let a = ctx.query_device()?;
         let p = ctx.query_port(1)?;
         println!(
@@ -68,8 +97,11 @@ pub fn run(args: &DemoArgs) -> Res<()> {
             p.active_mtu.bytes()
         );
     }
+    Ok(())
+}
 
-    // 1. RC pingpong on a clean link.
+/// Step 1: an RC pingpong on a clean link, its payloads checked.
+fn clean_pingpong(net: &mut Net, ca: &Context, cb: &Context) -> Res<()> {
     let pp = PingpongArgs {
         qp: QpKind::Rc,
         size: 4096,
@@ -86,7 +118,7 @@ pub fn run(args: &DemoArgs) -> Res<()> {
     };
     println!();
     println!("1. RC pingpong: {} round trips of {} bytes, MTU {} (clean link)", pp.iters, pp.size, pp.mtu);
-    let r = pingpong::run_pair(&mut net, &ca, &cb, &pp)?;
+    let r = pingpong::run_pair(net, ca, cb, &pp)?;
     println!("   local address:  {}", r.local.describe());
     println!("   remote address: {}", r.remote.describe());
     let bytes = pp.size as u64 * pp.iters * 2;
@@ -106,8 +138,12 @@ pub fn run(args: &DemoArgs) -> Res<()> {
     if r.bad_payloads > 0 {
         return Err(err("pingpong payload mismatch"));
     }
+    Ok(())
+}
 
-    // 2. Bursts over a lossy link.
+/// Step 2: RDMA Write, Read and Fetch & Add bursts over a lossy link; whether every one
+/// completed with its data verified.
+fn lossy_bursts(net: &mut Net, ca: &Context, cb: &Context, args: &DemoArgs) -> Res<bool> {
     let faults = Faults { loss: args.loss, dup: 0.01, reorder: 0.02, corrupt: 0.01, seed: args.seed };
     net.set_faults(&faults)?;
     println!();
@@ -123,8 +159,6 @@ pub fn run(args: &DemoArgs) -> Res<()> {
         "   {:<18} {:>6} {:>9} {:>10} {:>10} {:>11} {:>6} {:>7}  data",
         "operation", "QPs", "messages", "bytes", "wall [ms]", "virtual[ms]", "retx", "errors"
     );
-    let c0 = net::add_counters(ca.counters(), cb.counters());
-    let s0 = net.sim_counters().unwrap_or_default();
     let mut all_ok = true;
     for (op, name, size, iters) in [
         (Op::Write, "RDMA Write 16 KiB", 16384, 150),
@@ -132,8 +166,8 @@ pub fn run(args: &DemoArgs) -> Res<()> {
         (Op::Atomic, "Fetch&Add 8 B", 8, 300),
     ] {
         let a = PerfArgs::burst(op, size, iters, 2);
-        let mut st = perf::setup(&ca, &cb, &a)?;
-        let res = perf::measure(&mut net, &mut st, &a, None)?;
+        let mut st = perf::setup(ca, cb, &a)?;
+        let res = perf::measure(net, &mut st, &a, None)?;
         all_ok &= res.data_verified && res.errors == 0;
         println!(
             "   {:<18} {:>6} {:>9} {:>10} {:>10.2} {:>11.3} {:>6} {:>7}  {}",
@@ -150,8 +184,12 @@ pub fn run(args: &DemoArgs) -> Res<()> {
     }
     net.settle();
     net.finish()?;
+    Ok(all_ok)
+}
 
-    // 3. Counters.
+/// Step 3: what the lossy phase did, the fabric's faults and the devices' recovery.
+fn show_recovery(net: &Net, ca: &Context, cb: &Context, before: (DeviceCounters, SimCounters), all_ok: bool) {
+    let (c0, s0) = before;
     let c = net::sub_counters(net::add_counters(ca.counters(), cb.counters()), c0);
     let s1 = net.sim_counters().unwrap_or_default();
     println!();
@@ -174,11 +212,11 @@ pub fn run(args: &DemoArgs) -> Res<()> {
         c.rx_bad_icrc,
         if all_ok { "yes" } else { "NO" }
     );
-    println!();
-    println!("4. pcap written to {}", pcap.display());
+}
 
-    // 5. Trace excerpt.
-    let t = trace::analyze(&pcap)?;
+/// Step 5: the pcap's summary and the ladder diagram around its first retransmission.
+fn show_trace(pcap: &std::path::Path) -> Res<()> {
+    let t = trace::analyze(pcap)?;
     println!(
         "   {} packets, {} QP pairs, {} retransmitted request packets; full decode: softhca trace {}",
         t.packets.len(),
@@ -216,15 +254,6 @@ pub fn run(args: &DemoArgs) -> Res<()> {
         for l in trace::ladder(&t, pair).iter().take(12) {
             println!("   {l}");
         }
-    }
-    println!();
-    println!(
-        "done in {:.2} s. Next: softhca perf write --loss 0.02, softhca trace {}",
-        started.elapsed().as_secs_f64(),
-        pcap.display()
-    );
-    if !all_ok {
-        return Err(err("a burst failed its data check"));
     }
     Ok(())
 }

@@ -61,6 +61,16 @@ pub struct PcapArg {
     pub pcap: Option<PathBuf>,
 }
 
+/// `softhca perf`: both ends here, or one of two processes (the server, the client).
+fn run_perf(args: &perf::PerfArgs) -> net::Res<()> {
+    perf::check_link_flags(args)?;
+    match &args.connect {
+        _ if args.server => perf_remote::serve(args),
+        Some(host) => perf_remote::client(args, host),
+        None => perf::run_local(args),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -68,7 +78,7 @@ fn main() -> ExitCode {
         Some(Command::Demo(a)) => demo::run(&a),
         Some(Command::Devinfo(a)) => devinfo::run(&a),
         Some(Command::Pingpong(a)) => pingpong::run(&a),
-        Some(Command::Perf(a)) => perf::run(&a),
+        Some(Command::Perf(a)) => run_perf(&a),
         Some(Command::Trace(a)) => trace::run(&a),
     };
     match result {

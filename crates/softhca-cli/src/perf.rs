@@ -21,7 +21,7 @@ use softhca::transport::DeviceCounters;
 use softhca::*;
 
 use crate::net::{self, err, LinkKind, Net, QpInfo, Res};
-use crate::{perf_remote, PcapArg};
+use crate::PcapArg;
 
 /// Most memory one QP's slots may take.
 const SLOT_BYTES: usize = 32 << 20;
@@ -665,30 +665,29 @@ impl From<SimCounters> for SimJson {
     }
 }
 
-pub fn run(args: &PerfArgs) -> Res<()> {
+/// Checks which link takes which options: before anything is opened, for every mode.
+pub(crate) fn check_link_flags(args: &PerfArgs) -> Res<()> {
     validate(args)?;
+    match args.link {
+        LinkKind::Sim if args.server || args.connect.is_some() || args.loopback => {
+            Err(err("--server/--connect/--loopback are for --link udp; --link sim runs both ends here"))
+        }
+        LinkKind::Udp if args.faults.loss + args.faults.dup + args.faults.reorder + args.faults.corrupt > 0.0 => {
+            Err(err("--loss/--dup/--reorder/--corrupt are faults of the sim link"))
+        }
+        LinkKind::Udp if !args.server && args.connect.is_none() && !args.loopback => {
+            Err(err("--link udp needs --loopback (both ends here), --server or --connect HOST"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Both ends in this process: on the sim link, or on two UDP devices (`--loopback`). The two
+/// processes of `--server`/`--connect` are [`crate::perf_remote`]'s.
+pub fn run_local(args: &PerfArgs) -> Res<()> {
     let mut net = match args.link {
-        LinkKind::Sim => {
-            if args.server || args.connect.is_some() || args.loopback {
-                return Err(err("--server/--connect/--loopback are for --link udp; --link sim runs both ends here"));
-            }
-            Net::sim(&args.faults, args.pcap.pcap.as_deref())?
-        }
-        LinkKind::Udp => {
-            if args.faults.loss + args.faults.dup + args.faults.reorder + args.faults.corrupt > 0.0 {
-                return Err(err("--loss/--dup/--reorder/--corrupt are faults of the sim link"));
-            }
-            if args.server {
-                return perf_remote::serve(args);
-            }
-            if let Some(host) = &args.connect {
-                return perf_remote::client(args, host);
-            }
-            if !args.loopback {
-                return Err(err("--link udp needs --loopback (both ends here), --server or --connect HOST"));
-            }
-            Net::udp(args.pcap.pcap.as_deref(), args.busy_poll)
-        }
+        LinkKind::Sim => Net::sim(&args.faults, args.pcap.pcap.as_deref())?,
+        LinkKind::Udp => Net::udp(args.pcap.pcap.as_deref(), args.busy_poll),
     };
     let ca = net.add_device("softhca0")?;
     let cb = net.add_device("softhca1")?;
