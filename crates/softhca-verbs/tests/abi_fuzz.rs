@@ -2466,11 +2466,12 @@ impl Fuzz {
                 ensure!(untouched(&a, if r == 0 { size } else { 0 }), "query_device_ex wrote past {size} bytes");
             }
             2 => {
-                // The compatibility entry, for programs built against the old, shorter layout.
+                // The compatibility entry, for programs built against the old, shorter layout:
+                // its 48 bytes end with `flags` (libibverbs' `_compat_ibv_port_attr`).
                 let mut a = canary(size_of::<ibv_port_attr>() + 64);
                 let r = ibv_query_port(c.p, port, a.as_mut_ptr().cast());
                 ensure!(r == if port == 1 { 0 } else { EINVAL }, "ibv_query_port({port}): {r}");
-                let old_end = offset_of!(ibv_port_attr, flags);
+                let old_end = offset_of!(ibv_port_attr, flags) + 1;
                 ensure!(untouched(&a, if r == 0 { old_end } else { 0 }), "ibv_query_port wrote past the old layout");
             }
             3 => {
