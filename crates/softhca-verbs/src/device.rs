@@ -107,18 +107,19 @@ impl Shared {
             // SAFETY: a context is in the list from its open until its close, which takes it
             // out under this lock before freeing it.
             let c = unsafe { &*(c as *const Ctx) };
-            let mine = {
-                let o = c.objects.lock().unwrap_or_else(|e| e.into_inner());
-                match ev.element {
-                    EventElement::Qp(qpn) => o.qps.contains_key(&qpn),
-                    EventElement::Cq(h) => o.cqs.contains_key(&h),
-                    EventElement::Srq(h) => o.srqs.contains_key(&h),
-                    EventElement::Port(_) | EventElement::Device => true,
-                }
+            // Pushed under the objects lock: a destroy takes its object out of the map under
+            // that lock and purges the queue after, so no event of a destroyed object stays.
+            let o = c.objects.lock().unwrap_or_else(|e| e.into_inner());
+            let mine = match ev.element {
+                EventElement::Qp(qpn) => o.qps.contains_key(&qpn),
+                EventElement::Cq(h) => o.cqs.contains_key(&h),
+                EventElement::Srq(h) => o.srqs.contains_key(&h),
+                EventElement::Port(_) | EventElement::Device => true,
             };
             if mine {
                 c.events.push(*ev);
             }
+            drop(o);
         }
     }
 }
