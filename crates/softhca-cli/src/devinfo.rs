@@ -140,6 +140,9 @@ pub fn render(ctx: &Context, verbose: bool, link: &str) -> Res<String> {
     }
     for i in 0..p.gid_tbl_len {
         let g = ctx.query_gid(1, i)?;
+        if g.is_zero() {
+            continue; // an empty slot, as ibv_devinfo leaves them out
+        }
         kv(&mut s, 24, &format!("GID[{i:>3}]"), format!("{}, RoCE v2 ({})", g, net::display_gid(g)));
     }
     Ok(s)

@@ -106,7 +106,6 @@ const SKIPS: &[(&str, bool)] = &[
     ("Importing a device is not supported", false),
     ("Create MW is not supported", false),
     ("Memory Window allocation is not supported", false),
-    ("All gid indices populated, cannot check bad flow", false),
 ];
 
 /// A copy of the suite with its gzipped modules unpacked (Debian ships some compressed).

@@ -764,7 +764,8 @@ pub unsafe extern "C" fn ibv_query_gid_type(
 ) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
-    if c.ctx.query_gid(port_num, index).is_err() {
+    // An empty slot has no type (its sysfs file cannot be read on Linux either).
+    if !c.ctx.query_gid(port_num, index).is_ok_and(|g| !g.is_zero()) {
         crate::set_errno(libc::EINVAL);
         return -1;
     }

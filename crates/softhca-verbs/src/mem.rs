@@ -202,6 +202,12 @@ pub(crate) fn ah_attr_of(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
+/// Whether `a` sends from an empty slot of the GID table: Linux refuses such an address
+/// (EINVAL), there being no source address to send from.
+pub(crate) fn empty_source(ctx: &softhca::Context, a: &ibv_ah_attr) -> bool {
+    a.is_global != 0 && ctx.query_gid(a.port_num, u32::from(a.grh.sgid_index)).is_ok_and(|g| g.is_zero())
+}
+
 /// The `ibv_ah_attr` of a softhca address.
 pub(crate) fn c_ah_attr(a: &AhAttr) -> ibv_ah_attr {
     let g = &a.grh;
@@ -226,6 +232,10 @@ pub(crate) fn c_ah_attr(a: &AhAttr) -> ibv_ah_attr {
 pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     // SAFETY: a live PD and a readable attribute structure.
     let (pd, attr) = unsafe { (pd(p), &*attr) };
+    // SAFETY: the PD's context is open.
+    if empty_source(&unsafe { ctx(pd.ibv.context) }.ctx, attr) {
+        return fail(libc::EINVAL);
+    }
     match pd.pd.create_ah(&ah_attr_of(attr)) {
         Ok(ah) => {
             let ibv = ibv_ah { context: pd.ibv.context, pd: p, handle: 0 };

@@ -358,6 +358,10 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         } else {
             old.map_or(Mtu::Mtu1024, |av| av.path_mtu)
         };
+        // SAFETY: the QP's context is open.
+        if has(IBV_QP_AV) && crate::mem::empty_source(&unsafe { ctx(x.ibv.qp_base.context) }.ctx, &a.ah_attr) {
+            return libc::EINVAL;
+        }
         let ah = if has(IBV_QP_AV) { Some(ah_attr_of(&a.ah_attr)) } else { old.map(|av| av.ah) };
         if let Some(ah) = ah {
             m.av = Some(AddressVector::new(ah, mtu));

@@ -197,3 +197,26 @@ fn address_handles() {
     ah.destroy().unwrap();
     assert_eq!(ah.destroy(), Err(VerbsError::InvalidAhHandle));
 }
+
+/// A port's GID table has `gid_tbl_len` slots: GID 0 is the device's, the rest are empty
+/// (zero) until the link layer fills them; an index past the table is refused in Query GID and
+/// in an address vector.
+/// Rule PKT-ROCE-3
+#[test]
+fn gid_table_slots_and_empty_source_gids() {
+    let mut config = DeviceConfig::default().seed(1).gid0(Gid::from_ipv4("127.0.0.1".parse().unwrap()));
+    config.port.gid_tbl_len = 4;
+    let f = fixture_with(config);
+    assert_eq!(f.ctx.query_port(1).unwrap().gid_tbl_len, 4);
+    assert!(!f.ctx.query_gid(1, 0).unwrap().is_zero());
+    assert!(f.ctx.query_gid(1, 3).unwrap().is_zero());
+    assert!(matches!(f.ctx.query_gid(1, 4), Err(VerbsError::InvalidArgument(_))));
+    let mut av = remote_av().ah;
+    av.grh.sgid_index = Some(4);
+    assert!(matches!(f.pd.create_ah(&av), Err(VerbsError::InvalidAttribute(..))));
+    // The link layer fills a slot; then it can be a source.
+    f.ctx.set_gid(3, Gid::from_ipv4("127.0.0.9".parse().unwrap())).unwrap();
+    assert_eq!(f.ctx.query_gid(1, 3).unwrap(), Gid::from_ipv4("127.0.0.9".parse().unwrap()));
+    av.grh.sgid_index = Some(3);
+    f.pd.create_ah(&av).unwrap().destroy().unwrap();
+}

@@ -17,6 +17,8 @@ void ibv_copy_path_rec_to_kern(struct ib_user_path_rec *dst, struct ibv_sa_path_
 int ibv_dontfork_range(void *base, size_t size);
 int ibv_dofork_range(void *base, size_t size);
 const char *ibv_get_sysfs_path(void);
+/* Private (IBVERBS_PRIVATE_34), which ibv_devinfo calls: the sysfs GID type. */
+int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index, int *type);
 
 static void rates(void)
 {
@@ -102,6 +104,23 @@ static void tables(struct ibv_context *ctx)
 	CHECK(ibv_query_gid_table(ctx, table, 4, 0) == 1, "one GID in the table");
 	CHECK(!memcmp(&table[0].gid, &gid, 16), "the table holds GID 0");
 	CHECK(ibv_query_gid_table(ctx, table, 0, 0) == -EINVAL, "a table too small");
+
+	/* The table has empty slots past GID 0, as a RoCE port's does: libibverbs' answers. */
+	struct ibv_port_attr port;
+	CHECK(ibv_query_port(ctx, 1, &port) == 0 && port.gid_tbl_len > 1, "gid_tbl_len %d", port.gid_tbl_len);
+	CHECK(ibv_query_gid_ex(ctx, 1, 1, &e, 0) == ENODATA, "an empty GID entry is ENODATA");
+	union ibv_gid empty;
+	memset(&empty, 0xff, sizeof empty);
+	CHECK(ibv_query_gid(ctx, 1, 1, &empty) == 0, "ibv_query_gid of an empty slot");
+	CHECK(!memcmp(&empty, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 16), "the zero GID");
+	int gt;
+	CHECK(ibv_query_gid_type(ctx, 1, 1, &gt) != 0, "an empty slot has no type");
+	CHECK(ibv_query_gid_type(ctx, 1, 0, &gt) == 0 && gt == 1, "GID 0 is RoCE v2");
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_ah_attr from_empty = { .is_global = 1, .port_num = 1, .grh = { .sgid_index = 1, .dgid = gid } };
+	errno = 0;
+	CHECK(!ibv_create_ah(pd, &from_empty) && errno == EINVAL, "an AH from an empty source GID");
+	CHECK(ibv_dealloc_pd(pd) == 0, "dealloc pd");
 
 	struct ibv_ah_attr ah = { .is_global = 1, .port_num = 1, .grh = { .sgid_index = 0, .dgid = gid } };
 	uint8_t mac[6] = { 1, 1, 1, 1, 1, 1 };

@@ -111,6 +111,10 @@ pub use config::{RxMode, UdpConfig, UdpCounters};
 use driver::{Engine, Link, Shared};
 pub use verify::{IcrcPolicy, Refused, Verified};
 
+/// GID table slots of a UDP port: GID 0 is the device's address; the rest stay empty (as a
+/// RoCE port's table has room for addresses its interface does not have), so that a program
+/// probing an unused index gets the empty-entry answer (ENODATA through libibverbs).
+pub const GID_TABLE_LEN: u32 = 16;
 /// At most this many per-flow send sockets are kept (see the module docs).
 pub const MAX_PORT_SOCKETS: usize = 1024;
 /// Datagrams per `recvmmsg` / transmit batch.
@@ -206,6 +210,7 @@ impl UdpDevice {
         }
         let gid = Gid::from_ipv6(verify::gid_addr(addr));
         let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
+        dcfg.port.gid_tbl_len = GID_TABLE_LEN;
         if let Some(mtu) = sys::interface_mtu(addr) {
             dcfg.port.active_mtu = active_mtu(mtu, addr.is_ipv6());
         }

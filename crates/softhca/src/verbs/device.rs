@@ -449,12 +449,16 @@ impl Context {
         port.pkey_tbl_len = config.pkeys.len() as u16;
         let first_qpn = rng.random_range(0x10..0x1000);
         let first_eecn = rng.random_range(0x10..0x1000);
+        let gid_slots = (port.gid_tbl_len as usize).max(1);
         let inner = Arc::new(DeviceInner {
             name: config.name,
             attr,
             port,
             pkeys: config.pkeys,
-            gids: RwLock::new(vec![config.gid0]),
+            // GID 0 and, up to the port's table length, empty slots the link layer may fill.
+            gids: RwLock::new(
+                std::iter::once(config.gid0).chain(std::iter::repeat(Gid::default())).take(gid_slots).collect(),
+            ),
             gid_gen: std::sync::atomic::AtomicU64::new(1),
             timer_hint: std::sync::atomic::AtomicU64::new(u64::MAX),
             closed: AtomicBool::new(false),
