@@ -252,8 +252,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
     }
     // SAFETY: the CQ's context is open.
     let cx = unsafe { ctx(context) };
-    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).cqs.remove(&handle);
-    cx.events.purge(softhca::EventElement::Cq(handle));
+    cx.forget(softhca::EventElement::Cq(handle));
     // SAFETY: the CQ's own fields.
     unsafe {
         wait_for_acks(

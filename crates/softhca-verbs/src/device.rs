@@ -176,7 +176,7 @@ impl EventQueue {
 
     /// Drops the waiting events that name `element` (it is being destroyed), as the kernel
     /// drops a destroyed object's unread events.
-    pub(crate) fn purge(&self, element: EventElement) {
+    fn purge(&self, element: EventElement) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         let before = q.len();
         q.retain(|e| e.element != element);
@@ -288,6 +288,24 @@ pub(crate) struct Objects {
     /// Asynchronous events handed out per object (by address): its destroy waits until the
     /// program acknowledged as many (see [`wait_for_acks`]).
     pub delivered: HashMap<usize, u32>,
+}
+
+impl Ctx {
+    /// Takes the CQ, QP or SRQ `element` names out of this context's objects, then drops its
+    /// unread events. In that order: the router queues an event only under the objects lock
+    /// and only for an object still in the map, so nothing of it can arrive after the purge.
+    pub(crate) fn forget(&self, element: EventElement) {
+        {
+            let mut o = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+            match element {
+                EventElement::Qp(qpn) => o.qps.remove(&qpn),
+                EventElement::Cq(h) => o.cqs.remove(&h),
+                EventElement::Srq(h) => o.srqs.remove(&h),
+                EventElement::Port(_) | EventElement::Device => None,
+            };
+        }
+        self.events.purge(element);
+    }
 }
 
 /// Takes `object` out of the event bookkeeping and waits, as libibverbs does, until the

@@ -277,8 +277,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
     }
     // SAFETY: the QP's context is open.
     let cx = unsafe { ctx(x.ibv.qp_base.context) };
-    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.remove(&x.ibv.qp_base.qp_num);
-    cx.events.purge(softhca::EventElement::Qp(x.ibv.qp_base.qp_num));
+    cx.forget(softhca::EventElement::Qp(x.ibv.qp_base.qp_num));
     // SAFETY: the QP's own fields.
     unsafe {
         wait_for_acks(
@@ -788,8 +787,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(s: *mut ibv_srq) -> c_int {
     }
     // SAFETY: the SRQ's context is open.
     let cx = unsafe { ctx(x.ibv.context) };
-    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.remove(&x.ibv.handle);
-    cx.events.purge(softhca::EventElement::Srq(x.ibv.handle));
+    cx.forget(softhca::EventElement::Srq(x.ibv.handle));
     // SAFETY: the SRQ's own fields.
     unsafe {
         wait_for_acks(
