@@ -360,6 +360,46 @@ unsafe extern "C" fn wr_complete(q: *mut ibv_qp_ex) -> c_int {
     r
 }
 
+/// The core's work request for one built request.
+///
+/// # Safety
+/// Its window, region and address handle are live objects of this library.
+unsafe fn send_wr(p: &Pending, ud: bool) -> Result<SendWr<'_>, c_int> {
+    if let Some((mw, rkey, mr, addr, length, access)) = p.bind {
+        // SAFETY: a live window and region of this library, as the program promises.
+        let (w, r) = unsafe { (&*(mw as *const Mw), &*mr) };
+        let mut bind = SendWr::bind_mw(p.wr_id, &w.mw, &r.mr, addr, length, access).new_key(rkey as u8);
+        bind.send_flags = p.flags;
+        return Ok(bind);
+    }
+    let mut wr = SendWr {
+        wr_id: p.wr_id,
+        opcode: p.opcode,
+        send_flags: p.flags,
+        sg_list: &p.sges[..p.num_sge],
+        inline_data: &p.inline,
+        imm_data: p.imm_data,
+        remote_addr: p.remote_addr,
+        rkey: p.rkey,
+        compare_add: p.compare_add,
+        swap: p.swap,
+        ..SendWr::default()
+    };
+    if ud {
+        if p.ah.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a live AH from ibv_create_ah, kept by the program until completion.
+        wr.ah = Some(&unsafe { &*p.ah }.ah);
+        wr.remote_qpn = p.remote_qpn;
+        wr.remote_qkey = p.remote_qkey;
+    }
+    Ok(wr)
+}
+
+/// The most requests of one batch [`post_batch`] builds without allocating.
+const STACK_BATCH: usize = 16;
+
 /// Posts the QP's batch and empties it.
 ///
 /// # Safety
@@ -373,40 +413,28 @@ unsafe fn post_batch(x: &crate::qp::Qp) -> c_int {
         return err;
     }
     let pending = &b.wrs[..len];
-    let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(len);
-    for p in pending {
-        let mut wr = SendWr {
-            wr_id: p.wr_id,
-            opcode: p.opcode,
-            send_flags: p.flags,
-            sg_list: &p.sges[..p.num_sge],
-            inline_data: &p.inline,
-            imm_data: p.imm_data,
-            remote_addr: p.remote_addr,
-            rkey: p.rkey,
-            compare_add: p.compare_add,
-            swap: p.swap,
-            ..SendWr::default()
+    let ud = x.qp.qp_type() == QpType::Ud;
+    // A batch of up to STACK_BATCH requests is built on the stack: no allocation per post.
+    let mut stack: [SendWr<'_>; STACK_BATCH] = std::array::from_fn(|_| SendWr::default());
+    let heap: Vec<SendWr<'_>>;
+    let wrs: &[SendWr<'_>] = if len <= STACK_BATCH {
+        for (slot, p) in stack.iter_mut().zip(pending) {
+            // SAFETY: as the caller promises.
+            *slot = match unsafe { send_wr(p, ud) } {
+                Ok(wr) => wr,
+                Err(e) => return e,
+            };
+        }
+        &stack[..len]
+    } else {
+        // SAFETY: as the caller promises.
+        heap = match pending.iter().map(|p| unsafe { send_wr(p, ud) }).collect() {
+            Ok(v) => v,
+            Err(e) => return e,
         };
-        if x.qp.qp_type() == QpType::Ud {
-            if p.ah.is_null() {
-                return libc::EINVAL;
-            }
-            // SAFETY: a live AH from ibv_create_ah, kept by the program until completion.
-            wr.ah = Some(&unsafe { &*p.ah }.ah);
-            wr.remote_qpn = p.remote_qpn;
-            wr.remote_qkey = p.remote_qkey;
-        }
-        if let Some((mw, rkey, mr, addr, length, access)) = p.bind {
-            // SAFETY: a live window and region of this library, as the program promises.
-            let (w, r) = unsafe { (&*(mw as *const Mw), &*mr) };
-            let mut bind = SendWr::bind_mw(p.wr_id, &w.mw, &r.mr, addr, length, access).new_key(rkey as u8);
-            bind.send_flags = p.flags;
-            wr = bind;
-        }
-        wrs.push(wr);
-    }
-    match x.qp.post_send(&wrs) {
+        &heap
+    };
+    match x.qp.post_send(wrs) {
         Ok(()) => {
             for p in pending {
                 if let Some((mw, rkey, ..)) = p.bind {
