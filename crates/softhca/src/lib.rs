@@ -4,8 +4,10 @@
 //! consumer calls), [`transport`] (the sans-IO QP state machine and engines),
 //! [`wire`] (IBA headers, RoCEv2 and ICRC) and [`link`] (sim, udp, pcap).
 
+pub mod error;
 pub mod link;
 pub mod transport;
+pub mod types;
 pub mod verbs;
 pub mod wire;
 

@@ -1,9 +1,9 @@
 //! The completer: takes the responses of an RC QP (ACK, NAK, RDMA Read responses, Atomic
 //! ACKs), marks WQEs done, and retires them from the SQ head in post order with their CQEs.
 
+use crate::transport::wqe::WrOpcode;
+use crate::types::{QpState, QpType, Wc, WcStatus};
 use crate::verbs::qp::{wc_opcode_of, QpCore, QpInner};
-use crate::verbs::types::{QpState, QpType, Wc, WcStatus};
-use crate::verbs::wr::WrOpcode;
 use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;

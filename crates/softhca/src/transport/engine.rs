@@ -6,10 +6,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
+use crate::types::{AhAttr, QpState, QpType, WcStatus};
 use crate::verbs::device::DeviceInner;
 use crate::verbs::qp::{QpCore, QpInner};
-use crate::verbs::types::{AhAttr, QpState, QpType, WcStatus};
-use crate::verbs::wr::{SendFlags, SendWqe, WrOpcode};
 use crate::verbs::Context;
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Direction, Operation, Position, ServiceType, Suffix};
@@ -302,7 +302,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -
         return false; // PKT-OP-5
     }
     if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
-        let src = crate::verbs::types::Gid::from_ipv6(d.ip.src_gid());
+        let src = crate::types::Gid::from_ipv6(d.ip.src_gid());
         if core.attrs.av.and_then(|av| av.ah.grh.dgid) != Some(src) {
             return false; // PKT-VAL-11, PKT-ROCE-5
         }
@@ -493,7 +493,7 @@ fn emit_request(
     let last = np.offset + np.payload >= w.length;
     let (ah, dest_qp) = match q.qp_type {
         QpType::Rc | QpType::Uc => (a.av?.ah, a.dest_qp_num),
-        _ => (w.ah.as_ref()?.attr(), w.remote_qpn),
+        _ => (w.ah?, w.remote_qpn),
     };
     let opcode = request_opcode(service_of(q.qp_type)?, w.opcode, first, last)?;
     let pkey = q.dev.pkey(a.pkey_index).unwrap_or(0xFFFF); // MOD-PKEY-1

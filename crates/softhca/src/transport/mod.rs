@@ -7,8 +7,11 @@ pub(crate) mod rd;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub mod state;
+pub(crate) mod wq;
+pub mod wqe;
 
-pub use state::{attr_rule, check_modify, transition_allowed, AttrMask, AttrRule};
+pub use crate::types::AttrMask;
+pub use state::{attr_rule, check_modify, transition_allowed, AttrRule};
 pub mod engine;
 
 pub use engine::{pkey_match, DeviceCounters, MAX_DATAGRAM};

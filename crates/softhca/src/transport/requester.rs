@@ -3,11 +3,11 @@
 //! a cursor over the SQ: `(cursor, cursor_off)`; going back moves the cursor, and
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
+use crate::transport::wqe::{SendWqe, WrOpcode};
+use crate::types::{Access, QpState, QpType, WcStatus};
 use crate::verbs::device::DeviceInner;
 use crate::verbs::mr::{check_access, MemRef};
 use crate::verbs::qp::{QpCore, QpInner};
-use crate::verbs::types::{Access, QpState, QpType, WcStatus};
-use crate::verbs::wr::{SendWqe, WrOpcode};
 use crate::wire::psn::Psn;
 
 /// The requester's view of one SQ WQE.
@@ -175,7 +175,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             }
             let w = core.sq.get(idx)?;
             let is_rd_atomic = matches!(w.opcode, WrOpcode::RdmaRead) || w.opcode.is_atomic();
-            if w.flags.contains(crate::verbs::wr::SendFlags::FENCE) && core.req.rd_atomic > 0 {
+            if w.flags.contains(crate::transport::wqe::SendFlags::FENCE) && core.req.rd_atomic > 0 {
                 return None; // WR-COM-6
             }
             if is_rd_atomic && core.req.rd_atomic >= core.attrs.max_rd_atomic as u32 {

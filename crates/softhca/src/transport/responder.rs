@@ -6,12 +6,12 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
+use crate::types::{
+    Access, AsyncEvent, AsyncEventType, EventElement, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus,
+};
 use crate::verbs::device::DeviceInner;
 use crate::verbs::mr::{check_access, AccessError, MemRef};
 use crate::verbs::qp::{QpCore, QpInner};
-use crate::verbs::types::{
-    Access, AsyncEvent, AsyncEventType, EventElement, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus,
-};
 use crate::wire::aeth::{credit_code_for, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::{Psn, PsnClass};
@@ -298,7 +298,7 @@ fn bind_wqe(q: &QpInner, core: &mut QpCore) -> bool {
     }
 }
 
-fn bound_wqe<'c>(q: &QpInner, core: &'c QpCore) -> Option<&'c crate::verbs::wr::RecvWqe> {
+fn bound_wqe<'c>(q: &QpInner, core: &'c QpCore) -> Option<&'c crate::transport::wqe::RecvWqe> {
     if q.srq.is_some() {
         core.srq_bound.then_some(&core.srq_wqe)
     } else {

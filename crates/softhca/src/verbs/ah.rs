@@ -7,7 +7,7 @@ use super::device::{give, take, DeviceInner};
 use super::error::{Result, VerbsError};
 use super::pd::{Pd, PdInner};
 use super::types::AhAttr;
-use crate::transport::state::AttrMask;
+use crate::types::AttrMask;
 
 pub(crate) struct AhInner {
     pub handle: u32,

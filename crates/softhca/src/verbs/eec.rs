@@ -363,7 +363,7 @@ impl Eec {
             return Err(VerbsError::InvalidArgument("RDMA Read / Atomic depth above the device's"));
         }
         if let Some(av) = &attr.av {
-            super::ah::validate_ah_attr(dev, &av.ah, crate::transport::AttrMask::AV)?;
+            super::ah::validate_ah_attr(dev, &av.ah, crate::types::AttrMask::AV)?;
         }
         let a = &mut core.attrs;
         macro_rules! apply {

@@ -1,20 +1,19 @@
 //! The verbs: device, protection domains, memory regions, address handles, completion queues
 //! and queue pairs, with the results of `spec/RULES.md`.
 
+pub use crate::{error, types};
+
 pub mod ah;
 pub(crate) mod callbacks;
 pub mod cq;
 pub mod device;
 pub mod eec;
-pub mod error;
 mod eventfd;
 pub mod mr;
 pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod srq;
-pub mod types;
-pub(crate) mod wq;
 pub mod wr;
 
 pub use ah::Ah;

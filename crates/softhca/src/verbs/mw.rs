@@ -9,6 +9,7 @@ use super::error::{Result, VerbsError};
 use super::mr::{new_key, KeyEntry, MrInner};
 use super::pd::{Pd, PdInner};
 use super::types::{Access, WcStatus};
+use crate::transport::wqe::BindRequest;
 
 /// What a window currently grants.
 pub(crate) struct Binding {
@@ -87,35 +88,12 @@ impl Mw {
     }
 }
 
-/// A Bind MW request as the requester executes it.
-#[derive(Clone)]
-pub(crate) struct BindRequest {
-    pub mw: Arc<MwInner>,
-    /// The window's R_Key the consumer named: it must be the current one.
-    pub rkey: u32,
-    pub mr_key: u32,
-    pub addr: u64,
-    pub length: u64,
-    pub access: Access,
-    /// The key byte the consumer chose for the window's next R_Key, if it did.
-    pub new_key: Option<u8>,
-}
-
-impl std::fmt::Debug for BindRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BindRequest")
-            .field("rkey", &self.rkey)
-            .field("addr", &self.addr)
-            .field("length", &self.length)
-            .finish()
-    }
-}
-
 /// Executes a bind for a QP of PD `pd_handle` (WR-BIND-2..5); a failure is Memory Window Bind
 /// Error.
 pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::result::Result<(), WcStatus> {
     let fail = Err(WcStatus::MwBindErr);
-    if b.mw.dealloced.load(Ordering::Acquire) || b.mw.pd.handle != pd_handle {
+    let Some(mw) = b.mw.downcast_ref::<MwInner>() else { return fail };
+    if mw.dealloced.load(Ordering::Acquire) || mw.pd.handle != pd_handle {
         return fail;
     }
     let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
@@ -134,7 +112,7 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::r
     if mr.range_offset(b.addr, b.length).is_none() {
         return fail; // WR-BIND-5
     }
-    let mut st = b.mw.state.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = mw.state.lock().unwrap_or_else(|e| e.into_inner());
     // A consumer that chooses its R_Keys (libibverbs) may post several binds before the first
     // runs: each names the key it gives, and only has to change it (checked by the rekey).
     if b.new_key.is_none() && st.key != b.rkey {

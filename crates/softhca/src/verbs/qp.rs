@@ -35,9 +35,11 @@ use super::pd::Pd;
 use super::types::{
     Access, AddressVector, AsyncEvent, AsyncEventType, EventElement, MigState, QpState, QpType, Wc, WcOpcode, WcStatus,
 };
-use super::wq::{Consumer, Producer, Ring};
-use super::wr::{sge_total, wr_allowed, RecvWqe, RecvWr, SendFlags, SendWqe, SendWr, WrOpcode};
-use crate::transport::state::{check_modify, AttrMask};
+use super::wr::{RecvWr, SendWr};
+use crate::transport::state::check_modify;
+use crate::transport::wq::{Consumer, Producer, Ring};
+use crate::transport::wqe::{sge_total, wr_allowed, BindRequest, RecvWqe, SendFlags, SendWqe, WrOpcode};
+use crate::types::AttrMask;
 
 /// Largest message: 2^31 bytes (WR-WRITE-4).
 pub const MAX_MSG_SIZE: u64 = 1 << 31;
@@ -1341,7 +1343,7 @@ fn wr_length(wr: &SendWr<'_>) -> u64 {
 }
 
 /// Copies an INLINE WR's gather list into `out`, each piece checked against its L_Key.
-fn inline_from_sges(q: &QpInner, sges: &[crate::verbs::types::Sge], out: &mut Vec<u8>) -> bool {
+fn inline_from_sges(q: &QpInner, sges: &[crate::types::Sge], out: &mut Vec<u8>) -> bool {
     for s in sges {
         let Ok(m) =
             super::mr::check_access(&q.dev, s.lkey, q.pd.inner.handle, s.addr, s.length as u64, Access::empty())
@@ -1382,11 +1384,11 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
     slot.rkey = wr.rkey;
     slot.compare_add = wr.compare_add;
     slot.swap = wr.swap;
-    slot.ah = wr.ah.cloned();
+    slot.ah = wr.ah.map(|a| a.attr());
     slot.remote_qpn = wr.remote_qpn;
     slot.remote_qkey = wr.remote_qkey;
     slot.eecn = wr.eecn;
-    slot.bind = wr.bind.map(|b| super::mw::BindRequest {
+    slot.bind = wr.bind.map(|b| BindRequest {
         mw: b.mw.inner.clone(),
         rkey: b.rkey,
         mr_key: b.mr.lkey(),
@@ -1400,8 +1402,8 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::{AhAttr, Gid, Mtu};
     use crate::verbs::device::DeviceConfig;
-    use crate::verbs::types::{AhAttr, Gid, Mtu};
 
     /// An RC QP in RTS (connected to itself; nothing is sent) and its one CQ.
     fn rts_qp(n: u8) -> (Qp, Cq) {

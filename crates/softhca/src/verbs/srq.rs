@@ -13,8 +13,9 @@ use super::device::{give, take, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
 use super::types::{AsyncEvent, AsyncEventType, EventElement};
-use super::wq::{Consumer, Producer, Ring};
-use super::wr::{RecvWqe, RecvWr};
+use super::wr::RecvWr;
+use crate::transport::wq::{Consumer, Producer, Ring};
+use crate::transport::wqe::RecvWqe;
 
 /// Create SRQ input (`ibv_srq_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

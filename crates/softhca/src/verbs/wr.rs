@@ -2,87 +2,9 @@
 //! which SQ operations each service type accepts (WR-SQ).
 
 use super::ah::Ah;
-use super::types::{QpType, Sge};
-
-/// SQ operation (`ibv_wr_opcode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum WrOpcode {
-    #[default]
-    Send,
-    SendWithImm,
-    SendWithInv,
-    RdmaWrite,
-    RdmaWriteWithImm,
-    RdmaRead,
-    AtomicCmpSwp,
-    AtomicFetchAdd,
-    BindMw,
-    LocalInv,
-    /// RD Resync: started only by an EEC's send logic, never accepted from a consumer (WR-SQ-7).
-    Resync,
-}
-
-impl WrOpcode {
-    pub fn is_atomic(self) -> bool {
-        matches!(self, WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd)
-    }
-
-    pub fn has_imm(self) -> bool {
-        matches!(self, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm)
-    }
-
-    /// Operations that carry data from a gather list.
-    pub fn gathers(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::Send
-                | WrOpcode::SendWithImm
-                | WrOpcode::SendWithInv
-                | WrOpcode::RdmaWrite
-                | WrOpcode::RdmaWriteWithImm
-        )
-    }
-}
-
-/// WR-SQ: may an SQ of `qp_type` carry `op`? One row per operation, columns RC, UC, UD, RD, Raw.
-pub fn wr_allowed(qp_type: QpType, op: WrOpcode) -> bool {
-    const T: bool = true;
-    const F: bool = false;
-    #[rustfmt::skip]
-    let row: [bool; 5] = match op {
-        //                                 RC UC UD RD Raw
-        WrOpcode::Send =>                 [T, T, T, T, T],
-        WrOpcode::SendWithImm =>          [T, T, T, T, F], // WR-SQ-6
-        WrOpcode::SendWithInv =>          [T, F, F, F, F],
-        WrOpcode::RdmaWrite |
-        WrOpcode::RdmaWriteWithImm =>     [T, T, F, T, F],
-        WrOpcode::RdmaRead =>             [T, F, F, T, F],
-        WrOpcode::AtomicCmpSwp |
-        WrOpcode::AtomicFetchAdd =>       [T, F, F, T, F],
-        WrOpcode::BindMw |
-        WrOpcode::LocalInv =>             [T, T, F, T, F],
-        WrOpcode::Resync =>               [F, F, F, F, F],
-    };
-    let col = match qp_type {
-        QpType::Rc => 0,
-        QpType::Uc => 1,
-        QpType::Ud => 2,
-        QpType::Rd => 3,
-        QpType::RawIpv6 | QpType::RawEthertype => 4,
-    };
-    row[col]
-}
-
-bitflags::bitflags! {
-    /// `ibv_send_flags`.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub struct SendFlags: u32 {
-        const FENCE = 1 << 0;
-        const SIGNALED = 1 << 1;
-        const SOLICITED = 1 << 2;
-        const INLINE = 1 << 3;
-    }
-}
+use super::types::Sge;
+use crate::transport::wqe::sge_total;
+pub use crate::transport::wqe::{wr_allowed, SendFlags, WrOpcode};
 
 /// A Send Queue work request. Build it with the constructors and chain the modifiers:
 /// `SendWr::rdma_write(1, &sges, va, rkey).signaled()`.
@@ -257,47 +179,6 @@ impl<'a> RecvWr<'a> {
     }
 }
 
-/// A queued Send WQE, owned by the QP. Slots are reused, so posting does not allocate once the
-/// queue has warmed up.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SendWqe {
-    pub wr_id: u64,
-    pub opcode: WrOpcode,
-    pub flags: SendFlags,
-    /// Whether a successful completion produces a CQE (WR-COM-2, WR-COM-3).
-    pub signaled: bool,
-    pub sges: Vec<Sge>,
-    pub inline: Vec<u8>,
-    /// Message length: the gather list's (or inline data's) total, or the RDMA Read length.
-    pub length: u64,
-    pub imm_data: u32,
-    pub invalidate_rkey: u32,
-    pub remote_addr: u64,
-    pub rkey: u32,
-    pub compare_add: u64,
-    pub swap: u64,
-    pub ah: Option<Ah>,
-    pub remote_qpn: u32,
-    pub remote_qkey: u32,
-    pub eecn: u32,
-    pub bind: Option<super::mw::BindRequest>,
-    /// The requester's state of this WQE.
-    pub tx: crate::transport::requester::WqeTx,
-}
-
-/// A queued Receive WQE.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RecvWqe {
-    pub wr_id: u64,
-    pub sges: Vec<Sge>,
-    pub length: u64,
-}
-
-/// The bytes a list of SGEs covers.
-pub(crate) fn sge_total(sges: &[Sge]) -> u64 {
-    sges.iter().map(|s| s.length as u64).sum()
-}
-
 impl RecvWr<'_> {
     /// The post-time checks of a receive, for a QP's RQ and an SRQ alike (WR-COM-7).
     pub(crate) fn check(&self, max_sge: u32) -> Result<(), super::error::VerbsError> {
@@ -309,15 +190,5 @@ impl RecvWr<'_> {
             return Err(VerbsError::InvalidWr("scatter list longer than 2^31 bytes"));
         }
         Ok(())
-    }
-}
-
-impl RecvWqe {
-    /// Fills a reused slot from `wr`, keeping its SGE list's allocation.
-    pub(crate) fn fill(&mut self, wr_id: u64, sges: &[Sge]) {
-        self.wr_id = wr_id;
-        self.sges.clear();
-        self.sges.extend_from_slice(sges);
-        self.length = sge_total(sges);
     }
 }

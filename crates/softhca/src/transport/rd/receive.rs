@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use crate::types::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::verbs::eec::{EecCore, EecInner};
 use crate::verbs::mr::{check_access, MemRef};
 use crate::verbs::qp::{QpCore, QpInner};
-use crate::verbs::types::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::{Psn, PsnClass};
@@ -247,14 +247,14 @@ pub(super) fn receive(
 
 /// Binds the QP's next receive WQE to the channel: the RQ head (or an SRQ WQE) is copied
 /// into the channel and the RQ head advances at once (ORD-RD-1).
-pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u64, Vec<crate::verbs::types::Sge>)> {
+pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u64, Vec<crate::types::Sge>)> {
     let (wr_id, sges) = match &q.srq {
         None => {
             let w = core.take_rq_head()?;
             (w.wr_id, w.sges.clone())
         }
         Some(srq) => {
-            let mut slot = crate::verbs::wr::RecvWqe::default();
+            let mut slot = crate::transport::wqe::RecvWqe::default();
             if !srq.take_into(&mut slot) {
                 return None;
             }
@@ -270,7 +270,7 @@ pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u6
 
 impl QpCore {
     /// Pops the RQ head for a channel.
-    fn take_rq_head(&mut self) -> Option<crate::verbs::wr::RecvWqe> {
+    fn take_rq_head(&mut self) -> Option<crate::transport::wqe::RecvWqe> {
         let w = self.rq.get(0)?.clone();
         self.rq.pop();
         Some(w)
@@ -278,7 +278,7 @@ impl QpCore {
 }
 
 /// Checks a bound WQE's scatter list with local write access against the PD it was posted in.
-pub(super) fn check_scatter(q: &QpInner, sges: &[crate::verbs::types::Sge]) -> Option<Vec<MemRef>> {
+pub(super) fn check_scatter(q: &QpInner, sges: &[crate::types::Sge]) -> Option<Vec<MemRef>> {
     let pd = q.srq.as_ref().map_or(q.pd.inner.handle, |s| s.inner.pd.inner.handle);
     sges.iter()
         .filter(|s| s.length > 0)

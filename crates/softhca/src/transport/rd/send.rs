@@ -4,11 +4,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
+use crate::types::{QpState, Wc, WcStatus};
 use crate::verbs::device::DeviceInner;
 use crate::verbs::eec::{EecCore, EecInner};
 use crate::verbs::qp::{wc_opcode_of, QpCore, QpInner};
-use crate::verbs::types::{QpState, Wc, WcStatus};
-use crate::verbs::wr::{SendFlags, SendWqe, WrOpcode};
 use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position, ServiceType};
 use crate::wire::psn::Psn;
