@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod link;
+pub mod mem;
 pub mod transport;
 pub mod types;
 pub mod verbs;

@@ -266,7 +266,7 @@ fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>
 }
 
 /// Writes `data` at byte `offset` of a scatter list, in list order (WR-READ-2).
-pub(crate) fn scatter(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut data: &[u8]) -> Result<(), ()> {
+pub(crate) fn scatter(list: &[crate::mem::MemRef], mut offset: u64, mut data: &[u8]) -> Result<(), ()> {
     for m in list {
         if data.is_empty() {
             return Ok(());

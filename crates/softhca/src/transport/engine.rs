@@ -568,7 +568,7 @@ pub(crate) fn add_request_headers(p: &mut PacketRepr<'_>, w: &SendWqe, offset: u
 }
 
 /// Reads `dst.len()` bytes at byte `offset` of a gather list (WR-COM-5).
-pub(crate) fn gather(list: &[crate::verbs::mr::MemRef], mut offset: u64, mut dst: &mut [u8]) -> bool {
+pub(crate) fn gather(list: &[crate::mem::MemRef], mut offset: u64, mut dst: &mut [u8]) -> bool {
     for m in list {
         if dst.is_empty() {
             return true;

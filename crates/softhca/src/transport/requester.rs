@@ -3,10 +3,11 @@
 //! a cursor over the SQ: `(cursor, cursor_off)`; going back moves the cursor, and
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
+use crate::mem::MemRef;
 use crate::transport::wqe::{SendWqe, WrOpcode};
 use crate::types::{Access, QpState, QpType, WcStatus};
 use crate::verbs::device::DeviceInner;
-use crate::verbs::mr::{check_access, MemRef};
+use crate::verbs::mr::check_access;
 use crate::verbs::qp::{QpCore, QpInner};
 use crate::wire::psn::Psn;
 

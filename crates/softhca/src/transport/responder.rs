@@ -6,11 +6,12 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
+use crate::mem::{AccessError, MemRef};
 use crate::types::{
     Access, AsyncEvent, AsyncEventType, EventElement, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::verbs::device::DeviceInner;
-use crate::verbs::mr::{check_access, AccessError, MemRef};
+use crate::verbs::mr::check_access;
 use crate::verbs::qp::{QpCore, QpInner};
 use crate::wire::aeth::{credit_code_for, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};

@@ -1,12 +1,8 @@
 //! Memory Regions and the key table. Every local and remote access the transport makes goes
 //! through [`Context::check_access`]: key, PD, bounds and rights, in that order (DESIGN rule 5).
-//!
-//! Registered memory is only ever touched through raw pointers, never through `&[u8]`: a
-//! remote peer may write it at any moment, as a DMA engine would, so softhca never holds a
-//! Rust reference to it while the MR exists.
+//! The memory itself, and the only code that touches it, is [`crate::mem`].
 
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rand::Rng;
@@ -15,19 +11,8 @@ use super::device::{give, take, Context, DeviceInner};
 use super::error::{Result, VerbsError};
 use super::pd::{Pd, PdInner};
 use super::types::{Access, Sge};
-
-/// Why an access was refused; the transport maps each to its completion status or NAK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum AccessError {
-    #[error("no memory region or window has this key")]
-    BadKey,
-    #[error("the key belongs to another protection domain")]
-    WrongPd,
-    #[error("the range is not inside the region")]
-    OutOfBounds,
-    #[error("the region does not grant this access")]
-    MissingRight,
-}
+use crate::mem::Region;
+pub use crate::mem::{AccessError, MemRef};
 
 /// What a key names: a memory region, or a memory window (one key space for both, so their
 /// keys never collide).
@@ -128,113 +113,22 @@ pub(crate) struct MrInner {
     pub revoked: std::sync::atomic::AtomicBool,
     pub pd: Arc<PdInner>,
     pub access: Access,
-    /// The region's first byte; its virtual address is the host address (`iova == addr`).
-    ptr: NonNull<u8>,
-    len: usize,
-    /// The region owns its buffer (registered from a `Vec`) and frees it when dropped.
-    owned: bool,
-}
-
-// SAFETY: the region's memory is reached only through raw pointers by the copy and atomic
-// helpers below, whose callers have checked bounds; concurrent writers are the DMA model of an
-// HCA (see the module comment). The remaining fields are immutable after creation.
-unsafe impl Send for MrInner {}
-// SAFETY: as for Send: shared access never creates references into the buffer.
-unsafe impl Sync for MrInner {}
-
-impl Drop for MrInner {
-    fn drop(&mut self) {
-        if self.owned {
-            // SAFETY: `ptr`/`len` came from `Box::<[u8]>::into_raw` in `reg_mr` and are
-            // reconstructed exactly once, here, when the last reference is gone.
-            unsafe {
-                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)));
-            }
-        }
-    }
+    /// The region's memory; its virtual address is the host address (`iova == addr`).
+    pub mem: Arc<Region>,
 }
 
 impl MrInner {
     pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
+        self.mem.addr()
     }
 
     pub(crate) fn range_offset(&self, addr: u64, len: u64) -> Option<usize> {
-        let off = addr.checked_sub(self.addr())?;
-        let end = off.checked_add(len)?;
-        (end <= self.len as u64).then_some(off as usize)
-    }
-}
-
-/// A checked window into a region: what [`Context::check_access`] grants. Holding it keeps the
-/// memory alive even if the MR is deregistered meanwhile.
-#[derive(Clone)]
-pub struct MemRef {
-    mr: Arc<MrInner>,
-    offset: usize,
-    len: usize,
-}
-
-impl std::fmt::Debug for MemRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemRef")
-            .field("key", &format_args!("{:#x}", self.mr.key))
-            .field("offset", &self.offset)
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl MemRef {
-    pub fn len(&self) -> usize {
-        self.len
+        self.mem.range_offset(addr, len)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Copies `src` into the window at `at`. Out-of-window writes are refused.
-    pub fn write(&self, at: usize, src: &[u8]) -> std::result::Result<(), AccessError> {
-        let end = at.checked_add(src.len()).ok_or(AccessError::OutOfBounds)?;
-        if end > self.len {
-            return Err(AccessError::OutOfBounds);
-        }
-        // SAFETY: offset + at + src.len() <= offset + len <= mr.len (checked above and by
-        // check_access), so the destination lies inside the live allocation, which `self.mr`
-        // keeps alive; `src` is a caller's slice, which cannot overlap registered memory that
-        // softhca never lends out as a slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.mr.ptr.as_ptr().add(self.offset + at), src.len());
-        }
-        Ok(())
-    }
-
-    /// Copies from the window at `at` into `dst`.
-    pub fn read(&self, at: usize, dst: &mut [u8]) -> std::result::Result<(), AccessError> {
-        let end = at.checked_add(dst.len()).ok_or(AccessError::OutOfBounds)?;
-        if end > self.len {
-            return Err(AccessError::OutOfBounds);
-        }
-        // SAFETY: as in `write`, the source range is inside the live allocation and `dst` is a
-        // distinct caller-owned buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.mr.ptr.as_ptr().add(self.offset + at), dst.as_mut_ptr(), dst.len());
-        }
-        Ok(())
-    }
-
-    /// The 8-byte word at the start of the window, for atomics. `None` unless the window is
-    /// 8 bytes long and 8-byte aligned (ERR-RQ-5 is checked by the responder before this).
-    pub fn atomic_u64(&self) -> Option<&AtomicU64> {
-        let p = self.mr.ptr.as_ptr().wrapping_add(self.offset);
-        if self.len != 8 || (p as usize) % 8 != 0 {
-            return None;
-        }
-        // SAFETY: p is 8-byte aligned, points at 8 bytes inside the live allocation, and the
-        // returned reference borrows `self`, which keeps the allocation alive. Every access
-        // softhca makes to these bytes while they serve an atomic is through this AtomicU64.
-        Some(unsafe { AtomicU64::from_ptr(p as *mut u64) })
+    /// `len` bytes at `offset` of the region, for an access already checked.
+    fn mem_ref(&self, offset: usize, len: usize) -> MemRef {
+        MemRef::new(&self.mem, self.key, offset, len)
     }
 }
 
@@ -268,16 +162,7 @@ impl Pd {
     pub fn reg_mr(&self, buf: Vec<u8>, access: Access) -> Result<Mr> {
         self.inner.check()?;
         check_access_flags(access)?;
-        let len = buf.len();
-        let raw = Box::into_raw(buf.into_boxed_slice()) as *mut u8;
-        // SAFETY: Box::into_raw never returns null (a zero-length box gives a dangling,
-        // non-null pointer).
-        let ptr = unsafe { NonNull::new_unchecked(raw) };
-        self.register(ptr, len, access, true).inspect_err(|_| {
-            // SAFETY: registration failed, so nothing else holds the buffer: give it back to
-            // the allocator exactly once.
-            unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw, len))) }
-        })
+        self.register(Region::owned(buf), access)
     }
 
     /// Register Memory Region with `len` zeroed bytes.
@@ -294,14 +179,15 @@ impl Pd {
     pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
         self.inner.check()?;
         check_access_flags(access)?;
-        let ptr = NonNull::new(addr).ok_or(VerbsError::InvalidArgument("null address"))?;
-        self.register(ptr, len, access, false)
+        // SAFETY: the caller's contract is `Region::borrowed`'s.
+        let mem = unsafe { Region::borrowed(addr, len) }.ok_or(VerbsError::InvalidArgument("null address"))?;
+        self.register(mem, access)
     }
 
     /// Every registration's one size check and key allocation.
-    fn register(&self, ptr: NonNull<u8>, len: usize, access: Access, owned: bool) -> Result<Mr> {
+    fn register(&self, mem: Region, access: Access) -> Result<Mr> {
         let dev = &self.inner.dev;
-        if len as u64 > dev.attr.max_mr_size {
+        if mem.len() as u64 > dev.attr.max_mr_size {
             return Err(VerbsError::InvalidArgument("region larger than max_mr_size"));
         }
         let inner = new_key(&self.inner, &dev.counts.mr, dev.attr.max_mr, |key| {
@@ -311,9 +197,7 @@ impl Pd {
                 revoked: Default::default(),
                 pd: self.inner.clone(),
                 access,
-                ptr,
-                len,
-                owned,
+                mem: Arc::new(mem),
             });
             (KeyEntry::Mr(mr.clone()), mr)
         })?;
@@ -370,11 +254,11 @@ impl Mr {
     }
 
     pub fn len(&self) -> usize {
-        self.inner.len
+        self.inner.mem.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.inner.len == 0
+        self.len() == 0
     }
 
     pub fn access(&self) -> Access {
@@ -396,7 +280,7 @@ impl Mr {
             return Err(VerbsError::InvalidMrHandle);
         }
         match offset.checked_add(len) {
-            Some(end) if end <= self.inner.len => Ok(MemRef { mr: self.inner.clone(), offset, len }),
+            Some(end) if end <= self.len() => Ok(self.inner.mem_ref(offset, len)),
             _ => Err(VerbsError::InvalidArgument("range outside the region")),
         }
     }
@@ -494,7 +378,7 @@ pub(crate) fn check_access(
             if !mr.access.contains(access) {
                 return Err(AccessError::MissingRight);
             }
-            Ok(MemRef { mr: mr.clone(), offset, len: len as usize })
+            Ok(mr.mem_ref(offset, len as usize))
         }
         KeyEntry::Mw(mw) => {
             // A window's R_Key is for remote access only.
@@ -518,7 +402,7 @@ pub(crate) fn check_access(
                 return Err(AccessError::BadKey);
             }
             let offset = b.mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
-            Ok(MemRef { mr: b.mr.clone(), offset, len: len as usize })
+            Ok(b.mr.mem_ref(offset, len as usize))
         }
     }
 }

@@ -19,11 +19,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::mem::MemRef;
 use crate::transport::wqe::SendWqe;
 use crate::types::{Gid, QpState, QpType, WcStatus};
 use crate::verbs::device::DeviceInner;
 use crate::verbs::eec::{EecAttrs, EecInner};
-use crate::verbs::mr::MemRef;
 use crate::verbs::qp::{QpCore, QpInner};
 use crate::wire::aeth::Syndrome;
 use crate::wire::opcode::Operation;

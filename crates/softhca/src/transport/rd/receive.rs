@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use crate::mem::MemRef;
 use crate::types::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::verbs::eec::{EecCore, EecInner};
-use crate::verbs::mr::{check_access, MemRef};
+use crate::verbs::mr::check_access;
 use crate::verbs::qp::{QpCore, QpInner};
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};

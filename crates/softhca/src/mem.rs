@@ -1,0 +1,170 @@
+//! Registered memory as the HCA addresses it: the bytes of a region ([`Region`]) and a checked
+//! window into them ([`MemRef`]), the only way the transport touches application memory. Both
+//! the verbs layer (which registers regions and checks keys) and the transport (which copies
+//! and runs atomics) import this; it imports nothing of theirs.
+//!
+//! Registered memory is only ever touched through raw pointers, never through `&[u8]`: a
+//! remote peer may write it at any moment, as a DMA engine would, so softhca never holds a
+//! Rust reference to it while a region exists.
+
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// Why an access was refused; the transport maps each to its completion status or NAK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    #[error("no memory region or window has this key")]
+    BadKey,
+    #[error("the key belongs to another protection domain")]
+    WrongPd,
+    #[error("the range is not inside the region")]
+    OutOfBounds,
+    #[error("the region does not grant this access")]
+    MissingRight,
+}
+
+/// The memory of one registered region: `len` bytes at `ptr`, which is also the region's
+/// virtual address (`iova == addr`).
+pub(crate) struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// The region owns its buffer (registered from a `Vec`) and frees it when dropped.
+    owned: bool,
+}
+
+// SAFETY: the memory is reached only through raw pointers by `MemRef`'s copy and atomic
+// helpers, whose callers have checked bounds; concurrent writers are the DMA model of an HCA
+// (see the module comment). The fields are immutable after creation.
+unsafe impl Send for Region {}
+// SAFETY: as for Send: shared access never creates references into the buffer.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// A region that owns `buf`.
+    pub fn owned(buf: Vec<u8>) -> Region {
+        let len = buf.len();
+        let raw = Box::into_raw(buf.into_boxed_slice()) as *mut u8;
+        // SAFETY: Box::into_raw never returns null (a zero-length box gives a dangling,
+        // non-null pointer).
+        let ptr = unsafe { NonNull::new_unchecked(raw) };
+        Region { ptr, len, owned: true }
+    }
+
+    /// A region over memory the caller owns; `None` for a null `addr`.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay valid for reads and writes for as long as the region (and
+    /// every `MemRef` into it) lives, and the caller accepts concurrent writes by softhca and
+    /// remote peers, as from a DMA engine.
+    pub unsafe fn borrowed(addr: *mut u8, len: usize) -> Option<Region> {
+        Some(Region { ptr: NonNull::new(addr)?, len, owned: false })
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The offset of `[addr, addr + len)` in the region, if the region holds all of it.
+    pub fn range_offset(&self, addr: u64, len: u64) -> Option<usize> {
+        let off = addr.checked_sub(self.addr())?;
+        let end = off.checked_add(len)?;
+        (end <= self.len as u64).then_some(off as usize)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: `ptr`/`len` came from `Box::<[u8]>::into_raw` in `owned` and are
+            // reconstructed exactly once, here, when the last reference is gone.
+            unsafe {
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len)));
+            }
+        }
+    }
+}
+
+/// A checked window into a region: what an access check grants (`verbs::Context::check_access`). Holding it keeps the
+/// memory alive even if the MR is deregistered meanwhile.
+#[derive(Clone)]
+pub struct MemRef {
+    mem: Arc<Region>,
+    /// The key that granted the access, for debugging output.
+    key: u32,
+    offset: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for MemRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemRef")
+            .field("key", &format_args!("{:#x}", self.key))
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl MemRef {
+    /// `len` bytes at `offset` of `mem`; the caller has checked they lie inside it.
+    pub(crate) fn new(mem: &Arc<Region>, key: u32, offset: usize, len: usize) -> MemRef {
+        debug_assert!(offset.checked_add(len).is_some_and(|end| end <= mem.len));
+        MemRef { mem: mem.clone(), key, offset, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `src` into the window at `at`. Out-of-window writes are refused.
+    pub fn write(&self, at: usize, src: &[u8]) -> std::result::Result<(), AccessError> {
+        let end = at.checked_add(src.len()).ok_or(AccessError::OutOfBounds)?;
+        if end > self.len {
+            return Err(AccessError::OutOfBounds);
+        }
+        // SAFETY: offset + at + src.len() <= offset + len <= mem.len (checked above and by
+        // the access check that made this MemRef), so the destination lies inside the live allocation, which `self.mem`
+        // keeps alive; `src` is a caller's slice, which cannot overlap registered memory that
+        // softhca never lends out as a slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.mem.ptr.as_ptr().add(self.offset + at), src.len());
+        }
+        Ok(())
+    }
+
+    /// Copies from the window at `at` into `dst`.
+    pub fn read(&self, at: usize, dst: &mut [u8]) -> std::result::Result<(), AccessError> {
+        let end = at.checked_add(dst.len()).ok_or(AccessError::OutOfBounds)?;
+        if end > self.len {
+            return Err(AccessError::OutOfBounds);
+        }
+        // SAFETY: as in `write`, the source range is inside the live allocation and `dst` is a
+        // distinct caller-owned buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.mem.ptr.as_ptr().add(self.offset + at), dst.as_mut_ptr(), dst.len());
+        }
+        Ok(())
+    }
+
+    /// The 8-byte word at the start of the window, for atomics. `None` unless the window is
+    /// 8 bytes long and 8-byte aligned (ERR-RQ-5 is checked by the responder before this).
+    pub fn atomic_u64(&self) -> Option<&AtomicU64> {
+        let p = self.mem.ptr.as_ptr().wrapping_add(self.offset);
+        if self.len != 8 || (p as usize) % 8 != 0 {
+            return None;
+        }
+        // SAFETY: p is 8-byte aligned, points at 8 bytes inside the live allocation, and the
+        // returned reference borrows `self`, which keeps the allocation alive. Every access
+        // softhca makes to these bytes while they serve an atomic is through this AtomicU64.
+        Some(unsafe { AtomicU64::from_ptr(p as *mut u64) })
+    }
+}
