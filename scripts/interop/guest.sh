@@ -1,0 +1,172 @@
+#!/bin/bash
+# Runs inside the rxe-vm guest (../shared/tools/rxe-vm), started by scripts/rxe-interop.
+# rxe0 (kernel rxe, rdma-core's libibverbs) on veth0 = 198.18.0.1 in the initial namespace;
+# softhca0 (softhca's drop-in libibverbs) on veth1 = 198.18.0.2 in namespace "sh". Every case
+# runs a server on one side and a client on the other, with tcpdump on veth0, and leaves in
+# $OUT/cases/NAME/ its commands, both logs and exit codes, and in $OUT/pcap/NAME.pcap the wire.
+#
+# Usage: guest.sh [--quick] [--only REGEX]
+# Env from the harness: SHCA (dir of the drop-in libraries), TOOLS (dir of rdma_check).
+set -u
+QUICK=0; ONLY=.
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) QUICK=1 ;;
+    --only) ONLY=$2; shift ;;
+    *) echo "guest.sh: unknown argument $1"; exit 2 ;;
+  esac
+  shift
+done
+SHCA=${SHCA:-/host/bin/shca}
+TOOLS=${TOOLS:-/host/bin/interop}
+A=198.18.0.1; B=198.18.0.2
+T=${CASE_TIMEOUT:-150}
+mkdir -p "$OUT/cases" "$OUT/pcap"
+
+# ------------------------------------------------------------------ network
+# rxe-setup.sh single: veth0/veth1, the policy routes that keep 198.18.0.1 <-> .2 on the
+# wire, rxe0 on veth0. Then veth1 moves into the namespace softhca runs in.
+rxe-setup.sh single 9000 || exit 1
+ip netns add sh
+ip link set veth1 netns sh
+ip -n sh link set lo up
+ip -n sh link set veth1 mtu 9000 up
+ip -n sh addr add $B/32 dev veth1
+ip -n sh route add $A dev veth1
+ip -n sh neigh replace $A lladdr 02:00:00:00:00:01 dev veth1 nud permanent
+# softhca sends UDP GSO messages; with UDP segmentation off on veth1 the kernel splits them at
+# the segment size before the wire, as a NIC would, so rxe and the capture see single packets.
+ip netns exec sh ethtool -K veth1 tx-udp-segmentation off >/dev/null
+SH=(ip netns exec sh env "LD_LIBRARY_PATH=$SHCA" "SOFTHCA_ADDR=$B")
+
+{
+  echo "kernel=$(uname -r)"
+  echo "debian=$(cat /etc/debian_version)"
+  dpkg-query -W -f='${Package}=${Version}\n' rdma-core ibverbs-providers libibverbs1 perftest
+  echo "rxe0_gid1=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"
+  echo "rxe0_active_mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/{print $2}')"
+  echo "softhca0_active_mtu=$("${SH[@]}" ibv_devinfo -d softhca0 | awk '/active_mtu/{print $2}')"
+} >"$OUT/versions.txt" 2>&1
+cat "$OUT/versions.txt"
+
+# ------------------------------------------------------------------ one case
+# side_cmd SIDE PROG: the command prefix and device options for PROG on SIDE (rxe|sh)
+side_cmd() {
+  local side=$1 prog=$2 gflag=-g
+  case $prog in ib_*) gflag=-x ;; esac
+  if [ "$side" = rxe ]; then
+    CMD=("$prog" -d rxe0 "$gflag" 1)
+  else
+    CMD=("${SH[@]}" "$prog" -d softhca0 "$gflag" 0)
+  fi
+}
+listening() {  # listening SIDE PORT
+  if [ "$1" = rxe ]; then ss -ltnH "sport = :$2" | grep -q .
+  else ip netns exec sh ss -ltnH "sport = :$2" | grep -q .; fi
+}
+udp_drops() {  # UDP datagrams the kernel dropped for a full receive buffer in softhca's namespace
+  # shellcheck disable=SC2016
+  ip netns exec sh awk '/^Udp:/{if(!h){for(i=2;i<=NF;i++)if($i=="RcvbufErrors")c=i;h=1}else print $c}' \
+    /proc/net/snmp
+}
+netem() {  # netem "ARGS" | netem off: both ends of the veth
+  if [ "$1" = off ]; then
+    tc qdisc del dev veth0 root 2>/dev/null; ip netns exec sh tc qdisc del dev veth1 root 2>/dev/null
+  else
+    # shellcheck disable=SC2086
+    tc qdisc add dev veth0 root netem $1 && ip netns exec sh tc qdisc add dev veth1 root netem $1
+  fi
+}
+
+# tc NAME SERVER_SIDE PROG "ARGS" [NETEM] [PORT]: the client runs on the other side
+tcase() {
+  local name=$1 ss=$2 prog=$3 args=$4 nem=${5:-} port=${6:-18515} cs sip d tp sp src crc t0 t1 drops0
+  [[ $name =~ $ONLY ]] || return 0
+  if [ "$ss" = rxe ]; then cs="sh"; sip=$A; else cs="rxe"; sip=$B; fi
+  d=$OUT/cases/$name; mkdir -p "$d"
+  side_cmd "$ss" "$prog"; local scmd=("${CMD[@]}")
+  side_cmd "$cs" "$prog"; local ccmd=("${CMD[@]}")
+  # shellcheck disable=SC2206
+  local a=($args)
+  scmd+=("${a[@]}"); ccmd+=("${a[@]}" "$sip")
+  printf 'server (%s): %s\nclient (%s): %s\nnetem: %s\n' "$ss" "${scmd[*]}" "$cs" "${ccmd[*]}" \
+    "${nem:-none}" >"$d/cmd.txt"
+  [ -n "$nem" ] && netem "$nem"
+  tcpdump -i veth0 -n -U --immediate-mode -s 0 -w "$OUT/pcap/$name.pcap" 'udp port 4791' 2>"$d/tcpdump.log" & tp=$!
+  for _ in $(seq 50); do grep -q listening "$d/tcpdump.log" && break; sleep 0.1; done
+  drops0=$(udp_drops)
+  t0=$(date +%s.%N)
+  timeout "$T" "${scmd[@]}" >"$d/server.log" 2>&1 & sp=$!
+  for _ in $(seq 200); do listening "$ss" "$port" && break; sleep 0.1; done
+  timeout "$T" "${ccmd[@]}" >"$d/client.log" 2>&1; crc=$?
+  wait $sp; src=$?
+  t1=$(date +%s.%N)
+  sleep 0.5
+  kill -INT $tp 2>/dev/null; wait $tp
+  [ -n "$nem" ] && netem off
+  printf 'server_rc=%s\nclient_rc=%s\nserver_side=%s\nseconds=%s\nsofthca_udp_drops=%s\n' \
+    "$src" "$crc" "$ss" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')" \
+    "$(( $(udp_drops) - drops0 ))" >"$d/rc.txt"
+  echo "case $name: server($ss) rc=$src client($cs) rc=$crc"
+}
+# both NAME PROG "ARGS" [NETEM] [PORT]: the case with rxe as server, then with softhca as server
+both() {
+  local name=$1; shift
+  tcase "$name.rxe-srv" rxe "$@"
+  tcase "$name.shca-srv" sh "$@"
+}
+RC="$TOOLS/rdma_check"
+chk() {  # chk NAME "ARGS" [NETEM]
+  both "$1" "$RC" "$2" "${3:-}" 18600
+}
+
+# ------------------------------------------------------------------ the matrix
+if [ $QUICK = 1 ]; then
+  both rc_pingpong.m1024 ibv_rc_pingpong "-m 1024 -n 50"
+  both ud_pingpong ibv_ud_pingpong "-n 50"
+  both write_bw ib_write_bw "-F -s 65536 -n 50"
+  chk ops.m4096 "-t ops -m 4096"
+  chk stream.loss2 "-t stream -m 4096 -n 32" "loss 2%"
+  chk badrkey "-t badrkey"
+  exit 0
+fi
+
+# Debian's ibverbs-utils: default and large sizes, path MTU 1024 and 4096 (veth MTU 9000)
+for m in 1024 4096; do
+  both rc_pingpong.m$m ibv_rc_pingpong "-m $m -n 100"
+  both rc_pingpong.m$m.s65536 ibv_rc_pingpong "-m $m -n 20 -s 65536"
+  both uc_pingpong.m$m ibv_uc_pingpong "-m $m -n 100"
+  both uc_pingpong.m$m.s65536 ibv_uc_pingpong "-m $m -n 20 -s 65536"
+  both srq_pingpong.m$m ibv_srq_pingpong "-m $m -n 100"
+  both srq_pingpong.m$m.s65536 ibv_srq_pingpong "-m $m -n 20 -s 65536"
+done
+# ibv_ud_pingpong has no -m: its messages follow the port's active MTU (4096 here)
+both ud_pingpong ibv_ud_pingpong "-n 100"
+both ud_pingpong.s4096 ibv_ud_pingpong "-n 50 -s 4096"
+
+# perftest 4.5 (RoCE v2 GID index with -x)
+both write_bw ib_write_bw "-F -s 65536 -n 100"
+both write_bw.m1024 ib_write_bw "-F -s 65536 -n 100 -m 1024"
+both read_bw ib_read_bw "-F -s 65536 -n 100"
+both send_bw ib_send_bw "-F -s 65536 -n 100"
+both atomic_bw.faa ib_atomic_bw "-F -n 200 -A FETCH_AND_ADD"
+both atomic_bw.cas ib_atomic_bw "-F -n 200 -A CMP_AND_SWAP"
+both write_lat ib_write_lat "-F -s 8 -n 100"
+both read_lat ib_read_lat "-F -s 8 -n 100"
+both send_lat ib_send_lat "-F -s 8 -n 100"
+both atomic_lat ib_atomic_lat "-F -n 100"
+
+# rdma_check: Write/Read/atomics/immediates with data checks, the error paths, recovery
+chk ops.m1024 "-t ops -m 1024"
+chk ops.m4096 "-t ops -m 4096"
+chk badrkey "-t badrkey"
+chk rnr0 "-t rnr0"
+chk rnr7 "-t rnr7"
+chk errmid "-t errmid -n 40"
+chk destroy "-t destroy -n 40"
+chk stream "-t stream -m 4096 -n 64"
+chk stream.loss2 "-t stream -m 4096 -n 64" "loss 2%"
+chk stream.loss10 "-t stream -m 4096 -n 64" "loss 10%"
+chk stream.m1024.loss2 "-t stream -m 1024 -n 32" "loss 2%"
+chk stream.dup-reorder "-t stream -m 4096 -n 64" "delay 2ms reorder 25% 50% duplicate 5%"
+exit 0

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""One line per interop case: PASS, FAIL or KNOWN (a failure listed in known-failures).
+
+Usage: report.py GUEST_OUT --icrc ICRC.md [--known FILE] [--md RESULTS.md]
+
+GUEST_OUT is what scripts/interop/guest.sh left ($OUT): cases/NAME/{cmd,rc}.txt and the
+server and client logs, pcap/NAME.pcap. ICRC.md is the markdown table that
+../shared/tools/rxe-vm/verify_pcaps.py --md printed for those pcaps (ICRC recomputed for every
+RoCEv2 packet, opcodes, AETH kinds). This script reads the pcaps itself only to count packets
+per sender and to find frames longer than the veth MTU (a GSO superpacket that was not split).
+A case passes when both programs exit 0 (and rdma_check says VERDICT PASS on both sides),
+its capture holds RoCEv2 packets from both ends, and every ICRC verifies.
+Exit status: 0 if every case passed or is a known failure, else 1.
+"""
+import os
+import re
+import struct
+import sys
+
+RXE_IP, SHCA_IP = "198.18.0.1", "198.18.0.2"
+MAX_FRAME = 14 + 9000
+
+
+def read_kv(path):
+    kv = {}
+    if os.path.exists(path):
+        for line in open(path, errors="replace"):
+            if "=" in line:
+                k, v = line.rstrip("\n").split("=", 1)
+                kv[k] = v
+    return kv
+
+
+def pcap_stats(path):
+    """packets per source address and the number of frames over MAX_FRAME"""
+    per_src, big = {}, 0
+    with open(path, "rb") as f:
+        hdr = f.read(24)
+        if len(hdr) < 24:
+            return per_src, big
+        endian = "<" if hdr[:4] in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
+        while True:
+            rec = f.read(16)
+            if len(rec) < 16:
+                break
+            _, _, caplen, wirelen = struct.unpack(endian + "IIII", rec)
+            data = f.read(caplen)
+            if wirelen > MAX_FRAME:
+                big += 1
+            if len(data) >= 34 and data[12:14] == b"\x08\x00":
+                src = ".".join(str(b) for b in data[26:30])
+                per_src[src] = per_src.get(src, 0) + 1
+    return per_src, big
+
+
+def read_icrc(path):
+    rows = {}
+    for line in open(path, errors="replace"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 8 or not cells[0].endswith(".pcap"):
+            continue
+        ok, bad = (int(x) for x in cells[3].split("/"))
+        rows[cells[0][:-5]] = dict(roce=int(cells[2]), ok=ok, bad=bad, tshark=cells[4],
+                                   ops=cells[5], aeth=cells[6], resent=int(cells[7]))
+    return rows
+
+
+def read_known(path):
+    known = []
+    if path and os.path.exists(path):
+        for line in open(path):
+            line = line.rstrip("\n")
+            if line and not line.startswith("#") and "\t" in line:
+                pat, why = line.split("\t", 1)
+                known.append((re.compile(pat), why))
+    return known
+
+
+def log_reason(text):
+    """the line of a log that says best what went wrong"""
+    for pat in (r"VERDICT FAIL.*", r".*(?:[Ee]rror|[Ff]ailed|Couldn't|[Uu]nable|not found).*"):
+        m = re.findall(pat, text)
+        if m:
+            return m[0].strip()[:150]
+    return ""
+
+
+def judge(gdir, name, icrc):
+    d = os.path.join(gdir, "cases", name)
+    rc = read_kv(os.path.join(d, "rc.txt"))
+    logs = {}
+    for side in ("server", "client"):
+        p = os.path.join(d, side + ".log")
+        logs[side] = open(p, errors="replace").read() if os.path.exists(p) else ""
+    cmd = open(os.path.join(d, "cmd.txt")).read() if os.path.exists(os.path.join(d, "cmd.txt")) else ""
+    reasons = []
+    for side in ("server", "client"):
+        r = rc.get(side + "_rc", "?")
+        if r == "124":
+            reasons.append("%s timed out" % side)
+        elif r != "0":
+            why = log_reason(logs[side])
+            reasons.append("%s rc=%s%s" % (side, r, (": " + why) if why else ""))
+    if "rdma_check" in cmd:
+        for side in ("server", "client"):
+            if "VERDICT PASS" not in logs[side] and not any(x.startswith(side) for x in reasons):
+                reasons.append("%s: %s" % (side, log_reason(logs[side]) or "no verdict"))
+    pcap = os.path.join(gdir, "pcap", name + ".pcap")
+    per_src, big = pcap_stats(pcap) if os.path.exists(pcap) else ({}, 0)
+    ic = icrc.get(name)
+    if ic is None:
+        reasons.append("no ICRC check (pcap missing?)")
+    else:
+        if ic["bad"]:
+            reasons.append("ICRC bad in %d of %d packets" % (ic["bad"], ic["roce"]))
+        if not per_src.get(RXE_IP) or not per_src.get(SHCA_IP):
+            reasons.append("capture lacks one end (rxe %d, softhca %d packets)"
+                           % (per_src.get(RXE_IP, 0), per_src.get(SHCA_IP, 0)))
+    if big:
+        reasons.append("%d frames over the veth MTU (unsplit GSO)" % big)
+    results = " ".join(re.sub(r"^RESULT ", "", l) for l in (logs["server"] + logs["client"]).splitlines()
+                       if l.startswith("RESULT ") and "local_qpn" not in l)
+    return dict(name=name, ok=not reasons, reasons=reasons, secs=rc.get("seconds", "?"),
+                rxe=per_src.get(RXE_IP, 0), shca=per_src.get(SHCA_IP, 0),
+                icrc=ic, results=results, srv=rc.get("server_side", "?"))
+
+
+def main(argv):
+    gdir = argv[0]
+    opts = dict(zip(argv[1::2], argv[2::2]))
+    icrc = read_icrc(opts["--icrc"]) if "--icrc" in opts else {}
+    known = read_known(opts.get("--known"))
+    names = sorted(os.listdir(os.path.join(gdir, "cases"))) if os.path.isdir(os.path.join(gdir, "cases")) else []
+    # keep the guest's order: the directories' creation order
+    names.sort(key=lambda n: os.stat(os.path.join(gdir, "cases", n)).st_mtime)
+    rows, failed = [], 0
+    for n in names:
+        r = judge(gdir, n, icrc)
+        r["verdict"] = "PASS"
+        if not r["ok"]:
+            why = next((w for pat, w in known if pat.search(n)), None)
+            r["verdict"] = "KNOWN" if why else "FAIL"
+            r["known"] = why
+            failed += why is None
+        rows.append(r)
+        ic = r["icrc"]
+        icrc_s = "ICRC %d/%d ok" % (ic["ok"], ic["roce"]) if ic else "ICRC -"
+        aeth = (" [%s]" % ic["aeth"]) if ic and ic["aeth"] not in ("-", "") and (
+            "NAK" in ic["aeth"] or not r["ok"]) else ""
+        line = "%-5s %-34s %6ss  rxe %5d / softhca %5d pkts  %s%s" % (
+            r["verdict"], n, r["secs"], r["rxe"], r["shca"], icrc_s, aeth)
+        if not r["ok"]:
+            line += "  -- " + "; ".join(r["reasons"])
+            if r.get("known"):
+                line += "  (known: %s)" % r["known"]
+        print(line)
+    npass = sum(r["verdict"] == "PASS" for r in rows)
+    nknown = sum(r["verdict"] == "KNOWN" for r in rows)
+    print("rxe-interop: %d cases, %d pass, %d known failures, %d fail" % (len(rows), npass, nknown, failed))
+    if "--md" in opts:
+        with open(opts["--md"], "w") as f:
+            f.write("| case | server | result | s | packets rxe / softhca | ICRC ok | AETH | notes |\n")
+            f.write("|---|---|---|---|---|---|---|---|\n")
+            for r in rows:
+                ic = r["icrc"]
+                note = "; ".join(r["reasons"]) if not r["ok"] else r["results"]
+                f.write("| %s | %s | %s | %s | %d / %d | %s | %s | %s |\n" % (
+                    r["name"].rsplit(".", 1)[0], "rxe" if r["srv"] == "rxe" else "softhca",
+                    r["verdict"], r["secs"], r["rxe"], r["shca"],
+                    "%d/%d" % (ic["ok"], ic["roce"]) if ic else "-", ic["aeth"] if ic else "-",
+                    note.replace("|", "/")))
+    return 1 if failed or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
