@@ -1,9 +1,9 @@
 //! The completer: takes the responses of an RC QP (ACK, NAK, RDMA Read responses, Atomic
 //! ACKs), marks WQEs done, and retires them from the SQ head in post order with their CQEs.
 
+use crate::transport::qp::{wc_opcode_of, QpCore, QpInner};
 use crate::transport::wqe::WrOpcode;
 use crate::types::{QpState, QpType, Wc, WcStatus};
-use crate::verbs::qp::{wc_opcode_of, QpCore, QpInner};
 use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;
@@ -67,7 +67,7 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
                     if retry_or_fail(q, core, r.psn) {
                         // PKT-NAK-1
                         let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
-                        arm(&q.dev, &mut core.req.ack_deadline, at);
+                        arm(&*q.dev, &mut core.req.ack_deadline, at);
                     }
                 }
             }
@@ -203,7 +203,7 @@ fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8
         }
         core.req.rnr_left -= 1;
     }
-    arm(&q.dev, &mut core.req.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
+    arm(&*q.dev, &mut core.req.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
     core.req.ack_deadline = None;
     q.bump(|s| &s.retransmits);
     go_back(core, psn);
@@ -302,7 +302,7 @@ fn progress(q: &QpInner, core: &mut QpCore, now: u64, una_before: u32) {
         } else {
             None
         };
-        arm(&q.dev, &mut core.req.ack_deadline, at);
+        arm(&*q.dev, &mut core.req.ack_deadline, at);
     }
 }
 

@@ -3,14 +3,12 @@
 //! monotonic on the UDP link). Inbound packets pass header validation here (PKT-VAL-1) before
 //! the responder or the completer sees them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
 use crate::types::{AhAttr, QpState, QpType, WcStatus};
-use crate::verbs::device::DeviceInner;
-use crate::verbs::qp::{QpCore, QpInner};
-use crate::verbs::Context;
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Direction, Operation, Position, ServiceType, Suffix};
 use crate::wire::packet::pad_for;
@@ -22,6 +20,9 @@ use crate::wire::{
 };
 
 use super::completer::{self, Response};
+use super::hca::Hca;
+use super::qp::{QpCore, QpInner};
+use super::rd::eec::EecInner;
 use super::requester::{self, ack_timeout_ns};
 use super::responder::{self, Request, RespJob};
 
@@ -119,39 +120,64 @@ fn service_of(t: QpType) -> Option<ServiceType> {
     }
 }
 
-impl Context {
+/// The transport's state of one device, held by value by the device above (DESIGN rule 1):
+/// its QPs and EECs, the transmit turns, the counters, the timer hint, and the datagrams
+/// destroyed QPs still owed. A step (`receive`, `transmit`, `handle_timeout`) takes the
+/// device's narrow interface, [`Hca`], for everything else.
+pub(crate) struct Engine {
+    pub qps: RwLock<BTreeMap<u32, Arc<QpInner>>>,
+    pub eecs: RwLock<BTreeMap<u32, Arc<EecInner>>>,
+    /// EECs in `eecs`: with none, the RD turn costs no lock.
+    pub live_eecs: AtomicU32,
+    /// The next EEC to get a transmit turn.
+    pub eec_cursor: AtomicU32,
+    /// Whether the RD channels go first at the next transmit.
+    pub rd_turn: AtomicBool,
+    /// The next QP to get a transmit turn.
+    pub tx_cursor: AtomicU32,
+    pub stats: Stats,
+    /// The earliest armed timer, or later (see [`Engine::poll_timeout`]); `u64::MAX` for none.
+    pub timer_hint: AtomicU64,
+    /// Datagrams destroyed QPs still owed (their ACKs), sent before anything else.
+    orphans: Mutex<VecDeque<Vec<u8>>>,
+    orphaned: AtomicBool,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine {
+            qps: Default::default(),
+            eecs: Default::default(),
+            live_eecs: Default::default(),
+            eec_cursor: Default::default(),
+            rd_turn: Default::default(),
+            tx_cursor: Default::default(),
+            stats: Default::default(),
+            timer_hint: AtomicU64::new(u64::MAX),
+            orphans: Default::default(),
+            orphaned: Default::default(),
+        }
+    }
+}
+
+impl Engine {
     /// Feeds one inbound RoCEv2 datagram, from its IP header on. Anything malformed is
-    /// dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10).
-    pub fn receive(&self, now: u64, datagram: &[u8]) {
-        self.receive_inner(now, datagram, true);
-    }
-
-    /// [`Context::receive`] for a link that has already verified the ICRC over the header the
-    /// datagram really had (the UDP link rebuilds or captures it): everything else is checked
-    /// as usual, the CRC is not computed a second time.
-    pub fn receive_icrc_checked(&self, now: u64, datagram: &[u8]) {
-        self.receive_inner(now, datagram, false);
-    }
-
-    fn receive_inner(&self, now: u64, datagram: &[u8], verify_icrc: bool) {
-        crate::verbs::callbacks::scope(|| self.receive_locked(now, datagram, verify_icrc))
-    }
-
-    fn receive_locked(&self, now: u64, datagram: &[u8], verify_icrc: bool) {
-        let dev = &self.inner;
-        dev.stats.rx_packets.inc();
+    /// dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10). `verify_icrc` false is for
+    /// a link that has already verified the ICRC over the header the datagram really had.
+    pub fn receive(&self, dev: &dyn Hca, now: u64, datagram: &[u8], verify_icrc: bool) {
+        self.stats.rx_packets.inc();
         let parsed = if verify_icrc { roce::parse_ip(datagram) } else { roce::parse_ip_unverified(datagram) };
         match parsed {
             Ok(d) => {
                 if !deliver(dev, now, &d, datagram) {
-                    dev.stats.rx_dropped.inc();
+                    self.stats.rx_dropped.inc();
                 }
             }
             Err(e) => {
                 if matches!(e, WireError::BadIcrc { .. }) {
-                    dev.stats.rx_bad_icrc.inc();
+                    self.stats.rx_bad_icrc.inc();
                 }
-                dev.stats.rx_dropped.inc();
+                self.stats.rx_dropped.inc();
             }
         }
     }
@@ -159,21 +185,16 @@ impl Context {
     /// Writes the next outbound datagram (IP header on, ICRC included) into `buf`, which holds
     /// at least [`MAX_DATAGRAM`] bytes, and returns its length; `None` when nothing is ready.
     /// QPs take turns, and a QP's responses go before its requests.
-    pub fn transmit(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
-        crate::verbs::callbacks::scope(|| self.transmit_locked(now, buf))
-    }
-
-    fn transmit_locked(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
-        let dev = &self.inner;
-        if let Some(len) = dev.take_orphan(buf) {
-            dev.stats.tx_packets.inc();
+    pub fn transmit(&self, dev: &dyn Hca, now: u64, buf: &mut [u8]) -> Option<usize> {
+        if let Some(len) = self.take_orphan(buf) {
+            self.stats.tx_packets.inc();
             return Some(len);
         }
         // The RD channels and the QPs take turns going first, so that neither starves the other.
-        let rd_first = dev.counts.eec.load(Ordering::Relaxed) > 0 && !dev.rd_turn.fetch_xor(true, Ordering::Relaxed);
+        let rd_first = self.live_eecs.load(Ordering::Relaxed) > 0 && !self.rd_turn.fetch_xor(true, Ordering::Relaxed);
         if rd_first {
             if let Some(len) = super::rd::transmit(dev, now, buf) {
-                dev.stats.tx_packets.inc();
+                self.stats.tx_packets.inc();
                 return Some(len);
             }
         }
@@ -184,21 +205,20 @@ impl Context {
             return None;
         }
         let len = super::rd::transmit(dev, now, buf)?;
-        dev.stats.tx_packets.inc();
+        self.stats.tx_packets.inc();
         Some(len)
     }
 
     fn transmit_qps(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
-        let dev = &self.inner;
-        let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
-        let start = dev.tx_cursor.load(Ordering::Relaxed);
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let start = self.tx_cursor.load(Ordering::Relaxed);
         for (&qpn, qp) in qps.range(start..).chain(qps.range(..start)) {
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
             if qp.destroyed.load(Ordering::Acquire) {
                 continue;
             }
             if let Some(len) = emit_one(qp, &mut core, now, buf) {
-                dev.tx_cursor.store(qpn.wrapping_add(1), Ordering::Relaxed);
+                self.tx_cursor.store(qpn.wrapping_add(1), Ordering::Relaxed);
                 qp.bump(|s| &s.tx_packets);
                 return Some(len);
             }
@@ -206,28 +226,23 @@ impl Context {
         None
     }
 
-    /// The earliest time at which [`Context::handle_timeout`] has work, if any.
+    /// The earliest time at which [`Engine::handle_timeout`] has work, if any.
     /// It may be earlier than the next timer (a timer disarmed since), never later.
     pub fn poll_timeout(&self) -> Option<u64> {
-        let hint = self.inner.timer_hint.load(Ordering::Acquire);
+        let hint = self.timer_hint.load(Ordering::Acquire);
         (hint != u64::MAX).then_some(hint)
     }
 
     /// Runs every timer that has expired at `now`: RNR waits end, ACK timeouts retry
     /// (PKT-RTY-1) or fail (PKT-RTY-4).
-    pub fn handle_timeout(&self, now: u64) {
-        crate::verbs::callbacks::scope(|| self.handle_timeout_locked(now))
-    }
-
-    fn handle_timeout_locked(&self, now: u64) {
-        let dev = &self.inner;
-        if dev.timer_hint.load(Ordering::Acquire) > now {
+    pub fn handle_timeout(&self, dev: &dyn Hca, now: u64) {
+        if self.timer_hint.load(Ordering::Acquire) > now {
             return;
         }
         // Clear the hint before the scan: a timer armed meanwhile on a QP already scanned
         // lowers it again, one armed on a QP not yet scanned is seen by the scan.
-        dev.timer_hint.store(u64::MAX, Ordering::Release);
-        let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
+        self.timer_hint.store(u64::MAX, Ordering::Release);
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
         let mut earliest = u64::MAX;
         for qp in qps.values() {
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
@@ -244,18 +259,44 @@ impl Context {
         }
         drop(qps);
         earliest = earliest.min(super::rd::handle_timeout(dev, now));
-        dev.timer_hint.fetch_min(earliest, Ordering::AcqRel);
+        self.timer_hint.fetch_min(earliest, Ordering::AcqRel);
     }
 
     /// A snapshot of the device's counters.
     pub fn counters(&self) -> DeviceCounters {
-        self.inner.stats.snapshot()
+        self.stats.snapshot()
+    }
+
+    /// Queues datagrams a destroyed QP still owed for the next `transmit`; false if there
+    /// were none (so the caller need not ring the doorbell).
+    pub fn orphan(&self, datagrams: Vec<Vec<u8>>) -> bool {
+        if datagrams.is_empty() {
+            return false;
+        }
+        self.orphans.lock().unwrap_or_else(|e| e.into_inner()).extend(datagrams);
+        self.orphaned.store(true, Ordering::Release);
+        true
+    }
+
+    /// The next orphaned datagram, copied into `buf` (see [`Engine::orphan`]).
+    fn take_orphan(&self, buf: &mut [u8]) -> Option<usize> {
+        if !self.orphaned.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut q = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = q.pop_front() else {
+            self.orphaned.store(false, Ordering::Release);
+            return None;
+        };
+        let len = d.len().min(buf.len());
+        buf[..len].copy_from_slice(&d[..len]);
+        Some(len)
     }
 }
 
 /// Header validation in the order of PKT-VAL-1, then the transport. Returns false when the
 /// packet was dropped.
-fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
+fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
     let p = &d.packet;
     let bth = p.bth;
     if bth.tver != 0 {
@@ -266,7 +307,7 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -
     }
     // The table stays read-locked while the packet is handled: Create and Destroy QP wait, no
     // reference count moves per packet.
-    let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
+    let qps = dev.engine().qps.read().unwrap_or_else(|e| e.into_inner());
     if bth.opcode.service_range() == Some(ServiceType::Rd) {
         return super::rd::deliver(dev, &qps, now, d);
     }
@@ -333,9 +374,8 @@ fn deliver(dev: &DeviceInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -
 }
 
 /// The IP header toward `ah`, from our GID `sgid_index` (PKT-ROCE-3).
-pub(crate) fn ip_for(dev: &DeviceInner, ah: &AhAttr) -> Option<IpRepr> {
-    let gids = dev.gids.read().unwrap_or_else(|e| e.into_inner());
-    let sgid = *gids.get(ah.grh.sgid_index? as usize)?;
+pub(crate) fn ip_for(dev: &dyn Hca, ah: &AhAttr) -> Option<IpRepr> {
+    let sgid = dev.gid(ah.grh.sgid_index?)?;
     let dgid = ah.grh.dgid?;
     let tc = ah.grh.traffic_class.unwrap_or(0);
     let hop = ah.grh.hop_limit.unwrap_or(64);
@@ -353,13 +393,13 @@ pub(crate) fn ip_for(dev: &DeviceInner, ah: &AhAttr) -> Option<IpRepr> {
 /// The connected QP's route, from its cache while the AV and the GID table are unchanged.
 fn route(q: &QpInner, core: &mut QpCore) -> Option<IpRepr> {
     let ah = core.attrs.av?.ah;
-    let gen = q.dev.gid_gen.load(Ordering::Acquire);
+    let gen = q.dev.gid_generation();
     if let Some((g, cached_ah, ip)) = &core.route {
         if *g == gen && *cached_ah == ah {
             return Some(*ip);
         }
     }
-    let ip = ip_for(&q.dev, &ah)?;
+    let ip = ip_for(&*q.dev, &ah)?;
     core.route = Some((gen, ah, ip));
     Some(ip)
 }
@@ -435,7 +475,7 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                 }
                 if core.req.ack_deadline.is_none() {
                     let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
-                    requester::arm(&q.dev, &mut core.req.ack_deadline, at);
+                    requester::arm(&*q.dev, &mut core.req.ack_deadline, at);
                 }
             } else if np.offset + np.payload >= core.sq.get(np.idx).map_or(0, |w| w.length) {
                 // PKT-UC-3: a UC or UD WQE is done once its last packet is out.
@@ -513,7 +553,7 @@ fn emit_request(
     }
     let ip = match connected {
         Some(ip) => ip,
-        None => ip_for(&q.dev, &ah)?,
+        None => ip_for(&*q.dev, &ah)?,
     };
     let len = np.payload as usize;
     emit(q.qpn, ip, packet, len, buf, |dst| {
@@ -658,7 +698,7 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
             }
             let sent = match grant {
                 None => emit(q.qpn, ip, p, payload, buf, |dst| dst.is_empty()),
-                Some(g) => match g.bytes(&q.dev, offset, payload as u64) {
+                Some(g) => match g.bytes(&*q.dev, offset, payload as u64) {
                     Some((m, at)) => emit(q.qpn, ip, p, payload, buf, |dst| m.read(at, dst).is_ok()),
                     None => {
                         // The key no longer covers them: Remote Access Error, as for a bad

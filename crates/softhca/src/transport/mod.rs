@@ -3,6 +3,8 @@
 //! deadlines; it never reads a clock or touches a socket.
 
 pub(crate) mod completer;
+pub(crate) mod hca;
+pub(crate) mod qp;
 pub(crate) mod rd;
 pub(crate) mod requester;
 pub(crate) mod responder;

@@ -4,11 +4,10 @@
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
 use crate::mem::MemRef;
+use crate::transport::hca::Hca;
+use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::wqe::{SendWqe, WrOpcode};
 use crate::types::{Access, QpState, QpType, WcStatus};
-use crate::verbs::device::DeviceInner;
-use crate::verbs::mr::check_access;
-use crate::verbs::qp::{QpCore, QpInner};
 use crate::wire::psn::Psn;
 
 /// The requester's view of one SQ WQE.
@@ -95,10 +94,10 @@ pub(crate) const ACK_EVERY: u32 = 64;
 
 /// Arms `slot` (one of a QP's or an EEC's timers) for `at`, and lowers the device's timer
 /// hint to it.
-pub(crate) fn arm(dev: &DeviceInner, slot: &mut Option<u64>, at: Option<u64>) {
+pub(crate) fn arm(dev: &dyn Hca, slot: &mut Option<u64>, at: Option<u64>) {
     *slot = at;
     if let Some(t) = at {
-        dev.timer_hint.fetch_min(t, std::sync::atomic::Ordering::AcqRel);
+        dev.engine().timer_hint.fetch_min(t, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -117,14 +116,14 @@ fn packets_for(len: u64, mtu: u64) -> u32 {
 
 /// The most a UD message may carry: the AV's path MTU, at most the port's (WR-SEND-9).
 pub(crate) fn ud_mtu(q: &QpInner, core: &QpCore) -> u64 {
-    let mtu = core.attrs.av.map_or(q.dev.port.active_mtu.bytes(), |av| av.path_mtu.bytes());
-    mtu.min(q.dev.port.active_mtu.bytes()) as u64
+    let mtu = core.attrs.av.map_or(q.dev.active_mtu().bytes(), |av| av.path_mtu.bytes());
+    mtu.min(q.dev.active_mtu().bytes()) as u64
 }
 
 /// Interface checks made before any packet of a WQE is sent (ERR-SQ-3): every local buffer
 /// must pass the key check (WR-COM-9), and a UD message must fit `ud_mtu` (WR-SEND-9).
 pub(crate) fn check_local(q: &QpInner, ud_mtu: u64, w: &mut SendWqe) -> Result<(), WcStatus> {
-    let pd = q.pd.inner.handle;
+    let pd = q.pd;
     w.tx.local.clear();
     let need = match w.opcode {
         WrOpcode::RdmaRead | WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => Access::LOCAL_WRITE,
@@ -135,7 +134,9 @@ pub(crate) fn check_local(q: &QpInner, ud_mtu: u64, w: &mut SendWqe) -> Result<(
             if sge.length == 0 {
                 continue;
             }
-            let m = check_access(&q.dev, sge.lkey, pd, sge.addr, sge.length as u64, need)
+            let m = q
+                .dev
+                .check_access(sge.lkey, pd, sge.addr, sge.length as u64, need)
                 .map_err(|_| WcStatus::LocProtErr)?;
             w.tx.local.push(m);
         }
@@ -192,7 +193,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             if let Some(b) = &w.bind {
                 // A bind is a local operation: it takes effect now, for every WQE after it,
                 // and completes in order with no packet.
-                let status = match crate::verbs::mw::bind(&q.dev, q.pd.inner.handle, b) {
+                let status = match q.dev.bind_mw(q.pd, b) {
                     Ok(()) => WcStatus::Success,
                     Err(s) => s,
                 };

@@ -7,12 +7,11 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::mem::{AccessError, MemRef};
+use crate::transport::hca::Hca;
+use crate::transport::qp::{QpCore, QpInner};
 use crate::types::{
     Access, AsyncEvent, AsyncEventType, EventElement, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus,
 };
-use crate::verbs::device::DeviceInner;
-use crate::verbs::mr::check_access;
-use crate::verbs::qp::{QpCore, QpInner};
 use crate::wire::aeth::{credit_code_for, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::{Psn, PsnClass};
@@ -39,22 +38,22 @@ pub(crate) struct Grant {
 
 impl Grant {
     /// `len` bytes at `va` through `rkey` with `access`, if the key allows them now.
-    pub fn new(dev: &DeviceInner, rkey: u32, pd: u32, va: u64, len: u64, access: Access) -> Option<Grant> {
+    pub fn new(dev: &dyn Hca, rkey: u32, pd: u32, va: u64, len: u64, access: Access) -> Option<Grant> {
         // The generation is read first: a revocation racing the check shows at the next use.
-        let gen = dev.key_gen.load(Ordering::Acquire);
-        let checked = check_access(dev, rkey, pd, va, len, access).ok()?;
+        let gen = dev.key_generation();
+        let checked = dev.check_access(rkey, pd, va, len, access).ok()?;
         Some(Grant { rkey, pd, va, len, access, checked, gen })
     }
 
     /// The memory of bytes `[at, at + n)` of the grant and their offset in it, if the key still
     /// allows the whole range.
-    pub fn bytes(&mut self, dev: &DeviceInner, at: u64, n: u64) -> Option<(&MemRef, usize)> {
+    pub fn bytes(&mut self, dev: &dyn Hca, at: u64, n: u64) -> Option<(&MemRef, usize)> {
         if at.checked_add(n)? > self.len {
             return None;
         }
-        let gen = dev.key_gen.load(Ordering::Acquire);
+        let gen = dev.key_generation();
         if gen != self.gen {
-            self.checked = check_access(dev, self.rkey, self.pd, self.va, self.len, self.access).ok()?;
+            self.checked = dev.check_access(self.rkey, self.pd, self.va, self.len, self.access).ok()?;
             self.gen = gen;
         }
         Some((&self.checked, at as usize))
@@ -415,7 +414,7 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
 /// Checks the RQ head WQE's scatter list with local write access (ERR-RQ-2 when unusable).
 fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
     // SRQ WQEs are checked against the SRQ's PD.
-    let pd = q.srq.as_ref().map_or(q.pd.inner.handle, |s| s.inner.pd.inner.handle);
+    let pd = q.srq.as_ref().map_or(q.pd, |s| s.pd());
     let mut list = std::mem::take(&mut core.resp.scatter);
     list.clear();
     let Some(w) = bound_wqe(q, core) else {
@@ -426,7 +425,7 @@ fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
         if sge.length == 0 {
             continue;
         }
-        match check_access(&q.dev, sge.lkey, pd, sge.addr, sge.length as u64, Access::LOCAL_WRITE) {
+        match q.dev.check_access(sge.lkey, pd, sge.addr, sge.length as u64, Access::LOCAL_WRITE) {
             Ok(m) => list.push(m),
             Err(e) => {
                 core.resp.scatter = list;
@@ -488,10 +487,10 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
         if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
             return Err(rc_fail_invalid()); // ERR-RQ-12
         }
-        let pd = q.pd.inner.handle;
+        let pd = q.pd;
         let grant = match total {
             0 => None,
-            _ => Some(Grant::new(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).ok_or(access_fail())?), // ERR-RQ-9
+            _ => Some(Grant::new(&*q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).ok_or(access_fail())?), // ERR-RQ-9
         };
         core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
     }
@@ -503,7 +502,7 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
         return Err(rc_fail_invalid()); // ERR-RQ-12
     }
     if let Some(g) = &mut grant {
-        let (m, at) = g.bytes(&q.dev, offset, len).ok_or(access_fail())?;
+        let (m, at) = g.bytes(&*q.dev, offset, len).ok_or(access_fail())?;
         m.write(at, r.payload).map_err(|_| rc_fail_invalid())?;
     }
     accept(core, r);
@@ -553,10 +552,10 @@ fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     if len > 1 << 31 {
         return Err(rc_fail_invalid());
     }
-    let pd = q.pd.inner.handle;
+    let pd = q.pd;
     let grant = match len {
         0 => None,
-        _ => Some(Grant::new(&q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or(access_fail())?), // ERR-RQ-9, ORD-RLX-2/3
+        _ => Some(Grant::new(&*q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or(access_fail())?), // ERR-RQ-9, ORD-RLX-2/3
     };
     let npkts = len.div_ceil(mtu).max(1) as u32;
     let psn = r.psn.value();
@@ -578,9 +577,9 @@ fn rc_atomic(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
     if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    let pd = q.pd.inner.handle;
+    let pd = q.pd;
     let access_fail = |_| Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true };
-    let mem = check_access(&q.dev, a.r_key, pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(access_fail)?;
+    let mem = q.dev.check_access(a.r_key, pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(access_fail)?;
     let orig = execute_atomic(&mem, is_cas, &a).ok_or_else(rc_fail_invalid)?;
     let psn = r.psn.value();
     add_resource(core, Resource { psn, kind: ResourceKind::Atomic { orig }, pending: true });
@@ -638,7 +637,7 @@ fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
             let Some((va, rkey, len, npkts, first, k, mtu)) = found else { return Err(Fail::D) }; // PKT-DUP-3
             let grant = match len {
                 0 => None,
-                _ => Some(Grant::new(&q.dev, rkey, q.pd.inner.handle, va, len, Access::REMOTE_READ).ok_or(Fail::D)?),
+                _ => Some(Grant::new(&*q.dev, rkey, q.pd, va, len, Access::REMOTE_READ).ok_or(Fail::D)?),
             };
             core.resp.out.push_back(RespJob::ReadResp { grant, first_psn: first, npkts, next: k as u32, len, mtu });
             Ok(())
@@ -725,10 +724,10 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
             if starts {
                 let Some(reth) = r.reth else { return drop_message(core) };
                 let total = reth.dma_length as u64;
-                let pd = q.pd.inner.handle;
+                let pd = q.pd;
                 let grant = match total {
                     0 => None,
-                    _ => match Grant::new(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE) {
+                    _ => match Grant::new(&*q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE) {
                         Some(g) => Some(g),
                         None => return drop_message(core),
                     },
@@ -744,7 +743,7 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
                 return drop_message(core);
             }
             if let Some(g) = &mut grant {
-                match g.bytes(&q.dev, offset, r.payload.len() as u64) {
+                match g.bytes(&*q.dev, offset, r.payload.len() as u64) {
                     Some((m, at)) if m.write(at, r.payload).is_ok() => {}
                     _ => return drop_message(core),
                 }
@@ -772,7 +771,7 @@ fn ud_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
     }
     // A UD message is one packet of at most the MTU (PKT-LEN-1): the port's, since UD has no
     // path of its own. Anything longer is dropped before it takes a receive WQE.
-    if r.payload.len() > q.dev.port.active_mtu.bytes() as usize {
+    if r.payload.len() > q.dev.active_mtu().bytes() as usize {
         return;
     }
     if !bind_wqe(q, core) {

@@ -11,9 +11,8 @@ use super::device::{give, take, Context, DeviceInner};
 use super::error::{Result, VerbsError};
 use super::types::{AsyncEvent, AsyncEventType, EventElement, NotifyKind, Wc};
 
-/// The CQ already holds as many unpolled CQEs as its size (CQ-OVF-1): the CQE was not written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CqOverflow;
+use crate::transport::hca::CompletionQueue;
+pub use crate::transport::hca::CqOverflow;
 
 /// The CQEs, as a ring with one producer side and one consumer side. Producers (the engine,
 /// or a verb that flushes) serialize on `producer`; pollers serialize on `consumer`; neither
@@ -403,7 +402,7 @@ impl Cq {
     /// Adds a CQE. `solicited` says whether it is a solicited event (EVT-SOL-*). On overflow
     /// the CQE is not written and a CQ Error is raised on the CQ (CQ-OVF-1, CQ-OVF-2); moving
     /// the QP to Error is the caller's part.
-    pub(crate) fn push(&self, wc: Wc, solicited: bool) -> std::result::Result<(), CqOverflow> {
+    fn write(&self, wc: Wc, solicited: bool) -> std::result::Result<(), CqOverflow> {
         let written = {
             let _producer = lock(&self.inner.producer);
             let r = &self.inner.ring;
@@ -473,5 +472,12 @@ impl Cq {
         }
         r.head.store(0, Ordering::Release);
         r.tail.store(held.len(), Ordering::Release);
+    }
+}
+
+/// How a QP's work queues write their CQEs (see `transport::hca`).
+impl CompletionQueue for Cq {
+    fn push(&self, wc: Wc, solicited: bool) -> std::result::Result<(), CqOverflow> {
+        self.write(wc, solicited)
     }
 }

@@ -1,7 +1,7 @@
 //! The software HCA: its attributes, its port, and the per-device tables (QPNs, keys, resource
 //! counts, asynchronous events). A [`Context`] is the open device (`ibv_context`).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 
@@ -11,8 +11,11 @@ use rand::{Rng, SeedableRng};
 use super::cq::CqInner;
 use super::error::{Result, VerbsError};
 use super::mr::KeyTable;
-use super::qp::QpInner;
-use super::types::{AsyncEvent, EventElement, Gid, Mtu};
+use super::types::{Access, AsyncEvent, EventElement, Gid, Mtu, WcStatus};
+use crate::mem::{AccessError, MemRef};
+use crate::transport::engine::{DeviceCounters, Engine};
+use crate::transport::hca::Hca;
+use crate::transport::wqe::BindRequest;
 
 /// `ibv_atomic_cap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,9 +256,6 @@ pub(crate) struct DeviceInner {
     pub port: PortAttr,
     pub pkeys: Vec<u16>,
     pub gids: RwLock<Vec<Gid>>,
-    /// Never later than the earliest timer armed on any QP (u64::MAX: none), so that
-    /// `poll_timeout` is one load and `handle_timeout` scans the QPs only when one may be due.
-    pub timer_hint: std::sync::atomic::AtomicU64,
     /// Bumped by every GID change, so that cached routes know to recompute.
     pub gid_gen: std::sync::atomic::AtomicU64,
     pub closed: AtomicBool,
@@ -266,28 +266,15 @@ pub(crate) struct DeviceInner {
     /// deallocation), so that a transfer in progress re-checks its key only when one happened.
     pub key_gen: std::sync::atomic::AtomicU64,
     pub rng: Mutex<StdRng>,
-    /// Live QPs by QPN: the demultiplexer for inbound packets.
-    pub qps: RwLock<BTreeMap<u32, Arc<QpInner>>>,
-    /// Live EECs by EECN: the demultiplexer for inbound RD packets (their RDETH).
-    pub eecs: RwLock<BTreeMap<u32, Arc<super::eec::EecInner>>>,
     pub next_eecn: AtomicU32,
-    /// Where the next EEC turn starts, so that channels take turns.
-    pub eec_cursor: AtomicU32,
-    /// Whether the RD channels went first in the last `transmit` (they alternate with QPs).
-    pub rd_turn: AtomicBool,
-    /// Where the next `transmit` starts looking, so that QPs take turns.
-    pub tx_cursor: AtomicU32,
-    pub stats: crate::transport::engine::Stats,
     next_qpn: Mutex<u32>,
     pub cqs: RwLock<HashMap<u32, Weak<CqInner>>>,
     pub async_events: AsyncQueue,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
     pub doorbell: RwLock<Option<Doorbell>>,
-    /// Datagrams built for QPs that no longer exist (the ACKs a destroyed QP owed), sent by
-    /// the next `transmit` before anything else; `orphaned` says whether there are any.
-    pub orphans: Mutex<VecDeque<Vec<u8>>>,
-    pub orphaned: AtomicBool,
     pub progress: RwLock<Option<Progress>>,
+    /// The transport's state of the device: QPs, EECs, counters, timers (DESIGN rule 1).
+    pub engine: Engine,
 }
 
 impl DeviceInner {
@@ -306,7 +293,7 @@ impl DeviceInner {
     /// A fresh 24-bit QPN: never 0, 1 (special QPs) or 0xFFFFFF (multicast), never one in use,
     /// and not reused soon after destroy (CRT-QP-4, CRT-QP-15).
     pub fn alloc_qpn(&self) -> u32 {
-        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let qps = self.engine.qps.read().unwrap_or_else(|e| e.into_inner());
         let mut next = self.next_qpn.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let qpn = *next;
@@ -349,27 +336,9 @@ impl DeviceInner {
 
     /// Hands datagrams a destroyed QP still owed to the next `transmit` and rings the doorbell.
     pub(crate) fn orphan(&self, datagrams: Vec<Vec<u8>>) {
-        if datagrams.is_empty() {
-            return;
+        if self.engine.orphan(datagrams) {
+            self.ring();
         }
-        self.orphans.lock().unwrap_or_else(|e| e.into_inner()).extend(datagrams);
-        self.orphaned.store(true, Ordering::Release);
-        self.ring();
-    }
-
-    /// The next orphaned datagram, copied into `buf` (see [`DeviceInner::orphan`]).
-    pub(crate) fn take_orphan(&self, buf: &mut [u8]) -> Option<usize> {
-        if !self.orphaned.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut q = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = q.pop_front() else {
-            self.orphaned.store(false, Ordering::Release);
-            return None;
-        };
-        let len = d.len().min(buf.len());
-        buf[..len].copy_from_slice(&d[..len]);
-        Some(len)
     }
 
     /// Rings the doorbell, if a driver installed one, so that it runs the engine.
@@ -382,6 +351,52 @@ impl DeviceInner {
 
     pub fn pkey(&self, index: u16) -> Option<u16> {
         self.pkeys.get(index as usize).copied()
+    }
+}
+
+/// The transport's narrow interface to the device (see `transport::hca`).
+impl Hca for DeviceInner {
+    fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn active_mtu(&self) -> Mtu {
+        self.port.active_mtu
+    }
+
+    fn pkey(&self, index: u16) -> Option<u16> {
+        DeviceInner::pkey(self, index)
+    }
+
+    fn gid(&self, index: u8) -> Option<Gid> {
+        self.gids.read().unwrap_or_else(|e| e.into_inner()).get(index as usize).copied()
+    }
+
+    fn gid_generation(&self) -> u64 {
+        self.gid_gen.load(Ordering::Acquire)
+    }
+
+    fn key_generation(&self) -> u64 {
+        self.key_gen.load(Ordering::Acquire)
+    }
+
+    fn check_access(
+        &self,
+        key: u32,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> std::result::Result<MemRef, AccessError> {
+        super::mr::check_access(self, key, pd, addr, len, access)
+    }
+
+    fn bind_mw(&self, pd: u32, bind: &BindRequest) -> std::result::Result<(), WcStatus> {
+        super::mw::bind(self, pd, bind)
+    }
+
+    fn raise(&self, event: AsyncEvent) {
+        DeviceInner::raise(self, event)
     }
 }
 
@@ -460,20 +475,13 @@ impl Context {
                 std::iter::once(config.gid0).chain(std::iter::repeat(Gid::default())).take(gid_slots).collect(),
             ),
             gid_gen: std::sync::atomic::AtomicU64::new(1),
-            timer_hint: std::sync::atomic::AtomicU64::new(u64::MAX),
             closed: AtomicBool::new(false),
             counts: Counts::default(),
             next_handle: AtomicU32::new(1),
             keys: RwLock::new(KeyTable::default()),
             key_gen: std::sync::atomic::AtomicU64::new(0),
             rng: Mutex::new(rng),
-            qps: RwLock::new(BTreeMap::new()),
-            eecs: RwLock::new(BTreeMap::new()),
             next_eecn: AtomicU32::new(first_eecn),
-            eec_cursor: AtomicU32::new(0),
-            rd_turn: AtomicBool::new(false),
-            tx_cursor: AtomicU32::new(0),
-            stats: Default::default(),
             next_qpn: Mutex::new(first_qpn),
             cqs: RwLock::new(HashMap::new()),
             async_events: AsyncQueue {
@@ -484,9 +492,8 @@ impl Context {
             },
             comp_handler: RwLock::new(None),
             doorbell: RwLock::new(None),
-            orphans: Mutex::new(VecDeque::new()),
-            orphaned: AtomicBool::new(false),
             progress: RwLock::new(None),
+            engine: Engine::default(),
         });
         DEVICES.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&inner));
         tracing::info!(device = %inner.name, "device created");
@@ -621,5 +628,42 @@ impl Context {
 
     pub(crate) fn same_device(&self, other: &Arc<DeviceInner>) -> bool {
         Arc::ptr_eq(&self.inner, other)
+    }
+
+    /// Feeds one inbound RoCEv2 datagram, from its IP header on, to the transport. Anything
+    /// malformed is dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10).
+    pub fn receive(&self, now: u64, datagram: &[u8]) {
+        super::callbacks::scope(|| self.inner.engine.receive(&*self.inner, now, datagram, true))
+    }
+
+    /// [`Context::receive`] for a link that has already verified the ICRC over the header the
+    /// datagram really had (the UDP link rebuilds or captures it): everything else is checked
+    /// as usual, the CRC is not computed a second time.
+    pub fn receive_icrc_checked(&self, now: u64, datagram: &[u8]) {
+        super::callbacks::scope(|| self.inner.engine.receive(&*self.inner, now, datagram, false))
+    }
+
+    /// Writes the next outbound datagram (IP header on, ICRC included) into `buf`, which holds
+    /// at least [`crate::transport::MAX_DATAGRAM`] bytes, and returns its length; `None` when
+    /// nothing is ready. QPs take turns, and a QP's responses go before its requests.
+    pub fn transmit(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+        super::callbacks::scope(|| self.inner.engine.transmit(&*self.inner, now, buf))
+    }
+
+    /// The earliest time at which [`Context::handle_timeout`] has work, if any.
+    /// It may be earlier than the next timer (a timer disarmed since), never later.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.inner.engine.poll_timeout()
+    }
+
+    /// Runs every timer that has expired at `now`: RNR waits end, ACK timeouts retry
+    /// (PKT-RTY-1) or fail (PKT-RTY-4).
+    pub fn handle_timeout(&self, now: u64) {
+        super::callbacks::scope(|| self.inner.engine.handle_timeout(&*self.inner, now))
+    }
+
+    /// A snapshot of the device's counters.
+    pub fn counters(&self) -> DeviceCounters {
+        self.inner.engine.counters()
     }
 }

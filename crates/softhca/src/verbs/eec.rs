@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::device::{give, take, Context, DeviceInner};
 use super::error::{Result, VerbsError};
 use super::types::{AddressVector, QpState};
+pub use crate::transport::rd::eec::EecAttrs;
+use crate::transport::rd::eec::{EecCore, EecInner};
 use crate::transport::rd::EecEngine;
 
 pub(crate) struct RddInner {
@@ -205,66 +207,12 @@ impl EecAttr {
     }
 }
 
-/// An EEC's current attributes (Query EEC).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EecAttrs {
-    pub state: QpState,
-    pub pkey_index: u16,
-    pub port_num: u8,
-    pub av: Option<AddressVector>,
-    pub dest_eecn: u32,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
-    pub max_dest_rd_atomic: u8,
-    pub max_rd_atomic: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-}
-
-impl Default for EecAttrs {
-    fn default() -> Self {
-        EecAttrs {
-            state: QpState::Reset,
-            pkey_index: 0,
-            port_num: 1,
-            av: None,
-            dest_eecn: 0,
-            rq_psn: 0,
-            sq_psn: 0,
-            max_dest_rd_atomic: 0,
-            max_rd_atomic: 0,
-            timeout: 0,
-            retry_cnt: 0,
-            rnr_retry: 0,
-        }
-    }
-}
-
-pub(crate) struct EecCore {
-    pub destroyed: bool,
-    pub attrs: EecAttrs,
-    /// Send and receive logic of the channel end.
-    pub engine: EecEngine,
-}
-
-pub(crate) struct EecInner {
-    pub eecn: u32,
-    pub dev: Arc<DeviceInner>,
-    pub rdd: Rdd,
-    pub core: Mutex<EecCore>,
-}
-
-impl EecInner {
-    pub fn lock(&self) -> MutexGuard<'_, EecCore> {
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
 /// An End-to-End Context. Cloning gives another handle to the same EEC.
 #[derive(Clone)]
 pub struct Eec {
     pub(crate) inner: Arc<EecInner>,
+    dev: Arc<DeviceInner>,
+    rdd: Rdd,
 }
 
 impl std::fmt::Debug for Eec {
@@ -285,7 +233,7 @@ impl Context {
             give(&self.inner.counts.eec);
             return Err(e);
         }
-        let mut eecs = self.inner.eecs.write().unwrap_or_else(|e| e.into_inner());
+        let mut eecs = self.inner.engine.eecs.write().unwrap_or_else(|e| e.into_inner());
         let mut eecn = self.inner.next_eecn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
         while eecn == 0 || eecs.contains_key(&eecn) {
             eecn = self.inner.next_eecn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
@@ -293,12 +241,13 @@ impl Context {
         let inner = Arc::new(EecInner {
             eecn,
             dev: self.inner.clone(),
-            rdd: rdd.clone(),
+            rdd: rdd.inner.handle,
             core: Mutex::new(EecCore { destroyed: false, attrs: EecAttrs::default(), engine: EecEngine::default() }),
         });
         eecs.insert(eecn, inner.clone());
+        self.inner.engine.live_eecs.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(device = %self.inner.name, eecn, "EEC created");
-        Ok(Eec { inner })
+        Ok(Eec { inner, dev: self.inner.clone(), rdd: rdd.clone() })
     }
 }
 
@@ -308,11 +257,11 @@ impl Eec {
     }
 
     pub fn rdd(&self) -> &Rdd {
-        &self.inner.rdd
+        &self.rdd
     }
 
     fn locked(&self) -> Result<MutexGuard<'_, EecCore>> {
-        self.inner.dev.check_open()?;
+        self.dev.check_open()?;
         let core = self.inner.lock();
         if core.destroyed {
             return Err(VerbsError::InvalidArgument("EEC destroyed"));
@@ -328,7 +277,7 @@ impl Eec {
     /// Modify EEC: the transition must exist, required parameters must be supplied and no
     /// other ones; an EEC has no SQE state (QPS-RD-6).
     pub fn modify(&self, attr: &EecAttr) -> Result<()> {
-        let dev = &self.inner.dev;
+        let dev = &self.dev;
         let mut core = self.locked()?;
         let from = core.attrs.state;
         let to = attr.state;
@@ -398,9 +347,10 @@ impl Eec {
         core.destroyed = true;
         core.attrs.state = QpState::Error;
         drop(core);
-        let dev = &self.inner.dev;
-        dev.eecs.write().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.eecn);
-        self.inner.rdd.inner.release();
+        let dev = &self.dev;
+        dev.engine.eecs.write().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.eecn);
+        dev.engine.live_eecs.fetch_sub(1, Ordering::Relaxed);
+        self.rdd.inner.release();
         give(&dev.counts.eec);
         dev.orphan(owed);
         dev.ring();

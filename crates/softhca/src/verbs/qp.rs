@@ -32,27 +32,18 @@ use super::cq::Cq;
 use super::device::{give, take, Context, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
-use super::types::{
-    Access, AddressVector, AsyncEvent, AsyncEventType, EventElement, MigState, QpState, QpType, Wc, WcOpcode, WcStatus,
-};
+use super::types::{Access, AddressVector, MigState, QpState, QpType};
 use super::wr::{RecvWr, SendWr};
+use crate::transport::hca::SharedReceiveQueue;
+use crate::transport::qp::{flush_cqe, wc_opcode_of, QpCore, QpInner};
+pub use crate::transport::qp::{AltPath, QpAttrs, QpCap};
 use crate::transport::state::check_modify;
-use crate::transport::wq::{Consumer, Producer, Ring};
+use crate::transport::wq::{Producer, Ring};
 use crate::transport::wqe::{sge_total, wr_allowed, BindRequest, RecvWqe, SendFlags, SendWqe, WrOpcode};
 use crate::types::AttrMask;
 
 /// Largest message: 2^31 bytes (WR-WRITE-4).
 pub const MAX_MSG_SIZE: u64 = 1 << 31;
-
-/// Queue sizes (`ibv_qp_cap`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct QpCap {
-    pub max_send_wr: u32,
-    pub max_recv_wr: u32,
-    pub max_send_sge: u32,
-    pub max_recv_sge: u32,
-    pub max_inline_data: u32,
-}
 
 /// Create QP input (`ibv_qp_init_attr`).
 #[derive(Debug, Clone)]
@@ -141,16 +132,6 @@ impl QpInitAttr {
 pub struct WqSizes {
     pub max_send_wr: u32,
     pub max_recv_wr: u32,
-}
-
-/// Alternate path information. softhca has no Automatic Path Migration, so supplying it is
-/// `NotSupported` (MOD-GEN-9); the type exists so that the tables can be exercised.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AltPath {
-    pub av: AddressVector,
-    pub pkey_index: u16,
-    pub port_num: u8,
-    pub timeout: u8,
 }
 
 /// A Modify QP request: the next state plus the parameters supplied. Every `None` is a
@@ -306,120 +287,22 @@ impl QpAttr {
     }
 }
 
-/// A QP's current attributes, as Query QP returns them (QPS-GEN-2).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QpAttrs {
-    pub qp_state: QpState,
-    /// Inbound enables: REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC.
-    pub qp_access_flags: Access,
-    pub pkey_index: u16,
-    pub qkey: u32,
-    pub port_num: u8,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
-    pub max_dest_rd_atomic: u8,
-    pub max_rd_atomic: u8,
-    pub av: Option<AddressVector>,
-    pub dest_qp_num: u32,
-    pub min_rnr_timer: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub path_mig_state: MigState,
-    /// In SQD with messages still in progress.
-    pub sq_draining: bool,
-    pub en_sqd_async_notify: bool,
-    pub cap: QpCap,
-}
-
-impl QpAttrs {
-    fn reset(cap: QpCap) -> Self {
-        QpAttrs {
-            qp_state: QpState::Reset,
-            qp_access_flags: Access::empty(),
-            pkey_index: 0,
-            qkey: 0,
-            port_num: 1,
-            rq_psn: 0,
-            sq_psn: 0,
-            max_dest_rd_atomic: 0,
-            max_rd_atomic: 0,
-            av: None,
-            dest_qp_num: 0,
-            min_rnr_timer: 0,
-            timeout: 0,
-            retry_cnt: 0,
-            rnr_retry: 0,
-            path_mig_state: MigState::Migrated,
-            sq_draining: false,
-            en_sqd_async_notify: false,
-            cap,
-        }
-    }
-
-    fn set_enable(&mut self, right: Access, on: bool) {
-        self.qp_access_flags.set(right, on);
-    }
-}
-
-pub(crate) struct QpCore {
-    pub attrs: QpAttrs,
-    /// The engine's ends of the rings `QpInner::sq_ring` and `QpInner::rq_ring`.
-    pub sq: Consumer<SendWqe>,
-    pub rq: Consumer<RecvWqe>,
-    /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
-    /// reused so that taking SRQ WQEs does not allocate.
-    pub srq_wqe: RecvWqe,
-    pub srq_bound: bool,
-    /// The IP header toward the connected peer, with the GID generation and address it was
-    /// built for: every packet of an RC or UC QP needs it, and the GID table's lock is not free.
-    pub route: Option<(u64, super::types::AhAttr, crate::wire::IpRepr)>,
-    /// The SQ Logic; its `started` count is the in-progress messages SQD drains.
-    pub req: crate::transport::requester::ReqState,
-    /// The RQ Logic.
-    pub resp: crate::transport::responder::RespState,
-    /// The SQ Drained event was requested at RTS→SQD and not yet raised (EVT-SQD-5).
-    pub sqd_event_pending: bool,
-    /// RD: the message an EEC carries for this QP and the receive WQEs channels hold.
-    pub rd: crate::transport::rd::RdQp,
-    /// Responses sent in a row (see `transport::engine::RESPONSE_BURST`).
-    pub resp_streak: u8,
-}
-
-pub(crate) struct QpInner {
-    pub qpn: u32,
-    pub qp_type: QpType,
-    pub dev: Arc<DeviceInner>,
-    pub pd: Pd,
-    pub send_cq: Cq,
-    pub recv_cq: Cq,
-    pub sq_sig_all: bool,
-    pub srq: Option<super::srq::Srq>,
-    pub rdd: Option<super::eec::Rdd>,
-    /// RD: bumped whenever the QP drops the message an EEC carries for it (flush, Reset,
-    /// Destroy), so that the EEC, which must not take the QP's lock, sees it is orphaned.
-    pub rd_epoch: std::sync::atomic::AtomicU64,
-    pub stats: crate::transport::engine::Stats,
-    /// Fixed at creation (Modify QP resizes only the queues), so posters check WRs against
-    /// them without `core`.
-    pub max_send_sge: u32,
-    pub max_recv_sge: u32,
-    pub max_inline_data: u32,
-    /// The posting ends of the SQ and the RQ.
-    pub sq_ring: Arc<Ring<SendWqe>>,
-    pub rq_ring: Arc<Ring<RecvWqe>>,
-    /// `core.attrs.qp_state` as a `QpState` discriminant, for posters; stored only with `core`
-    /// held, right after the state changes.
-    state: AtomicU8,
-    /// Set by Destroy QP, with `core` and both producer locks held.
-    pub destroyed: AtomicBool,
-    pub core: Mutex<QpCore>,
-}
-
 /// A queue pair (`ibv_qp`). Cloning gives another handle to the same QP.
 #[derive(Clone)]
 pub struct Qp {
     pub(crate) inner: Arc<QpInner>,
+    res: Arc<QpResources>,
+}
+
+/// The verbs objects a QP holds (and keeps from being destroyed) while it exists; the
+/// transport's `QpInner` reaches them only through its narrow interface.
+struct QpResources {
+    dev: Arc<DeviceInner>,
+    pd: Pd,
+    send_cq: Cq,
+    recv_cq: Cq,
+    srq: Option<super::srq::Srq>,
+    rdd: Option<super::eec::Rdd>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -517,12 +400,12 @@ impl Context {
             qpn,
             qp_type: init.qp_type,
             dev: self.inner.clone(),
-            pd: pd.clone(),
-            send_cq: init.send_cq.clone(),
-            recv_cq: init.recv_cq.clone(),
+            pd: pd.inner.handle,
+            send_cq: Arc::new(init.send_cq.clone()),
+            recv_cq: Arc::new(init.recv_cq.clone()),
             sq_sig_all: init.sq_sig_all,
-            srq: init.srq.clone(),
-            rdd,
+            srq: init.srq.clone().map(|s| Arc::new(s) as Arc<dyn SharedReceiveQueue>),
+            rdd: rdd.as_ref().map(|r| r.inner.handle),
             rd_epoch: Default::default(),
             stats: Default::default(),
             max_send_sge: cap.max_send_sge,
@@ -546,9 +429,17 @@ impl Context {
                 resp_streak: 0,
             }),
         });
-        self.inner.qps.write().unwrap_or_else(|e| e.into_inner()).insert(qpn, inner.clone());
+        self.inner.engine.qps.write().unwrap_or_else(|e| e.into_inner()).insert(qpn, inner.clone());
         tracing::debug!(device = %self.inner.name, qpn, qp_type = ?init.qp_type, "QP created");
-        Ok(Qp { inner })
+        let res = QpResources {
+            dev: self.inner.clone(),
+            pd: pd.clone(),
+            send_cq: init.send_cq.clone(),
+            recv_cq: init.recv_cq.clone(),
+            srq: init.srq.clone(),
+            rdd,
+        };
+        Ok(Qp { inner, res: Arc::new(res) })
     }
 }
 
@@ -580,37 +471,11 @@ pub(crate) fn prepare_recv(max_sge: u32) -> impl FnMut(&mut RecvWqe) {
     move |w| w.sges.reserve(sges)
 }
 
-/// Posts one CQE for a WQE that did not execute. Error CQEs are solicited events (EVT-SOL-2,
-/// EVT-SOL-5). False when the CQ was full: it has raised its CQ Error, and the caller moves
-/// the QP to Error unless it is there already (CQ-OVF-2).
-fn flush_cqe(cq: &Cq, qpn: u32, wr_id: u64, opcode: WcOpcode) -> bool {
-    let wc = Wc { wr_id, status: WcStatus::WrFlushErr, opcode, qp_num: qpn, ..Default::default() };
-    cq.push(wc, true).is_ok()
-}
-
-pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
-    match op {
-        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::Resync => WcOpcode::Send,
-        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
-        WrOpcode::RdmaRead => WcOpcode::RdmaRead,
-        WrOpcode::AtomicCmpSwp => WcOpcode::CompSwap,
-        WrOpcode::AtomicFetchAdd => WcOpcode::FetchAdd,
-        WrOpcode::BindMw => WcOpcode::BindMw,
-        WrOpcode::LocalInv => WcOpcode::LocalInv,
-    }
-}
-
-impl QpInner {
-    /// Counts an event on this QP and on its device.
-    pub fn bump(&self, counter: impl Fn(&crate::transport::engine::Stats) -> &crate::transport::engine::Counter) {
-        counter(&self.dev.stats).inc();
-        counter(&self.stats).inc();
-    }
-
-    pub fn lock(&self) -> Result<MutexGuard<'_, QpCore>> {
-        self.dev.check_open()?;
-        let core = self.core.lock().unwrap_or_else(|e| e.into_inner());
-        if self.destroyed.load(Ordering::Acquire) {
+impl Qp {
+    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, QpCore>> {
+        self.res.dev.check_open()?;
+        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+        if self.inner.destroyed.load(Ordering::Acquire) {
             return Err(VerbsError::InvalidQpHandle);
         }
         Ok(core)
@@ -620,104 +485,29 @@ impl QpInner {
     /// what a post may do.
     fn exclusive(&self) -> Result<(MutexGuard<'_, QpCore>, Producer<'_, SendWqe>, Producer<'_, RecvWqe>)> {
         let core = self.lock()?;
-        Ok((core, self.sq_ring.producer(), self.rq_ring.producer()))
-    }
-
-    /// The state as a poster sees it, without `core`.
-    fn posted_state(&self) -> QpState {
-        // SeqCst: the poster's half of the handshake in the module doc.
-        let s = self.state.load(Ordering::SeqCst);
-        QpState::ALL.get(s as usize).copied().unwrap_or(QpState::Error)
-    }
-
-    /// Makes `core.attrs.qp_state` visible to posters. It must come before any flush that
-    /// follows the change: the engine's half of the handshake in the module doc.
-    fn mirror_state(&self, core: &QpCore) {
-        self.state.store(core.attrs.qp_state as u8, Ordering::SeqCst);
+        Ok((core, self.inner.sq_ring.producer(), self.inner.rq_ring.producer()))
     }
 
     /// The end of a post that published through `producer`: the engine may have moved the QP
     /// to Error since the poster read the state, and its flush may have missed what was just
     /// published (module doc), so `flush` (under `core`) takes whatever is left. Nothing to do
     /// if a Reset or a Destroy discarded it first.
-    fn finish_post<T>(&self, producer: Producer<'_, T>, flush: impl FnOnce(&Self, &mut QpCore)) {
-        let raced = self.posted_state() == QpState::Error;
+    fn finish_post<T>(&self, producer: Producer<'_, T>, flush: impl FnOnce(&QpInner, &mut QpCore)) {
+        let raced = self.inner.posted_state() == QpState::Error;
         drop(producer);
         if !raced {
             return;
         }
         let Ok(mut core) = self.lock() else { return };
         if core.attrs.qp_state == QpState::Error {
-            flush(self, &mut core);
+            flush(&self.inner, &mut core);
         }
-    }
-
-    /// Flushes every outstanding WQE of both queues, each queue in post order (ERR-FLUSH-1,
-    /// ERR-FLUSH-3, ERR-FLUSH-5, ERR-FLUSH-6).
-    pub fn flush_all(&self, core: &mut QpCore) {
-        self.flush_sq(core);
-        // WQEs held by RD channels were bound before those still on the RQ.
-        crate::transport::rd::release(self, core, true);
-        core.req.started = 0;
-        core.req.cursor = 0;
-        core.req.cursor_off = 0;
-        self.flush_rq(core);
-        if std::mem::take(&mut core.srq_bound) {
-            flush_cqe(&self.recv_cq, self.qpn, core.srq_wqe.wr_id, WcOpcode::Recv);
-        }
-        self.last_wqe_reached();
-    }
-
-    /// Flushes every SQ WQE, in post order.
-    fn flush_sq(&self, core: &mut QpCore) {
-        self.flush_sq_first(core, usize::MAX);
-    }
-
-    /// Flushes the `n` oldest SQ WQEs (or as many as there are), in post order.
-    /// False when a flush CQE did not fit in the CQ.
-    fn flush_sq_first(&self, core: &mut QpCore, n: usize) -> bool {
-        if core.rd.active.take().is_some() {
-            self.rd_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        }
-        let mut fitted = true;
-        for _ in 0..n {
-            let Some(w) = core.sq.get(0) else { break };
-            let (wr_id, opcode) = (w.wr_id, wc_opcode_of(w.opcode));
-            core.sq.pop();
-            fitted &= flush_cqe(&self.send_cq, self.qpn, wr_id, opcode);
-        }
-        fitted
-    }
-
-    /// Flushes every RQ WQE, in post order.
-    fn flush_rq(&self, core: &mut QpCore) {
-        while let Some(w) = core.rq.get(0) {
-            let wr_id = w.wr_id;
-            core.rq.pop();
-            self.flush_recv_cqe(core, wr_id, 1);
-        }
-    }
-
-    /// Flushes one receive WQE. An RD QP's CQE carries the freed resource count (CQE-15): the
-    /// `slots` this WQE frees now (1 from the RQ, 0 when a channel held it) plus those channels
-    /// freed at bind since the last receive CQE.
-    pub(crate) fn flush_recv_cqe(&self, core: &mut QpCore, wr_id: u64, slots: u32) -> bool {
-        let freed = if self.qp_type == QpType::Rd { slots + std::mem::take(&mut core.rd.freed) } else { 0 };
-        let wc = Wc {
-            wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode: WcOpcode::Recv,
-            qp_num: self.qpn,
-            freed,
-            ..Default::default()
-        };
-        self.recv_cq.push(wc, true).is_ok()
     }
 
     /// Checks every value a Modify QP request supplies against the device and the QP
     /// (MOD-GEN-8..11, MOD-GEN-13 via the `Mtu` type, MOD-SQD-RTS-RC-1).
     fn check_values(&self, core: &QpCore, attr: &QpAttr, supplied: AttrMask) -> Result<()> {
-        let dev = &self.dev;
+        let dev = &self.res.dev;
         let bad = |bit: AttrMask, why: &'static str| Err(VerbsError::InvalidAttribute(bit, why));
         if supplied.contains(AttrMask::ALT_PATH) && !dev.attr.auto_path_mig {
             return Err(VerbsError::NotSupported("automatic path migration"));
@@ -857,86 +647,6 @@ impl QpInner {
         }
     }
 
-    /// Moves the QP to Error outside Modify QP (QPT-AUTO-3, QPT-AUTO-4, QPT-AUTO-6). With
-    /// `flush` every outstanding WQE is flushed (ERR-FLUSH-1); without it (Class G, ERR-G-2)
-    /// they are discarded with no CQE. Responses already queued (the NAK of the error) still
-    /// go out.
-    pub fn enter_error(&self, core: &mut QpCore, flush: bool) {
-        if core.attrs.qp_state != QpState::Error {
-            tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → Error");
-        }
-        core.attrs.qp_state = QpState::Error;
-        self.mirror_state(core);
-        core.attrs.sq_draining = false;
-        core.sqd_event_pending = false;
-        core.req.ack_deadline = None;
-        core.req.rnr_deadline = None;
-        if flush {
-            self.flush_all(core);
-        } else {
-            core.sq.discard();
-            core.rq.discard();
-            core.srq_bound = false;
-            core.req.started = 0;
-            core.req.cursor = 0;
-            crate::transport::rd::release(self, core, false);
-            self.last_wqe_reached();
-        }
-    }
-
-    /// EVT-LWR-1: a QP on an SRQ that enters Error reports Last WQE Reached once its last
-    /// SRQ WQE has its CQE; here that CQE (if any) was just written by the flush.
-    fn last_wqe_reached(&self) {
-        if self.srq.is_some() {
-            self.dev.raise(AsyncEvent {
-                event_type: AsyncEventType::QpLastWqeReached,
-                element: EventElement::Qp(self.qpn),
-            });
-        }
-    }
-
-    /// A UC, UD or RD SQ WQE completed in error: the QP moves to SQE and the WQEs queued
-    /// behind it are flushed (ERR-SQ-1, ERR-SQE-1, QPT-AUTO-1, QPT-AUTO-2); WRs posted from now
-    /// on wait for SQE→RTS. This is the first half, done before the error CQE is written: from
-    /// here on a
-    /// poster sees SQE and its WR waits for SQE→RTS. Returns how many WQEs were published
-    /// before (SeqCst, against the poster's publish-then-look): those, and only those, are
-    /// flushed by [`QpInner::finish_sqe`]. An application that polled the error CQE and then
-    /// posted must find its WR held, not flushed (QPS-SQE, ERR-SQ-1).
-    pub fn begin_sqe(&self, core: &mut QpCore) -> usize {
-        tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → SQE");
-        core.attrs.qp_state = QpState::Sqe;
-        self.mirror_state(core);
-        core.attrs.sq_draining = false;
-        core.sqd_event_pending = false;
-        core.sq.len()
-    }
-
-    /// The second half: flushes the `queued` WQEs that preceded the move to SQE.
-    pub fn finish_sqe(&self, core: &mut QpCore, queued: usize) {
-        if !self.flush_sq_first(core, queued) {
-            self.enter_error(core, false); // CQ-OVF-2: a flush CQE did not fit
-            return;
-        }
-        let psn = core.req.psn;
-        let (retry, rnr) = (core.attrs.retry_cnt, core.attrs.rnr_retry);
-        core.req.start(psn, retry, rnr);
-    }
-
-    /// Raises SQ Drained once the drain a RTS→SQD asked about is over (EVT-SQD-1, -3, -4, -5).
-    pub fn check_drained(&self, core: &mut QpCore) {
-        if core.attrs.qp_state == QpState::Sqd && core.req.started == 0 {
-            core.attrs.sq_draining = false;
-            if core.sqd_event_pending {
-                core.sqd_event_pending = false;
-                self.dev
-                    .raise(AsyncEvent { event_type: AsyncEventType::SqDrained, element: EventElement::Qp(self.qpn) });
-            }
-        }
-    }
-}
-
-impl Qp {
     /// The 24-bit QP number.
     pub fn qp_num(&self) -> u32 {
         self.inner.qpn
@@ -947,25 +657,25 @@ impl Qp {
     }
 
     pub fn pd(&self) -> &Pd {
-        &self.inner.pd
+        &self.res.pd
     }
 
     pub fn send_cq(&self) -> &Cq {
-        &self.inner.send_cq
+        &self.res.send_cq
     }
 
     pub fn recv_cq(&self) -> &Cq {
-        &self.inner.recv_cq
+        &self.res.recv_cq
     }
 
     /// The current state.
     pub fn state(&self) -> Result<QpState> {
-        Ok(self.inner.lock()?.attrs.qp_state)
+        Ok(self.lock()?.attrs.qp_state)
     }
 
     /// Query QP: the current state and attributes (QPS-GEN-2).
     pub fn query(&self) -> Result<QpAttrs> {
-        Ok(self.inner.lock()?.attrs.clone())
+        Ok(self.lock()?.attrs.clone())
     }
 
     /// Modify QP. Either everything the request asks happens, or (on error) nothing at all
@@ -978,7 +688,7 @@ impl Qp {
         let q = &self.inner;
         // Posters wait until the change is complete: none may publish into a queue that a
         // Reset is discarding or a resize is moving, nor post in a state that no longer holds.
-        let (mut core, mut sq, mut rq) = q.exclusive()?;
+        let (mut core, mut sq, mut rq) = self.exclusive()?;
         let from = core.attrs.qp_state;
         let to = attr.qp_state;
         let supplied = attr.mask(q.qp_type)?;
@@ -991,10 +701,10 @@ impl Qp {
         {
             return Err(VerbsError::InvalidQpState);
         }
-        q.check_values(&core, attr, supplied)?;
+        self.check_values(&core, attr, supplied)?;
 
         let mut next = core.attrs.clone();
-        q.apply(&mut next, attr, supplied);
+        self.apply(&mut next, attr, supplied);
         next.qp_state = to;
         match to {
             QpState::Reset => {
@@ -1007,8 +717,8 @@ impl Qp {
                 core.req = Default::default();
                 core.resp = Default::default();
                 core.sqd_event_pending = false;
-                q.send_cq.purge_qp(q.qpn);
-                q.recv_cq.purge_qp(q.qpn);
+                self.res.send_cq.purge_qp(q.qpn);
+                self.res.recv_cq.purge_qp(q.qpn);
                 let cap = core.attrs.cap;
                 core.attrs = QpAttrs::reset(cap);
                 q.mirror_state(&core);
@@ -1052,7 +762,7 @@ impl Qp {
         }
         tracing::debug!(qpn = q.qpn, %from, %to, ?supplied, "modify QP");
         drop((rq, sq, core));
-        q.dev.ring();
+        self.res.dev.ring();
         Ok(())
     }
 
@@ -1064,7 +774,7 @@ impl Qp {
 
     fn post_send_locked(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let q = &self.inner;
-        q.dev.check_open().map_err(at(0))?;
+        self.res.dev.check_open().map_err(at(0))?;
         let mut sq = q.sq_ring.producer();
         if q.destroyed.load(Ordering::Acquire) {
             return Err(at(0)(VerbsError::InvalidQpHandle));
@@ -1075,29 +785,29 @@ impl Qp {
             return self.post_send_with_core(wrs);
         }
         self.queue_send(state, &mut sq, wrs)?;
-        q.finish_post(sq, |q, core| q.flush_sq(core));
-        q.dev.ring();
+        self.finish_post(sq, |q, core| q.flush_sq(core));
+        self.res.dev.ring();
         Ok(())
     }
 
     /// Post Send holding `core`, where the state cannot change under it: for posting in Error.
     fn post_send_with_core(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let q = &self.inner;
-        let mut core = q.lock().map_err(at(0))?;
+        let mut core = self.lock().map_err(at(0))?;
         let mut sq = q.sq_ring.producer();
         let state = core.attrs.qp_state;
         if state == QpState::Error {
             self.check_sends(wrs, None)?;
             q.flush_sq(&mut core);
             for wr in wrs {
-                flush_cqe(&q.send_cq, q.qpn, wr.wr_id, wc_opcode_of(wr.opcode));
+                flush_cqe(&*q.send_cq, q.qpn, wr.wr_id, wc_opcode_of(wr.opcode));
             }
         } else {
             // Out of Error again (a Reset and back) since the state was first read.
             self.queue_send(state, &mut sq, wrs)?;
         }
         drop((sq, core));
-        q.dev.ring();
+        self.res.dev.ring();
         Ok(())
     }
 
@@ -1163,7 +873,7 @@ impl Qp {
         if q.qp_type == QpType::Ud {
             let ah = wr.ah.ok_or(VerbsError::InvalidWr("a UD send needs an address handle"))?;
             ah.check()?;
-            if !Arc::ptr_eq(&ah.inner.pd, &q.pd.inner) {
+            if !Arc::ptr_eq(&ah.inner.pd, &self.res.pd.inner) {
                 return Err(VerbsError::InvalidWr("address handle of another protection domain"));
             }
             if wr.remote_qpn > 0xFF_FFFF {
@@ -1184,7 +894,7 @@ impl Qp {
 
     fn post_recv_locked(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let q = &self.inner;
-        q.dev.check_open().map_err(at(0))?;
+        self.res.dev.check_open().map_err(at(0))?;
         let mut rq = q.rq_ring.producer();
         if q.destroyed.load(Ordering::Acquire) {
             return Err(at(0)(VerbsError::InvalidQpHandle));
@@ -1195,7 +905,7 @@ impl Qp {
             return self.post_recv_with_core(wrs);
         }
         self.queue_recv(state, &mut rq, wrs)?;
-        q.finish_post(rq, |q, core| q.flush_rq(core));
+        self.finish_post(rq, |q, core| q.flush_rq(core));
         // No doorbell: the RQ Logic is passive. It takes a WQE when a request arrives, and a
         // requester held off by an RNR NAK retries on its own timer (PKT-RNR-2).
         Ok(())
@@ -1204,7 +914,7 @@ impl Qp {
     /// Post Receive holding `core`: for posting in Error.
     fn post_recv_with_core(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let q = &self.inner;
-        let mut core = q.lock().map_err(at(0))?;
+        let mut core = self.lock().map_err(at(0))?;
         let mut rq = q.rq_ring.producer();
         let state = core.attrs.qp_state;
         if state == QpState::Error {
@@ -1222,7 +932,7 @@ impl Qp {
 
     /// Like [`Qp::check_sends`], for receives; a QP on an SRQ takes none.
     fn check_recvs(&self, wrs: &[RecvWr<'_>], free: Option<usize>) -> std::result::Result<(), PostError> {
-        if self.inner.srq.is_some() {
+        if self.res.srq.is_some() {
             return Err(at(0)(VerbsError::InvalidWr("the QP receives through an SRQ")));
         }
         for (i, wr) in wrs.iter().enumerate() {
@@ -1286,7 +996,7 @@ impl Qp {
 
     /// WQEs outstanding on the SQ and the RQ.
     pub fn outstanding(&self) -> Result<(usize, usize)> {
-        let core = self.inner.lock()?;
+        let core = self.lock()?;
         Ok((core.sq.len(), core.rq.len()))
     }
 
@@ -1298,7 +1008,7 @@ impl Qp {
 
     fn destroy_locked(&self) -> Result<()> {
         let q = &self.inner;
-        let (mut core, sq, rq) = q.exclusive()?;
+        let (mut core, sq, rq) = self.exclusive()?;
         // The ACKs this QP owes outlive it: the application may have seen the completions they
         // acknowledge, and a peer waiting for them would retry into a missing QP. Built now,
         // sent by the next transmit (the doorbell below asks for it).
@@ -1308,21 +1018,21 @@ impl Qp {
         core.sq.discard();
         core.rq.discard();
         drop((rq, sq, core));
-        q.dev.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
-        q.send_cq.detach();
-        q.recv_cq.detach();
-        if let Some(srq) = &q.srq {
+        self.res.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
+        self.res.send_cq.detach();
+        self.res.recv_cq.detach();
+        if let Some(srq) = &self.res.srq {
             srq.detach();
         }
-        q.pd.inner.release();
-        if let Some(rdd) = &q.rdd {
+        self.res.pd.inner.release();
+        if let Some(rdd) = &self.res.rdd {
             rdd.inner.release();
         }
         // Its unread asynchronous events name a QP that no longer exists: dropped, as the
         // kernel drops them.
-        q.dev.purge_async_events(super::types::EventElement::Qp(q.qpn));
-        give(&q.dev.counts.qp);
-        q.dev.orphan(owed);
+        self.res.dev.purge_async_events(super::types::EventElement::Qp(q.qpn));
+        give(&self.res.dev.counts.qp);
+        self.res.dev.orphan(owed);
         tracing::debug!(qpn = q.qpn, "QP destroyed");
         Ok(())
     }
@@ -1345,9 +1055,7 @@ fn wr_length(wr: &SendWr<'_>) -> u64 {
 /// Copies an INLINE WR's gather list into `out`, each piece checked against its L_Key.
 fn inline_from_sges(q: &QpInner, sges: &[crate::types::Sge], out: &mut Vec<u8>) -> bool {
     for s in sges {
-        let Ok(m) =
-            super::mr::check_access(&q.dev, s.lkey, q.pd.inner.handle, s.addr, s.length as u64, Access::empty())
-        else {
+        let Ok(m) = q.dev.check_access(s.lkey, q.pd, s.addr, s.length as u64, Access::empty()) else {
             return false;
         };
         let at = out.len();
@@ -1402,7 +1110,7 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{AhAttr, Gid, Mtu};
+    use crate::types::{AhAttr, Gid, Mtu, WcOpcode, WcStatus};
     use crate::verbs::device::DeviceConfig;
 
     /// An RC QP in RTS (connected to itself; nothing is sent) and its one CQ.
@@ -1432,7 +1140,7 @@ mod tests {
             let q = &qp.inner;
             // The engine's step. Taking `core` while a producer lock is held breaks the lock
             // order, which is harmless here: nothing runs on another thread.
-            let enter_error = || q.enter_error(&mut q.lock().unwrap(), true);
+            let enter_error = || q.enter_error(&mut qp.lock().unwrap(), true);
 
             let mut sq = q.sq_ring.producer();
             let state = q.posted_state();
@@ -1444,7 +1152,7 @@ mod tests {
             if !engine_first {
                 enter_error();
             }
-            q.finish_post(sq, |q, core| q.flush_sq(core));
+            qp.finish_post(sq, |q, core| q.flush_sq(core));
             let wc = cq.poll_one().unwrap().unwrap();
             assert_eq!((wc.wr_id, wc.status, wc.opcode), (7, WcStatus::WrFlushErr, WcOpcode::Send));
             assert_eq!(cq.poll_one().unwrap(), None);
@@ -1463,7 +1171,7 @@ mod tests {
             if !engine_first {
                 enter_error();
             }
-            q.finish_post(rq, |q, core| q.flush_rq(core));
+            qp.finish_post(rq, |q, core| q.flush_rq(core));
             let wc = cq.poll_one().unwrap().unwrap();
             assert_eq!((wc.wr_id, wc.status, wc.opcode), (8, WcStatus::WrFlushErr, WcOpcode::Recv));
             assert_eq!(cq.poll_one().unwrap(), None);

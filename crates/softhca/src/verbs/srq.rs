@@ -14,6 +14,7 @@ use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
 use super::types::{AsyncEvent, AsyncEventType, EventElement};
 use super::wr::RecvWr;
+use crate::transport::hca::SharedReceiveQueue;
 use crate::transport::wq::{Consumer, Producer, Ring};
 use crate::transport::wqe::RecvWqe;
 
@@ -219,14 +220,21 @@ impl Srq {
         let mut c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
         c.qps = c.qps.saturating_sub(1);
     }
+}
 
-    pub(crate) fn has_wqe(&self) -> bool {
+/// How the QPs attached to an SRQ take its WQEs (see `transport::hca`).
+impl SharedReceiveQueue for Srq {
+    fn pd(&self) -> u32 {
+        self.inner.pd.inner.handle
+    }
+
+    fn has_wqe(&self) -> bool {
         self.consumer().is_some_and(|c| !c.rq.is_empty())
     }
 
     /// Takes the head WQE for a QP's inbound message. Leaving fewer than an armed limit raises
     /// SRQ Limit Reached once and disarms the limit.
-    pub(crate) fn take_into(&self, slot: &mut RecvWqe) -> bool {
+    fn take_into(&self, slot: &mut RecvWqe) -> bool {
         let fire = {
             let Some(mut c) = self.consumer() else { return false };
             let Some(w) = c.rq.get(0) else { return false };

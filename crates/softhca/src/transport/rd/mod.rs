@@ -20,11 +20,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::mem::MemRef;
+use crate::transport::hca::Hca;
+use crate::transport::qp::{QpCore, QpInner};
+use crate::transport::rd::eec::{EecAttrs, EecInner};
 use crate::transport::wqe::SendWqe;
 use crate::types::{Gid, QpState, QpType, WcStatus};
-use crate::verbs::device::DeviceInner;
-use crate::verbs::eec::{EecAttrs, EecInner};
-use crate::verbs::qp::{QpCore, QpInner};
 use crate::wire::aeth::Syndrome;
 use crate::wire::opcode::Operation;
 use crate::wire::roce::RoceDatagram;
@@ -33,6 +33,7 @@ use super::completer::Response;
 use super::engine::{pkey_match, RESPONSE_BURST};
 use super::responder::{Request, RespJob};
 
+pub(crate) mod eec;
 mod receive;
 mod send;
 
@@ -168,8 +169,8 @@ impl EecEngine {
     }
 }
 
-fn find_eec(dev: &DeviceInner, eecn: u32) -> Option<Arc<EecInner>> {
-    dev.eecs.read().unwrap_or_else(|e| e.into_inner()).get(&eecn).cloned()
+fn find_eec(dev: &dyn Hca, eecn: u32) -> Option<Arc<EecInner>> {
+    dev.engine().eecs.read().unwrap_or_else(|e| e.into_inner()).get(&eecn).cloned()
 }
 
 fn mtu_of(a: &EecAttrs) -> u64 {
@@ -177,21 +178,21 @@ fn mtu_of(a: &EecAttrs) -> u64 {
 }
 
 /// The EECs' turn: responses first, then the next request packet of each channel's message.
-pub(crate) fn transmit(dev: &DeviceInner, now: u64, buf: &mut [u8]) -> Option<usize> {
-    if dev.counts.eec.load(Ordering::Relaxed) == 0 {
+pub(crate) fn transmit(dev: &dyn Hca, now: u64, buf: &mut [u8]) -> Option<usize> {
+    if dev.engine().live_eecs.load(Ordering::Relaxed) == 0 {
         return None; // no RD here: keep the EEC table's lock off the other services' path
     }
     // The table stays read-locked while the channels take their turn (no copy of it per call):
     // nothing takes the table's write lock while holding an EEC's lock.
-    let map = dev.eecs.read().unwrap_or_else(|e| e.into_inner());
-    let start = dev.eec_cursor.load(Ordering::Relaxed);
+    let map = dev.engine().eecs.read().unwrap_or_else(|e| e.into_inner());
+    let start = dev.engine().eec_cursor.load(Ordering::Relaxed);
     for eec in map.range(start..).chain(map.range(..start)).map(|(_, e)| e) {
         let mut ec = eec.lock();
         if ec.destroyed || matches!(ec.attrs.state, QpState::Reset | QpState::Init | QpState::Error) {
             continue;
         }
         // One packet per channel per turn: the next turn starts at the next channel.
-        let next = || dev.eec_cursor.store(eec.eecn.wrapping_add(1), Ordering::Relaxed);
+        let next = || dev.engine().eec_cursor.store(eec.eecn.wrapping_add(1), Ordering::Relaxed);
         if ec.engine.resp_streak < RESPONSE_BURST {
             if let Some(len) = emit_response(eec, &mut ec, buf) {
                 ec.engine.resp_streak += 1;
@@ -219,7 +220,7 @@ pub(crate) fn transmit(dev: &DeviceInner, now: u64, buf: &mut [u8]) -> Option<us
 /// Header validation and dispatch of an RD packet: the EEC the RDETH names, then the QP the
 /// BTH names. Returns false when the packet was dropped.
 pub(crate) fn deliver(
-    dev: &DeviceInner,
+    dev: &dyn Hca,
     qps: &std::collections::BTreeMap<u32, Arc<QpInner>>,
     now: u64,
     d: &RoceDatagram<'_>,
@@ -250,7 +251,7 @@ pub(crate) fn deliver(
     }
     let our_pkey = dev.pkey(ec.attrs.pkey_index).unwrap_or(0);
     if !pkey_match(bth.p_key, our_pkey) {
-        dev.stats.pkey_violations.inc(); // PKT-VAL-7
+        dev.engine().stats.pkey_violations.inc(); // PKT-VAL-7
         return false;
     }
     let src = Gid::from_ipv6(d.ip.src_gid());

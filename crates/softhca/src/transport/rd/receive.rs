@@ -4,10 +4,9 @@
 use std::sync::Arc;
 
 use crate::mem::MemRef;
+use crate::transport::qp::{QpCore, QpInner};
+use crate::transport::rd::eec::{EecCore, EecInner};
 use crate::types::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
-use crate::verbs::eec::{EecCore, EecInner};
-use crate::verbs::mr::check_access;
-use crate::verbs::qp::{QpCore, QpInner};
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::{Psn, PsnClass};
@@ -28,7 +27,7 @@ pub(super) fn reap_held(q: &QpInner, core: &mut QpCore) {
     let mut i = 0;
     while i < core.rd.held.len() {
         let (eecn, token, wr_id) = core.rd.held[i];
-        let alive = find_eec(&q.dev, eecn).is_some_and(|eec| {
+        let alive = find_eec(&*q.dev, eecn).is_some_and(|eec| {
             let ec = eec.lock();
             !ec.destroyed
                 && matches!(ec.attrs.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
@@ -54,7 +53,7 @@ pub(crate) fn owed_acks(eec: &EecInner, ec: &mut EecCore) -> Vec<Vec<u8>> {
 }
 
 pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) -> Option<usize> {
-    let dev = &eec.dev;
+    let dev = &*eec.dev;
     let ip = ip_for(dev, &ec.attrs.av?.ah)?;
     let pkey = dev.pkey(ec.attrs.pkey_index).unwrap_or(0xFFFF);
     let dest_eecn = ec.attrs.dest_eecn;
@@ -196,7 +195,7 @@ pub(super) fn receive(
     r: &Request<'_>,
     mtu: u64,
 ) -> Result<(), Fail> {
-    if q.rdd.as_ref() != Some(&eec.rdd) {
+    if q.rdd != Some(eec.rdd) {
         // The QP is not in the channel's domain: Invalid RD Request, and nothing changes on
         // that QP whatever else is wrong with the packet (DESIGN rule 5).
         return Err(Fail::Fatal { nak: NakCode::InvalidRdRequest, status: WcStatus::RemInvRdReqErr, to_error: false });
@@ -280,10 +279,10 @@ impl QpCore {
 
 /// Checks a bound WQE's scatter list with local write access against the PD it was posted in.
 pub(super) fn check_scatter(q: &QpInner, sges: &[crate::types::Sge]) -> Option<Vec<MemRef>> {
-    let pd = q.srq.as_ref().map_or(q.pd.inner.handle, |s| s.inner.pd.inner.handle);
+    let pd = q.srq.as_ref().map_or(q.pd, |s| s.pd());
     sges.iter()
         .filter(|s| s.length > 0)
-        .map(|s| check_access(&q.dev, s.lkey, pd, s.addr, s.length as u64, Access::LOCAL_WRITE).ok())
+        .map(|s| q.dev.check_access(s.lkey, pd, s.addr, s.length as u64, Access::LOCAL_WRITE).ok())
         .collect()
 }
 
@@ -424,11 +423,12 @@ pub(super) fn rd_write(
             if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
                 return Err(invalid()); // ERR-RQ-12
             }
-            let pd = q.pd.inner.handle;
+            let pd = q.pd;
             let grant = match total {
                 0 => None,
                 _ => Some(
-                    Grant::new(&q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).ok_or_else(access_fail)?,
+                    Grant::new(&*q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE)
+                        .ok_or_else(access_fail)?,
                 ), // ERR-RQ-9
             };
             (grant, 0, total)
@@ -449,7 +449,7 @@ pub(super) fn rd_write(
     };
     if let Some(g) = &mut grant {
         // Through a grant that checks its key again if one was revoked since (see `Grant`).
-        let written = g.bytes(&q.dev, offset, len).is_some_and(|(m, at)| m.write(at, r.payload).is_ok());
+        let written = g.bytes(&*q.dev, offset, len).is_some_and(|(m, at)| m.write(at, r.payload).is_ok());
         if !written {
             if let Some((token, wr_id, _)) = held {
                 complete_held(q, core, eec.eecn, token, wr_id, WcStatus::RemAccessErr, 0, None, r, false);
@@ -488,10 +488,10 @@ pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Requ
     if len > 1 << 31 {
         return Err(invalid());
     }
-    let pd = q.pd.inner.handle;
+    let pd = q.pd;
     let grant = match len {
         0 => None,
-        _ => Some(Grant::new(&q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or_else(access_fail)?), // ERR-RQ-9
+        _ => Some(Grant::new(&*q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or_else(access_fail)?), // ERR-RQ-9
     };
     let npkts = len.div_ceil(mtu).max(1) as u32;
     let psn = r.psn.value();
@@ -515,8 +515,7 @@ pub(super) fn rd_atomic(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Re
     if !room_for_read_or_atomic(core, ec) {
         return Err(invalid()); // ERR-RQ-6
     }
-    let mem =
-        check_access(&q.dev, a.r_key, q.pd.inner.handle, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| access_fail())?;
+    let mem = q.dev.check_access(a.r_key, q.pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| access_fail())?;
     let orig = execute_atomic(&mem, is_cas, &a).ok_or_else(invalid)?;
     let psn = r.psn.value();
     let e = &mut ec.engine;
@@ -558,9 +557,7 @@ pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Reque
             }
             let grant = match len {
                 0 => None,
-                _ => Some(
-                    Grant::new(&eec.dev, rkey, q.pd.inner.handle, va, len, Access::REMOTE_READ).ok_or(Fail::Drop)?,
-                ),
+                _ => Some(Grant::new(&*eec.dev, rkey, q.pd, va, len, Access::REMOTE_READ).ok_or(Fail::Drop)?),
             };
             e.out.push_back(Out {
                 from: q.qpn,

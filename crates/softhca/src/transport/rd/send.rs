@@ -4,11 +4,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::transport::hca::Hca;
+use crate::transport::qp::{wc_opcode_of, QpCore, QpInner};
+use crate::transport::rd::eec::{EecCore, EecInner};
 use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
 use crate::types::{QpState, Wc, WcStatus};
-use crate::verbs::device::DeviceInner;
-use crate::verbs::eec::{EecCore, EecInner};
-use crate::verbs::qp::{wc_opcode_of, QpCore, QpInner};
 use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position, ServiceType};
 use crate::wire::psn::Psn;
@@ -32,7 +32,7 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
     loop {
         let head = core.sq.get(0)?;
         if let Some(eecn) = core.rd.active {
-            let Some(eec) = find_eec(&q.dev, eecn) else {
+            let Some(eec) = find_eec(&*q.dev, eecn) else {
                 fail_head(q, core, WcStatus::InvEecStateErr);
                 return None;
             };
@@ -62,7 +62,7 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
         }
         if let Some(b) = &head.bind {
             // A bind is local: it takes effect and completes in order, with no packet.
-            let status = match crate::verbs::mw::bind(&q.dev, q.pd.inner.handle, b) {
+            let status = match q.dev.bind_mw(q.pd, b) {
                 Ok(()) => WcStatus::Success,
                 Err(s) => s,
             };
@@ -73,11 +73,11 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
             continue;
         }
         let eecn = head.eecn;
-        let Some(eec) = find_eec(&q.dev, eecn) else {
+        let Some(eec) = find_eec(&*q.dev, eecn) else {
             fail_head(q, core, WcStatus::InvEecnErr);
             return None;
         };
-        if q.rdd.as_ref() != Some(&eec.rdd) {
+        if q.rdd != Some(eec.rdd) {
             fail_head(q, core, WcStatus::LocRddViolErr);
             return None;
         }
@@ -226,7 +226,7 @@ pub(super) fn abandon_if_orphaned(e: &mut EecEngine) {
 
 /// Sends the next packet of the channel's message, if the window and the RNR wait allow.
 pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut [u8]) -> Option<usize> {
-    let dev = &eec.dev;
+    let dev = &*eec.dev;
     let mtu = mtu_of(&ec.attrs);
     let attrs = ec.attrs.clone();
     let e = &mut ec.engine;
@@ -280,7 +280,7 @@ pub(super) fn on_response(
     now: u64,
     r: &Response<'_>,
 ) -> bool {
-    let dev = &eec.dev;
+    let dev = &*eec.dev;
     let timeout = ec.attrs.timeout;
     let rnr_retry = ec.attrs.rnr_retry;
     let retry_cnt = ec.attrs.retry_cnt;
@@ -464,7 +464,7 @@ pub(super) fn q_bump(
 /// Go-back-N inside the message, from packet `k`, counting a retry: once per recovery for a
 /// NAK, every time for a timeout. True when no retry was left: the message has failed with
 /// Transport Retry Counter Exceeded and the caller moves the EEC to Error (QPS-RD-6).
-pub(super) fn go_back_or_fail(e: &mut EecEngine, dev: &DeviceInner, k: u32, timeout: bool) -> bool {
+pub(super) fn go_back_or_fail(e: &mut EecEngine, dev: &dyn Hca, k: u32, timeout: bool) -> bool {
     let Some(tx) = e.tx.as_mut() else { return false };
     if !timeout && e.recovering == Some(k) {
         return false;
@@ -476,7 +476,7 @@ pub(super) fn go_back_or_fail(e: &mut EecEngine, dev: &DeviceInner, k: u32, time
     }
     e.retry_left -= 1;
     tx.next = k;
-    dev.stats.retransmits.inc();
+    dev.engine().stats.retransmits.inc();
     false
 }
 
@@ -500,11 +500,12 @@ pub(super) fn to_error_after(ec: &mut EecCore, qp: Option<(&Arc<QpInner>, &mut Q
 /// The EECs' timers: an RNR wait ends, or the ACK timer retries from the first
 /// unacknowledged packet, or, out of retries, moves the EEC to Error. Returns the earliest
 /// timer still armed.
-pub(crate) fn handle_timeout(dev: &DeviceInner, now: u64) -> u64 {
-    if dev.counts.eec.load(Ordering::Relaxed) == 0 {
+pub(crate) fn handle_timeout(dev: &dyn Hca, now: u64) -> u64 {
+    if dev.engine().live_eecs.load(Ordering::Relaxed) == 0 {
         return u64::MAX;
     }
-    let eecs: Vec<Arc<EecInner>> = dev.eecs.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+    let eecs: Vec<Arc<EecInner>> =
+        dev.engine().eecs.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
     let mut earliest = u64::MAX;
     for eec in eecs {
         let mut ec = eec.lock();

@@ -1,0 +1,56 @@
+//! The narrow interface through which the transport reaches what the verbs layer above it owns
+//! (DESIGN rule 1): the port's tables, the memory keys, the Bind MW executor, the asynchronous
+//! event queue, and, per QP, its CQs and SRQ. The transport defines these traits and the verbs
+//! layer implements them, so `transport/` imports nothing from `verbs/`.
+
+use crate::mem::{AccessError, MemRef};
+use crate::types::{Access, AsyncEvent, Gid, Mtu, Wc, WcStatus};
+
+use super::engine::Engine;
+use super::wqe::{BindRequest, RecvWqe};
+
+/// What the transport needs of the device it runs in.
+pub(crate) trait Hca: Send + Sync {
+    /// The transport's own state of the device: its QPs, EECs, counters and timers.
+    fn engine(&self) -> &Engine;
+    /// The port's active MTU.
+    fn active_mtu(&self) -> Mtu;
+    /// P_Key `index` of the port's table.
+    fn pkey(&self, index: u16) -> Option<u16>;
+    /// GID `index` of the port's table (empty slots are the zero GID).
+    fn gid(&self, index: u8) -> Option<Gid>;
+    /// Bumped whenever the GID table changes, so cached routes know to rebuild.
+    fn gid_generation(&self) -> u64;
+    /// Bumped whenever a key is invalidated, rebound or deregistered, so a grant checked
+    /// earlier knows to check again.
+    fn key_generation(&self) -> u64;
+    /// The access check of every local (L_Key) and remote (R_Key) memory access: the key must
+    /// name a live region or window of PD `pd` that holds `[addr, addr + len)` and grants
+    /// `access` (DESIGN rule 5).
+    fn check_access(&self, key: u32, pd: u32, addr: u64, len: u64, access: Access) -> Result<MemRef, AccessError>;
+    /// Executes a Bind MW WQE of a QP of PD `pd`; a failure is the completion status.
+    fn bind_mw(&self, pd: u32, bind: &BindRequest) -> Result<(), WcStatus>;
+    /// Queues an asynchronous event (and calls the consumer's handler once the step is over).
+    fn raise(&self, event: AsyncEvent);
+}
+
+/// The CQ already holds as many unpolled CQEs as its size (CQ-OVF-1): the CQE was not written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqOverflow;
+
+/// A completion queue as a QP's work queues see it.
+pub(crate) trait CompletionQueue: Send + Sync {
+    /// Writes a CQE; `solicited` says whether it satisfies a solicited-only notification
+    /// request. A full CQ refuses it (and raises its CQ Error once, CQ-OVF-2).
+    fn push(&self, wc: Wc, solicited: bool) -> Result<(), CqOverflow>;
+}
+
+/// A shared receive queue as the QPs attached to it see it.
+pub(crate) trait SharedReceiveQueue: Send + Sync {
+    /// The handle of the SRQ's PD: the keys of its WQEs' scatter lists must belong to it.
+    fn pd(&self) -> u32;
+    /// Whether a WQE is waiting.
+    fn has_wqe(&self) -> bool;
+    /// Takes the head WQE into `slot` (reusing its allocation); false when there is none.
+    fn take_into(&self, slot: &mut RecvWqe) -> bool;
+}

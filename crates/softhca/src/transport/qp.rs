@@ -1,0 +1,338 @@
+//! A QP's protocol state and what the transport does to it outside a packet: the attributes,
+//! the requester and responder state, the engine's ends of the work queues, the flushes and
+//! the automatic transitions (to SQE and Error, SQ Drained). The verbs layer creates, modifies
+//! and destroys QPs (`verbs::qp`) and posts into the rings; everything else happens here.
+//!
+//! Locking: the engine works on a QP under its one lock, `QpInner::core`; posters hold only a
+//! ring's producer lock and read the state from the atomic mirror `QpInner::state` (see
+//! `verbs::qp` for the handshake between the two).
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::types::{
+    Access, AddressVector, AhAttr, AsyncEvent, AsyncEventType, EventElement, MigState, QpState, QpType, Wc, WcOpcode,
+    WcStatus,
+};
+
+use super::engine::{Counter, Stats};
+use super::hca::{CompletionQueue, Hca, SharedReceiveQueue};
+use super::rd::RdQp;
+use super::requester::ReqState;
+use super::responder::RespState;
+use super::wq::{Consumer, Ring};
+use super::wqe::{RecvWqe, SendWqe, WrOpcode};
+
+/// Queue sizes (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// Alternate path information. softhca has no Automatic Path Migration, so supplying it is
+/// `NotSupported` (MOD-GEN-9); the type exists so that the tables can be exercised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AltPath {
+    pub av: AddressVector,
+    pub pkey_index: u16,
+    pub port_num: u8,
+    pub timeout: u8,
+}
+
+/// A QP's current attributes, as Query QP returns them (QPS-GEN-2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpAttrs {
+    pub qp_state: QpState,
+    /// Inbound enables: REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC.
+    pub qp_access_flags: Access,
+    pub pkey_index: u16,
+    pub qkey: u32,
+    pub port_num: u8,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub max_dest_rd_atomic: u8,
+    pub max_rd_atomic: u8,
+    pub av: Option<AddressVector>,
+    pub dest_qp_num: u32,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub path_mig_state: MigState,
+    /// In SQD with messages still in progress.
+    pub sq_draining: bool,
+    pub en_sqd_async_notify: bool,
+    pub cap: QpCap,
+}
+
+impl QpAttrs {
+    pub(crate) fn reset(cap: QpCap) -> Self {
+        QpAttrs {
+            qp_state: QpState::Reset,
+            qp_access_flags: Access::empty(),
+            pkey_index: 0,
+            qkey: 0,
+            port_num: 1,
+            rq_psn: 0,
+            sq_psn: 0,
+            max_dest_rd_atomic: 0,
+            max_rd_atomic: 0,
+            av: None,
+            dest_qp_num: 0,
+            min_rnr_timer: 0,
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            path_mig_state: MigState::Migrated,
+            sq_draining: false,
+            en_sqd_async_notify: false,
+            cap,
+        }
+    }
+
+    pub(crate) fn set_enable(&mut self, right: Access, on: bool) {
+        self.qp_access_flags.set(right, on);
+    }
+}
+
+pub(crate) struct QpCore {
+    pub attrs: QpAttrs,
+    /// The engine's ends of the rings `QpInner::sq_ring` and `QpInner::rq_ring`.
+    pub sq: Consumer<SendWqe>,
+    pub rq: Consumer<RecvWqe>,
+    /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
+    /// reused so that taking SRQ WQEs does not allocate.
+    pub srq_wqe: RecvWqe,
+    pub srq_bound: bool,
+    /// The IP header toward the connected peer, with the GID generation and address it was
+    /// built for: every packet of an RC or UC QP needs it, and the GID table's lock is not free.
+    pub route: Option<(u64, AhAttr, crate::wire::IpRepr)>,
+    /// The SQ Logic; its `started` count is the in-progress messages SQD drains.
+    pub req: ReqState,
+    /// The RQ Logic.
+    pub resp: RespState,
+    /// The SQ Drained event was requested at RTS→SQD and not yet raised (EVT-SQD-5).
+    pub sqd_event_pending: bool,
+    /// RD: the message an EEC carries for this QP and the receive WQEs channels hold.
+    pub rd: RdQp,
+    /// Responses sent in a row (see `transport::engine::RESPONSE_BURST`).
+    pub resp_streak: u8,
+}
+
+pub(crate) struct QpInner {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    /// The device above, through the transport's narrow interface.
+    pub dev: Arc<dyn Hca>,
+    /// The handle of the QP's PD, which every key it uses must belong to.
+    pub pd: u32,
+    pub send_cq: Arc<dyn CompletionQueue>,
+    pub recv_cq: Arc<dyn CompletionQueue>,
+    pub sq_sig_all: bool,
+    pub srq: Option<Arc<dyn SharedReceiveQueue>>,
+    /// RD: the handle of the QP's Reliable Datagram Domain.
+    pub rdd: Option<u32>,
+    /// RD: bumped whenever the QP drops the message an EEC carries for it (flush, Reset,
+    /// Destroy), so that the EEC, which must not take the QP's lock, sees it is orphaned.
+    pub rd_epoch: std::sync::atomic::AtomicU64,
+    pub stats: Stats,
+    /// Fixed at creation (Modify QP resizes only the queues), so posters check WRs against
+    /// them without `core`.
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    /// The posting ends of the SQ and the RQ.
+    pub sq_ring: Arc<Ring<SendWqe>>,
+    pub rq_ring: Arc<Ring<RecvWqe>>,
+    /// `core.attrs.qp_state` as a `QpState` discriminant, for posters; stored only with `core`
+    /// held, right after the state changes.
+    pub(crate) state: AtomicU8,
+    /// Set by Destroy QP, with `core` and both producer locks held.
+    pub destroyed: AtomicBool,
+    pub core: Mutex<QpCore>,
+}
+
+/// Posts one CQE for a WQE that did not execute. Error CQEs are solicited events (EVT-SOL-2,
+/// EVT-SOL-5). False when the CQ was full: it has raised its CQ Error, and the caller moves
+/// the QP to Error unless it is there already (CQ-OVF-2).
+pub(crate) fn flush_cqe(cq: &dyn CompletionQueue, qpn: u32, wr_id: u64, opcode: WcOpcode) -> bool {
+    let wc = Wc { wr_id, status: WcStatus::WrFlushErr, opcode, qp_num: qpn, ..Default::default() };
+    cq.push(wc, true).is_ok()
+}
+
+pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
+    match op {
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::Resync => WcOpcode::Send,
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
+        WrOpcode::RdmaRead => WcOpcode::RdmaRead,
+        WrOpcode::AtomicCmpSwp => WcOpcode::CompSwap,
+        WrOpcode::AtomicFetchAdd => WcOpcode::FetchAdd,
+        WrOpcode::BindMw => WcOpcode::BindMw,
+        WrOpcode::LocalInv => WcOpcode::LocalInv,
+    }
+}
+
+impl QpInner {
+    /// Counts an event on this QP and on its device.
+    pub fn bump(&self, counter: impl Fn(&Stats) -> &Counter) {
+        counter(&self.dev.engine().stats).inc();
+        counter(&self.stats).inc();
+    }
+
+    /// The state as a poster sees it, without `core`.
+    pub(crate) fn posted_state(&self) -> QpState {
+        // SeqCst: the poster's half of the handshake in the module doc.
+        let s = self.state.load(Ordering::SeqCst);
+        QpState::ALL.get(s as usize).copied().unwrap_or(QpState::Error)
+    }
+
+    /// Makes `core.attrs.qp_state` visible to posters. It must come before any flush that
+    /// follows the change: the engine's half of the handshake in the module doc.
+    pub(crate) fn mirror_state(&self, core: &QpCore) {
+        self.state.store(core.attrs.qp_state as u8, Ordering::SeqCst);
+    }
+
+    /// Flushes every outstanding WQE of both queues, each queue in post order (ERR-FLUSH-1,
+    /// ERR-FLUSH-3, ERR-FLUSH-5, ERR-FLUSH-6).
+    pub fn flush_all(&self, core: &mut QpCore) {
+        self.flush_sq(core);
+        // WQEs held by RD channels were bound before those still on the RQ.
+        super::rd::release(self, core, true);
+        core.req.started = 0;
+        core.req.cursor = 0;
+        core.req.cursor_off = 0;
+        self.flush_rq(core);
+        if std::mem::take(&mut core.srq_bound) {
+            flush_cqe(&*self.recv_cq, self.qpn, core.srq_wqe.wr_id, WcOpcode::Recv);
+        }
+        self.last_wqe_reached();
+    }
+
+    /// Flushes every SQ WQE, in post order.
+    pub(crate) fn flush_sq(&self, core: &mut QpCore) {
+        self.flush_sq_first(core, usize::MAX);
+    }
+
+    /// Flushes the `n` oldest SQ WQEs (or as many as there are), in post order.
+    /// False when a flush CQE did not fit in the CQ.
+    pub(crate) fn flush_sq_first(&self, core: &mut QpCore, n: usize) -> bool {
+        if core.rd.active.take().is_some() {
+            self.rd_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        let mut fitted = true;
+        for _ in 0..n {
+            let Some(w) = core.sq.get(0) else { break };
+            let (wr_id, opcode) = (w.wr_id, wc_opcode_of(w.opcode));
+            core.sq.pop();
+            fitted &= flush_cqe(&*self.send_cq, self.qpn, wr_id, opcode);
+        }
+        fitted
+    }
+
+    /// Flushes every RQ WQE, in post order.
+    pub(crate) fn flush_rq(&self, core: &mut QpCore) {
+        while let Some(w) = core.rq.get(0) {
+            let wr_id = w.wr_id;
+            core.rq.pop();
+            self.flush_recv_cqe(core, wr_id, 1);
+        }
+    }
+
+    /// Flushes one receive WQE. An RD QP's CQE carries the freed resource count (CQE-15): the
+    /// `slots` this WQE frees now (1 from the RQ, 0 when a channel held it) plus those channels
+    /// freed at bind since the last receive CQE.
+    pub(crate) fn flush_recv_cqe(&self, core: &mut QpCore, wr_id: u64, slots: u32) -> bool {
+        let freed = if self.qp_type == QpType::Rd { slots + std::mem::take(&mut core.rd.freed) } else { 0 };
+        let wc = Wc {
+            wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: self.qpn,
+            freed,
+            ..Default::default()
+        };
+        self.recv_cq.push(wc, true).is_ok()
+    }
+
+    /// Moves the QP to Error outside Modify QP (QPT-AUTO-3, QPT-AUTO-4, QPT-AUTO-6). With
+    /// `flush` every outstanding WQE is flushed (ERR-FLUSH-1); without it (Class G, ERR-G-2)
+    /// they are discarded with no CQE. Responses already queued (the NAK of the error) still
+    /// go out.
+    pub fn enter_error(&self, core: &mut QpCore, flush: bool) {
+        if core.attrs.qp_state != QpState::Error {
+            tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → Error");
+        }
+        core.attrs.qp_state = QpState::Error;
+        self.mirror_state(core);
+        core.attrs.sq_draining = false;
+        core.sqd_event_pending = false;
+        core.req.ack_deadline = None;
+        core.req.rnr_deadline = None;
+        if flush {
+            self.flush_all(core);
+        } else {
+            core.sq.discard();
+            core.rq.discard();
+            core.srq_bound = false;
+            core.req.started = 0;
+            core.req.cursor = 0;
+            super::rd::release(self, core, false);
+            self.last_wqe_reached();
+        }
+    }
+
+    /// EVT-LWR-1: a QP on an SRQ that enters Error reports Last WQE Reached once its last
+    /// SRQ WQE has its CQE; here that CQE (if any) was just written by the flush.
+    pub(crate) fn last_wqe_reached(&self) {
+        if self.srq.is_some() {
+            self.dev.raise(AsyncEvent {
+                event_type: AsyncEventType::QpLastWqeReached,
+                element: EventElement::Qp(self.qpn),
+            });
+        }
+    }
+
+    /// A UC, UD or RD SQ WQE completed in error: the QP moves to SQE and the WQEs queued
+    /// behind it are flushed (ERR-SQ-1, ERR-SQE-1, QPT-AUTO-1, QPT-AUTO-2); WRs posted from now
+    /// on wait for SQE→RTS. This is the first half, done before the error CQE is written: from
+    /// here on a
+    /// poster sees SQE and its WR waits for SQE→RTS. Returns how many WQEs were published
+    /// before (SeqCst, against the poster's publish-then-look): those, and only those, are
+    /// flushed by [`QpInner::finish_sqe`]. An application that polled the error CQE and then
+    /// posted must find its WR held, not flushed (QPS-SQE, ERR-SQ-1).
+    pub fn begin_sqe(&self, core: &mut QpCore) -> usize {
+        tracing::debug!(qpn = self.qpn, from = %core.attrs.qp_state, "QP → SQE");
+        core.attrs.qp_state = QpState::Sqe;
+        self.mirror_state(core);
+        core.attrs.sq_draining = false;
+        core.sqd_event_pending = false;
+        core.sq.len()
+    }
+
+    /// The second half: flushes the `queued` WQEs that preceded the move to SQE.
+    pub fn finish_sqe(&self, core: &mut QpCore, queued: usize) {
+        if !self.flush_sq_first(core, queued) {
+            self.enter_error(core, false); // CQ-OVF-2: a flush CQE did not fit
+            return;
+        }
+        let psn = core.req.psn;
+        let (retry, rnr) = (core.attrs.retry_cnt, core.attrs.rnr_retry);
+        core.req.start(psn, retry, rnr);
+    }
+
+    /// Raises SQ Drained once the drain a RTS→SQD asked about is over (EVT-SQD-1, -3, -4, -5).
+    pub fn check_drained(&self, core: &mut QpCore) {
+        if core.attrs.qp_state == QpState::Sqd && core.req.started == 0 {
+            core.attrs.sq_draining = false;
+            if core.sqd_event_pending {
+                core.sqd_event_pending = false;
+                self.dev
+                    .raise(AsyncEvent { event_type: AsyncEventType::SqDrained, element: EventElement::Qp(self.qpn) });
+            }
+        }
+    }
+}
