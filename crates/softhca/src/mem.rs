@@ -1,4 +1,4 @@
-//! Registered memory as the HCA addresses it: the bytes of a region ([`Region`]) and a checked
+//! Registered memory as the HCA addresses it: the bytes of a region (`Region`) and a checked
 //! window into them ([`MemRef`]), the only way the transport touches application memory. Both
 //! the verbs layer (which registers regions and checks keys) and the transport (which copies
 //! and runs atomics) import this; it imports nothing of theirs.

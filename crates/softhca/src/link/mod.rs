@@ -1,9 +1,12 @@
 //! Links: the drivers that own I/O and time and move datagrams between devices (DESIGN rule 1).
 //!
 //! - [`sim`]: a deterministic in-process fabric with a virtual clock and seeded faults.
+//! - [`udp`]: real UDP sockets on port 4791, one engine thread per device, batched I/O.
 //! - [`pcap`]: a tap that writes datagrams as Ethernet frames Wireshark can read.
 //!
-//! The UDP link (real sockets) is still to come.
+//! A link drives devices from outside (`verbs::Context::receive`, `transmit`,
+//! `handle_timeout`), so it is the top layer: it may import every layer below, and nothing
+//! imports it.
 
 pub mod pcap;
 pub mod sim;

@@ -1,6 +1,11 @@
 //! The sans-IO transport (DESIGN rule 1): the QP state machine and, per QP, the requester,
-//! responder and completer. It takes packets, doorbells and `now`, and returns packets and
-//! deadlines; it never reads a clock or touches a socket.
+//! responder and completer; RD's End-to-End Contexts (`rd`). It takes packets, doorbells and
+//! `now`, and returns packets and deadlines; it never reads a clock or touches a socket.
+//!
+//! It owns the protocol state of every QP and EEC (`qp`, `rd::eec`), the work queue entries
+//! and rings (`wqe`, `wq`) and the device-wide `engine::Engine`. It imports the ground floor
+//! and `wire` only; what the verbs layer above owns (memory keys, CQs, SRQs, async events, the
+//! port's tables) it reaches through the traits of `hca`, which that layer implements.
 
 pub(crate) mod completer;
 pub(crate) mod hca;

@@ -1,5 +1,12 @@
-//! The verbs: device, protection domains, memory regions, address handles, completion queues
-//! and queue pairs, with the results of `spec/RULES.md`.
+//! The verbs: device, protection domains, memory regions and windows, address handles,
+//! completion queues, shared receive queues, queue pairs and EECs, with the results of
+//! `spec/RULES.md`.
+//!
+//! This layer owns the resources and their checks (handles, counts, keys, the CQ rings, the
+//! async event queue, the consumer's callbacks) and implements the transport's narrow
+//! interface (`transport::hca`) over them. It imports the transport, `wire` and the ground
+//! floor; nothing below imports it. The consumer's callbacks run after an engine step, never
+//! inside one (`callbacks`).
 
 pub use crate::{error, types};
 

@@ -21,6 +21,8 @@
 //! - [`icrc`]: the invariant CRC over a datagram, or over an IP/UDP header
 //!   rebuilt by the caller plus the transport packet.
 //! - [`pcap`]: a classic pcap writer and reader for taps.
+//!
+//! The wire imports nothing of the layers above it (transport, verbs, links).
 
 pub mod aeth;
 pub mod atomic_ack_eth;
