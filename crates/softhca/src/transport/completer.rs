@@ -8,6 +8,7 @@ use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;
 
+use super::engine::TimerOwner;
 use super::requester::{ack_timeout_ns, arm, fail_oldest, go_back, pmtu, retry_or_fail};
 
 /// An inbound response, reduced to what the completer needs.
@@ -67,7 +68,7 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
                     if retry_or_fail(q, core, r.psn) {
                         // PKT-NAK-1
                         let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
-                        arm(&*q.dev, &mut core.req.ack_deadline, at);
+                        arm(&*q.dev, TimerOwner::Qp(q.qpn), &mut core.req.timer_queued, &mut core.req.ack_deadline, at);
                     }
                 }
             }
@@ -203,7 +204,13 @@ fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8
         }
         core.req.rnr_left -= 1;
     }
-    arm(&*q.dev, &mut core.req.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
+    arm(
+        &*q.dev,
+        TimerOwner::Qp(q.qpn),
+        &mut core.req.timer_queued,
+        &mut core.req.rnr_deadline,
+        Some(now + rnr_timer_us(timer_code) as u64 * 1000),
+    );
     core.req.ack_deadline = None;
     q.bump(|s| &s.retransmits);
     go_back(core, psn);
@@ -302,7 +309,7 @@ fn progress(q: &QpInner, core: &mut QpCore, now: u64, una_before: u32) {
         } else {
             None
         };
-        arm(&*q.dev, &mut core.req.ack_deadline, at);
+        arm(&*q.dev, TimerOwner::Qp(q.qpn), &mut core.req.timer_queued, &mut core.req.ack_deadline, at);
     }
 }
 

@@ -3,7 +3,8 @@
 //! monotonic on the UDP link). Inbound packets pass header validation here (PKT-VAL-1) before
 //! the responder or the completer sees them.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -120,6 +121,82 @@ fn service_of(t: QpType) -> Option<ServiceType> {
     }
 }
 
+/// Whose timer an entry of the [`TimerQueue`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TimerOwner {
+    Qp(u32),
+    Eec(u32),
+}
+
+/// The device's ACK and RNR timers in one queue ordered by deadline, so that `poll_timeout`
+/// is one load and `handle_timeout` visits only the QPs and EECs whose timer is due.
+///
+/// Entries are never removed from the middle. Each owner remembers the deadline of its
+/// earliest entry (`queued`, kept under the owner's own lock) and queues a new one only for an
+/// earlier deadline: a timer re-armed later (each ACK that makes progress does that) leaves its
+/// entry to fire early, find nothing due and queue the real deadline then; one disarmed leaves
+/// a stale entry that fires and does nothing. So an owner has at most a few entries, and
+/// arming costs no allocation once the queue has grown to the device's working set.
+///
+/// Lock order: an owner's lock, then the queue's; `handle_timeout` pops under the queue's lock
+/// alone and releases it before taking the owner's.
+#[derive(Default)]
+pub(crate) struct TimerQueue {
+    heap: Mutex<BinaryHeap<Reverse<(u64, TimerOwner)>>>,
+    /// The earliest deadline queued (`u64::MAX`: none), stored under `heap`'s lock.
+    next: AtomicU64Max,
+}
+
+/// An `AtomicU64` that starts at `u64::MAX`.
+struct AtomicU64Max(AtomicU64);
+
+impl Default for AtomicU64Max {
+    fn default() -> Self {
+        AtomicU64Max(AtomicU64::new(u64::MAX))
+    }
+}
+
+impl TimerQueue {
+    /// Queues `owner`'s deadline `at` unless its entry `queued` fires no later.
+    pub fn schedule(&self, owner: TimerOwner, queued: &mut Option<u64>, at: u64) {
+        if queued.is_some_and(|q| q <= at) {
+            return;
+        }
+        *queued = Some(at);
+        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        heap.push(Reverse((at, owner)));
+        self.next.0.fetch_min(at, Ordering::AcqRel);
+    }
+
+    /// The earliest deadline queued, if any.
+    pub fn next(&self) -> Option<u64> {
+        let next = self.next.0.load(Ordering::Acquire);
+        (next != u64::MAX).then_some(next)
+    }
+
+    /// Takes the earliest entry if it is due at `now`.
+    fn pop_due(&self, now: u64) -> Option<(u64, TimerOwner)> {
+        if self.next.0.load(Ordering::Acquire) > now {
+            return None;
+        }
+        let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        let due = match heap.peek() {
+            Some(&Reverse((t, owner))) if t <= now => {
+                heap.pop();
+                Some((t, owner))
+            }
+            _ => None,
+        };
+        let next = heap.peek().map_or(u64::MAX, |&Reverse((t, _))| t);
+        self.next.0.store(next, Ordering::Release);
+        due
+    }
+
+    fn len(&self) -> usize {
+        self.heap.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
 /// The transport's state of one device, held by value by the device above (DESIGN rule 1):
 /// its QPs and EECs, the transmit turns, the counters, the timer hint, and the datagrams
 /// destroyed QPs still owed. A step (`receive`, `transmit`, `handle_timeout`) takes the
@@ -136,8 +213,8 @@ pub(crate) struct Engine {
     /// The next QP to get a transmit turn.
     pub tx_cursor: AtomicU32,
     pub stats: Stats,
-    /// The earliest armed timer, or later (see [`Engine::poll_timeout`]); `u64::MAX` for none.
-    pub timer_hint: AtomicU64,
+    /// Every armed ACK and RNR timer of the device's QPs and EECs.
+    pub timers: TimerQueue,
     /// Datagrams destroyed QPs still owed (their ACKs), sent before anything else.
     orphans: Mutex<VecDeque<Vec<u8>>>,
     orphaned: AtomicBool,
@@ -153,7 +230,7 @@ impl Default for Engine {
             rd_turn: Default::default(),
             tx_cursor: Default::default(),
             stats: Default::default(),
-            timer_hint: AtomicU64::new(u64::MAX),
+            timers: Default::default(),
             orphans: Default::default(),
             orphaned: Default::default(),
         }
@@ -227,39 +304,52 @@ impl Engine {
     }
 
     /// The earliest time at which [`Engine::handle_timeout`] has work, if any.
-    /// It may be earlier than the next timer (a timer disarmed since), never later.
+    /// It may be earlier than the next timer (a timer disarmed or moved later since), never
+    /// later.
     pub fn poll_timeout(&self) -> Option<u64> {
-        let hint = self.timer_hint.load(Ordering::Acquire);
-        (hint != u64::MAX).then_some(hint)
+        self.timers.next()
     }
 
     /// Runs every timer that has expired at `now`: RNR waits end, ACK timeouts retry
-    /// (PKT-RTY-1) or fail (PKT-RTY-4).
+    /// (PKT-RTY-1) or fail (PKT-RTY-4). Only the QPs and EECs whose timer is due are visited.
     pub fn handle_timeout(&self, dev: &dyn Hca, now: u64) {
-        if self.timer_hint.load(Ordering::Acquire) > now {
+        // Each entry handled either expires a timer or is stale, and what it re-arms lies
+        // after `now`; the bound only keeps a bug from spinning here.
+        let mut budget = self.timers.len().saturating_mul(2) + 16;
+        while let Some((t, owner)) = self.timers.pop_due(now) {
+            match owner {
+                TimerOwner::Qp(qpn) => self.qp_timer(qpn, t, now),
+                TimerOwner::Eec(eecn) => super::rd::on_timer(dev, eecn, t, now),
+            }
+            budget -= 1;
+            if budget == 0 {
+                break;
+            }
+        }
+    }
+
+    /// QP `qpn`'s timer entry `t` is due at `now`. A stale entry (the QP queued an earlier one
+    /// since, was reset, or is gone) does nothing.
+    fn qp_timer(&self, qpn: u32, t: u64, now: u64) {
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let Some(qp) = qps.get(&qpn) else { return };
+        let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
+        if qp.destroyed.load(Ordering::Acquire) || core.req.timer_queued != Some(t) {
             return;
         }
-        // Clear the hint before the scan: a timer armed meanwhile on a QP already scanned
-        // lowers it again, one armed on a QP not yet scanned is seen by the scan.
-        self.timer_hint.store(u64::MAX, Ordering::Release);
-        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
-        let mut earliest = u64::MAX;
-        for qp in qps.values() {
-            let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
-            if core.req.rnr_deadline.is_some_and(|t| t <= now) {
-                core.req.rnr_deadline = None;
-            }
-            if core.req.ack_deadline.is_some_and(|t| t <= now) {
-                requester::on_ack_timeout(qp, &mut core);
-                completer::retire(qp, &mut core);
-            }
-            for t in [core.req.ack_deadline, core.req.rnr_deadline].into_iter().flatten() {
-                earliest = earliest.min(t);
-            }
+        core.req.timer_queued = None;
+        if core.req.rnr_deadline.is_some_and(|t| t <= now) {
+            core.req.rnr_deadline = None;
         }
-        drop(qps);
-        earliest = earliest.min(super::rd::handle_timeout(dev, now));
-        self.timer_hint.fetch_min(earliest, Ordering::AcqRel);
+        if core.req.ack_deadline.is_some_and(|t| t <= now) {
+            requester::on_ack_timeout(qp, &mut core);
+            completer::retire(qp, &mut core);
+        }
+        // What is still armed goes back in the queue (a re-arm above may have put it there).
+        let req = &mut core.req;
+        for d in [req.ack_deadline, req.rnr_deadline].into_iter().flatten() {
+            self.timers.schedule(TimerOwner::Qp(qpn), &mut req.timer_queued, d);
+        }
     }
 
     /// A snapshot of the device's counters.
@@ -475,7 +565,13 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                 }
                 if core.req.ack_deadline.is_none() {
                     let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
-                    requester::arm(&*q.dev, &mut core.req.ack_deadline, at);
+                    requester::arm(
+                        &*q.dev,
+                        TimerOwner::Qp(q.qpn),
+                        &mut core.req.timer_queued,
+                        &mut core.req.ack_deadline,
+                        at,
+                    );
                 }
             } else if np.offset + np.payload >= core.sq.get(np.idx).map_or(0, |w| w.length) {
                 // PKT-UC-3: a UC or UD WQE is done once its last packet is out.
@@ -726,4 +822,31 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
         tracing::warn!(qpn = q.qpn, "a response could not be emitted");
     }
     len
+}
+
+#[cfg(test)]
+mod timer_queue_tests {
+    use super::*;
+
+    /// A timer moved later keeps one entry, which fires early and finds
+    /// nothing due; one moved earlier queues a new entry; entries come out by deadline.
+    #[test]
+    fn owners_keep_at_most_their_earliest_entry_queued() {
+        let q = TimerQueue::default();
+        let (mut a, mut b) = (None, None);
+        assert_eq!(q.next(), None);
+        q.schedule(TimerOwner::Qp(7), &mut a, 100);
+        q.schedule(TimerOwner::Qp(7), &mut a, 300); // re-armed later: no new entry
+        assert_eq!((a, q.len()), (Some(100), 1));
+        q.schedule(TimerOwner::Eec(3), &mut b, 50);
+        q.schedule(TimerOwner::Eec(3), &mut b, 40); // earlier: a new entry, the old one stale
+        assert_eq!((b, q.len(), q.next()), (Some(40), 3, Some(40)));
+        assert_eq!(q.pop_due(39), None);
+        assert_eq!(q.pop_due(1000), Some((40, TimerOwner::Eec(3))));
+        assert_eq!(q.pop_due(1000), Some((50, TimerOwner::Eec(3))));
+        assert_eq!(q.next(), Some(100));
+        assert_eq!(q.pop_due(99), None);
+        assert_eq!(q.pop_due(100), Some((100, TimerOwner::Qp(7))));
+        assert_eq!((q.next(), q.len()), (None, 0));
+    }
 }

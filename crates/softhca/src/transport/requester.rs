@@ -4,6 +4,7 @@
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
 use crate::mem::MemRef;
+use crate::transport::engine::TimerOwner;
 use crate::transport::hca::Hca;
 use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::wqe::{SendWqe, WrOpcode};
@@ -55,6 +56,8 @@ pub(crate) struct ReqState {
     pub rnr_left: u8,
     pub ack_deadline: Option<u64>,
     pub rnr_deadline: Option<u64>,
+    /// The deadline of this QP's earliest entry in the engine's timer queue.
+    pub timer_queued: Option<u64>,
     /// RDMA Reads and Atomics started and not yet answered (WR-READ-3).
     pub rd_atomic: u32,
     /// A WQE failed before transmission; nothing after it starts.
@@ -92,12 +95,13 @@ pub(crate) const WINDOW: u32 = 256;
 /// that the window keeps moving (PKT-ACK-2 asks for the last; any packet may ask).
 pub(crate) const ACK_EVERY: u32 = 64;
 
-/// Arms `slot` (one of a QP's or an EEC's timers) for `at`, and lowers the device's timer
-/// hint to it.
-pub(crate) fn arm(dev: &dyn Hca, slot: &mut Option<u64>, at: Option<u64>) {
+/// Arms `slot` (one of the timers of `owner`, a QP or an EEC) for `at`, or disarms it, and
+/// puts the deadline in the engine's timer queue unless an entry of `owner` already fires no
+/// later (`queued` is that entry's deadline; see `engine::TimerQueue`).
+pub(crate) fn arm(dev: &dyn Hca, owner: TimerOwner, queued: &mut Option<u64>, slot: &mut Option<u64>, at: Option<u64>) {
     *slot = at;
     if let Some(t) = at {
-        dev.engine().timer_hint.fetch_min(t, std::sync::atomic::Ordering::AcqRel);
+        dev.engine().timers.schedule(owner, queued, t);
     }
 }
 

@@ -40,7 +40,7 @@ mod send;
 pub(crate) use receive::owed_acks;
 use receive::{emit_response, on_request, on_resync, repeat_fatal_nak};
 use send::{abandon_if_orphaned, emit_request, on_response};
-pub(crate) use send::{handle_timeout, qp_turn};
+pub(crate) use send::{on_timer, qp_turn};
 
 /// An RD QP's side of the service, kept in its `QpCore`.
 #[derive(Debug, Default, Clone)]
@@ -123,6 +123,8 @@ pub(crate) struct EecEngine {
     rnr_left: u8,
     ack_deadline: Option<u64>,
     rnr_deadline: Option<u64>,
+    /// The deadline of this EEC's earliest entry in the engine's timer queue.
+    timer_queued: Option<u64>,
     /// Went back to this packet and waits for it to be answered: later responses still in
     /// flight from before must not count as new NAKs.
     recovering: Option<u32>,

@@ -15,7 +15,7 @@ use crate::wire::psn::Psn;
 use crate::wire::{BthRepr, DethRepr, PacketRepr, RdethRepr};
 
 use crate::transport::completer::{scatter, Response};
-use crate::transport::engine::{add_request_headers, emit, gather, ip_for, request_opcode};
+use crate::transport::engine::{add_request_headers, emit, gather, ip_for, request_opcode, TimerOwner};
 use crate::transport::requester::{ack_timeout_ns, arm, check_local, ACK_EVERY, WINDOW};
 
 use super::receive::reap_held;
@@ -268,7 +268,13 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     tx.next = if single { tx.npkts } else { k + 1 };
     tx.sent = true;
     if e.ack_deadline.is_none() {
-        arm(dev, &mut e.ack_deadline, ack_timeout_ns(attrs.timeout).map(|t| now + t));
+        arm(
+            dev,
+            TimerOwner::Eec(eec.eecn),
+            &mut e.timer_queued,
+            &mut e.ack_deadline,
+            ack_timeout_ns(attrs.timeout).map(|t| now + t),
+        );
     }
     Some(len)
 }
@@ -352,7 +358,13 @@ pub(super) fn on_response(
                 }
             }
             e.ack_deadline = None;
-            arm(dev, &mut e.rnr_deadline, Some(now + rnr_timer_us(timer_code) as u64 * 1000));
+            arm(
+                dev,
+                TimerOwner::Eec(eec.eecn),
+                &mut e.timer_queued,
+                &mut e.rnr_deadline,
+                Some(now + rnr_timer_us(timer_code) as u64 * 1000),
+            );
             return true;
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(code))) => {
@@ -424,7 +436,7 @@ pub(super) fn on_response(
     }
     let at = if tx.status.is_none() { ack_timeout_ns(timeout).map(|t| now + t) } else { None };
     if tx.done != before || tx.status.is_some() {
-        arm(dev, &mut e.ack_deadline, at);
+        arm(dev, TimerOwner::Eec(eec.eecn), &mut e.timer_queued, &mut e.ack_deadline, at);
     }
     if let Some(status) = tx.status {
         match qp {
@@ -497,37 +509,34 @@ pub(super) fn to_error_after(ec: &mut EecCore, qp: Option<(&Arc<QpInner>, &mut Q
     }
 }
 
-/// The EECs' timers: an RNR wait ends, or the ACK timer retries from the first
-/// unacknowledged packet, or, out of retries, moves the EEC to Error. Returns the earliest
-/// timer still armed.
-pub(crate) fn handle_timeout(dev: &dyn Hca, now: u64) -> u64 {
-    if dev.engine().live_eecs.load(Ordering::Relaxed) == 0 {
-        return u64::MAX;
+/// An EEC's timer entry `t` is due at `now`: an RNR wait ends, or the ACK timer retries from
+/// the first unacknowledged packet, or, out of retries, moves the EEC to Error. A stale entry
+/// (the EEC queued an earlier one since, or is gone) does nothing.
+pub(crate) fn on_timer(dev: &dyn Hca, eecn: u32, t: u64, now: u64) {
+    let Some(eec) = find_eec(dev, eecn) else { return };
+    let mut ec = eec.lock();
+    if ec.engine.timer_queued != Some(t) {
+        return;
     }
-    let eecs: Vec<Arc<EecInner>> =
-        dev.engine().eecs.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-    let mut earliest = u64::MAX;
-    for eec in eecs {
-        let mut ec = eec.lock();
-        let e = &mut ec.engine;
-        if e.rnr_deadline.is_some_and(|t| t <= now) {
-            e.rnr_deadline = None;
-        }
-        if e.ack_deadline.is_some_and(|t| t <= now) {
-            e.ack_deadline = None;
-            if let Some(tx) = e.tx.as_mut() {
-                if tx.status.is_none() {
-                    let from = tx.done;
-                    if go_back_or_fail(e, dev, from, true) {
-                        to_error_after(&mut ec, None, &eec);
-                    }
+    ec.engine.timer_queued = None;
+    let e = &mut ec.engine;
+    if e.rnr_deadline.is_some_and(|t| t <= now) {
+        e.rnr_deadline = None;
+    }
+    if e.ack_deadline.is_some_and(|t| t <= now) {
+        e.ack_deadline = None;
+        if let Some(tx) = e.tx.as_mut() {
+            if tx.status.is_none() {
+                let from = tx.done;
+                if go_back_or_fail(e, dev, from, true) {
+                    to_error_after(&mut ec, None, &eec);
                 }
             }
         }
-        let e = &ec.engine;
-        for t in [e.ack_deadline, e.rnr_deadline].into_iter().flatten() {
-            earliest = earliest.min(t);
-        }
     }
-    earliest
+    // What is still armed goes back in the queue (a re-arm above may have put it there).
+    let e = &mut ec.engine;
+    for d in [e.ack_deadline, e.rnr_deadline].into_iter().flatten() {
+        dev.engine().timers.schedule(TimerOwner::Eec(eecn), &mut e.timer_queued, d);
+    }
 }
