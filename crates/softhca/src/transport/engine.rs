@@ -201,6 +201,7 @@ impl TimerQueue {
 /// its QPs and EECs, the transmit turns, the counters, the timer hint, and the datagrams
 /// destroyed QPs still owed. A step (`receive`, `transmit`, `handle_timeout`) takes the
 /// device's narrow interface, [`Hca`], for everything else.
+#[derive(Default)]
 pub(crate) struct Engine {
     pub qps: RwLock<BTreeMap<u32, Arc<QpInner>>>,
     pub eecs: RwLock<BTreeMap<u32, Arc<EecInner>>>,
@@ -218,23 +219,6 @@ pub(crate) struct Engine {
     /// Datagrams destroyed QPs still owed (their ACKs), sent before anything else.
     orphans: Mutex<VecDeque<Vec<u8>>>,
     orphaned: AtomicBool,
-}
-
-impl Default for Engine {
-    fn default() -> Self {
-        Engine {
-            qps: Default::default(),
-            eecs: Default::default(),
-            live_eecs: Default::default(),
-            eec_cursor: Default::default(),
-            rd_turn: Default::default(),
-            tx_cursor: Default::default(),
-            stats: Default::default(),
-            timers: Default::default(),
-            orphans: Default::default(),
-            orphaned: Default::default(),
-        }
-    }
 }
 
 impl Engine {
