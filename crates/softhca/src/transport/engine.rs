@@ -211,8 +211,8 @@ pub(crate) struct Engine {
     pub eec_cursor: AtomicU32,
     /// Whether the RD channels go first at the next transmit.
     pub rd_turn: AtomicBool,
-    /// The next QP to get a transmit turn.
-    pub tx_cursor: AtomicU32,
+    /// The QPs that may have something to send, in turn order (see [`Engine::wake`]).
+    ready: Mutex<VecDeque<u32>>,
     pub stats: Stats,
     /// Every armed ACK and RNR timer of the device's QPs and EECs.
     pub timers: TimerQueue,
@@ -270,21 +270,53 @@ impl Engine {
         Some(len)
     }
 
+    /// One packet of the first QP on the ready list that has one. A QP that sent goes to the
+    /// back of the list (it may have more); one that had nothing leaves it until it is woken.
+    /// RD QPs stay on it: what frees their channels happens on the EECs.
     fn transmit_qps(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
-        let start = self.tx_cursor.load(Ordering::Relaxed);
-        for (&qpn, qp) in qps.range(start..).chain(qps.range(..start)) {
+        let mut turns = self.ready.lock().unwrap_or_else(|e| e.into_inner()).len();
+        while turns > 0 {
+            turns -= 1;
+            let qpn = self.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front()?;
+            let Some(qp) = qps.get(&qpn) else { continue };
+            // Off the list before looking, so that a wake from now on puts it back; the fence
+            // pairs with the poster's SeqCst publish-then-swap (see `wake`).
+            qp.ready.store(false, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
             if qp.destroyed.load(Ordering::Acquire) {
                 continue;
             }
-            if let Some(len) = emit_one(qp, &mut core, now, buf) {
-                self.tx_cursor.store(qpn.wrapping_add(1), Ordering::Relaxed);
+            let sent = emit_one(qp, &mut core, now, buf);
+            if sent.is_some() || qp.qp_type == QpType::Rd {
+                self.wake(qp);
+            }
+            if let Some(len) = sent {
                 qp.bump(|s| &s.tx_packets);
                 return Some(len);
             }
         }
         None
+    }
+
+    /// Puts `q` on the ready list unless it is there: whatever may give a QP something to send
+    /// (a post, a Modify QP, a packet it received, a timer of its) wakes it. Whoever made the
+    /// work visible did so before waking (a ring's SeqCst publish, or under the QP's lock), so
+    /// either this swap finds the QP off the list and queues it, or the transmitter that took
+    /// it off, clearing the flag after this swap, sees the work (see `transmit_qps`).
+    pub fn wake(&self, q: &QpInner) {
+        if !q.ready.swap(true, Ordering::SeqCst) {
+            self.ready.lock().unwrap_or_else(|e| e.into_inner()).push_back(q.qpn);
+        }
+    }
+
+    /// Wakes every QP: for a change that can make any QP's packets addressable (the GID table).
+    pub fn wake_all(&self) {
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        for q in qps.values() {
+            self.wake(q);
+        }
     }
 
     /// The earliest time at which [`Engine::handle_timeout`] has work, if any.
@@ -334,6 +366,7 @@ impl Engine {
         for d in [req.ack_deadline, req.rnr_deadline].into_iter().flatten() {
             self.timers.schedule(TimerOwner::Qp(qpn), &mut req.timer_queued, d);
         }
+        self.wake(qp); // a retransmission, or the end of an RNR wait
     }
 
     /// A snapshot of the device's counters.
@@ -405,6 +438,9 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     if !accepts {
         return false;
     }
+    // Whatever the packet does (a response to queue, a window that opens, a retry), the QP
+    // then may have something to send; the transmitter waits for the lock held here.
+    dev.engine().wake(qp);
     let our_pkey = dev.pkey(core.attrs.pkey_index).unwrap_or(0);
     if !pkey_match(bth.p_key, our_pkey) {
         qp.bump(|s| &s.pkey_violations); // PKT-VAL-7, PKT-VAL-13

@@ -153,6 +153,8 @@ pub(crate) struct QpInner {
     pub(crate) state: AtomicU8,
     /// Set by Destroy QP, with `core` and both producer locks held.
     pub destroyed: AtomicBool,
+    /// On the engine's ready list (`engine::Engine::wake`).
+    pub ready: AtomicBool,
     pub core: Mutex<QpCore>,
 }
 

@@ -545,6 +545,8 @@ impl Context {
         let slot = gids.get_mut(index as usize).ok_or(VerbsError::InvalidArgument("GID index"))?;
         *slot = gid;
         self.inner.gid_gen.fetch_add(1, Ordering::AcqRel);
+        drop(gids);
+        self.inner.engine.wake_all();
         Ok(())
     }
 

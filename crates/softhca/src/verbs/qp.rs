@@ -415,6 +415,7 @@ impl Context {
             rq_ring,
             state: AtomicU8::new(QpState::Reset as u8),
             destroyed: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
             core: Mutex::new(QpCore {
                 attrs: QpAttrs::reset(cap),
                 sq,
@@ -762,8 +763,14 @@ impl Qp {
         }
         tracing::debug!(qpn = q.qpn, %from, %to, ?supplied, "modify QP");
         drop((rq, sq, core));
-        self.res.dev.ring();
+        self.kick();
         Ok(())
+    }
+
+    /// Tells the engine the QP may have something to send, and its driver to run.
+    fn kick(&self) {
+        self.res.dev.engine.wake(&self.inner);
+        self.res.dev.ring();
     }
 
     /// Post Send: validates every WR first and queues all or none (an immediate error queues
@@ -786,7 +793,7 @@ impl Qp {
         }
         self.queue_send(state, &mut sq, wrs)?;
         self.finish_post(sq, |q, core| q.flush_sq(core));
-        self.res.dev.ring();
+        self.kick();
         Ok(())
     }
 
@@ -807,7 +814,7 @@ impl Qp {
             self.queue_send(state, &mut sq, wrs)?;
         }
         drop((sq, core));
-        self.res.dev.ring();
+        self.kick();
         Ok(())
     }
 
