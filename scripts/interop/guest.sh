@@ -5,14 +5,17 @@
 # runs a server on one side and a client on the other, with tcpdump on veth0, and leaves in
 # $OUT/cases/NAME/ its commands, both logs and exit codes, and in $OUT/pcap/NAME.pcap the wire.
 #
-# Usage: guest.sh [--quick] [--only REGEX]
+# Usage: guest.sh [--quick] [--only REGEX] [--rmem-max BYTES]
 # Env from the harness: SHCA (dir of the drop-in libraries), TOOLS (dir of rdma_check).
+# --rmem-max sets net.core.rmem_max, which caps the SO_RCVBUF softhca asks for (8 MiB) without
+# SO_RCVBUFFORCE; the kernel's default, 212992, is what an unconfigured host gives it.
 set -u
-QUICK=0; ONLY=.
+QUICK=0; ONLY=.; RMEM=
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
     --only) ONLY=$2; shift ;;
+    --rmem-max) RMEM=$2; shift ;;
     *) echo "guest.sh: unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -21,7 +24,9 @@ SHCA=${SHCA:-/host/bin/shca}
 TOOLS=${TOOLS:-/host/bin/interop}
 A=198.18.0.1; B=198.18.0.2
 T=${CASE_TIMEOUT:-150}
-mkdir -p "$OUT/cases" "$OUT/pcap"
+MAXPKT=${MAXPKT:-60000}
+mkdir -p "$OUT/cases" "$OUT/pcap" /tmp/cap
+[ -n "$RMEM" ] && sysctl -qw net.core.rmem_max="$RMEM"
 
 # ------------------------------------------------------------------ network
 # rxe-setup.sh single: veth0/veth1, the policy routes that keep 198.18.0.1 <-> .2 on the
@@ -43,6 +48,7 @@ SH=(ip netns exec sh env "LD_LIBRARY_PATH=$SHCA" "SOFTHCA_ADDR=$B")
   echo "kernel=$(uname -r)"
   echo "debian=$(cat /etc/debian_version)"
   dpkg-query -W -f='${Package}=${Version}\n' rdma-core ibverbs-providers libibverbs1 perftest
+  echo "net.core.rmem_max=$(sysctl -n net.core.rmem_max)"
   echo "rxe0_gid1=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"
   echo "rxe0_active_mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/{print $2}')"
   echo "softhca0_active_mtu=$("${SH[@]}" ibv_devinfo -d softhca0 | awk '/active_mtu/{print $2}')"
@@ -92,7 +98,10 @@ tcase() {
   printf 'server (%s): %s\nclient (%s): %s\nnetem: %s\n' "$ss" "${scmd[*]}" "$cs" "${ccmd[*]}" \
     "${nem:-none}" >"$d/cmd.txt"
   [ -n "$nem" ] && netem "$nem"
-  tcpdump -i veth0 -n -U --immediate-mode -s 0 -w "$OUT/pcap/$name.pcap" 'udp port 4791' 2>"$d/tcpdump.log" & tp=$!
+  # to tmpfs with a 128 MiB ring (writing through 9p loses packets), moved to $OUT afterwards;
+  # at most MAXPKT packets, so that a retransmission storm cannot fill the guest's memory
+  tcpdump -i veth0 -n -U --immediate-mode -B 131072 -s 0 -c "$MAXPKT" -w "/tmp/cap/$name.pcap" 'udp port 4791' \
+    2>"$d/tcpdump.log" & tp=$!
   for _ in $(seq 50); do grep -q listening "$d/tcpdump.log" && break; sleep 0.1; done
   drops0=$(udp_drops)
   t0=$(date +%s.%N)
@@ -107,6 +116,9 @@ tcase() {
   printf 'server_rc=%s\nclient_rc=%s\nserver_side=%s\nseconds=%s\nsofthca_udp_drops=%s\n' \
     "$src" "$crc" "$ss" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')" \
     "$(( $(udp_drops) - drops0 ))" >"$d/rc.txt"
+  echo "capture_dropped=$(awk '/dropped by kernel/{print $1}' "$d/tcpdump.log")" >>"$d/rc.txt"
+  echo "capture_truncated=$(awk -v m="$MAXPKT" '/packets captured/{print ($1 >= m)}' "$d/tcpdump.log")" >>"$d/rc.txt"
+  mv "/tmp/cap/$name.pcap" "$OUT/pcap/"
   echo "case $name: server($ss) rc=$src client($cs) rc=$crc"
 }
 # both NAME PROG "ARGS" [NETEM] [PORT]: the case with rxe as server, then with softhca as server

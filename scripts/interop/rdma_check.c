@@ -600,15 +600,15 @@ int main(int argc, char **argv)
 	is_server = server == NULL;
 	if (iters < 12)
 		iters = 12;
-	/* requester parameters: retry 7 is infinite on rxe, so the error tests use 3 and a short
-	 * timeout; the stream uses 7 with 67 ms */
+	/* requester parameters: retry 7 is infinite on rxe, so the error tests use 3; the others
+	 * use 7 with 67 ms */
 	int rnr_retry = 7, timeout = 14, retry_cnt = 7, min_rnr = 12;
 	if (!strcmp(test, "rnr0"))
 		rnr_retry = 0;
 	if (!strcmp(test, "rnr7") || !strcmp(test, "rnr0"))
 		min_rnr = 18; /* 7.68 ms between RNR retries */
 	if (!strcmp(test, "errmid") || !strcmp(test, "destroy")) {
-		timeout = 12;
+		timeout = 16; /* 268 ms: the emulated guest can stall a responder for 0.7 s */
 		retry_cnt = 3;
 	}
 	setup(rnr_retry, timeout, retry_cnt, min_rnr);

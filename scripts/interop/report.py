@@ -118,9 +118,14 @@ def judge(gdir, name, icrc):
                            % (per_src.get(RXE_IP, 0), per_src.get(SHCA_IP, 0)))
     if big:
         reasons.append("%d frames over the veth MTU (unsplit GSO)" % big)
+    if rc.get("capture_dropped") not in (None, "", "0"):
+        reasons.append("capture incomplete: tcpdump dropped %s packets" % rc["capture_dropped"])
+    if rc.get("capture_truncated") == "1":
+        reasons.append("capture truncated (retransmission storm?)")
     results = " ".join(re.sub(r"^RESULT ", "", l) for l in (logs["server"] + logs["client"]).splitlines()
                        if l.startswith("RESULT ") and "local_qpn" not in l)
     return dict(name=name, ok=not reasons, reasons=reasons, secs=rc.get("seconds", "?"),
+                drops=int(rc.get("softhca_udp_drops", "0") or 0),
                 rxe=per_src.get(RXE_IP, 0), shca=per_src.get(SHCA_IP, 0),
                 icrc=ic, results=results, srv=rc.get("server_side", "?"))
 
@@ -147,8 +152,9 @@ def main(argv):
         icrc_s = "ICRC %d/%d ok" % (ic["ok"], ic["roce"]) if ic else "ICRC -"
         aeth = (" [%s]" % ic["aeth"]) if ic and ic["aeth"] not in ("-", "") and (
             "NAK" in ic["aeth"] or not r["ok"]) else ""
-        line = "%-5s %-34s %6ss  rxe %5d / softhca %5d pkts  %s%s" % (
-            r["verdict"], n, r["secs"], r["rxe"], r["shca"], icrc_s, aeth)
+        drops = (" softhca-rcvbuf-drops %d" % r["drops"]) if r["drops"] else ""
+        line = "%-5s %-34s %6ss  rxe %5d / softhca %5d pkts  %s%s%s" % (
+            r["verdict"], n, r["secs"], r["rxe"], r["shca"], icrc_s, aeth, drops)
         if not r["ok"]:
             line += "  -- " + "; ".join(r["reasons"])
             if r.get("known"):
@@ -159,16 +165,16 @@ def main(argv):
     print("rxe-interop: %d cases, %d pass, %d known failures, %d fail" % (len(rows), npass, nknown, failed))
     if "--md" in opts:
         with open(opts["--md"], "w") as f:
-            f.write("| case | server | result | s | packets rxe / softhca | ICRC ok | AETH | notes |\n")
-            f.write("|---|---|---|---|---|---|---|---|\n")
+            f.write("| case | server | result | s | packets rxe / softhca | ICRC ok | AETH | softhca rcvbuf drops | notes |\n")
+            f.write("|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
                 ic = r["icrc"]
                 note = "; ".join(r["reasons"]) if not r["ok"] else r["results"]
-                f.write("| %s | %s | %s | %s | %d / %d | %s | %s | %s |\n" % (
+                f.write("| %s | %s | %s | %s | %d / %d | %s | %s | %d | %s |\n" % (
                     r["name"].rsplit(".", 1)[0], "rxe" if r["srv"] == "rxe" else "softhca",
                     r["verdict"], r["secs"], r["rxe"], r["shca"],
                     "%d/%d" % (ic["ok"], ic["roce"]) if ic else "-", ic["aeth"] if ic else "-",
-                    note.replace("|", "/")))
+                    r["drops"], note.replace("|", "/")))
     return 1 if failed or not rows else 0
 
 
