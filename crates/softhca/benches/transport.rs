@@ -1,6 +1,6 @@
 //! In-process transport speed on the sim link with no faults: RC RDMA Write bandwidth with
-//! 64 KiB messages, and the 8-byte Send message rate. Wall-clock time, two devices, one
-//! process.
+//! 64 KiB messages, and the 8-byte Send message rate, alone and beside 1000 idle connected QPs
+//! per device (what an idle QP costs the busy one). Wall-clock time, two devices, one process.
 
 use std::time::{Duration, Instant};
 
@@ -16,9 +16,11 @@ struct Setup {
     cqb: Cq,
     src: Mr,
     dst: Mr,
+    /// QPs in RTS that never post: they only have to be there.
+    _idle: Vec<Qp>,
 }
 
-fn setup(mtu: Mtu) -> Setup {
+fn setup(mtu: Mtu, idle: usize) -> Setup {
     let mut fab = SimFabric::new(SimConfig::default().seed(1).latency_ns(1_000));
     let a = fab.add_device("bench-a").unwrap();
     let b = fab.add_device("bench-b").unwrap();
@@ -36,7 +38,18 @@ fn setup(mtu: Mtu) -> Setup {
     }
     let src = pa.alloc_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
     let dst = pb.alloc_mr(1 << 20, all).unwrap();
-    Setup { fab, qa, qb, cqa, cqb, src, dst }
+    let mut _idle = Vec::new();
+    for (pd, cq, peer) in [(&pa, &cqa, b.query_gid(1, 0).unwrap()), (&pb, &cqb, a.query_gid(1, 0).unwrap())] {
+        for _ in 0..idle {
+            let qp = pd.create_qp(&QpInitAttr::rc(cq, cq).max_send_wr(1).max_recv_wr(1)).unwrap();
+            let av = AddressVector::new(AhAttr::roce(peer, 0), mtu);
+            qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+            qp.modify(&QpAttr::to_rtr(av, 0xABCD).rq_psn(0).max_dest_rd_atomic(1)).unwrap();
+            qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(14).retry_cnt(7).rnr_retry(7).max_rd_atomic(1)).unwrap();
+            _idle.push(qp);
+        }
+    }
+    Setup { fab, qa, qb, cqa, cqb, src, dst, _idle }
 }
 
 /// Posts `n` signaled 64 KiB writes, keeping up to 64 in flight, and waits for them all.
@@ -95,7 +108,7 @@ fn bench(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(5)).sample_size(10);
     g.throughput(Throughput::Bytes(65536 * 256));
     g.bench_function("rdma_write_64KiB_x256_mtu4096", |bch| {
-        let mut s = setup(Mtu::Mtu4096);
+        let mut s = setup(Mtu::Mtu4096, 0);
         bch.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {
@@ -106,7 +119,17 @@ fn bench(c: &mut Criterion) {
     });
     g.throughput(Throughput::Elements(20_000));
     g.bench_function("send_8B_x20000", |bch| {
-        let mut s = setup(Mtu::Mtu4096);
+        let mut s = setup(Mtu::Mtu4096, 0);
+        bch.iter_custom(|iters| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                sends(&mut s, 20_000);
+            }
+            t.elapsed()
+        })
+    });
+    g.bench_function("send_8B_x20000_beside_1000_idle_qps", |bch| {
+        let mut s = setup(Mtu::Mtu4096, 1000);
         bch.iter_custom(|iters| {
             let t = Instant::now();
             for _ in 0..iters {

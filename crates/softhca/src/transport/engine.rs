@@ -272,25 +272,46 @@ impl Engine {
 
     /// One packet of the first QP on the ready list that has one. A QP that sent goes to the
     /// back of the list (it may have more); one that had nothing leaves it until it is woken.
-    /// RD QPs stay on it: what frees their channels happens on the EECs.
+    /// RD QPs stay on it: what frees their channels happens on the EECs. A QP stays on the list
+    /// while it is tried (so a wake meanwhile queues nothing twice), and a lone busy QP is not
+    /// moved at all: one lock of the list per packet.
     fn transmit_qps(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
-        let mut turns = self.ready.lock().unwrap_or_else(|e| e.into_inner()).len();
-        while turns > 0 {
-            turns -= 1;
-            let qpn = self.ready.lock().unwrap_or_else(|e| e.into_inner()).pop_front()?;
-            let Some(qp) = qps.get(&qpn) else { continue };
-            // Off the list before looking, so that a wake from now on puts it back; the fence
-            // pairs with the poster's SeqCst publish-then-swap (see `wake`).
-            qp.ready.store(false, Ordering::SeqCst);
-            std::sync::atomic::fence(Ordering::SeqCst);
+        let (first, listed) = {
+            let ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+            (*ready.front()?, ready.len())
+        };
+        let mut qpn = first;
+        for turn in 0..listed {
+            if turn > 0 {
+                qpn = *self.ready.lock().unwrap_or_else(|e| e.into_inner()).front()?;
+            }
+            let Some(qp) = qps.get(&qpn) else {
+                self.unlist(qpn, false);
+                continue;
+            };
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
             if qp.destroyed.load(Ordering::Acquire) {
+                drop(core);
+                self.unlist(qpn, false);
                 continue;
             }
-            let sent = emit_one(qp, &mut core, now, buf);
+            let mut sent = emit_one(qp, &mut core, now, buf);
             if sent.is_some() || qp.qp_type == QpType::Rd {
-                self.wake(qp);
+                if listed > 1 {
+                    self.unlist(qpn, true);
+                }
+            } else {
+                self.unlist(qpn, false);
+                // Idle: off the list, then one more look for work whose waker saw the flag
+                // still set. The fence pairs with the waker's SeqCst publish then swap (see
+                // `wake`): one of the two sees the other.
+                qp.ready.store(false, Ordering::SeqCst);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                sent = emit_one(qp, &mut core, now, buf);
+                if sent.is_some() {
+                    self.wake(qp);
+                }
             }
             if let Some(len) = sent {
                 qp.bump(|s| &s.tx_packets);
@@ -300,11 +321,27 @@ impl Engine {
         None
     }
 
+    /// Takes `qpn` off the ready list, to the back of it with `requeue` (which leaves a lone
+    /// QP where it is). It is nearly always at the front.
+    fn unlist(&self, qpn: u32, requeue: bool) {
+        let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+        if requeue && ready.len() <= 1 {
+            return;
+        }
+        if let Some(at) = ready.iter().position(|&q| q == qpn) {
+            ready.remove(at);
+            if requeue {
+                ready.push_back(qpn);
+            }
+        }
+    }
+
     /// Puts `q` on the ready list unless it is there: whatever may give a QP something to send
     /// (a post, a Modify QP, a packet it received, a timer of its) wakes it. Whoever made the
     /// work visible did so before waking (a ring's SeqCst publish, or under the QP's lock), so
     /// either this swap finds the QP off the list and queues it, or the transmitter that took
-    /// it off, clearing the flag after this swap, sees the work (see `transmit_qps`).
+    /// it off, clearing the flag after this swap, sees the work when it looks again before
+    /// letting go (see `transmit_qps`).
     pub fn wake(&self, q: &QpInner) {
         if !q.ready.swap(true, Ordering::SeqCst) {
             self.ready.lock().unwrap_or_else(|e| e.into_inner()).push_back(q.qpn);
@@ -438,9 +475,6 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     if !accepts {
         return false;
     }
-    // Whatever the packet does (a response to queue, a window that opens, a retry), the QP
-    // then may have something to send; the transmitter waits for the lock held here.
-    dev.engine().wake(qp);
     let our_pkey = dev.pkey(core.attrs.pkey_index).unwrap_or(0);
     if !pkey_match(bth.p_key, our_pkey) {
         qp.bump(|s| &s.pkey_violations); // PKT-VAL-7, PKT-VAL-13
@@ -472,6 +506,10 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
         let grh = if qp.qp_type == QpType::Ud { roce::ud_grh(datagram).ok() } else { None };
         let req = Request::of(p, info, grh);
         responder::on_request(qp, &mut core, &req);
+        // An ACK, a NAK or Read responses to send.
+        if !core.resp.out.is_empty() {
+            dev.engine().wake(qp);
+        }
         true
     } else {
         let Some(info) = info else { return false };
@@ -479,7 +517,12 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
             return false;
         }
         let r = Response::of(p, info);
-        completer::on_response(qp, &mut core, now, &r)
+        let accepted = completer::on_response(qp, &mut core, now, &r);
+        // A window that opened, a go-back, or responses owed: anything left on the SQ may move.
+        if !core.sq.is_empty() || !core.resp.out.is_empty() {
+            dev.engine().wake(qp);
+        }
+        accepted
     }
 }
 
