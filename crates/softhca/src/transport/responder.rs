@@ -60,6 +60,73 @@ impl Grant {
     }
 }
 
+/// Why a service's responder refuses an inbound RDMA operation, before the service's error
+/// class decides what that means (RC: Class C with its NAK; RD: a fatal NAK on the channel;
+/// UC: the message is dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Invalid Request (ERR-RQ-5, ERR-RQ-12, a missing header, a length beyond 2^31).
+    Invalid,
+    /// Remote Access Error (ERR-RQ-9).
+    Access,
+}
+
+/// The first (or only) packet of an RDMA Write of `len` payload bytes: its RETH's length
+/// against the packet's (ERR-RQ-12), and the grant of its R_Key for the whole message
+/// (ERR-RQ-9; none for a zero-length Write). Returns the grant and the message length. One
+/// executor for RC, UC and RD.
+pub(crate) fn begin_write(dev: &dyn Hca, pd: u32, r: &Request<'_>, len: u64) -> Result<(Option<Grant>, u64), Refusal> {
+    let reth = r.reth.ok_or(Refusal::Invalid)?;
+    let total = reth.dma_length as u64;
+    if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
+        return Err(Refusal::Invalid); // ERR-RQ-12
+    }
+    let grant = match total {
+        0 => None,
+        _ => Some(Grant::new(dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).ok_or(Refusal::Access)?),
+    };
+    Ok((grant, total))
+}
+
+/// An RDMA Read request as the responder executes it: its grant (none for zero length) and
+/// the response packets it asks for at `mtu`.
+pub(crate) struct ReadPlan {
+    pub grant: Option<Grant>,
+    pub va: u64,
+    pub rkey: u32,
+    pub len: u64,
+    pub npkts: u32,
+}
+
+/// An RDMA Read request: its RETH, its length (at most 2^31) and the grant of its R_Key
+/// (ERR-RQ-9, ORD-RLX-2/3). The caller has checked the inbound depth (ERR-RQ-6). One executor
+/// for RC and RD.
+pub(crate) fn begin_read(dev: &dyn Hca, pd: u32, r: &Request<'_>, mtu: u64) -> Result<ReadPlan, Refusal> {
+    let reth = r.reth.ok_or(Refusal::Invalid)?;
+    let len = reth.dma_length as u64;
+    if len > 1 << 31 {
+        return Err(Refusal::Invalid);
+    }
+    let grant = match len {
+        0 => None,
+        _ => Some(Grant::new(dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or(Refusal::Access)?),
+    };
+    let npkts = len.div_ceil(mtu).max(1) as u32;
+    Ok(ReadPlan { grant, va: reth.va, rkey: reth.r_key, len, npkts })
+}
+
+/// An Atomic request, executed: an aligned word (ERR-RQ-5) its R_Key grants (ERR-RQ-9).
+/// Returns the original value. The caller has checked the inbound depth (ERR-RQ-6). One
+/// executor for RC and RD.
+pub(crate) fn run_atomic(dev: &dyn Hca, pd: u32, r: &Request<'_>) -> Result<u64, Refusal> {
+    let Some((is_cas, a)) = r.atomic else { return Err(Refusal::Invalid) };
+    if a.va % 8 != 0 {
+        return Err(Refusal::Invalid); // ERR-RQ-5
+    }
+    let mem = dev.check_access(a.r_key, pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| Refusal::Access)?;
+    execute_atomic(&mem, is_cas, &a).ok_or(Refusal::Invalid)
+}
+
 /// A response waiting to be transmitted, in the order it must leave (ORD-RLX-4).
 #[derive(Debug, Clone)]
 pub(crate) enum RespJob {
@@ -219,6 +286,14 @@ enum Fail {
 
 fn rc_fail_invalid() -> Fail {
     Fail::C { nak: NakCode::InvalidRequest, status: WcStatus::RemInvReqErr, access: false }
+}
+
+/// RC's error class for a refusal: Class C.
+fn rc_refused(why: Refusal) -> Fail {
+    match why {
+        Refusal::Invalid => rc_fail_invalid(),
+        Refusal::Access => access_fail(),
+    }
 }
 
 /// Handles one request packet addressed to `q`, already past header validation.
@@ -482,16 +557,7 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
         return Err(rc_fail_invalid()); // ERR-RQ-13
     }
     if core.resp.in_msg.is_none() {
-        let reth = r.reth.ok_or_else(rc_fail_invalid)?;
-        let total = reth.dma_length as u64;
-        if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
-            return Err(rc_fail_invalid()); // ERR-RQ-12
-        }
-        let pd = q.pd;
-        let grant = match total {
-            0 => None,
-            _ => Some(Grant::new(&*q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).ok_or(access_fail())?), // ERR-RQ-9
-        };
+        let (grant, total) = begin_write(&*q.dev, q.pd, r, len).map_err(rc_refused)?;
         core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
     }
     let Some(InMsg::Write { mut grant, offset, len: total }) = core.resp.in_msg.take() else {
@@ -547,22 +613,9 @@ fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    let reth = r.reth.ok_or_else(rc_fail_invalid)?;
-    let len = reth.dma_length as u64;
-    if len > 1 << 31 {
-        return Err(rc_fail_invalid());
-    }
-    let pd = q.pd;
-    let grant = match len {
-        0 => None,
-        _ => Some(Grant::new(&*q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or(access_fail())?), // ERR-RQ-9, ORD-RLX-2/3
-    };
-    let npkts = len.div_ceil(mtu).max(1) as u32;
+    let ReadPlan { grant, va, rkey, len, npkts } = begin_read(&*q.dev, q.pd, r, mtu).map_err(rc_refused)?;
     let psn = r.psn.value();
-    add_resource(
-        core,
-        Resource { psn, kind: ResourceKind::Read { va: reth.va, rkey: reth.r_key, len, npkts, mtu }, pending: true },
-    );
+    add_resource(core, Resource { psn, kind: ResourceKind::Read { va, rkey, len, npkts, mtu }, pending: true });
     core.resp.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
     core.resp.msn = Psn::new(core.resp.msn).next().value(); // PKT-ACK-14
     core.resp.out.push_back(RespJob::ReadResp { grant, first_psn: psn, npkts, next: 0, len, mtu });
@@ -570,17 +623,10 @@ fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
 }
 
 fn rc_atomic(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
-    let Some((is_cas, a)) = r.atomic else { return Err(rc_fail_invalid()) };
-    if a.va % 8 != 0 {
-        return Err(rc_fail_invalid()); // ERR-RQ-5
-    }
     if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    let pd = q.pd;
-    let access_fail = |_| Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true };
-    let mem = q.dev.check_access(a.r_key, pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(access_fail)?;
-    let orig = execute_atomic(&mem, is_cas, &a).ok_or_else(rc_fail_invalid)?;
+    let orig = run_atomic(&*q.dev, q.pd, r).map_err(rc_refused)?;
     let psn = r.psn.value();
     add_resource(core, Resource { psn, kind: ResourceKind::Atomic { orig }, pending: true });
     core.resp.epsn = r.psn.next().value();
@@ -722,15 +768,8 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
                 return;
             }
             if starts {
-                let Some(reth) = r.reth else { return drop_message(core) };
-                let total = reth.dma_length as u64;
-                let pd = q.pd;
-                let grant = match total {
-                    0 => None,
-                    _ => match Grant::new(&*q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE) {
-                        Some(g) => Some(g),
-                        None => return drop_message(core),
-                    },
+                let Ok((grant, total)) = begin_write(&*q.dev, q.pd, r, r.payload.len() as u64) else {
+                    return drop_message(core);
                 };
                 core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
             }

@@ -14,7 +14,9 @@ use crate::wire::{AethRepr, AtomicAckEthRepr, BthRepr, Opcode, PacketRepr, Rdeth
 
 use crate::transport::completer::scatter;
 use crate::transport::engine::{emit, ip_for};
-use crate::transport::responder::{execute_atomic, length_ok, read_rest_matches, Grant, Request, RespJob};
+use crate::transport::responder::{
+    begin_read, begin_write, length_ok, read_rest_matches, run_atomic, Grant, ReadPlan, Refusal, Request, RespJob,
+};
 
 use super::*;
 
@@ -135,6 +137,14 @@ pub(super) fn invalid() -> Fail {
 
 pub(super) fn access_fail() -> Fail {
     Fail::Fatal { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, to_error: true }
+}
+
+/// RD's error class for a refusal: a fatal NAK on the channel.
+fn refused(why: Refusal) -> Fail {
+    match why {
+        Refusal::Invalid => invalid(),
+        Refusal::Access => access_fail(),
+    }
 }
 
 pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>) {
@@ -418,19 +428,7 @@ pub(super) fn rd_write(
     // the retransmitted packet is taken as new (ERR-B-4).
     let (mut grant, offset, total) = match &e.rx {
         None => {
-            let reth = r.reth.ok_or_else(invalid)?;
-            let total = reth.dma_length as u64;
-            if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
-                return Err(invalid()); // ERR-RQ-12
-            }
-            let pd = q.pd;
-            let grant = match total {
-                0 => None,
-                _ => Some(
-                    Grant::new(&*q.dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE)
-                        .ok_or_else(access_fail)?,
-                ), // ERR-RQ-9
-            };
+            let (grant, total) = begin_write(&*q.dev, q.pd, r, len).map_err(refused)?;
             (grant, 0, total)
         }
         Some(RdRx { msg: RxMsg::Write { grant, offset, len }, .. }) => (grant.clone(), *offset, *len),
@@ -483,20 +481,10 @@ pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Requ
     if !room_for_read_or_atomic(core, ec) {
         return Err(invalid()); // ERR-RQ-6
     }
-    let reth = r.reth.ok_or_else(invalid)?;
-    let len = reth.dma_length as u64;
-    if len > 1 << 31 {
-        return Err(invalid());
-    }
-    let pd = q.pd;
-    let grant = match len {
-        0 => None,
-        _ => Some(Grant::new(&*q.dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or_else(access_fail)?), // ERR-RQ-9
-    };
-    let npkts = len.div_ceil(mtu).max(1) as u32;
+    let ReadPlan { grant, va, rkey, len, npkts } = begin_read(&*q.dev, q.pd, r, mtu).map_err(refused)?;
     let psn = r.psn.value();
     let e = &mut ec.engine;
-    e.last = Some(Executed::Read { psn, qpn: q.qpn, va: reth.va, rkey: reth.r_key, len, npkts, mtu });
+    e.last = Some(Executed::Read { psn, qpn: q.qpn, va, rkey, len, npkts, mtu });
     e.epsn = r.psn.add(npkts).value();
     e.msn = Psn::new(e.msn).next().value();
     e.out.push_back(Out {
@@ -508,15 +496,10 @@ pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Requ
 }
 
 pub(super) fn rd_atomic(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>) -> Result<(), Fail> {
-    let Some((is_cas, a)) = r.atomic else { return Err(invalid()) };
-    if a.va % 8 != 0 {
-        return Err(invalid()); // ERR-RQ-5
-    }
     if !room_for_read_or_atomic(core, ec) {
         return Err(invalid()); // ERR-RQ-6
     }
-    let mem = q.dev.check_access(a.r_key, q.pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| access_fail())?;
-    let orig = execute_atomic(&mem, is_cas, &a).ok_or_else(invalid)?;
+    let orig = run_atomic(&*q.dev, q.pd, r).map_err(refused)?;
     let psn = r.psn.value();
     let e = &mut ec.engine;
     e.last = Some(Executed::Atomic { psn, orig });
