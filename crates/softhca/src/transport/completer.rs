@@ -3,7 +3,7 @@
 
 use crate::transport::qp::{wc_opcode_of, QpCore, QpInner};
 use crate::transport::wqe::WrOpcode;
-use crate::types::{QpState, QpType, Wc, WcStatus};
+use crate::types::{QpType, Wc, WcStatus};
 use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;
@@ -313,51 +313,59 @@ fn progress(q: &QpInner, core: &mut QpCore, now: u64, una_before: u32) {
     }
 }
 
-/// Retires done WQEs from the SQ head in post order (ORD-SQ-3, ORD-SQ-6), with a CQE when
-/// signaled or unsuccessful (WR-COM-2..4). An error moves an RC QP to Error and a UC or UD QP
-/// to SQE (ERR-SQ-1, ERR-SQ-2).
+/// Retires done WQEs from the SQ head in post order (ORD-SQ-3, ORD-SQ-6); see `retire_head`.
 pub(crate) fn retire(q: &QpInner, core: &mut QpCore) {
     while core.req.started > 0 {
-        let Some(w) = core.sq.get(0) else { break };
-        let Some(status) = w.tx.status else { break };
-        let wc = Wc {
-            wr_id: w.wr_id,
-            status,
-            opcode: wc_opcode_of(w.opcode),
-            byte_len: match w.opcode {
-                WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 8,
-                _ => w.length as u32,
-            },
-            qp_num: q.qpn,
-            ..Default::default()
-        };
-        let report = status != WcStatus::Success || w.signaled;
-        core.sq.pop();
-        core.req.started -= 1;
-        if core.req.cursor > 0 {
-            core.req.cursor -= 1;
-        } else {
-            core.req.cursor_off = 0;
-        }
-        // A UC or UD QP is in SQE before its error CQE can be seen (see `begin_sqe`).
-        let sqe = (status != WcStatus::Success && q.qp_type != QpType::Rc).then(|| q.begin_sqe(core));
-        if report && q.send_cq.push(wc, status != WcStatus::Success).is_err() {
-            // CQ-OVF-2: the QP whose CQE could not be written moves to Error.
-            q.enter_error(core, false);
-            return;
-        }
-        if status != WcStatus::Success {
-            match sqe {
-                Some(queued) => q.finish_sqe(core, queued),
-                None => q.enter_error(core, true),
+        let Some(status) = core.sq.get(0).and_then(|w| w.tx.status) else { break };
+        let carries_on = retire_head(q, core, status, |core| {
+            core.req.started -= 1;
+            if core.req.cursor > 0 {
+                core.req.cursor -= 1;
+            } else {
+                core.req.cursor_off = 0;
             }
+        });
+        if !carries_on {
             return;
         }
     }
     if core.req.started == 0 {
         core.req.halted = false;
     }
-    if core.attrs.qp_state == QpState::Sqd {
-        q.check_drained(core);
+    q.check_drained(core);
+}
+
+/// Takes the SQ head off with its completion `status`, `popped` doing the service's
+/// bookkeeping once it is off: a CQE when signaled or unsuccessful (WR-COM-2..4). An
+/// unsuccessful one moves a UC, UD or RD QP to SQE before its error CQE can be seen, and the
+/// WQEs behind it are flushed (ERR-SQ-1, QPT-AUTO-1, QPT-AUTO-2; see `QpInner::begin_sqe`), and
+/// an RC QP to Error with everything flushed (ERR-SQ-2); a CQE that does not fit moves the QP to Error
+/// (CQ-OVF-2). True when the QP carries on as it was. One place for RC, UC, UD and RD.
+pub(crate) fn retire_head(q: &QpInner, core: &mut QpCore, status: WcStatus, popped: impl FnOnce(&mut QpCore)) -> bool {
+    let Some(w) = core.sq.get(0) else { return true };
+    let wc = Wc {
+        wr_id: w.wr_id,
+        status,
+        opcode: wc_opcode_of(w.opcode),
+        byte_len: if w.opcode.is_atomic() { 8 } else { w.length as u32 },
+        qp_num: q.qpn,
+        ..Default::default()
+    };
+    let failed = status != WcStatus::Success;
+    let report = failed || w.signaled;
+    core.sq.pop();
+    popped(core);
+    let sqe = (failed && q.qp_type != QpType::Rc).then(|| q.begin_sqe(core));
+    if report && q.send_cq.push(wc, failed).is_err() {
+        q.enter_error(core, false);
+        return false;
     }
+    if failed {
+        match sqe {
+            Some(queued) => q.finish_sqe(core, queued),
+            None => q.enter_error(core, true),
+        }
+        return false;
+    }
+    true
 }

@@ -5,16 +5,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::transport::hca::Hca;
-use crate::transport::qp::{wc_opcode_of, QpCore, QpInner};
+use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::rd::eec::{EecCore, EecInner};
 use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
-use crate::types::{QpState, Wc, WcStatus};
+use crate::types::{QpState, WcStatus};
 use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position, ServiceType};
 use crate::wire::psn::Psn;
 use crate::wire::{BthRepr, DethRepr, PacketRepr, RdethRepr};
 
-use crate::transport::completer::{scatter, Response};
+use crate::transport::completer::{self, scatter, Response};
 use crate::transport::engine::{add_request_headers, emit, gather, ip_for, request_opcode, TimerOwner};
 use crate::transport::requester::{ack_timeout_ns, arm, check_local, ACK_EVERY, WINDOW};
 
@@ -141,32 +141,15 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
     }
 }
 
-/// Retires the SQ head with `status`: a CQE when signaled or unsuccessful (WR-COM-2..4).
+/// Retires the SQ head with `status` (see `completer::retire_head`); the QP's channel is free.
 pub(super) fn retire_head(q: &QpInner, core: &mut QpCore, status: WcStatus) {
-    let Some(w) = core.sq.get(0) else { return };
-    let wc = Wc {
-        wr_id: w.wr_id,
-        status,
-        opcode: wc_opcode_of(w.opcode),
-        byte_len: if w.opcode.is_atomic() { 8 } else { w.length as u32 },
-        qp_num: q.qpn,
-        ..Default::default()
-    };
-    let report = status != WcStatus::Success || w.signaled;
-    core.sq.pop();
-    core.rd.active = None;
-    core.req.started = 0;
-    // ERR-SQ-1, QPT-AUTO-1, QPT-AUTO-2: in SQE before the error CQE can be seen.
-    let sqe = (status != WcStatus::Success).then(|| q.begin_sqe(core));
-    if report && q.send_cq.push(wc, status != WcStatus::Success).is_err() {
-        q.enter_error(core, false); // CQ-OVF-2
-        return;
+    let carries_on = completer::retire_head(q, core, status, |core| {
+        core.rd.active = None;
+        core.req.started = 0;
+    });
+    if carries_on {
+        q.check_drained(core);
     }
-    if let Some(queued) = sqe {
-        q.finish_sqe(core, queued);
-        return;
-    }
-    q.check_drained(core);
 }
 
 /// Fails the SQ head before or after its EEC took it.
