@@ -98,9 +98,9 @@ tcase() {
   printf 'server (%s): %s\nclient (%s): %s\nnetem: %s\n' "$ss" "${scmd[*]}" "$cs" "${ccmd[*]}" \
     "${nem:-none}" >"$d/cmd.txt"
   [ -n "$nem" ] && netem "$nem"
-  # to tmpfs with a 128 MiB ring (writing through 9p loses packets), moved to $OUT afterwards;
+  # to tmpfs with a 256 MiB ring (writing through 9p loses packets), moved to $OUT afterwards;
   # at most MAXPKT packets, so that a retransmission storm cannot fill the guest's memory
-  tcpdump -i veth0 -n -U --immediate-mode -B 131072 -s 0 -c "$MAXPKT" -w "/tmp/cap/$name.pcap" 'udp port 4791' \
+  tcpdump -i veth0 -n -U --immediate-mode -B 262144 -s 0 -c "$MAXPKT" -w "/tmp/cap/$name.pcap" 'udp port 4791' \
     2>"$d/tcpdump.log" & tp=$!
   for _ in $(seq 50); do grep -q listening "$d/tcpdump.log" && break; sleep 0.1; done
   drops0=$(udp_drops)
@@ -176,9 +176,9 @@ chk rnr0 "-t rnr0"
 chk rnr7 "-t rnr7"
 chk errmid "-t errmid -n 40"
 chk destroy "-t destroy -n 40"
-chk stream "-t stream -m 4096 -n 64"
-chk stream.loss2 "-t stream -m 4096 -n 64" "loss 2%"
-chk stream.loss10 "-t stream -m 4096 -n 64" "loss 10%"
+chk stream "-t stream -m 4096 -n 32"
+chk stream.loss2 "-t stream -m 4096 -n 32" "loss 2%"
+chk stream.loss10 "-t stream -m 4096 -n 32" "loss 10%"
 chk stream.m1024.loss2 "-t stream -m 1024 -n 32" "loss 2%"
-chk stream.dup-reorder "-t stream -m 4096 -n 64" "delay 2ms reorder 25% 50% duplicate 5%"
+chk stream.dup-reorder "-t stream -m 4096 -n 32" "delay 2ms reorder 25% 50% duplicate 5%"
 exit 0
