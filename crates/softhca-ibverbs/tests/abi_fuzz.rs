@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use libc::{EAGAIN, EBUSY, EFAULT, EINVAL, ENODATA, ENOENT, ENOMEM, EOPNOTSUPP, EPERM};
-use softhca_verbs::abi::*;
+use softhca_ibverbs::abi::*;
 
 /// `struct ibv_ece`.
 #[repr(C)]

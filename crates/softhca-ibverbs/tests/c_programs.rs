@@ -44,7 +44,7 @@ fn pingpong(prog: &str, args: &[&str], k: u16, env: &[(&str, &str)]) -> String {
     text(&client)
 }
 
-/// The structures softhca-verbs shares with C programs have the system header's sizes and
+/// The structures softhca-ibverbs shares with C programs have the system header's sizes and
 /// field offsets (a union of 64-bit words makes `ibv_gid` 8-aligned, which moves the end of
 /// `ibv_qp_attr`: this test found it).
 #[test]
@@ -56,7 +56,7 @@ fn structure_layouts_match_the_system_header() {
     let out = Command::new(&exe).output().unwrap();
     assert!(out.status.success());
     let c = String::from_utf8(out.stdout).unwrap();
-    let rust = softhca_verbs::abi::layout_report();
+    let rust = softhca_ibverbs::abi::layout_report();
     for (cl, rl) in c.lines().zip(rust.lines()) {
         assert_eq!(cl, rl, "C says {cl:?}, Rust says {rl:?}");
     }

@@ -1,5 +1,5 @@
-/* Prints the sizes and field offsets of the libibverbs structures softhca-verbs mirrors, in
-   the format of softhca_verbs::abi::layout_report(), from the system's infiniband/verbs.h. */
+/* Prints the sizes and field offsets of the libibverbs structures softhca-ibverbs mirrors, in
+   the format of softhca_ibverbs::abi::layout_report(), from the system's infiniband/verbs.h. */
 #include <stddef.h>
 #include <stdio.h>
 #include <infiniband/verbs.h>

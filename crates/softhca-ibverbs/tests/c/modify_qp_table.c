@@ -1,7 +1,7 @@
 /* Modify QP's attribute masks through the C ABI, exhaustively, against Linux's
    ib_modify_qp_is_ok (B-2). The table below is a second, independent writing of the kernel's
    qp_state_table (drivers/infiniband/core/verbs.c, torvalds/linux at f4d8f354), taken from the
-   kernel source rather than from softhca-verbs' modify_mask.rs; softhca's deliberate
+   kernel source rather than from softhca-ibverbs' modify_mask.rs; softhca's deliberate
    differences (RULES.md Appendix B, modify_mask.rs's KEPT) are applied afterwards, apart, in
    softhca_adjust().
 

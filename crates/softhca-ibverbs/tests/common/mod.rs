@@ -19,7 +19,7 @@ pub fn ready() -> bool {
 }
 
 pub fn scratch() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("softhca-verbs-tests-{}", std::process::id()));
+    let d = std::env::temp_dir().join(format!("softhca-ibverbs-tests-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -35,10 +35,10 @@ pub fn library() -> &'static Path {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
                 let n = p.file_name().unwrap().to_string_lossy();
-                n.starts_with("libsofthca_verbs-") && n.ends_with(".a")
+                n.starts_with("libsofthca_ibverbs-") && n.ends_with(".a")
             })
             .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-            .expect("cargo builds libsofthca_verbs-*.a beside the tests");
+            .expect("cargo builds libsofthca_ibverbs-*.a beside the tests");
         let dir = scratch().join("lib");
         std::fs::create_dir_all(&dir).unwrap();
         let map = Path::new(env!("CARGO_MANIFEST_DIR")).join("libibverbs.map");

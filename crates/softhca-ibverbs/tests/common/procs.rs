@@ -1,4 +1,4 @@
-//! Process and tool helpers shared by the tests of softhca-verbs and softhca-vendor (the
+//! Process and tool helpers shared by the tests of softhca-ibverbs and softhca-vendor (the
 //! latter includes this file by path): what must be installed, TCP listeners seen without
 //! connecting, and waiting for a child with a hang guard only.
 

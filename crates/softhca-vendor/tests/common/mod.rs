@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 pub mod fake;
-#[path = "../../../softhca-verbs/tests/common/procs.rs"]
+#[path = "../../../softhca-ibverbs/tests/common/procs.rs"]
 mod procs;
 pub use procs::*;
 
@@ -22,7 +22,7 @@ fn scratch() -> PathBuf {
 }
 
 /// The newest `lib<crate>-*.a` beside the test executable (cargo builds the static library
-/// of this crate, and of the softhca-verbs dev-dependency, into the same directory).
+/// of this crate, and of the softhca-ibverbs dev-dependency, into the same directory).
 fn archive(krate: &str) -> PathBuf {
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let prefix = format!("lib{krate}-");
@@ -73,7 +73,7 @@ pub fn vendor_libs() -> &'static Path {
     })
 }
 
-/// A directory holding the drop-in `libibverbs.so.1` (from softhca-verbs' archive and
+/// A directory holding the drop-in `libibverbs.so.1` (from softhca-ibverbs' archive and
 /// version script) beside the two vendor libraries: what `scripts/build-libibverbs` puts in
 /// `target/release/ibverbs`. Once per test process.
 pub fn all_libs() -> &'static Path {
@@ -84,8 +84,8 @@ pub fn all_libs() -> &'static Path {
         for lib in ["libmlx5.so.1", "libefa.so.1"] {
             std::fs::copy(vendor_libs().join(lib), dir.join(lib)).unwrap();
         }
-        let map = manifest().join("../softhca-verbs/libibverbs.map");
-        link(&dir.join("libibverbs.so.1"), "libibverbs.so.1", &map, &[], &archive("softhca_verbs"));
+        let map = manifest().join("../softhca-ibverbs/libibverbs.map");
+        link(&dir.join("libibverbs.so.1"), "libibverbs.so.1", &map, &[], &archive("softhca_ibverbs"));
         dir
     })
 }
