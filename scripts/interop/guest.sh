@@ -5,15 +5,19 @@
 # runs a server on one side and a client on the other, with tcpdump on veth0, and leaves in
 # $OUT/cases/NAME/ its commands, both logs and exit codes, and in $OUT/pcap/NAME.pcap the wire.
 #
-# Usage: guest.sh [--quick] [--only REGEX] [--rmem-max BYTES]
+# Usage: guest.sh [--quick | --speed] [--only REGEX] [--rmem-max BYTES]
+# --speed: instead of the matrix, issue 12's same-guest speed comparison: perftest between
+# rxe0 and rxe1 over the veth pair, then between two softhca processes (a namespace's
+# loopback), in the same boot; logs in $OUT/speed/.
 # Env from the harness: SHCA (dir of the drop-in libraries), TOOLS (dir of rdma_check).
 # --rmem-max sets net.core.rmem_max, which caps the SO_RCVBUF softhca asks for (8 MiB) without
 # SO_RCVBUFFORCE; the kernel's default, 212992, is what an unconfigured host gives it.
 set -u
-QUICK=0; ONLY=.; RMEM=
+QUICK=0; SPEED=0; ONLY=.; RMEM=
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
+    --speed) SPEED=1 ;;
     --only) ONLY=$2; shift ;;
     --rmem-max) RMEM=$2; shift ;;
     *) echo "guest.sh: unknown argument $1"; exit 2 ;;
@@ -27,6 +31,39 @@ T=${CASE_TIMEOUT:-150}
 MAXPKT=${MAXPKT:-60000}
 mkdir -p "$OUT/cases" "$OUT/pcap" /tmp/cap
 [ -n "$RMEM" ] && sysctl -qw net.core.rmem_max="$RMEM"
+
+# ------------------------------------------------------------------ speed (issue 12, item 4)
+if [ $SPEED = 1 ]; then
+  mkdir -p "$OUT/speed"
+  rxe-setup.sh pair 9000 || exit 1
+  ip netns add sp
+  ip -n sp link set lo up
+  # speed NAME SERVER... -- CLIENT...: perftest server in the background, then its client
+  speed() {
+    local name=$1 srv=() cli=() sp crc src
+    shift
+    while [ "$1" != -- ]; do srv+=("$1"); shift; done
+    shift; cli=("$@")
+    timeout 120 "${srv[@]}" >"$OUT/speed/$name.server.log" 2>&1 & sp=$!
+    sleep 2
+    timeout 120 "${cli[@]}" >"$OUT/speed/$name.client.log" 2>&1; crc=$?
+    wait $sp; src=$?
+    echo "speed $name: client rc=$crc server rc=$src"
+  }
+  SP=(ip netns exec sp env "LD_LIBRARY_PATH=$SHCA")
+  BW=(ib_write_bw -F -s 65536 -D 4)
+  LAT=(ib_send_lat -F -s 8 -n 2000)
+  speed rxe.write_bw "${BW[@]}" -d rxe1 -x 1 -- "${BW[@]}" -d rxe0 -x 1 198.18.0.2
+  speed rxe.send_lat "${LAT[@]}" -d rxe1 -x 1 -- "${LAT[@]}" -d rxe0 -x 1 198.18.0.2
+  for mode in 0 1; do
+    S=("${SP[@]}" "SOFTHCA_BUSY_POLL=$mode")
+    speed "softhca.busy$mode.write_bw" "${S[@]}" SOFTHCA_ADDR=127.0.0.2 "${BW[@]}" -x 0 -- \
+      "${S[@]}" SOFTHCA_ADDR=127.0.0.3 "${BW[@]}" -x 0 127.0.0.2
+    speed "softhca.busy$mode.send_lat" "${S[@]}" SOFTHCA_ADDR=127.0.0.2 "${LAT[@]}" -x 0 -- \
+      "${S[@]}" SOFTHCA_ADDR=127.0.0.3 "${LAT[@]}" -x 0 127.0.0.2
+  done
+  exit 0
+fi
 
 # ------------------------------------------------------------------ network
 # rxe-setup.sh single: veth0/veth1, the policy routes that keep 198.18.0.1 <-> .2 on the

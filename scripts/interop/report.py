@@ -2,6 +2,7 @@
 """One line per interop case: PASS, FAIL or KNOWN (a failure listed in known-failures).
 
 Usage: report.py GUEST_OUT --icrc ICRC.md [--known FILE] [--md RESULTS.md]
+       report.py --speed SPEED_DIR      (guest.sh --speed: the perftest figures and ratios)
 
 GUEST_OUT is what scripts/interop/guest.sh left ($OUT): cases/NAME/{cmd,rc}.txt and the
 server and client logs, pcap/NAME.pcap. ICRC.md is the markdown table that
@@ -130,7 +131,47 @@ def judge(gdir, name, icrc):
                 icrc=ic, results=results, srv=rc.get("server_side", "?"))
 
 
+def perftest_row(path, header, index):
+    """field `index` of perftest's result row, the line after the header line containing
+    `header` (headers have spaces inside column names, so fields are taken by position)"""
+    if not os.path.exists(path):
+        return None
+    lines = open(path, errors="replace").read().splitlines()
+    for i, l in enumerate(lines):
+        if header in l and i + 1 < len(lines):
+            vals = lines[i + 1].split()
+            if len(vals) > index:
+                try:
+                    return float(vals[index])
+                except ValueError:
+                    return None
+    return None
+
+
+def speed(sdir):
+    bw, lat = {}, {}
+    for who in ("rxe", "softhca.busy0", "softhca.busy1"):
+        # #bytes #iterations BW-peak BW-average MsgRate / #bytes #iterations t_min t_max t_typical
+        bw[who] = perftest_row(os.path.join(sdir, who + ".write_bw.client.log"), "BW average[MB/sec]", 3)
+        lat[who] = perftest_row(os.path.join(sdir, who + ".send_lat.client.log"), "t_typical[usec]", 4)
+    names = {"rxe": "rxe0 -> rxe1 (veth)", "softhca.busy0": "softhca -> softhca (blocking)",
+             "softhca.busy1": "softhca -> softhca (busy-poll)"}
+    print("same guest, emulated (ratios: softhca / rxe; higher is better for bandwidth, lower for latency)")
+    print("%-32s %22s %22s" % ("", "ib_write_bw 64 KiB", "ib_send_lat 8 B typ."))
+    for who in ("rxe", "softhca.busy0", "softhca.busy1"):
+        b = "%.1f MiB/s" % bw[who] if bw[who] is not None else "-"
+        t = "%.2f us" % lat[who] if lat[who] is not None else "-"
+        if who != "rxe" and bw[who] and bw["rxe"]:
+            b += " (%.2fx)" % (bw[who] / bw["rxe"])
+        if who != "rxe" and lat[who] and lat["rxe"]:
+            t += " (%.2fx)" % (lat[who] / lat["rxe"])
+        print("%-32s %22s %22s" % (names[who], b, t))
+    return 0 if all(v is not None for v in list(bw.values()) + list(lat.values())) else 1
+
+
 def main(argv):
+    if argv and argv[0] == "--speed":
+        return speed(argv[1])
     gdir = argv[0]
     opts = dict(zip(argv[1::2], argv[2::2]))
     icrc = read_icrc(opts["--icrc"]) if "--icrc" in opts else {}
