@@ -339,6 +339,18 @@ bitflags::bitflags! {
     }
 }
 
+/// The type of a memory window (`ibv_mw_type`, IBA 10.6.7). A type 1 window is bound by any QP
+/// of its PD and rebound at will; a type 2 window (type 2B in the IBA) is bound by a Bind MW
+/// work request to the QP that posted it, which alone may use its R_Key, and must be
+/// invalidated (Local Invalidate, or a Send with Invalidate from the peer) before it is bound
+/// again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MwType {
+    #[default]
+    Type1,
+    Type2,
+}
+
 /// A work completion (`ibv_wc`). Fields other than `wr_id`, `status` and `qp_num` are defined
 /// only when `status` is Success (CQE-16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -16,8 +16,8 @@ use crate::wire::packet::pad_for;
 use crate::wire::psn::Psn;
 use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ImmDtRepr, Opcode, PacketRepr, RethRepr, UdpChecksum,
-    WireError,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, RethRepr,
+    UdpChecksum, WireError,
 };
 
 use super::completer::{self, Response};
@@ -763,6 +763,9 @@ pub(crate) fn add_request_headers(p: &mut PacketRepr<'_>, w: &SendWqe, offset: u
     }
     if w.opcode.has_imm() && last {
         p.immdt = Some(ImmDtRepr { imm_data: w.imm_data });
+    }
+    if w.opcode == WrOpcode::SendWithInv && last {
+        p.ieth = Some(IethRepr { r_key: w.invalidate_rkey }); // the R_Key the responder invalidates
     }
 }
 

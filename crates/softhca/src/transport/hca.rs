@@ -24,14 +24,38 @@ pub(crate) trait Hca: Send + Sync {
     /// Bumped whenever a key is invalidated, rebound or deregistered, so a grant checked
     /// earlier knows to check again.
     fn key_generation(&self) -> u64;
-    /// The access check of every local (L_Key) and remote (R_Key) memory access: the key must
-    /// name a live region or window of PD `pd` that holds `[addr, addr + len)` and grants
-    /// `access` (DESIGN rule 5).
-    fn check_access(&self, key: u32, pd: u32, addr: u64, len: u64, access: Access) -> Result<MemRef, AccessError>;
-    /// Executes a Bind MW WQE of a QP of PD `pd`; a failure is the completion status.
-    fn bind_mw(&self, pd: u32, bind: &BindRequest) -> Result<(), WcStatus>;
+    /// The access check of every local (L_Key) and remote (R_Key) memory access by QP `qpn`
+    /// of PD `pd`: the key must name a live region or window of that PD that holds
+    /// `[addr, addr + len)` and grants `access`, and a type 2 window must be bound to that QP
+    /// (DESIGN rule 5).
+    #[allow(clippy::too_many_arguments)]
+    fn check_access(
+        &self,
+        key: u32,
+        pd: u32,
+        qpn: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<MemRef, AccessError>;
+    /// Executes a Bind MW WQE of QP `qpn` of PD `pd`; a failure is the completion status.
+    fn bind_mw(&self, pd: u32, qpn: u32, bind: &BindRequest) -> Result<(), WcStatus>;
+    /// Invalidates `rkey` for QP `qpn` of PD `pd`: a Local Invalidate WQE, or the R_Key of an
+    /// inbound Send with Invalidate. Only a type 2 window bound to that QP can be invalidated;
+    /// it is then free to be bound again.
+    fn invalidate(&self, pd: u32, qpn: u32, rkey: u32) -> Result<(), InvalidateError>;
     /// Queues an asynchronous event (and calls the consumer's handler once the step is over).
     fn raise(&self, event: AsyncEvent);
+}
+
+/// Why an invalidation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InvalidateError {
+    /// No window or region of the PD has the key.
+    BadKey,
+    /// The key names something that cannot be invalidated: a region, a type 1 window, or a
+    /// type 2 window bound to another QP.
+    NotInvalidatable,
 }
 
 /// The CQ already holds as many unpolled CQEs as its size (CQ-OVF-1): the CQE was not written.

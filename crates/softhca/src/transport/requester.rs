@@ -105,6 +105,21 @@ pub(crate) fn arm(dev: &dyn Hca, owner: TimerOwner, queued: &mut Option<u64>, sl
     }
 }
 
+/// Executes a local SQ operation at once and returns its status: Bind MW (WR-BIND) and Local
+/// Invalidate (a type 2 window bound to this QP only, IBA 10.6.7.2; anything else is a Local
+/// QP Operation Error, as rxe reports it). `None` for an operation that sends packets.
+pub(crate) fn run_local(q: &QpInner, w: &SendWqe) -> Option<WcStatus> {
+    let result = match w.opcode {
+        WrOpcode::BindMw => match &w.bind {
+            Some(b) => q.dev.bind_mw(q.pd, q.qpn, b),
+            None => Err(WcStatus::MwBindErr),
+        },
+        WrOpcode::LocalInv => q.dev.invalidate(q.pd, q.qpn, w.invalidate_rkey).map_err(|_| WcStatus::LocQpOpErr),
+        _ => return None,
+    };
+    Some(result.err().unwrap_or(WcStatus::Success))
+}
+
 /// Local ACK Timeout in ns: 4.096 µs × 2^timeout; 0 disables the timer (PKT-RTY-2).
 pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
     (timeout != 0).then(|| 4096u64 << timeout.min(31))
@@ -140,7 +155,7 @@ pub(crate) fn check_local(q: &QpInner, ud_mtu: u64, w: &mut SendWqe) -> Result<(
             }
             let m = q
                 .dev
-                .check_access(sge.lkey, pd, sge.addr, sge.length as u64, need)
+                .check_access(sge.lkey, pd, q.qpn, sge.addr, sge.length as u64, need)
                 .map_err(|_| WcStatus::LocProtErr)?;
             w.tx.local.push(m);
         }
@@ -194,13 +209,9 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             // The WQE is worked on in its slot: `req` and `sq` are separate fields of `core`.
             let req = &mut core.req;
             let w = core.sq.get_mut(idx)?;
-            if let Some(b) = &w.bind {
-                // A bind is a local operation: it takes effect now, for every WQE after it,
-                // and completes in order with no packet.
-                let status = match q.dev.bind_mw(q.pd, b) {
-                    Ok(()) => WcStatus::Success,
-                    Err(s) => s,
-                };
+            if let Some(status) = run_local(q, w) {
+                // A bind or a Local Invalidate is a local operation: it takes effect now, for
+                // every WQE after it, and completes in order with no packet.
                 w.tx.first_psn = req.psn;
                 w.tx.npkts = 0;
                 w.tx.status = Some(status);

@@ -28,6 +28,7 @@ use super::requester::pmtu;
 pub(crate) struct Grant {
     rkey: u32,
     pd: u32,
+    qpn: u32,
     va: u64,
     len: u64,
     access: Access,
@@ -38,11 +39,13 @@ pub(crate) struct Grant {
 
 impl Grant {
     /// `len` bytes at `va` through `rkey` with `access`, if the key allows them now.
-    pub fn new(dev: &dyn Hca, rkey: u32, pd: u32, va: u64, len: u64, access: Access) -> Option<Grant> {
+    /// `qpn` is the QP the access arrived on (a type 2 window must be bound to it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(dev: &dyn Hca, rkey: u32, pd: u32, qpn: u32, va: u64, len: u64, access: Access) -> Option<Grant> {
         // The generation is read first: a revocation racing the check shows at the next use.
         let gen = dev.key_generation();
-        let checked = dev.check_access(rkey, pd, va, len, access).ok()?;
-        Some(Grant { rkey, pd, va, len, access, checked, gen })
+        let checked = dev.check_access(rkey, pd, qpn, va, len, access).ok()?;
+        Some(Grant { rkey, pd, qpn, va, len, access, checked, gen })
     }
 
     /// The memory of bytes `[at, at + n)` of the grant and their offset in it, if the key still
@@ -53,7 +56,7 @@ impl Grant {
         }
         let gen = dev.key_generation();
         if gen != self.gen {
-            self.checked = dev.check_access(self.rkey, self.pd, self.va, self.len, self.access).ok()?;
+            self.checked = dev.check_access(self.rkey, self.pd, self.qpn, self.va, self.len, self.access).ok()?;
             self.gen = gen;
         }
         Some((&self.checked, at as usize))
@@ -75,7 +78,13 @@ pub(crate) enum Refusal {
 /// against the packet's (ERR-RQ-12), and the grant of its R_Key for the whole message
 /// (ERR-RQ-9; none for a zero-length Write). Returns the grant and the message length. One
 /// executor for RC, UC and RD.
-pub(crate) fn begin_write(dev: &dyn Hca, pd: u32, r: &Request<'_>, len: u64) -> Result<(Option<Grant>, u64), Refusal> {
+pub(crate) fn begin_write(
+    dev: &dyn Hca,
+    pd: u32,
+    qpn: u32,
+    r: &Request<'_>,
+    len: u64,
+) -> Result<(Option<Grant>, u64), Refusal> {
     let reth = r.reth.ok_or(Refusal::Invalid)?;
     let total = reth.dma_length as u64;
     if (r.position == Position::Only && len != total) || (r.position == Position::First && total <= len) {
@@ -83,7 +92,7 @@ pub(crate) fn begin_write(dev: &dyn Hca, pd: u32, r: &Request<'_>, len: u64) -> 
     }
     let grant = match total {
         0 => None,
-        _ => Some(Grant::new(dev, reth.r_key, pd, reth.va, total, Access::REMOTE_WRITE).ok_or(Refusal::Access)?),
+        _ => Some(Grant::new(dev, reth.r_key, pd, qpn, reth.va, total, Access::REMOTE_WRITE).ok_or(Refusal::Access)?),
     };
     Ok((grant, total))
 }
@@ -101,7 +110,7 @@ pub(crate) struct ReadPlan {
 /// An RDMA Read request: its RETH, its length (at most 2^31) and the grant of its R_Key
 /// (ERR-RQ-9, ORD-RLX-2/3). The caller has checked the inbound depth (ERR-RQ-6). One executor
 /// for RC and RD.
-pub(crate) fn begin_read(dev: &dyn Hca, pd: u32, r: &Request<'_>, mtu: u64) -> Result<ReadPlan, Refusal> {
+pub(crate) fn begin_read(dev: &dyn Hca, pd: u32, qpn: u32, r: &Request<'_>, mtu: u64) -> Result<ReadPlan, Refusal> {
     let reth = r.reth.ok_or(Refusal::Invalid)?;
     let len = reth.dma_length as u64;
     if len > 1 << 31 {
@@ -109,7 +118,7 @@ pub(crate) fn begin_read(dev: &dyn Hca, pd: u32, r: &Request<'_>, mtu: u64) -> R
     }
     let grant = match len {
         0 => None,
-        _ => Some(Grant::new(dev, reth.r_key, pd, reth.va, len, Access::REMOTE_READ).ok_or(Refusal::Access)?),
+        _ => Some(Grant::new(dev, reth.r_key, pd, qpn, reth.va, len, Access::REMOTE_READ).ok_or(Refusal::Access)?),
     };
     let npkts = len.div_ceil(mtu).max(1) as u32;
     Ok(ReadPlan { grant, va: reth.va, rkey: reth.r_key, len, npkts })
@@ -118,12 +127,12 @@ pub(crate) fn begin_read(dev: &dyn Hca, pd: u32, r: &Request<'_>, mtu: u64) -> R
 /// An Atomic request, executed: an aligned word (ERR-RQ-5) its R_Key grants (ERR-RQ-9).
 /// Returns the original value. The caller has checked the inbound depth (ERR-RQ-6). One
 /// executor for RC and RD.
-pub(crate) fn run_atomic(dev: &dyn Hca, pd: u32, r: &Request<'_>) -> Result<u64, Refusal> {
+pub(crate) fn run_atomic(dev: &dyn Hca, pd: u32, qpn: u32, r: &Request<'_>) -> Result<u64, Refusal> {
     let Some((is_cas, a)) = r.atomic else { return Err(Refusal::Invalid) };
     if a.va % 8 != 0 {
         return Err(Refusal::Invalid); // ERR-RQ-5
     }
-    let mem = dev.check_access(a.r_key, pd, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| Refusal::Access)?;
+    let mem = dev.check_access(a.r_key, pd, qpn, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| Refusal::Access)?;
     execute_atomic(&mem, is_cas, &a).ok_or(Refusal::Invalid)
 }
 
@@ -235,8 +244,8 @@ pub(crate) struct Request<'a> {
     pub ack_req: bool,
     pub imm: Option<u32>,
     pub reth: Option<RethRepr>,
-    /// Send with Invalidate: needs memory windows, which softhca does not have yet.
-    pub invalidate: bool,
+    /// Send with Invalidate: the R_Key its IETH names.
+    pub invalidate: Option<u32>,
     pub atomic: Option<(bool, AtomicEthRepr)>,
     pub payload: &'a [u8],
     /// UD: the source QPN from the DETH, and the bytes for the 40-byte GRH area.
@@ -262,7 +271,7 @@ impl<'a> Request<'a> {
             ack_req: p.bth.ack_req,
             imm: p.immdt.map(|i| i.imm_data),
             reth: p.reth,
-            invalidate: p.ieth.is_some(),
+            invalidate: p.ieth.map(|i| i.r_key),
             atomic: p.atomic_eth.map(|a| (operation == Operation::CompareSwap, a)),
             payload: p.payload,
             src_qp: p.deth.map_or(0, |d| d.src_qp),
@@ -438,7 +447,7 @@ fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fai
     let acc = core.attrs.qp_access_flags;
     let enabled = match r.operation {
         _ if r.reserved => false,
-        Operation::Send => !r.invalidate,
+        Operation::Send => true,
         Operation::RdmaWrite => acc.contains(Access::REMOTE_WRITE),
         Operation::RdmaReadRequest => acc.contains(Access::REMOTE_READ),
         Operation::CompareSwap | Operation::FetchAdd => acc.contains(Access::REMOTE_ATOMIC),
@@ -475,10 +484,19 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
         return Err(rc_fail_invalid()); // ERR-RQ-11
     }
     scatter(&core.resp.scatter, offset, r.payload).map_err(|_| Fail::A)?;
+    let last = matches!(r.position, Position::Last | Position::Only);
+    if let (true, Some(rkey)) = (last, r.invalidate) {
+        // Send with Invalidate: the R_Key is invalid before the CQE says so (IBA 10.6.7.2).
+        // One this QP cannot invalidate (not a type 2 window bound to it) is an Invalid
+        // Request: the receive WQE fails and the QP moves to Error (Class C).
+        if q.dev.invalidate(q.pd, q.qpn, rkey).is_err() {
+            return Err(rc_fail_invalid());
+        }
+    }
     let offset = offset + r.payload.len() as u64;
     core.resp.in_msg = Some(InMsg::Send { offset });
     accept(core, r);
-    if matches!(r.position, Position::Last | Position::Only) {
+    if last {
         core.resp.in_msg = None;
         core.resp.msn = Psn::new(core.resp.msn).next().value();
         complete_recv(q, core, WcOpcode::Recv, offset, r)?;
@@ -500,7 +518,7 @@ fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
         if sge.length == 0 {
             continue;
         }
-        match q.dev.check_access(sge.lkey, pd, sge.addr, sge.length as u64, Access::LOCAL_WRITE) {
+        match q.dev.check_access(sge.lkey, pd, q.qpn, sge.addr, sge.length as u64, Access::LOCAL_WRITE) {
             Ok(m) => list.push(m),
             Err(e) => {
                 core.resp.scatter = list;
@@ -534,6 +552,10 @@ fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64
         wc.imm_data = imm;
         wc.wc_flags |= WcFlags::WITH_IMM;
     }
+    if let Some(rkey) = r.invalidate {
+        wc.imm_data = rkey;
+        wc.wc_flags |= WcFlags::WITH_INV;
+    }
     if q.qp_type == QpType::Ud {
         wc.src_qp = r.src_qp;
         wc.wc_flags |= WcFlags::GRH; // PKT-ROCE-11: every RoCEv2 packet has network headers
@@ -557,7 +579,7 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
         return Err(rc_fail_invalid()); // ERR-RQ-13
     }
     if core.resp.in_msg.is_none() {
-        let (grant, total) = begin_write(&*q.dev, q.pd, r, len).map_err(rc_refused)?;
+        let (grant, total) = begin_write(&*q.dev, q.pd, q.qpn, r, len).map_err(rc_refused)?;
         core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
     }
     let Some(InMsg::Write { mut grant, offset, len: total }) = core.resp.in_msg.take() else {
@@ -613,7 +635,7 @@ fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    let ReadPlan { grant, va, rkey, len, npkts } = begin_read(&*q.dev, q.pd, r, mtu).map_err(rc_refused)?;
+    let ReadPlan { grant, va, rkey, len, npkts } = begin_read(&*q.dev, q.pd, q.qpn, r, mtu).map_err(rc_refused)?;
     let psn = r.psn.value();
     add_resource(core, Resource { psn, kind: ResourceKind::Read { va, rkey, len, npkts, mtu }, pending: true });
     core.resp.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
@@ -626,7 +648,7 @@ fn rc_atomic(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
     if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    let orig = run_atomic(&*q.dev, q.pd, r).map_err(rc_refused)?;
+    let orig = run_atomic(&*q.dev, q.pd, q.qpn, r).map_err(rc_refused)?;
     let psn = r.psn.value();
     add_resource(core, Resource { psn, kind: ResourceKind::Atomic { orig }, pending: true });
     core.resp.epsn = r.psn.next().value();
@@ -683,7 +705,7 @@ fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
             let Some((va, rkey, len, npkts, first, k, mtu)) = found else { return Err(Fail::D) }; // PKT-DUP-3
             let grant = match len {
                 0 => None,
-                _ => Some(Grant::new(&*q.dev, rkey, q.pd, va, len, Access::REMOTE_READ).ok_or(Fail::D)?),
+                _ => Some(Grant::new(&*q.dev, rkey, q.pd, q.qpn, va, len, Access::REMOTE_READ).ok_or(Fail::D)?),
             };
             core.resp.out.push_back(RespJob::ReadResp { grant, first_psn: first, npkts, next: k as u32, len, mtu });
             Ok(())
@@ -768,7 +790,7 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
                 return;
             }
             if starts {
-                let Ok((grant, total)) = begin_write(&*q.dev, q.pd, r, r.payload.len() as u64) else {
+                let Ok((grant, total)) = begin_write(&*q.dev, q.pd, q.qpn, r, r.payload.len() as u64) else {
                     return drop_message(core);
                 };
                 core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });

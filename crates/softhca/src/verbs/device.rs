@@ -14,7 +14,7 @@ use super::mr::KeyTable;
 use super::types::{Access, AsyncEvent, EventElement, Gid, Mtu, WcStatus};
 use crate::mem::{AccessError, MemRef};
 use crate::transport::engine::{DeviceCounters, Engine};
-use crate::transport::hca::Hca;
+use crate::transport::hca::{Hca, InvalidateError};
 use crate::transport::wqe::BindRequest;
 
 /// `ibv_atomic_cap`.
@@ -384,15 +384,20 @@ impl Hca for DeviceInner {
         &self,
         key: u32,
         pd: u32,
+        qpn: u32,
         addr: u64,
         len: u64,
         access: Access,
     ) -> std::result::Result<MemRef, AccessError> {
-        super::mr::check_access(self, key, pd, addr, len, access)
+        super::mr::check_access(self, key, pd, Some(qpn), addr, len, access)
     }
 
-    fn bind_mw(&self, pd: u32, bind: &BindRequest) -> std::result::Result<(), WcStatus> {
-        super::mw::bind(self, pd, bind)
+    fn bind_mw(&self, pd: u32, qpn: u32, bind: &BindRequest) -> std::result::Result<(), WcStatus> {
+        super::mw::bind(self, pd, qpn, bind)
+    }
+
+    fn invalidate(&self, pd: u32, qpn: u32, rkey: u32) -> std::result::Result<(), InvalidateError> {
+        super::mw::invalidate(self, pd, qpn, rkey)
     }
 
     fn raise(&self, event: AsyncEvent) {

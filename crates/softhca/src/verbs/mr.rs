@@ -10,7 +10,7 @@ use rand::Rng;
 use super::device::{give, take, Context, DeviceInner};
 use super::error::{Result, VerbsError};
 use super::pd::{Pd, PdInner};
-use super::types::{Access, Sge};
+use super::types::{Access, MwType, Sge};
 use crate::mem::Region;
 pub use crate::mem::{AccessError, MemRef};
 
@@ -356,14 +356,17 @@ impl Context {
         len: u64,
         access: Access,
     ) -> std::result::Result<MemRef, AccessError> {
-        check_access(&self.inner, key, pd.inner.handle, addr, len, access)
+        check_access(&self.inner, key, pd.inner.handle, None, addr, len, access)
     }
 }
 
+/// The access check (see [`Context::check_access`]) by QP `qpn` (`None`: by no QP, which no
+/// type 2 window grants).
 pub(crate) fn check_access(
     dev: &DeviceInner,
     key: u32,
     pd_handle: u32,
+    qpn: Option<u32>,
     addr: u64,
     len: u64,
     access: Access,
@@ -391,6 +394,9 @@ pub(crate) fn check_access(
             }
             let state = mw.state.lock().unwrap_or_else(|e| e.into_inner());
             let b = state.binding.as_ref().ok_or(AccessError::BadKey)?;
+            if mw.kind == MwType::Type2 && (qpn.is_none() || state.qp != qpn) {
+                return Err(AccessError::BadKey); // bound to another QP (IBA 10.6.7.2)
+            }
             let inside = addr.checked_sub(b.addr).and_then(|o| o.checked_add(len)).is_some_and(|end| end <= b.len);
             if !inside {
                 return Err(AccessError::OutOfBounds);

@@ -1,5 +1,7 @@
-//! Memory windows (type 1): a remote-access view of part of a registered region, bound and
-//! re-bound by Bind MW work requests; its R_Key changes at every bind (WR-BIND).
+//! Memory windows: a remote-access view of part of a registered region, bound by Bind MW work
+//! requests; its R_Key changes at every bind (WR-BIND). Type 1 windows are rebound at will;
+//! a type 2 window is bound to the QP that bound it, which alone may use its R_Key, until a
+//! Local Invalidate or an inbound Send with Invalidate frees it (IBA 10.6.7, [`MwType`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,7 +10,8 @@ use super::device::{give, DeviceInner};
 use super::error::{Result, VerbsError};
 use super::mr::{new_key, KeyEntry, MrInner};
 use super::pd::{Pd, PdInner};
-use super::types::{Access, WcStatus};
+use super::types::{Access, MwType, WcStatus};
+use crate::transport::hca::InvalidateError;
 use crate::transport::wqe::BindRequest;
 
 /// What a window currently grants.
@@ -22,15 +25,18 @@ pub(crate) struct Binding {
 pub(crate) struct MwState {
     pub key: u32,
     pub binding: Option<Binding>,
+    /// Type 2: the QP the window is bound to, while it is.
+    pub qp: Option<u32>,
 }
 
 pub(crate) struct MwInner {
     pub pd: Arc<PdInner>,
+    pub kind: MwType,
     pub state: Mutex<MwState>,
     dealloced: AtomicBool,
 }
 
-/// A memory window (`ibv_mw`, type 1).
+/// A memory window (`ibv_mw`).
 #[derive(Clone)]
 pub struct Mw {
     pub(crate) inner: Arc<MwInner>,
@@ -44,14 +50,20 @@ impl std::fmt::Debug for Mw {
 }
 
 impl Pd {
-    /// Allocate Memory Window. It grants nothing until a Bind MW work request binds it.
+    /// Allocate Memory Window (type 1). It grants nothing until a Bind MW work request binds it.
     pub fn alloc_mw(&self) -> Result<Mw> {
+        self.alloc_mw_of(MwType::Type1)
+    }
+
+    /// Allocate Memory Window of type `kind`.
+    pub fn alloc_mw_of(&self, kind: MwType) -> Result<Mw> {
         self.inner.check()?;
         let dev = &self.inner.dev;
         let inner = new_key(&self.inner, &dev.counts.mw, dev.attr.max_mw, |key| {
             let mw = Arc::new(MwInner {
                 pd: self.inner.clone(),
-                state: Mutex::new(MwState { key, binding: None }),
+                kind,
+                state: Mutex::new(MwState { key, binding: None, qp: None }),
                 dealloced: AtomicBool::new(false),
             });
             (KeyEntry::Mw(mw.clone()), mw)
@@ -61,6 +73,10 @@ impl Pd {
 }
 
 impl Mw {
+    pub fn mw_type(&self) -> MwType {
+        self.inner.kind
+    }
+
     /// The window's current R_Key: a new one after every bind.
     pub fn rkey(&self) -> u32 {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).key
@@ -88,9 +104,11 @@ impl Mw {
     }
 }
 
-/// Executes a bind for a QP of PD `pd_handle` (WR-BIND-2..5); a failure is Memory Window Bind
-/// Error.
-pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::result::Result<(), WcStatus> {
+/// Executes a bind for QP `qpn` of PD `pd_handle` (WR-BIND-2..5); a failure is Memory Window
+/// Bind Error. A type 2 window must be free (invalidated since its last bind) and is then bound
+/// to `qpn`; it cannot be bound with zero length (that would be an unbind, which a type 2
+/// window does by invalidation).
+pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, qpn: u32, b: &BindRequest) -> std::result::Result<(), WcStatus> {
     let fail = Err(WcStatus::MwBindErr);
     let Some(mw) = b.mw.downcast_ref::<MwInner>() else { return fail };
     if mw.dealloced.load(Ordering::Acquire) || mw.pd.handle != pd_handle {
@@ -113,6 +131,9 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::r
         return fail; // WR-BIND-5
     }
     let mut st = mw.state.lock().unwrap_or_else(|e| e.into_inner());
+    if mw.kind == MwType::Type2 && (st.binding.is_some() || b.length == 0) {
+        return fail;
+    }
     // A consumer that chooses its R_Keys (libibverbs) may post several binds before the first
     // runs: each names the key it gives, and only has to change it (checked by the rekey).
     if b.new_key.is_none() && st.key != b.rkey {
@@ -121,9 +142,39 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, b: &BindRequest) -> std::r
     let Some(new_key) = keys.rekey(&mut *rng, st.key, b.new_key) else { return fail };
     dev.key_gen.fetch_add(1, Ordering::AcqRel);
     st.key = new_key;
+    st.qp = (mw.kind == MwType::Type2).then_some(qpn);
     mr.windows.fetch_add(1, Ordering::AcqRel);
     if let Some(old) = st.binding.replace(Binding { mr: mr.clone(), addr: b.addr, len: b.length, access: b.access }) {
         old.mr.windows.fetch_sub(1, Ordering::AcqRel);
     }
+    Ok(())
+}
+
+/// Invalidates `rkey` for QP `qpn` of PD `pd_handle`: only a type 2 window of that PD bound to
+/// that QP can be (a region registered by Register Memory Region cannot, nor can a type 1
+/// window). The window keeps its R_Key and is free to be bound again, which changes it.
+pub(crate) fn invalidate(
+    dev: &DeviceInner,
+    pd_handle: u32,
+    qpn: u32,
+    rkey: u32,
+) -> std::result::Result<(), InvalidateError> {
+    let keys = dev.keys.read().unwrap_or_else(|e| e.into_inner());
+    let mw = match keys.lookup(rkey) {
+        Some(KeyEntry::Mw(mw)) if mw.pd.handle == pd_handle => mw.clone(),
+        Some(KeyEntry::Mr(mr)) if mr.pd.handle == pd_handle => return Err(InvalidateError::NotInvalidatable),
+        _ => return Err(InvalidateError::BadKey),
+    };
+    let mut st = mw.state.lock().unwrap_or_else(|e| e.into_inner());
+    if mw.kind != MwType::Type2 || st.qp != Some(qpn) {
+        return Err(InvalidateError::NotInvalidatable);
+    }
+    if let Some(b) = st.binding.take() {
+        b.mr.windows.fetch_sub(1, Ordering::AcqRel);
+    }
+    st.qp = None;
+    drop(st);
+    drop(keys);
+    dev.key_gen.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }

@@ -857,9 +857,6 @@ impl Qp {
         if !wr_allowed(q.qp_type, wr.opcode) {
             return Err(VerbsError::InvalidWrType);
         }
-        if matches!(wr.opcode, WrOpcode::LocalInv | WrOpcode::SendWithInv) {
-            return Err(VerbsError::NotSupported("invalidation is not implemented yet"));
-        }
         if wr.opcode == WrOpcode::BindMw && wr.bind.is_none() {
             return Err(VerbsError::InvalidWr("a Bind MW work request needs its window and region"));
         }
@@ -1062,7 +1059,7 @@ fn wr_length(wr: &SendWr<'_>) -> u64 {
 /// Copies an INLINE WR's gather list into `out`, each piece checked against its L_Key.
 fn inline_from_sges(q: &QpInner, sges: &[crate::types::Sge], out: &mut Vec<u8>) -> bool {
     for s in sges {
-        let Ok(m) = q.dev.check_access(s.lkey, q.pd, s.addr, s.length as u64, Access::empty()) else {
+        let Ok(m) = q.dev.check_access(s.lkey, q.pd, q.qpn, s.addr, s.length as u64, Access::empty()) else {
             return false;
         };
         let at = out.len();

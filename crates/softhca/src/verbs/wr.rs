@@ -81,6 +81,17 @@ impl<'a> SendWr<'a> {
         SendWr { wr_id, opcode: WrOpcode::Send, sg_list, ..Default::default() }
     }
 
+    /// A Send with Invalidate (RC): the responder invalidates `rkey` (a type 2 window bound to
+    /// its QP) before the receive completes, and says so in the CQE.
+    pub fn send_with_inv(wr_id: u64, sg_list: &'a [Sge], rkey: u32) -> Self {
+        SendWr { wr_id, opcode: WrOpcode::SendWithInv, sg_list, invalidate_rkey: rkey, ..Default::default() }
+    }
+
+    /// A Local Invalidate of `rkey`: a type 2 window bound to this QP becomes free to bind.
+    pub fn local_inv(wr_id: u64, rkey: u32) -> Self {
+        SendWr { wr_id, opcode: WrOpcode::LocalInv, invalidate_rkey: rkey, ..Default::default() }
+    }
+
     pub fn send_inline(wr_id: u64, data: &'a [u8]) -> Self {
         SendWr { wr_id, opcode: WrOpcode::Send, send_flags: SendFlags::INLINE, inline_data: data, ..Default::default() }
     }

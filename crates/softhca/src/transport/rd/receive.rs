@@ -292,7 +292,7 @@ pub(super) fn check_scatter(q: &QpInner, sges: &[crate::types::Sge]) -> Option<V
     let pd = q.srq.as_ref().map_or(q.pd, |s| s.pd());
     sges.iter()
         .filter(|s| s.length > 0)
-        .map(|s| q.dev.check_access(s.lkey, pd, s.addr, s.length as u64, Access::LOCAL_WRITE).ok())
+        .map(|s| q.dev.check_access(s.lkey, pd, q.qpn, s.addr, s.length as u64, Access::LOCAL_WRITE).ok())
         .collect()
 }
 
@@ -428,7 +428,7 @@ pub(super) fn rd_write(
     // the retransmitted packet is taken as new (ERR-B-4).
     let (mut grant, offset, total) = match &e.rx {
         None => {
-            let (grant, total) = begin_write(&*q.dev, q.pd, r, len).map_err(refused)?;
+            let (grant, total) = begin_write(&*q.dev, q.pd, q.qpn, r, len).map_err(refused)?;
             (grant, 0, total)
         }
         Some(RdRx { msg: RxMsg::Write { grant, offset, len }, .. }) => (grant.clone(), *offset, *len),
@@ -481,7 +481,7 @@ pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Requ
     if !room_for_read_or_atomic(core, ec) {
         return Err(invalid()); // ERR-RQ-6
     }
-    let ReadPlan { grant, va, rkey, len, npkts } = begin_read(&*q.dev, q.pd, r, mtu).map_err(refused)?;
+    let ReadPlan { grant, va, rkey, len, npkts } = begin_read(&*q.dev, q.pd, q.qpn, r, mtu).map_err(refused)?;
     let psn = r.psn.value();
     let e = &mut ec.engine;
     e.last = Some(Executed::Read { psn, qpn: q.qpn, va, rkey, len, npkts, mtu });
@@ -499,7 +499,7 @@ pub(super) fn rd_atomic(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Re
     if !room_for_read_or_atomic(core, ec) {
         return Err(invalid()); // ERR-RQ-6
     }
-    let orig = run_atomic(&*q.dev, q.pd, r).map_err(refused)?;
+    let orig = run_atomic(&*q.dev, q.pd, q.qpn, r).map_err(refused)?;
     let psn = r.psn.value();
     let e = &mut ec.engine;
     e.last = Some(Executed::Atomic { psn, orig });
@@ -540,7 +540,7 @@ pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Reque
             }
             let grant = match len {
                 0 => None,
-                _ => Some(Grant::new(&*eec.dev, rkey, q.pd, va, len, Access::REMOTE_READ).ok_or(Fail::Drop)?),
+                _ => Some(Grant::new(&*eec.dev, rkey, q.pd, q.qpn, va, len, Access::REMOTE_READ).ok_or(Fail::Drop)?),
             };
             e.out.push_back(Out {
                 from: q.qpn,

@@ -16,7 +16,7 @@ use crate::wire::{BthRepr, DethRepr, PacketRepr, RdethRepr};
 
 use crate::transport::completer::{self, scatter, Response};
 use crate::transport::engine::{add_request_headers, emit, gather, ip_for, request_opcode, TimerOwner};
-use crate::transport::requester::{ack_timeout_ns, arm, check_local, ACK_EVERY, WINDOW};
+use crate::transport::requester::{ack_timeout_ns, arm, check_local, run_local, ACK_EVERY, WINDOW};
 
 use super::receive::reap_held;
 use super::*;
@@ -60,12 +60,9 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
         if state == QpState::Sqd {
             return None;
         }
-        if let Some(b) = &head.bind {
-            // A bind is local: it takes effect and completes in order, with no packet.
-            let status = match q.dev.bind_mw(q.pd, b) {
-                Ok(()) => WcStatus::Success,
-                Err(s) => s,
-            };
+        if let Some(status) = run_local(q, head) {
+            // A bind or a Local Invalidate is local: it takes effect and completes in order,
+            // with no packet.
             retire_head(q, core, status);
             if status != WcStatus::Success {
                 return None;
