@@ -634,8 +634,17 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub qp_type: u32,
-    /// The `bind_mw` / `tso` union (48 bytes, 8-aligned); not read.
-    pub bind_mw: [u64; 6],
+    /// The `bind_mw` member of the `bind_mw` / `tso` union (48 bytes, 8-aligned).
+    pub bind_mw: ibv_send_wr_bind_mw,
+}
+
+/// `ibv_send_wr::bind_mw`: the window, the R_Key it is to carry, and what to bind it to.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 #[repr(C)]

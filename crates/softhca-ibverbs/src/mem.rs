@@ -33,14 +33,16 @@ pub(crate) struct Mw {
     pub mw: SoftMw,
 }
 
-/// `ops.alloc_mw`: type 1 windows (softhca has no type 2).
+/// `ops.alloc_mw`: `IBV_MW_TYPE_1` or `IBV_MW_TYPE_2`.
 pub(crate) unsafe extern "C" fn alloc_mw(p: *mut ibv_pd, mw_type: c_int) -> *mut ibv_mw {
-    if mw_type != 1 {
-        return fail(libc::EOPNOTSUPP);
-    }
+    let kind = match mw_type {
+        1 => softhca::MwType::Type1,
+        2 => softhca::MwType::Type2,
+        _ => return fail(libc::EINVAL),
+    };
     // SAFETY: a live PD.
     let pd = unsafe { pd(p) };
-    match pd.pd.alloc_mw() {
+    match pd.pd.alloc_mw_of(kind) {
         Ok(mw) => {
             let ibv = ibv_mw { context: pd.ibv.context, pd: p, rkey: mw.rkey(), handle: mw.rkey() >> 8, mw_type };
             Box::into_raw(Box::new(Mw { ibv, mw })).cast()

@@ -104,18 +104,22 @@ struct CreateQp<'a> {
     send_ops: Option<u64>,
 }
 
-/// The `IBV_QP_EX_WITH_*` operations each service type posts (type 1 windows are bound
-/// through `ibv_wr_bind_mw` too); Local Invalidate and Send with Invalidate need type 2
-/// windows, which softhca does not have yet.
+/// The `IBV_QP_EX_WITH_*` operations each service type posts: windows (type 1 and 2) are bound
+/// through `ibv_wr_bind_mw`, Local Invalidate goes where a bind goes, Send with Invalidate is
+/// RC only.
 fn send_ops_of(qp_type: QpType) -> u64 {
     let uc = IBV_QP_EX_WITH_RDMA_WRITE
         | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
         | IBV_QP_EX_WITH_SEND
         | IBV_QP_EX_WITH_SEND_WITH_IMM
-        | IBV_QP_EX_WITH_BIND_MW;
+        | IBV_QP_EX_WITH_BIND_MW
+        | IBV_QP_EX_WITH_LOCAL_INV;
     match qp_type {
         QpType::Rc => {
-            uc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+            uc | IBV_QP_EX_WITH_RDMA_READ
+                | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+                | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+                | IBV_QP_EX_WITH_SEND_WITH_INV
         }
         QpType::Uc => uc,
         _ => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
@@ -546,7 +550,8 @@ unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
     // SAFETY: the caller's gather list.
     let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, &mut list) }) else { return libc::EINVAL };
     if w.opcode == IBV_WR_BIND_MW {
-        return libc::EOPNOTSUPP; // a type 2 window's bind; type 1 binds go through ibv_bind_mw
+        // SAFETY: the union member a Bind MW work request carries.
+        return unsafe { post_bind(x, w) };
     }
     let Some(opcode) = wr_opcode_of(w.opcode) else { return libc::EINVAL };
     let flags = SendFlags::from_bits_truncate(w.send_flags);
@@ -632,6 +637,46 @@ pub(crate) unsafe extern "C" fn post_send(
     0
 }
 
+/// An `IBV_WR_BIND_MW` work request (a type 2 window's bind, or a type 1 one's): `bind_mw.rkey`
+/// is the R_Key the window is to carry (the program's `ibv_inc_rkey` of the current one: same
+/// index, a new key byte), written to `mw->rkey` once the bind is posted, as `ibv_bind_mw`
+/// does for type 1.
+///
+/// # Safety
+/// `w` is a Bind MW work request naming a live window and a live region of this library.
+unsafe fn post_bind(x: &Qp, w: &ibv_send_wr) -> c_int {
+    let b = w.bind_mw;
+    if b.mw.is_null() {
+        return libc::EINVAL;
+    }
+    if b.bind_info.mr.is_null() {
+        return libc::EOPNOTSUPP; // unbinding (a zero-length bind of a type 1 window)
+    }
+    if b.bind_info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
+        return libc::EINVAL; // windows are addressed by virtual address only
+    }
+    // SAFETY: a live window and region, as the program promises.
+    let (mw, mr) = unsafe { (&*(b.mw as *const Mw), &*(b.bind_info.mr as *const Mr)) };
+    // SAFETY: the program's copy of the R_Key, read in place.
+    let current = unsafe { std::ptr::addr_of!((*b.mw).rkey).read() };
+    if b.rkey >> 8 != current >> 8 {
+        return libc::EINVAL; // another window's index
+    }
+    let access = Access::from_bits_truncate(b.bind_info.mw_access_flags)
+        & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+    let mut wr =
+        SendWr::bind_mw(w.wr_id, &mw.mw, &mr.mr, b.bind_info.addr, b.bind_info.length, access).new_key(b.rkey as u8);
+    wr.send_flags = SendFlags::from_bits_truncate(w.send_flags);
+    match x.qp.post_send(&[wr]) {
+        Ok(()) => {
+            // SAFETY: as above, written in place.
+            unsafe { std::ptr::addr_of_mut!((*b.mw).rkey).write(b.rkey) };
+            0
+        }
+        Err(PostError { error, .. }) => errno_of(&error),
+    }
+}
+
 /// `ops.bind_mw` (`ibv_bind_mw`, type 1): posts a Bind MW work request whose new R_Key is the
 /// window's current one with its low byte incremented (`ibv_inc_rkey`), and gives the window
 /// that R_Key at once, as libibverbs does; the program uses it once the bind completed.
@@ -639,6 +684,10 @@ pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut 
     // SAFETY: a live QP, a live window and a readable bind description, as verbs.h's inline
     // ibv_bind_mw passes them.
     let (x, w, b) = unsafe { (qp(q), &*(m as *const Mw), &*b) };
+    if w.ibv.mw_type != 1 {
+        crate::set_errno(libc::EINVAL);
+        return libc::EINVAL; // type 2 windows are bound by IBV_WR_BIND_MW work requests
+    }
     if b.bind_info.mr.is_null() {
         crate::set_errno(libc::EOPNOTSUPP);
         return libc::EOPNOTSUPP; // unbinding (a zero-length bind) is not implemented

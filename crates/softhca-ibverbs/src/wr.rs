@@ -145,6 +145,16 @@ unsafe extern "C" fn wr_send(q: *mut ibv_qp_ex) {
     unsafe { begin(q, WrOpcode::Send, |_| {}) }
 }
 
+unsafe extern "C" fn wr_send_inv(q: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    // SAFETY: a live QP.
+    unsafe { begin(q, WrOpcode::SendWithInv, |p| p.imm_data = invalidate_rkey) }
+}
+
+unsafe extern "C" fn wr_local_inv(q: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    // SAFETY: a live QP.
+    unsafe { begin(q, WrOpcode::LocalInv, |p| p.imm_data = invalidate_rkey) }
+}
+
 unsafe extern "C" fn wr_send_imm(q: *mut ibv_qp_ex, imm_data: u32) {
     // SAFETY: a live QP.
     unsafe { begin(q, WrOpcode::SendWithImm, |p| p.imm_data = u32::from_be(imm_data)) }
@@ -204,7 +214,7 @@ unsafe extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, remote_ad
     }
 }
 
-/// Binds a (type 1) window: `rkey` is the R_Key it is to carry afterwards (the program's
+/// Binds a window (type 1 or 2): `rkey` is the R_Key it is to carry afterwards (the program's
 /// `ibv_inc_rkey` of the current one), written to `mw->rkey` once the bind is posted. A
 /// zero-length bind (unbinding) and zero-based windows are not supported (EOPNOTSUPP, EINVAL
 /// at `ibv_wr_complete`).
@@ -385,6 +395,10 @@ unsafe fn send_wr(p: &Pending, ud: bool) -> Result<SendWr<'_>, c_int> {
         swap: p.swap,
         ..SendWr::default()
     };
+    if matches!(p.opcode, WrOpcode::SendWithInv | WrOpcode::LocalInv) {
+        wr.invalidate_rkey = p.imm_data; // the union libibverbs' imm_data shares
+        wr.imm_data = 0;
+    }
     if ud {
         if p.ah.is_null() {
             return Err(libc::EINVAL);
@@ -461,13 +475,13 @@ pub(crate) fn qp_ex(qp_base: ibv_qp, qp_type: QpType) -> ibv_qp_ex {
         wr_atomic_cmp_swp: rc.then_some(wr_atomic_cmp_swp),
         wr_atomic_fetch_add: rc.then_some(wr_atomic_fetch_add),
         wr_bind_mw: connected.then_some(wr_bind_mw),
-        wr_local_inv: None,
+        wr_local_inv: connected.then_some(wr_local_inv),
         wr_rdma_read: rc.then_some(wr_rdma_read),
         wr_rdma_write: connected.then_some(wr_rdma_write),
         wr_rdma_write_imm: connected.then_some(wr_rdma_write_imm),
         wr_send: Some(wr_send),
         wr_send_imm: Some(wr_send_imm),
-        wr_send_inv: None,
+        wr_send_inv: rc.then_some(wr_send_inv),
         wr_send_tso: std::ptr::null_mut(),
         wr_set_ud_addr: (qp_type == QpType::Ud).then_some(wr_set_ud_addr),
         wr_set_xrc_srqn: std::ptr::null_mut(),

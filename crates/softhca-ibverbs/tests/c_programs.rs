@@ -186,7 +186,7 @@ fn async_events_name_their_qp_and_destroy_waits_for_the_ack() {
 
 /// Memory windows through the C ABI: a type 1 window bound with `ibv_bind_mw` carries the
 /// R_Key `ibv_inc_rkey` gives at once, grants its range to an RDMA Write, and after a rebind
-/// the old R_Key is refused; type 2 is EOPNOTSUPP.
+/// the old R_Key is refused; there is no type 3.
 /// Rule WR-BIND-1, WR-BIND-6
 #[test]
 fn memory_windows_through_the_c_abi() {
@@ -194,6 +194,19 @@ fn memory_windows_through_the_c_abi() {
         return;
     }
     run("mw", None);
+}
+
+/// Type 2 windows through the C ABI (IBA 10.6.7): bound by an `IBV_WR_BIND_MW` work request and
+/// by `ibv_wr_bind_mw`, freed by the peer's `IBV_WR_SEND_WITH_INV` (the receive reports
+/// `IBV_WC_WITH_INV` and the R_Key) and by `ibv_wr_local_inv`; the device reports
+/// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`.
+/// Rule WR-BIND-6
+#[test]
+fn type_2_windows_and_invalidation_through_the_c_abi() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("mw2", None);
 }
 
 /// The public helpers beyond the verbs (rates, kernel-ABI copies, P_Key and GID tables,

@@ -142,10 +142,11 @@ static void refusals(struct xend *e)
 	};
 	errno = 0;
 	CHECK(!ibv_create_qp_ex(e->ctx, &qa) && errno == EOPNOTSUPP, "RDMA Write on UD");
-	qa.qp_type = IBV_QPT_RC;
-	qa.send_ops_flags = IBV_QP_EX_WITH_LOCAL_INV;
+	qa.qp_type = IBV_QPT_UC;
+	qa.send_ops_flags = IBV_QP_EX_WITH_SEND_WITH_INV;
 	errno = 0;
-	CHECK(!ibv_create_qp_ex(e->ctx, &qa) && errno == EOPNOTSUPP, "Local Invalidate (type 2 windows)");
+	CHECK(!ibv_create_qp_ex(e->ctx, &qa) && errno == EOPNOTSUPP, "Send with Invalidate on UC");
+	qa.qp_type = IBV_QPT_RC;
 	qa.comp_mask = IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	errno = 0;
 	CHECK(!ibv_create_qp_ex(e->ctx, &qa) && errno == EINVAL, "no PD");
