@@ -528,7 +528,8 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
 
 /// The IP header toward `ah`, from our GID `sgid_index` (PKT-ROCE-3).
 pub(crate) fn ip_for(dev: &dyn Hca, ah: &AhAttr) -> Option<IpRepr> {
-    let sgid = dev.gid(ah.grh.sgid_index?)?;
+    // An empty slot (the zero GID) has no address to send from: unaddressable.
+    let sgid = dev.gid(ah.grh.sgid_index?).filter(|g| !g.is_zero())?;
     let dgid = ah.grh.dgid?;
     let tc = ah.grh.traffic_class.unwrap_or(0);
     let hop = ah.grh.hop_limit.unwrap_or(64);
