@@ -193,8 +193,8 @@ impl UdpDevice {
         let addr = sock.local_addr()?.ip();
         prepare_send_socket(&sock, addr)?;
         let fd = sock.as_raw_fd();
-        let _ = sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
-        let _ = sys::setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20);
+        let _ = sys::set_buffer(fd, libc::SO_RCVBUF, 8 << 20);
+        let _ = sys::set_buffer(fd, libc::SO_SNDBUF, 8 << 20);
         let gro = cfg.gro && sys::setsockopt_int(fd, sys::SOL_UDP, sys::UDP_GRO, 1).is_ok();
         let gso = cfg.gso && gso_available(addr);
         let raw = match (cfg.rx_mode, addr) {

@@ -166,8 +166,18 @@ pub fn raw_udp_v4(addr: std::net::Ipv4Addr, port: u16) -> io::Result<OwnedFd> {
         bpf(0x06, 0, 0, 0),
     ];
     attach_filter(fd.as_raw_fd(), &prog)?;
-    setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20)?;
+    set_buffer(fd.as_raw_fd(), libc::SO_RCVBUF, 8 << 20)?;
     Ok(fd)
+}
+
+/// Sets a socket buffer (`SO_RCVBUF` or `SO_SNDBUF`) to `bytes`: past `net.core.rmem_max` /
+/// `wmem_max` with the `*FORCE` option where the process may (CAP_NET_ADMIN), else up to the
+/// cap. A peer that sends without pacing (Linux rxe sends a 64 KiB message per QP at once, on
+/// many QPs) overflows a capped receive buffer, and every datagram dropped there costs a
+/// retransmission round.
+pub fn set_buffer(fd: RawFd, opt: libc::c_int, bytes: libc::c_int) -> io::Result<()> {
+    let force = if opt == libc::SO_RCVBUF { libc::SO_RCVBUFFORCE } else { libc::SO_SNDBUFFORCE };
+    setsockopt_int(fd, libc::SOL_SOCKET, force, bytes).or_else(|_| setsockopt_int(fd, libc::SOL_SOCKET, opt, bytes))
 }
 
 const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
