@@ -197,12 +197,9 @@ fn advance_una(core: &mut QpCore, to: Psn) {
 /// PKT-RNR-2..5: wait the NAK's timer, then go back to the NAKed request. An RNR Retry Count
 /// of 7 never runs out.
 fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8) {
-    if core.attrs.rnr_retry != 7 {
-        if core.req.rnr_left == 0 {
-            fail_oldest(core, psn, WcStatus::RnrRetryExcErr); // ERR-SQ-11
-            return;
-        }
-        core.req.rnr_left -= 1;
+    if !core.req.retries.take_rnr(core.attrs.rnr_retry) {
+        fail_oldest(core, psn, WcStatus::RnrRetryExcErr); // ERR-SQ-11
+        return;
     }
     arm(
         &*q.dev,
@@ -302,8 +299,7 @@ fn progress(q: &QpInner, core: &mut QpCore, now: u64, una_before: u32) {
         core.req.recovering = None;
     }
     if core.req.una != una_before {
-        core.req.retry_left = core.attrs.retry_cnt;
-        core.req.rnr_left = core.attrs.rnr_retry;
+        core.req.retries.reload(core.attrs.retry_cnt, core.attrs.rnr_retry);
         let at = if core.req.outstanding() && core.req.rnr_deadline.is_none() {
             ack_timeout_ns(core.attrs.timeout).map(|t| now + t)
         } else {

@@ -52,8 +52,7 @@ pub(crate) struct ReqState {
     pub una: u32,
     /// One past the highest request PSN sent so far: a packet below it is a retransmission.
     pub sent_high: u32,
-    pub retry_left: u8,
-    pub rnr_left: u8,
+    pub retries: Retries,
     pub ack_deadline: Option<u64>,
     pub rnr_deadline: Option<u64>,
     /// The deadline of this QP's earliest entry in the engine's timer queue.
@@ -74,8 +73,7 @@ impl ReqState {
             psn: sq_psn,
             una: sq_psn,
             sent_high: sq_psn,
-            retry_left: retry_cnt,
-            rnr_left: rnr_retry,
+            retries: Retries::new(retry_cnt, rnr_retry),
             ..Default::default()
         };
     }
@@ -118,6 +116,45 @@ pub(crate) fn run_local(q: &QpInner, w: &SendWqe) -> Option<WcStatus> {
         _ => return None,
     };
     Some(result.err().unwrap_or(WcStatus::Success))
+}
+
+/// The two retry budgets of one end of a reliable channel (an RC QP's requester, an RD EEC's
+/// send logic), one type for both: Retry Count for timeouts and sequence NAKs (PKT-RTY-7: 7 is
+/// an ordinary count) and RNR Retry Count (PKT-RNR-5: 7 never runs out). Both are reloaded
+/// when a request is acknowledged (PKT-RNR-8).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Retries {
+    retry_left: u8,
+    rnr_left: u8,
+}
+
+impl Retries {
+    pub fn new(retry_cnt: u8, rnr_retry: u8) -> Retries {
+        Retries { retry_left: retry_cnt, rnr_left: rnr_retry }
+    }
+
+    /// Progress: both counts start again.
+    pub fn reload(&mut self, retry_cnt: u8, rnr_retry: u8) {
+        *self = Retries::new(retry_cnt, rnr_retry);
+    }
+
+    /// Takes one retry; false when none is left.
+    pub fn take_retry(&mut self) -> bool {
+        let left = self.retry_left > 0;
+        self.retry_left = self.retry_left.saturating_sub(1);
+        left
+    }
+
+    /// Takes one RNR retry; false when none is left (never with an RNR Retry Count, the
+    /// channel's current one, of 7).
+    pub fn take_rnr(&mut self, rnr_retry: u8) -> bool {
+        if rnr_retry == 7 {
+            return true;
+        }
+        let left = self.rnr_left > 0;
+        self.rnr_left = self.rnr_left.saturating_sub(1);
+        left
+    }
 }
 
 /// Local ACK Timeout in ns: 4.096 µs × 2^timeout; 0 disables the timer (PKT-RTY-2).
@@ -308,11 +345,10 @@ pub(crate) fn on_ack_timeout(q: &QpInner, core: &mut QpCore) {
 /// unacknowledged WQE when none is left (PKT-RTY-7: 7 is an ordinary count). True when it
 /// went back for a retry.
 pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn) -> bool {
-    if core.req.retry_left == 0 {
+    if !core.req.retries.take_retry() {
         fail_oldest(core, from, WcStatus::RetryExcErr);
         return false;
     }
-    core.req.retry_left -= 1;
     q.bump(|s| &s.retransmits);
     core.req.recovering = Some(from.value());
     go_back(core, from);

@@ -23,6 +23,7 @@ use crate::mem::MemRef;
 use crate::transport::hca::Hca;
 use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::rd::eec::{EecAttrs, EecInner};
+use crate::transport::requester::Retries;
 use crate::transport::wqe::SendWqe;
 use crate::types::{Gid, QpState, QpType, WcStatus};
 use crate::wire::aeth::Syndrome;
@@ -119,8 +120,7 @@ struct Out {
 pub(crate) struct EecEngine {
     psn: u32,
     tx: Option<RdTx>,
-    retry_left: u8,
-    rnr_left: u8,
+    retries: Retries,
     ack_deadline: Option<u64>,
     rnr_deadline: Option<u64>,
     /// The deadline of this EEC's earliest entry in the engine's timer queue.
@@ -159,8 +159,7 @@ impl EecEngine {
             }
             (QpState::Rtr, QpState::Rts) => {
                 self.psn = a.sq_psn;
-                self.retry_left = a.retry_cnt;
-                self.rnr_left = a.rnr_retry;
+                self.retries = Retries::new(a.retry_cnt, a.rnr_retry);
             }
             _ => {}
         }

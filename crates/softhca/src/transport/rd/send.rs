@@ -314,19 +314,15 @@ pub(super) fn on_response(
             q_bump(&qp, |s| &s.rnr_naks_received);
             if op != WrOpcode::RdmaRead && k > tx.done {
                 // It acknowledges the packets before it: progress reloads both counts (PKT-RNR-8).
-                e.retry_left = retry_cnt;
-                e.rnr_left = rnr_retry;
+                e.retries.reload(retry_cnt, rnr_retry);
             }
-            if rnr_retry != 7 {
-                if e.rnr_left == 0 {
-                    if let Some(tx) = e.tx.as_mut() {
-                        tx.status = Some(WcStatus::RnrRetryExcErr);
-                    }
-                    e.ack_deadline = None;
-                    to_error_after(ec, qp, eec);
-                    return true;
+            if !e.retries.take_rnr(rnr_retry) {
+                if let Some(tx) = e.tx.as_mut() {
+                    tx.status = Some(WcStatus::RnrRetryExcErr);
                 }
-                e.rnr_left -= 1;
+                e.ack_deadline = None;
+                to_error_after(ec, qp, eec);
+                return true;
             }
             if let Some(tx) = e.tx.as_mut() {
                 if op == WrOpcode::RdmaRead {
@@ -411,8 +407,7 @@ pub(super) fn on_response(
         e.recovering = None;
     }
     if tx.done != before {
-        e.retry_left = retry_cnt;
-        e.rnr_left = rnr_retry;
+        e.retries.reload(retry_cnt, rnr_retry);
     }
     let at = if tx.status.is_none() { ack_timeout_ns(timeout).map(|t| now + t) } else { None };
     if tx.done != before || tx.status.is_some() {
@@ -462,11 +457,10 @@ pub(super) fn go_back_or_fail(e: &mut EecEngine, dev: &dyn Hca, k: u32, timeout:
         return false;
     }
     e.recovering = Some(k);
-    if e.retry_left == 0 {
+    if !e.retries.take_retry() {
         tx.status = Some(WcStatus::RetryExcErr);
         return true;
     }
-    e.retry_left -= 1;
     tx.next = k;
     dev.engine().stats.retransmits.inc();
     false
