@@ -339,6 +339,19 @@ bitflags::bitflags! {
     }
 }
 
+/// The special QPs of a port (IBA 10.2.5, Get Special QP): QP0 (the Subnet Management
+/// Interface) and QP1 (the General Services Interface, which carries the management
+/// datagrams of the connection manager). A RoCE port has no subnet manager and so no QP0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpecialQp {
+    Smi,
+    Gsi,
+}
+
+/// The GSI's QP number and its well-known Q_Key (IBA 13.5.1).
+pub const GSI_QPN: u32 = 1;
+pub const GSI_QKEY: u32 = 0x8001_0000;
+
 /// The type of a memory window (`ibv_mw_type`, IBA 10.6.7). A type 1 window is bound by any QP
 /// of its PD and rebound at will; a type 2 window (type 2B in the IBA) is bound by a Bind MW
 /// work request to the QP that posted it, which alone may use its R_Key, and must be

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
-use crate::types::{AhAttr, QpState, QpType, WcStatus};
+use crate::types::{AhAttr, QpState, QpType, WcStatus, GSI_QKEY, GSI_QPN};
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Direction, Operation, Position, ServiceType, Suffix};
 use crate::wire::packet::pad_for;
@@ -475,11 +475,17 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     if !accepts {
         return false;
     }
-    let our_pkey = dev.pkey(core.attrs.pkey_index).unwrap_or(0);
-    if !pkey_match(bth.p_key, our_pkey) {
+    // PKT-VAL-7: the entry the QP's P_Key index selects; for the GSI, any entry of the table,
+    // whose index its receive CQE reports (CQE-14).
+    let pkey_index = if qp.qpn == GSI_QPN {
+        (0..=u16::MAX).map_while(|i| dev.pkey(i)).position(|k| pkey_match(bth.p_key, k)).map(|i| i as u16)
+    } else {
+        dev.pkey(core.attrs.pkey_index).filter(|k| pkey_match(bth.p_key, *k)).map(|_| core.attrs.pkey_index)
+    };
+    let Some(pkey_index) = pkey_index else {
         qp.bump(|s| &s.pkey_violations); // PKT-VAL-7, PKT-VAL-13
         return false;
-    }
+    };
     if bth.opcode.service_range() != service_of(qp.qp_type) {
         return false; // PKT-VAL-9
     }
@@ -493,8 +499,10 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
         }
     }
     if qp.qp_type == QpType::Ud {
+        // The GSI's Q_Key is the well-known one, whatever Modify QP set (IBA 13.5.1).
+        let qkey = if qp.qpn == GSI_QPN { GSI_QKEY } else { core.attrs.qkey };
         match p.deth {
-            Some(deth) if deth.q_key == core.attrs.qkey => {}
+            Some(deth) if deth.q_key == qkey => {}
             _ => {
                 qp.bump(|s| &s.qkey_violations); // PKT-VAL-10
                 return false;
@@ -504,7 +512,7 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     if is_request {
         // The 40-byte GRH area of a UD receive (PKT-ROCE-11); nobody else needs it.
         let grh = if qp.qp_type == QpType::Ud { roce::ud_grh(datagram).ok() } else { None };
-        let req = Request::of(p, info, grh);
+        let req = Request { pkey_index, ..Request::of(p, info, grh) };
         responder::on_request(qp, &mut core, &req);
         // An ACK, a NAK or Read responses to send.
         if !core.resp.out.is_empty() {

@@ -250,6 +250,8 @@ pub(crate) struct Request<'a> {
     pub payload: &'a [u8],
     /// UD: the source QPN from the DETH, and the bytes for the 40-byte GRH area.
     pub src_qp: u32,
+    /// The index of the P_Key table entry the packet's BTH:P_Key matched.
+    pub pkey_index: u16,
     pub grh: Option<[u8; 40]>,
 }
 
@@ -275,6 +277,7 @@ impl<'a> Request<'a> {
             atomic: p.atomic_eth.map(|a| (operation == Operation::CompareSwap, a)),
             payload: p.payload,
             src_qp: p.deth.map_or(0, |d| d.src_qp),
+            pkey_index: 0,
             grh,
         }
     }
@@ -559,7 +562,7 @@ fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64
     if q.qp_type == QpType::Ud {
         wc.src_qp = r.src_qp;
         wc.wc_flags |= WcFlags::GRH; // PKT-ROCE-11: every RoCEv2 packet has network headers
-        wc.pkey_index = core.attrs.pkey_index;
+        wc.pkey_index = r.pkey_index; // CQE-14: for the GSI, the entry the P_Key matched
     }
     if q.recv_cq.push(wc, r.se).is_err() {
         q.enter_error(core, false);

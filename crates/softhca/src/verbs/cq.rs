@@ -51,6 +51,8 @@ pub(crate) struct CqInner {
     armed: AtomicU8,
     /// Work queues (SQs and RQs) associated with this CQ.
     users: AtomicU32,
+    /// Associated with a special QP, which keeps it to itself (CRT-QP-14).
+    special: AtomicBool,
     destroyed: AtomicBool,
     overflowed: AtomicBool,
     /// The last poll found completions waiting and returned them without driving the device
@@ -198,6 +200,7 @@ impl Context {
             size: AtomicU32::new(size),
             armed: AtomicU8::new(0),
             users: AtomicU32::new(0),
+            special: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
             skipped_progress: AtomicBool::new(false),
@@ -385,18 +388,29 @@ impl Cq {
         Ok(self.inner.overflowed.load(Ordering::Acquire))
     }
 
-    /// Associates one more work queue with this CQ.
-    pub(crate) fn attach(&self) -> Result<()> {
+    /// Associates one more work queue with this CQ; `special` for a special QP's. A CQ of a
+    /// special QP serves no other QP, and a special QP takes no CQ another QP uses (CRT-QP-14).
+    pub(crate) fn attach(&self, special: bool) -> Result<()> {
         let _both = self.exclusive().map_err(|e| match e {
             VerbsError::InvalidHcaHandle => e,
             _ => VerbsError::InvalidCqHandle,
         })?;
+        let (users, claimed) = (self.inner.users.load(Ordering::Acquire), self.inner.special.load(Ordering::Acquire));
+        if claimed != special && (claimed || users > 0) {
+            return Err(VerbsError::InvalidCqHandle);
+        }
+        self.inner.special.store(special, Ordering::Release);
         self.inner.users.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
     pub(crate) fn detach(&self) {
-        let _ = self.inner.users.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
+        let _both = self.exclusive();
+        let n = self.inner.users.load(Ordering::Acquire).saturating_sub(1);
+        self.inner.users.store(n, Ordering::Release);
+        if n == 0 {
+            self.inner.special.store(false, Ordering::Release);
+        }
     }
 
     /// Adds a CQE. `solicited` says whether it is a solicited event (EVT-SOL-*). On overflow

@@ -32,7 +32,7 @@ use super::cq::Cq;
 use super::device::{give, take, Context, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
-use super::types::{Access, AddressVector, MigState, QpState, QpType};
+use super::types::{Access, AddressVector, MigState, QpState, QpType, SpecialQp, GSI_QKEY, GSI_QPN};
 use super::wr::{RecvWr, SendWr};
 use crate::transport::hca::SharedReceiveQueue;
 use crate::transport::qp::{flush_cqe, wc_opcode_of, QpCore, QpInner};
@@ -314,6 +314,25 @@ impl std::fmt::Debug for Qp {
 impl Context {
     /// Create QP (CRT-QP-*). A failed call creates nothing (CRT-QP-13).
     pub fn create_qp(&self, pd: &Pd, init: &QpInitAttr) -> Result<Qp> {
+        self.create_qp_as(pd, init, false)
+    }
+
+    /// Get Special QP (IBA 10.2.5): the port's GSI, QP1, a UD QP of `pd` whose Q_Key is the
+    /// well-known 0x80010000 ([`GSI_QKEY`](crate::types::GSI_QKEY)), which takes a packet under
+    /// any P_Key of the table and reports the matching index in its receive CQEs (CQE-14),
+    /// and whose CQs serve no other QP (CRT-QP-14). One per port. A RoCE port has no SMI (QP0):
+    /// `NotSupported`.
+    pub fn get_special_qp(&self, pd: &Pd, kind: SpecialQp, init: &QpInitAttr) -> Result<Qp> {
+        if kind == SpecialQp::Smi {
+            return Err(VerbsError::NotSupported("a RoCE port has no subnet management QP (QP0)"));
+        }
+        if init.qp_type != QpType::Ud {
+            return Err(VerbsError::InvalidServiceType("the GSI is a datagram QP"));
+        }
+        self.create_qp_as(pd, init, true)
+    }
+
+    fn create_qp_as(&self, pd: &Pd, init: &QpInitAttr, gsi: bool) -> Result<Qp> {
         self.inner.check_open()?;
         if !self.same_device(&pd.inner.dev) {
             return Err(VerbsError::InvalidPd);
@@ -370,12 +389,12 @@ impl Context {
             undo_count();
             return Err(e);
         }
-        if let Err(e) = init.send_cq.attach() {
+        if let Err(e) = init.send_cq.attach(gsi) {
             pd.inner.release();
             undo_count();
             return Err(e);
         }
-        if let Err(e) = init.recv_cq.attach() {
+        if let Err(e) = init.recv_cq.attach(gsi) {
             init.send_cq.detach();
             pd.inner.release();
             undo_count();
@@ -395,7 +414,7 @@ impl Context {
         let (sq_ring, sq) = Ring::with_slots(cap.max_send_wr as usize, prepare_send(&cap));
         let rq_len = if init.srq.is_some() { 0 } else { cap.max_recv_wr as usize };
         let (rq_ring, rq) = Ring::with_slots(rq_len, prepare_recv(cap.max_recv_sge));
-        let qpn = self.inner.alloc_qpn();
+        let qpn = if gsi { GSI_QPN } else { self.inner.alloc_qpn() };
         let inner = Arc::new(QpInner {
             qpn,
             qp_type: init.qp_type,
@@ -417,7 +436,7 @@ impl Context {
             destroyed: AtomicBool::new(false),
             ready: AtomicBool::new(false),
             core: Mutex::new(QpCore {
-                attrs: QpAttrs::reset(cap),
+                attrs: QpAttrs { qkey: if gsi { GSI_QKEY } else { 0 }, ..QpAttrs::reset(cap) },
                 sq,
                 rq,
                 route: None,
@@ -430,7 +449,20 @@ impl Context {
                 resp_streak: 0,
             }),
         });
-        self.inner.engine.qps.write().unwrap_or_else(|e| e.into_inner()).insert(qpn, inner.clone());
+        {
+            let mut qps = self.inner.engine.qps.write().unwrap_or_else(|e| e.into_inner());
+            if qps.contains_key(&qpn) {
+                // Only the GSI's number is not fresh: the port has one already.
+                drop(qps);
+                init.srq.as_ref().inspect(|s| s.detach());
+                init.recv_cq.detach();
+                init.send_cq.detach();
+                pd.inner.release();
+                undo_count();
+                return Err(VerbsError::InUse("the port's GSI exists"));
+            }
+            qps.insert(qpn, inner.clone());
+        }
         tracing::debug!(device = %self.inner.name, qpn, qp_type = ?init.qp_type, "QP created");
         let res = QpResources {
             dev: self.inner.clone(),
