@@ -207,4 +207,25 @@ proptest! {
         let _ = roce::parse_ip(d);
         let _ = roce::parse_ip_unverified(&d[..cut % (n + 1)]);
     }
+
+    /// Any 256 bytes that parse as a CM message re-emit to the same bytes except reserved
+    /// bits, and parse again to the same message; no input panics.
+    #[test]
+    fn cm_messages_parse_total_and_round_trip(
+        mut mad in proptest::collection::vec(any::<u8>(), 0..300),
+        attr in 0x10u16..0x19,
+    ) {
+        use softhca::wire::mad::*;
+        if mad.len() >= MAD_HEADER_LEN {
+            mad[1] = MGMT_CLASS_CM;
+            mad[16..18].copy_from_slice(&attr.to_be_bytes());
+        }
+        if let Ok((h, m)) = CmMessage::parse(&mad) {
+            let mut out = [0u8; MAD_LEN];
+            m.emit(&h, &mut out).unwrap();
+            let (h2, m2) = CmMessage::parse(&out).unwrap();
+            prop_assert_eq!(h2, h);
+            prop_assert_eq!(m2, m);
+        }
+    }
 }
