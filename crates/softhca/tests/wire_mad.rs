@@ -91,7 +91,7 @@ fn every_message_round_trips() {
         CmMessage::Rep(Box::new(CmRep { rnr_retry_count: 7, srq: 1, local_ca_guid: u64::MAX, ..Default::default() })),
         CmMessage::Rtu(Box::new(CmRtu { local_comm_id: 1, remote_comm_id: 2, ..Default::default() })),
         CmMessage::Dreq(Box::new(CmDreq { remote_qpn_eecn: 0xFF_FFFF, ..Default::default() })),
-        CmMessage::Drep(Box::new(CmDrep::default())),
+        CmMessage::Drep(Box::default()),
         CmMessage::SidrReq(Box::new(CmSidrReq { partition_key: 0x8001, service_id: 7, ..Default::default() })),
         CmMessage::SidrRep(Box::new(CmSidrRep { qpn: 0x12, qkey: 0x8001_0000, ..Default::default() })),
     ];
