@@ -67,6 +67,16 @@ fn the_fields_of_rpings_connection() {
     assert_eq!(req.primary_remote_gid, v4([198, 18, 0, 2]));
     assert_eq!((req.primary_hop_limit, req.primary_traffic_class, req.primary_local_ack_timeout), (0x40, 0, 0x13));
     assert_eq!(req.alternate_local_gid, [0; 16]);
+    // rdma_cm's IP header in the private data: from 198.18.0.1 (its port) to 198.18.0.2.
+    let cma = CmaHeader::parse(&req.private_data).unwrap();
+    assert_eq!((cma.src, cma.dst), ("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap()));
+    assert_eq!(cma.src_port, 0xd3cb);
+    let mut again = [0u8; CmaHeader::LEN];
+    cma.emit(&mut again).unwrap();
+    assert_eq!(again, req.private_data[..CmaHeader::LEN]);
+    let v6 = CmaHeader { src_port: 1, src: "fe80::1".parse().unwrap(), dst: "fe80::2".parse().unwrap() };
+    v6.emit(&mut again).unwrap();
+    assert_eq!(CmaHeader::parse(&again), Some(v6));
 
     let (h2, CmMessage::Rep(rep)) = CmMessage::parse(&rping[1]).unwrap() else { panic!("not a REP") };
     assert_eq!(h2.transaction_id, h.transaction_id, "a REP answers in the REQ's transaction");

@@ -341,6 +341,60 @@ cm_message! {
     }
 }
 
+/// rdma_cm's IP header, the first 36 bytes of a REQ's (and a SIDR REQ's) private data:
+/// its version (0), the IP version in the high nibble of byte 1, the source port, and the
+/// source and destination addresses (an IPv4 one in the last 4 bytes of its 16). The service ID
+/// carries the port space and the destination port; this says which addresses the connection
+/// is between, as the rdma_cm on the other side (Linux's included) reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmaHeader {
+    pub src_port: u16,
+    pub src: std::net::IpAddr,
+    pub dst: std::net::IpAddr,
+}
+
+impl CmaHeader {
+    pub const LEN: usize = 36;
+
+    /// The header at the start of `private_data`; `None` for another version or IP version.
+    pub fn parse(private_data: &[u8]) -> Option<CmaHeader> {
+        let d = private_data.get(..Self::LEN)?;
+        if d[0] != 0 {
+            return None;
+        }
+        let addr = |at: usize| -> Option<std::net::IpAddr> {
+            let b: [u8; 16] = d[at..at + 16].try_into().ok()?;
+            match d[1] >> 4 {
+                4 => Some(std::net::Ipv4Addr::new(b[12], b[13], b[14], b[15]).into()),
+                6 => Some(std::net::Ipv6Addr::from(b).into()),
+                _ => None,
+            }
+        };
+        Some(CmaHeader { src_port: u16_at(d, 2), src: addr(4)?, dst: addr(20)? })
+    }
+
+    /// Writes the header at the start of `private_data` (both addresses must be of one IP
+    /// version).
+    pub fn emit(&self, private_data: &mut [u8]) -> Result<(), WireError> {
+        let len = private_data.len();
+        let d = private_data.get_mut(..Self::LEN).ok_or(WireError::Truncated { needed: Self::LEN, len })?;
+        d.fill(0);
+        let mut put = |at: usize, a: std::net::IpAddr| match a {
+            std::net::IpAddr::V4(v4) => d[at + 12..at + 16].copy_from_slice(&v4.octets()),
+            std::net::IpAddr::V6(v6) => d[at..at + 16].copy_from_slice(&v6.octets()),
+        };
+        put(4, self.src);
+        put(20, self.dst);
+        d[1] = match (self.src, self.dst) {
+            (std::net::IpAddr::V4(_), std::net::IpAddr::V4(_)) => 4 << 4,
+            (std::net::IpAddr::V6(_), std::net::IpAddr::V6(_)) => 6 << 4,
+            _ => return Err(WireError::BadLength),
+        };
+        set_u16(d, 2, self.src_port);
+        Ok(())
+    }
+}
+
 /// A CM message of any kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmMessage {
