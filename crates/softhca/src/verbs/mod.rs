@@ -12,6 +12,7 @@ pub use crate::{error, types};
 
 pub mod ah;
 pub(crate) mod callbacks;
+pub mod cm_agent;
 pub mod cq;
 pub mod device;
 pub mod eec;
@@ -24,6 +25,7 @@ pub mod srq;
 pub mod wr;
 
 pub use ah::Ah;
+pub use cm_agent::CmAgent;
 pub use cq::{CompChannel, Cq};
 pub use device::{
     device_list, open_device, AtomicCap, Context, DeviceAttr, DeviceConfig, DeviceInfo, PortAttr, PortState, Progress,

@@ -1,0 +1,131 @@
+//! The connection manager on a device's QP1: a [`CmAgent`] owns the port's GSI (its own PD
+//! resources and CQ), carries the MADs of a [`Cm`] state machine over it, and feeds it the
+//! MADs that arrive, each with the sender's GID from the receive's GRH area. The consumer (or
+//! a driver) calls [`CmAgent::progress`] with the clock the device runs on, and acts on the
+//! events: on a REQ it creates and accepts, on Established it moves its QP to RTR and RTS.
+
+use std::collections::HashMap;
+
+use super::ah::Ah;
+use super::cq::Cq;
+use super::device::Context;
+use super::error::Result;
+use super::mr::Mr;
+use super::pd::Pd;
+use super::qp::{Qp, QpAttr, QpInitAttr};
+use super::types::{Access, AhAttr, Gid, QpState, SpecialQp, WcOpcode, WcStatus, GSI_QKEY, GSI_QPN};
+use super::wr::{RecvWr, SendWr};
+use crate::transport::cm::{Cm, Peer};
+use crate::wire::mad::MAD_LEN;
+
+/// Receive and send slots of the GSI: a slot holds a 40-byte GRH area and one MAD.
+const SLOTS: usize = 32;
+const SLOT: usize = 40 + MAD_LEN;
+
+/// A port's connection manager on its GSI.
+pub struct CmAgent {
+    cm: Cm,
+    pd: Pd,
+    qp: Qp,
+    cq: Cq,
+    recv: Mr,
+    send: Mr,
+    next_send: usize,
+    ahs: HashMap<Peer, Ah>,
+    /// MADs the GSI dropped: no AH for the peer, or a full send queue.
+    pub dropped: u64,
+}
+
+/// The sender's GID from a UD receive's GRH area: an IPv6 header, or (RoCEv2 over IPv4) 20
+/// bytes of zeros and then the IPv4 header.
+fn peer_of(grh: &[u8]) -> Option<Peer> {
+    match (grh.first()? >> 4, grh.get(20)? >> 4) {
+        (6, _) => grh.get(8..24)?.try_into().ok(),
+        (0, 4) => {
+            let a = grh.get(32..36)?;
+            Some(Gid::from_ipv4([a[0], a[1], a[2], a[3]].into()).0)
+        }
+        _ => None,
+    }
+}
+
+impl CmAgent {
+    /// Takes the port's GSI on `pd` and readies it; `seed` varies the communication IDs.
+    pub fn new(ctx: &Context, pd: &Pd, seed: u32) -> Result<CmAgent> {
+        let cq = ctx.create_cq(4 * SLOTS as u32)?;
+        let init = QpInitAttr::ud(&cq, &cq).max_send_wr(SLOTS as u32).max_recv_wr(SLOTS as u32);
+        let qp = ctx.get_special_qp(pd, SpecialQp::Gsi, &init)?;
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(GSI_QKEY))?;
+        qp.modify(&QpAttr::new(QpState::Rtr))?;
+        qp.modify(&QpAttr::to_rts().sq_psn(0))?;
+        let recv = pd.alloc_mr(SLOTS * SLOT, Access::LOCAL_WRITE)?;
+        let send = pd.alloc_mr(SLOTS * MAD_LEN, Access::LOCAL_WRITE)?;
+        for i in 0..SLOTS {
+            qp.post_recv(&[RecvWr::new(i as u64, &[recv.sge(i * SLOT..(i + 1) * SLOT)])]).map_err(|e| e.error)?;
+        }
+        Ok(CmAgent {
+            cm: Cm::new(seed),
+            pd: pd.clone(),
+            qp,
+            cq,
+            recv,
+            send,
+            next_send: 0,
+            ahs: HashMap::new(),
+            dropped: 0,
+        })
+    }
+
+    /// The state machine: listen, connect, accept, reject, disconnect, poll events.
+    pub fn cm(&mut self) -> &mut Cm {
+        &mut self.cm
+    }
+
+    /// Takes in the MADs that arrived, runs the CM's timers at `now`, and sends what it
+    /// queued.
+    pub fn progress(&mut self, now: u64) -> Result<()> {
+        let mut grh_mad = [0u8; SLOT];
+        while let Some(wc) = self.cq.poll_one()? {
+            if wc.opcode != WcOpcode::Recv {
+                continue; // a send's completion: its slot was reused in turn anyway
+            }
+            let slot = wc.wr_id as usize % SLOTS;
+            if wc.status == WcStatus::Success && wc.src_qp == GSI_QPN && wc.byte_len as usize >= SLOT {
+                self.recv.read(slot * SLOT, &mut grh_mad)?;
+                if let Some(peer) = peer_of(&grh_mad[..40]) {
+                    self.cm.handle_mad(now, peer, &grh_mad[40..]);
+                }
+            }
+            if wc.status != WcStatus::WrFlushErr {
+                let sge = self.recv.sge(slot * SLOT..(slot + 1) * SLOT);
+                self.qp.post_recv(&[RecvWr::new(slot as u64, &[sge])]).map_err(|e| e.error)?;
+            }
+        }
+        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
+            self.cm.handle_timeout(now);
+        }
+        while let Some((peer, mad)) = self.cm.poll_transmit() {
+            if !self.ahs.contains_key(&peer) {
+                let Ok(ah) = self.pd.create_ah(&AhAttr::roce(Gid(peer), 0)) else {
+                    self.dropped += 1;
+                    continue;
+                };
+                self.ahs.insert(peer, ah);
+            }
+            let slot = self.next_send % SLOTS;
+            self.next_send += 1;
+            self.send.write(slot * MAD_LEN, &mad[..])?;
+            let sge = [self.send.sge(slot * MAD_LEN..(slot + 1) * MAD_LEN)];
+            let ah = &self.ahs[&peer];
+            if self.qp.post_send(&[SendWr::send(slot as u64, &sge).ud(ah, GSI_QPN, GSI_QKEY)]).is_err() {
+                self.dropped += 1; // a full SQ: the CM sends again at its deadline
+            }
+        }
+        Ok(())
+    }
+
+    /// The earliest CM deadline.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.cm.poll_timeout()
+    }
+}
