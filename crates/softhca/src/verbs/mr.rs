@@ -34,7 +34,11 @@ pub(crate) struct KeyTable {
 impl KeyTable {
     fn fresh_byte(&mut self, rng: &mut impl Rng, slot: u32) -> u32 {
         let prev = self.last_key_byte[slot as usize];
-        let byte = prev.wrapping_add(rng.random_range(1..=255u8));
+        let mut byte = prev.wrapping_add(rng.random_range(1..=255u8));
+        if slot == 0 && byte == 0 {
+            // Key 0 is never handed out: programs take an L_Key or R_Key of 0 for "none".
+            byte = prev.wrapping_add(1).max(1);
+        }
         self.last_key_byte[slot as usize] = byte;
         slot << 8 | byte as u32
     }
@@ -409,6 +413,28 @@ pub(crate) fn check_access(
             }
             let offset = b.mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
             Ok(b.mr.mem_ref(offset, len as usize))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    /// Every fresh key of a slot differs from the slot's previous one, and slot 0 never gives
+    /// key 0 (programs read an L_Key or R_Key of 0 as "none").
+    #[test]
+    fn fresh_keys_change_and_are_never_zero() {
+        let mut t = KeyTable::default();
+        t.slots.push(None);
+        t.last_key_byte.push(0);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut prev = 0;
+        for _ in 0..100_000 {
+            let key = t.fresh_byte(&mut rng, 0);
+            assert!(key != 0 && key != prev);
+            prev = key;
         }
     }
 }
