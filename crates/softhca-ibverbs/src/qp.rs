@@ -637,10 +637,7 @@ pub(crate) unsafe extern "C" fn post_send(
     0
 }
 
-/// An `IBV_WR_BIND_MW` work request (a type 2 window's bind, or a type 1 one's): `bind_mw.rkey`
-/// is the R_Key the window is to carry (the program's `ibv_inc_rkey` of the current one: same
-/// index, a new key byte), written to `mw->rkey` once the bind is posted, as `ibv_bind_mw`
-/// does for type 1.
+/// An `IBV_WR_BIND_MW` work request (a type 2 window's bind, or a type 1 one's).
 ///
 /// # Safety
 /// `w` is a Bind MW work request naming a live window and a live region of this library.
@@ -649,69 +646,65 @@ unsafe fn post_bind(x: &Qp, w: &ibv_send_wr) -> c_int {
     if b.mw.is_null() {
         return libc::EINVAL;
     }
-    if b.bind_info.mr.is_null() {
-        return libc::EOPNOTSUPP; // unbinding (a zero-length bind of a type 1 window)
-    }
-    if b.bind_info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
-        return libc::EINVAL; // windows are addressed by virtual address only
-    }
-    // SAFETY: a live window and region, as the program promises.
-    let (mw, mr) = unsafe { (&*(b.mw as *const Mw), &*(b.bind_info.mr as *const Mr)) };
-    // SAFETY: the program's copy of the R_Key, read in place.
-    let current = unsafe { std::ptr::addr_of!((*b.mw).rkey).read() };
-    if b.rkey >> 8 != current >> 8 {
-        return libc::EINVAL; // another window's index
-    }
-    let access = Access::from_bits_truncate(b.bind_info.mw_access_flags)
-        & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-    let mut wr =
-        SendWr::bind_mw(w.wr_id, &mw.mw, &mr.mr, b.bind_info.addr, b.bind_info.length, access).new_key(b.rkey as u8);
-    wr.send_flags = SendFlags::from_bits_truncate(w.send_flags);
-    match x.qp.post_send(&[wr]) {
-        Ok(()) => {
-            // SAFETY: as above, written in place.
-            unsafe { std::ptr::addr_of_mut!((*b.mw).rkey).write(b.rkey) };
-            0
-        }
-        Err(PostError { error, .. }) => errno_of(&error),
-    }
+    // SAFETY: the caller's contract.
+    unsafe { bind_window(x, b.mw, b.rkey, &b.bind_info, w.wr_id, w.send_flags) }
 }
 
-/// `ops.bind_mw` (`ibv_bind_mw`, type 1): posts a Bind MW work request whose new R_Key is the
-/// window's current one with its low byte incremented (`ibv_inc_rkey`), and gives the window
-/// that R_Key at once, as libibverbs does; the program uses it once the bind completed.
+/// `ops.bind_mw` (`ibv_bind_mw`, type 1 only, as libibverbs has it): the new R_Key is the
+/// window's current one with its low byte incremented (`ibv_inc_rkey`).
 pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut ibv_mw_bind) -> c_int {
     // SAFETY: a live QP, a live window and a readable bind description, as verbs.h's inline
     // ibv_bind_mw passes them.
     let (x, w, b) = unsafe { (qp(q), &*(m as *const Mw), &*b) };
-    if w.ibv.mw_type != 1 {
-        crate::set_errno(libc::EINVAL);
-        return libc::EINVAL; // type 2 windows are bound by IBV_WR_BIND_MW work requests
+    let r = if w.ibv.mw_type != 1 {
+        libc::EINVAL // type 2 windows are bound by IBV_WR_BIND_MW work requests
+    } else {
+        // SAFETY: the program's copy of the R_Key, read in place.
+        let next = ibv_inc_rkey(unsafe { std::ptr::addr_of!((*m).rkey).read() });
+        // SAFETY: as this function's callers promise.
+        unsafe { bind_window(x, m, next, &b.bind_info, b.wr_id, b.send_flags) }
+    };
+    if r != 0 {
+        crate::set_errno(r);
     }
-    if b.bind_info.mr.is_null() {
-        crate::set_errno(libc::EOPNOTSUPP);
-        return libc::EOPNOTSUPP; // unbinding (a zero-length bind) is not implemented
+    r
+}
+
+/// `ibv_inc_rkey`: the next key byte, the index unchanged.
+fn ibv_inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | u32::from((rkey as u8).wrapping_add(1))
+}
+
+/// Posts a Bind MW of window `m` over `info` that gives it R_Key `rkey` (the window's index,
+/// the program's key byte), and writes `rkey` to `m->rkey` once posted, as libibverbs does.
+///
+/// # Safety
+/// `m` and `info.mr` are live objects of this library.
+unsafe fn bind_window(x: &Qp, m: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info, wr_id: u64, flags: u32) -> c_int {
+    if info.mr.is_null() {
+        return libc::EOPNOTSUPP; // unbinding (a zero-length bind of a type 1 window)
     }
-    if b.bind_info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
-        crate::set_errno(libc::EINVAL);
+    if info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
         return libc::EINVAL; // windows are addressed by virtual address only
     }
-    // SAFETY: a live region from ibv_reg_mr.
-    let mr = unsafe { &*(b.bind_info.mr as *const Mr) };
+    // SAFETY: a live window and region, as the caller promises.
+    let (mw, mr) = unsafe { (&*(m as *const Mw), &*(info.mr as *const Mr)) };
     // SAFETY: the program's copy of the R_Key, read in place.
     let current = unsafe { std::ptr::addr_of!((*m).rkey).read() };
-    let next = (current as u8).wrapping_add(1);
-    let access = Access::from_bits_truncate(b.bind_info.mw_access_flags)
+    if rkey >> 8 != current >> 8 {
+        return libc::EINVAL; // another window's index
+    }
+    let access = Access::from_bits_truncate(info.mw_access_flags)
         & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-    let mut wr = SendWr::bind_mw(b.wr_id, &w.mw, &mr.mr, b.bind_info.addr, b.bind_info.length, access).new_key(next);
-    wr.send_flags = SendFlags::from_bits_truncate(b.send_flags);
+    let mut wr = SendWr::bind_mw(wr_id, &mw.mw, &mr.mr, info.addr, info.length, access).new_key(rkey as u8);
+    wr.send_flags = SendFlags::from_bits_truncate(flags);
     match x.qp.post_send(&[wr]) {
         Ok(()) => {
             // SAFETY: as above, written in place.
-            unsafe { std::ptr::addr_of_mut!((*m).rkey).write((current & !0xff) | u32::from(next)) };
+            unsafe { std::ptr::addr_of_mut!((*m).rkey).write(rkey) };
             0
         }
-        Err(PostError { error, .. }) => crate::errno_set(&error),
+        Err(PostError { error, .. }) => errno_of(&error),
     }
 }
 

@@ -395,77 +395,63 @@ impl CmaHeader {
     }
 }
 
-/// A CM message of any kind.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CmMessage {
-    Req(Box<CmReq>),
-    Mra(Box<CmMra>),
-    Rej(Box<CmRej>),
-    Rep(Box<CmRep>),
-    Rtu(Box<CmRtu>),
-    Dreq(Box<CmDreq>),
-    Drep(Box<CmDrep>),
-    SidrReq(Box<CmSidrReq>),
-    SidrRep(Box<CmSidrRep>),
+/// The CM messages by kind, listed once: the enum, its parse by attribute ID, and emit.
+macro_rules! cm_messages {
+    ($($kind:ident($msg:ident),)*) => {
+        /// A CM message of any kind.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum CmMessage {
+            $($kind(Box<$msg>),)*
+        }
+
+        impl CmMessage {
+            /// The CM message of a MAD of the CM class; `Err` for another class or an
+            /// attribute the CM does not define (the caller drops it).
+            pub fn parse(mad: &[u8]) -> Result<(MadHeaderRepr, CmMessage), WireError> {
+                let (h, d) = MadHeaderRepr::parse(mad)?;
+                if h.mgmt_class != MGMT_CLASS_CM {
+                    return Err(WireError::BadLength);
+                }
+                let m = match h.attribute_id {
+                    $($msg::ATTRIBUTE_ID => CmMessage::$kind(Box::new($msg::parse(d)?)),)*
+                    _ => return Err(WireError::BadLength),
+                };
+                Ok((h, m))
+            }
+
+            /// The message's attribute ID.
+            pub fn attribute_id(&self) -> u16 {
+                match self {
+                    $(CmMessage::$kind(_) => $msg::ATTRIBUTE_ID,)*
+                }
+            }
+
+            /// Writes the whole MAD (header with `header`'s fields, the attribute ID this
+            /// message's).
+            pub fn emit(&self, header: &MadHeaderRepr, mad: &mut [u8]) -> Result<(), WireError> {
+                if mad.len() < MAD_LEN {
+                    return Err(WireError::Truncated { needed: MAD_LEN, len: mad.len() });
+                }
+                MadHeaderRepr { attribute_id: self.attribute_id(), ..*header }.emit(mad)?;
+                let d = &mut mad[MAD_HEADER_LEN..MAD_LEN];
+                match self {
+                    $(CmMessage::$kind(m) => m.emit(d),)*
+                }
+            }
+        }
+    };
 }
 
-impl CmMessage {
-    /// The CM message of a MAD of the CM class; `Err` for another class or an attribute the
-    /// CM does not define (the caller drops it).
-    pub fn parse(mad: &[u8]) -> Result<(MadHeaderRepr, CmMessage), WireError> {
-        let (h, d) = MadHeaderRepr::parse(mad)?;
-        if h.mgmt_class != MGMT_CLASS_CM {
-            return Err(WireError::BadLength);
-        }
-        let m = match h.attribute_id {
-            CmReq::ATTRIBUTE_ID => CmMessage::Req(Box::new(CmReq::parse(d)?)),
-            CmMra::ATTRIBUTE_ID => CmMessage::Mra(Box::new(CmMra::parse(d)?)),
-            CmRej::ATTRIBUTE_ID => CmMessage::Rej(Box::new(CmRej::parse(d)?)),
-            CmRep::ATTRIBUTE_ID => CmMessage::Rep(Box::new(CmRep::parse(d)?)),
-            CmRtu::ATTRIBUTE_ID => CmMessage::Rtu(Box::new(CmRtu::parse(d)?)),
-            CmDreq::ATTRIBUTE_ID => CmMessage::Dreq(Box::new(CmDreq::parse(d)?)),
-            CmDrep::ATTRIBUTE_ID => CmMessage::Drep(Box::new(CmDrep::parse(d)?)),
-            CmSidrReq::ATTRIBUTE_ID => CmMessage::SidrReq(Box::new(CmSidrReq::parse(d)?)),
-            CmSidrRep::ATTRIBUTE_ID => CmMessage::SidrRep(Box::new(CmSidrRep::parse(d)?)),
-            _ => return Err(WireError::BadLength),
-        };
-        Ok((h, m))
-    }
-
-    /// The message's attribute ID.
-    pub fn attribute_id(&self) -> u16 {
-        match self {
-            CmMessage::Req(_) => CmReq::ATTRIBUTE_ID,
-            CmMessage::Mra(_) => CmMra::ATTRIBUTE_ID,
-            CmMessage::Rej(_) => CmRej::ATTRIBUTE_ID,
-            CmMessage::Rep(_) => CmRep::ATTRIBUTE_ID,
-            CmMessage::Rtu(_) => CmRtu::ATTRIBUTE_ID,
-            CmMessage::Dreq(_) => CmDreq::ATTRIBUTE_ID,
-            CmMessage::Drep(_) => CmDrep::ATTRIBUTE_ID,
-            CmMessage::SidrReq(_) => CmSidrReq::ATTRIBUTE_ID,
-            CmMessage::SidrRep(_) => CmSidrRep::ATTRIBUTE_ID,
-        }
-    }
-
-    /// Writes the whole MAD (header with `header`'s fields, the attribute ID this message's).
-    pub fn emit(&self, header: &MadHeaderRepr, mad: &mut [u8]) -> Result<(), WireError> {
-        if mad.len() < MAD_LEN {
-            return Err(WireError::Truncated { needed: MAD_LEN, len: mad.len() });
-        }
-        MadHeaderRepr { attribute_id: self.attribute_id(), ..*header }.emit(mad)?;
-        let d = &mut mad[MAD_HEADER_LEN..MAD_LEN];
-        match self {
-            CmMessage::Req(m) => m.emit(d),
-            CmMessage::Mra(m) => m.emit(d),
-            CmMessage::Rej(m) => m.emit(d),
-            CmMessage::Rep(m) => m.emit(d),
-            CmMessage::Rtu(m) => m.emit(d),
-            CmMessage::Dreq(m) => m.emit(d),
-            CmMessage::Drep(m) => m.emit(d),
-            CmMessage::SidrReq(m) => m.emit(d),
-            CmMessage::SidrRep(m) => m.emit(d),
-        }
-    }
+cm_messages! {
+    Req(CmReq),
+    Mra(CmMra),
+    Rej(CmRej),
+    Rep(CmRep),
+    Rtu(CmRtu),
+    Dreq(CmDreq),
+    Drep(CmDrep),
+    SidrReq(CmSidrReq),
+    SidrRep(CmSidrRep),
 }
 
 #[cfg(test)]
