@@ -1,7 +1,7 @@
 //! Verb results. The variants carry the result names of `spec/RULES.md` ("Conventions"), so a
 //! test can assert the exact result a rule asks for.
 
-use crate::types::AttrMask;
+use crate::attr::AttrMask;
 
 /// The error result of a verb call. Success is `Ok`; an empty CQ is not an error in the Rust
 /// API (`poll` returns 0), so `CqEmpty` has no variant here.

@@ -3,7 +3,7 @@
 //! Layers, bottom to top (see `DESIGN.md`); each imports only its own layer and those below it
 //! (`tests/layers.rs` checks the `use` lines):
 //!
-//! - the ground floor, [`types`], [`error`] and [`mem`]: the IBA vocabulary (states, access
+//! - the ground floor, [`types`], [`attr`], [`error`] and [`mem`]: the IBA vocabulary (states, access
 //!   rights, work completions, events, Modify QP masks), the verb results, and registered
 //!   memory with the checked window through which every copy and atomic touches it;
 //! - [`wire`]: zero-copy views and `Repr`s of the IBA headers, the opcode table, RoCEv2
@@ -16,6 +16,7 @@
 //! - [`link`]: the drivers, which own I/O and time and drive a device from outside (the
 //!   deterministic sim fabric, real UDP sockets, pcap).
 
+pub mod attr;
 pub mod error;
 pub mod link;
 pub mod mem;

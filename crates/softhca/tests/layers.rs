@@ -1,7 +1,7 @@
 //! The layering of DESIGN.md, checked from the `use` lines: every module of the library imports
 //! only its own layer and the layers below it, so no import loop can join two layers.
 //!
-//! Ground floor (`types`, `error`, `mem`) < `wire` < `transport` < `verbs` < `link`. The links
+//! Ground floor (`types`, `attr`, `error`, `mem`) < `wire` < `transport` < `verbs` < `link`. The links
 //! are the drivers: they own I/O and time and drive a device (`verbs::Context`) from outside,
 //! so they sit on top even though packets leave through them.
 
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 /// The layer of a module path's first segment under `crate::`, lowest first.
 fn rank(module: &str) -> Option<usize> {
-    const LAYERS: &[&[&str]] = &[&["types", "error", "mem"], &["wire"], &["transport"], &["verbs"], &["link"]];
+    const LAYERS: &[&[&str]] = &[&["types", "attr", "error", "mem"], &["wire"], &["transport"], &["verbs"], &["link"]];
     LAYERS.iter().position(|layer| layer.contains(&module))
 }
 

@@ -318,7 +318,7 @@ impl Context {
     }
 
     /// Get Special QP (IBA 10.2.5): the port's GSI, QP1, a UD QP of `pd` whose Q_Key is the
-    /// well-known 0x80010000 ([`GSI_QKEY`](crate::types::GSI_QKEY)), which takes a packet under
+    /// well-known 0x80010000 ([`GSI_QKEY`]), which takes a packet under
     /// any P_Key of the table and reports the matching index in its receive CQEs (CQE-14),
     /// and whose CQs serve no other QP (CRT-QP-14). One per port. A RoCE port has no SMI (QP0):
     /// `NotSupported`.
