@@ -4,8 +4,7 @@
 
 mod common;
 
-use common::poll_all;
-use softhca::transport::MAX_DATAGRAM;
+use common::{exchange, poll_all};
 use softhca::*;
 
 struct Dev {
@@ -21,22 +20,6 @@ fn dev(n: u8) -> Dev {
     let ctx = Context::create(cfg).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     Dev { ctx, pd, gid }
-}
-
-fn run(a: &Context, b: &Context) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    loop {
-        let mut moved = false;
-        for (src, dst) in [(a, b), (b, a)] {
-            while let Some(n) = src.transmit(0, &mut buf) {
-                dst.receive(0, &buf[..n]);
-                moved = true;
-            }
-        }
-        if !moved {
-            return;
-        }
-    }
 }
 
 fn gsi(d: &Dev, cq: &Cq, pkey_index: u16) -> Qp {
@@ -95,7 +78,7 @@ fn a_mad_reaches_the_peer_gsi_under_any_table_pkey() {
         SendWr::send(11, &g).ud(&ah, GSI_QPN, 0x1111).signaled(),
     ])
     .unwrap();
-    run(&a.ctx, &b.ctx);
+    exchange(&a.ctx, &b.ctx);
     assert_eq!(poll_all(&acq).iter().map(|w| w.status).collect::<Vec<_>>(), vec![WcStatus::Success; 2]);
     let got = poll_all(&bcq);
     assert_eq!(got.len(), 1, "the datagram with a wrong Q_Key is dropped: {got:?}");

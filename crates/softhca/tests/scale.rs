@@ -6,7 +6,7 @@
 mod common;
 
 use common::pair::{connect, Opts, Side};
-use common::poll_all;
+use common::{exchange, poll_all};
 use softhca::transport::MAX_DATAGRAM;
 use softhca::*;
 
@@ -18,23 +18,6 @@ fn device(n: u8) -> (Context, Pd, Cq, Gid) {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(4 * QPS as u32).unwrap();
     (ctx, pd, cq, gid)
-}
-
-/// Runs both devices until neither has anything to send or a timer due (no loss here).
-fn run(a: &Context, b: &Context) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    loop {
-        let mut moved = false;
-        for (src, dst) in [(a, b), (b, a)] {
-            while let Some(n) = src.transmit(0, &mut buf) {
-                dst.receive(0, &buf[..n]);
-                moved = true;
-            }
-        }
-        if !moved {
-            return;
-        }
-    }
 }
 
 /// Rule QPS-RTS-1, CRT-QP-4
@@ -69,7 +52,7 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
         amem.write(8 * i, &(i as u64).to_le_bytes()).unwrap();
         x.post_send(&[SendWr::send(i as u64, &[sa]).signaled()]).unwrap();
     }
-    run(&actx, &bctx);
+    exchange(&actx, &bctx);
     let (sent, got) = (poll_all(&acq), poll_all(&bcq));
     assert_eq!(sent.len(), QPS);
     assert_eq!(got.len(), QPS);
@@ -86,7 +69,7 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
         let w = SendWr::rdma_write(i as u64, &sg, bmem.addr() + 16 * i as u64 + 8, bmem.rkey());
         x.post_send(&[w.signaled()]).unwrap();
     }
-    run(&actx, &bctx);
+    exchange(&actx, &bctx);
     let (a_done, b_done) = (poll_all(&acq), poll_all(&bcq));
     assert_eq!(a_done.len(), 2 * QPS, "a: the receives and the writes");
     assert_eq!(b_done.len(), QPS, "b: the sends");
