@@ -140,19 +140,15 @@ pub(crate) enum TimerOwner {
 ///
 /// Lock order: an owner's lock, then the queue's; `handle_timeout` pops under the queue's lock
 /// alone and releases it before taking the owner's.
-#[derive(Default)]
 pub(crate) struct TimerQueue {
     heap: Mutex<BinaryHeap<Reverse<(u64, TimerOwner)>>>,
     /// The earliest deadline queued (`u64::MAX`: none), stored under `heap`'s lock.
-    next: AtomicU64Max,
+    next: AtomicU64,
 }
 
-/// An `AtomicU64` that starts at `u64::MAX`.
-struct AtomicU64Max(AtomicU64);
-
-impl Default for AtomicU64Max {
+impl Default for TimerQueue {
     fn default() -> Self {
-        AtomicU64Max(AtomicU64::new(u64::MAX))
+        TimerQueue { heap: Mutex::default(), next: AtomicU64::new(u64::MAX) }
     }
 }
 
@@ -165,18 +161,18 @@ impl TimerQueue {
         *queued = Some(at);
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
         heap.push(Reverse((at, owner)));
-        self.next.0.fetch_min(at, Ordering::AcqRel);
+        self.next.fetch_min(at, Ordering::AcqRel);
     }
 
     /// The earliest deadline queued, if any.
     pub fn next(&self) -> Option<u64> {
-        let next = self.next.0.load(Ordering::Acquire);
+        let next = self.next.load(Ordering::Acquire);
         (next != u64::MAX).then_some(next)
     }
 
     /// Takes the earliest entry if it is due at `now`.
     fn pop_due(&self, now: u64) -> Option<(u64, TimerOwner)> {
-        if self.next.0.load(Ordering::Acquire) > now {
+        if self.next.load(Ordering::Acquire) > now {
             return None;
         }
         let mut heap = self.heap.lock().unwrap_or_else(|e| e.into_inner());
@@ -188,7 +184,7 @@ impl TimerQueue {
             _ => None,
         };
         let next = heap.peek().map_or(u64::MAX, |&Reverse((t, _))| t);
-        self.next.0.store(next, Ordering::Release);
+        self.next.store(next, Ordering::Release);
         due
     }
 
@@ -205,8 +201,9 @@ impl TimerQueue {
 pub(crate) struct Engine {
     pub qps: RwLock<BTreeMap<u32, Arc<QpInner>>>,
     pub eecs: RwLock<BTreeMap<u32, Arc<EecInner>>>,
-    /// EECs in `eecs`: with none, the RD turn costs no lock.
-    pub live_eecs: AtomicU32,
+    /// EECs in `eecs` (kept by `add_eec` and `remove_eec`): with none, the RD turn costs no
+    /// lock.
+    live_eecs: AtomicU32,
     /// The next EEC to get a transmit turn.
     pub eec_cursor: AtomicU32,
     /// Whether the RD channels go first at the next transmit.
@@ -252,7 +249,7 @@ impl Engine {
             return Some(len);
         }
         // The RD channels and the QPs take turns going first, so that neither starves the other.
-        let rd_first = self.live_eecs.load(Ordering::Relaxed) > 0 && !self.rd_turn.fetch_xor(true, Ordering::Relaxed);
+        let rd_first = self.has_eecs() && !self.rd_turn.fetch_xor(true, Ordering::Relaxed);
         if rd_first {
             if let Some(len) = super::rd::transmit(dev, now, buf) {
                 self.stats.tx_packets.inc();
@@ -334,6 +331,31 @@ impl Engine {
                 ready.push_back(qpn);
             }
         }
+    }
+
+    /// Adds an EEC under the first number `next_eecn` gives that is neither 0 nor in use.
+    pub fn add_eec(
+        &self,
+        mut next_eecn: impl FnMut() -> u32,
+        make: impl FnOnce(u32) -> Arc<EecInner>,
+    ) -> Arc<EecInner> {
+        let mut eecs = self.eecs.write().unwrap_or_else(|e| e.into_inner());
+        let eecn = std::iter::repeat_with(&mut next_eecn).find(|n| *n != 0 && !eecs.contains_key(n)).unwrap_or(0);
+        let eec = make(eecn);
+        eecs.insert(eecn, eec.clone());
+        self.live_eecs.fetch_add(1, Ordering::Relaxed);
+        eec
+    }
+
+    pub fn remove_eec(&self, eecn: u32) {
+        if self.eecs.write().unwrap_or_else(|e| e.into_inner()).remove(&eecn).is_some() {
+            self.live_eecs.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the device has an EEC at all.
+    pub fn has_eecs(&self) -> bool {
+        self.live_eecs.load(Ordering::Relaxed) > 0
     }
 
     /// Puts `q` on the ready list unless it is there: whatever may give a QP something to send

@@ -233,20 +233,21 @@ impl Context {
             give(&self.inner.counts.eec);
             return Err(e);
         }
-        let mut eecs = self.inner.engine.eecs.write().unwrap_or_else(|e| e.into_inner());
-        let mut eecn = self.inner.next_eecn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
-        while eecn == 0 || eecs.contains_key(&eecn) {
-            eecn = self.inner.next_eecn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
-        }
-        let inner = Arc::new(EecInner {
-            eecn,
-            dev: self.inner.clone(),
-            rdd: rdd.inner.handle,
-            core: Mutex::new(EecCore { destroyed: false, attrs: EecAttrs::default(), engine: EecEngine::default() }),
+        // EECNs come from their own 24-bit space.
+        let next = || self.inner.next_eecn.fetch_add(1, Ordering::Relaxed) & 0xFF_FFFF;
+        let inner = self.inner.engine.add_eec(next, |eecn| {
+            Arc::new(EecInner {
+                eecn,
+                dev: self.inner.clone(),
+                rdd: rdd.inner.handle,
+                core: Mutex::new(EecCore {
+                    destroyed: false,
+                    attrs: EecAttrs::default(),
+                    engine: EecEngine::default(),
+                }),
+            })
         });
-        eecs.insert(eecn, inner.clone());
-        self.inner.engine.live_eecs.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(device = %self.inner.name, eecn, "EEC created");
+        tracing::debug!(device = %self.inner.name, eecn = inner.eecn, "EEC created");
         Ok(Eec { inner, dev: self.inner.clone(), rdd: rdd.clone() })
     }
 }
@@ -348,8 +349,7 @@ impl Eec {
         core.attrs.state = QpState::Error;
         drop(core);
         let dev = &self.dev;
-        dev.engine.eecs.write().unwrap_or_else(|e| e.into_inner()).remove(&self.inner.eecn);
-        dev.engine.live_eecs.fetch_sub(1, Ordering::Relaxed);
+        dev.engine.remove_eec(self.inner.eecn);
         self.rdd.inner.release();
         give(&dev.counts.eec);
         dev.orphan(owed);

@@ -180,7 +180,7 @@ fn mtu_of(a: &EecAttrs) -> u64 {
 
 /// The EECs' turn: responses first, then the next request packet of each channel's message.
 pub(crate) fn transmit(dev: &dyn Hca, now: u64, buf: &mut [u8]) -> Option<usize> {
-    if dev.engine().live_eecs.load(Ordering::Relaxed) == 0 {
+    if !dev.engine().has_eecs() {
         return None; // no RD here: keep the EEC table's lock off the other services' path
     }
     // The table stays read-locked while the channels take their turn (no copy of it per call):
