@@ -10,8 +10,8 @@
 //! connection fails with REJ Timeout (4). Duplicates are answered, never taken twice: a REQ
 //! again gets the REP again, a REP again the RTU again, a DREQ again the DREP again.
 //!
-//! Not yet: LAP/APR (path migration), SIDR, stale-connection detection by QPN, and the wiring
-//! to a device's QP1 and to `librdmacm` (issue 14).
+//! `verbs::CmAgent` runs it on a device's QP1. Not yet: LAP/APR (path migration), SIDR,
+//! stale-connection detection by QPN, and `librdmacm` on top (issue 14).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -363,9 +363,11 @@ impl Cm {
     }
 
     fn on_rej(&mut self, id: CommId, reason: u16) {
-        let Some(conn) = self.conns.get(&id) else { return };
-        if matches!(conn.state, State::ReqSent | State::RepSent | State::ReqRcvd) {
-            let conn = self.conns.remove(&id).expect("present");
+        let connecting = |c: &Conn| matches!(c.state, State::ReqSent | State::RepSent | State::ReqRcvd);
+        if !self.conns.get(&id).is_some_and(connecting) {
+            return;
+        }
+        if let Some(conn) = self.conns.remove(&id) {
             self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
             self.events.push_back(CmEvent::Rejected { id, reason });
         }

@@ -1,12 +1,12 @@
 //! Queue Pairs: Create, Query, Modify (through the tables of `transport::state`), Destroy, and
 //! Post Send / Post Receive with the posting rules of each state (QPS).
 //!
-//! What the transport engine works on (the attributes, the requester and the responder, the
-//! consumer ends of the SQ and the RQ) is behind one per-QP lock, `core`, and nothing
-//! device-wide is taken per QP. Posting does not take `core`: the SQ and the RQ are rings
-//! (`verbs::wq`) whose producer ends have a lock of their own that the engine never takes, and
-//! posters read the QP state from an atomic mirror of `attrs.qp_state`. Locks are always taken
-//! in this order: `core`, the SQ's producer lock, the RQ's producer lock, a CQ's.
+//! What the transport engine works on (`transport::qp`: the attributes, the requester and the
+//! responder, the consumer ends of the SQ and the RQ) is behind one per-QP lock, `core`, and
+//! nothing device-wide is taken per QP. Posting does not take `core`: the SQ and the RQ are
+//! rings (`transport::wq`) whose producer ends have a lock of their own that the engine never
+//! takes, and posters read the QP state from an atomic mirror of `attrs.qp_state`. Locks are
+//! always taken in this order: `core`, the SQ's producer lock, the RQ's producer lock, a CQ's.
 //!
 //! # Posting without `core`
 //!

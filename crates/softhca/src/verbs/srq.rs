@@ -1,7 +1,7 @@
 //! Shared Receive Queues: one pool of receive WQEs for many QPs, with the SRQ limit event
 //! (EVT-SRQ-1, EVT-SRQ-2).
 //!
-//! The WQEs are a ring (`verbs::wq`) like a QP's RQ: Post SRQ Receive takes only the ring's
+//! The WQEs are a ring (`transport::wq`) like a QP's RQ: Post SRQ Receive takes only the ring's
 //! producer lock; the engines of the QPs that share the SRQ take WQEs from the consumer end,
 //! under the SRQ's own lock, which posters never take. Modify SRQ and Destroy SRQ hold both,
 //! the SRQ's lock first.
