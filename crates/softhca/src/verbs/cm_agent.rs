@@ -18,7 +18,8 @@ use super::wr::{RecvWr, SendWr};
 use crate::transport::cm::{Cm, Peer};
 use crate::wire::mad::MAD_LEN;
 
-/// Receive and send slots of the GSI: a slot holds a 40-byte GRH area and one MAD.
+/// Receive slots of the GSI (and its SQ depth): a slot holds a 40-byte GRH area and one MAD.
+/// MADs go out inline, copied at post time, so a send needs no buffer of its own.
 const SLOTS: usize = 32;
 const SLOT: usize = 40 + MAD_LEN;
 
@@ -29,8 +30,6 @@ pub struct CmAgent {
     qp: Qp,
     cq: Cq,
     recv: Mr,
-    send: Mr,
-    next_send: usize,
     ahs: HashMap<Peer, Ah>,
     /// MADs the GSI dropped: no AH for the peer, or a full send queue.
     pub dropped: u64,
@@ -53,27 +52,19 @@ impl CmAgent {
     /// Takes the port's GSI on `pd` and readies it; `seed` varies the communication IDs.
     pub fn new(ctx: &Context, pd: &Pd, seed: u32) -> Result<CmAgent> {
         let cq = ctx.create_cq(4 * SLOTS as u32)?;
-        let init = QpInitAttr::ud(&cq, &cq).max_send_wr(SLOTS as u32).max_recv_wr(SLOTS as u32);
+        let init = QpInitAttr::ud(&cq, &cq)
+            .max_send_wr(SLOTS as u32)
+            .max_recv_wr(SLOTS as u32)
+            .max_inline_data(MAD_LEN as u32);
         let qp = ctx.get_special_qp(pd, SpecialQp::Gsi, &init)?;
         qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(GSI_QKEY))?;
         qp.modify(&QpAttr::new(QpState::Rtr))?;
         qp.modify(&QpAttr::to_rts().sq_psn(0))?;
         let recv = pd.alloc_mr(SLOTS * SLOT, Access::LOCAL_WRITE)?;
-        let send = pd.alloc_mr(SLOTS * MAD_LEN, Access::LOCAL_WRITE)?;
         for i in 0..SLOTS {
             qp.post_recv(&[RecvWr::new(i as u64, &[recv.sge(i * SLOT..(i + 1) * SLOT)])]).map_err(|e| e.error)?;
         }
-        Ok(CmAgent {
-            cm: Cm::new(seed),
-            pd: pd.clone(),
-            qp,
-            cq,
-            recv,
-            send,
-            next_send: 0,
-            ahs: HashMap::new(),
-            dropped: 0,
-        })
+        Ok(CmAgent { cm: Cm::new(seed), pd: pd.clone(), qp, cq, recv, ahs: HashMap::new(), dropped: 0 })
     }
 
     /// The state machine: listen, connect, accept, reject, disconnect, poll events.
@@ -87,7 +78,7 @@ impl CmAgent {
         let mut grh_mad = [0u8; SLOT];
         while let Some(wc) = self.cq.poll_one()? {
             if wc.opcode != WcOpcode::Recv {
-                continue; // a send's completion: its slot was reused in turn anyway
+                continue; // a send's completion (unsignaled: only an error gives one)
             }
             let slot = wc.wr_id as usize % SLOTS;
             if wc.status == WcStatus::Success && wc.src_qp == GSI_QPN && wc.byte_len as usize >= SLOT {
@@ -101,9 +92,7 @@ impl CmAgent {
                 self.qp.post_recv(&[RecvWr::new(slot as u64, &[sge])]).map_err(|e| e.error)?;
             }
         }
-        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
-            self.cm.handle_timeout(now);
-        }
+        self.cm.handle_timeout(now);
         while let Some((peer, mad)) = self.cm.poll_transmit() {
             if !self.ahs.contains_key(&peer) {
                 let Ok(ah) = self.pd.create_ah(&AhAttr::roce(Gid(peer), 0)) else {
@@ -112,12 +101,8 @@ impl CmAgent {
                 };
                 self.ahs.insert(peer, ah);
             }
-            let slot = self.next_send % SLOTS;
-            self.next_send += 1;
-            self.send.write(slot * MAD_LEN, &mad[..])?;
-            let sge = [self.send.sge(slot * MAD_LEN..(slot + 1) * MAD_LEN)];
             let ah = &self.ahs[&peer];
-            if self.qp.post_send(&[SendWr::send(slot as u64, &sge).ud(ah, GSI_QPN, GSI_QKEY)]).is_err() {
+            if self.qp.post_send(&[SendWr::send_inline(0, &mad[..]).ud(ah, GSI_QPN, GSI_QKEY)]).is_err() {
                 self.dropped += 1; // a full SQ: the CM sends again at its deadline
             }
         }
