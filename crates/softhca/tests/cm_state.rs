@@ -163,7 +163,7 @@ fn rejections_carry_their_reasons() {
     let p = ConnectParams { service_id: 99, ..params() };
     let id = n.a.connect(0, B, &p);
     n.run(10_000_000_000, accept);
-    assert_eq!(n.ev_a, vec![CmEvent::Rejected { id, reason: reason::INVALID_SERVICE_ID }]);
+    assert_eq!(n.ev_a, vec![CmEvent::Rejected { id, reason: reason::INVALID_SERVICE_ID, private_data: vec![0; 148] }]);
     assert!(n.ev_b.is_empty());
 
     let mut n = Net::new(8, 0.0, 0.0);
@@ -173,7 +173,7 @@ fn rejections_carry_their_reasons() {
             assert!(cm.reject(*id, reason::CONSUMER_REJECT));
         }
     });
-    assert_eq!(n.ev_a, vec![CmEvent::Rejected { id, reason: reason::CONSUMER_REJECT }]);
+    assert_eq!(n.ev_a, vec![CmEvent::Rejected { id, reason: reason::CONSUMER_REJECT, private_data: vec![0; 148] }]);
     assert_eq!(n.a.poll_timeout(), None);
 }
 
@@ -185,7 +185,7 @@ fn an_unanswered_req_is_retried_then_times_out() {
     let p = ConnectParams { max_cm_retries: 3, response_timeout: 10, ..params() }; // 4.2 ms
     let id = n.a.connect(0, B, &p);
     n.run(60_000_000_000, accept);
-    assert_eq!(n.ev_a, vec![CmEvent::Rejected { id, reason: reason::TIMEOUT }]);
+    assert_eq!(n.ev_a, vec![CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: vec![] }]);
     // 4 REQs and the final REJ.
     assert_eq!(n.sent.0, 4 + 1);
     assert_eq!(n.now, 4 * cm_timeout_ns(10), "given up at the fourth deadline");

@@ -38,8 +38,8 @@ pub enum CmEvent {
     ConnectRequest { id: CommId, peer: Peer, req: Box<CmReq> },
     /// Connected: the requester got the REP (and sent the RTU), or the responder the RTU.
     Established { id: CommId, remote_qpn: u32, remote_psn: u32 },
-    /// The peer rejected (or a retry count ran out: reason 4 Timeout).
-    Rejected { id: CommId, reason: u16 },
+    /// The peer rejected (or a retry count ran out: reason 4 Timeout, no private data).
+    Rejected { id: CommId, reason: u16, private_data: Vec<u8> },
     /// A DREQ / DREP exchange ended the connection (or its retries ran out).
     Disconnected { id: CommId },
 }
@@ -87,6 +87,8 @@ struct Conn {
     remote_psn: u32,
     /// The REQ's Max CM Retries, for every message of the connection.
     max_retries: u8,
+    /// Requester: the REP that answered (its private data and resources are the consumer's).
+    rep: Option<Box<CmRep>>,
 }
 
 /// One port's connection manager.
@@ -127,12 +129,10 @@ impl Cm {
         self.listening.insert(service_id, ());
     }
 
-    /// Starts a connection to `peer`: sends the REQ.
+    /// Starts a connection to `peer` with the REQ a minimal consumer sends (RC, MTU 4096,
+    /// retry counts 7): see [`Cm::request`] for one the consumer fills in.
     pub fn connect(&mut self, now: u64, peer: Peer, p: &ConnectParams) -> CommId {
-        let id = self.fresh_id();
-        let tid = self.fresh_tid();
         let req = CmReq {
-            local_comm_id: id,
             service_id: p.service_id,
             local_qpn: p.local_qpn,
             starting_psn: p.starting_psn,
@@ -152,39 +152,53 @@ impl Cm {
             primary_hop_limit: 64,
             ..Default::default()
         };
+        self.request(now, peer, req)
+    }
+
+    /// Sends `req` (its Local Communication ID is chosen here) and waits for the answer for
+    /// its Remote CM Response Timeout, sending it again up to its Max CM Retries.
+    pub fn request(&mut self, now: u64, peer: Peer, mut req: CmReq) -> CommId {
+        let id = self.fresh_id();
+        let tid = self.fresh_tid();
+        req.local_comm_id = id;
         let mut conn = Conn {
             state: State::ReqSent,
             peer,
             remote_comm_id: 0,
             tid,
             last: Box::new([0; MAD_LEN]),
-            retries_left: p.max_cm_retries,
-            wait_ns: cm_timeout_ns(p.response_timeout),
+            retries_left: req.max_cm_retries,
+            wait_ns: cm_timeout_ns(req.remote_cm_response_timeout),
             deadline: None,
             remote_qpn: 0,
             remote_psn: 0,
-            max_retries: p.max_cm_retries,
+            max_retries: req.max_cm_retries,
+            rep: None,
         };
         self.send_waiting(now, &mut conn, CmMessage::Req(Box::new(req)));
         self.conns.insert(id, conn);
         id
     }
 
-    /// Accepts a REQ: sends the REP.
+    /// The REP that answered the REQ of requester connection `id`.
+    pub fn reply(&self, id: CommId) -> Option<&CmRep> {
+        self.conns.get(&id)?.rep.as_deref()
+    }
+
+    /// Accepts a REQ with the REP a minimal consumer sends.
     pub fn accept(&mut self, now: u64, id: CommId, local_qpn: u32, starting_psn: u32) -> bool {
+        self.reply_with(now, id, CmRep { local_qpn, starting_psn, rnr_retry_count: 7, ..Default::default() })
+    }
+
+    /// Accepts a REQ: sends `rep` (its communication IDs filled in here) and waits for the RTU.
+    pub fn reply_with(&mut self, now: u64, id: CommId, mut rep: CmRep) -> bool {
         let Some(mut conn) = self.conns.remove(&id) else { return false };
         if conn.state != State::ReqRcvd {
             self.conns.insert(id, conn);
             return false;
         }
-        let rep = CmRep {
-            local_comm_id: id,
-            remote_comm_id: conn.remote_comm_id,
-            local_qpn,
-            starting_psn,
-            rnr_retry_count: 7,
-            ..Default::default()
-        };
+        rep.local_comm_id = id;
+        rep.remote_comm_id = conn.remote_comm_id;
         conn.state = State::RepSent;
         conn.retries_left = conn.max_retries;
         self.send_waiting(now, &mut conn, CmMessage::Rep(Box::new(rep)));
@@ -194,11 +208,57 @@ impl Cm {
 
     /// Rejects a REQ (reason 28, Consumer Reject, unless told otherwise).
     pub fn reject(&mut self, id: CommId, reason: u16) -> bool {
+        self.reject_with(id, reason, &[])
+    }
+
+    /// Rejects a REQ (or a REP, as a requester) with `private_data` (at most 148 bytes kept).
+    pub fn reject_with(&mut self, id: CommId, reason: u16, private_data: &[u8]) -> bool {
         let Some(conn) = self.conns.remove(&id) else { return false };
         self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
-        let rej = CmRej { local_comm_id: id, remote_comm_id: conn.remote_comm_id, reason, ..Default::default() };
+        let mut rej = CmRej {
+            local_comm_id: id,
+            remote_comm_id: conn.remote_comm_id,
+            message_rejected: if conn.state == State::ReqRcvd { 0 } else { 1 },
+            reason,
+            ..Default::default()
+        };
+        let n = private_data.len().min(rej.private_data.len());
+        rej.private_data[..n].copy_from_slice(&private_data[..n]);
         self.send_once(conn.peer, conn.tid, CmMessage::Rej(Box::new(rej)));
         true
+    }
+
+    /// Forgets connection `id` as the consumer destroys it, telling the peer as Linux's CM
+    /// does: a REQ or REP still unanswered is rejected (Timeout for the requester, Consumer
+    /// Reject for the responder), an established connection gets a DREQ, sent once.
+    pub fn destroy(&mut self, id: CommId) {
+        let Some(conn) = self.conns.get(&id) else { return };
+        match conn.state {
+            State::ReqSent => {
+                self.reject(id, reason::TIMEOUT);
+            }
+            State::ReqRcvd | State::RepSent => {
+                self.reject(id, reason::CONSUMER_REJECT);
+            }
+            State::Established => {
+                let dreq = CmDreq {
+                    local_comm_id: id,
+                    remote_comm_id: conn.remote_comm_id,
+                    remote_qpn_eecn: conn.remote_qpn,
+                    ..Default::default()
+                };
+                let (peer, tid) = (conn.peer, self.fresh_tid());
+                self.send_once(peer, tid, CmMessage::Dreq(Box::new(dreq)));
+                self.forget(id);
+            }
+            State::DreqSent | State::TimeWait => self.forget(id),
+        }
+    }
+
+    fn forget(&mut self, id: CommId) {
+        if let Some(conn) = self.conns.remove(&id) {
+            self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
+        }
     }
 
     /// Starts disconnecting an established connection: sends the DREQ.
@@ -230,7 +290,7 @@ impl Cm {
             CmMessage::Req(req) => self.on_req(peer, h.transaction_id, req),
             CmMessage::Rep(rep) => self.on_rep(peer, &rep),
             CmMessage::Rtu(rtu) => self.on_rtu(rtu.remote_comm_id),
-            CmMessage::Rej(rej) => self.on_rej(rej.remote_comm_id, rej.reason),
+            CmMessage::Rej(rej) => self.on_rej(peer, &rej),
             CmMessage::Mra(mra) => self.on_mra(now, mra.remote_comm_id, mra.service_timeout),
             CmMessage::Dreq(dreq) => self.on_dreq(now, peer, h.transaction_id, &dreq),
             CmMessage::Drep(drep) => self.on_drep(now, drep.remote_comm_id),
@@ -281,7 +341,7 @@ impl Cm {
                         ..Default::default()
                     };
                     self.send_once(conn.peer, conn.tid, CmMessage::Rej(Box::new(rej)));
-                    self.events.push_back(CmEvent::Rejected { id, reason: reason::TIMEOUT });
+                    self.events.push_back(CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: Vec::new() });
                 }
             }
         }
@@ -312,11 +372,14 @@ impl Cm {
             tid,
             last: Box::new([0; MAD_LEN]),
             retries_left: req.max_cm_retries,
-            wait_ns: cm_timeout_ns(req.remote_cm_response_timeout),
+            // The requester said how long it takes to answer (our REP): its Local CM
+            // Response Timeout.
+            wait_ns: cm_timeout_ns(req.local_cm_response_timeout),
             deadline: None,
             remote_qpn: req.local_qpn,
             remote_psn: req.starting_psn,
             max_retries: req.max_cm_retries,
+            rep: None,
         };
         self.conns.insert(id, conn);
         self.by_remote.insert((peer, req.local_comm_id), id);
@@ -333,6 +396,7 @@ impl Cm {
                 conn.remote_psn = rep.starting_psn;
                 conn.state = State::Established;
                 conn.deadline = None;
+                conn.rep = Some(Box::new(rep.clone()));
                 let rtu = CmRtu { local_comm_id: id, remote_comm_id: rep.local_comm_id, ..Default::default() };
                 let mad = self.build(conn.tid, &CmMessage::Rtu(Box::new(rtu)));
                 conn.last = mad.clone();
@@ -362,14 +426,17 @@ impl Cm {
         }
     }
 
-    fn on_rej(&mut self, id: CommId, reason: u16) {
-        let connecting = |c: &Conn| matches!(c.state, State::ReqSent | State::RepSent | State::ReqRcvd);
+    fn on_rej(&mut self, peer: Peer, rej: &CmRej) {
+        let id = rej.remote_comm_id;
+        let connecting =
+            |c: &Conn| c.peer == peer && matches!(c.state, State::ReqSent | State::RepSent | State::ReqRcvd);
         if !self.conns.get(&id).is_some_and(connecting) {
             return;
         }
         if let Some(conn) = self.conns.remove(&id) {
             self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
-            self.events.push_back(CmEvent::Rejected { id, reason });
+            let private_data = rej.private_data.to_vec();
+            self.events.push_back(CmEvent::Rejected { id, reason: rej.reason, private_data });
         }
     }
 

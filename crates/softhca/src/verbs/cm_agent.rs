@@ -7,13 +7,13 @@
 use std::collections::HashMap;
 
 use super::ah::Ah;
-use super::cq::Cq;
+use super::cq::{CompChannel, Cq};
 use super::device::Context;
 use super::error::Result;
 use super::mr::Mr;
 use super::pd::Pd;
 use super::qp::{Qp, QpAttr, QpInitAttr};
-use super::types::{Access, AhAttr, Gid, QpState, SpecialQp, WcOpcode, WcStatus, GSI_QKEY, GSI_QPN};
+use super::types::{Access, AhAttr, Gid, NotifyKind, QpState, SpecialQp, WcOpcode, WcStatus, GSI_QKEY, GSI_QPN};
 use super::wr::{RecvWr, SendWr};
 use crate::transport::cm::{Cm, Peer};
 use crate::wire::mad::MAD_LEN;
@@ -51,7 +51,13 @@ fn peer_of(grh: &[u8]) -> Option<Peer> {
 impl CmAgent {
     /// Takes the port's GSI on `pd` and readies it; `seed` varies the communication IDs.
     pub fn new(ctx: &Context, pd: &Pd, seed: u32) -> Result<CmAgent> {
-        let cq = ctx.create_cq(4 * SLOTS as u32)?;
+        Self::with_channel(ctx, pd, seed, None)
+    }
+
+    /// As [`CmAgent::new`], its CQ reporting to `channel` once armed ([`CmAgent::arm`]): a
+    /// driver thread waits on the channel's fd for MADs instead of polling.
+    pub fn with_channel(ctx: &Context, pd: &Pd, seed: u32, channel: Option<&CompChannel>) -> Result<CmAgent> {
+        let cq = ctx.create_cq_with_channel(4 * SLOTS as u32, channel)?;
         let init = QpInitAttr::ud(&cq, &cq)
             .max_send_wr(SLOTS as u32)
             .max_recv_wr(SLOTS as u32)
@@ -72,9 +78,23 @@ impl CmAgent {
         &mut self.cm
     }
 
+    /// Asks for the next completion of the GSI's CQ on its channel.
+    pub fn arm(&self) -> Result<()> {
+        self.cq.req_notify(NotifyKind::NextCompletion)
+    }
+
     /// Takes in the MADs that arrived, runs the CM's timers at `now`, and sends what it
     /// queued.
     pub fn progress(&mut self, now: u64) -> Result<()> {
+        self.receive(now)?;
+        self.transmit();
+        Ok(())
+    }
+
+    /// Takes in the MADs that arrived and runs the CM's timers at `now`. What the CM answers
+    /// waits for [`CmAgent::transmit`]: a driver acts on the events first (a requester's QP
+    /// reaches RTR before its RTU leaves).
+    pub fn receive(&mut self, now: u64) -> Result<()> {
         let mut grh_mad = [0u8; SLOT];
         while let Some(wc) = self.cq.poll_one()? {
             if wc.opcode != WcOpcode::Recv {
@@ -93,6 +113,11 @@ impl CmAgent {
             }
         }
         self.cm.handle_timeout(now);
+        Ok(())
+    }
+
+    /// Sends the MADs the CM queued.
+    pub fn transmit(&mut self) {
         while let Some((peer, mad)) = self.cm.poll_transmit() {
             if !self.ahs.contains_key(&peer) {
                 let Ok(ah) = self.pd.create_ah(&AhAttr::roce(Gid(peer), 0)) else {
@@ -106,7 +131,6 @@ impl CmAgent {
                 self.dropped += 1; // a full SQ: the CM sends again at its deadline
             }
         }
-        Ok(())
     }
 
     /// The earliest CM deadline.
