@@ -5,10 +5,14 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softhca::transport::cm::*;
+use softhca::wire::mad::{CmDreq, CmMessage, CmRej, CmRep, CmReq, CmRtu};
 
 const A: Peer = [1; 16];
 const B: Peer = [2; 16];
 const SERVICE: u64 = 0x0000_0000_0106_1c06;
+
+/// Says which MADs to drop: (to b?, MAD).
+type DropFilter = Box<dyn FnMut(bool, &[u8]) -> bool>;
 
 struct Net {
     a: Cm,
@@ -23,6 +27,12 @@ struct Net {
     ev_b: Vec<CmEvent>,
     /// MADs each side put on the wire (before faults).
     sent: (usize, usize),
+    /// Every MAD put on the wire, in order: (from a?, MAD).
+    wire: Vec<(bool, Vec<u8>)>,
+    /// A side that has vanished: what it sends is lost, nothing reaches it, its timers stop.
+    gone: (bool, bool),
+    /// Drops the MADs it returns true for: (to b?, MAD).
+    drop: Option<DropFilter>,
 }
 
 impl Net {
@@ -40,6 +50,9 @@ impl Net {
             ev_a: Vec::new(),
             ev_b: Vec::new(),
             sent: (0, 0),
+            wire: Vec::new(),
+            gone: (false, false),
+            drop: None,
         }
     }
 
@@ -61,6 +74,11 @@ impl Net {
                         } else {
                             self.sent.1 += 1
                         }
+                        self.wire.push((to_b, mad.to_vec()));
+                        let (from_gone, to_gone) = if to_b { self.gone } else { (self.gone.1, self.gone.0) };
+                        if from_gone || to_gone || self.drop.as_mut().is_some_and(|d| d(to_b, &mad[..])) {
+                            continue;
+                        }
                         let copies = if self.rng.random_bool(self.dup) { 2 } else { 1 };
                         for _ in 0..copies {
                             if !self.rng.random_bool(self.loss) {
@@ -80,7 +98,9 @@ impl Net {
                 }
             }
             let next_flight = self.flight.iter().map(|f| f.0).min();
-            let next = [next_flight, self.a.poll_timeout(), self.b.poll_timeout()].into_iter().flatten().min();
+            let ta = if self.gone.0 { None } else { self.a.poll_timeout() };
+            let tb = if self.gone.1 { None } else { self.b.poll_timeout() };
+            let next = [next_flight, ta, tb].into_iter().flatten().min();
             match next {
                 Some(t) if t <= until => self.now = self.now.max(t),
                 _ => return,
@@ -89,14 +109,18 @@ impl Net {
             let due: Vec<_> = self.flight.iter().take_while(|f| f.0 <= self.now).cloned().collect();
             self.flight.drain(..due.len());
             for (_, to_b, mad) in due {
-                if to_b {
+                if to_b && !self.gone.1 {
                     self.b.handle_mad(self.now, A, &mad)
-                } else {
+                } else if !to_b && !self.gone.0 {
                     self.a.handle_mad(self.now, B, &mad)
                 }
             }
-            self.a.handle_timeout(self.now);
-            self.b.handle_timeout(self.now);
+            if !self.gone.0 {
+                self.a.handle_timeout(self.now);
+            }
+            if !self.gone.1 {
+                self.b.handle_timeout(self.now);
+            }
         }
     }
 }
@@ -189,4 +213,247 @@ fn an_unanswered_req_is_retried_then_times_out() {
     // 4 REQs and the final REJ.
     assert_eq!(n.sent.0, 4 + 1);
     assert_eq!(n.now, 4 * cm_timeout_ns(10), "given up at the fourth deadline");
+}
+
+/// The attribute ID of a MAD (REQ 0x10, MRA 0x11, REJ 0x12, REP 0x13, RTU 0x14, DREQ 0x15,
+/// DREP 0x16).
+fn attr(mad: &[u8]) -> u16 {
+    u16::from_be_bytes([mad[16], mad[17]])
+}
+
+/// How many MADs of `attribute` side a (`from_a`) or b put on the wire.
+fn sent(n: &Net, from_a: bool, attribute: u16) -> usize {
+    n.wire.iter().filter(|(to_b, m)| *to_b == from_a && attr(m) == attribute).count()
+}
+
+/// The REJs side a (`from_a`) or b put on the wire.
+fn rejs(n: &Net, from_a: bool) -> Vec<CmRej> {
+    n.wire
+        .iter()
+        .filter(|(to_b, m)| *to_b == from_a && attr(m) == CmRej::ATTRIBUTE_ID)
+        .map(|(_, m)| match CmMessage::parse(m) {
+            Ok((_, CmMessage::Rej(r))) => *r,
+            other => panic!("not a REJ: {other:?}"),
+        })
+        .collect()
+}
+
+fn no_state_left(n: &Net) {
+    for (side, cm) in [("a", &n.a), ("b", &n.b)] {
+        assert_eq!((cm.connections(), cm.remote_ids(), cm.pending()), (0, 0, 0), "{side} forgot everything");
+    }
+}
+
+/// IBA 12.9.5 (and the issue's 10% target): REQ / REP / RTU complete under 10% MAD loss with
+/// 10% duplication and reordering, over 40 seeds, each side seeing one Established; then a
+/// DREQ from either side (a on even seeds, b on odd) reaches the other as one Disconnected
+/// each (IBA 12.9.6); and once time-wait has passed neither side holds anything.
+#[test]
+fn ten_percent_loss_connects_and_either_side_disconnects() {
+    for seed in 1..=40u64 {
+        let mut n = Net::new(1000 + seed, 0.1, 0.1);
+        n.a.set_time_wait_ns(2_000_000_000);
+        let id = n.a.connect(0, B, &params());
+        n.run(60_000_000_000, accept);
+        let est = |e: &CmEvent| matches!(e, CmEvent::Established { .. });
+        assert_eq!((count(&n.ev_a, est), count(&n.ev_b, est)), (1, 1), "seed {seed}: {:?} {:?}", n.ev_a, n.ev_b);
+        let Some(CmEvent::Established { id: id_b, .. }) = n.ev_b.iter().find(|e| est(e)).cloned() else {
+            unreachable!()
+        };
+        if seed % 2 == 0 {
+            assert!(n.a.disconnect(n.now, id));
+        } else {
+            assert!(n.b.disconnect(n.now, id_b));
+        }
+        n.run(n.now + 60_000_000_000, accept);
+        assert!(n.ev_a.contains(&CmEvent::Disconnected { id }), "seed {seed}: {:?}", n.ev_a);
+        assert!(n.ev_b.contains(&CmEvent::Disconnected { id: id_b }), "seed {seed}: {:?}", n.ev_b);
+        let disc = |e: &CmEvent| matches!(e, CmEvent::Disconnected { .. });
+        assert_eq!((count(&n.ev_a, disc), count(&n.ev_b, disc)), (1, 1), "seed {seed}");
+        assert!(!n.ev_a.iter().chain(&n.ev_b).any(|e| matches!(e, CmEvent::Rejected { .. })), "seed {seed}");
+        // run() returns once no deadline is left: time-wait ran out on both sides.
+        no_state_left(&n);
+    }
+}
+
+/// IBA 12.9.6: both sides sending a DREQ at once (they cross) still end with one Disconnected
+/// each, whichever of the DREQ and the DREP arrives first.
+#[test]
+fn crossing_dreqs_disconnect_each_side_once() {
+    for seed in 1..=20u64 {
+        let mut n = Net::new(2000 + seed, 0.1, 0.1);
+        let id = n.a.connect(0, B, &params());
+        n.run(60_000_000_000, accept);
+        let Some(CmEvent::Established { id: id_b, .. }) =
+            n.ev_b.iter().find(|e| matches!(e, CmEvent::Established { .. })).cloned()
+        else {
+            panic!("seed {seed}: {:?}", n.ev_b)
+        };
+        assert!(n.a.disconnect(n.now, id) && n.b.disconnect(n.now, id_b));
+        n.run(n.now + 60_000_000_000, accept);
+        let disc = |e: &CmEvent| matches!(e, CmEvent::Disconnected { .. });
+        assert_eq!((count(&n.ev_a, disc), count(&n.ev_b, disc)), (1, 1), "seed {seed}: {:?} {:?}", n.ev_a, n.ev_b);
+        no_state_left(&n);
+    }
+}
+
+/// IBA 12.6.7 / Table 109 and Linux's cm_req_handler -> cm_issue_rej: a REQ for a service
+/// nobody listens to is answered with a REJ of reason 8 (Invalid Service ID), Message
+/// REJected 0 (REQ), the REQ's transaction ID and its Local Communication ID as the Remote
+/// one; the requester sees Rejected with reason 8; the responder keeps nothing.
+#[test]
+fn a_req_for_no_listener_gets_rej_invalid_service_id() {
+    let mut n = Net::new(11, 0.0, 0.0);
+    let id = n.a.connect(0, B, &ConnectParams { service_id: 0xDEAD, ..params() });
+    n.run(10_000_000_000, accept);
+    assert_eq!(n.ev_a, vec![CmEvent::Rejected { id, reason: reason::INVALID_SERVICE_ID, private_data: vec![0; 148] }]);
+    assert!(n.ev_b.is_empty());
+    let rej = rejs(&n, false);
+    assert_eq!(rej.len(), 1);
+    assert_eq!((rej[0].reason, rej[0].message_rejected, rej[0].remote_comm_id), (8, 0, id));
+    let req_tid =
+        n.wire.iter().find(|(from_a, m)| *from_a && attr(m) == CmReq::ATTRIBUTE_ID).unwrap().1[8..16].to_vec();
+    let rej_tid =
+        n.wire.iter().find(|(from_a, m)| !*from_a && attr(m) == CmRej::ATTRIBUTE_ID).unwrap().1[8..16].to_vec();
+    assert_eq!(req_tid, rej_tid, "the REJ answers the REQ's transaction");
+    assert_eq!(n.b.counters().rejected_no_listener, 1);
+    no_state_left(&n);
+}
+
+/// IBA 12.9.5 (REQ Sent, timer expiry): a requester whose peer never answers sends the REQ once
+/// and then exactly Max CM Retries times more, one CM response timeout apart, then gives up:
+/// REJ Timeout (4) on the wire and Rejected { reason: 4 } to the consumer, nothing kept.
+#[test]
+fn vanished_responder_req_is_retried_max_cm_retries_times_then_rejected_timeout() {
+    for retries in [0u8, 1, 5, 15] {
+        let mut n = Net::new(12, 0.0, 0.0);
+        n.gone.1 = true;
+        let p = ConnectParams { max_cm_retries: retries, response_timeout: 12, ..params() };
+        let id = n.a.connect(0, B, &p);
+        n.run(600_000_000_000, accept);
+        assert_eq!(n.ev_a, vec![CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: vec![] }]);
+        assert_eq!(sent(&n, true, CmReq::ATTRIBUTE_ID), 1 + retries as usize, "{retries} retries");
+        assert_eq!(n.a.counters().resent, u64::from(retries));
+        assert_eq!(n.a.counters().timeouts, 1);
+        assert_eq!(n.now, (1 + u64::from(retries)) * cm_timeout_ns(12), "given up at the last deadline");
+        let rej = rejs(&n, true);
+        assert_eq!((rej.len(), rej[0].reason, rej[0].local_comm_id), (1, reason::TIMEOUT, id));
+        assert_eq!(n.a.connections(), 0);
+    }
+}
+
+/// IBA 12.9.5 (REP Sent, timer expiry): the responder accepted and sent its REP, then the
+/// requester vanished: the REP goes out once plus exactly Max CM Retries times, each after the
+/// requester's Local CM Response Timeout, then REJ Timeout and Rejected { reason: 4 } on the
+/// responder's side, and its repeated-REQ index is empty again.
+#[test]
+fn vanished_requester_rep_is_retried_max_cm_retries_times_then_rejected_timeout() {
+    let mut n = Net::new(13, 0.0, 0.0);
+    let p = ConnectParams { max_cm_retries: 6, response_timeout: 13, ..params() };
+    let a_id = n.a.connect(0, B, &p);
+    n.run(1_000_000, |_, _, _| {}); // the REQ arrives; b does not answer yet
+    let Some(CmEvent::ConnectRequest { id, .. }) = n.ev_b.first().cloned() else { panic!("{:?}", n.ev_b) };
+    n.gone.0 = true;
+    let t0 = n.now;
+    assert!(n.b.accept(t0, id, 0x22, 0xDEF));
+    n.run(600_000_000_000, accept);
+    assert_eq!(n.ev_b[1..], [CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: vec![] }]);
+    assert_eq!(sent(&n, false, CmRep::ATTRIBUTE_ID), 1 + 6);
+    assert_eq!(n.b.counters().resent, 6);
+    assert_eq!(n.now, t0 + 7 * cm_timeout_ns(13));
+    let rej = rejs(&n, false);
+    assert_eq!(rej.len(), 1);
+    assert_eq!((rej[0].reason, rej[0].local_comm_id, rej[0].remote_comm_id), (reason::TIMEOUT, id, a_id));
+    assert_eq!((n.b.connections(), n.b.remote_ids()), (0, 0));
+}
+
+/// IBA 12.9.6 (DREQ Sent, timer expiry): a DREQ the peer never answers goes out once plus
+/// exactly Max CM Retries times, then the connection is Disconnected all the same; from
+/// either side.
+#[test]
+fn vanished_peer_dreq_is_retried_max_cm_retries_times_then_disconnected() {
+    for a_disconnects in [true, false] {
+        let mut n = Net::new(14, 0.0, 0.0);
+        let p = ConnectParams { max_cm_retries: 4, response_timeout: 11, ..params() };
+        let id = n.a.connect(0, B, &p);
+        n.run(60_000_000_000, accept);
+        let Some(CmEvent::Established { id: id_b, .. }) = n.ev_b.last().cloned() else { panic!("{:?}", n.ev_b) };
+        let t0 = n.now;
+        if a_disconnects {
+            n.gone.1 = true;
+            assert!(n.a.disconnect(t0, id));
+        } else {
+            n.gone.0 = true;
+            assert!(n.b.disconnect(t0, id_b));
+        }
+        n.run(t0 + 600_000_000_000, accept);
+        let (cm, evs, id) = if a_disconnects { (&n.a, &n.ev_a, id) } else { (&n.b, &n.ev_b, id_b) };
+        assert_eq!(evs.last(), Some(&CmEvent::Disconnected { id }));
+        assert_eq!(sent(&n, a_disconnects, CmDreq::ATTRIBUTE_ID), 1 + 4, "a disconnects: {a_disconnects}");
+        assert_eq!((cm.counters().resent, cm.counters().timeouts), (4, 1));
+        assert_eq!(n.now, t0 + 5 * cm_timeout_ns(11));
+        assert_eq!((cm.connections(), cm.remote_ids()), (0, 0));
+    }
+}
+
+/// IBA 12.9.5 / Linux's cm_rej_handler (ESTABLISHED enters TimeWait and reports the REJ): the
+/// requester got the REP and thinks itself connected, but every RTU is lost; the responder
+/// gives up after its retries and sends REJ Timeout. The requester must hear of it (Rejected,
+/// reason 4) rather than stay connected to a peer that is not.
+#[test]
+fn rej_timeout_reaches_a_requester_whose_rtus_were_lost() {
+    let mut n = Net::new(15, 0.0, 0.0);
+    n.drop = Some(Box::new(|to_b, m| to_b && attr(m) == CmRtu::ATTRIBUTE_ID));
+    let p = ConnectParams { max_cm_retries: 3, response_timeout: 12, ..params() };
+    let id = n.a.connect(0, B, &p);
+    n.run(600_000_000_000, accept);
+    let est = CmEvent::Established { id, remote_qpn: 0x22, remote_psn: 0xDEF };
+    assert_eq!(n.ev_a, vec![est, CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: vec![0; 148] }]);
+    assert!(
+        matches!(n.ev_b[..], [CmEvent::ConnectRequest { .. }, CmEvent::Rejected { reason: 4, .. }]),
+        "{:?}",
+        n.ev_b
+    );
+    // a answered each of b's 4 REPs with an RTU.
+    assert_eq!(sent(&n, true, CmRtu::ATTRIBUTE_ID), 4);
+    no_state_left(&n);
+}
+
+/// IBA 12.9.6 / Linux's cm_dreq_handler (REP_SENT takes a DREQ): the requester connects and
+/// disconnects while its RTU is lost; the responder, still in REP Sent, must see the
+/// connection end (Disconnected) rather than keep a connection its consumer accepted and
+/// never hears of again; the requester gets its DREP.
+#[test]
+fn a_dreq_reaches_a_responder_still_waiting_for_the_rtu() {
+    let mut n = Net::new(16, 0.0, 0.0);
+    n.drop = Some(Box::new(|to_b, m| to_b && attr(m) == CmRtu::ATTRIBUTE_ID));
+    let id = n.a.connect(0, B, &params());
+    n.run(1_000_000, accept);
+    assert!(matches!(n.ev_a[..], [CmEvent::Established { .. }]), "{:?}", n.ev_a);
+    assert!(n.a.disconnect(n.now, id));
+    n.run(600_000_000_000, accept);
+    assert_eq!(n.ev_a[1..], [CmEvent::Disconnected { id }]);
+    assert!(matches!(n.ev_b[..], [CmEvent::ConnectRequest { .. }, CmEvent::Disconnected { .. }]), "{:?}", n.ev_b);
+    assert_eq!(sent(&n, false, CmRep::ATTRIBUTE_ID), 1, "the DREQ stopped b's REP retries");
+    no_state_left(&n);
+}
+
+/// IBA 12.9.5 / Linux's cm_acquire_rejected_id (a REJ Timeout is looked up by the sender's
+/// communication ID): the requester gives up while the responder's consumer is still deciding;
+/// its REJ Timeout, which cannot name the responder's ID, must still end the responder's
+/// pending connection (Rejected, reason 4) so the backlog does not keep it.
+#[test]
+fn a_requester_giving_up_ends_the_responders_pending_req() {
+    let mut n = Net::new(17, 0.0, 0.0);
+    let p = ConnectParams { max_cm_retries: 2, response_timeout: 10, ..params() };
+    n.a.connect(0, B, &p);
+    n.run(600_000_000_000, |_, _, _| {}); // b's consumer never answers
+    assert!(matches!(n.ev_a[..], [CmEvent::Rejected { reason: 4, .. }]), "{:?}", n.ev_a);
+    assert!(
+        matches!(n.ev_b[..], [CmEvent::ConnectRequest { .. }, CmEvent::Rejected { reason: 4, .. }]),
+        "{:?}",
+        n.ev_b
+    );
+    assert_eq!(n.b.counters().duplicates, 2, "the two repeated REQs were recognised");
+    no_state_left(&n);
 }

@@ -10,19 +10,45 @@
 //! connection fails with REJ Timeout (4). Duplicates are answered, never taken twice: a REQ
 //! again gets the REP again, a REP again the RTU again, a DREQ again the DREP again.
 //!
+//! What it takes: a MAD of the CM class (0x07), base version 1, class version 2, method Send,
+//! with an attribute it defines; and then only a message that names one of its connections by
+//! both communication IDs, comes from that connection's peer and fits the connection's state
+//! (as Linux's `cm_acquire_id` matches both IDs). Everything else is dropped and counted
+//! ([`Cm::counters`]); nothing a peer sends makes it panic. Its memory is bounded too: at most
+//! [`Cm::max_pending`] REQs wait for the consumer's answer (beyond that a REQ is rejected with
+//! No Resources), every other state but Established ends by a deadline.
+//!
 //! `verbs::CmAgent` runs it on a device's QP1. Not yet: LAP/APR (path migration), SIDR,
 //! stale-connection detection by QPN, and `librdmacm` on top (issue 14).
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::wire::mad::{CmDrep, CmDreq, CmMessage, CmRej, CmRep, CmReq, CmRtu, MadHeaderRepr, MAD_LEN};
+use crate::wire::mad::{
+    CmDrep, CmDreq, CmMessage, CmMra, CmRej, CmRep, CmReq, CmRtu, MadHeaderRepr, CM_CLASS_VERSION, MAD_LEN, METHOD_SEND,
+};
 
 /// REJ reasons of IBA Table 109 that this machine gives.
 pub mod reason {
     pub const NO_QP: u16 = 1;
+    /// No Resources Available: what this CM answers a REQ with when
+    /// [`super::Cm::max_pending`] REQs already wait for the consumer.
+    pub const NO_RESOURCES: u16 = 3;
     pub const TIMEOUT: u16 = 4;
     pub const INVALID_SERVICE_ID: u16 = 8;
     pub const CONSUMER_REJECT: u16 = 28;
+}
+
+/// REJ Message REJected values (IBA Table 108).
+mod rejected {
+    pub const REQ: u8 = 0;
+    pub const REP: u8 = 1;
+    pub const OTHER: u8 = 2;
+}
+
+/// MRA Message MRAed values (IBA Table 107).
+mod mraed {
+    pub const REQ: u8 = 0;
+    pub const REP: u8 = 1;
 }
 
 /// A connection, by its local communication ID.
@@ -38,9 +64,14 @@ pub enum CmEvent {
     ConnectRequest { id: CommId, peer: Peer, req: Box<CmReq> },
     /// Connected: the requester got the REP (and sent the RTU), or the responder the RTU.
     Established { id: CommId, remote_qpn: u32, remote_psn: u32 },
-    /// The peer rejected (or a retry count ran out: reason 4 Timeout, no private data).
+    /// The peer rejected (or a retry count ran out: reason 4 Timeout, no private data). Also
+    /// ends a connection already Established on this side when the peer rejects it after all
+    /// (a responder that gave up waiting for the RTU sends REJ Timeout), as Linux's CM reports
+    /// such a REJ (`IB_CM_REJ_RECEIVED`).
     Rejected { id: CommId, reason: u16, private_data: Vec<u8> },
-    /// A DREQ / DREP exchange ended the connection (or its retries ran out).
+    /// A DREQ / DREP exchange ended the connection (or its retries ran out). A responder whose
+    /// REP was not yet answered by an RTU can get this without Established before it: the
+    /// requester disconnected while the RTU was lost.
     Disconnected { id: CommId },
 }
 
@@ -56,6 +87,36 @@ pub struct ConnectParams {
     pub responder_resources: u8,
     pub initiator_depth: u8,
     pub local_gid: Peer,
+}
+
+/// What a [`Cm`] dropped, answered again, rejected and gave up, since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CmCounters {
+    /// MADs dropped unread: too short, another management class, base version, class version
+    /// or method than the CM's (0x07, 1, 2, Send), or an attribute it does not take.
+    pub malformed: u64,
+    /// CM messages dropped: naming no connection of this CM (unknown communication IDs),
+    /// another peer's, or not taken in the connection's state (SIDR included).
+    pub unmatched: u64,
+    /// Repeated messages recognised (REQ, REP, RTU, DREQ, DREP, MRA in TimeWait): answered
+    /// again where the protocol says so, never taken twice.
+    pub duplicates: u64,
+    /// REQs rejected with Invalid Service ID: nobody listens to their service.
+    pub rejected_no_listener: u64,
+    /// REQs rejected with No Resources: [`Cm::max_pending`] REQs already waited for the
+    /// consumer.
+    pub rejected_backlog: u64,
+    /// Messages sent again at their deadline.
+    pub resent: u64,
+    /// Connections given up when Max CM Retries ran out.
+    pub timeouts: u64,
+}
+
+impl CmCounters {
+    /// All MADs dropped without an effect.
+    pub fn dropped(&self) -> u64 {
+        self.malformed + self.unmatched
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +135,10 @@ enum State {
 
 struct Conn {
     state: State,
+    /// This side sent the REQ.
+    requester: bool,
     peer: Peer,
+    /// The peer's communication ID; 0 while a requester does not know it yet.
     remote_comm_id: u32,
     tid: u64,
     /// The last message that wants an answer (or that answers a repeated request).
@@ -83,6 +147,8 @@ struct Conn {
     /// How long the peer said to wait for it before sending again, in ns.
     wait_ns: u64,
     deadline: Option<u64>,
+    /// This side's QP (from the REQ or REP it sent): a DREQ names it.
+    local_qpn: u32,
     remote_qpn: u32,
     remote_psn: u32,
     /// The REQ's Max CM Retries, for every message of the connection.
@@ -90,6 +156,9 @@ struct Conn {
     /// Requester: the REP that answered (its private data and resources are the consumer's).
     rep: Option<Box<CmRep>>,
 }
+
+/// How many REQs may wait for the consumer's answer at once, unless told otherwise.
+pub const DEFAULT_MAX_PENDING: usize = 1024;
 
 /// One port's connection manager.
 pub struct Cm {
@@ -103,6 +172,10 @@ pub struct Cm {
     next_tid: u64,
     /// How long a disconnected connection stays to answer repeated DREQs.
     time_wait_ns: u64,
+    /// Connections in ReqRcvd, and how many there may be.
+    pending: usize,
+    max_pending: usize,
+    counters: CmCounters,
 }
 
 /// 4.096 µs × 2^t in ns (IBA 12.7.22), t at most 31.
@@ -122,11 +195,58 @@ impl Cm {
             next_id: seed | 1,
             next_tid: u64::from(seed) << 32,
             time_wait_ns: 1_000_000_000,
+            pending: 0,
+            max_pending: DEFAULT_MAX_PENDING,
+            counters: CmCounters::default(),
         }
     }
 
     pub fn listen(&mut self, service_id: u64) {
         self.listening.insert(service_id, ());
+    }
+
+    /// How many REQs may wait for the consumer (in ReqRcvd: a ConnectRequest not yet accepted
+    /// or rejected) before further REQs are rejected with No Resources (3).
+    ///
+    /// Linux's IB CM has no such bound (rdma_cm's listen backlog is not enforced for IB): a
+    /// REQ flood there costs a `cm_id` each until the consumer answers. Here every other state
+    /// ends by a deadline, so this bound is what keeps a flood of REQs, each with a new
+    /// communication ID, from growing the CM without bound. No Resources is the Table 109 reason
+    /// that says what happened and that a later REQ may succeed (Linux's requester reports it
+    /// as it does any REJ); repeats of REQs already waiting are recognised, never counted twice.
+    pub fn max_pending(&self) -> usize {
+        self.max_pending
+    }
+
+    pub fn set_max_pending(&mut self, max: usize) {
+        self.max_pending = max;
+    }
+
+    /// How long a disconnected connection stays (to answer a repeated DREQ with its DREP).
+    pub fn set_time_wait_ns(&mut self, ns: u64) {
+        self.time_wait_ns = ns;
+    }
+
+    /// What this CM dropped, answered again, rejected and gave up.
+    pub fn counters(&self) -> CmCounters {
+        self.counters
+    }
+
+    /// Connections this CM holds, in any state (TimeWait included).
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// REQs waiting for the consumer's answer.
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// Responder connections indexed by the peer's GID and communication ID (how a repeated
+    /// REQ is recognised): never more than [`Cm::connections`], each entry leaves with its
+    /// connection.
+    pub fn remote_ids(&self) -> usize {
+        self.by_remote.len()
     }
 
     /// Starts a connection to `peer` with the REQ a minimal consumer sends (RC, MTU 4096,
@@ -163,6 +283,7 @@ impl Cm {
         req.local_comm_id = id;
         let mut conn = Conn {
             state: State::ReqSent,
+            requester: true,
             peer,
             remote_comm_id: 0,
             tid,
@@ -170,13 +291,14 @@ impl Cm {
             retries_left: req.max_cm_retries,
             wait_ns: cm_timeout_ns(req.remote_cm_response_timeout),
             deadline: None,
+            local_qpn: req.local_qpn,
             remote_qpn: 0,
             remote_psn: 0,
             max_retries: req.max_cm_retries,
             rep: None,
         };
         self.send_waiting(now, &mut conn, CmMessage::Req(Box::new(req)));
-        self.conns.insert(id, conn);
+        self.put(id, conn);
         id
     }
 
@@ -192,17 +314,17 @@ impl Cm {
 
     /// Accepts a REQ: sends `rep` (its communication IDs filled in here) and waits for the RTU.
     pub fn reply_with(&mut self, now: u64, id: CommId, mut rep: CmRep) -> bool {
-        let Some(mut conn) = self.conns.remove(&id) else { return false };
-        if conn.state != State::ReqRcvd {
-            self.conns.insert(id, conn);
+        if self.conns.get(&id).map(|c| c.state) != Some(State::ReqRcvd) {
             return false;
         }
+        let Some(mut conn) = self.take(id) else { return false };
         rep.local_comm_id = id;
         rep.remote_comm_id = conn.remote_comm_id;
         conn.state = State::RepSent;
+        conn.local_qpn = rep.local_qpn;
         conn.retries_left = conn.max_retries;
         self.send_waiting(now, &mut conn, CmMessage::Rep(Box::new(rep)));
-        self.conns.insert(id, conn);
+        self.put(id, conn);
         true
     }
 
@@ -212,13 +334,21 @@ impl Cm {
     }
 
     /// Rejects a REQ (or a REP, as a requester) with `private_data` (at most 148 bytes kept).
+    /// Message REJected says which, as Linux's `cm_format_rej` sets it: REQ (0) for a REQ
+    /// the consumer has not answered, REP (1) for a requester's connection the REP made, and
+    /// Other (2) for the rest (a REQ or REP of this side's own still unanswered).
     pub fn reject_with(&mut self, id: CommId, reason: u16, private_data: &[u8]) -> bool {
-        let Some(conn) = self.conns.remove(&id) else { return false };
-        self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
+        let Some(conn) = self.take(id) else { return false };
+        self.unlink(id, &conn);
+        let message_rejected = match conn.state {
+            State::ReqRcvd => rejected::REQ,
+            State::Established if conn.requester => rejected::REP,
+            _ => rejected::OTHER,
+        };
         let mut rej = CmRej {
             local_comm_id: id,
             remote_comm_id: conn.remote_comm_id,
-            message_rejected: if conn.state == State::ReqRcvd { 0 } else { 1 },
+            message_rejected,
             reason,
             ..Default::default()
         };
@@ -256,18 +386,17 @@ impl Cm {
     }
 
     fn forget(&mut self, id: CommId) {
-        if let Some(conn) = self.conns.remove(&id) {
-            self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
+        if let Some(conn) = self.take(id) {
+            self.unlink(id, &conn);
         }
     }
 
     /// Starts disconnecting an established connection: sends the DREQ.
     pub fn disconnect(&mut self, now: u64, id: CommId) -> bool {
-        let Some(mut conn) = self.conns.remove(&id) else { return false };
-        if conn.state != State::Established {
-            self.conns.insert(id, conn);
+        if self.conns.get(&id).map(|c| c.state) != Some(State::Established) {
             return false;
         }
+        let Some(mut conn) = self.take(id) else { return false };
         let dreq = CmDreq {
             local_comm_id: id,
             remote_comm_id: conn.remote_comm_id,
@@ -278,23 +407,34 @@ impl Cm {
         conn.retries_left = conn.max_retries;
         conn.tid = self.fresh_tid();
         self.send_waiting(now, &mut conn, CmMessage::Dreq(Box::new(dreq)));
-        self.conns.insert(id, conn);
+        self.put(id, conn);
         true
     }
 
     /// One MAD received from `peer`'s GSI. Anything that does not parse, or names no
-    /// connection, is dropped (a REQ for a service nobody listens to is rejected).
+    /// connection, is dropped and counted (a REQ for a service nobody listens to is rejected,
+    /// a DREQ for no connection answered with a DREP, as Linux's CM does).
     pub fn handle_mad(&mut self, now: u64, peer: Peer, mad: &[u8]) {
-        let Ok((h, m)) = CmMessage::parse(mad) else { return };
-        match m {
+        let Ok((h, m)) = CmMessage::parse(mad) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        if h.base_version != 1 || h.class_version != CM_CLASS_VERSION || h.method != METHOD_SEND {
+            self.counters.malformed += 1;
+            return;
+        }
+        let taken = match m {
             CmMessage::Req(req) => self.on_req(peer, h.transaction_id, req),
             CmMessage::Rep(rep) => self.on_rep(peer, &rep),
-            CmMessage::Rtu(rtu) => self.on_rtu(rtu.remote_comm_id),
-            CmMessage::Rej(rej) => self.on_rej(peer, &rej),
-            CmMessage::Mra(mra) => self.on_mra(now, mra.remote_comm_id, mra.service_timeout),
+            CmMessage::Rtu(rtu) => self.on_rtu(peer, &rtu),
+            CmMessage::Rej(rej) => self.on_rej(now, peer, &rej),
+            CmMessage::Mra(mra) => self.on_mra(now, peer, &mra),
             CmMessage::Dreq(dreq) => self.on_dreq(now, peer, h.transaction_id, &dreq),
-            CmMessage::Drep(drep) => self.on_drep(now, drep.remote_comm_id),
-            CmMessage::SidrReq(_) | CmMessage::SidrRep(_) => {}
+            CmMessage::Drep(drep) => self.on_drep(now, peer, &drep),
+            CmMessage::SidrReq(_) | CmMessage::SidrRep(_) => false,
+        };
+        if !taken {
+            self.counters.unmatched += 1;
         }
     }
 
@@ -317,26 +457,29 @@ impl Cm {
         let due: Vec<CommId> =
             self.conns.iter().filter(|(_, c)| c.deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
         for id in due {
-            let Some(mut conn) = self.conns.remove(&id) else { continue };
+            let Some(mut conn) = self.take(id) else { continue };
             if conn.state == State::TimeWait {
-                self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
+                self.unlink(id, &conn);
                 continue;
             }
             if conn.retries_left > 0 {
                 conn.retries_left -= 1;
                 conn.deadline = Some(now + conn.wait_ns);
                 self.out.push_back((conn.peer, conn.last.clone()));
-                self.conns.insert(id, conn);
+                self.counters.resent += 1;
+                self.put(id, conn);
                 continue;
             }
             // Out of retries.
-            self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
+            self.counters.timeouts += 1;
+            self.unlink(id, &conn);
             match conn.state {
                 State::DreqSent => self.events.push_back(CmEvent::Disconnected { id }),
                 _ => {
                     let rej = CmRej {
                         local_comm_id: id,
                         remote_comm_id: conn.remote_comm_id,
+                        message_rejected: rejected::OTHER,
                         reason: reason::TIMEOUT,
                         ..Default::default()
                     };
@@ -347,26 +490,43 @@ impl Cm {
         }
     }
 
-    fn on_req(&mut self, peer: Peer, tid: u64, req: Box<CmReq>) {
+    fn on_req(&mut self, peer: Peer, tid: u64, req: Box<CmReq>) -> bool {
         if let Some(&id) = self.by_remote.get(&(peer, req.local_comm_id)) {
             // A repeated REQ: the REP again if one went out; else the consumer is deciding
             // (an MRA would buy time; the requester's retries wait meanwhile).
+            self.counters.duplicates += 1;
             if let Some(conn) = self.conns.get(&id) {
                 if matches!(conn.state, State::RepSent | State::Established) {
                     self.out.push_back((peer, conn.last.clone()));
                 }
             }
-            return;
+            return true;
         }
-        if !self.listening.contains_key(&req.service_id) {
-            let rej =
-                CmRej { remote_comm_id: req.local_comm_id, reason: reason::INVALID_SERVICE_ID, ..Default::default() };
+        // Linux's cm_req_handler -> cm_match_req -> cm_issue_rej: REJ with the REQ's
+        // transaction ID, Remote Communication ID its Local one, Message REJected REQ.
+        let refuse = if !self.listening.contains_key(&req.service_id) {
+            self.counters.rejected_no_listener += 1;
+            Some(reason::INVALID_SERVICE_ID)
+        } else if self.pending >= self.max_pending {
+            self.counters.rejected_backlog += 1;
+            Some(reason::NO_RESOURCES)
+        } else {
+            None
+        };
+        if let Some(reason) = refuse {
+            let rej = CmRej {
+                remote_comm_id: req.local_comm_id,
+                message_rejected: rejected::REQ,
+                reason,
+                ..Default::default()
+            };
             self.send_once(peer, tid, CmMessage::Rej(Box::new(rej)));
-            return;
+            return true;
         }
         let id = self.fresh_id();
         let conn = Conn {
             state: State::ReqRcvd,
+            requester: false,
             peer,
             remote_comm_id: req.local_comm_id,
             tid,
@@ -376,21 +536,30 @@ impl Cm {
             // Response Timeout.
             wait_ns: cm_timeout_ns(req.local_cm_response_timeout),
             deadline: None,
+            local_qpn: 0,
             remote_qpn: req.local_qpn,
             remote_psn: req.starting_psn,
             max_retries: req.max_cm_retries,
             rep: None,
         };
-        self.conns.insert(id, conn);
+        self.put(id, conn);
         self.by_remote.insert((peer, req.local_comm_id), id);
         self.events.push_back(CmEvent::ConnectRequest { id, peer, req });
+        true
     }
 
-    fn on_rep(&mut self, peer: Peer, rep: &CmRep) {
+    /// The connection `id` if it is `peer`'s and its peer's communication ID is `remote_id`
+    /// (or still unknown, for a requester waiting for the REP).
+    fn matching(&self, id: CommId, peer: Peer, remote_id: u32) -> Option<&Conn> {
+        self.conns.get(&id).filter(|c| c.peer == peer && (c.remote_comm_id == remote_id || c.state == State::ReqSent))
+    }
+
+    fn on_rep(&mut self, peer: Peer, rep: &CmRep) -> bool {
         let id = rep.remote_comm_id;
-        let Some(mut conn) = self.conns.remove(&id) else { return };
+        let Some(conn) = self.matching(id, peer, rep.local_comm_id) else { return false };
         match conn.state {
-            State::ReqSent if conn.peer == peer => {
+            State::ReqSent => {
+                let Some(mut conn) = self.take(id) else { return false };
                 conn.remote_comm_id = rep.local_comm_id;
                 conn.remote_qpn = rep.local_qpn;
                 conn.remote_psn = rep.starting_psn;
@@ -406,79 +575,177 @@ impl Cm {
                     remote_qpn: rep.local_qpn,
                     remote_psn: rep.starting_psn,
                 });
+                self.put(id, conn);
+                true
             }
             // A repeated REP: its RTU was lost.
-            State::Established if conn.remote_comm_id == rep.local_comm_id => {
+            State::Established if conn.requester => {
                 self.out.push_back((peer, conn.last.clone()));
+                self.counters.duplicates += 1;
+                true
             }
-            _ => {}
-        }
-        self.conns.insert(id, conn);
-    }
-
-    fn on_rtu(&mut self, id: CommId) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
-        if conn.state == State::RepSent {
-            conn.state = State::Established;
-            conn.deadline = None;
-            let (remote_qpn, remote_psn) = (conn.remote_qpn, conn.remote_psn);
-            self.events.push_back(CmEvent::Established { id, remote_qpn, remote_psn });
-        }
-    }
-
-    fn on_rej(&mut self, peer: Peer, rej: &CmRej) {
-        let id = rej.remote_comm_id;
-        let connecting =
-            |c: &Conn| c.peer == peer && matches!(c.state, State::ReqSent | State::RepSent | State::ReqRcvd);
-        if !self.conns.get(&id).is_some_and(connecting) {
-            return;
-        }
-        if let Some(conn) = self.conns.remove(&id) {
-            self.by_remote.remove(&(conn.peer, conn.remote_comm_id));
-            let private_data = rej.private_data.to_vec();
-            self.events.push_back(CmEvent::Rejected { id, reason: rej.reason, private_data });
-        }
-    }
-
-    fn on_mra(&mut self, now: u64, id: CommId, service_timeout: u8) {
-        if let Some(conn) = self.conns.get_mut(&id) {
-            if matches!(conn.state, State::ReqSent | State::RepSent) {
-                // The peer needs longer: wait that much more before sending again.
-                conn.deadline = Some(now + conn.wait_ns + cm_timeout_ns(service_timeout));
+            // A REP still repeating after this side disconnected: the DREQ says enough.
+            State::DreqSent | State::TimeWait if conn.requester => {
+                self.counters.duplicates += 1;
+                true
             }
+            _ => false,
         }
     }
 
-    fn on_dreq(&mut self, now: u64, peer: Peer, tid: u64, dreq: &CmDreq) {
-        let id = dreq.remote_comm_id;
-        let Some(mut conn) = self.conns.remove(&id) else {
-            // No such connection (any more): a DREP all the same, so the peer stops.
-            let drep = CmDrep { remote_comm_id: dreq.local_comm_id, ..Default::default() };
-            self.send_once(peer, tid, CmMessage::Drep(Box::new(drep)));
-            return;
+    fn on_rtu(&mut self, peer: Peer, rtu: &CmRtu) -> bool {
+        let id = rtu.remote_comm_id;
+        let Some(conn) = self.matching(id, peer, rtu.local_comm_id) else { return false };
+        match conn.state {
+            State::RepSent => {
+                let (remote_qpn, remote_psn) = (conn.remote_qpn, conn.remote_psn);
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.state = State::Established;
+                    conn.deadline = None;
+                }
+                self.events.push_back(CmEvent::Established { id, remote_qpn, remote_psn });
+                true
+            }
+            State::Established | State::DreqSent | State::TimeWait if !conn.requester => {
+                self.counters.duplicates += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A REJ names the connection by this side's ID, or (reason Timeout: the peer may not
+    /// know it) by the peer's, as Linux's `cm_acquire_rejected_id` looks it up.
+    fn on_rej(&mut self, now: u64, peer: Peer, rej: &CmRej) -> bool {
+        let id = if self.matching(rej.remote_comm_id, peer, rej.local_comm_id).is_some() {
+            rej.remote_comm_id
+        } else if let Some(&id) =
+            self.by_remote.get(&(peer, rej.local_comm_id)).filter(|_| rej.reason == reason::TIMEOUT)
+        {
+            id
+        } else {
+            return false;
         };
-        if conn.peer != peer {
-            self.conns.insert(id, conn);
-            return;
+        let Some(state) = self.conns.get(&id).map(|c| c.state) else { return false };
+        let private_data = rej.private_data.to_vec();
+        match state {
+            State::ReqSent | State::ReqRcvd | State::RepSent => {
+                self.forget(id);
+                self.events.push_back(CmEvent::Rejected { id, reason: rej.reason, private_data });
+            }
+            // The peer gave up a connection this side thought made (its RTUs were all lost)
+            // or is taking apart: Linux enters TimeWait and reports the REJ.
+            State::Established | State::DreqSent => {
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.state = State::TimeWait;
+                    conn.deadline = Some(now + self.time_wait_ns);
+                }
+                self.events.push_back(if state == State::DreqSent {
+                    CmEvent::Disconnected { id }
+                } else {
+                    CmEvent::Rejected { id, reason: rej.reason, private_data }
+                });
+            }
+            State::TimeWait => self.counters.duplicates += 1,
+        }
+        true
+    }
+
+    fn on_mra(&mut self, now: u64, peer: Peer, mra: &CmMra) -> bool {
+        let id = mra.remote_comm_id;
+        let Some(conn) = self.matching(id, peer, mra.local_comm_id) else { return false };
+        let waiting = match conn.state {
+            State::ReqSent => mra.message_mraed == mraed::REQ,
+            State::RepSent => mra.message_mraed == mraed::REP,
+            _ => false,
+        };
+        if !waiting {
+            return false;
+        }
+        if let Some(conn) = self.conns.get_mut(&id) {
+            // The peer needs longer: wait that much more before sending again.
+            conn.deadline = Some(now + conn.wait_ns + cm_timeout_ns(mra.service_timeout));
+        }
+        true
+    }
+
+    fn on_dreq(&mut self, now: u64, peer: Peer, tid: u64, dreq: &CmDreq) -> bool {
+        let id = dreq.remote_comm_id;
+        let Some(conn) = self.matching(id, peer, dreq.local_comm_id).filter(|c| c.state != State::ReqSent) else {
+            // No such connection (any more): a DREP all the same, so the peer stops
+            // (Linux's cm_issue_drep). Counted as dropped: it changed nothing here.
+            let drep = CmDrep { local_comm_id: id, remote_comm_id: dreq.local_comm_id, ..Default::default() };
+            self.send_once(peer, tid, CmMessage::Drep(Box::new(drep)));
+            return false;
+        };
+        // Linux drops a DREQ that names another QP than the connection's.
+        if dreq.remote_qpn_eecn != (conn.local_qpn & 0xFF_FFFF) {
+            return false;
+        }
+        let state = conn.state;
+        match state {
+            State::Established | State::DreqSent | State::RepSent => {}
+            State::TimeWait => self.counters.duplicates += 1,
+            State::ReqSent | State::ReqRcvd => return false,
         }
         let drep = CmDrep { local_comm_id: id, remote_comm_id: dreq.local_comm_id, ..Default::default() };
         let mad = self.build(tid, &CmMessage::Drep(Box::new(drep)));
         self.out.push_back((peer, mad.clone()));
-        if matches!(conn.state, State::Established | State::DreqSent) {
+        if state != State::TimeWait {
             self.events.push_back(CmEvent::Disconnected { id });
+            let time_wait = self.time_wait_ns;
+            if let Some(conn) = self.conns.get_mut(&id) {
+                conn.state = State::TimeWait;
+                conn.last = mad;
+                conn.deadline = Some(now + time_wait);
+            }
         }
-        conn.state = State::TimeWait;
-        conn.last = mad;
-        conn.deadline = Some(now + self.time_wait_ns);
+        true
+    }
+
+    fn on_drep(&mut self, now: u64, peer: Peer, drep: &CmDrep) -> bool {
+        let id = drep.remote_comm_id;
+        let Some(conn) = self.matching(id, peer, drep.local_comm_id) else { return false };
+        match conn.state {
+            State::DreqSent => {
+                let time_wait = self.time_wait_ns;
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.state = State::TimeWait;
+                    conn.deadline = Some(now + time_wait);
+                }
+                self.events.push_back(CmEvent::Disconnected { id });
+                true
+            }
+            State::TimeWait => {
+                self.counters.duplicates += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes connection `id` out of the table (and out of the pending count).
+    fn take(&mut self, id: CommId) -> Option<Conn> {
+        let conn = self.conns.remove(&id)?;
+        if conn.state == State::ReqRcvd {
+            self.pending -= 1;
+        }
+        Some(conn)
+    }
+
+    /// Puts connection `id` (back) into the table.
+    fn put(&mut self, id: CommId, conn: Conn) {
+        if conn.state == State::ReqRcvd {
+            self.pending += 1;
+        }
         self.conns.insert(id, conn);
     }
 
-    fn on_drep(&mut self, now: u64, id: CommId) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
-        if conn.state == State::DreqSent {
-            conn.state = State::TimeWait;
-            conn.deadline = Some(now + self.time_wait_ns);
-            self.events.push_back(CmEvent::Disconnected { id });
+    /// Removes the repeated-REQ index entry of connection `id`, if it is `id`'s.
+    fn unlink(&mut self, id: CommId, conn: &Conn) {
+        let key = (conn.peer, conn.remote_comm_id);
+        if self.by_remote.get(&key) == Some(&id) {
+            self.by_remote.remove(&key);
         }
     }
 
