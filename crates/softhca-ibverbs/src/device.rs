@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,14 +75,18 @@ pub struct Shared {
 /// The shared device while any context holds it.
 static SHARED: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
 
-/// The open device, or a new one (then its asynchronous events are routed to the contexts).
-fn shared_device() -> std::io::Result<Arc<Shared>> {
+/// The open device, or a new one (then its asynchronous events are routed to the contexts),
+/// on `addr` if given, else on `SOFTHCA_ADDR` or the first free 127.0.0.x. An open device
+/// keeps its address: `addr` only chooses for a device not yet open.
+fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>> {
     let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = slot.upgrade() {
         return Ok(s);
     }
     let busy = std::env::var("SOFTHCA_BUSY_POLL").is_ok_and(|v| v == "1");
-    let dev = UdpDevice::open(UdpConfig::default().name(DEVICE_NAME).busy_poll(busy))?;
+    let mut cfg = UdpConfig::default().name(DEVICE_NAME).busy_poll(busy);
+    cfg.addr = addr;
+    let dev = UdpDevice::open(cfg)?;
     let s = Arc::new(Shared { dev, contexts: Mutex::new(Vec::new()) });
     let weak = Arc::downgrade(&s);
     let routed = s.dev.context().set_async_event_handler(move |ev| {
@@ -417,7 +422,18 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     if device.is_null() {
         return fail(libc::EINVAL);
     }
-    let shared = match shared_device() {
+    open_context(device, None)
+}
+
+/// softhca0, as `ibv_get_device_list` lists it.
+pub(crate) fn the_device() -> *mut ibv_device {
+    device()
+}
+
+/// Open Device, the device on `addr` if it is not open yet (the connection manager binds
+/// an address before it has a device: see `rdmacm`).
+pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>) -> *mut ibv_context {
+    let shared = match shared_device(addr) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("softhca: cannot open a UDP device: {e}");

@@ -25,6 +25,7 @@ mod mem;
 pub mod modify_mask;
 mod qp;
 mod rate;
+pub mod rdmacm;
 mod wr;
 
 use std::ffi::c_int;

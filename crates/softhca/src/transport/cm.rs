@@ -205,6 +205,12 @@ impl Cm {
         self.listening.insert(service_id, ());
     }
 
+    /// Stops listening: later REQs for `service_id` are rejected (Invalid Service ID);
+    /// requests already taken stay.
+    pub fn unlisten(&mut self, service_id: u64) {
+        self.listening.remove(&service_id);
+    }
+
     /// How many REQs may wait for the consumer (in ReqRcvd: a ConnectRequest not yet accepted
     /// or rejected) before further REQs are rejected with No Resources (3).
     ///

@@ -1,0 +1,856 @@
+//! The RDMA connection manager (librdmacm's API) on softhca's own CM: the logic behind the
+//! drop-in `librdmacm.so.1`.
+//!
+//! Linux's librdmacm is a thin library over the kernel's rdma_cm (the `ucma` character
+//! device): the kernel resolves addresses, runs the IB CM on QP1 and reports events that the
+//! library turns into `rdma_cm_event`s, moving the QPs it created through INIT, RTR and RTS on
+//! the way. Here the device is this library's (one per process, see `device`), so the CM
+//! lives beside it: the `softhca_rdma_*` functions below are librdmacm's functions, exported
+//! under a private version node, and `librdmacm.so.1` (crate `softhca-rdmacm`) forwards each
+//! `rdma_*` symbol to them, so that one engine serves both libraries.
+//!
+//! - Addresses: the device's address is its GID 0 (`::ffff:a.b.c.d` for IPv4). Resolving an
+//!   address checks that the kernel has a route to it (a UDP `connect`, which sends nothing)
+//!   and completes at once; a route is the one path to that GID. Binding a specific address
+//!   before the device is open opens it on that address; any other local address is ENODEV,
+//!   a non-local one EADDRNOTAVAIL.
+//! - Ports: a port space (TCP, UDP, IB, IPoIB) of 16-bit ports per process; the service ID of
+//!   a REQ is the port space and the destination port (`RDMA_IB_IP_PS_*`), and its private data
+//!   starts with the `cma_hdr` of the IP addresses, as Linux's rdma_cm sends them.
+//! - Connections: `transport::cm::Cm` on the device's GSI ([`softhca::CmAgent`]), driven by one
+//!   thread per process that waits on the GSI's CQ channel and the CM's next deadline. It moves
+//!   an id's QP as librdmacm does (INIT with the access the resources allow, RTR, RTS from the
+//!   REQ/REP), before the RTU leaves.
+//! - Events: an event channel is a queue with an eventfd in semaphore mode (readable while
+//!   events wait; blocking until the program sets O_NONBLOCK). An id made without a channel is
+//!   synchronous: its calls wait for their own event, as librdmacm's do.
+//!
+//! Not built: UD ids' SIDR exchange (`rdma_connect` on a UDP port-space id is ENOSYS),
+//! multicast (ENOSYS), alternate paths (LAP), and the rsocket API (in `softhca-rdmacm`).
+
+mod abi;
+pub mod api;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::c_int;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::null_mut;
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use softhca::transport::cm::{CmEvent, CommId};
+use softhca::wire::mad::{CmRep, CmReq, CmaHeader};
+use softhca::{CmAgent, CompChannel};
+
+use self::abi::*;
+use crate::abi::*;
+
+const IBV_QPS_INIT: c_int = 1;
+const IBV_QPS_RTR: c_int = 2;
+const IBV_QPS_RTS: c_int = 3;
+const IBV_QPS_ERR: c_int = 6;
+const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
+const IBV_ACCESS_REMOTE_READ: u32 = 4;
+const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
+
+/// rdma_cm's CM timings for RoCE, as Linux sends them in its REQ (`CMA_CM_RESPONSE_TIMEOUT`,
+/// `CMA_MAX_CM_RETRIES`, and the local ACK timeout from `CMA_IBOE_PACKET_LIFETIME`).
+const CM_RESPONSE_TIMEOUT: u8 = 20;
+const MAX_CM_RETRIES: u8 = 15;
+const LOCAL_ACK_TIMEOUT: u8 = 19;
+/// The REP's Target ACK Delay: the device's `local_ca_ack_delay`, as Linux reports for rxe.
+const TARGET_ACK_DELAY: u8 = 15;
+/// IB CM REJ reasons rdma_cm uses (IBA Table 109).
+const REJ_CONSUMER: u16 = 28;
+const REJ_VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
+/// The node GUID the REQ and REP carry (the device's, see `device`).
+const NODE_GUID: u64 = 0x0200_5eff_fe00_5ca0;
+const ETIMEDOUT: c_int = libc::ETIMEDOUT;
+
+/// Where an id is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    AddrBound,
+    AddrResolved,
+    RouteResolved,
+    Listen,
+    /// Active: REQ sent.
+    Connect,
+    /// Passive: REQ received, the program has not answered.
+    ReqRcvd,
+    /// Passive: REP sent.
+    Accepting,
+    Connected,
+    /// DREQ sent, or received.
+    Disconnected,
+    /// Rejected, timed out or failed: only destroy is left.
+    Failed,
+}
+
+/// What the CM keeps of an id (under the [`Global`] lock).
+struct IdState {
+    phase: Phase,
+    comm: Option<CommId>,
+    /// The port it holds in its port space.
+    port: u16,
+    responder_resources: u8,
+    initiator_depth: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+    flow_control: u8,
+    /// The PSN this side starts with.
+    sq_psn: u32,
+    /// Passive: the REQ being answered.
+    req: Option<Box<CmReq>>,
+    /// Active: the REP that answered.
+    rep: Option<Box<CmRep>>,
+    tos: u8,
+    ack_timeout: Option<u8>,
+    /// A listener made by `rdma_create_ep` with QP attributes: each request gets a QP.
+    qp_init: Option<ibv_qp_init_attr>,
+    /// CQs and channels `rdma_create_qp` made (destroyed with the QP).
+    own_cqs: bool,
+    local_ece: crate::ece::ibv_ece,
+}
+
+/// An `rdma_cm_id`: the structure the program sees, then ours.
+#[repr(C)]
+pub(crate) struct Id {
+    c: rdma_cm_id,
+    serial: u64,
+    /// Made without a channel: calls wait for their events on `own`.
+    sync: bool,
+    own: *mut Channel,
+    st: IdState,
+    /// Events handed to the program and acknowledged: destroy waits until they match.
+    acks: Mutex<(u64, u64)>,
+    acked: Condvar,
+    path: Box<ibv_sa_path_rec>,
+}
+
+/// An `rdma_event_channel`.
+#[repr(C)]
+pub(crate) struct Channel {
+    c: rdma_event_channel,
+    q: Mutex<VecDeque<Box<Event>>>,
+    efd: OwnedFd,
+}
+
+/// An `rdma_cm_event` with the private data it points into and the ids it names, by serial
+/// (to drop an event whose id was destroyed before the program took it).
+#[repr(C)]
+pub(crate) struct Event {
+    c: rdma_cm_event,
+    id_serial: u64,
+    listen_serial: u64,
+    data: [u8; 256],
+}
+
+/// The device the CM runs on: the context every id's `verbs` is, its PD for QPs made without
+/// one, and the GSI's agent.
+struct Dev {
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    agent: CmAgent,
+    addr: IpAddr,
+    gid: [u8; 16],
+    active_mtu: u8,
+    max_resp: u8,
+    max_init: u8,
+}
+
+/// The process's connection manager.
+struct Global {
+    ids: BTreeMap<u64, *mut Id>,
+    next_serial: u64,
+    /// Bound ports: (port space, port) -> id serial.
+    ports: BTreeMap<(c_int, u16), u64>,
+    next_port: u16,
+    conns: BTreeMap<CommId, u64>,
+    /// Listening ids by service ID.
+    listeners: BTreeMap<u64, u64>,
+    dev: Option<Dev>,
+}
+
+// SAFETY: the raw pointers name objects this module owns; they are only used under the lock.
+unsafe impl Send for Global {}
+
+static GLOBAL: Mutex<Global> = Mutex::new(Global {
+    ids: BTreeMap::new(),
+    next_serial: 1,
+    ports: BTreeMap::new(),
+    next_port: 0,
+    conns: BTreeMap::new(),
+    listeners: BTreeMap::new(),
+    dev: None,
+});
+
+fn global() -> MutexGuard<'static, Global> {
+    GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The CM thread's wake-up descriptor and the GSI's completion channel.
+struct Waker {
+    wake: OwnedFd,
+    gsi: CompChannel,
+}
+
+static WAKER: OnceLock<Waker> = OnceLock::new();
+
+/// Tells the CM thread to look again (a new deadline, or MADs queued).
+fn wake() {
+    if let Some(w) = WAKER.get() {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to an eventfd this module owns.
+        unsafe { libc::write(w.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// Nanoseconds on the CM's clock.
+fn now() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+fn random_u32() -> u32 {
+    let mut v = 0u32;
+    // SAFETY: getrandom writes at most 4 bytes into a local.
+    let n = unsafe { libc::getrandom((&mut v as *mut u32).cast(), 4, 0) };
+    if n != 4 {
+        v = (now() as u32).wrapping_mul(0x9E37_79B9);
+    }
+    v
+}
+
+/// GID of an IP address (IPv4 as `::ffff:a.b.c.d`).
+fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// A C socket address, if it is IPv4 or IPv6.
+///
+/// # Safety
+/// `sa` is null or points to a readable `sockaddr` of its family's size.
+unsafe fn read_sa(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise; the family decides how much is read.
+    unsafe {
+        match c_int::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let s = &*(sa as *const libc::sockaddr_in);
+                let ip = Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr));
+                Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(s.sin_port))))
+            }
+            libc::AF_INET6 => {
+                let s = &*(sa as *const libc::sockaddr_in6);
+                let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
+                Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(s.sin6_port), 0, s.sin6_scope_id)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Writes `a` into a `sockaddr_storage`; returns its length.
+fn write_sa(dst: &mut libc::sockaddr_storage, a: SocketAddr) -> libc::socklen_t {
+    // SAFETY: an all-zero sockaddr_storage is valid; the casts stay inside its 128 bytes.
+    unsafe {
+        *dst = std::mem::zeroed();
+        match a {
+            SocketAddr::V4(v4) => {
+                let s = &mut *(dst as *mut _ as *mut libc::sockaddr_in);
+                s.sin_family = libc::AF_INET as libc::sa_family_t;
+                s.sin_port = v4.port().to_be();
+                s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+                size_of::<libc::sockaddr_in>() as libc::socklen_t
+            }
+            SocketAddr::V6(v6) => {
+                let s = &mut *(dst as *mut _ as *mut libc::sockaddr_in6);
+                s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                s.sin6_port = v6.port().to_be();
+                s.sin6_addr.s6_addr = v6.ip().octets();
+                s.sin6_scope_id = v6.scope_id();
+                size_of::<libc::sockaddr_in6>() as libc::socklen_t
+            }
+        }
+    }
+}
+
+fn eventfd(flags: c_int) -> Result<OwnedFd, c_int> {
+    // SAFETY: eventfd returns a new descriptor or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
+    }
+    // SAFETY: a descriptor just made, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Channel {
+    fn new() -> Result<*mut Channel, c_int> {
+        let efd = eventfd(libc::EFD_SEMAPHORE)?;
+        let c = rdma_event_channel { fd: efd.as_raw_fd() };
+        Ok(Box::into_raw(Box::new(Channel { c, q: Mutex::new(VecDeque::new()), efd })))
+    }
+
+    fn push(&self, ev: Box<Event>) {
+        self.q.lock().unwrap_or_else(|e| e.into_inner()).push_back(ev);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to the channel's eventfd.
+        unsafe { libc::write(self.efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Takes the next event: blocks while none waits, unless the program made the
+    /// descriptor non-blocking (then EAGAIN).
+    fn take(&self) -> Result<Box<Event>, c_int> {
+        loop {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a local from the channel's eventfd.
+            let n = unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            if n != 8 {
+                let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+                if e == libc::EINTR {
+                    continue;
+                }
+                return Err(e);
+            }
+            if let Some(ev) = self.q.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
+                return Ok(ev);
+            }
+        }
+    }
+}
+
+impl Event {
+    fn new(id: &Id, event: c_int, status: c_int) -> Box<Event> {
+        Box::new(Event {
+            c: rdma_cm_event {
+                id: &id.c as *const rdma_cm_id as *mut rdma_cm_id,
+                listen_id: null_mut(),
+                event,
+                status,
+                // SAFETY: the parameters are plain integers and pointers: all-zero is valid.
+                param: unsafe { std::mem::zeroed() },
+            },
+            id_serial: id.serial,
+            listen_serial: 0,
+            data: [0; 256],
+        })
+    }
+
+    /// Sets the connection parameters, the private data copied into the event.
+    fn conn(&mut self, mut p: rdma_conn_param, data: &[u8]) {
+        let n = data.len().min(self.data.len());
+        self.data[..n].copy_from_slice(&data[..n]);
+        p.private_data = if n == 0 { std::ptr::null() } else { self.data.as_ptr().cast() };
+        p.private_data_len = n.min(255) as u8;
+        self.c.param.conn = p;
+    }
+}
+
+impl Id {
+    fn channel(&self) -> &Channel {
+        // SAFETY: an id's channel outlives it (rdma_destroy_event_channel is the program's to
+        // call after its ids are gone; an own channel is freed with the id).
+        unsafe { &*(self.c.channel as *const Channel) }
+    }
+
+    fn queue(&self, ev: Box<Event>) {
+        self.channel().push(ev);
+    }
+}
+
+impl Global {
+    fn id(&self, serial: u64) -> Option<&'static mut Id> {
+        // SAFETY: an id is in the map from creation until destroy takes it out (under this
+        // lock) and frees it.
+        self.ids.get(&serial).map(|&p| unsafe { &mut *p })
+    }
+
+    /// Opens the device (on `addr` if it is not open yet) and starts the CM thread.
+    fn open(&mut self, addr: Option<IpAddr>) -> Result<&mut Dev, c_int> {
+        if self.dev.is_none() {
+            self.dev = Some(open_dev(addr)?);
+        }
+        let dev = self.dev.as_mut().ok_or(libc::ENODEV)?;
+        Ok(dev)
+    }
+
+    /// A free port of `ps`, or `want` if it is free.
+    fn take_port(&mut self, ps: c_int, want: u16, serial: u64) -> Result<u16, c_int> {
+        if want != 0 {
+            if self.ports.contains_key(&(ps, want)) {
+                return Err(libc::EADDRINUSE);
+            }
+            self.ports.insert((ps, want), serial);
+            return Ok(want);
+        }
+        // Ephemeral ports as Linux's: 32768..61000, from a random start.
+        if self.next_port == 0 {
+            self.next_port = 32768 + (random_u32() % 28232) as u16;
+        }
+        for _ in 0..28232 {
+            let p = self.next_port;
+            self.next_port = if p >= 60999 { 32768 } else { p + 1 };
+            if let std::collections::btree_map::Entry::Vacant(e) = self.ports.entry((ps, p)) {
+                e.insert(serial);
+                return Ok(p);
+            }
+        }
+        Err(libc::EADDRNOTAVAIL)
+    }
+
+    /// Runs the CM's events: the ids they name get theirs, their QPs move.
+    fn dispatch(&mut self) {
+        loop {
+            let Some(ev) = self.dev.as_mut().and_then(|d| d.agent.cm().poll_event()) else { return };
+            match ev {
+                CmEvent::ConnectRequest { id, peer, req } => self.on_request(id, peer, req),
+                CmEvent::Established { id, .. } => self.on_established(id),
+                CmEvent::Rejected { id, reason, private_data } => self.on_rejected(id, reason, &private_data),
+                CmEvent::Disconnected { id } => self.on_disconnected(id),
+            }
+        }
+    }
+
+    fn on_request(&mut self, comm: CommId, peer: [u8; 16], req: Box<CmReq>) {
+        let reject = |g: &mut Global| {
+            if let Some(d) = g.dev.as_mut() {
+                d.agent.cm().reject(comm, REJ_CONSUMER);
+            }
+        };
+        let Some(listener) = self.listeners.get(&req.service_id).and_then(|&s| self.id(s)) else {
+            return reject(self);
+        };
+        let Some(hdr) = CmaHeader::parse(&req.private_data) else { return reject(self) };
+        let Some(dev) = self.dev.as_ref() else { return };
+        let (ctx, gid, mtu) = (dev.ctx, dev.gid, dev.active_mtu);
+        let qp_type = if req.transport_service_type == 1 { IBV_QPT_UC } else { IBV_QPT_RC };
+        let id = match new_id(self, listener.c.channel, listener.c.context, listener.c.ps, qp_type) {
+            Ok(id) => id,
+            Err(_) => return reject(self),
+        };
+        if listener.sync {
+            // librdmacm moves a synchronous listener's new ids to channels of their own.
+            match Channel::new() {
+                Ok(ch) => {
+                    id.sync = true;
+                    id.own = ch;
+                    // SAFETY: a channel just made.
+                    id.c.channel = unsafe { &mut (*ch).c };
+                }
+                Err(_) => return reject(self),
+            }
+        }
+        id.c.verbs = ctx;
+        id.c.port_num = 1;
+        write_sa(&mut id.c.route.addr.src, SocketAddr::new(hdr.dst, listener.st.port));
+        write_sa(&mut id.c.route.addr.dst, SocketAddr::new(hdr.src, hdr.src_port));
+        id.c.route.addr.ibaddr = rdma_ib_addr { sgid: ibv_gid { raw: gid }, dgid: ibv_gid { raw: peer }, pkey: 0xFFFF };
+        fill_path(id, mtu.min(req.path_mtu));
+        id.st.phase = Phase::ReqRcvd;
+        id.st.comm = Some(comm);
+        id.st.port = listener.st.port;
+        id.st.responder_resources = req.responder_resources;
+        id.st.initiator_depth = req.initiator_depth;
+        id.st.sq_psn = random_u32() & 0xFF_FFFF;
+        id.st.qp_init = listener.st.qp_init.as_ref().map(|a| copy_init(a));
+        self.conns.insert(comm, id.serial);
+        let mut ev = Event::new(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+        ev.c.listen_id = &mut listener.c;
+        ev.listen_serial = listener.serial;
+        let p = rdma_conn_param {
+            private_data: std::ptr::null(),
+            private_data_len: 0,
+            responder_resources: req.responder_resources,
+            initiator_depth: req.initiator_depth,
+            flow_control: req.end_to_end_flow_control,
+            retry_count: req.retry_count,
+            rnr_retry_count: req.rnr_retry_count,
+            srq: req.srq,
+            qp_num: req.local_qpn,
+        };
+        ev.conn(p, &req.private_data[CmaHeader::LEN..]);
+        id.st.req = Some(req);
+        listener.queue(ev);
+    }
+
+    fn on_established(&mut self, comm: CommId) {
+        let Some(id) = self.conns.get(&comm).and_then(|&s| self.id(s)) else { return };
+        match id.st.phase {
+            Phase::Connect => {
+                let Some(rep) = self.dev.as_mut().and_then(|d| d.agent.cm().reply(comm).cloned()) else { return };
+                id.st.phase = Phase::Connected;
+                let p = rdma_conn_param {
+                    private_data: std::ptr::null(),
+                    private_data_len: 0,
+                    responder_resources: rep.responder_resources,
+                    initiator_depth: rep.initiator_depth,
+                    flow_control: rep.end_to_end_flow_control,
+                    retry_count: 0,
+                    rnr_retry_count: rep.rnr_retry_count,
+                    srq: rep.srq,
+                    qp_num: rep.local_qpn,
+                };
+                let data = rep.private_data;
+                id.st.rep = Some(Box::new(rep));
+                let ev = if id.c.qp.is_null() {
+                    // No QP of ours to move: the program does it (rdma_init_qp_attr).
+                    Event::new(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0)
+                } else {
+                    match self.ready_qp(id) {
+                        Ok(()) => Event::new(id, RDMA_CM_EVENT_ESTABLISHED, 0),
+                        Err(e) => {
+                            id.st.phase = Phase::Failed;
+                            Event::new(id, RDMA_CM_EVENT_CONNECT_ERROR, -e)
+                        }
+                    }
+                };
+                let mut ev = ev;
+                ev.conn(p, &data);
+                id.queue(ev);
+            }
+            Phase::Accepting => {
+                id.st.phase = Phase::Connected;
+                id.queue(Event::new(id, RDMA_CM_EVENT_ESTABLISHED, 0));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_rejected(&mut self, comm: CommId, reason: u16, private_data: &[u8]) {
+        let Some(serial) = self.conns.remove(&comm) else { return };
+        let Some(id) = self.id(serial) else { return };
+        id.st.comm = None;
+        id.st.phase = Phase::Failed;
+        // A REJ always carries its 148 bytes of private data; none means this side's retries
+        // ran out, which rdma_cm reports as unreachable with -ETIMEDOUT.
+        if private_data.is_empty() {
+            id.queue(Event::new(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT));
+        } else {
+            let mut ev = Event::new(id, RDMA_CM_EVENT_REJECTED, c_int::from(reason));
+            // SAFETY: reading the union's conn member, which Event::new zeroed.
+            let p = unsafe { ev.c.param.conn };
+            ev.conn(p, private_data);
+            id.queue(ev);
+        }
+    }
+
+    fn on_disconnected(&mut self, comm: CommId) {
+        let Some(serial) = self.conns.remove(&comm) else { return };
+        let Some(id) = self.id(serial) else { return };
+        id.st.comm = None;
+        if matches!(id.st.phase, Phase::Connected | Phase::Disconnected) {
+            id.st.phase = Phase::Disconnected;
+            // The connection is gone: its QP flushes (rdma_disconnect does the same).
+            let _ = modify_err(id);
+            id.queue(Event::new(id, RDMA_CM_EVENT_DISCONNECTED, 0));
+        }
+    }
+
+    /// Moves an id's QP to RTS for its connection, as librdmacm does on a REP (INIT again for
+    /// the access rights, then RTR, then RTS).
+    fn ready_qp(&self, id: &Id) -> Result<(), c_int> {
+        for state in [IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS] {
+            let (mut attr, mask) = self.qp_attr(id, state)?;
+            // SAFETY: the id's QP is live while the id holds it (rdma_destroy_qp clears it
+            // under this lock).
+            let rc = unsafe { crate::qp::ibv_modify_qp(id.c.qp, &mut attr, mask) };
+            if rc != 0 {
+                return Err(rc);
+            }
+        }
+        Ok(())
+    }
+
+    /// `rdma_init_qp_attr`: the attributes and mask that move the id's QP to `state`.
+    fn qp_attr(&self, id: &Id, state: c_int) -> Result<(ibv_qp_attr, c_int), c_int> {
+        // SAFETY: an all-zero ibv_qp_attr is valid.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = state;
+        let st = &id.st;
+        let rc = id.c.qp_type == IBV_QPT_RC;
+        let connected = matches!(st.phase, Phase::Connected | Phase::Accepting | Phase::ReqRcvd)
+            || (st.phase == Phase::Connect && st.rep.is_some());
+        let mut mask = IBV_QP_STATE;
+        match state {
+            IBV_QPS_INIT => {
+                a.pkey_index = 0;
+                a.port_num = 1;
+                mask |= IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+                if id.c.qp_type == IBV_QPT_UD {
+                    a.qkey = if id.c.ps == RDMA_PS_IPOIB { 0 } else { RDMA_UDP_QKEY };
+                    mask |= IBV_QP_QKEY;
+                } else {
+                    // Before a connection: no remote access (Linux's cma_ib_init_qp_attr);
+                    // after: Write, and Read and Atomic when this side answers them.
+                    if connected {
+                        a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+                        if st.responder_resources > 0 {
+                            a.qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+                        }
+                    }
+                    mask |= IBV_QP_ACCESS_FLAGS;
+                }
+            }
+            IBV_QPS_RTR => {
+                if id.c.qp_type == IBV_QPT_UD {
+                    return Ok((a, mask));
+                }
+                let (dest, rq_psn, mtu) = match (&st.req, &st.rep) {
+                    (Some(req), _) => (req.local_qpn, req.starting_psn, id.path.mtu.min(req.path_mtu)),
+                    (None, Some(rep)) => (rep.local_qpn, rep.starting_psn, id.path.mtu),
+                    _ => return Err(libc::EINVAL),
+                };
+                a.ah_attr = self.ah_attr(id);
+                a.path_mtu = c_int::from(mtu);
+                a.dest_qp_num = dest;
+                a.rq_psn = rq_psn;
+                mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+                if rc {
+                    a.max_dest_rd_atomic = st.responder_resources;
+                    a.min_rnr_timer = 0;
+                    mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+                }
+            }
+            IBV_QPS_RTS => {
+                a.sq_psn = st.sq_psn;
+                mask |= IBV_QP_SQ_PSN;
+                if id.c.qp_type == IBV_QPT_UD {
+                    return Ok((a, mask));
+                }
+                if !connected {
+                    return Err(libc::EINVAL);
+                }
+                if rc {
+                    let (retry, rnr, timeout) = match (&st.req, &st.rep) {
+                        (Some(req), _) => (req.retry_count, req.rnr_retry_count, req.primary_local_ack_timeout),
+                        (None, Some(rep)) => (st.retry_count, rep.rnr_retry_count, LOCAL_ACK_TIMEOUT),
+                        _ => return Err(libc::EINVAL),
+                    };
+                    a.timeout = st.ack_timeout.unwrap_or(timeout);
+                    a.retry_cnt = retry;
+                    a.rnr_retry = rnr;
+                    a.max_rd_atomic = st.initiator_depth;
+                    mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+                }
+            }
+            IBV_QPS_ERR => {}
+            _ => return Err(libc::EINVAL),
+        }
+        Ok((a, mask))
+    }
+
+    fn ah_attr(&self, id: &Id) -> ibv_ah_attr {
+        ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: id.c.route.addr.ibaddr.dgid,
+                flow_label: 0,
+                sgid_index: 0,
+                hop_limit: 64,
+                traffic_class: id.st.tos,
+            },
+            dlid: 0,
+            sl: 0,
+            src_path_bits: 0,
+            static_rate: 0,
+            is_global: 1,
+            port_num: 1,
+        }
+    }
+}
+
+/// `RDMA_UDP_QKEY`: the Q_Key of UD ids of the UDP port space.
+const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// Moves an id's QP to the error state (its work requests flush).
+fn modify_err(id: &Id) -> Result<(), c_int> {
+    if id.c.qp.is_null() {
+        return Ok(());
+    }
+    // SAFETY: an all-zero ibv_qp_attr is valid.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = IBV_QPS_ERR;
+    // SAFETY: the id's QP is live while the id holds it.
+    match unsafe { crate::qp::ibv_modify_qp(id.c.qp, &mut a, IBV_QP_STATE) } {
+        0 => Ok(()),
+        e => Err(e),
+    }
+}
+
+fn copy_init(a: &ibv_qp_init_attr) -> ibv_qp_init_attr {
+    ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    }
+}
+
+/// The one path a route has: the id's GIDs, the MTU, what Linux's rdma_cm reports for RoCE.
+fn fill_path(id: &mut Id, mtu: u8) {
+    let a = &id.c.route.addr.ibaddr;
+    *id.path = ibv_sa_path_rec {
+        dgid: a.dgid,
+        sgid: a.sgid,
+        dlid: 0,
+        slid: 0,
+        raw_traffic: 0,
+        flow_label: 0,
+        hop_limit: 64,
+        traffic_class: id.st.tos,
+        reversible: 1u32.to_be() as c_int,
+        numb_path: 1,
+        pkey: 0xFFFFu16.to_be(),
+        sl: 0,
+        mtu_selector: 2,
+        mtu,
+        rate_selector: 2,
+        rate: 0,
+        packet_life_time_selector: 2,
+        packet_life_time: LOCAL_ACK_TIMEOUT - 1,
+        preference: 0,
+    };
+    id.c.route.path_rec = &mut *id.path;
+    id.c.route.num_paths = 1;
+}
+
+/// A new id on `channel` (which the caller made or owns), registered.
+fn new_id(
+    g: &mut Global,
+    channel: *mut rdma_event_channel,
+    context: *mut std::ffi::c_void,
+    ps: c_int,
+    qp_type: c_int,
+) -> Result<&'static mut Id, c_int> {
+    let serial = g.next_serial;
+    g.next_serial += 1;
+    // SAFETY: rdma_cm_id is plain integers and pointers: all-zero is valid.
+    let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
+    c.channel = channel;
+    c.context = context;
+    c.ps = ps;
+    c.qp_type = qp_type;
+    let id = Box::new(Id {
+        c,
+        serial,
+        sync: false,
+        own: null_mut(),
+        st: IdState {
+            phase: Phase::Idle,
+            comm: None,
+            port: 0,
+            responder_resources: 0,
+            initiator_depth: 0,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            flow_control: 0,
+            sq_psn: random_u32() & 0xFF_FFFF,
+            req: None,
+            rep: None,
+            tos: 0,
+            ack_timeout: None,
+            qp_init: None,
+            own_cqs: false,
+            local_ece: Default::default(),
+        },
+        acks: Mutex::new((0, 0)),
+        acked: Condvar::new(),
+        // SAFETY: the path record is plain integers: all-zero is valid.
+        path: Box::new(unsafe { std::mem::zeroed() }),
+    });
+    let p = Box::into_raw(id);
+    g.ids.insert(serial, p);
+    // SAFETY: just made and registered; freed only by destroy.
+    Ok(unsafe { &mut *p })
+}
+
+/// Opens the process's device for the CM: a context kept for the life of the process (as
+/// librdmacm keeps its devices open), its PD for QPs made without one, the GSI's agent, and
+/// the thread that drives it.
+fn open_dev(addr: Option<IpAddr>) -> Result<Dev, c_int> {
+    let ctx = crate::device::open_context(crate::device::the_device(), addr);
+    if ctx.is_null() {
+        // SAFETY: errno of the calling thread.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    // SAFETY: a context just opened.
+    let pd = unsafe { crate::mem::ibv_alloc_pd(ctx) };
+    if pd.is_null() {
+        return Err(libc::ENOMEM);
+    }
+    // SAFETY: as above.
+    let cx = unsafe { crate::device::ctx(ctx) };
+    let core = &cx.ctx;
+    let fail = |_| libc::ENOMEM;
+    let port = core.query_port(1).map_err(fail)?;
+    let attr = core.query_device().map_err(fail)?;
+    let gsi_pd = core.alloc_pd().map_err(fail)?;
+    let waker = match WAKER.get() {
+        Some(w) => w,
+        None => {
+            let w = Waker { wake: eventfd(libc::EFD_NONBLOCK)?, gsi: core.create_comp_channel().map_err(fail)? };
+            let _ = WAKER.set(w);
+            WAKER.get().ok_or(libc::ENOMEM)?
+        }
+    };
+    let agent =
+        CmAgent::with_channel(core, &gsi_pd, random_u32(), Some(&waker.gsi)).map_err(|e| crate::errno_of(&e))?;
+    let addr = cx.shared.dev.addr();
+    std::thread::Builder::new()
+        .name("softhca-cm".into())
+        .spawn(run)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+    Ok(Dev {
+        ctx,
+        pd,
+        agent,
+        addr,
+        gid: gid_of(addr),
+        active_mtu: port.active_mtu as u8,
+        max_resp: attr.max_qp_rd_atom.min(255) as u8,
+        max_init: attr.max_qp_init_rd_atom.min(255) as u8,
+    })
+}
+
+/// The CM thread: waits for MADs on the GSI's CQ channel, for a wake-up, or for the CM's
+/// next deadline; then takes the MADs in, runs the events and sends the answers.
+fn run() {
+    let Some(w) = WAKER.get() else { return };
+    loop {
+        let deadline = {
+            let mut g = global();
+            let Some(dev) = g.dev.as_mut() else { return };
+            while w.gsi.try_get_cq_event().is_some() {}
+            let _ = dev.agent.arm();
+            let _ = dev.agent.receive(now());
+            g.dispatch();
+            let dev = g.dev.as_mut().expect("checked above");
+            dev.agent.transmit();
+            dev.agent.poll_timeout()
+        };
+        let timeout = match deadline {
+            None => -1,
+            Some(d) => (d.saturating_sub(now()).div_ceil(1_000_000)).min(60_000) as c_int,
+        };
+        let mut fds = [
+            libc::pollfd { fd: w.gsi.fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: w.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two pollfds in a local array.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a local from the non-blocking wake eventfd.
+        unsafe { libc::read(w.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
