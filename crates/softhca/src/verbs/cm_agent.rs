@@ -101,10 +101,12 @@ impl CmAgent {
                 continue; // a send's completion (unsignaled: only an error gives one)
             }
             let slot = wc.wr_id as usize % SLOTS;
-            if wc.status == WcStatus::Success && wc.src_qp == GSI_QPN && wc.byte_len as usize >= SLOT {
+            let len = (wc.byte_len as usize).min(SLOT);
+            if wc.status == WcStatus::Success && wc.src_qp == GSI_QPN && len >= 40 {
                 self.recv.read(slot * SLOT, &mut grh_mad)?;
                 if let Some(peer) = peer_of(&grh_mad[..40]) {
-                    self.cm.handle_mad(now, peer, &grh_mad[40..]);
+                    // A short MAD too: the CM drops and counts it.
+                    self.cm.handle_mad(now, peer, &grh_mad[40..len]);
                 }
             }
             if wc.status != WcStatus::WrFlushErr {
