@@ -76,7 +76,6 @@ pub struct rdma_addr {
     pub src: libc::sockaddr_storage,
     pub dst: libc::sockaddr_storage,
     pub ibaddr: rdma_ib_addr,
-    _pad: [u8; 6],
 }
 
 #[repr(C)]

@@ -69,14 +69,26 @@ pub unsafe extern "C" fn softhca_rdma_create_id(
     context: *mut c_void,
     ps: c_int,
 ) -> c_int {
-    if id.is_null() {
-        return err(libc::EINVAL);
-    }
     let qp_type = match ps {
         RDMA_PS_TCP | RDMA_PS_IB => IBV_QPT_RC,
         RDMA_PS_UDP | RDMA_PS_IPOIB => IBV_QPT_UD,
         _ => return err(libc::EINVAL),
     };
+    // SAFETY: the program's arguments.
+    unsafe { create_id(channel, id, context, ps, qp_type) }
+}
+
+/// librdmacm's `rdma_create_id2`: an id of `ps` for QPs of `qp_type`.
+unsafe fn create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: c_int,
+    qp_type: c_int,
+) -> c_int {
+    if id.is_null() || !matches!(ps, RDMA_PS_TCP | RDMA_PS_IB | RDMA_PS_UDP | RDMA_PS_IPOIB) {
+        return err(libc::EINVAL);
+    }
     let (channel, own) = if channel.is_null() {
         match Channel::new() {
             // SAFETY: a channel just made.
@@ -166,6 +178,7 @@ fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), c_int> {
             return Err(if is_local(ip) { libc::ENODEV } else { libc::EADDRNOTAVAIL });
         }
         id.c.verbs = dev.ctx;
+        id.c.pd = dev.pd;
         id.c.port_num = 1;
         id.c.route.addr.ibaddr.sgid = ibv_gid { raw: dev.gid };
         id.c.route.addr.ibaddr.pkey = 0xFFFF;
@@ -225,7 +238,7 @@ pub unsafe extern "C" fn softhca_rdma_resolve_addr(
             Ok(d) => d,
             Err(e) => return err(e),
         };
-        let (ctx, gid, addr, mtu) = (dev.ctx, dev.gid, dev.addr, dev.active_mtu);
+        let (ctx, pd, gid, addr, mtu) = (dev.ctx, dev.pd, dev.gid, dev.addr, dev.active_mtu);
         let mut dst = dst;
         if dst.ip().is_unspecified() {
             dst.set_ip(addr); // the kernel resolves the any address to this host
@@ -236,6 +249,9 @@ pub unsafe extern "C" fn softhca_rdma_resolve_addr(
             id.queue(Event::new(id, RDMA_CM_EVENT_ADDR_ERROR, -e.raw_os_error().unwrap_or(libc::EHOSTUNREACH)));
         } else {
             id.c.verbs = ctx;
+            if id.c.pd.is_null() {
+                id.c.pd = pd;
+            }
             id.c.port_num = 1;
             write_sa(&mut id.c.route.addr.src, SocketAddr::new(addr, id.st.port));
             write_sa(&mut id.c.route.addr.dst, dst);
@@ -596,8 +612,9 @@ pub unsafe extern "C" fn softhca_rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
                 }
                 id.st.phase = Phase::Disconnected;
             }
-            // The peer disconnected first: its DREQ was answered.
-            Phase::Disconnected => return 0,
+            // The peer disconnected first: its DREQ was answered (a synchronous id still
+            // takes its DISCONNECTED event below, as librdmacm's ucma_complete does).
+            Phase::Disconnected => {}
             _ => return err(libc::EINVAL),
         }
     }
@@ -805,14 +822,13 @@ pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mu
     let a = unsafe { &mut *attr };
     let g = global();
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-        a.pd = match g.dev.as_ref() {
-            Some(d) => d.pd,
-            None => return err(libc::ENODEV),
-        };
+        a.pd = id.c.pd;
         a.comp_mask |= IBV_QP_INIT_ATTR_PD;
-    }
     // SAFETY: the program's PD.
-    if unsafe { (*a.pd).context } != id.c.verbs {
+    } else if unsafe { (*a.pd).context } != id.c.verbs {
+        return err(libc::EINVAL);
+    }
+    if a.pd.is_null() {
         return err(libc::EINVAL);
     }
     if a.srq.is_null() {
@@ -903,14 +919,10 @@ pub unsafe extern "C" fn softhca_rdma_create_srq(
     if attr.is_null() || id.c.verbs.is_null() {
         return err(libc::EINVAL);
     }
-    let pd = if pd.is_null() {
-        match global().dev.as_ref() {
-            Some(d) => d.pd,
-            None => return err(libc::ENODEV),
-        }
-    } else {
-        pd
-    };
+    let pd = if pd.is_null() { id.c.pd } else { pd };
+    if pd.is_null() {
+        return err(libc::EINVAL);
+    }
     // SAFETY: a PD of the id's context and the program's attributes.
     let srq = unsafe { crate::qp::ibv_create_srq(pd, attr) };
     if srq.is_null() {
@@ -953,7 +965,7 @@ pub unsafe extern "C" fn softhca_rdma_create_ep(
     let r = unsafe { &*res };
     let mut p = null_mut();
     // SAFETY: a local out pointer.
-    if unsafe { softhca_rdma_create_id(null_mut(), &mut p, null_mut(), r.ai_port_space) } != 0 {
+    if unsafe { create_id(null_mut(), &mut p, null_mut(), r.ai_port_space, r.ai_qp_type) } != 0 {
         return -1;
     }
     // SAFETY: as the calls' contracts say; every failure destroys the id and keeps errno.
@@ -963,9 +975,11 @@ pub unsafe extern "C" fn softhca_rdma_create_ep(
             if rc == 0 && !qp_init.is_null() {
                 let id = &mut *(p as *mut Id);
                 let mut a = copy_init(&*qp_init);
-                a.qp_context = (*qp_init).qp_context;
+                a.qp_type = r.ai_qp_type;
                 id.st.qp_init = Some(a);
-                id.c.pd = pd;
+                if !pd.is_null() {
+                    id.c.pd = pd;
+                }
             }
             rc
         } else {
@@ -974,6 +988,7 @@ pub unsafe extern "C" fn softhca_rdma_create_ep(
                 rc = softhca_rdma_resolve_route(p, 2000);
             }
             if rc == 0 && !qp_init.is_null() {
+                (*qp_init).qp_type = r.ai_qp_type;
                 rc = softhca_rdma_create_qp(p, pd, qp_init);
             }
             rc

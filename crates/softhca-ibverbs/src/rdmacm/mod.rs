@@ -28,7 +28,7 @@
 //! Not built: UD ids' SIDR exchange (`rdma_connect` on a UDP port-space id is ENOSYS),
 //! multicast (ENOSYS), alternate paths (LAP), and the rsocket API (in `softhca-rdmacm`).
 
-mod abi;
+pub mod abi;
 pub mod api;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -431,7 +431,7 @@ impl Global {
         };
         let Some(hdr) = CmaHeader::parse(&req.private_data) else { return reject(self) };
         let Some(dev) = self.dev.as_ref() else { return };
-        let (ctx, gid, mtu) = (dev.ctx, dev.gid, dev.active_mtu);
+        let (ctx, dev_pd, gid, mtu) = (dev.ctx, dev.pd, dev.gid, dev.active_mtu);
         let qp_type = if req.transport_service_type == 1 { IBV_QPT_UC } else { IBV_QPT_RC };
         let id = match new_id(self, listener.c.channel, listener.c.context, listener.c.ps, qp_type) {
             Ok(id) => id,
@@ -450,6 +450,7 @@ impl Global {
             }
         }
         id.c.verbs = ctx;
+        id.c.pd = if listener.c.pd.is_null() { dev_pd } else { listener.c.pd };
         id.c.port_num = 1;
         write_sa(&mut id.c.route.addr.src, SocketAddr::new(hdr.dst, listener.st.port));
         write_sa(&mut id.c.route.addr.dst, SocketAddr::new(hdr.src, hdr.src_port));
@@ -529,7 +530,12 @@ impl Global {
         let Some(serial) = self.conns.remove(&comm) else { return };
         let Some(id) = self.id(serial) else { return };
         id.st.comm = None;
+        let was_connected = id.st.phase == Phase::Connected;
         id.st.phase = Phase::Failed;
+        if was_connected {
+            // A REJ after the REP's RTU was lost: the connection never was, its QP flushes.
+            let _ = modify_err(id);
+        }
         // A REJ always carries its 148 bytes of private data; none means this side's retries
         // ran out, which rdma_cm reports as unreachable with -ETIMEDOUT.
         if private_data.is_empty() {
@@ -547,7 +553,9 @@ impl Global {
         let Some(serial) = self.conns.remove(&comm) else { return };
         let Some(id) = self.id(serial) else { return };
         id.st.comm = None;
-        if matches!(id.st.phase, Phase::Connected | Phase::Disconnected) {
+        // A DREQ can also end a connection whose RTU this side is still waiting for: rdma_cm
+        // reports it as disconnected all the same.
+        if matches!(id.st.phase, Phase::Connected | Phase::Accepting | Phase::Disconnected) {
             id.st.phase = Phase::Disconnected;
             // The connection is gone: its QP flushes (rdma_disconnect does the same).
             let _ = modify_err(id);
