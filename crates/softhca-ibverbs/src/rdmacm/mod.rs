@@ -462,7 +462,7 @@ impl Global {
         id.st.responder_resources = req.responder_resources;
         id.st.initiator_depth = req.initiator_depth;
         id.st.sq_psn = random_u32() & 0xFF_FFFF;
-        id.st.qp_init = listener.st.qp_init.as_ref().map(|a| copy_init(a));
+        id.st.qp_init = listener.st.qp_init.as_ref().map(copy_init);
         self.conns.insert(comm, id.serial);
         let mut ev = Event::new(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
         ev.c.listen_id = &mut listener.c;

@@ -1,0 +1,216 @@
+/* rdma_cm's answers on the drop-in, in one process (its ids connect through the device's
+ * own address): errors of bind and get_cm_event, a REQ to a port nobody listens on, a
+ * consumer's reject with private data, accept with private data in both directions, the
+ * addresses and ports of both ends, a Send over the connection, and a disconnect that
+ * reaches the other side and flushes its QP. Prints "cm_edges: ok". */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <rdma/rdma_cma.h>
+
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: %s (errno %d)\n", __FILE__, __LINE__, #c, errno); exit(1); } } while (0)
+
+static struct rdma_event_channel *ch;
+
+/* The next event, which must be `type` (status checked by the caller). */
+static struct rdma_cm_event *next(enum rdma_cm_event_type type)
+{
+	struct rdma_cm_event *e;
+	CHECK(rdma_get_cm_event(ch, &e) == 0);
+	if (e->event != type) {
+		fprintf(stderr, "expected %s, got %s (status %d)\n", rdma_event_str(type), rdma_event_str(e->event), e->status);
+		exit(1);
+	}
+	return e;
+}
+
+static struct sockaddr_in sin4(const char *ip, int port)
+{
+	struct sockaddr_in a;
+	memset(&a, 0, sizeof a);
+	a.sin_family = AF_INET;
+	a.sin_port = htons(port);
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	return a;
+}
+
+/* A client id on `port` of 127.0.0.33, its route resolved and a QP on it. */
+static struct rdma_cm_id *client(int port)
+{
+	struct rdma_cm_id *id;
+	struct sockaddr_in dst = sin4("127.0.0.33", port);
+	struct ibv_qp_init_attr qa;
+	CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
+	CHECK(rdma_resolve_route(id, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	CHECK(id->verbs && id->pd && id->route.num_paths == 1 && id->route.path_rec);
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	CHECK(rdma_create_qp(id, NULL, &qa) == 0);
+	CHECK(id->qp && id->send_cq && id->recv_cq);
+	return id;
+}
+
+int main(void)
+{
+	struct rdma_cm_id *listener, *other, *c, *s;
+	struct rdma_cm_event *e;
+	struct rdma_conn_param p;
+	struct sockaddr_in a;
+	struct ibv_qp_init_attr qa;
+	struct ibv_wc wc;
+	char buf[64], rbuf[64];
+	struct ibv_mr *smr, *rmr;
+	struct ibv_sge sge;
+	struct ibv_recv_wr rwr, *bad_r;
+	struct ibv_send_wr swr, *bad_s;
+	int n, flags;
+
+	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
+	CHECK((ch = rdma_create_event_channel()) != NULL);
+
+	/* Nothing queued and a non-blocking descriptor: EAGAIN. */
+	flags = fcntl(ch->fd, F_GETFL);
+	CHECK(fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) == 0);
+	CHECK(rdma_get_cm_event(ch, &e) == -1 && errno == EAGAIN);
+	CHECK(fcntl(ch->fd, F_SETFL, flags) == 0);
+
+	/* Binding the device's address (127.0.0.33, SOFTHCA_ADDR) and a port. */
+	CHECK(rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP) == 0);
+	a = sin4("127.0.0.33", 7174);
+	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&a) == 0);
+	CHECK(listener->verbs != NULL && rdma_get_src_port(listener) == htons(7174));
+	CHECK(rdma_create_id(ch, &other, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(other, (struct sockaddr *)&a) == -1 && errno == EADDRINUSE);
+	a = sin4("127.0.0.34", 0); /* this host's, but not the device's */
+	CHECK(rdma_bind_addr(other, (struct sockaddr *)&a) == -1 && errno == ENODEV);
+	a = sin4("203.0.113.7", 0); /* TEST-NET-3: not this host's */
+	CHECK(rdma_bind_addr(other, (struct sockaddr *)&a) == -1 && errno == EADDRNOTAVAIL);
+	CHECK(rdma_join_multicast(other, (struct sockaddr *)&a, NULL) == -1 && errno == ENOSYS);
+	CHECK(rdma_destroy_id(other) == 0);
+	CHECK(rdma_listen(listener, 8) == 0);
+
+	/* A port nobody listens on: REJ reason 8 (Invalid Service ID), as Linux's CM answers. */
+	c = client(7175);
+	CHECK(rdma_connect(c, NULL) == 0);
+	e = next(RDMA_CM_EVENT_REJECTED);
+	CHECK(e->id == c && e->status == 8);
+	rdma_ack_cm_event(e);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(c) == 0);
+
+	/* The listener rejects, with private data the client sees. */
+	c = client(7174);
+	memset(&p, 0, sizeof p);
+	p.private_data = "reject me";
+	p.private_data_len = 10;
+	p.responder_resources = p.initiator_depth = 1;
+	p.retry_count = p.rnr_retry_count = 7;
+	CHECK(rdma_connect(c, &p) == 0);
+	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
+	CHECK(e->listen_id == listener && e->id != listener);
+	CHECK(e->param.conn.private_data_len == 56 && memcmp(e->param.conn.private_data, "reject me", 10) == 0);
+	s = e->id;
+	rdma_ack_cm_event(e);
+	CHECK(rdma_reject(s, "nope", 5) == 0);
+	e = next(RDMA_CM_EVENT_REJECTED);
+	CHECK(e->id == c && e->status == 28 && e->param.conn.private_data_len == 148);
+	CHECK(memcmp(e->param.conn.private_data, "nope", 5) == 0);
+	rdma_ack_cm_event(e);
+	CHECK(rdma_destroy_id(s) == 0);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(c) == 0);
+
+	/* Accepted, private data both ways; then a Send, and a disconnect. */
+	c = client(7174);
+	p.private_data = "hi there";
+	p.private_data_len = 9;
+	CHECK(rdma_connect(c, &p) == 0);
+	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
+	s = e->id;
+	CHECK(e->param.conn.qp_num == c->qp->qp_num && e->param.conn.initiator_depth == 1);
+	CHECK(memcmp(e->param.conn.private_data, "hi there", 9) == 0);
+	/* The request's id has both ends' addresses: its source is the listener's, its
+	 * destination the client's. */
+	CHECK(rdma_get_src_port(s) == htons(7174) && rdma_get_dst_port(s) == rdma_get_src_port(c));
+	CHECK(((struct sockaddr_in *)rdma_get_peer_addr(s))->sin_addr.s_addr == inet_addr("127.0.0.33"));
+	rdma_ack_cm_event(e);
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
+	CHECK((rmr = ibv_reg_mr(s->pd, rbuf, sizeof rbuf, IBV_ACCESS_LOCAL_WRITE)) != NULL);
+	for (n = 0; n < 2; n++) {
+		sge.addr = (uintptr_t)rbuf;
+		sge.length = sizeof rbuf;
+		sge.lkey = rmr->lkey;
+		memset(&rwr, 0, sizeof rwr);
+		rwr.wr_id = n;
+		rwr.sg_list = &sge;
+		rwr.num_sge = 1;
+		CHECK(ibv_post_recv(s->qp, &rwr, &bad_r) == 0);
+	}
+	memset(&p, 0, sizeof p);
+	p.private_data = "welcome";
+	p.private_data_len = 8;
+	p.responder_resources = p.initiator_depth = 1;
+	p.rnr_retry_count = 7;
+	CHECK(rdma_accept(s, &p) == 0);
+	e = next(RDMA_CM_EVENT_ESTABLISHED);
+	CHECK(e->id == c && e->status == 0 && e->param.conn.private_data_len == 196);
+	CHECK(memcmp(e->param.conn.private_data, "welcome", 8) == 0 && e->param.conn.qp_num == s->qp->qp_num);
+	rdma_ack_cm_event(e);
+	e = next(RDMA_CM_EVENT_ESTABLISHED);
+	CHECK(e->id == s && e->status == 0);
+	rdma_ack_cm_event(e);
+
+	strcpy(buf, "over rdma_cm");
+	CHECK((smr = ibv_reg_mr(c->pd, buf, sizeof buf, 0)) != NULL);
+	sge.addr = (uintptr_t)buf;
+	sge.length = 13;
+	sge.lkey = smr->lkey;
+	memset(&swr, 0, sizeof swr);
+	swr.sg_list = &sge;
+	swr.num_sge = 1;
+	swr.opcode = IBV_WR_SEND;
+	swr.send_flags = IBV_SEND_SIGNALED;
+	CHECK(ibv_post_send(c->qp, &swr, &bad_s) == 0);
+	while ((n = ibv_poll_cq(c->send_cq, 1, &wc)) == 0)
+		;
+	CHECK(n == 1 && wc.status == IBV_WC_SUCCESS);
+	while ((n = ibv_poll_cq(s->recv_cq, 1, &wc)) == 0)
+		;
+	CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 13 && strcmp(rbuf, "over rdma_cm") == 0);
+
+	/* The client disconnects: DISCONNECTED on both sides, the server's QP flushed (its
+	 * other receive completes in error). */
+	CHECK(rdma_disconnect(c) == 0);
+	e = next(RDMA_CM_EVENT_DISCONNECTED);
+	CHECK(e->id == s);
+	rdma_ack_cm_event(e);
+	e = next(RDMA_CM_EVENT_DISCONNECTED);
+	CHECK(e->id == c);
+	rdma_ack_cm_event(e);
+	while ((n = ibv_poll_cq(s->recv_cq, 1, &wc)) == 0)
+		;
+	CHECK(n == 1 && wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 1);
+	CHECK(rdma_disconnect(s) == 0);
+
+	ibv_dereg_mr(smr);
+	ibv_dereg_mr(rmr);
+	rdma_destroy_qp(s);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(s) == 0 && rdma_destroy_id(c) == 0 && rdma_destroy_id(listener) == 0);
+	rdma_destroy_event_channel(ch);
+	printf("cm_edges: ok\n");
+	return 0;
+}

@@ -1,0 +1,169 @@
+//! Helpers for the tests that run programs on the drop-in `librdmacm.so.1`: linking it and
+//! the libraries beside it (`libibverbs.so.1`, `libmlx5.so.1`, `libefa.so.1`) from the static
+//! libraries cargo builds beside the tests, as `scripts/build-libibverbs` does; compiling
+//! `tests/c/*.c`; running two processes with a hang guard.
+#![allow(dead_code)]
+
+#[path = "../../../softhca-ibverbs/tests/common/procs.rs"]
+mod procs;
+pub use procs::*;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+pub fn scratch() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("softhca-rdmacm-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The newest `lib<crate>-*.a` (or `lib<crate>.a`) beside the test executable.
+fn archive(krate: &str) -> PathBuf {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    let hashed = format!("lib{krate}-");
+    let plain = format!("lib{krate}.a");
+    [deps.clone(), deps.parent().unwrap().to_path_buf()]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap().filter_map(|e| e.ok().map(|e| e.path())))
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            (n.starts_with(&hashed) && n.ends_with(".a")) || n == plain
+        })
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .unwrap_or_else(|| panic!("cargo builds lib{krate}*.a beside the tests"))
+}
+
+fn link(out: &Path, soname: &str, map: &Path, pre: &[&str], archive: &Path, post: &[String]) {
+    let res = Command::new("cc")
+        .args(["-shared", "-o"])
+        .arg(out)
+        .arg(format!("-Wl,-soname,{soname}"))
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .args(pre)
+        .arg("-Wl,--whole-archive")
+        .arg(archive)
+        .arg("-Wl,--no-whole-archive")
+        .args(post)
+        .args(["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"])
+        .output()
+        .unwrap();
+    assert!(res.status.success(), "linking {soname}: {}", String::from_utf8_lossy(&res.stderr));
+}
+
+/// A directory with the four drop-in libraries; once per test process.
+pub fn libs() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let dir = scratch().join("lib");
+        std::fs::create_dir_all(&dir).unwrap();
+        let verbs = crates.join("softhca-ibverbs/libibverbs.map");
+        link(&dir.join("libibverbs.so.1"), "libibverbs.so.1", &verbs, &[], &archive("softhca_ibverbs"), &[]);
+        let vendor = crates.join("softhca-vendor");
+        let compat = vendor.join("mlx5_compat.c");
+        let compat = compat.to_str().unwrap();
+        link(
+            &dir.join("libmlx5.so.1"),
+            "libmlx5.so.1",
+            &vendor.join("libmlx5.map"),
+            &[compat],
+            &archive("softhca_vendor"),
+            &[],
+        );
+        link(&dir.join("libefa.so.1"), "libefa.so.1", &vendor.join("libefa.map"), &[], &archive("softhca_vendor"), &[]);
+        let map = crates.join("softhca-rdmacm/librdmacm.map");
+        let post = [format!("-L{}", dir.display()), "-Wl,--no-as-needed".into(), "-l:libibverbs.so.1".into()];
+        link(
+            &dir.join("librdmacm.so.1"),
+            "librdmacm.so.1",
+            &map,
+            &["-Wl,--gc-sections"],
+            &archive("softhca_rdmacm"),
+            &post,
+        );
+        dir
+    })
+}
+
+pub fn ready() -> bool {
+    tool("cc") && have(Path::new("/usr/include/rdma/rdma_cma.h").exists(), "rdma/rdma_cma.h (librdmacm-dev)")
+}
+
+/// Compiles `tests/c/<name>.c` against the system's headers, once per test process.
+pub fn compile(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = scratch().join(name);
+    if !built.iter().any(|n| n == name) {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
+        let out = Command::new("cc")
+            .args(["-O1", "-Wall", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .args(["-lrdmacm", "-libverbs", "-lpthread"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "compiling {name}.c: {}", String::from_utf8_lossy(&out.stderr));
+        built.push(name.to_string());
+    }
+    exe
+}
+
+/// `program args` on the drop-in libraries, piped.
+pub fn command(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Command {
+    let mut c = Command::new(program);
+    c.args(args).env("LD_LIBRARY_PATH", libs()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A process of a two-process test: the program, its arguments, and the address its device
+/// takes (`SOFTHCA_ADDR`: the tests run in parallel, each pair on addresses of its own).
+pub struct Proc<'a> {
+    pub program: &'a str,
+    pub args: &'a [&'a str],
+    pub addr: [u8; 4],
+}
+
+/// Runs a server and then its client as two processes; both must exit 0. The client starts
+/// once the server's device is open (its UDP port 4791 shows in /proc/net/udp); a program
+/// listens right after, and a client refused in that window (REJ Invalid Service ID, as
+/// Linux's CM answers a port nobody listens on) is started again, at most 5 times. Returns
+/// (server output, client output).
+pub fn pair(server: Proc, client: Proc) -> (String, String) {
+    let ip = |a: [u8; 4]| format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]);
+    let mut s = command(server.program, server.args);
+    let s = s.env("SOFTHCA_ADDR", ip(server.addr)).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !udp_bound(server.addr) {
+        assert!(std::time::Instant::now() < deadline, "{} never opened its device", server.program);
+        std::thread::yield_now();
+    }
+    let mut tries = 0;
+    let (c, ct) = loop {
+        let mut c = command(client.program, client.args);
+        let c = finish(c.env("SOFTHCA_ADDR", ip(client.addr)).spawn().unwrap(), 60, client.program);
+        let ct = text(&c);
+        tries += 1;
+        let refused = ct.contains("REJECTED") || ct.contains("refused") || ct.contains("status 8");
+        if c.status.success() || !refused || tries == 5 {
+            break (c, ct);
+        }
+    };
+    let s = finish(s, 60, server.program);
+    let st = text(&s);
+    assert!(c.status.success(), "{} ({}):\n{ct}\nserver:\n{st}", client.program, c.status);
+    assert!(s.status.success(), "{} ({}):\n{st}\nclient:\n{ct}", server.program, s.status);
+    (st, ct)
+}
+
+/// Whether a UDP socket is bound to `addr`:4791 (from /proc/net/udp).
+pub fn udp_bound(addr: [u8; 4]) -> bool {
+    let want = format!("{:08X}:12B7", u32::from_le_bytes(addr));
+    std::fs::read_to_string("/proc/net/udp")
+        .is_ok_and(|t| t.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(&want)))
+}

@@ -1,0 +1,82 @@
+//! Debian's unmodified rdmacm-utils and perftest programs on the drop-in librdmacm.so.1, two
+//! processes each, every pair on addresses of its own: rping, rdma_server/rdma_client,
+//! ucmatose with several connections, and perftest's `-R` (connection through rdma_cm) for
+//! RDMA Write, Send latency and RDMA Read.
+
+mod common;
+
+use common::*;
+
+fn have_all(tools: &[&str]) -> bool {
+    ready() && tools.iter().all(|t| tool(t))
+}
+
+#[test]
+fn rping_exchanges_and_verifies_data() {
+    if !have_all(&["rping"]) {
+        return;
+    }
+    let (s, c) = pair(
+        Proc { program: "rping", args: &["-s", "-a", "127.0.0.21", "-C", "200", "-v"], addr: [127, 0, 0, 21] },
+        Proc { program: "rping", args: &["-c", "-a", "127.0.0.21", "-C", "200", "-v"], addr: [127, 0, 0, 22] },
+    );
+    // rping verifies each echo against what it sent (exit status); both sides print the data.
+    assert!(c.contains("ping data: rdma-ping-199:"), "{c}");
+    assert!(s.contains("server ping data: rdma-ping-199:"), "{s}");
+}
+
+#[test]
+fn rdma_server_and_rdma_client_synchronous_endpoints() {
+    if !have_all(&["rdma_server", "rdma_client"]) {
+        return;
+    }
+    let (s, c) = pair(
+        Proc { program: "rdma_server", args: &["-s", "127.0.0.23"], addr: [127, 0, 0, 23] },
+        Proc { program: "rdma_client", args: &["-s", "127.0.0.23"], addr: [127, 0, 0, 24] },
+    );
+    assert!(s.contains("rdma_server: end 0"), "{s}");
+    assert!(c.contains("rdma_client: end 0"), "{c}");
+}
+
+#[test]
+fn ucmatose_with_several_connections() {
+    if !have_all(&["ucmatose"]) {
+        return;
+    }
+    let (s, c) = pair(
+        Proc { program: "ucmatose", args: &["-b", "127.0.0.25", "-c", "8", "-C", "20"], addr: [127, 0, 0, 25] },
+        Proc { program: "ucmatose", args: &["-s", "127.0.0.25", "-c", "8", "-C", "20"], addr: [127, 0, 0, 26] },
+    );
+    assert!(s.contains("test complete") && s.contains("disconnected"), "{s}");
+    assert!(c.contains("test complete"), "{c}");
+}
+
+fn perftest(program: &str, args: &[&str], server: u8) {
+    if !have_all(&[program]) {
+        return;
+    }
+    let addr = format!("127.0.0.{server}");
+    let client: Vec<&str> = args.iter().copied().chain([addr.as_str()]).collect();
+    let (s, c) = pair(
+        Proc { program, args, addr: [127, 0, 0, server] },
+        Proc { program, args: &client, addr: [127, 0, 0, server + 1] },
+    );
+    // The result line: the size first, then the iteration count.
+    let result = |t: &str| t.lines().any(|l| l.split_whitespace().take(2).collect::<Vec<_>>() == [args[3], args[5]]);
+    assert!(result(&c) || result(&s), "no result line\nclient:\n{c}\nserver:\n{s}");
+}
+
+#[test]
+fn perftest_write_bw_over_rdma_cm() {
+    perftest("ib_write_bw", &["-R", "-F", "-s", "65536", "-n", "2000"], 27);
+}
+
+#[test]
+fn perftest_send_lat_over_rdma_cm() {
+    perftest("ib_send_lat", &["-R", "-F", "-s", "8", "-n", "2000"], 29);
+}
+
+#[test]
+fn perftest_read_bw_over_rdma_cm() {
+    perftest("ib_read_bw", &["-R", "-F", "-s", "65536", "-n", "2000"], 31);
+}
