@@ -11,7 +11,9 @@ use softhca_ibverbs::rdmacm::abi::*;
 
 #[test]
 fn structures_match_the_installed_header() {
-    if !(ready() && have(std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists(), "rdma/rdma_cma.h (librdmacm-dev)")) {
+    if !(ready()
+        && have(std::path::Path::new("/usr/include/rdma/rdma_cma.h").exists(), "rdma/rdma_cma.h (librdmacm-dev)"))
+    {
         return;
     }
     let src = scratch().join("layout.c");
