@@ -1,6 +1,6 @@
 //! Debian's unmodified rdmacm-utils and perftest programs on the drop-in librdmacm.so.1, two
 //! processes each, every pair on addresses of its own: rping, rdma_server/rdma_client,
-//! ucmatose with several connections, and perftest's `-R` (connection through rdma_cm) for
+//! ucmatose with several connections, udaddy (UD ids, SIDR), and perftest's `-R` (connection through rdma_cm) for
 //! RDMA Write, Send latency and RDMA Read.
 
 mod common;
@@ -49,6 +49,19 @@ fn ucmatose_with_several_connections() {
     );
     assert!(s.contains("test complete") && s.contains("disconnected"), "{s}");
     assert!(c.contains("test complete"), "{c}");
+}
+
+#[test]
+fn udaddy_resolves_ud_services_with_sidr() {
+    if !have_all(&["udaddy"]) {
+        return;
+    }
+    let (s, c) = pair(
+        Proc { program: "udaddy", args: &["-b", "127.0.0.35", "-c", "4", "-C", "20"], addr: [127, 0, 0, 35] },
+        Proc { program: "udaddy", args: &["-s", "127.0.0.35", "-c", "4", "-C", "20"], addr: [127, 0, 0, 36] },
+    );
+    assert!(s.contains("test complete") && s.contains("return status 0"), "{s}");
+    assert!(c.contains("test complete") && c.contains("return status 0"), "{c}");
 }
 
 fn perftest(program: &str, args: &[&str], server: u8) {

@@ -240,6 +240,7 @@ fn consumer<'s>(seen: &'s RefCell<(Seen, Seen)>, qa_num: u32) -> impl FnMut(bool
             }
             CmEvent::Disconnected { .. } => s.disconnected += 1,
             CmEvent::Rejected { reason, .. } => s.rejected.push(reason),
+            CmEvent::SidrRequest { .. } | CmEvent::SidrReply { .. } => panic!("no SIDR here: {ev:?}"),
         }
     }
 }

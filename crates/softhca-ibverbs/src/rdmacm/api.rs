@@ -6,7 +6,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::ptr::null_mut;
 
-use softhca::wire::mad::{CmRep, CmReq, CmaHeader};
+use softhca::transport::cm::sidr_status;
+use softhca::wire::mad::{CmRep, CmReq, CmSidrRep, CmSidrReq, CmaHeader};
 
 use super::abi::*;
 use super::*;
@@ -337,6 +338,7 @@ pub unsafe extern "C" fn softhca_rdma_listen(p: *mut rdma_cm_id, _backlog: c_int
     dev.agent.cm().listen(sid);
     g.listeners.insert(sid, id.serial);
     id.st.phase = Phase::Listen;
+    debug(|| format!("id {}: listening on port {} (service ID {sid:#018x})", id.serial, id.st.port));
     0
 }
 
@@ -397,8 +399,13 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
         if id.st.phase != Phase::RouteResolved {
             return err(libc::EINVAL);
         }
-        if id.c.ps == RDMA_PS_UDP || id.c.ps == RDMA_PS_IPOIB || id.c.qp_type == IBV_QPT_UD {
-            return err(libc::ENOSYS); // SIDR is not built
+        if id.c.qp_type == IBV_QPT_UD {
+            if let Err(e) = sidr_connect(&mut g, id, param) {
+                return err(e);
+            }
+            drop(g);
+            wake();
+            return result(complete(id));
         }
         let qpn = if id.c.qp.is_null() {
             match param {
@@ -486,9 +493,47 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
         g.conns.insert(comm, id.serial);
         id.st.comm = Some(comm);
         id.st.phase = Phase::Connect;
+        debug(|| format!("id {}: REQ to {dst} (QPN {qpn:#x}, comm ID {comm:#x})", id.serial));
     }
     wake();
     result(complete(id))
+}
+
+/// `rdma_connect` of a UD id: a SIDR REQ for the destination's service, carrying the cma
+/// header and the program's private data (at most 180 bytes), as Linux's cma_resolve_ib_udp.
+fn sidr_connect(g: &mut Global, id: &mut Id, param: Option<&rdma_conn_param>) -> Result<(), c_int> {
+    // SAFETY: the id's addresses, written by resolve.
+    let (src, dst) = unsafe {
+        (
+            read_sa(&id.c.route.addr.src as *const _ as *const libc::sockaddr),
+            read_sa(&id.c.route.addr.dst as *const _ as *const libc::sockaddr),
+        )
+    };
+    let (Some(src), Some(dst)) = (src, dst) else { return Err(libc::EINVAL) };
+    let mut req =
+        CmSidrReq { partition_key: 0xFFFF, service_id: service_id(id.c.ps, dst.port()), ..Default::default() };
+    CmaHeader { src_port: src.port(), src: src.ip(), dst: dst.ip() }
+        .emit(&mut req.private_data)
+        .map_err(|_| libc::EINVAL)?;
+    if let Some(p) = param {
+        let room = req.private_data.len() - CmaHeader::LEN;
+        if usize::from(p.private_data_len) > room {
+            return Err(libc::EINVAL);
+        }
+        if !p.private_data.is_null() {
+            // SAFETY: the program's private data of the length it gives.
+            let d = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into()) };
+            req.private_data[CmaHeader::LEN..CmaHeader::LEN + d.len()].copy_from_slice(d);
+        }
+    }
+    let dgid = id.c.route.addr.ibaddr.dgid.raw;
+    let dev = g.dev.as_mut().ok_or(libc::ENODEV)?;
+    let comm = dev.agent.cm().sidr_request(now(), dgid, req, CM_RESPONSE_TIMEOUT, MAX_CM_RETRIES);
+    dev.agent.transmit();
+    g.conns.insert(comm, id.serial);
+    id.st.comm = Some(comm);
+    id.st.phase = Phase::Connect;
+    Ok(())
 }
 
 #[no_mangle]
@@ -504,6 +549,39 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
             return err(libc::EINVAL);
         }
         let Some(comm) = id.st.comm else { return err(libc::EINVAL) };
+        if id.c.qp_type == IBV_QPT_UD {
+            // A SIDR request: the SIDR REP names the QP and its Q_Key; no RTU follows.
+            let qpn = match (id.c.qp.is_null(), param) {
+                // SAFETY: the id's live QP.
+                (false, _) => unsafe { (*id.c.qp).qp_num },
+                (true, Some(p)) => p.qp_num,
+                (true, None) => return err(libc::EINVAL),
+            };
+            let mut rep = CmSidrRep {
+                status: sidr_status::SUCCESS,
+                qpn,
+                service_id: service_id(id.c.ps, id.st.port),
+                qkey: qkey_of(id.c.ps),
+                ..Default::default()
+            };
+            if let Some(p) = param.filter(|p| !p.private_data.is_null()) {
+                if usize::from(p.private_data_len) > rep.private_data.len() {
+                    return err(libc::EINVAL);
+                }
+                // SAFETY: the program's private data of the length it gives.
+                let d = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into()) };
+                rep.private_data[..d.len()].copy_from_slice(d);
+            }
+            g.conns.remove(&comm);
+            id.st.comm = None;
+            let Some(dev) = g.dev.as_mut() else { return err(libc::ENODEV) };
+            if !dev.agent.cm().sidr_reply(now(), comm, rep) {
+                return err(libc::EINVAL);
+            }
+            dev.agent.transmit();
+            id.st.phase = Phase::Connected;
+            return 0;
+        }
         let Some(dev) = g.dev.as_mut() else { return err(libc::ENODEV) };
         if let Some(p) = param {
             id.st.responder_resources = p.responder_resources.min(dev.max_resp);
@@ -549,6 +627,7 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
         }
         dev.agent.transmit();
         id.st.phase = Phase::Accepting;
+        debug(|| format!("id {}: REP (QPN {qpn:#x})", id.serial));
     }
     wake();
     result(complete(id))
@@ -574,7 +653,11 @@ unsafe fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) 
     };
     g.conns.remove(&comm);
     if let Some(dev) = g.dev.as_mut() {
-        dev.agent.cm().reject_with(comm, reason, d);
+        if id.c.qp_type == IBV_QPT_UD {
+            dev.agent.cm().sidr_reject(comm, sidr_status::REJECT, d);
+        } else {
+            dev.agent.cm().reject_with(comm, reason, d);
+        }
         dev.agent.transmit();
     }
     id.st.phase = Phase::Failed;

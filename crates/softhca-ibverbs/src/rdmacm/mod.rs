@@ -25,8 +25,11 @@
 //!   events wait; blocking until the program sets O_NONBLOCK). An id made without a channel is
 //!   synchronous: its calls wait for their own event, as librdmacm's do.
 //!
-//! Not built: UD ids' SIDR exchange (`rdma_connect` on a UDP port-space id is ENOSYS),
-//! multicast (ENOSYS), alternate paths (LAP), and the rsocket API (in `softhca-rdmacm`).
+//! - UD ids (`RDMA_PS_UDP`, `RDMA_PS_IPOIB`): `rdma_connect` resolves the service with a
+//!   SIDR REQ; the SIDR REP gives ESTABLISHED with the remote QPN, Q_Key and address handle.
+//!
+//! Not built: multicast (ENOSYS), alternate paths (LAP), and the rsocket API (in
+//! `softhca-rdmacm`).
 
 pub mod abi;
 pub mod api;
@@ -39,8 +42,8 @@ use std::ptr::null_mut;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use softhca::transport::cm::{CmEvent, CommId};
-use softhca::wire::mad::{CmRep, CmReq, CmaHeader};
+use softhca::transport::cm::{sidr_status, CmEvent, CommId};
+use softhca::wire::mad::{CmRep, CmReq, CmSidrRep, CmSidrReq, CmaHeader};
 use softhca::{CmAgent, CompChannel};
 
 use self::abi::*;
@@ -208,6 +211,17 @@ fn wake() {
     }
 }
 
+/// With `SOFTHCA_CM_DEBUG=1`, a line on stderr for each step of a connection (bind, listen,
+/// connect, accept, reject, disconnect, and each event queued): what a program's connection
+/// manager does, for the person debugging it (Linux shows the like in its rdma_cm trace
+/// events). A script can also wait for the `listening` line before it starts a client.
+pub(crate) fn debug(line: impl FnOnce() -> String) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var("SOFTHCA_CM_DEBUG").is_ok_and(|v| v == "1")) {
+        eprintln!("softhca-cm: {}", line());
+    }
+}
+
 /// Nanoseconds on the CM's clock.
 fn now() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -345,6 +359,14 @@ impl Event {
         })
     }
 
+    /// Sets the UD parameters (a SIDR exchange), the private data copied into the event.
+    fn ud(&mut self, ah_attr: ibv_ah_attr, qp_num: u32, qkey: u32, data: &[u8]) {
+        let n = data.len().min(self.data.len());
+        self.data[..n].copy_from_slice(&data[..n]);
+        let private_data = if n == 0 { std::ptr::null() } else { self.data.as_ptr().cast() };
+        self.c.param.ud = rdma_ud_param { private_data, private_data_len: n.min(255) as u8, ah_attr, qp_num, qkey };
+    }
+
     /// Sets the connection parameters, the private data copied into the event.
     fn conn(&mut self, mut p: rdma_conn_param, data: &[u8]) {
         let n = data.len().min(self.data.len());
@@ -363,6 +385,10 @@ impl Id {
     }
 
     fn queue(&self, ev: Box<Event>) {
+        debug(|| {
+            let name = usize::try_from(ev.c.event).ok().and_then(|i| EVENT_NAMES.get(i));
+            format!("id {}: {} (status {})", self.serial, name.map_or("?".into(), |n| n.to_string_lossy()), ev.c.status)
+        });
         self.channel().push(ev);
     }
 }
@@ -416,38 +442,39 @@ impl Global {
                 CmEvent::Established { id, .. } => self.on_established(id),
                 CmEvent::Rejected { id, reason, private_data } => self.on_rejected(id, reason, &private_data),
                 CmEvent::Disconnected { id } => self.on_disconnected(id),
+                CmEvent::SidrRequest { id, peer, req } => self.on_sidr_request(id, peer, req),
+                CmEvent::SidrReply { id, rep } => self.on_sidr_reply(id, rep),
             }
         }
     }
 
-    fn on_request(&mut self, comm: CommId, peer: [u8; 16], req: Box<CmReq>) {
-        let reject = |g: &mut Global| {
-            if let Some(d) = g.dev.as_mut() {
-                d.agent.cm().reject(comm, REJ_CONSUMER);
-            }
-        };
-        let Some(listener) = self.listeners.get(&req.service_id).and_then(|&s| self.id(s)) else {
-            return reject(self);
-        };
-        let Some(hdr) = CmaHeader::parse(&req.private_data) else { return reject(self) };
-        let Some(dev) = self.dev.as_ref() else { return };
+    /// A new id for a request (REQ or SIDR REQ) to a listener: the listener's channel and
+    /// context, both ends' addresses from the request's cma header, the device's route.
+    /// None (and the request refused by the caller) when nobody listens or the header is bad.
+    fn incoming(
+        &mut self,
+        comm: CommId,
+        peer: [u8; 16],
+        service_id: u64,
+        private_data: &[u8],
+        qp_type: c_int,
+        path_mtu: u8,
+    ) -> Option<(&'static mut Id, &'static mut Id)> {
+        let listener = self.listeners.get(&service_id).and_then(|&s| self.id(s))?;
+        let hdr = CmaHeader::parse(private_data)?;
+        let dev = self.dev.as_ref()?;
         let (ctx, dev_pd, gid, mtu) = (dev.ctx, dev.pd, dev.gid, dev.active_mtu);
-        let qp_type = if req.transport_service_type == 1 { IBV_QPT_UC } else { IBV_QPT_RC };
-        let id = match new_id(self, listener.c.channel, listener.c.context, listener.c.ps, qp_type) {
-            Ok(id) => id,
-            Err(_) => return reject(self),
-        };
+        let id = new_id(self, listener.c.channel, listener.c.context, listener.c.ps, qp_type).ok()?;
         if listener.sync {
             // librdmacm moves a synchronous listener's new ids to channels of their own.
-            match Channel::new() {
-                Ok(ch) => {
-                    id.sync = true;
-                    id.own = ch;
-                    // SAFETY: a channel just made.
-                    id.c.channel = unsafe { &mut (*ch).c };
-                }
-                Err(_) => return reject(self),
-            }
+            let Ok(ch) = Channel::new() else {
+                destroy_unannounced(self, id);
+                return None;
+            };
+            id.sync = true;
+            id.own = ch;
+            // SAFETY: a channel just made.
+            id.c.channel = unsafe { &mut (*ch).c };
         }
         id.c.verbs = ctx;
         id.c.pd = if listener.c.pd.is_null() { dev_pd } else { listener.c.pd };
@@ -455,15 +482,26 @@ impl Global {
         write_sa(&mut id.c.route.addr.src, SocketAddr::new(hdr.dst, listener.st.port));
         write_sa(&mut id.c.route.addr.dst, SocketAddr::new(hdr.src, hdr.src_port));
         id.c.route.addr.ibaddr = rdma_ib_addr { sgid: ibv_gid { raw: gid }, dgid: ibv_gid { raw: peer }, pkey: 0xFFFF };
-        fill_path(id, mtu.min(req.path_mtu));
+        fill_path(id, mtu.min(path_mtu));
         id.st.phase = Phase::ReqRcvd;
         id.st.comm = Some(comm);
         id.st.port = listener.st.port;
-        id.st.responder_resources = req.responder_resources;
-        id.st.initiator_depth = req.initiator_depth;
-        id.st.sq_psn = random_u32() & 0xFF_FFFF;
         id.st.qp_init = listener.st.qp_init.as_ref().map(copy_init);
         self.conns.insert(comm, id.serial);
+        Some((id, listener))
+    }
+
+    fn on_request(&mut self, comm: CommId, peer: [u8; 16], req: Box<CmReq>) {
+        let qp_type = if req.transport_service_type == 1 { IBV_QPT_UC } else { IBV_QPT_RC };
+        let Some((id, listener)) = self.incoming(comm, peer, req.service_id, &req.private_data, qp_type, req.path_mtu)
+        else {
+            if let Some(d) = self.dev.as_mut() {
+                d.agent.cm().reject(comm, REJ_CONSUMER);
+            }
+            return;
+        };
+        id.st.responder_resources = req.responder_resources;
+        id.st.initiator_depth = req.initiator_depth;
         let mut ev = Event::new(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
         ev.c.listen_id = &mut listener.c;
         ev.listen_serial = listener.serial;
@@ -481,6 +519,45 @@ impl Global {
         ev.conn(p, &req.private_data[CmaHeader::LEN..]);
         id.st.req = Some(req);
         listener.queue(ev);
+    }
+
+    /// A SIDR REQ (a UD id's `rdma_connect`) for a listener: CONNECT_REQUEST with the UD
+    /// parameters (the private data after the cma header).
+    fn on_sidr_request(&mut self, comm: CommId, peer: [u8; 16], req: Box<CmSidrReq>) {
+        let mtu = self.dev.as_ref().map_or(0, |d| d.active_mtu);
+        let Some((id, listener)) = self.incoming(comm, peer, req.service_id, &req.private_data, IBV_QPT_UD, mtu) else {
+            if let Some(d) = self.dev.as_mut() {
+                d.agent.cm().sidr_reject(comm, sidr_status::REJECT, &[]);
+            }
+            return;
+        };
+        let mut ev = Event::new(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+        ev.c.listen_id = &mut listener.c;
+        ev.listen_serial = listener.serial;
+        ev.ud(self.ah_attr(id), 0, 0, &req.private_data[CmaHeader::LEN..]);
+        listener.queue(ev);
+    }
+
+    /// The SIDR REP for a UD id's `rdma_connect`: ESTABLISHED with the address handle
+    /// attributes, QPN and Q_Key of the remote QP, or UNREACHABLE with the REP's status (or
+    /// -EINVAL for another Q_Key than the port space's), as Linux's cma_sidr_rep_handler.
+    fn on_sidr_reply(&mut self, comm: CommId, rep: Box<CmSidrRep>) {
+        let Some(serial) = self.conns.remove(&comm) else { return };
+        let Some(id) = self.id(serial) else { return };
+        id.st.comm = None;
+        let ev = if rep.status != sidr_status::SUCCESS {
+            id.st.phase = Phase::Failed;
+            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, c_int::from(rep.status))
+        } else if rep.qkey != qkey_of(id.c.ps) {
+            id.st.phase = Phase::Failed;
+            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, -libc::EINVAL)
+        } else {
+            id.st.phase = Phase::Connected;
+            let mut ev = Event::new(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+            ev.ud(self.ah_attr(id), rep.qpn, rep.qkey, &rep.private_data);
+            ev
+        };
+        id.queue(ev);
     }
 
     fn on_established(&mut self, comm: CommId) {
@@ -594,7 +671,7 @@ impl Global {
                 a.port_num = 1;
                 mask |= IBV_QP_PKEY_INDEX | IBV_QP_PORT;
                 if id.c.qp_type == IBV_QPT_UD {
-                    a.qkey = if id.c.ps == RDMA_PS_IPOIB { 0 } else { RDMA_UDP_QKEY };
+                    a.qkey = qkey_of(id.c.ps);
                     mask |= IBV_QP_QKEY;
                 } else {
                     // Before a connection: no remote access (Linux's cma_ib_init_qp_attr);
@@ -677,6 +754,23 @@ impl Global {
 
 /// `RDMA_UDP_QKEY`: the Q_Key of UD ids of the UDP port space.
 const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// The Q_Key of a port space's UD QPs (rdma_cm's: RDMA_UDP_QKEY; IPoIB's would be the
+/// broadcast group's, which softhca has none of).
+pub(crate) fn qkey_of(ps: c_int) -> u32 {
+    if ps == RDMA_PS_IPOIB {
+        0
+    } else {
+        RDMA_UDP_QKEY
+    }
+}
+
+/// Takes an id that was never handed to the program out of the registry and frees it.
+fn destroy_unannounced(g: &mut Global, id: &mut Id) {
+    g.ids.remove(&id.serial);
+    // SAFETY: made by new_id, out of the registry, never seen by the program.
+    drop(unsafe { Box::from_raw(id as *mut Id) });
+}
 
 /// Moves an id's QP to the error state (its work requests flush).
 fn modify_err(id: &Id) -> Result<(), c_int> {

@@ -130,40 +130,40 @@ pub struct Proc<'a> {
 }
 
 /// Runs a server and then its client as two processes; both must exit 0. The client starts
-/// once the server's device is open (its UDP port 4791 shows in /proc/net/udp); a program
-/// listens right after, and a client refused in that window (REJ Invalid Service ID, as
-/// Linux's CM answers a port nobody listens on) is started again, at most 5 times. Returns
+/// once the server listens: the server runs with `SOFTHCA_CM_DEBUG=1`, and its stderr's
+/// `listening` line says so (a REQ before the listen would be refused, as on Linux). Returns
 /// (server output, client output).
 pub fn pair(server: Proc, client: Proc) -> (String, String) {
+    use std::io::BufRead;
     let ip = |a: [u8; 4]| format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]);
     let mut s = command(server.program, server.args);
-    let s = s.env("SOFTHCA_ADDR", ip(server.addr)).spawn().unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !udp_bound(server.addr) {
-        assert!(std::time::Instant::now() < deadline, "{} never opened its device", server.program);
-        std::thread::yield_now();
-    }
-    let mut tries = 0;
-    let (c, ct) = loop {
-        let mut c = command(client.program, client.args);
-        let c = finish(c.env("SOFTHCA_ADDR", ip(client.addr)).spawn().unwrap(), 60, client.program);
-        let ct = text(&c);
-        tries += 1;
-        let refused = ct.contains("REJECTED") || ct.contains("refused") || ct.contains("status 8");
-        if c.status.success() || !refused || tries == 5 {
-            break (c, ct);
+    let mut s = s.env("SOFTHCA_ADDR", ip(server.addr)).env("SOFTHCA_CM_DEBUG", "1").spawn().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = s.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("softhca-cm:") && line.contains("listening on") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
         }
+        all
+    });
+    // A hang guard only: the line comes as soon as the program listens.
+    let listening = rx.recv_timeout(std::time::Duration::from_secs(30)).is_ok();
+    let mut c = command(client.program, client.args);
+    let c = if listening {
+        Some(finish(c.env("SOFTHCA_ADDR", ip(client.addr)).spawn().unwrap(), 60, client.program))
+    } else {
+        None
     };
     let s = finish(s, 60, server.program);
-    let st = text(&s);
+    let st = format!("{}{}", String::from_utf8_lossy(&s.stdout), reader.join().unwrap());
+    let Some(c) = c else { panic!("{} never listened:\n{st}", server.program) };
+    let ct = text(&c);
     assert!(c.status.success(), "{} ({}):\n{ct}\nserver:\n{st}", client.program, c.status);
     assert!(s.status.success(), "{} ({}):\n{st}\nclient:\n{ct}", server.program, s.status);
     (st, ct)
-}
-
-/// Whether a UDP socket is bound to `addr`:4791 (from /proc/net/udp).
-pub fn udp_bound(addr: [u8; 4]) -> bool {
-    let want = format!("{:08X}:12B7", u32::from_le_bytes(addr));
-    std::fs::read_to_string("/proc/net/udp")
-        .is_ok_and(|t| t.lines().skip(1).any(|l| l.split_whitespace().nth(1) == Some(&want)))
 }

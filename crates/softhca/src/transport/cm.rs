@@ -24,7 +24,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::wire::mad::{
-    CmDrep, CmDreq, CmMessage, CmMra, CmRej, CmRep, CmReq, CmRtu, MadHeaderRepr, CM_CLASS_VERSION, MAD_LEN, METHOD_SEND,
+    CmDrep, CmDreq, CmMessage, CmMra, CmRej, CmRep, CmReq, CmRtu, CmSidrRep, CmSidrReq, MadHeaderRepr,
+    CM_CLASS_VERSION, MAD_LEN, METHOD_SEND,
 };
 
 /// REJ reasons of IBA Table 109 that this machine gives.
@@ -73,6 +74,12 @@ pub enum CmEvent {
     /// REP was not yet answered by an RTU can get this without Established before it: the
     /// requester disconnected while the RTU was lost.
     Disconnected { id: CommId },
+    /// A SIDR REQ for a listened service (UD service resolution): answer it with
+    /// [`Cm::sidr_reply`].
+    SidrRequest { id: CommId, peer: Peer, req: Box<CmSidrReq> },
+    /// The SIDR REP that answered this side's SIDR REQ (its status says whether the service
+    /// was found). A SIDR REQ left unanswered after its retries ends in `Rejected` (Timeout).
+    SidrReply { id: CommId, rep: Box<CmSidrRep> },
 }
 
 /// The parameters a consumer gives a connection request.
@@ -157,6 +164,32 @@ struct Conn {
     rep: Option<Box<CmRep>>,
 }
 
+/// A SIDR exchange (IBA 12.11): a requester's SIDR REQ waiting for its REP, or a responder's
+/// request kept (until its deadline) to answer a repeated REQ with the same REP.
+struct Sidr {
+    requester: bool,
+    peer: Peer,
+    /// Responder: the requester's Request ID.
+    remote_id: u32,
+    tid: u64,
+    /// The REQ (requester) or the REP once answered (responder).
+    last: Option<Box<[u8; MAD_LEN]>>,
+    retries_left: u8,
+    wait_ns: u64,
+    deadline: u64,
+}
+
+/// SIDR REP statuses (IBA Table 121).
+pub mod sidr_status {
+    pub const SUCCESS: u8 = 0;
+    /// No such service: nobody listens to the service ID.
+    pub const UNSUPPORTED: u8 = 1;
+    /// The consumer refused.
+    pub const REJECT: u8 = 2;
+    /// No QP (here: too many requests waiting).
+    pub const NO_QP: u8 = 3;
+}
+
 /// How many REQs may wait for the consumer's answer at once, unless told otherwise.
 pub const DEFAULT_MAX_PENDING: usize = 1024;
 
@@ -176,6 +209,9 @@ pub struct Cm {
     pending: usize,
     max_pending: usize,
     counters: CmCounters,
+    sidrs: BTreeMap<CommId, Sidr>,
+    /// Responder SIDR requests by (peer, Request ID): to recognise a repeated SIDR REQ.
+    sidr_by_remote: BTreeMap<(Peer, u32), CommId>,
 }
 
 /// 4.096 µs × 2^t in ns (IBA 12.7.22), t at most 31.
@@ -198,6 +234,8 @@ impl Cm {
             pending: 0,
             max_pending: DEFAULT_MAX_PENDING,
             counters: CmCounters::default(),
+            sidrs: BTreeMap::new(),
+            sidr_by_remote: BTreeMap::new(),
         }
     }
 
@@ -368,6 +406,7 @@ impl Cm {
     /// does: a REQ or REP still unanswered is rejected (Timeout for the requester, Consumer
     /// Reject for the responder), an established connection gets a DREQ, sent once.
     pub fn destroy(&mut self, id: CommId) {
+        self.forget_sidr(id);
         let Some(conn) = self.conns.get(&id) else { return };
         match conn.state {
             State::ReqSent => {
@@ -437,7 +476,8 @@ impl Cm {
             CmMessage::Mra(mra) => self.on_mra(now, peer, &mra),
             CmMessage::Dreq(dreq) => self.on_dreq(now, peer, h.transaction_id, &dreq),
             CmMessage::Drep(drep) => self.on_drep(now, peer, &drep),
-            CmMessage::SidrReq(_) | CmMessage::SidrRep(_) => false,
+            CmMessage::SidrReq(req) => self.on_sidr_req(now, peer, h.transaction_id, req),
+            CmMessage::SidrRep(rep) => self.on_sidr_rep(peer, rep),
         };
         if !taken {
             self.counters.unmatched += 1;
@@ -453,13 +493,15 @@ impl Cm {
         self.events.pop_front()
     }
 
-    /// The earliest deadline of any connection.
+    /// The earliest deadline of any connection or SIDR exchange.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        let conns = self.conns.values().filter_map(|c| c.deadline);
+        conns.chain(self.sidrs.values().map(|s| s.deadline)).min()
     }
 
     /// Sends again what is unanswered past its deadline, or gives the connection up.
     pub fn handle_timeout(&mut self, now: u64) {
+        self.sidr_timeouts(now);
         let due: Vec<CommId> =
             self.conns.iter().filter(|(_, c)| c.deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
         for id in due {
@@ -775,10 +817,167 @@ impl Cm {
         mad
     }
 
+    /// Sends a SIDR REQ for `req.service_id` (its Request ID is chosen here) and waits for the
+    /// SIDR REP `timeout` (4.096 µs × 2^t) at a time, sending it again up to `max_retries`.
+    pub fn sidr_request(&mut self, now: u64, peer: Peer, mut req: CmSidrReq, timeout: u8, max_retries: u8) -> CommId {
+        let id = self.fresh_id();
+        let tid = self.fresh_tid();
+        req.request_id = id;
+        let mad = self.build(tid, &CmMessage::SidrReq(Box::new(req)));
+        self.out.push_back((peer, mad.clone()));
+        let wait_ns = cm_timeout_ns(timeout);
+        let sidr = Sidr {
+            requester: true,
+            peer,
+            remote_id: 0,
+            tid,
+            last: Some(mad),
+            retries_left: max_retries,
+            wait_ns,
+            deadline: now + wait_ns,
+        };
+        self.sidrs.insert(id, sidr);
+        id
+    }
+
+    /// Answers SIDR request `id` with `rep` (its Request ID filled in here); the answer is
+    /// kept a while to answer a repeated SIDR REQ.
+    pub fn sidr_reply(&mut self, now: u64, id: CommId, mut rep: CmSidrRep) -> bool {
+        let Some(s) = self.sidrs.get_mut(&id) else { return false };
+        if s.requester || s.last.is_some() {
+            return false;
+        }
+        rep.request_id = s.remote_id;
+        let (peer, tid) = (s.peer, s.tid);
+        let mad = self.build(tid, &CmMessage::SidrRep(Box::new(rep)));
+        self.out.push_back((peer, mad.clone()));
+        if let Some(s) = self.sidrs.get_mut(&id) {
+            s.last = Some(mad);
+            s.deadline = now + self.time_wait_ns;
+        }
+        self.pending -= 1;
+        true
+    }
+
+    fn on_sidr_req(&mut self, now: u64, peer: Peer, tid: u64, req: Box<CmSidrReq>) -> bool {
+        if let Some(id) = self.sidr_by_remote.get(&(peer, req.request_id)) {
+            self.counters.duplicates += 1;
+            if let Some(last) = self.sidrs.get(id).and_then(|s| s.last.clone()) {
+                self.out.push_back((peer, last));
+            }
+            return true;
+        }
+        let status = if !self.listening.contains_key(&req.service_id) {
+            self.counters.rejected_no_listener += 1;
+            sidr_status::UNSUPPORTED
+        } else if self.pending >= self.max_pending {
+            self.counters.rejected_backlog += 1;
+            sidr_status::NO_QP
+        } else {
+            sidr_status::SUCCESS
+        };
+        if status != sidr_status::SUCCESS {
+            let rep =
+                CmSidrRep { request_id: req.request_id, status, service_id: req.service_id, ..Default::default() };
+            self.send_once(peer, tid, CmMessage::SidrRep(Box::new(rep)));
+            return true;
+        }
+        let id = self.fresh_id();
+        // Kept until answered, and a while after; a consumer that never answers lets it go
+        // with the time-wait deadline too.
+        let sidr = Sidr {
+            requester: false,
+            peer,
+            remote_id: req.request_id,
+            tid,
+            last: None,
+            retries_left: 0,
+            wait_ns: 0,
+            deadline: now + self.time_wait_ns,
+        };
+        self.sidrs.insert(id, sidr);
+        self.sidr_by_remote.insert((peer, req.request_id), id);
+        self.pending += 1;
+        self.events.push_back(CmEvent::SidrRequest { id, peer, req });
+        true
+    }
+
+    fn on_sidr_rep(&mut self, peer: Peer, rep: Box<CmSidrRep>) -> bool {
+        let id = rep.request_id;
+        if !self.sidrs.get(&id).is_some_and(|s| s.requester && s.peer == peer) {
+            return false;
+        }
+        self.sidrs.remove(&id);
+        self.events.push_back(CmEvent::SidrReply { id, rep });
+        true
+    }
+
+    /// SIDR REQs sent again or given up; answered requests forgotten.
+    fn sidr_timeouts(&mut self, now: u64) {
+        let due: Vec<CommId> = self.sidrs.iter().filter(|(_, s)| s.deadline <= now).map(|(id, _)| *id).collect();
+        for id in due {
+            let Some(mut s) = self.sidrs.remove(&id) else { continue };
+            if !s.requester {
+                self.sidr_by_remote.remove(&(s.peer, s.remote_id));
+                if s.last.is_none() {
+                    self.pending -= 1; // never answered
+                }
+                continue;
+            }
+            match (s.retries_left, s.last.clone()) {
+                (1.., Some(mad)) => {
+                    s.retries_left -= 1;
+                    s.deadline = now + s.wait_ns;
+                    self.out.push_back((s.peer, mad));
+                    self.counters.resent += 1;
+                    self.sidrs.insert(id, s);
+                }
+                _ => {
+                    self.counters.timeouts += 1;
+                    self.events.push_back(CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: Vec::new() });
+                }
+            }
+        }
+    }
+
+    /// Forgets SIDR exchange `id` (its consumer is gone); an unanswered request is refused.
+    fn forget_sidr(&mut self, id: CommId) {
+        let Some(s) = self.sidrs.remove(&id) else { return };
+        if !s.requester {
+            self.sidr_by_remote.remove(&(s.peer, s.remote_id));
+            if s.last.is_none() {
+                self.pending -= 1;
+                let rep = CmSidrRep { request_id: s.remote_id, status: sidr_status::REJECT, ..Default::default() };
+                self.send_once(s.peer, s.tid, CmMessage::SidrRep(Box::new(rep)));
+            }
+        }
+    }
+
+    /// Refuses SIDR request `id` with `status` (REJECT for a consumer's reject).
+    pub fn sidr_reject(&mut self, id: CommId, status: u8, private_data: &[u8]) -> bool {
+        let Some(s) = self.sidrs.get(&id) else { return false };
+        if s.requester || s.last.is_some() {
+            return false;
+        }
+        let mut rep = CmSidrRep { status, ..Default::default() };
+        let n = private_data.len().min(rep.private_data.len());
+        rep.private_data[..n].copy_from_slice(&private_data[..n]);
+        self.sidr_reply_raw(id, rep)
+    }
+
+    fn sidr_reply_raw(&mut self, id: CommId, mut rep: CmSidrRep) -> bool {
+        let Some(s) = self.sidrs.remove(&id) else { return false };
+        self.sidr_by_remote.remove(&(s.peer, s.remote_id));
+        self.pending -= 1;
+        rep.request_id = s.remote_id;
+        self.send_once(s.peer, s.tid, CmMessage::SidrRep(Box::new(rep)));
+        true
+    }
+
     fn fresh_id(&mut self) -> CommId {
         loop {
             self.next_id = self.next_id.wrapping_add(0x9E37_79B9);
-            if self.next_id != 0 && !self.conns.contains_key(&self.next_id) {
+            if self.next_id != 0 && !self.conns.contains_key(&self.next_id) && !self.sidrs.contains_key(&self.next_id) {
                 return self.next_id;
             }
         }
