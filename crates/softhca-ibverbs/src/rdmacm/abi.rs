@@ -56,6 +56,10 @@ pub const RDMA_OPTION_ID_AFONLY: c_int = 2;
 pub const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
 pub const RDMA_OPTION_IB_PATH: c_int = 1;
 
+/// In `rdma_conn_param`: "as many as the device allows".
+pub const RDMA_MAX_RESP_RES: u8 = 0xFF;
+pub const RDMA_MAX_INIT_DEPTH: u8 = 0xFF;
+
 #[repr(C)]
 pub struct rdma_event_channel {
     pub fd: c_int,

@@ -58,6 +58,18 @@ pub extern "C" fn softhca_rdma_create_event_channel() -> *mut rdma_event_channel
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     if !channel.is_null() {
+        // Ids still on it (the program should have destroyed them first) get no more events,
+        // as the kernel's ids go with a closed rdma_cm descriptor; nothing writes to the
+        // freed channel.
+        let g = global();
+        for &p in g.ids.values() {
+            // SAFETY: registered ids are live (under the lock).
+            let id = unsafe { &mut *p };
+            if id.c.channel == channel {
+                id.c.channel = null_mut();
+            }
+        }
+        drop(g);
         // SAFETY: a channel of this library that the program gives up.
         drop(unsafe { Box::from_raw(channel as *mut Channel) });
     }
@@ -349,8 +361,13 @@ pub unsafe extern "C" fn softhca_rdma_get_request(listen: *mut rdma_cm_id, out: 
         Ok(id) => id,
         Err(e) => return err(e),
     };
-    if out.is_null() || !l.sync || l.st.phase != Phase::Listen {
+    if out.is_null() || !l.sync || global().id(l.serial).is_none_or(|l| l.st.phase != Phase::Listen) {
         return err(libc::EINVAL);
+    }
+    if !l.c.event.is_null() {
+        // SAFETY: the event kept from the listener's last failed call.
+        unsafe { softhca_rdma_ack_cm_event(l.c.event) };
+        l.c.event = null_mut();
     }
     let mut ev = null_mut();
     // SAFETY: the listener's own channel; a local out pointer.
@@ -367,7 +384,8 @@ pub unsafe extern "C" fn softhca_rdma_get_request(listen: *mut rdma_cm_id, out: 
     }
     // SAFETY: a CONNECT_REQUEST's id is the new one, live until the program destroys it.
     let new = unsafe { &mut *(e.id as *mut Id) };
-    if let Some(mut attr) = new.st.qp_init.take() {
+    let qp_init = global().id(new.serial).and_then(|n| n.st.qp_init.take());
+    if let Some(mut attr) = qp_init {
         // SAFETY: the new id and the listener's QP attributes (their PD is the listener's).
         if unsafe { softhca_rdma_create_qp(&mut new.c, l.c.pd, &mut attr) } != 0 {
             // SAFETY: errno of this thread, just set.
@@ -417,10 +435,15 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
             unsafe { (*id.c.qp).qp_num }
         };
         let Some(dev) = g.dev.as_mut() else { return err(libc::ENODEV) };
-        let (resp, init) = match param {
-            Some(p) => (p.responder_resources.min(dev.max_resp), p.initiator_depth.min(dev.max_init)),
-            None => (dev.max_resp, dev.max_init),
-        };
+        if let Err(e) = valid_param(id, param, dev.max_resp, dev.max_init) {
+            return err(e);
+        }
+        // librdmacm's rdma_connect: the program's values, 0xFF for the device's maxima.
+        let resp = param.map_or(RDMA_MAX_RESP_RES, |p| p.responder_resources);
+        let init = param.map_or(RDMA_MAX_INIT_DEPTH, |p| p.initiator_depth);
+        let resp = if resp == RDMA_MAX_RESP_RES { dev.max_resp } else { resp };
+        let init = if init == RDMA_MAX_INIT_DEPTH { dev.max_init } else { init };
+        let guid = ca_guid(dev.gid);
         id.st.responder_resources = resp;
         id.st.initiator_depth = init;
         id.st.retry_count = param.map_or(7, |p| p.retry_count.min(7));
@@ -436,14 +459,14 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
         let (Some(src), Some(dst)) = (src, dst) else { return err(libc::EINVAL) };
         let mut req = CmReq {
             service_id: service_id(id.c.ps, dst.port()),
-            local_ca_guid: NODE_GUID,
+            local_ca_guid: guid,
             local_qpn: qpn,
             responder_resources: resp,
             initiator_depth: init,
             remote_cm_response_timeout: CM_RESPONSE_TIMEOUT,
             transport_service_type: if id.c.qp_type == IBV_QPT_UC { 1 } else { 0 },
             end_to_end_flow_control: id.st.flow_control,
-            starting_psn: id.st.sq_psn,
+            starting_psn: id.st.psn,
             local_cm_response_timeout: CM_RESPONSE_TIMEOUT,
             retry_count: id.st.retry_count,
             partition_key: 0xFFFF,
@@ -475,20 +498,9 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
                 req.private_data[CmaHeader::LEN..CmaHeader::LEN + d.len()].copy_from_slice(d);
             }
         }
-        if !id.c.qp.is_null() {
-            // librdmacm readies the QP's INIT attributes before it connects.
-            let (mut a, mask) = match g.qp_attr(id, IBV_QPS_INIT) {
-                Ok(x) => x,
-                Err(e) => return err(e),
-            };
-            // SAFETY: the id's live QP.
-            let rc = unsafe { crate::qp::ibv_modify_qp(id.c.qp, &mut a, mask) };
-            if rc != 0 {
-                return err(rc);
-            }
-        }
         let Some(dev) = g.dev.as_mut() else { return err(libc::ENODEV) };
-        let comm = dev.agent.cm().request(now(), req.primary_remote_gid, req);
+        // The RTU waits until the QP is ready for the responder's first packet.
+        let comm = dev.agent.cm().request_held(now(), req.primary_remote_gid, req);
         dev.agent.transmit();
         g.conns.insert(comm, id.serial);
         id.st.comm = Some(comm);
@@ -497,6 +509,24 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
     }
     wake();
     result(complete(id))
+}
+
+/// librdmacm's `ucma_valid_param` (TCP port space only): connection parameters are needed
+/// without a QP, and resources beyond the device's are EINVAL (0xFF asks for the maximum).
+fn valid_param(id: &Id, param: Option<&rdma_conn_param>, max_resp: u8, max_init: u8) -> Result<(), c_int> {
+    if id.c.ps != RDMA_PS_TCP {
+        return Ok(());
+    }
+    let Some(p) = param else {
+        return if id.c.qp.is_null() { Err(libc::EINVAL) } else { Ok(()) };
+    };
+    let over = |v: u8, max: u8, any: u8| v != any && v > max;
+    if over(p.responder_resources, max_resp, RDMA_MAX_RESP_RES)
+        || over(p.initiator_depth, max_init, RDMA_MAX_INIT_DEPTH)
+    {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
 }
 
 /// `rdma_connect` of a UD id: a SIDR REQ for the destination's service, carrying the cma
@@ -583,10 +613,20 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
             return 0;
         }
         let Some(dev) = g.dev.as_mut() else { return err(libc::ENODEV) };
-        if let Some(p) = param {
-            id.st.responder_resources = p.responder_resources.min(dev.max_resp);
-            id.st.initiator_depth = p.initiator_depth.min(dev.max_init);
+        if let Err(e) = valid_param(id, param, dev.max_resp, dev.max_init) {
+            return err(e);
         }
+        // librdmacm's rdma_accept: the program's values, or (none, 0xFF) the request's
+        // bounded by the device's.
+        id.st.initiator_depth = match param.map(|p| p.initiator_depth) {
+            Some(d) if d != RDMA_MAX_INIT_DEPTH => d,
+            _ => id.st.initiator_depth.min(dev.max_init),
+        };
+        id.st.responder_resources = match param.map(|p| p.responder_resources) {
+            Some(r) if r != RDMA_MAX_RESP_RES => r,
+            _ => id.st.responder_resources.min(dev.max_resp),
+        };
+        let guid = ca_guid(dev.gid);
         let qpn = match (id.c.qp.is_null(), param) {
             // SAFETY: the id's live QP.
             (false, _) => unsafe { (*id.c.qp).qp_num },
@@ -601,14 +641,14 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
         }
         let mut rep = CmRep {
             local_qpn: qpn,
-            starting_psn: id.st.sq_psn,
+            starting_psn: id.st.psn,
             responder_resources: id.st.responder_resources,
             initiator_depth: id.st.initiator_depth,
             target_ack_delay: TARGET_ACK_DELAY,
             end_to_end_flow_control: param.map_or(0, |p| p.flow_control & 1),
             rnr_retry_count: param.map_or(7, |p| p.rnr_retry_count.min(7)),
             srq: u8::from(!id.c.srq.is_null() || param.is_some_and(|p| p.srq != 0)),
-            local_ca_guid: NODE_GUID,
+            local_ca_guid: guid,
             ..Default::default()
         };
         if let Some(p) = param {
@@ -698,6 +738,18 @@ pub unsafe extern "C" fn softhca_rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
             // The peer disconnected first: its DREQ was answered (a synchronous id still
             // takes its DISCONNECTED event below, as librdmacm's ucma_complete does).
             Phase::Disconnected => {}
+            // A connection that was tried and is gone (rejected, unreachable) or still under
+            // way: the kernel has a CM id for it and answers 0; only an id that never
+            // connected is EINVAL.
+            Phase::Connect | Phase::Accepting | Phase::ReqRcvd | Phase::Failed => {
+                if let (Some(comm), Some(dev)) = (id.st.comm, g.dev.as_mut()) {
+                    dev.agent.cm().destroy(comm);
+                    dev.agent.transmit();
+                    g.conns.remove(&comm);
+                    id.st.comm = None;
+                }
+                return 0;
+            }
             _ => return err(libc::EINVAL),
         }
     }
@@ -708,12 +760,21 @@ pub unsafe extern "C" fn softhca_rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_establish(p: *mut rdma_cm_id) -> c_int {
     // SAFETY: the program's id.
-    match unsafe { id_of(p) } {
-        // The RTU went out with the REP's answer.
-        Ok(id) if id.st.phase == Phase::Connected => 0,
-        Ok(_) => err(libc::EINVAL),
-        Err(e) => err(e),
+    let id = match unsafe { id_of(p) } {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    // With a QP, librdmacm readied it and sent the RTU itself (EINVAL, as librdmacm).
+    let mut g = global();
+    if !id.c.qp.is_null() || id.st.phase != Phase::Connected {
+        return err(libc::EINVAL);
     }
+    let (Some(comm), Some(dev)) = (id.st.comm, g.dev.as_mut()) else { return err(libc::EINVAL) };
+    if !dev.agent.cm().establish(comm) {
+        return err(libc::EINVAL);
+    }
+    dev.agent.transmit();
+    0
 }
 
 #[no_mangle]
@@ -1113,6 +1174,14 @@ pub unsafe extern "C" fn softhca_rdma_migrate_id(p: *mut rdma_cm_id, channel: *m
         Ok(id) => id,
         Err(e) => return err(e),
     };
+    if id.sync && channel.is_null() {
+        return err(libc::EINVAL);
+    }
+    if id.sync && !id.c.event.is_null() {
+        // SAFETY: the event this synchronous id kept from its last call.
+        unsafe { softhca_rdma_ack_cm_event(id.c.event) };
+        id.c.event = null_mut();
+    }
     let (to, own) = if channel.is_null() {
         match Channel::new() {
             // SAFETY: a channel just made.
@@ -1275,6 +1344,7 @@ pub unsafe extern "C" fn softhca_rdma_set_local_ece(p: *mut rdma_cm_id, ece: *mu
     if ece.is_null() {
         return err(libc::EINVAL);
     }
+    let _g = global();
     // SAFETY: the program's ECE structure.
     id.st.local_ece = unsafe { *ece };
     0

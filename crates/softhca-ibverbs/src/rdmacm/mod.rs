@@ -67,8 +67,12 @@ const TARGET_ACK_DELAY: u8 = 15;
 /// IB CM REJ reasons rdma_cm uses (IBA Table 109).
 const REJ_CONSUMER: u16 = 28;
 const REJ_VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
-/// The node GUID the REQ and REP carry (the device's, see `device`).
-const NODE_GUID: u64 = 0x0200_5eff_fe00_5ca0;
+/// The CA GUID a REQ and REP carry: locally administered (0x02 first), the device's IPv4
+/// address (or the last four bytes of its IPv6 one) last, so that each process's device has
+/// its own: Linux's CM tells connections apart by the peer's CA GUID.
+pub(crate) fn ca_guid(gid: [u8; 16]) -> u64 {
+    0x0200_0000_0000_0000 | u64::from(u32::from_be_bytes([gid[12], gid[13], gid[14], gid[15]]))
+}
 const ETIMEDOUT: c_int = libc::ETIMEDOUT;
 
 /// Where an id is in its life.
@@ -103,8 +107,10 @@ struct IdState {
     retry_count: u8,
     rnr_retry_count: u8,
     flow_control: u8,
-    /// The PSN this side starts with.
-    sq_psn: u32,
+    /// The PSN this side puts in its REQ or REP: the one it *receives* from (Linux's CM
+    /// takes a REQ's or REP's Starting PSN as the PSN its sender expects, and sends from the
+    /// peer's: the rxe captures show it).
+    psn: u32,
     /// Passive: the REQ being answered.
     req: Option<Box<CmReq>>,
     /// Active: the REP that answered.
@@ -385,6 +391,9 @@ impl Id {
     }
 
     fn queue(&self, ev: Box<Event>) {
+        if self.c.channel.is_null() {
+            return; // its channel was destroyed under it (see rdma_destroy_event_channel)
+        }
         debug(|| {
             let name = usize::try_from(ev.c.event).ok().and_then(|i| EVENT_NAMES.get(i));
             format!("id {}: {} (status {})", self.serial, name.map_or("?".into(), |n| n.to_string_lossy()), ev.c.status)
@@ -500,16 +509,18 @@ impl Global {
             }
             return;
         };
-        id.st.responder_resources = req.responder_resources;
-        id.st.initiator_depth = req.initiator_depth;
+        // The requester's resources seen from this side (Linux's cm_format_req_event): what
+        // it can have outstanding toward us is our responder resources, and the other way.
+        id.st.responder_resources = req.initiator_depth;
+        id.st.initiator_depth = req.responder_resources;
         let mut ev = Event::new(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
         ev.c.listen_id = &mut listener.c;
         ev.listen_serial = listener.serial;
         let p = rdma_conn_param {
             private_data: std::ptr::null(),
             private_data_len: 0,
-            responder_resources: req.responder_resources,
-            initiator_depth: req.initiator_depth,
+            responder_resources: req.initiator_depth,
+            initiator_depth: req.responder_resources,
             flow_control: req.end_to_end_flow_control,
             retry_count: req.retry_count,
             rnr_retry_count: req.rnr_retry_count,
@@ -566,11 +577,14 @@ impl Global {
             Phase::Connect => {
                 let Some(rep) = self.dev.as_mut().and_then(|d| d.agent.cm().reply(comm).cloned()) else { return };
                 id.st.phase = Phase::Connected;
+                // The REP's resources seen from this side (Linux's cm_rep_handler).
+                id.st.responder_resources = rep.initiator_depth;
+                id.st.initiator_depth = rep.responder_resources;
                 let p = rdma_conn_param {
                     private_data: std::ptr::null(),
                     private_data_len: 0,
-                    responder_resources: rep.responder_resources,
-                    initiator_depth: rep.initiator_depth,
+                    responder_resources: rep.initiator_depth,
+                    initiator_depth: rep.responder_resources,
                     flow_control: rep.end_to_end_flow_control,
                     retry_count: 0,
                     rnr_retry_count: rep.rnr_retry_count,
@@ -579,19 +593,32 @@ impl Global {
                 };
                 let data = rep.private_data;
                 id.st.rep = Some(Box::new(rep));
-                let ev = if id.c.qp.is_null() {
-                    // No QP of ours to move: the program does it (rdma_init_qp_attr).
+                // As librdmacm's ucma_process_conn_resp: the QP to RTR and RTS, then the RTU;
+                // without a QP the program does both (rdma_establish sends the RTU).
+                let mut ev = if id.c.qp.is_null() {
                     Event::new(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0)
                 } else {
                     match self.ready_qp(id) {
-                        Ok(()) => Event::new(id, RDMA_CM_EVENT_ESTABLISHED, 0),
-                        Err(e) => {
+                        Ok(()) => {
+                            if let Some(d) = self.dev.as_mut() {
+                                d.agent.cm().establish(comm);
+                            }
+                            Event::new(id, RDMA_CM_EVENT_ESTABLISHED, 0)
+                        }
+                        Err(_) => {
+                            // librdmacm reports status -1 and leaves the QP in error; the
+                            // responder is told at once instead of waiting out its REP.
+                            let _ = modify_err(id);
                             id.st.phase = Phase::Failed;
-                            Event::new(id, RDMA_CM_EVENT_CONNECT_ERROR, -e)
+                            self.conns.remove(&comm);
+                            id.st.comm = None;
+                            if let Some(d) = self.dev.as_mut() {
+                                d.agent.cm().reject(comm, REJ_CONSUMER);
+                            }
+                            Event::new(id, RDMA_CM_EVENT_CONNECT_ERROR, -1)
                         }
                     }
                 };
-                let mut ev = ev;
                 ev.conn(p, &data);
                 id.queue(ev);
             }
@@ -607,12 +634,10 @@ impl Global {
         let Some(serial) = self.conns.remove(&comm) else { return };
         let Some(id) = self.id(serial) else { return };
         id.st.comm = None;
-        let was_connected = id.st.phase == Phase::Connected;
         id.st.phase = Phase::Failed;
-        if was_connected {
-            // A REJ after the REP's RTU was lost: the connection never was, its QP flushes.
-            let _ = modify_err(id);
-        }
+        // As Linux (cma_ib_handler, and librdmacm again): a rejected or unreachable
+        // connection's QP goes to the error state, its work requests flush.
+        let _ = modify_err(id);
         // A REJ always carries its 148 bytes of private data; none means this side's retries
         // ran out, which rdma_cm reports as unreachable with -ETIMEDOUT.
         if private_data.is_empty() {
@@ -662,8 +687,9 @@ impl Global {
         a.qp_state = state;
         let st = &id.st;
         let rc = id.c.qp_type == IBV_QPT_RC;
-        let connected = matches!(st.phase, Phase::Connected | Phase::Accepting | Phase::ReqRcvd)
-            || (st.phase == Phase::Connect && st.rep.is_some());
+        // A connection under way (REQ sent or received) has its resources: INIT gets its access.
+        let connected = matches!(st.phase, Phase::Connected | Phase::Accepting | Phase::ReqRcvd | Phase::Connect);
+        let answered = st.req.is_some() || st.rep.is_some();
         let mut mask = IBV_QP_STATE;
         match state {
             IBV_QPS_INIT => {
@@ -689,15 +715,15 @@ impl Global {
                 if id.c.qp_type == IBV_QPT_UD {
                     return Ok((a, mask));
                 }
-                let (dest, rq_psn, mtu) = match (&st.req, &st.rep) {
-                    (Some(req), _) => (req.local_qpn, req.starting_psn, id.path.mtu.min(req.path_mtu)),
-                    (None, Some(rep)) => (rep.local_qpn, rep.starting_psn, id.path.mtu),
+                let (dest, mtu) = match (&st.req, &st.rep) {
+                    (Some(req), _) => (req.local_qpn, id.path.mtu.min(req.path_mtu)),
+                    (None, Some(rep)) => (rep.local_qpn, id.path.mtu),
                     _ => return Err(libc::EINVAL),
                 };
                 a.ah_attr = self.ah_attr(id);
                 a.path_mtu = c_int::from(mtu);
                 a.dest_qp_num = dest;
-                a.rq_psn = rq_psn;
+                a.rq_psn = st.psn;
                 mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
                 if rc {
                     a.max_dest_rd_atomic = st.responder_resources;
@@ -706,12 +732,18 @@ impl Global {
                 }
             }
             IBV_QPS_RTS => {
-                a.sq_psn = st.sq_psn;
                 mask |= IBV_QP_SQ_PSN;
                 if id.c.qp_type == IBV_QPT_UD {
+                    a.sq_psn = st.psn;
                     return Ok((a, mask));
                 }
-                if !connected {
+                // This side sends from the PSN the peer gave in its REQ or REP.
+                a.sq_psn = match (&st.req, &st.rep) {
+                    (Some(req), _) => req.starting_psn,
+                    (None, Some(rep)) => rep.starting_psn,
+                    _ => return Err(libc::EINVAL),
+                };
+                if !answered {
                     return Err(libc::EINVAL);
                 }
                 if rc {
@@ -857,7 +889,7 @@ fn new_id(
             retry_count: 7,
             rnr_retry_count: 7,
             flow_control: 0,
-            sq_psn: random_u32() & 0xFF_FFFF,
+            psn: random_u32() & 0xFF_FFFF,
             req: None,
             rep: None,
             tos: 0,

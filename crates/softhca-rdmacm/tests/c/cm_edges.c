@@ -125,6 +125,12 @@ int main(void)
 	CHECK(e->id == c && e->status == 28 && e->param.conn.private_data_len == 148);
 	CHECK(memcmp(e->param.conn.private_data, "nope", 5) == 0);
 	rdma_ack_cm_event(e);
+	/* A rejected connection's QP is in the error state (as Linux moves it). */
+	{
+		struct ibv_qp_attr qattr;
+		struct ibv_qp_init_attr qinit;
+		CHECK(ibv_query_qp(c->qp, &qattr, IBV_QP_STATE, &qinit) == 0 && qattr.qp_state == IBV_QPS_ERR);
+	}
 	CHECK(rdma_destroy_id(s) == 0);
 	rdma_destroy_qp(c);
 	CHECK(rdma_destroy_id(c) == 0);
@@ -133,10 +139,15 @@ int main(void)
 	c = client(7174);
 	p.private_data = "hi there";
 	p.private_data_len = 9;
+	/* Reads toward the server, none the other way: the server sees them from its side
+	 * (responder resources 4, initiator depth 0), as Linux's cm_format_req_event. */
+	p.responder_resources = 0;
+	p.initiator_depth = 4;
 	CHECK(rdma_connect(c, &p) == 0);
 	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
 	s = e->id;
-	CHECK(e->param.conn.qp_num == c->qp->qp_num && e->param.conn.initiator_depth == 1);
+	CHECK(e->param.conn.qp_num == c->qp->qp_num);
+	CHECK(e->param.conn.responder_resources == 4 && e->param.conn.initiator_depth == 0);
 	CHECK(memcmp(e->param.conn.private_data, "hi there", 9) == 0);
 	/* The request's id has both ends' addresses: its source is the listener's, its
 	 * destination the client's. */
@@ -162,7 +173,8 @@ int main(void)
 	memset(&p, 0, sizeof p);
 	p.private_data = "welcome";
 	p.private_data_len = 8;
-	p.responder_resources = p.initiator_depth = 1;
+	p.responder_resources = RDMA_MAX_RESP_RES; /* the request's, bounded by the device */
+	p.initiator_depth = RDMA_MAX_INIT_DEPTH;
 	p.rnr_retry_count = 7;
 	CHECK(rdma_accept(s, &p) == 0);
 	e = next(RDMA_CM_EVENT_ESTABLISHED);
@@ -172,6 +184,22 @@ int main(void)
 	e = next(RDMA_CM_EVENT_ESTABLISHED);
 	CHECK(e->id == s && e->status == 0);
 	rdma_ack_cm_event(e);
+	/* Each side sends from the PSN the other gave in its REQ or REP and receives from its
+	 * own (as Linux's CM, and as the rxe captures show); read resources as negotiated. */
+	{
+		struct ibv_qp_attr ca, sa;
+		struct ibv_qp_init_attr ci, si;
+		int mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC |
+			   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_ACCESS_FLAGS | IBV_QP_DEST_QPN;
+		CHECK(ibv_query_qp(c->qp, &ca, mask, &ci) == 0 && ibv_query_qp(s->qp, &sa, mask, &si) == 0);
+		CHECK(ca.qp_state == IBV_QPS_RTS && sa.qp_state == IBV_QPS_RTS);
+		CHECK(ca.sq_psn == sa.rq_psn && sa.sq_psn == ca.rq_psn);
+		CHECK(ca.dest_qp_num == s->qp->qp_num && sa.dest_qp_num == c->qp->qp_num);
+		CHECK(ca.max_rd_atomic == 4 && sa.max_dest_rd_atomic == 4);
+		CHECK(ca.max_dest_rd_atomic == 0 && sa.max_rd_atomic == 0);
+		CHECK(sa.qp_access_flags & IBV_ACCESS_REMOTE_READ);
+		CHECK(!(ca.qp_access_flags & IBV_ACCESS_REMOTE_READ));
+	}
 
 	strcpy(buf, "over rdma_cm");
 	CHECK((smr = ibv_reg_mr(c->pd, buf, sizeof buf, 0)) != NULL);

@@ -162,6 +162,8 @@ struct Conn {
     max_retries: u8,
     /// Requester: the REP that answered (its private data and resources are the consumer's).
     rep: Option<Box<CmRep>>,
+    /// Requester: the RTU waits for [`Cm::establish`] (made with [`Cm::request_held`]).
+    hold_rtu: bool,
 }
 
 /// A SIDR exchange (IBA 12.11): a requester's SIDR REQ waiting for its REP, or a responder's
@@ -340,10 +342,35 @@ impl Cm {
             remote_psn: 0,
             max_retries: req.max_cm_retries,
             rep: None,
+            hold_rtu: false,
         };
         self.send_waiting(now, &mut conn, CmMessage::Req(Box::new(req)));
         self.put(id, conn);
         id
+    }
+
+    /// As [`Cm::request`], but the RTU answering the REP waits for [`Cm::establish`]: the
+    /// consumer readies its QP first (librdmacm moves the QP to RTR and RTS, then tells the
+    /// kernel's CM to send the RTU), so the responder sends nothing before the requester can
+    /// take it. A repeated REP meanwhile is not answered.
+    pub fn request_held(&mut self, now: u64, peer: Peer, req: CmReq) -> CommId {
+        let id = self.request(now, peer, req);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.hold_rtu = true;
+        }
+        id
+    }
+
+    /// Sends the RTU a [`Cm::request_held`] connection holds since its REP.
+    pub fn establish(&mut self, id: CommId) -> bool {
+        let Some(c) = self.conns.get_mut(&id) else { return false };
+        if !(c.requester && c.hold_rtu && c.state == State::Established && c.rep.is_some()) {
+            return false;
+        }
+        c.hold_rtu = false;
+        let (peer, mad) = (c.peer, c.last.clone());
+        self.out.push_back((peer, mad));
+        true
     }
 
     /// The REP that answered the REQ of requester connection `id`.
@@ -589,6 +616,7 @@ impl Cm {
             remote_psn: req.starting_psn,
             max_retries: req.max_cm_retries,
             rep: None,
+            hold_rtu: false,
         };
         self.put(id, conn);
         self.by_remote.insert((peer, req.local_comm_id), id);
@@ -617,7 +645,9 @@ impl Cm {
                 let rtu = CmRtu { local_comm_id: id, remote_comm_id: rep.local_comm_id, ..Default::default() };
                 let mad = self.build(conn.tid, &CmMessage::Rtu(Box::new(rtu)));
                 conn.last = mad.clone();
-                self.out.push_back((peer, mad));
+                if !conn.hold_rtu {
+                    self.out.push_back((peer, mad));
+                }
                 self.events.push_back(CmEvent::Established {
                     id,
                     remote_qpn: rep.local_qpn,
@@ -626,9 +656,11 @@ impl Cm {
                 self.put(id, conn);
                 true
             }
-            // A repeated REP: its RTU was lost.
+            // A repeated REP: its RTU was lost (or is still held).
             State::Established if conn.requester => {
-                self.out.push_back((peer, conn.last.clone()));
+                if !conn.hold_rtu {
+                    self.out.push_back((peer, conn.last.clone()));
+                }
                 self.counters.duplicates += 1;
                 true
             }
