@@ -1,6 +1,6 @@
 //! Debian's unmodified rdmacm-utils and perftest programs on the drop-in librdmacm.so.1, two
 //! processes each, every pair on addresses of its own: rping, rdma_server/rdma_client,
-//! ucmatose with several connections, udaddy (UD ids, SIDR), and perftest's `-R` (connection through rdma_cm) for
+//! ucmatose with several connections, udaddy (UD ids, SIDR), pyverbs.cmid, and perftest's `-R` (connection through rdma_cm) for
 //! RDMA Write, Send latency and RDMA Read.
 
 mod common;
@@ -92,4 +92,22 @@ fn perftest_send_lat_over_rdma_cm() {
 #[test]
 fn perftest_read_bw_over_rdma_cm() {
     perftest("ib_read_bw", &["-R", "-F", "-s", "65536", "-n", "2000"], 31);
+}
+
+/// python3-pyverbs' `pyverbs.cmid` (synchronous ids: rdma_create_ep, rdma_get_request, the
+/// rdma_verbs.h helpers), unmodified, as two processes (`tests/python/cmid.py`).
+#[test]
+fn pyverbs_cmid_synchronous_endpoints() {
+    let python = "/usr/bin/python3";
+    let pyverbs = std::path::Path::new("/usr/lib/python3/dist-packages/pyverbs");
+    if !(ready() && have(pyverbs.exists(), "python3-pyverbs")) {
+        return;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/cmid.py");
+    let (s, c) = pair(
+        Proc { program: python, args: &[script, "server", "127.0.0.37", "7555"], addr: [127, 0, 0, 37] },
+        Proc { program: python, args: &[script, "client", "127.0.0.37", "7555"], addr: [127, 0, 0, 38] },
+    );
+    assert!(s.contains("cmid server: ok"), "{s}");
+    assert!(c.contains("cmid client: ok"), "{c}");
 }
