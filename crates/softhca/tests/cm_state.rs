@@ -5,7 +5,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softhca::transport::cm::*;
-use softhca::wire::mad::{CmDreq, CmMessage, CmRej, CmRep, CmReq, CmRtu};
+use softhca::wire::mad::{CmDreq, CmMessage, CmRej, CmRep, CmReq, CmRtu, MadHeaderRepr};
 
 const A: Peer = [1; 16];
 const B: Peer = [2; 16];
@@ -456,4 +456,79 @@ fn a_requester_giving_up_ends_the_responders_pending_req() {
     );
     assert_eq!(n.b.counters().duplicates, 2, "the two repeated REQs were recognised");
     no_state_left(&n);
+}
+
+/// Linux's cm_acquire_rejected_id looks a REJ Timeout up by its ARI, read as the sender's CA
+/// GUID, and its Local Communication ID (cm_find_remote_id): a REJ Timeout without the GUID
+/// names no connection there and is dropped, leaving the Linux side to wait out its own
+/// retries (a minute and more at rdma_cm's timings). Every REJ Timeout this CM sends carries
+/// the CA GUID of the REQ or REP it sent, 8 bytes big-endian, Rejected Information Length 8,
+/// as Linux's cm_destroy_id sends its node GUID: the requester's REQ out of retries, the
+/// requester destroying a connection whose REQ is unanswered, and the responder's REP out of
+/// retries.
+#[test]
+fn a_rej_timeout_carries_the_senders_ca_guid_as_its_ari() {
+    const GUID_A: u64 = 0x0200_0000_c612_0002;
+    const GUID_B: u64 = 0x0200_0000_c612_0001;
+    let req = |p: &ConnectParams| CmReq {
+        service_id: p.service_id,
+        local_ca_guid: GUID_A,
+        local_qpn: p.local_qpn,
+        starting_psn: p.starting_psn,
+        remote_cm_response_timeout: p.response_timeout,
+        local_cm_response_timeout: p.response_timeout,
+        max_cm_retries: p.max_cm_retries,
+        primary_local_gid: A,
+        primary_remote_gid: B,
+        ..Default::default()
+    };
+    let check = |rej: &CmRej, guid: u64| {
+        assert_eq!((rej.reason, rej.rejected_info_length), (reason::TIMEOUT, 8));
+        assert_eq!(rej.ari[..8], guid.to_be_bytes());
+        assert!(rej.ari[8..].iter().all(|&b| b == 0));
+        // On the wire: the ARI length in the top 7 bits of byte 9 of the message, the ARI at
+        // byte 12 (IBA Table 108), after the 24-byte MAD header.
+        let mut mad = [0u8; 256];
+        CmMessage::Rej(Box::new(rej.clone())).emit(&MadHeaderRepr::cm(CmRej::ATTRIBUTE_ID, 1), &mut mad).unwrap();
+        assert_eq!(mad[24 + 9] >> 1, 8);
+        assert_eq!(mad[24 + 12..24 + 20], guid.to_be_bytes());
+    };
+
+    // The requester's REQ out of retries.
+    let mut n = Net::new(18, 0.0, 0.0);
+    n.gone.1 = true;
+    let p = ConnectParams { max_cm_retries: 1, response_timeout: 10, ..params() };
+    n.a.request(0, B, req(&p));
+    n.run(600_000_000_000, accept);
+    let rej = rejs(&n, true);
+    assert_eq!(rej.len(), 1);
+    check(&rej[0], GUID_A);
+
+    // The requester's consumer destroys the connection while its REQ is unanswered.
+    let mut n = Net::new(19, 0.0, 0.0);
+    let id = n.a.request(0, B, req(&p));
+    n.run(1_000_000, |_, _, _| {}); // b's consumer does not answer
+    n.a.destroy(id);
+    n.run(2_000_000, |_, _, _| {});
+    let rej = rejs(&n, true);
+    assert_eq!(rej.len(), 1);
+    check(&rej[0], GUID_A);
+    assert!(
+        matches!(n.ev_b[..], [CmEvent::ConnectRequest { .. }, CmEvent::Rejected { reason: 4, .. }]),
+        "b hears of it: {:?}",
+        n.ev_b
+    );
+
+    // The responder's REP out of retries.
+    let mut n = Net::new(20, 0.0, 0.0);
+    n.a.request(0, B, req(&p));
+    n.run(1_000_000, |_, _, _| {});
+    let Some(CmEvent::ConnectRequest { id, .. }) = n.ev_b.first().cloned() else { panic!("{:?}", n.ev_b) };
+    n.gone.0 = true;
+    let rep = CmRep { local_qpn: 0x22, starting_psn: 0xDEF, local_ca_guid: GUID_B, ..Default::default() };
+    assert!(n.b.reply_with(n.now, id, rep));
+    n.run(600_000_000_000, accept);
+    let rej = rejs(&n, false);
+    assert_eq!(rej.len(), 1);
+    check(&rej[0], GUID_B);
 }

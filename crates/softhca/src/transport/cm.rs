@@ -7,8 +7,9 @@
 //! What it does: REQ / REP / RTU to connect, REJ with its reasons (Table 109), MRA to ask for
 //! more time, DREQ / DREP to disconnect; every message that wants an answer is sent again after
 //! the CM response timeout the peer asked for, up to the Max CM Retries of the REQ, then the
-//! connection fails with REJ Timeout (4). Duplicates are answered, never taken twice: a REQ
-//! again gets the REP again, a REP again the RTU again, a DREQ again the DREP again.
+//! connection fails with REJ Timeout (4), whose ARI is this side's CA GUID (Linux's CM finds
+//! the connection by it). Duplicates are answered, never taken twice: a REQ again gets the
+//! REP again, a REP again the RTU again, a DREQ again the DREP again.
 //!
 //! What it takes: a MAD of the CM class (0x07), base version 1, class version 2, method Send,
 //! with an attribute it defines; and then only a message that names one of its connections by
@@ -18,8 +19,9 @@
 //! [`Cm::max_pending`] REQs wait for the consumer's answer (beyond that a REQ is rejected with
 //! No Resources), every other state but Established ends by a deadline.
 //!
-//! `verbs::CmAgent` runs it on a device's QP1. Not yet: LAP/APR (path migration), SIDR,
-//! stale-connection detection by QPN, and `librdmacm` on top (issue 14).
+//! `verbs::CmAgent` runs it on a device's QP1; SIDR (IBA 12.11) for UD services too, and
+//! softhca-ibverbs' `rdmacm` is rdma_cm on top of it. Not yet: LAP/APR (path migration) and
+//! stale-connection detection by QPN.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -164,6 +166,9 @@ struct Conn {
     rep: Option<Box<CmRep>>,
     /// Requester: the RTU waits for [`Cm::establish`] (made with [`Cm::request_held`]).
     hold_rtu: bool,
+    /// The Local CA GUID of the REQ or REP this side sent: a REJ Timeout carries it as its
+    /// ARI, by which the peer finds the connection (see [`Cm::handle_timeout`]).
+    local_ca_guid: u64,
 }
 
 /// A SIDR exchange (IBA 12.11): a requester's SIDR REQ waiting for its REP, or a responder's
@@ -214,6 +219,16 @@ pub struct Cm {
     sidrs: BTreeMap<CommId, Sidr>,
     /// Responder SIDR requests by (peer, Request ID): to recognise a repeated SIDR REQ.
     sidr_by_remote: BTreeMap<(Peer, u32), CommId>,
+}
+
+/// A REJ Timeout's Additional Rejection Information: the rejecting side's CA GUID, the one
+/// its REQ or REP carried (IBA Table 109; Linux's CM sends its node GUID). Linux's
+/// `cm_acquire_rejected_id` finds the connection a REJ Timeout ends by this GUID and the REJ's
+/// Local Communication ID (`cm_find_remote_id`): without it the REJ is dropped, and the peer
+/// waits out its own retries instead.
+fn set_timeout_ari(rej: &mut CmRej, ca_guid: u64) {
+    rej.rejected_info_length = 8;
+    rej.ari[..8].copy_from_slice(&ca_guid.to_be_bytes());
 }
 
 /// 4.096 µs × 2^t in ns (IBA 12.7.22), t at most 31.
@@ -343,6 +358,7 @@ impl Cm {
             max_retries: req.max_cm_retries,
             rep: None,
             hold_rtu: false,
+            local_ca_guid: req.local_ca_guid,
         };
         self.send_waiting(now, &mut conn, CmMessage::Req(Box::new(req)));
         self.put(id, conn);
@@ -393,6 +409,7 @@ impl Cm {
         rep.remote_comm_id = conn.remote_comm_id;
         conn.state = State::RepSent;
         conn.local_qpn = rep.local_qpn;
+        conn.local_ca_guid = rep.local_ca_guid;
         conn.retries_left = conn.max_retries;
         self.send_waiting(now, &mut conn, CmMessage::Rep(Box::new(rep)));
         self.put(id, conn);
@@ -423,6 +440,9 @@ impl Cm {
             reason,
             ..Default::default()
         };
+        if reason == reason::TIMEOUT {
+            set_timeout_ari(&mut rej, conn.local_ca_guid);
+        }
         let n = private_data.len().min(rej.private_data.len());
         rej.private_data[..n].copy_from_slice(&private_data[..n]);
         self.send_once(conn.peer, conn.tid, CmMessage::Rej(Box::new(rej)));
@@ -551,13 +571,14 @@ impl Cm {
             match conn.state {
                 State::DreqSent => self.events.push_back(CmEvent::Disconnected { id }),
                 _ => {
-                    let rej = CmRej {
+                    let mut rej = CmRej {
                         local_comm_id: id,
                         remote_comm_id: conn.remote_comm_id,
                         message_rejected: rejected::OTHER,
                         reason: reason::TIMEOUT,
                         ..Default::default()
                     };
+                    set_timeout_ari(&mut rej, conn.local_ca_guid);
                     self.send_once(conn.peer, conn.tid, CmMessage::Rej(Box::new(rej)));
                     self.events.push_back(CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: Vec::new() });
                 }
@@ -617,6 +638,7 @@ impl Cm {
             max_retries: req.max_cm_retries,
             rep: None,
             hold_rtu: false,
+            local_ca_guid: 0,
         };
         self.put(id, conn);
         self.by_remote.insert((peer, req.local_comm_id), id);
