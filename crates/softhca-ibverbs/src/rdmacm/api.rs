@@ -291,7 +291,15 @@ pub unsafe extern "C" fn softhca_rdma_resolve_route(p: *mut rdma_cm_id, _timeout
             return err(libc::EINVAL);
         }
         let mtu = id.path.mtu;
-        fill_path(id, mtu);
+        // SAFETY: the id's addresses, written by resolve_addr.
+        let (src, dst) = unsafe {
+            (
+                read_sa(&id.c.route.addr.src as *const _ as *const libc::sockaddr),
+                read_sa(&id.c.route.addr.dst as *const _ as *const libc::sockaddr),
+            )
+        };
+        let flow_label = src.zip(dst).map_or(0, |(s, d)| roce_flow_label(s, d));
+        fill_path(id, mtu, flow_label);
         id.st.phase = Phase::RouteResolved;
         id.queue(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
     }
@@ -478,6 +486,7 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
             primary_remote_lid: 0xFFFF,
             primary_local_gid: id.c.route.addr.ibaddr.sgid.raw,
             primary_remote_gid: id.c.route.addr.ibaddr.dgid.raw,
+            primary_flow_label: u32::from_be(id.path.flow_label),
             primary_traffic_class: id.st.tos,
             primary_hop_limit: 64,
             primary_local_ack_timeout: LOCAL_ACK_TIMEOUT,

@@ -271,7 +271,8 @@ unsafe fn read_sa(sa: *const libc::sockaddr) -> Option<SocketAddr> {
             libc::AF_INET6 => {
                 let s = &*(sa as *const libc::sockaddr_in6);
                 let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
-                Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(s.sin6_port), 0, s.sin6_scope_id)))
+                let flowinfo = u32::from_be(s.sin6_flowinfo);
+                Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(s.sin6_port), flowinfo, s.sin6_scope_id)))
             }
             _ => None,
         }
@@ -296,6 +297,7 @@ fn write_sa(dst: &mut libc::sockaddr_storage, a: SocketAddr) -> libc::socklen_t 
                 s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
                 s.sin6_port = v6.port().to_be();
                 s.sin6_addr.s6_addr = v6.ip().octets();
+                s.sin6_flowinfo = v6.flowinfo().to_be();
                 s.sin6_scope_id = v6.scope_id();
                 size_of::<libc::sockaddr_in6>() as libc::socklen_t
             }
@@ -491,7 +493,7 @@ impl Global {
         write_sa(&mut id.c.route.addr.src, SocketAddr::new(hdr.dst, listener.st.port));
         write_sa(&mut id.c.route.addr.dst, SocketAddr::new(hdr.src, hdr.src_port));
         id.c.route.addr.ibaddr = rdma_ib_addr { sgid: ibv_gid { raw: gid }, dgid: ibv_gid { raw: peer }, pkey: 0xFFFF };
-        fill_path(id, mtu.min(path_mtu));
+        fill_path(id, mtu.min(path_mtu), 0);
         id.st.phase = Phase::ReqRcvd;
         id.st.comm = Some(comm);
         id.st.port = listener.st.port;
@@ -509,6 +511,9 @@ impl Global {
             }
             return;
         };
+        // The REQ's path is this side's path too, its flow label included (Linux's
+        // cm_format_paths_from_req): the QP's address vector sends with it.
+        id.path.flow_label = req.primary_flow_label.to_be();
         // The requester's resources seen from this side (Linux's cm_format_req_event): what
         // it can have outstanding toward us is our responder resources, and the other way.
         id.st.responder_resources = req.initiator_depth;
@@ -769,7 +774,7 @@ impl Global {
         ibv_ah_attr {
             grh: ibv_global_route {
                 dgid: id.c.route.addr.ibaddr.dgid,
-                flow_label: 0,
+                flow_label: u32::from_be(id.path.flow_label),
                 sgid_index: 0,
                 hop_limit: 64,
                 traffic_class: id.st.tos,
@@ -831,8 +836,23 @@ fn copy_init(a: &ibv_qp_init_attr) -> ibv_qp_init_attr {
     }
 }
 
-/// The one path a route has: the id's GIDs, the MTU, what Linux's rdma_cm reports for RoCE.
-fn fill_path(id: &mut Id, mtu: u8) {
+/// The flow label of a RoCE v2 connection, as Linux's rdma_cm puts it in the route it resolves
+/// (`cma_get_roce_udp_flow_label`): an IPv6 source address's own flow label if it has one,
+/// else source port × 31 + destination port, in 20 bits. The REQ carries it (Primary Flow
+/// Label) and both ends' QPs send with it (the responder takes the REQ's: Linux's
+/// `cm_format_paths_from_req`); it is the IPv6 header's flow label, and RoCE NICs derive the
+/// UDP source port from it.
+pub(crate) fn roce_flow_label(src: SocketAddr, dst: SocketAddr) -> u32 {
+    const MASK: u32 = 0xF_FFFF;
+    match src {
+        SocketAddr::V6(s) if s.flowinfo() & MASK != 0 => s.flowinfo() & MASK,
+        _ => (u32::from(src.port()) * 31 + u32::from(dst.port())) & MASK,
+    }
+}
+
+/// The one path a route has: the id's GIDs, the MTU, the flow label (host order), what Linux's
+/// rdma_cm reports for RoCE.
+fn fill_path(id: &mut Id, mtu: u8, flow_label: u32) {
     let a = &id.c.route.addr.ibaddr;
     *id.path = ibv_sa_path_rec {
         dgid: a.dgid,
@@ -840,7 +860,7 @@ fn fill_path(id: &mut Id, mtu: u8) {
         dlid: 0,
         slid: 0,
         raw_traffic: 0,
-        flow_label: 0,
+        flow_label: flow_label.to_be(),
         hop_limit: 64,
         traffic_class: id.st.tos,
         reversible: 1u32.to_be() as c_int,
@@ -986,5 +1006,25 @@ fn run() {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a local from the non-blocking wake eventfd.
         unsafe { libc::read(w.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flow label of Linux's own REQs in the rxe interop captures (scripts/rxe-interop,
+    /// `cm.ucmatose.shca-srv`): ucmatose's client on rxe, source port 0xcdb8 to port 7471,
+    /// sent Primary Flow Label 0x90677 (the REQ's bytes 88-90: 90 67 7).
+    #[test]
+    fn the_flow_label_is_linuxs() {
+        let a = |ip: [u8; 4], port| SocketAddr::from((ip, port));
+        assert_eq!(roce_flow_label(a([198, 18, 0, 1], 0xcdb8), a([198, 18, 0, 2], 7471)), 0x90677);
+        // 20 bits: 65535 × 31 + 65535 wraps.
+        assert_eq!(roce_flow_label(a([10, 0, 0, 1], 65535), a([10, 0, 0, 2], 65535)), (65535 * 32) & 0xF_FFFF);
+        // An IPv6 source with a flow label of its own keeps it.
+        let v6 = |fl| SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, 4000, fl, 0));
+        assert_eq!(roce_flow_label(v6(0x1234), v6(0)), 0x1234);
+        assert_eq!(roce_flow_label(v6(0), v6(0)), 4000 * 31 + 4000);
     }
 }

@@ -1,8 +1,9 @@
 /* rdma_cm's answers on the drop-in, in one process (its ids connect through the device's
  * own address): errors of bind and get_cm_event, a REQ to a port nobody listens on, a
  * consumer's reject with private data, accept with private data in both directions, the
- * addresses and ports of both ends, a Send over the connection, and a disconnect that
- * reaches the other side and flushes its QP. Prints "cm_edges: ok". */
+ * addresses and ports of both ends, the route's flow label on both, a Send over the
+ * connection, and a disconnect that reaches the other side and flushes its QP. Prints
+ * "cm_edges: ok". */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -190,7 +191,11 @@ int main(void)
 		struct ibv_qp_attr ca, sa;
 		struct ibv_qp_init_attr ci, si;
 		int mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC |
-			   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_ACCESS_FLAGS | IBV_QP_DEST_QPN;
+			   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_ACCESS_FLAGS | IBV_QP_DEST_QPN | IBV_QP_AV;
+		/* The flow label of Linux's rdma_cm for RoCE (cma_get_roce_udp_flow_label): source
+		 * port x 31 + destination port, 20 bits. The client's route has it, its REQ carries
+		 * it, the server's route and both QPs' address vectors have the same. */
+		uint32_t fl = ((uint32_t)ntohs(rdma_get_src_port(c)) * 31 + 7174) & 0xfffff;
 		CHECK(ibv_query_qp(c->qp, &ca, mask, &ci) == 0 && ibv_query_qp(s->qp, &sa, mask, &si) == 0);
 		CHECK(ca.qp_state == IBV_QPS_RTS && sa.qp_state == IBV_QPS_RTS);
 		CHECK(ca.sq_psn == sa.rq_psn && sa.sq_psn == ca.rq_psn);
@@ -199,6 +204,8 @@ int main(void)
 		CHECK(ca.max_dest_rd_atomic == 0 && sa.max_rd_atomic == 0);
 		CHECK(sa.qp_access_flags & IBV_ACCESS_REMOTE_READ);
 		CHECK(!(ca.qp_access_flags & IBV_ACCESS_REMOTE_READ));
+		CHECK(c->route.path_rec->flow_label == htonl(fl) && s->route.path_rec->flow_label == htonl(fl));
+		CHECK(ca.ah_attr.grh.flow_label == fl && sa.ah_attr.grh.flow_label == fl);
 	}
 
 	strcpy(buf, "over rdma_cm");
