@@ -17,6 +17,8 @@ pub(crate) struct Response<'a> {
     pub operation: Operation,
     pub position: Position,
     pub syndrome: Option<Syndrome>,
+    /// The AETH's MSN (with an ACK syndrome, its credits count from it).
+    pub msn: Option<u32>,
     pub atomic_orig: Option<u64>,
     pub payload: &'a [u8],
 }
@@ -29,6 +31,7 @@ impl<'a> Response<'a> {
             operation: info.operation,
             position: info.position,
             syndrome: p.aeth.map(|a| a.syndrome),
+            msn: p.aeth.map(|a| a.msn),
             atomic_orig: p.atomic_ack_eth.map(|a| a.orig_remote_data),
             payload: p.payload,
         }
@@ -52,6 +55,9 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
         return false;
     }
     let Some(idx) = wqe_of(core, r.psn) else { return false };
+    if let (Some(Syndrome::Ack { credit_code }), Some(msn)) = (r.syndrome, r.msn) {
+        core.req.take_credits(credit_code, msn); // IBA 9.7.7.2
+    }
     let mut before = core.req.una;
     match r.operation {
         Operation::Acknowledge => match r.syndrome {

@@ -100,6 +100,9 @@ counters! {
     seq_naks_received,
     implied_naks,
     timeouts,
+    /// Times an RC requester held a Send or Write with Immediate back for want of the
+    /// responder's end-to-end credits (IBA 9.7.7.2).
+    credit_waits,
     pkey_violations,
     qkey_violations,
 }

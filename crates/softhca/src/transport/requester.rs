@@ -64,6 +64,19 @@ pub(crate) struct ReqState {
     /// Went back to this PSN and waits for it to be answered: responses beyond it that are
     /// still in flight are the old ones and must not count as new NAKs.
     pub recovering: Option<u32>,
+    /// End-to-end credits (IBA 9.7.7.2, RC): the SSN the next new message gets (the first is
+    /// 1, as the responder's MSN after it), and the Limit Sequence Number, the MSN plus the
+    /// credits of the latest ACK: a message that takes a receive WQE may start while its SSN
+    /// is at most one past it (the one beyond is the probe a requester without credits may
+    /// send, which the responder answers with fresh credits or an RNR NAK). No limit before
+    /// the first ACK says how many (the digest is silent on the initial credits; softhca
+    /// starts a connection at full speed, and the responder's RNR NAK covers a receive queue
+    /// posted late).
+    pub ssn: u32,
+    pub lsn: Option<u32>,
+    /// An ACK said "no credit information" (code 31: the responder does not count, e.g. on an
+    /// SRQ): no limit from then on.
+    pub unlimited_credit: bool,
 }
 
 impl ReqState {
@@ -74,8 +87,32 @@ impl ReqState {
             una: sq_psn,
             sent_high: sq_psn,
             retries: Retries::new(retry_cnt, rnr_retry),
+            ssn: 1,
             ..Default::default()
         };
+    }
+
+    /// Takes the credits of an ACK (any AETH with the ACK syndrome: also a Read response's
+    /// and an Atomic ACK's): the LSN only moves forward.
+    pub fn take_credits(&mut self, credit_code: u8, msn: u32) {
+        match crate::wire::aeth::credits(credit_code) {
+            None => self.unlimited_credit = true,
+            Some(n) if !self.unlimited_credit => {
+                let lsn = Psn::new(msn).add(n);
+                if self.lsn.is_none_or(|old| lsn.psn_cmp(Psn::new(old)).is_gt()) {
+                    self.lsn = Some(lsn.value());
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Whether a new message that takes a receive WQE may start now.
+    pub fn has_credit(&self) -> bool {
+        match self.lsn {
+            Some(lsn) if !self.unlimited_credit => Psn::new(self.ssn).psn_cmp(Psn::new(lsn).next()).is_le(),
+            _ => true,
+        }
     }
 
     /// Something was sent and is not yet acknowledged.
@@ -242,6 +279,10 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             if q.qp_type == QpType::Rc && Psn::new(core.req.psn).distance_from(Psn::new(core.req.una)) >= WINDOW {
                 return None; // start it only when its first packet can go
             }
+            if q.qp_type == QpType::Rc && w.opcode.consumes_rq_wqe() && !core.req.has_credit() {
+                q.bump(|s| &s.credit_waits);
+                return None; // IBA 9.7.7.2: an ACK with credits (or for the probe) wakes it
+            }
             let ud_mtu = ud_mtu(q, core);
             // The WQE is worked on in its slot: `req` and `sq` are separate fields of `core`.
             let req = &mut core.req;
@@ -282,6 +323,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
                 return None;
             }
             req.psn = Psn::new(req.psn).add(npkts).value();
+            req.ssn = Psn::new(req.ssn).next().value(); // every message on the wire has an SSN
             if is_rd_atomic {
                 req.rd_atomic += 1;
             }

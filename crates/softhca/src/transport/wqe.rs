@@ -31,6 +31,12 @@ impl WrOpcode {
         matches!(self, WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd)
     }
 
+    /// Whether its message takes a receive WQE at the responder: what end-to-end credits
+    /// count (IBA 9.7.7.2).
+    pub fn consumes_rq_wqe(self) -> bool {
+        matches!(self, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::RdmaWriteWithImm)
+    }
+
     pub fn has_imm(self) -> bool {
         matches!(self, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm)
     }
