@@ -1,9 +1,10 @@
 #!/bin/bash
 # Runs inside the rxe-vm guest (../shared/tools/rxe-vm), started by scripts/rxe-interop.
 # rxe0 (kernel rxe, rdma-core's libibverbs) on veth0 = 198.18.0.1 in the initial namespace;
-# softhca0 (softhca's drop-in libibverbs) on veth1 = 198.18.0.2 in namespace "sh". Every case
-# runs a server on one side and a client on the other, with tcpdump on veth0, and leaves in
-# $OUT/cases/NAME/ its commands, both logs and exit codes, and in $OUT/pcap/NAME.pcap the wire.
+# softhca0 (softhca's drop-in libibverbs, and librdmacm for the rdma_cm cases) on veth1 =
+# 198.18.0.2 in namespace "sh". Every case runs a server on one side and a client on the
+# other, with tcpdump on veth0, and leaves in $OUT/cases/NAME/ its commands, both logs and
+# exit codes, and in $OUT/pcap/NAME.pcap the wire.
 #
 # Usage: guest.sh [--quick | --speed] [--only REGEX] [--rmem-max BYTES]
 # --speed: instead of the matrix, issue 12's same-guest speed comparison: perftest between
@@ -84,7 +85,7 @@ SH=(ip netns exec sh env "LD_LIBRARY_PATH=$SHCA" "SOFTHCA_ADDR=$B")
 {
   echo "kernel=$(uname -r)"
   echo "debian=$(cat /etc/debian_version)"
-  dpkg-query -W -f='${Package}=${Version}\n' rdma-core ibverbs-providers libibverbs1 perftest
+  dpkg-query -W -f='${Package}=${Version}\n' rdma-core ibverbs-providers libibverbs1 librdmacm1 rdmacm-utils perftest
   echo "net.core.rmem_max=$(sysctl -n net.core.rmem_max)"
   echo "rxe0_gid1=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"
   echo "rxe0_active_mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/{print $2}')"
@@ -103,9 +104,15 @@ side_cmd() {
     CMD=("${SH[@]}" "$prog" -d softhca0 "$gflag" 0)
   fi
 }
-listening() {  # listening SIDE PORT
-  if [ "$1" = rxe ]; then ss -ltnH "sport = :$2" | grep -q .
-  else ip netns exec sh ss -ltnH "sport = :$2" | grep -q .; fi
+listening() {  # listening SIDE PORT [SERVER_LOG]: with a log, an rdma_cm listener
+  if [ $# -lt 3 ]; then
+    if [ "$1" = rxe ]; then ss -ltnH "sport = :$2" | grep -q .
+    else ip netns exec sh ss -ltnH "sport = :$2" | grep -q .; fi
+  elif [ "$1" = rxe ]; then  # the kernel's rdma_cm ids (iproute2's rdma tool)
+    rdma resource show cm_id 2>/dev/null | grep LISTEN | grep -q ":$2 "
+  else  # softhca's CM says it (SOFTHCA_CM_DEBUG=1)
+    grep -q "listening on port $2 " "$3"
+  fi
 }
 udp_drops() {  # UDP datagrams the kernel dropped for a full receive buffer in softhca's namespace
   # shellcheck disable=SC2016
@@ -123,15 +130,42 @@ netem() {  # netem "ARGS" | netem off: both ends of the veth
 
 # tc NAME SERVER_SIDE PROG "ARGS" [NETEM] [PORT]: the client runs on the other side
 tcase() {
-  local name=$1 ss=$2 prog=$3 args=$4 nem=${5:-} port=${6:-18515} cs sip d tp sp src crc t0 t1 drops0
+  local name=$1 ss=$2 prog=$3 args=$4 nem=${5:-} port=${6:-18515} cs sip
   [[ $name =~ $ONLY ]] || return 0
   if [ "$ss" = rxe ]; then cs="sh"; sip=$A; else cs="rxe"; sip=$B; fi
-  d=$OUT/cases/$name; mkdir -p "$d"
-  side_cmd "$ss" "$prog"; local scmd=("${CMD[@]}")
-  side_cmd "$cs" "$prog"; local ccmd=("${CMD[@]}")
+  side_cmd "$ss" "$prog"; scmd=("${CMD[@]}")
+  side_cmd "$cs" "$prog"; ccmd=("${CMD[@]}")
   # shellcheck disable=SC2206
   local a=($args)
   scmd+=("${a[@]}"); ccmd+=("${a[@]}" "$sip")
+  runcase "$name" "$ss" "$cs" "$port" "$nem" tcp
+}
+# cmcase NAME SERVER_SIDE PORT PROG "SERVER ARGS" "CLIENT ARGS": an rdma_cm program (librdmacm:
+# rdma-core's on rxe, softhca's drop-in on softhca), which finds its device by address; @S in
+# the arguments is the server's address. softhca's side logs its CM steps (SOFTHCA_CM_DEBUG=1),
+# and the client starts once the server's rdma_cm id listens on PORT.
+cmcase() {
+  local name=$1 ss=$2 port=$3 prog=$4 sargs=$5 cargs=$6 cs sip
+  [[ $name =~ $ONLY ]] || return 0
+  if [ "$ss" = rxe ]; then cs="sh"; sip=$A; else cs="rxe"; sip=$B; fi
+  # shellcheck disable=SC2206
+  local sa=(${sargs//@S/$sip}) ca=(${cargs//@S/$sip})
+  cm_cmd "$ss" "$prog"; scmd=("${CMD[@]}" "${sa[@]}")
+  cm_cmd "$cs" "$prog"; ccmd=("${CMD[@]}" "${ca[@]}")
+  runcase "$name" "$ss" "$cs" "$port" "" cm
+}
+cm_cmd() {  # cm_cmd SIDE PROG: perftest (-R) still names its device; rping & co. do not
+  local side=$1 prog=$2
+  if [ "$side" = rxe ]; then CMD=("$prog"); else CMD=("${SH[@]}" SOFTHCA_CM_DEBUG=1 "$prog"); fi
+  case $prog in
+    ib_*) if [ "$side" = rxe ]; then CMD+=(-d rxe0); else CMD+=(-d softhca0); fi ;;
+  esac
+}
+# runcase NAME SERVER_SIDE CLIENT_SIDE PORT NETEM READY: runs scmd, then ccmd once the server
+# listens on PORT (READY: tcp, perftest's and the pingpongs' side channel; cm, an rdma_cm id)
+runcase() {
+  local name=$1 ss=$2 cs=$3 port=$4 nem=$5 ready=$6 d tp sp src crc t0 t1 drops0
+  d=$OUT/cases/$name; mkdir -p "$d"
   printf 'server (%s): %s\nclient (%s): %s\nnetem: %s\n' "$ss" "${scmd[*]}" "$cs" "${ccmd[*]}" \
     "${nem:-none}" >"$d/cmd.txt"
   [ -n "$nem" ] && netem "$nem"
@@ -143,7 +177,11 @@ tcase() {
   drops0=$(udp_drops)
   t0=$(date +%s.%N)
   timeout "$T" "${scmd[@]}" >"$d/server.log" 2>&1 & sp=$!
-  for _ in $(seq 200); do listening "$ss" "$port" && break; sleep 0.1; done
+  for _ in $(seq 200); do
+    if [ "$ready" = cm ]; then listening "$ss" "$port" "$d/server.log" && break
+    else listening "$ss" "$port" && break; fi
+    sleep 0.1
+  done
   timeout "$T" "${ccmd[@]}" >"$d/client.log" 2>&1; crc=$?
   wait $sp; src=$?
   t1=$(date +%s.%N)
@@ -164,6 +202,25 @@ both() {
   tcase "$name.rxe-srv" rxe "$@"
   tcase "$name.shca-srv" sh "$@"
 }
+# cm NAME PORT PROG "SERVER ARGS" "CLIENT ARGS": the rdma_cm case both ways
+cm() {
+  local name=$1; shift
+  cmcase "$name.rxe-srv" rxe "$@"
+  cmcase "$name.shca-srv" sh "$@"
+}
+# the rdma_cm cases (issue 14): rdmacm-utils 44 and perftest's -R, each a few seconds; rping
+# and udaddy listen on port 7174, ucmatose on 7471, perftest on 18515. perftest gets -F as in
+# the verbs cases but no -x: rdma_cm picks the GID from the address. cm_matrix quick: the
+# subset of --quick (perftest only in the full matrix).
+cm_matrix() {
+  cm cm.rping 7174 rping "-s -a @S -C 50 -v" "-c -a @S -C 50 -v"
+  cm cm.ucmatose 7471 ucmatose "-b @S -c 2" "-s @S -c 2"
+  cm cm.udaddy 7174 udaddy "-b @S" "-s @S"
+  [ "${1:-}" = quick ] && return 0
+  cm cm.write_bw 18515 ib_write_bw "-F -R -n 200 -s 65536" "-F -R -n 200 -s 65536 @S"
+  cm cm.send_lat 18515 ib_send_lat "-F -R -n 200" "-F -R -n 200 @S"
+  cm cm.read_bw 18515 ib_read_bw "-F -R -n 200" "-F -R -n 200 @S"
+}
 RC="$TOOLS/rdma_check"
 chk() {  # chk NAME "ARGS" [NETEM]
   both "$1" "$RC" "$2" "${3:-}" 18600
@@ -177,6 +234,7 @@ if [ $QUICK = 1 ]; then
   chk ops.m4096 "-t ops -m 4096"
   chk stream.loss2 "-t stream -m 4096 -n 32" "loss 2%"
   chk badrkey "-t badrkey"
+  cm_matrix quick
   exit 0
 fi
 
@@ -218,4 +276,7 @@ chk stream.loss2 "-t stream -m 4096 -n 32" "loss 2%"
 chk stream.loss10 "-t stream -m 4096 -n 32" "loss 10%"
 chk stream.m1024.loss2 "-t stream -m 1024 -n 32" "loss 2%"
 chk stream.dup-reorder "-t stream -m 4096 -n 32" "delay 2ms reorder 25% 50% duplicate 5%"
+
+# rdma_cm (rping, ucmatose, udaddy, perftest -R)
+cm_matrix
 exit 0
