@@ -215,6 +215,8 @@ impl UdpDevice {
             dcfg.port.active_mtu = active_mtu(mtu, addr.is_ipv6());
         }
         let ctx = Context::create(dcfg).map_err(|e| io::Error::other(e.to_string()))?;
+        // The driver sends in batches after transmit: UC/UD completions wait for the send.
+        ctx.defer_unreliable_completions();
         let pcap = match &cfg.pcap {
             Some(p) => Some(PcapTap::new(BufWriter::new(File::create(p)?))?),
             None => None,

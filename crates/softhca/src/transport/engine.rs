@@ -219,9 +219,42 @@ pub(crate) struct Engine {
     /// Datagrams destroyed QPs still owed (their ACKs), sent before anything else.
     orphans: Mutex<VecDeque<Vec<u8>>>,
     orphaned: AtomicBool,
+    /// The link sends what `transmit` wrote later, in batches, and says so with `sent`: a UC or
+    /// UD send WQE completes then, never before its datagram left (a program that exits on
+    /// the completion must not lose it). Off: it completes as its last packet is written.
+    pub defer_unreliable: AtomicBool,
+    /// QPs with a UC/UD WQE awaiting the link's `sent`.
+    awaiting_wire: Mutex<Vec<u32>>,
 }
 
 impl Engine {
+    /// The link sent every datagram `transmit` wrote so far: the UC and UD WQEs whose last
+    /// packet was among them complete (see `defer_unreliable`).
+    pub fn sent(&self) {
+        let qpns = std::mem::take(&mut *self.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner()));
+        if qpns.is_empty() {
+            return;
+        }
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        for qpn in qpns {
+            let Some(q) = qps.get(&qpn) else { continue };
+            let mut core = q.core.lock().unwrap_or_else(|e| e.into_inner());
+            let mut any = false;
+            for i in 0..core.req.started {
+                if let Some(w) = core.sq.get_mut(i) {
+                    if w.tx.awaiting_wire {
+                        w.tx.awaiting_wire = false;
+                        w.tx.status = Some(WcStatus::Success);
+                        any = true;
+                    }
+                }
+            }
+            if any {
+                completer::retire(q, &mut core);
+            }
+        }
+    }
+
     /// Feeds one inbound RoCEv2 datagram, from its IP header on. Anything malformed is
     /// dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10). `verify_icrc` false is for
     /// a link that has already verified the ICRC over the header the datagram really had.
@@ -671,12 +704,23 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                     );
                 }
             } else if np.offset + np.payload >= core.sq.get(np.idx).map_or(0, |w| w.length) {
-                // PKT-UC-3: a UC or UD WQE is done once its last packet is out.
+                // PKT-UC-3: a UC or UD WQE is done once its last packet is out: now, or when
+                // the link says the datagram left (`Engine::sent`).
+                let engine = q.dev.engine();
+                let defer = engine.defer_unreliable.load(Ordering::Relaxed);
                 if let Some(w) = core.sq.get_mut(np.idx) {
-                    w.tx.status = Some(WcStatus::Success);
+                    if defer {
+                        w.tx.awaiting_wire = true;
+                    } else {
+                        w.tx.status = Some(WcStatus::Success);
+                    }
                 }
                 core.req.una = core.req.psn;
-                completer::retire(q, core);
+                if defer {
+                    engine.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner()).push(q.qpn);
+                } else {
+                    completer::retire(q, core);
+                }
             }
             return Some(len);
         }

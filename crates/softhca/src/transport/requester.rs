@@ -20,6 +20,9 @@ pub(crate) struct WqeTx {
     pub npkts: u32,
     /// Set once the WQE is done, successfully or not; it retires when it reaches the head.
     pub status: Option<WcStatus>,
+    /// UC/UD: its last packet was handed to the link, which has not yet said it left (see
+    /// `Engine::sent`); the WQE completes then.
+    pub awaiting_wire: bool,
     /// RDMA Read: response packets received so far.
     pub resp_received: u32,
     /// The checked local buffers: the gather list of a Send or Write, the scatter list of a

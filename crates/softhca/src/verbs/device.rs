@@ -657,6 +657,19 @@ impl Context {
         super::callbacks::scope(|| self.inner.engine.transmit(&*self.inner, now, buf))
     }
 
+    /// For a link that sends what [`Context::transmit`] writes later (in batches): from now
+    /// on a UC or UD send completes only at [`Context::sent`], once its datagram has left,
+    /// never while it still sits in the link's batch.
+    pub fn defer_unreliable_completions(&self) {
+        self.inner.engine.defer_unreliable.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The link has sent every datagram [`Context::transmit`] wrote so far (see
+    /// [`Context::defer_unreliable_completions`]).
+    pub fn sent(&self) {
+        super::callbacks::scope(|| self.inner.engine.sent())
+    }
+
     /// The earliest time at which [`Context::handle_timeout`] has work, if any.
     /// It may be earlier than the next timer (a timer disarmed since), never later.
     pub fn poll_timeout(&self) -> Option<u64> {

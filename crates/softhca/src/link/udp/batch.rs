@@ -165,6 +165,8 @@ impl Io {
                 tx.pending.sort_by_key(|p| p.response);
             }
             self.send_batch(&mut tx.buf, &tx.pending, &mut tx.send);
+            // Now UC/UD sends of the batch complete: their datagrams are the kernel's.
+            self.ctx.sent();
             if emitted < BATCH {
                 break;
             }
