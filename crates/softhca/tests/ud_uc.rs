@@ -386,3 +386,30 @@ fn raw_send_with_immediate_is_refused() {
     assert!(!softhca::verbs::wr::wr_allowed(QpType::RawEthertype, WrOpcode::SendWithImm));
     assert!(!softhca::verbs::wr::wr_allowed(QpType::RawIpv6, WrOpcode::SendWithImm));
 }
+
+/// A link that sends later what `transmit` wrote (the UDP link's batches) holds UC and UD send
+/// completions until it says the datagrams left: a program that exits on the completion does
+/// not lose them. PKT-UC-3 (a UC/UD WQE completes once its last packet is out)
+/// Rule PKT-UC-3
+#[test]
+fn deferred_unreliable_completions_wait_for_the_link() {
+    for qp_type in [QpType::Uc, QpType::Ud] {
+        let p = Pair::new(qp_type, Mtu::Mtu1024);
+        p.a.ctx.defer_unreliable_completions();
+        let src = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        let dst = p.b.pd.alloc_mr(64 + 40, Access::LOCAL_WRITE).unwrap();
+        p.b.qp.post_recv(&[RecvWr::new(9, &[dst.sge(0..104)])]).unwrap();
+        let ah = p.a.pd.create_ah(&AhAttr::roce(p.b.gid, 0)).unwrap();
+        let sge = [src.sge(0..64)];
+        let wr = SendWr::send(1, &sge).signaled();
+        let wr = if qp_type == QpType::Ud { wr.ud(&ah, p.b.qp.qp_num(), 0x1111) } else { wr };
+        p.a.qp.post_send(&[wr]).unwrap();
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let n = p.a.ctx.transmit(0, &mut buf).expect("the Send's datagram");
+        assert!(p.a.cq.is_empty().unwrap(), "{qp_type:?}: no completion while the datagram is the link's");
+        p.a.ctx.sent();
+        assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::Success)], "{qp_type:?}");
+        p.b.ctx.receive(0, &buf[..n]);
+        assert_eq!(statuses(&p.b.cq), vec![(9, WcStatus::Success)], "{qp_type:?}");
+    }
+}
