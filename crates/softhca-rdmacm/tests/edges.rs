@@ -17,3 +17,20 @@ fn cm_edges() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("cm_edges: ok"), "{}:\n{text}", out.status);
 }
+
+/// A process that exits while connected ends its connection as the kernel does when the
+/// process's rdma_cm file closes: the peer gets DISCONNECTED (`tests/c/cm_exit.c`).
+#[test]
+fn exit_while_connected_disconnects_the_peer() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("cm_exit");
+    let exe = exe.to_str().unwrap();
+    let (s, c) = pair(
+        Proc { program: exe, args: &["server", "127.0.0.39", "7600"], addr: [127, 0, 0, 39] },
+        Proc { program: exe, args: &["client", "127.0.0.39", "7600"], addr: [127, 0, 0, 40] },
+    );
+    assert!(s.contains("cm_exit server: ok"), "{s}");
+    assert!(c.contains("cm_exit client: ok"), "{c}");
+}

@@ -146,10 +146,9 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
                 d.agent.transmit();
             }
         }
-        if let Some(comm) = id.st.comm {
-            g.conns.remove(&comm);
-        }
         g.conns.retain(|_, s| *s != id.serial);
+        // Its DREQ (or REJ) leaves before the program can exit (see `settle`).
+        drop(settle(g, std::time::Duration::from_millis(200)));
     }
     if id.sync && !id.c.event.is_null() {
         // SAFETY: the event this synchronous id kept from its last call.

@@ -181,6 +181,7 @@ struct Global {
     /// Listening ids by service ID.
     listeners: BTreeMap<u64, u64>,
     dev: Option<Dev>,
+    exit: Exit,
 }
 
 // SAFETY: the raw pointers name objects this module owns; they are only used under the lock.
@@ -194,10 +195,62 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
     conns: BTreeMap::new(),
     listeners: BTreeMap::new(),
     dev: None,
+    exit: Exit::Running,
 });
 
 fn global() -> MutexGuard<'static, Global> {
     GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Signalled by the CM thread after each turn (MADs in, events, MADs out).
+static PROGRESS: Condvar = Condvar::new();
+
+/// Waits (at most `max`) until the MADs the CM posted have left the device: the kernel's CM
+/// outlives a process, this one does not, so what a destroy or an exit sends must be out
+/// before the process goes.
+fn settle(mut g: MutexGuard<'static, Global>, max: std::time::Duration) -> MutexGuard<'static, Global> {
+    let deadline = Instant::now() + max;
+    while g.dev.as_ref().is_some_and(|d| d.agent.in_flight() > 0) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        wake();
+        g = PROGRESS.wait_timeout(g, left).unwrap_or_else(|e| e.into_inner()).0;
+    }
+    g
+}
+
+/// At exit, as the kernel does when a process's rdma_cm file closes: every connection still
+/// held is ended (a DREQ for an established one, a REJ for one being set up), and the MADs
+/// go out before the process does. The CM thread does it: an exit handler runs after the
+/// exiting thread's thread-locals are gone, so it only flags, wakes and waits (a lock, a
+/// condition variable, a write to an eventfd: nothing thread-local).
+extern "C" fn at_exit() {
+    let mut g = global();
+    if g.dev.is_none() || g.conns.is_empty() {
+        return;
+    }
+    g.exit = Exit::Requested;
+    wake();
+    let deadline = Instant::now() + std::time::Duration::from_millis(500);
+    while g.exit != Exit::Done {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        g = PROGRESS.wait_timeout(g, left).unwrap_or_else(|e| e.into_inner()).0;
+    }
+}
+
+/// The exit handler's request to the CM thread (see [`at_exit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exit {
+    Running,
+    Requested,
+    /// The connections are ended; their MADs are leaving.
+    Draining,
+    Done,
 }
 
 /// The CM thread's wake-up descriptor and the GSI's completion channel.
@@ -965,6 +1018,8 @@ fn open_dev(addr: Option<IpAddr>) -> Result<Dev, c_int> {
         .name("softhca-cm".into())
         .spawn(run)
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+    // SAFETY: registers a function with no arguments that takes only this module's lock.
+    unsafe { libc::atexit(at_exit) };
     Ok(Dev {
         ctx,
         pd,
@@ -989,9 +1044,23 @@ fn run() {
             let _ = dev.agent.arm();
             let _ = dev.agent.receive(now());
             g.dispatch();
+            if g.exit == Exit::Requested {
+                let comms: Vec<CommId> = std::mem::take(&mut g.conns).into_keys().collect();
+                let dev = g.dev.as_mut().expect("checked above");
+                for comm in comms {
+                    dev.agent.cm().destroy(comm);
+                }
+                g.exit = Exit::Draining;
+            }
             let dev = g.dev.as_mut().expect("checked above");
             dev.agent.transmit();
-            dev.agent.poll_timeout()
+            let drained = dev.agent.in_flight() == 0;
+            let deadline = dev.agent.poll_timeout();
+            if g.exit == Exit::Draining && drained {
+                g.exit = Exit::Done;
+            }
+            PROGRESS.notify_all();
+            deadline
         };
         let timeout = match deadline {
             None => -1,

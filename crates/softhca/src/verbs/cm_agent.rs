@@ -33,6 +33,9 @@ pub struct CmAgent {
     ahs: HashMap<Peer, Ah>,
     /// MADs the GSI dropped: no AH for the peer, or a full send queue.
     pub dropped: u64,
+    /// MADs posted and not yet completed (each send is signaled: a driver that must not go
+    /// before its last MADs left, a process exiting, waits for this to reach 0).
+    in_flight: u64,
 }
 
 /// The sender's GID from a UD receive's GRH area: an IPv6 header, or (RoCEv2 over IPv4) 20
@@ -70,7 +73,7 @@ impl CmAgent {
         for i in 0..SLOTS {
             qp.post_recv(&[RecvWr::new(i as u64, &[recv.sge(i * SLOT..(i + 1) * SLOT)])]).map_err(|e| e.error)?;
         }
-        Ok(CmAgent { cm: Cm::new(seed), pd: pd.clone(), qp, cq, recv, ahs: HashMap::new(), dropped: 0 })
+        Ok(CmAgent { cm: Cm::new(seed), pd: pd.clone(), qp, cq, recv, ahs: HashMap::new(), dropped: 0, in_flight: 0 })
     }
 
     /// The state machine: listen, connect, accept, reject, disconnect, poll events.
@@ -98,7 +101,8 @@ impl CmAgent {
         let mut grh_mad = [0u8; SLOT];
         while let Some(wc) = self.cq.poll_one()? {
             if wc.opcode != WcOpcode::Recv {
-                continue; // a send's completion (unsignaled: only an error gives one)
+                self.in_flight = self.in_flight.saturating_sub(1); // a MAD left (or failed)
+                continue;
             }
             let slot = wc.wr_id as usize % SLOTS;
             let len = (wc.byte_len as usize).min(SLOT);
@@ -129,10 +133,18 @@ impl CmAgent {
                 self.ahs.insert(peer, ah);
             }
             let ah = &self.ahs[&peer];
-            if self.qp.post_send(&[SendWr::send_inline(0, &mad[..]).ud(ah, GSI_QPN, GSI_QKEY)]).is_err() {
+            if self.qp.post_send(&[SendWr::send_inline(0, &mad[..]).ud(ah, GSI_QPN, GSI_QKEY).signaled()]).is_err() {
                 self.dropped += 1; // a full SQ: the CM sends again at its deadline
+            } else {
+                self.in_flight += 1;
             }
         }
+    }
+
+    /// MADs posted on the GSI that have not completed yet (on a link that defers datagram
+    /// completions, not yet handed to the kernel).
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
     }
 
     /// The earliest CM deadline.
