@@ -127,9 +127,12 @@ fn settle(a: &mut Cm, b: &mut Cm, mut now: u64) -> (u64, Vec<CmEvent>, Vec<CmEve
     (now, ea, eb)
 }
 
-/// An established pair: a's and b's communication IDs.
+/// An established pair: a's and b's communication IDs. Each from a QP of its own (a REQ from
+/// a QP already connected is refused as stale).
 fn established(a: &mut Cm, b: &mut Cm) -> (CommId, CommId) {
-    let ia = a.connect(0, B, &params());
+    static NEXT_QPN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0x100);
+    let local_qpn = NEXT_QPN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xFF_FFFF;
+    let ia = a.connect(0, B, &ConnectParams { local_qpn, ..params() });
     let (ea, eb) = pump(a, b, 0);
     assert!(matches!(ea[..], [CmEvent::Established { .. }]), "{ea:?}");
     let Some(CmEvent::Established { id: ib, .. }) = eb.last().cloned() else { panic!("{eb:?}") };
@@ -235,7 +238,7 @@ fn messages_for_unknown_connections_are_dropped() {
     let (mut a, mut b) = (Cm::new(0xA11CE), listener());
     let (ia, ib) = established(&mut a, &mut b);
     // A third connection, still waiting for its REP, and a pending REQ at b.
-    let waiting = a.connect(0, B, &params());
+    let waiting = a.connect(0, B, &ConnectParams { local_qpn: 0x12, ..params() });
     let (waiting_req, _) = drain(&mut a);
     let before = (a.counters(), b.counters());
     let kinds = |l, r| every_kind(l, r).into_iter().filter(|m| matches!(m.attribute_id(), 0x11..=0x14 | 0x16));
@@ -319,7 +322,8 @@ fn a_req_flood_is_bounded_by_max_pending() {
     b2.set_max_pending(2);
     let reqs: Vec<_> = (1..=3u32)
         .map(|i| {
-            mad(CmMessage::Req(Box::new(CmReq { local_comm_id: i, service_id: SERVICE, ..Default::default() })), 0)
+            let req = CmReq { local_comm_id: i, service_id: SERVICE, local_qpn: i, ..Default::default() };
+            mad(CmMessage::Req(Box::new(req)), 0)
         })
         .collect();
     for m in &reqs {
@@ -357,7 +361,7 @@ fn time_wait_expires_and_the_remote_index_does_not_leak() {
     assert_eq!((ea.len(), eb.len()), (200, 200));
     assert_eq!((a.connections(), b.connections(), a.remote_ids(), b.remote_ids()), (0, 0, 0, 0));
     // Rejected by the consumer, and given up (b vanished after the REQ arrived).
-    a.connect(0, B, &params());
+    a.connect(0, B, &ConnectParams { local_qpn: 0x13, ..params() });
     let (_, m) = a.poll_transmit().unwrap();
     b.handle_mad(0, A, &m[..]);
     let (_, ev) = drain(&mut b);
@@ -418,7 +422,7 @@ fn cm_messages_with_random_bodies_never_panic() {
         let (mut a, mut b) = (Cm::new(0xA11CE), listener());
         b.set_max_pending(4);
         let (ia, ib) = established(&mut a, &mut b);
-        let waiting = a.connect(0, B, &params());
+        let waiting = a.connect(0, B, &ConnectParams { local_qpn: 0x14, ..params() });
         let _ = drain(&mut a);
         for (attr, mut body, real_ids, from, to_b) in msgs {
             if real_ids {
@@ -472,7 +476,7 @@ fn answers_from_the_wrong_peer_or_ids_do_not_move_a_waiting_connection() {
     let (ia, ib) = established(&mut a, &mut b);
     // b in REP Sent for a second connection (the REP held back), a in DREQ Sent for ia (the
     // DREQ held back), and a third REQ of a's in flight.
-    let i2 = a.connect(0, B, &params());
+    let i2 = a.connect(0, B, &ConnectParams { local_qpn: 0x15, ..params() });
     let (req, _) = drain(&mut a);
     b.handle_mad(0, A, &req[0].1);
     let (_, ev) = drain(&mut b);
@@ -481,7 +485,7 @@ fn answers_from_the_wrong_peer_or_ids_do_not_move_a_waiting_connection() {
     let (rep, _) = drain(&mut b);
     assert!(a.disconnect(0, ia));
     let (dreq, _) = drain(&mut a);
-    let i3 = a.connect(0, B, &params());
+    let i3 = a.connect(0, B, &ConnectParams { local_qpn: 0x16, ..params() });
     let (req3, _) = drain(&mut a);
     let deadlines = (a.poll_timeout(), b.poll_timeout());
     let before = (a.counters().unmatched, b.counters().unmatched);

@@ -532,3 +532,29 @@ fn a_rej_timeout_carries_the_senders_ca_guid_as_its_ari() {
     assert_eq!(rej.len(), 1);
     check(&rej[0], GUID_B);
 }
+
+/// IBA 12.9.8.3 (stale connections), as Linux's cm_req_handler: a REQ from a QP that is
+/// already in a connection with this CM (same peer, same QPN, another communication ID) is
+/// refused with REJ Stale Connection (10); the connection it collides with is left as it is.
+#[test]
+fn a_req_from_a_connected_qp_is_rejected_as_stale() {
+    let mut n = Net::new(12, 0.0, 0.0);
+    let first = n.a.connect(0, B, &params());
+    n.run(10_000_000_000, accept);
+    assert!(n.ev_a.contains(&CmEvent::Established { id: first, remote_qpn: 0x22, remote_psn: 0xDEF }));
+    n.ev_a.clear();
+    n.ev_b.clear();
+    // The same QP (params().local_qpn) asks again under a new communication ID.
+    let second = n.a.connect(n.now, B, &params());
+    n.run(n.now + 10_000_000_000, accept);
+    assert_eq!(
+        n.ev_a,
+        vec![CmEvent::Rejected { id: second, reason: reason::STALE_CONNECTION, private_data: vec![0; 148] }]
+    );
+    assert!(n.ev_b.is_empty(), "no ConnectRequest for a stale REQ: {:?}", n.ev_b);
+    assert_eq!(n.b.counters().rejected_stale, 1);
+    // The first connection is still established on both sides: it disconnects normally.
+    assert!(n.a.disconnect(n.now, first));
+    n.run(n.now + 10_000_000_000, accept);
+    assert!(n.ev_a.contains(&CmEvent::Disconnected { id: first }));
+}

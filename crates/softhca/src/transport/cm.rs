@@ -38,6 +38,8 @@ pub mod reason {
     pub const NO_RESOURCES: u16 = 3;
     pub const TIMEOUT: u16 = 4;
     pub const INVALID_SERVICE_ID: u16 = 8;
+    /// Stale Connection: the REQ names a QP that is in a connection with this CM already.
+    pub const STALE_CONNECTION: u16 = 10;
     pub const CONSUMER_REJECT: u16 = 28;
 }
 
@@ -115,6 +117,8 @@ pub struct CmCounters {
     /// REQs rejected with No Resources: [`Cm::max_pending`] REQs already waited for the
     /// consumer.
     pub rejected_backlog: u64,
+    /// REQs rejected with Stale Connection: their QP is in a connection here already.
+    pub rejected_stale: u64,
     /// Messages sent again at their deadline.
     pub resent: u64,
     /// Connections given up when Max CM Retries ran out.
@@ -606,6 +610,12 @@ impl Cm {
         } else if self.pending >= self.max_pending {
             self.counters.rejected_backlog += 1;
             Some(reason::NO_RESOURCES)
+        } else if self.is_stale(peer, req.local_qpn) {
+            // Linux's cm_req_handler (cm_insert_remote_qpn): a new REQ from a QP this CM is
+            // connected to already is refused, the old connection left as it is. Connections
+            // in time-wait do not count here (a QPN reused right after a disconnect is taken).
+            self.counters.rejected_stale += 1;
+            Some(reason::STALE_CONNECTION)
         } else {
             None
         };
@@ -644,6 +654,11 @@ impl Cm {
         self.by_remote.insert((peer, req.local_comm_id), id);
         self.events.push_back(CmEvent::ConnectRequest { id, peer, req });
         true
+    }
+
+    /// Whether `peer`'s QP `qpn` is in a connection of this CM already (not in time-wait).
+    fn is_stale(&self, peer: Peer, qpn: u32) -> bool {
+        self.conns.values().any(|c| c.peer == peer && c.remote_qpn == qpn && c.state != State::TimeWait)
     }
 
     /// The connection `id` if it is `peer`'s and its peer's communication ID is `remote_id`
