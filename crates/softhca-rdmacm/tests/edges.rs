@@ -18,6 +18,23 @@ fn cm_edges() {
     assert!(out.status.success() && text.contains("cm_edges: ok"), "{}:\n{text}", out.status);
 }
 
+/// A REQ nobody answers: after the CM's retries (shortened here with SOFTHCA_CM_RESPONSE_TIMEOUT
+/// 8, about 1 ms, and SOFTHCA_CM_MAX_RETRIES 3), UNREACHABLE with -ETIMEDOUT, as rdma_cm
+/// reports IB_CM_REQ_ERROR.
+#[test]
+fn a_peer_that_is_not_there_is_unreachable() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("cm_edges");
+    let mut c = command(&exe, &["unreachable"]);
+    let c =
+        c.env("SOFTHCA_ADDR", "127.0.0.41").env("SOFTHCA_CM_RESPONSE_TIMEOUT", "8").env("SOFTHCA_CM_MAX_RETRIES", "3");
+    let out = finish(c.spawn().unwrap(), 60, "cm_edges unreachable");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("cm_edges unreachable: ok"), "{}:\n{text}", out.status);
+}
+
 /// A process that exits while connected ends its connection as the kernel does when the
 /// process's rdma_cm file closes: the peer gets DISCONNECTED (`tests/c/cm_exit.c`).
 #[test]

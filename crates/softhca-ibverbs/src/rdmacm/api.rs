@@ -470,16 +470,16 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
             local_qpn: qpn,
             responder_resources: resp,
             initiator_depth: init,
-            remote_cm_response_timeout: CM_RESPONSE_TIMEOUT,
+            remote_cm_response_timeout: cm_timing().0,
             transport_service_type: if id.c.qp_type == IBV_QPT_UC { 1 } else { 0 },
             end_to_end_flow_control: id.st.flow_control,
             starting_psn: id.st.psn,
-            local_cm_response_timeout: CM_RESPONSE_TIMEOUT,
+            local_cm_response_timeout: cm_timing().0,
             retry_count: id.st.retry_count,
             partition_key: 0xFFFF,
             path_mtu: id.path.mtu,
             rnr_retry_count: id.st.rnr_retry_count,
-            max_cm_retries: MAX_CM_RETRIES,
+            max_cm_retries: cm_timing().1,
             srq: u8::from(!id.c.srq.is_null() || param.is_some_and(|p| p.srq != 0)),
             primary_local_lid: 0xFFFF,
             primary_remote_lid: 0xFFFF,
@@ -566,7 +566,7 @@ fn sidr_connect(g: &mut Global, id: &mut Id, param: Option<&rdma_conn_param>) ->
     }
     let dgid = id.c.route.addr.ibaddr.dgid.raw;
     let dev = g.dev.as_mut().ok_or(libc::ENODEV)?;
-    let comm = dev.agent.cm().sidr_request(now(), dgid, req, CM_RESPONSE_TIMEOUT, MAX_CM_RETRIES);
+    let comm = dev.agent.cm().sidr_request(now(), dgid, req, cm_timing().0, cm_timing().1);
     dev.agent.transmit();
     g.conns.insert(comm, id.serial);
     id.st.comm = Some(comm);

@@ -61,6 +61,20 @@ const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
 /// `CMA_MAX_CM_RETRIES`, and the local ACK timeout from `CMA_IBOE_PACKET_LIFETIME`).
 const CM_RESPONSE_TIMEOUT: u8 = 20;
 const MAX_CM_RETRIES: u8 = 15;
+
+/// The CM response timeout (4.096 µs × 2^t) and Max CM Retries this side's REQs and SIDR
+/// REQs carry: Linux's (20: 4.3 s, and 15 retries: a peer that is not there shows after
+/// about 70 s), or `SOFTHCA_CM_RESPONSE_TIMEOUT` (0–31) and `SOFTHCA_CM_MAX_RETRIES` (0–15)
+/// for a network where the answer comes sooner (Linux has these as fixed constants).
+fn cm_timing() -> (u8, u8) {
+    static T: OnceLock<(u8, u8)> = OnceLock::new();
+    *T.get_or_init(|| {
+        let var = |name: &str, max: u8, default: u8| {
+            std::env::var(name).ok().and_then(|v| v.trim().parse::<u8>().ok()).filter(|&v| v <= max).unwrap_or(default)
+        };
+        (var("SOFTHCA_CM_RESPONSE_TIMEOUT", 31, CM_RESPONSE_TIMEOUT), var("SOFTHCA_CM_MAX_RETRIES", 15, MAX_CM_RETRIES))
+    })
+}
 const LOCAL_ACK_TIMEOUT: u8 = 19;
 /// The REP's Target ACK Delay: the device's `local_ca_ack_delay`, as Linux reports for rxe.
 const TARGET_ACK_DELAY: u8 = 15;

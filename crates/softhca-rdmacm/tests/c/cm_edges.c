@@ -60,7 +60,36 @@ static struct rdma_cm_id *client(int port)
 	return id;
 }
 
-int main(void)
+/* A REQ to an address where nobody answers (127.0.0.99: no device): after the CM's
+ * retries, UNREACHABLE with -ETIMEDOUT (run with short SOFTHCA_CM_* timings). */
+static void unreachable_peer(void)
+{
+	struct sockaddr_in dst = sin4("127.0.0.99", 7174);
+	struct rdma_cm_id *id;
+	struct rdma_cm_event *e;
+	struct ibv_qp_init_attr qa;
+	CHECK((ch = rdma_create_event_channel()) != NULL);
+	CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
+	CHECK(rdma_resolve_route(id, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	CHECK(rdma_create_qp(id, NULL, &qa) == 0);
+	CHECK(rdma_connect(id, NULL) == 0);
+	e = next(RDMA_CM_EVENT_UNREACHABLE);
+	CHECK(e->id == id && e->status == -ETIMEDOUT);
+	rdma_ack_cm_event(e);
+	rdma_destroy_qp(id);
+	CHECK(rdma_destroy_id(id) == 0);
+	printf("cm_edges unreachable: ok\n");
+	exit(0);
+}
+
+int main(int argc, char **argv)
 {
 	struct rdma_cm_id *listener, *other, *c, *s;
 	struct rdma_cm_event *e;
@@ -75,6 +104,8 @@ int main(void)
 	struct ibv_send_wr swr, *bad_s;
 	int n, flags;
 
+	if (argc > 1 && strcmp(argv[1], "unreachable") == 0)
+		unreachable_peer();
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
 	CHECK((ch = rdma_create_event_channel()) != NULL);
 
