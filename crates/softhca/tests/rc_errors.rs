@@ -125,8 +125,10 @@ fn rnr_retry_count_exhausted() {
 
 /// An RDMA Write whose R_Key check fails: Remote Access Error NAK, the requester completes it
 /// with Remote Access Error and moves to Error; the responder moves to Error and, with no RQ
-/// WQE in use, raises Local Access Violation; nothing was written.
-/// Rule ERR-RQ-9, ERR-C-1, ERR-C-2, ERR-C-5, ERR-C-6, ERR-C-7, ERR-SQ-7, PKT-NAK-2, QPT-AUTO-4
+/// WQE in use, raises Local Access Violation; nothing was written. After that affiliated
+/// error EVT-AE-2 lets a QP leave its outstanding WQEs without CQEs; softhca's answer, pinned
+/// here, is that every one of them completes, flushed (the responder's receive below).
+/// Rule ERR-RQ-9, ERR-C-1, ERR-C-2, ERR-C-5, ERR-C-6, ERR-C-7, ERR-SQ-7, PKT-NAK-2, QPT-AUTO-4, EVT-AE-2
 #[test]
 fn class_c_rkey_violation() {
     let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
