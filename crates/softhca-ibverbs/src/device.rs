@@ -284,12 +284,32 @@ pub(crate) fn is_context_cmd_fd(fd: c_int) -> bool {
     })
 }
 
+/// An object of `c`'s user context: `c`, or a context imported from it or from which it was
+/// imported (they share one command file, as contexts sharing a kernel ucontext do), whose
+/// objects `pick` finds.
+pub(crate) fn find_shared(c: &Ctx, pick: impl Fn(&Objects) -> Option<usize>) -> Option<usize> {
+    let id = file_id(c.cmd.as_raw_fd())?;
+    let contexts = c.shared.contexts.lock().unwrap_or_else(|e| e.into_inner());
+    contexts.iter().find_map(|&p| {
+        // SAFETY: a context in the list is open (see `Shared::route`).
+        let other = unsafe { &*(p as *const Ctx) };
+        if file_id(other.cmd.as_raw_fd()) != Some(id) {
+            return None;
+        }
+        pick(&other.objects.lock().unwrap_or_else(|e| e.into_inner()))
+    })
+}
+
 /// The C objects of a context an event can name (their addresses, by QPN or handle).
 #[derive(Default)]
 pub(crate) struct Objects {
     pub qps: HashMap<u32, usize>,
     pub cqs: HashMap<u32, usize>,
     pub srqs: HashMap<u32, usize>,
+    /// PDs and MRs by handle: what `ibv_import_pd` / `ibv_import_mr` find from a context
+    /// that shares this one's command file (see [`find_shared`]).
+    pub pds: HashMap<u32, usize>,
+    pub mrs: HashMap<u32, usize>,
     /// Asynchronous events handed out per object (by address): its destroy waits until the
     /// program acknowledged as many (see [`wait_for_acks`]).
     pub delivered: HashMap<usize, u32>,
@@ -422,7 +442,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     if device.is_null() {
         return fail(libc::EINVAL);
     }
-    open_context(device, None)
+    open_context(device, None, None)
 }
 
 /// softhca0, as `ibv_get_device_list` lists it.
@@ -432,7 +452,8 @@ pub(crate) fn the_device() -> *mut ibv_device {
 
 /// Open Device, the device on `addr` if it is not open yet (the connection manager binds
 /// an address before it has a device: see `rdmacm`).
-pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>) -> *mut ibv_context {
+/// `cmd`: the command file of the context being imported (`ibv_import_device`), else a new one.
+pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>, cmd: Option<OwnedFd>) -> *mut ibv_context {
     let shared = match shared_device(addr) {
         Ok(d) => d,
         Err(e) => {
@@ -440,7 +461,11 @@ pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>) -> *mu
             return fail(e.raw_os_error().unwrap_or(libc::ENODEV));
         }
     };
-    let (events, cmd) = match EventQueue::new().and_then(|q| Ok((q, cmd_file()?))) {
+    let cmd = match cmd {
+        Some(fd) => Ok(fd),
+        None => cmd_file(),
+    };
+    let (events, cmd) = match EventQueue::new().and_then(|q| Ok((q, cmd?))) {
         Ok(x) => x,
         Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE)),
     };

@@ -1,22 +1,35 @@
-//! What softhca cannot take from outside its own process: objects another process (or a
-//! kernel context behind a command descriptor) created, and memory a dma-buf names. Each
-//! answers as libibverbs 44 does for a provider without the operation (rxe's answers): NULL
-//! with `errno` `EOPNOTSUPP`, and nothing to undo for the unimports. Importing needs the
-//! uverbs command descriptor of a kernel device, which softhca has not: a context's `cmd_fd`
-//! is an anonymous file of its own, and importing it is EOPNOTSUPP.
+//! Importing objects, and what softhca cannot take from outside its own process.
+//!
+//! `ibv_import_device` of a context's `cmd_fd` (or a duplicate, as programs pass it around)
+//! opens another context on the same user context, as the kernel shares a ucontext between
+//! the importer and the original: the two share the command file, and `ibv_import_pd` /
+//! `ibv_import_mr` of a handle of either give objects of the same PD and MR (the unimports
+//! free only the importer's handle objects). A descriptor of another process reaches
+//! nothing here: softhca's device lives in each process. Device memory and dma-bufs answer as
+//! libibverbs 44 does for a provider without them: NULL with `errno` `EOPNOTSUPP`.
 
 use std::ffi::{c_int, c_void};
+use std::os::fd::{FromRawFd, OwnedFd};
 
 use crate::abi::{ibv_context, ibv_mr, ibv_pd};
+use crate::device::{ctx, find_shared};
 use crate::fail;
+use crate::mem::{pd, Mr, Pd};
 
-/// The `cmd_fd` of a softhca context (or a duplicate) names a device whose provider cannot
-/// import: EOPNOTSUPP. Any other descriptor fails as libibverbs fails it: EINVAL for one that
-/// is not a character device, ENODEV for one that is no uverbs device of this host's.
+/// A context on the user context whose `cmd_fd` (or a duplicate) this is. Any other
+/// descriptor fails as libibverbs fails it: EINVAL for one that is not a character device,
+/// ENODEV for one that is no uverbs device of this host's.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
     if crate::device::is_context_cmd_fd(cmd_fd) {
-        return fail(libc::EOPNOTSUPP);
+        // SAFETY: F_DUPFD_CLOEXEC of a descriptor the caller holds; -1 on failure.
+        let dup = unsafe { libc::fcntl(cmd_fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return fail(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
+        }
+        // SAFETY: a descriptor just duplicated, owned by nobody else.
+        let cmd = unsafe { OwnedFd::from_raw_fd(dup) };
+        return crate::device::open_context(crate::device::the_device(), None, Some(cmd));
     }
     // SAFETY: fstat writes into a local stat buffer; a bad descriptor gives -1.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -27,21 +40,71 @@ pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
     fail(libc::ENODEV)
 }
 
+/// The PD `pd_handle` of `context`'s user context, as a PD object of `context`'s: EINVAL
+/// when there is none.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_import_pd(_context: *mut ibv_context, _pd_handle: u32) -> *mut ibv_pd {
-    fail(libc::EOPNOTSUPP)
+pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32) -> *mut ibv_pd {
+    if context.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: an open context.
+    let c = unsafe { ctx(context) };
+    let Some(found) = find_shared(c, |o| o.pds.get(&pd_handle).copied()) else { return fail(libc::EINVAL) };
+    // SAFETY: a registered PD is live (it leaves the map when deallocated).
+    let orig = unsafe { pd(found as *mut ibv_pd) };
+    let ibv = ibv_pd { context, handle: pd_handle };
+    Box::into_raw(Box::new(Pd { ibv, pd: orig.pd.clone() })).cast()
 }
 
+/// Frees the importer's PD object; the PD stays for the others that hold it.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_import_mr(_pd: *mut ibv_pd, _mr_handle: u32) -> *mut ibv_mr {
-    fail(libc::EOPNOTSUPP)
+pub unsafe extern "C" fn ibv_unimport_pd(p: *mut ibv_pd) {
+    if !p.is_null() {
+        // SAFETY: a PD object of this library that the program gives up.
+        drop(unsafe { Box::from_raw(p as *mut Pd) });
+    }
 }
 
+/// The MR `mr_handle` of `p`'s user context, on `p` (its PD must be the MR's): EINVAL
+/// otherwise. Its address is NULL, as libibverbs leaves an imported MR's (the importer knows
+/// where the memory is).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_mr(_mr: *mut ibv_mr) {}
+pub unsafe extern "C" fn ibv_import_mr(p: *mut ibv_pd, mr_handle: u32) -> *mut ibv_mr {
+    if p.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a live PD.
+    let d = unsafe { pd(p) };
+    // SAFETY: its open context.
+    let c = unsafe { ctx(d.ibv.context) };
+    let Some(found) = find_shared(c, |o| o.mrs.get(&mr_handle).copied()) else { return fail(libc::EINVAL) };
+    // SAFETY: a registered MR is live (it leaves the map when deregistered).
+    let orig = unsafe { &*(found as *const Mr) };
+    // SAFETY: the original MR's PD is live while the MR is.
+    if unsafe { pd(orig.ibv.pd) }.ibv.handle != d.ibv.handle {
+        return fail(libc::EINVAL);
+    }
+    let o = &orig.ibv;
+    let ibv = ibv_mr {
+        context: d.ibv.context,
+        pd: p,
+        addr: std::ptr::null_mut(),
+        length: o.length,
+        handle: o.handle,
+        lkey: o.lkey,
+        rkey: o.rkey,
+    };
+    Box::into_raw(Box::new(Mr { ibv, mr: orig.mr.clone() })).cast()
+}
+
+/// Frees the importer's MR object; the MR stays for the others that hold it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_mr(m: *mut ibv_mr) {
+    if !m.is_null() {
+        // SAFETY: an MR object of this library that the program gives up.
+        drop(unsafe { Box::from_raw(m as *mut Mr) });
+    }
+}
 
 /// Device memory (`struct ibv_dm`) does not exist on softhca; importing it cannot succeed.
 #[no_mangle]

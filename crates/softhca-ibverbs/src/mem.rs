@@ -24,7 +24,8 @@ pub(crate) unsafe fn pd<'a>(p: *mut ibv_pd) -> &'a Pd {
 #[repr(C)]
 pub(crate) struct Mr {
     pub ibv: ibv_mr,
-    pub mr: SoftMr,
+    /// Shared with the MR objects `ibv_import_mr` made of it: one region, several handles.
+    pub mr: std::sync::Arc<SoftMr>,
 }
 
 #[repr(C)]
@@ -74,7 +75,12 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
     match c.ctx.alloc_pd() {
-        Ok(pd) => Box::into_raw(Box::new(Pd { ibv: ibv_pd { context, handle: pd.handle() }, pd })).cast(),
+        Ok(pd) => {
+            let handle = pd.handle();
+            let p: *mut ibv_pd = Box::into_raw(Box::new(Pd { ibv: ibv_pd { context, handle }, pd })).cast();
+            c.objects.lock().unwrap_or_else(|e| e.into_inner()).pds.insert(handle, p as usize);
+            p
+        }
         Err(e) => fail(errno_of(&e)),
     }
 }
@@ -82,9 +88,13 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
     // SAFETY: a live PD.
-    if let Err(e) = unsafe { pd(p) }.pd.dealloc() {
+    let d = unsafe { pd(p) };
+    if let Err(e) = d.pd.dealloc() {
         return errno_of(&e);
     }
+    // SAFETY: the PD's open context.
+    let o = &unsafe { ctx(d.ibv.context) }.objects;
+    o.lock().unwrap_or_else(|e| e.into_inner()).pds.remove(&d.ibv.handle);
     // SAFETY: from ibv_alloc_pd's Box::into_raw, freed once (the dealloc above succeeded).
     drop(unsafe { Box::from_raw(p as *mut Pd) });
     0
@@ -138,7 +148,12 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
                 lkey: mr.lkey(),
                 rkey: mr.rkey(),
             };
-            Box::into_raw(Box::new(Mr { ibv, mr })).cast()
+            let handle = ibv.handle;
+            let m: *mut ibv_mr = Box::into_raw(Box::new(Mr { ibv, mr: std::sync::Arc::new(mr) })).cast();
+            // SAFETY: the PD's open context.
+            let o = &unsafe { ctx(pd.ibv.context) }.objects;
+            o.lock().unwrap_or_else(|e| e.into_inner()).mrs.insert(handle, m as usize);
+            m
         }
         Err(e) => fail(errno_of(&e)),
     }
@@ -179,6 +194,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     if let Err(e) = mr.mr.dereg() {
         return errno_of(&e);
     }
+    // SAFETY: the MR's open context.
+    let o = &unsafe { ctx(mr.ibv.context) }.objects;
+    o.lock().unwrap_or_else(|e| e.into_inner()).mrs.remove(&mr.ibv.handle);
     // SAFETY: from ibv_reg_mr's Box::into_raw, freed once.
     drop(unsafe { Box::from_raw(m as *mut Mr) });
     0

@@ -103,7 +103,6 @@ const SKIPS: &[(&str, bool)] = &[
     ("Create memory window of type 3 is not supported", true),
     ("Extended QP is not supported on this device", true),
     ("Extended CQ is not supported", true),
-    ("Importing a device is not supported", false),
     ("Create MW is not supported", false),
     ("Memory Window allocation is not supported", false),
 ];

@@ -1000,7 +1000,7 @@ fn new_id(
 /// librdmacm keeps its devices open), its PD for QPs made without one, the GSI's agent, and
 /// the thread that drives it.
 fn open_dev(addr: Option<IpAddr>) -> Result<Dev, c_int> {
-    let ctx = crate::device::open_context(crate::device::the_device(), addr);
+    let ctx = crate::device::open_context(crate::device::the_device(), addr, None);
     if ctx.is_null() {
         // SAFETY: errno of the calling thread.
         return Err(unsafe { *libc::__errno_location() });

@@ -150,16 +150,27 @@ static void process(struct ibv_device *dev, struct end *e)
 	CHECK(ibv_dontfork_range(e->buf, 4096) == 0 && ibv_dofork_range(e->buf, 4096) == 0, "fork ranges");
 	CHECK(ibv_get_device_index(dev) == 0, "softhca0 is device 0");
 	CHECK(!strcmp(ibv_get_sysfs_path(), getenv("SYSFS_PATH") ? getenv("SYSFS_PATH") : "/sys"), "sysfs path");
+	/* Importing: a context on the same user context from a duplicate of its cmd_fd (as
+	 * the kernel shares a ucontext), its PD and MR by handle; unknown handles are EINVAL. */
 	errno = 0;
-	CHECK(ibv_import_pd(e->ctx, 1) == NULL && errno == EOPNOTSUPP, "import PD");
+	CHECK(ibv_import_pd(e->ctx, 0xFFFFFF) == NULL && errno == EINVAL, "import an unknown PD");
 	errno = 0;
-	CHECK(ibv_import_mr(e->pd, 1) == NULL && errno == EOPNOTSUPP, "import MR");
+	CHECK(ibv_import_mr(e->pd, 0xFFFFFF) == NULL && errno == EINVAL, "import an unknown MR");
 	errno = 0;
 	CHECK(ibv_import_device(-1) == NULL && errno != 0, "import a device from no descriptor");
 	int dup_fd = dup(e->ctx->cmd_fd);
 	CHECK(dup_fd >= 0, "cmd_fd is a descriptor a program can dup");
-	errno = 0;
-	CHECK(ibv_import_device(dup_fd) == NULL && errno == EOPNOTSUPP, "import softhca's own context");
+	struct ibv_context *ic = ibv_import_device(dup_fd);
+	CHECK(ic != NULL && ic != e->ctx, "import softhca's own context");
+	struct ibv_pd *ipd = ibv_import_pd(ic, e->pd->handle);
+	CHECK(ipd && ipd->handle == e->pd->handle && ipd->context == ic, "import its PD");
+	struct ibv_mr *imr = ibv_import_mr(ipd, e->mr->handle);
+	CHECK(imr && imr->lkey == e->mr->lkey && imr->rkey == e->mr->rkey && imr->length == e->mr->length &&
+		      imr->addr == NULL && imr->pd == ipd,
+	      "import its MR");
+	ibv_unimport_mr(imr);
+	ibv_unimport_pd(ipd);
+	CHECK(ibv_close_device(ic) == 0, "close the imported context");
 	close(dup_fd);
 	errno = 0;
 	CHECK(ibv_reg_dmabuf_mr(e->pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP,
