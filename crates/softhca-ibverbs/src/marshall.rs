@@ -7,7 +7,7 @@
 
 use std::ffi::c_int;
 
-use crate::abi::{ibv_ah_attr, ibv_gid, ibv_qp_attr};
+use crate::abi::{ibv_ah_attr, ibv_qp_attr, ibv_sa_path_rec};
 
 /// `struct ib_uverbs_global_route`.
 #[repr(C)]
@@ -86,30 +86,6 @@ pub struct ib_user_path_rec {
     pub numb_path: u8,
     pub sl: u8,
     pub mtu_selector: u8,
-    pub rate_selector: u8,
-    pub rate: u8,
-    pub packet_life_time_selector: u8,
-    pub packet_life_time: u8,
-    pub preference: u8,
-}
-
-/// `struct ibv_sa_path_rec` of `infiniband/sa.h`.
-#[repr(C)]
-pub struct ibv_sa_path_rec {
-    pub dgid: ibv_gid,
-    pub sgid: ibv_gid,
-    pub dlid: u16,
-    pub slid: u16,
-    pub raw_traffic: c_int,
-    pub flow_label: u32,
-    pub hop_limit: u8,
-    pub traffic_class: u8,
-    pub reversible: c_int,
-    pub numb_path: u8,
-    pub pkey: u16,
-    pub sl: u8,
-    pub mtu_selector: u8,
-    pub mtu: u8,
     pub rate_selector: u8,
     pub rate: u8,
     pub packet_life_time_selector: u8,

@@ -6,6 +6,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
+pub use crate::abi::ibv_sa_path_rec;
 use crate::abi::{ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, ibv_qp, ibv_srq};
 
 pub const RDMA_PS_IPOIB: c_int = 0x0002;
@@ -165,30 +166,4 @@ pub struct rdma_addrinfo {
     pub ai_connect_len: usize,
     pub ai_connect: *mut c_void,
     pub ai_next: *mut rdma_addrinfo,
-}
-
-/// `struct ibv_sa_path_rec` (`<infiniband/sa.h>`): what `rdma_resolve_route` leaves in
-/// `route.path_rec`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ibv_sa_path_rec {
-    pub dgid: ibv_gid,
-    pub sgid: ibv_gid,
-    pub dlid: u16,
-    pub slid: u16,
-    pub raw_traffic: c_int,
-    pub flow_label: u32,
-    pub hop_limit: u8,
-    pub traffic_class: u8,
-    pub reversible: c_int,
-    pub numb_path: u8,
-    pub pkey: u16,
-    pub sl: u8,
-    pub mtu_selector: u8,
-    pub mtu: u8,
-    pub rate_selector: u8,
-    pub rate: u8,
-    pub packet_life_time_selector: u8,
-    pub packet_life_time: u8,
-    pub preference: u8,
 }
