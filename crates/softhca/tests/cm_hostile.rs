@@ -311,10 +311,17 @@ fn a_req_flood_is_bounded_by_max_pending() {
     assert_eq!((pending_events, backlog_rejs), (max, total as usize - max));
     assert_eq!((b.pending(), b.connections(), b.remote_ids()), (max, max, max));
     assert_eq!(b.counters().rejected_backlog, u64::from(total) - max as u64);
-    // A repeat of a waiting REQ (the first) is a duplicate, not a new one nor a rejection.
+    // A repeat of a waiting REQ (the first) is a duplicate, not a new one nor a rejection:
+    // its answer is an MRA (the consumer needs longer), no event.
     let first = CmReq { local_comm_id: 1, service_id: SERVICE, ..Default::default() };
     b.handle_mad(0, [10; 16], &mad(CmMessage::Req(Box::new(first)), 0));
-    quiet(&mut b, "a repeated waiting REQ");
+    let (out, ev) = drain(&mut b);
+    assert!(ev.is_empty(), "{ev:?}");
+    assert!(
+        matches!(&out[..], [(_, m)] if matches!(CmMessage::parse(&m[..]), Ok((_, CmMessage::Mra(_))))),
+        "{} MADs",
+        out.len()
+    );
     assert_eq!(b.counters().duplicates, 1);
     assert_eq!(b.counters().rejected_backlog, u64::from(total) - max as u64);
     // The consumer rejects one: room for exactly one more.

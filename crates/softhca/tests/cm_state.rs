@@ -5,7 +5,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use softhca::transport::cm::*;
-use softhca::wire::mad::{CmDreq, CmMessage, CmRej, CmRep, CmReq, CmRtu, MadHeaderRepr};
+use softhca::wire::mad::{CmDreq, CmMessage, CmMra, CmRej, CmRep, CmReq, CmRtu, MadHeaderRepr};
 
 const A: Peer = [1; 16];
 const B: Peer = [2; 16];
@@ -557,4 +557,23 @@ fn a_req_from_a_connected_qp_is_rejected_as_stale() {
     assert!(n.a.disconnect(n.now, first));
     n.run(n.now + 10_000_000_000, accept);
     assert!(n.ev_a.contains(&CmEvent::Disconnected { id: first }));
+}
+
+/// IBA 12.6.6 (MRA), as Linux's CM does for rdma_cm: a REQ repeated while the consumer has
+/// not answered the first gets an MRA for the REQ (service timeout 24, about 69 s), and the
+/// requester waits that much longer instead of giving up after its Max CM Retries; the
+/// consumer's late accept still connects.
+#[test]
+fn a_slow_consumer_gets_time_from_an_mra() {
+    let mut n = Net::new(13, 0.0, 0.0);
+    // Response timeout 16 (268 ms) and 2 retries: without an MRA a gives up after about 0.8 s.
+    let id = n.a.connect(0, B, &ConnectParams { max_cm_retries: 2, ..params() });
+    n.run(2_000_000_000, |_, _, _| {}); // b's consumer does not answer
+    let mras = n.wire.iter().filter(|(from_a, m)| !*from_a && attr(m) == CmMra::ATTRIBUTE_ID).count();
+    assert!(mras >= 1, "b sent no MRA");
+    assert!(n.ev_a.is_empty(), "a gave up: {:?}", n.ev_a);
+    let Some(CmEvent::ConnectRequest { id: rid, .. }) = n.ev_b.first().cloned() else { panic!("{:?}", n.ev_b) };
+    assert!(n.b.accept(n.now, rid, 0x22, 0xDEF));
+    n.run(n.now + 200_000_000_000, accept);
+    assert!(n.ev_a.contains(&CmEvent::Established { id, remote_qpn: 0x22, remote_psn: 0xDEF }), "{:?}", n.ev_a);
 }

@@ -9,7 +9,8 @@
 //! the CM response timeout the peer asked for, up to the Max CM Retries of the REQ, then the
 //! connection fails with REJ Timeout (4), whose ARI is this side's CA GUID (Linux's CM finds
 //! the connection by it). Duplicates are answered, never taken twice: a REQ again gets the
-//! REP again, a REP again the RTU again, a DREQ again the DREP again.
+//! REP again (or, while the consumer decides, an MRA), a REP again the RTU again, a DREQ
+//! again the DREP again. A REQ from a QP already connected here is refused as stale (REJ 10).
 //!
 //! What it takes: a MAD of the CM class (0x07), base version 1, class version 2, method Send,
 //! with an attribute it defines; and then only a message that names one of its connections by
@@ -20,8 +21,7 @@
 //! No Resources), every other state but Established ends by a deadline.
 //!
 //! `verbs::CmAgent` runs it on a device's QP1; SIDR (IBA 12.11) for UD services too, and
-//! softhca-ibverbs' `rdmacm` is rdma_cm on top of it. Not yet: LAP/APR (path migration) and
-//! stale-connection detection by QPN.
+//! softhca-ibverbs' `rdmacm` is rdma_cm on top of it. Not yet: LAP/APR (path migration).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -200,6 +200,10 @@ pub mod sidr_status {
     /// No QP (here: too many requests waiting).
     pub const NO_QP: u8 = 3;
 }
+
+/// The service timeout of the MRA this CM sends for a REQ its consumer has not answered yet:
+/// Linux's rdma_cm's (`CMA_CM_MRA_SETTING`, 4.096 us x 2^24, about 69 s).
+pub const MRA_SERVICE_TIMEOUT: u8 = 24;
 
 /// How many REQs may wait for the consumer's answer at once, unless told otherwise.
 pub const DEFAULT_MAX_PENDING: usize = 1024;
@@ -596,8 +600,23 @@ impl Cm {
             // (an MRA would buy time; the requester's retries wait meanwhile).
             self.counters.duplicates += 1;
             if let Some(conn) = self.conns.get(&id) {
-                if matches!(conn.state, State::RepSent | State::Established) {
-                    self.out.push_back((peer, conn.last.clone()));
+                match conn.state {
+                    State::RepSent | State::Established => self.out.push_back((peer, conn.last.clone())),
+                    State::ReqRcvd => {
+                        // The consumer is still deciding and the requester's timer ran out: an
+                        // MRA buys it time, as Linux's CM sends one (rdma_cm asks for it with
+                        // CMA_CM_MRA_SETTING: delayed until a REQ comes again, 2^24 x 4.096 us).
+                        let mra = CmMra {
+                            local_comm_id: id,
+                            remote_comm_id: conn.remote_comm_id,
+                            message_mraed: mraed::REQ,
+                            service_timeout: MRA_SERVICE_TIMEOUT,
+                            ..Default::default()
+                        };
+                        let tid = conn.tid;
+                        self.send_once(peer, tid, CmMessage::Mra(Box::new(mra)));
+                    }
+                    _ => {}
                 }
             }
             return true;
