@@ -2,7 +2,7 @@
 //! which forwards to these). Errors follow librdmacm: -1 with errno (NULL with errno for the
 //! functions that return a pointer).
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::ptr::null_mut;
 
@@ -699,6 +699,12 @@ unsafe fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) 
         // SAFETY: the program's private data of the length it gives.
         unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
     };
+    // The kernel's limits: a REJ's private data (148 bytes), a SIDR REP's (136).
+    let room = if id.c.qp_type == IBV_QPT_UD { 136 } else { 148 };
+    if d.len() > room {
+        id.st.comm = Some(comm);
+        return err(libc::EINVAL);
+    }
     g.conns.remove(&comm);
     if let Some(dev) = g.dev.as_mut() {
         if id.c.qp_type == IBV_QPT_UD {
@@ -786,10 +792,16 @@ pub unsafe extern "C" fn softhca_rdma_establish(p: *mut rdma_cm_id) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softhca_rdma_notify(p: *mut rdma_cm_id, _event: c_int) -> c_int {
+pub unsafe extern "C" fn softhca_rdma_notify(p: *mut rdma_cm_id, event: c_int) -> c_int {
+    /// `IBV_EVENT_COMM_EST` and `IBV_EVENT_PATH_MIG`: the events Linux's `ib_cm_notify` takes.
+    const COMM_EST: c_int = 4;
+    const PATH_MIG: c_int = 6;
     // SAFETY: the program's id.
     match unsafe { id_of(p) } {
-        Ok(_) => 0,
+        // The RTU softhca's CM waits for is the only proof of establishment it takes; a
+        // Communication Established the program saw first changes nothing here.
+        Ok(_) if event == COMM_EST || event == PATH_MIG => 0,
+        Ok(_) => err(libc::EINVAL),
         Err(e) => err(e),
     }
 }
@@ -1016,7 +1028,6 @@ pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mu
     }
     id.c.qp = qp;
     id.c.pd = a.pd;
-    id.c.qp_type = a.qp_type;
     id.st.own_cqs = made;
     // librdmacm's ucma_init_conn_qp / ucma_init_ud_qp.
     let states: &[c_int] =
@@ -1124,14 +1135,15 @@ pub unsafe extern "C" fn softhca_rdma_create_ep(
     let rc = unsafe {
         if r.ai_flags & RAI_PASSIVE != 0 {
             let rc = softhca_rdma_bind_addr(p, r.ai_src_addr);
+            let id = &mut *(p as *mut Id);
+            if rc == 0 && !pd.is_null() {
+                id.c.pd = pd;
+            }
             if rc == 0 && !qp_init.is_null() {
-                let id = &mut *(p as *mut Id);
                 let mut a = copy_init(&*qp_init);
                 a.qp_type = r.ai_qp_type;
+                let _g = global();
                 id.st.qp_init = Some(a);
-                if !pd.is_null() {
-                    id.c.pd = pd;
-                }
             }
             rc
         } else {
@@ -1373,14 +1385,25 @@ pub unsafe extern "C" fn softhca_rdma_get_remote_ece(p: *mut rdma_cm_id, ece: *m
     0
 }
 
-/// A heap copy of a socket address, for an `rdma_addrinfo`.
-fn boxed_sa(a: SocketAddr) -> (*mut libc::sockaddr, libc::socklen_t) {
+/// A heap copy of a C socket address of `len` bytes (librdmacm's `ucma_copy_addr`).
+///
+/// # Safety
+/// `sa` points to `len` readable bytes.
+unsafe fn copy_sa(sa: *const libc::sockaddr, len: libc::socklen_t) -> (*mut libc::sockaddr, libc::socklen_t) {
+    let n = (len as usize).min(size_of::<libc::sockaddr_storage>());
     // SAFETY: an all-zero sockaddr_storage is valid.
     let mut s: Box<libc::sockaddr_storage> = Box::new(unsafe { std::mem::zeroed() });
-    let len = write_sa(&mut s, a);
-    (Box::into_raw(s).cast(), len)
+    // SAFETY: `n` bytes from the caller's address into a 128-byte storage.
+    unsafe { std::ptr::copy_nonoverlapping(sa.cast::<u8>(), (&mut *s as *mut libc::sockaddr_storage).cast::<u8>(), n) };
+    (Box::into_raw(s).cast(), n as libc::socklen_t)
 }
 
+/// librdmacm 44's `rdma_getaddrinfo` (addrinfo.c): `getaddrinfo` with the hints converted
+/// (RAI_PASSIVE, RAI_NUMERICHOST, the family, the socket type and protocol of the QP type and
+/// port space), the first answer converted back: its QP type and port space from the hints
+/// or from its socket type and protocol, RAI_PASSIVE, the address as source (passive) or
+/// destination; a source address from the hints when there is none. A `getaddrinfo` error is
+/// returned as its EAI code, as librdmacm returns it. (AF_IB addresses are not built.)
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_getaddrinfo(
     node: *const c_char,
@@ -1388,64 +1411,84 @@ pub unsafe extern "C" fn softhca_rdma_getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() || (node.is_null() && service.is_null()) {
+    if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
         return err(libc::EINVAL);
     }
     // SAFETY: the program's hints, if any.
     let h = unsafe { hints.as_ref() };
-    let flags = h.map_or(0, |h| h.ai_flags);
-    // SAFETY: an all-zero addrinfo is valid hints.
-    let mut ai_hints: libc::addrinfo = unsafe { std::mem::zeroed() };
-    ai_hints.ai_family = h.map_or(0, |h| h.ai_family);
-    ai_hints.ai_socktype = libc::SOCK_STREAM;
-    if flags & RAI_PASSIVE != 0 {
-        ai_hints.ai_flags |= libc::AI_PASSIVE;
-    }
-    if flags & RAI_NUMERICHOST != 0 {
-        ai_hints.ai_flags |= libc::AI_NUMERICHOST;
-    }
-    let mut found: *mut libc::addrinfo = null_mut();
-    // SAFETY: the program's NUL-terminated strings (or NULL); local hints and out pointer.
-    let rc = unsafe { libc::getaddrinfo(node, service, &ai_hints, &mut found) };
-    if rc != 0 {
-        return if rc == libc::EAI_SYSTEM { -1 } else { err(libc::EADDRNOTAVAIL).min(rc) };
-    }
-    // SAFETY: getaddrinfo succeeded: a list of at least one entry.
-    let addr = unsafe { read_sa((*found).ai_addr) };
-    // SAFETY: the list getaddrinfo made.
-    unsafe { libc::freeaddrinfo(found) };
-    let Some(addr) = addr else { return err(libc::EADDRNOTAVAIL) };
-    let qp_type = h.map_or(0, |h| h.ai_qp_type);
-    let ps = match h.map_or(0, |h| h.ai_port_space) {
-        0 if qp_type == IBV_QPT_UD => RDMA_PS_UDP,
-        0 => RDMA_PS_TCP,
-        ps => ps,
-    };
     // SAFETY: an all-zero rdma_addrinfo is valid.
     let mut ai: Box<rdma_addrinfo> = Box::new(unsafe { std::mem::zeroed() });
-    ai.ai_flags = flags;
-    ai.ai_family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    ai.ai_qp_type = if qp_type == 0 { IBV_QPT_RC } else { qp_type };
-    ai.ai_port_space = ps;
-    if flags & RAI_PASSIVE != 0 {
-        (ai.ai_src_addr, ai.ai_src_len) = boxed_sa(addr);
-    } else {
-        (ai.ai_dst_addr, ai.ai_dst_len) = boxed_sa(addr);
-        // SAFETY: the hints' source address, if the program gave one.
-        if let Some(src) = h.and_then(|h| unsafe { read_sa(h.ai_src_addr) }) {
-            (ai.ai_src_addr, ai.ai_src_len) = boxed_sa(src);
+    if !node.is_null() || !service.is_null() {
+        // SAFETY: an all-zero addrinfo is valid hints.
+        let mut ah: libc::addrinfo = unsafe { std::mem::zeroed() };
+        if let Some(h) = h {
+            if h.ai_flags & RAI_PASSIVE != 0 {
+                ah.ai_flags = libc::AI_PASSIVE;
+            }
+            if h.ai_flags & RAI_NUMERICHOST != 0 {
+                ah.ai_flags |= libc::AI_NUMERICHOST;
+            }
+            ah.ai_family = h.ai_family;
+            ah.ai_socktype = match h.ai_qp_type {
+                IBV_QPT_RC | IBV_QPT_UC => libc::SOCK_STREAM,
+                IBV_QPT_UD => libc::SOCK_DGRAM,
+                _ => 0,
+            };
+            ah.ai_protocol = match h.ai_port_space {
+                RDMA_PS_TCP => libc::IPPROTO_TCP,
+                RDMA_PS_UDP | RDMA_PS_IPOIB => libc::IPPROTO_UDP,
+                RDMA_PS_IB if ah.ai_socktype == libc::SOCK_STREAM => libc::IPPROTO_TCP,
+                RDMA_PS_IB if ah.ai_socktype == libc::SOCK_DGRAM => libc::IPPROTO_UDP,
+                _ => 0,
+            };
+        }
+        let mut found: *mut libc::addrinfo = null_mut();
+        let hp = if h.is_some() { &ah as *const libc::addrinfo } else { std::ptr::null() };
+        // SAFETY: the program's NUL-terminated strings (or NULL); local hints and out pointer.
+        let rc = unsafe { libc::getaddrinfo(node, service, hp, &mut found) };
+        if rc != 0 {
+            return rc;
+        }
+        // SAFETY: getaddrinfo succeeded: a list of at least one entry.
+        let first = unsafe { &*found };
+        ai.ai_qp_type = match (h.map_or(0, |h| h.ai_qp_type), first.ai_socktype) {
+            (0, libc::SOCK_STREAM) => IBV_QPT_RC,
+            (0, libc::SOCK_DGRAM) => IBV_QPT_UD,
+            (t, _) => t,
+        };
+        ai.ai_port_space = match (h.map_or(0, |h| h.ai_port_space), first.ai_protocol) {
+            (0, libc::IPPROTO_TCP) => RDMA_PS_TCP,
+            (0, libc::IPPROTO_UDP) => RDMA_PS_UDP,
+            (ps, _) => ps,
+        };
+        ai.ai_family = first.ai_family;
+        // SAFETY: getaddrinfo's address of its length; its canonical name is NULL or a
+        // NUL-terminated string.
+        unsafe {
+            let canon = if first.ai_canonname.is_null() { null_mut() } else { libc::strdup(first.ai_canonname) };
+            if first.ai_flags & libc::AI_PASSIVE != 0 {
+                ai.ai_flags = RAI_PASSIVE;
+                ai.ai_src_canonname = canon;
+                (ai.ai_src_addr, ai.ai_src_len) = copy_sa(first.ai_addr, first.ai_addrlen);
+            } else {
+                ai.ai_dst_canonname = canon;
+                (ai.ai_dst_addr, ai.ai_dst_len) = copy_sa(first.ai_addr, first.ai_addrlen);
+            }
+            libc::freeaddrinfo(found);
+        }
+    } else if let Some(h) = h {
+        ai.ai_flags = h.ai_flags;
+        ai.ai_family = h.ai_family;
+        ai.ai_qp_type = h.ai_qp_type;
+        ai.ai_port_space = h.ai_port_space;
+        if h.ai_dst_len != 0 && !h.ai_dst_addr.is_null() {
+            // SAFETY: the hints' destination of its length.
+            (ai.ai_dst_addr, ai.ai_dst_len) = unsafe { copy_sa(h.ai_dst_addr, h.ai_dst_len) };
         }
     }
-    if !node.is_null() {
-        // SAFETY: the program's NUL-terminated node name.
-        let name = unsafe { CStr::from_ptr(node) };
-        // SAFETY: strdup of a NUL-terminated string.
-        let copy = unsafe { libc::strdup(name.as_ptr()) };
-        if flags & RAI_PASSIVE != 0 {
-            ai.ai_src_canonname = copy;
-        } else {
-            ai.ai_dst_canonname = copy;
-        }
+    if let Some(h) = h.filter(|h| ai.ai_src_len == 0 && h.ai_src_len != 0 && !h.ai_src_addr.is_null()) {
+        // SAFETY: the hints' source of its length.
+        (ai.ai_src_addr, ai.ai_src_len) = unsafe { copy_sa(h.ai_src_addr, h.ai_src_len) };
     }
     // SAFETY: the program's out pointer.
     unsafe { *res = Box::into_raw(ai) };

@@ -5,6 +5,7 @@
  * connection, and a disconnect that reaches the other side and flushes its QP. Prints
  * "cm_edges: ok". */
 #include <errno.h>
+#include <netdb.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -107,6 +108,29 @@ int main(int argc, char **argv)
 	if (argc > 1 && strcmp(argv[1], "unreachable") == 0)
 		unreachable_peer();
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
+
+	/* rdma_getaddrinfo as librdmacm's addrinfo.c: a passive answer has RAI_PASSIVE and a
+	 * source address only; an active one a destination; QP type and port space from the
+	 * hints; a getaddrinfo error comes back as its EAI code. */
+	{
+		struct rdma_addrinfo hints, *res;
+		memset(&hints, 0, sizeof hints);
+		hints.ai_flags = RAI_PASSIVE | RAI_NUMERICHOST;
+		hints.ai_port_space = RDMA_PS_TCP;
+		CHECK(rdma_getaddrinfo("127.0.0.33", "7174", &hints, &res) == 0);
+		CHECK(res->ai_flags == RAI_PASSIVE && res->ai_src_addr && !res->ai_dst_addr);
+		CHECK(res->ai_qp_type == IBV_QPT_RC && res->ai_port_space == RDMA_PS_TCP && res->ai_family == AF_INET);
+		CHECK(((struct sockaddr_in *)res->ai_src_addr)->sin_port == htons(7174) && !res->ai_src_canonname);
+		rdma_freeaddrinfo(res);
+		hints.ai_flags = RAI_NUMERICHOST;
+		hints.ai_qp_type = IBV_QPT_UD;
+		hints.ai_port_space = RDMA_PS_UDP;
+		CHECK(rdma_getaddrinfo("127.0.0.33", "7174", &hints, &res) == 0);
+		CHECK(res->ai_flags == 0 && res->ai_dst_addr && !res->ai_src_addr && res->ai_qp_type == IBV_QPT_UD);
+		rdma_freeaddrinfo(res);
+		CHECK(rdma_getaddrinfo("not an address", "7174", &hints, &res) == EAI_NONAME);
+		CHECK(rdma_getaddrinfo(NULL, NULL, NULL, &res) == -1 && errno == EINVAL);
+	}
 	CHECK((ch = rdma_create_event_channel()) != NULL);
 
 	/* Nothing queued and a non-blocking descriptor: EAGAIN. */
@@ -152,6 +176,10 @@ int main(int argc, char **argv)
 	CHECK(e->param.conn.private_data_len == 56 && memcmp(e->param.conn.private_data, "reject me", 10) == 0);
 	s = e->id;
 	rdma_ack_cm_event(e);
+	{
+		char big[200] = { 0 };
+		CHECK(rdma_reject(s, big, sizeof big) == -1 && errno == EINVAL); /* a REJ holds 148 */
+	}
 	CHECK(rdma_reject(s, "nope", 5) == 0);
 	e = next(RDMA_CM_EVENT_REJECTED);
 	CHECK(e->id == c && e->status == 28 && e->param.conn.private_data_len == 148);
