@@ -552,7 +552,11 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     }
     if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
         let src = crate::types::Gid::from_ipv6(d.ip.src_gid());
-        if core.attrs.av.and_then(|av| av.ah.grh.dgid) != Some(src) {
+        let on_alternate = core.attrs.alt.and_then(|alt| alt.av.ah.grh.dgid) == Some(src);
+        if core.attrs.path_mig_state == crate::types::MigState::Armed && bth.mig_req && on_alternate {
+            // IBA 17.2.8: the peer migrated; this side follows onto the alternate path.
+            qp.migrate(&mut core, true);
+        } else if core.attrs.av.and_then(|av| av.ah.grh.dgid) != Some(src) {
             return false; // PKT-VAL-11, PKT-ROCE-5
         }
     }
@@ -775,6 +779,7 @@ fn emit_request(
     let opcode = request_opcode(service_of(q.qp_type)?, w.opcode, first, last)?;
     let pkey = q.dev.pkey(a.pkey_index).unwrap_or(0xFFFF); // MOD-PKEY-1
     let mut bth = BthRepr::new(opcode, pkey, dest_qp, Psn::new(np.psn)); // MOD-DQPN-1
+    bth.mig_req = mig_req(q, core);
     let solicited_kind = matches!(w.opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
     bth.se = last && solicited_kind && w.flags.contains(SendFlags::SOLICITED); // EVT-SE-1..3
                                                                                // PKT-ACK-2, and every ACK_EVERY-th packet so that the requester's window keeps moving.
@@ -893,6 +898,14 @@ pub(crate) fn owed_datagrams<C>(
     out
 }
 
+/// The BTH MigReq bit a connected QP sends (IBA 17.2.8): set while its path migration state
+/// is Migrated, clear while an alternate path is armed; a responder whose alternate is armed
+/// migrates when a packet with it set comes over that path. (Linux's qib/hfi1 send it so;
+/// rxe, which has no APM, always sends 0.) UD QPs send 0.
+fn mig_req(q: &QpInner, core: &QpCore) -> bool {
+    matches!(q.qp_type, QpType::Rc | QpType::Uc) && core.attrs.path_mig_state == crate::types::MigState::Migrated
+}
+
 fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize> {
     core.resp.out.front()?;
     let ip = route(q, core)?;
@@ -904,17 +917,19 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
         if q.srq.is_some() { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
     let credits = Syndrome::Ack { credit_code };
     let aeth = |s: Syndrome| Some(AethRepr { syndrome: if s.is_ack() { credits } else { s }, msn });
+    let mig = mig_req(q, core);
+    let bth = |op: Opcode, psn: Psn| BthRepr { mig_req: mig, ..BthRepr::new(op, pkey, dest, psn) };
     let len = match core.resp.out.front_mut()? {
         &mut RespJob::Ack { psn, syndrome } => {
             core.resp.out.pop_front();
-            let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, pkey, dest, Psn::new(psn)));
+            let mut p = PacketRepr::new(bth(Opcode::RcAcknowledge, Psn::new(psn)));
             p.aeth = aeth(syndrome);
             emit(q.qpn, ip, p, 0, buf, |_| true)
         }
         &mut RespJob::AtomicAck { psn, orig } => {
             core.resp.out.pop_front();
             core.resp.resource_done(psn);
-            let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAtomicAcknowledge, pkey, dest, Psn::new(psn)));
+            let mut p = PacketRepr::new(bth(Opcode::RcAtomicAcknowledge, Psn::new(psn)));
             p.aeth = aeth(Syndrome::ACK_NO_CREDITS);
             p.atomic_ack_eth = Some(AtomicAckEthRepr { orig_remote_data: orig });
             emit(q.qpn, ip, p, 0, buf, |_| true)
@@ -932,7 +947,7 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
             let psn = Psn::new(first_psn).add(k); // PKT-PSN-7
                                                   // The bytes are read now, through a grant that checks its key again if one was
                                                   // revoked since the request (see `Grant`).
-            let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, dest, psn));
+            let mut p = PacketRepr::new(bth(opcode, psn));
             if with_aeth {
                 p.aeth = aeth(Syndrome::ACK_NO_CREDITS);
             }
@@ -945,7 +960,7 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
                         // R_Key at the request (ERR-RQ-9, Class C).
                         core.resp.out.pop_front();
                         core.resp.resource_done(first_psn);
-                        let mut p = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, pkey, dest, psn));
+                        let mut p = PacketRepr::new(bth(Opcode::RcAcknowledge, psn));
                         p.aeth = aeth(Syndrome::Nak(NakCode::RemoteAccessError));
                         let len = emit(q.qpn, ip, p, 0, buf, |_| true);
                         responder::access_lost(q, core);

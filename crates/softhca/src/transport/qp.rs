@@ -33,8 +33,9 @@ pub struct QpCap {
     pub max_inline_data: u32,
 }
 
-/// Alternate path information. softhca has no Automatic Path Migration, so supplying it is
-/// `NotSupported` (MOD-GEN-9); the type exists so that the tables can be exercised.
+/// Alternate path information (IBA 17.2.8, Automatic Path Migration): the address vector, P_Key
+/// index, port and Local ACK Timeout the QP takes when it migrates. On a device without APM
+/// supplying it is `NotSupported` (MOD-GEN-9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AltPath {
     pub av: AddressVector,
@@ -63,6 +64,8 @@ pub struct QpAttrs {
     pub retry_cnt: u8,
     pub rnr_retry: u8,
     pub path_mig_state: MigState,
+    /// The alternate path loaded (ALT_PATH), until the QP migrates to it.
+    pub alt: Option<AltPath>,
     /// In SQD with messages still in progress.
     pub sq_draining: bool,
     pub en_sqd_async_notify: bool,
@@ -88,10 +91,23 @@ impl QpAttrs {
             retry_cnt: 0,
             rnr_retry: 0,
             path_mig_state: MigState::Migrated,
+            alt: None,
             sq_draining: false,
             en_sqd_async_notify: false,
             cap,
         }
+    }
+
+    /// The alternate path becomes the path (its AV, P_Key index, port and Local ACK Timeout),
+    /// the migration state Migrated. False when none is loaded.
+    pub(crate) fn take_alternate(&mut self) -> bool {
+        let Some(alt) = self.alt.take() else { return false };
+        self.av = Some(alt.av);
+        self.pkey_index = alt.pkey_index;
+        self.port_num = alt.port_num;
+        self.timeout = alt.timeout;
+        self.path_mig_state = MigState::Migrated;
+        true
     }
 
     pub(crate) fn set_enable(&mut self, right: Access, on: bool) {
@@ -285,6 +301,21 @@ impl QpInner {
             super::rd::release(self, core, false);
             self.last_wqe_reached();
         }
+    }
+
+    /// Automatic Path Migration (IBA 17.2.8): the alternate path becomes the path (its AV,
+    /// P_Key index, port and Local ACK Timeout), the state Migrated; `event` raises Path
+    /// Migrated (EVT-PM-1: the automatic migrations, not one the consumer asks for). False
+    /// when no alternate path is loaded.
+    pub(crate) fn migrate(&self, core: &mut QpCore, event: bool) -> bool {
+        if !core.attrs.take_alternate() {
+            return false;
+        }
+        core.route = None;
+        if event {
+            self.dev.raise(AsyncEvent { event_type: AsyncEventType::PathMig, element: EventElement::Qp(self.qpn) });
+        }
+        true
     }
 
     /// EVT-LWR-1: a QP on an SRQ that enters Error reports Last WQE Reached once its last

@@ -391,8 +391,14 @@ pub(crate) fn on_ack_timeout(q: &QpInner, core: &mut QpCore) {
 /// went back for a retry.
 pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn) -> bool {
     if !core.req.retries.take_retry() {
-        fail_oldest(core, from, WcStatus::RetryExcErr);
-        return false;
+        // IBA 17.2.8: out of retries on the primary path with an armed alternate, the QP
+        // migrates and tries again there with its counts reloaded (as rdmavt's restart).
+        let armed = core.attrs.path_mig_state == crate::types::MigState::Armed;
+        if !(armed && q.migrate(core, true)) {
+            fail_oldest(core, from, WcStatus::RetryExcErr);
+            return false;
+        }
+        core.req.retries.reload(core.attrs.retry_cnt, core.attrs.rnr_retry);
     }
     q.bump(|s| &s.retransmits);
     core.req.recovering = Some(from.value());

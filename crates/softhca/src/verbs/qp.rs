@@ -617,6 +617,28 @@ impl Qp {
                 return bad(AttrMask::AV, "path MTU above the port MTU");
             }
         }
+        if let Some(alt) = &attr.alt_path {
+            validate_ah_attr(dev, &alt.av.ah, AttrMask::ALT_PATH)?;
+            if alt.av.path_mtu > dev.port.active_mtu {
+                return bad(AttrMask::ALT_PATH, "path MTU above the port MTU");
+            }
+            if alt.port_num != 1 || dev.pkey(alt.pkey_index).is_none() || alt.timeout > 31 {
+                return bad(AttrMask::ALT_PATH, "alternate port, P_Key index or timeout out of range");
+            }
+        }
+        // IBA 17.2.8, as rdmavt checks it: the consumer arms with Rearm (which needs an
+        // alternate path, loaded now or before, and a QP not armed already) and migrates
+        // with Migrated; Armed is the HCA's to reach.
+        match attr.path_mig_state {
+            Some(MigState::Rearm) if core.attrs.path_mig_state == MigState::Armed => {
+                return bad(AttrMask::PATH_MIG_STATE, "Rearm while armed");
+            }
+            Some(MigState::Rearm) if attr.alt_path.is_none() && core.attrs.alt.is_none() => {
+                return bad(AttrMask::PATH_MIG_STATE, "Rearm without an alternate path");
+            }
+            Some(MigState::Armed) => return bad(AttrMask::PATH_MIG_STATE, "Armed is reached by the HCA"),
+            _ => {}
+        }
         Ok(())
     }
 
@@ -671,9 +693,21 @@ impl Qp {
             timeout,
             retry_cnt,
             rnr_retry,
-            path_mig_state,
             en_sqd_async_notify
         );
+        if let Some(alt) = attr.alt_path {
+            a.alt = Some(alt);
+        }
+        match attr.path_mig_state {
+            // softhca arms at once: there is no path to probe before (IBA leaves it to the CA).
+            Some(MigState::Rearm) => a.path_mig_state = MigState::Armed,
+            Some(MigState::Migrated) if a.path_mig_state == MigState::Armed => {
+                // The consumer migrates: no Path Migrated event (EVT-PM-1 is for automatic
+                // migrations).
+                a.take_alternate();
+            }
+            _ => {}
+        }
         if let Some(sizes) = attr.cap {
             a.cap.max_send_wr = sizes.max_send_wr;
             a.cap.max_recv_wr = sizes.max_recv_wr;
