@@ -30,9 +30,18 @@
 //!
 //! Not built: multicast (ENOSYS), alternate paths (LAP), and the rsocket API (in
 //! `softhca-rdmacm`).
+//!
+//! Here: the CM's state (ids, channels, events, the device and its agent) and the thread that
+//! drives it, and the QP attributes a connection gives (`rdma_init_qp_attr`). The exported
+//! functions: `api.rs` (channels, events, ids, options), `conn.rs` (connect, accept, reject,
+//! disconnect), `qp.rs` (an id's QP, SRQ, endpoint), `addrinfo.rs` (`rdma_getaddrinfo`);
+//! `abi.rs` is `<rdma/rdma_cma.h>`.
 
 pub mod abi;
+mod addrinfo;
 pub mod api;
+mod conn;
+mod qp;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_int;

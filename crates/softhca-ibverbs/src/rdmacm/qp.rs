@@ -1,0 +1,300 @@
+//! An id's QP, SRQ and endpoint, as librdmacm makes them: `rdma_create_qp(_ex)` (CQs and
+//! completion channels when the program gives none, the QP moved to INIT, or to RTS for UD),
+//! `rdma_destroy_qp`, SRQs, `rdma_create_ep` / `rdma_destroy_ep`.
+
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+
+use super::abi::*;
+use super::api::*;
+use super::*;
+use crate::abi::*;
+
+/// librdmacm's `ucma_create_cqs`: a completion channel and a CQ for each missing CQ.
+pub(super) unsafe fn create_cqs(id: &mut Id, send: u32, recv: u32) -> Result<(), c_int> {
+    let ctx = id.c.verbs;
+    for (size, channel, cq) in
+        [(recv, &mut id.c.recv_cq_channel, &mut id.c.recv_cq), (send, &mut id.c.send_cq_channel, &mut id.c.send_cq)]
+    {
+        if size == 0 || !cq.is_null() {
+            continue;
+        }
+        // SAFETY: the id's live context.
+        *channel = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
+        if channel.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: as above, with the channel just made.
+        *cq = unsafe { crate::cq::ibv_create_cq(ctx, size.max(1) as c_int, null_mut(), *channel, 0) };
+        if cq.is_null() {
+            // SAFETY: errno of this thread, just set.
+            return Err(unsafe { *libc::__errno_location() });
+        }
+    }
+    Ok(())
+}
+
+/// librdmacm's `ucma_destroy_cqs`.
+pub(super) unsafe fn destroy_cqs(id: &mut Id) {
+    for (channel, cq) in
+        [(&mut id.c.recv_cq_channel, &mut id.c.recv_cq), (&mut id.c.send_cq_channel, &mut id.c.send_cq)]
+    {
+        if !cq.is_null() {
+            // SAFETY: a CQ this module made for the id.
+            unsafe { crate::cq::ibv_destroy_cq(*cq) };
+            *cq = null_mut();
+        }
+        if !channel.is_null() {
+            // SAFETY: as above.
+            unsafe { crate::cq::ibv_destroy_comp_channel(*channel) };
+            *channel = null_mut();
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_create_qp(
+    p: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if attr.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: the program's init attributes.
+    let a = unsafe { &mut *attr };
+    // SAFETY: an all-zero extended init structure is valid.
+    let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+    ex.qp_context = a.qp_context;
+    ex.send_cq = a.send_cq;
+    ex.recv_cq = a.recv_cq;
+    ex.srq = a.srq;
+    ex.cap = a.cap;
+    ex.qp_type = a.qp_type;
+    ex.sq_sig_all = a.sq_sig_all;
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+    ex.pd = pd;
+    // SAFETY: the program's id; a local structure.
+    let rc = unsafe { softhca_rdma_create_qp_ex(p, &mut ex) };
+    if rc == 0 {
+        a.cap = ex.cap;
+        a.send_cq = ex.send_cq;
+        a.recv_cq = ex.recv_cq;
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
+    // SAFETY: the program's id.
+    let id = match unsafe { id_of(p) } {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    if attr.is_null() || id.c.verbs.is_null() || !id.c.qp.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: the program's init attributes.
+    let a = unsafe { &mut *attr };
+    let g = global();
+    if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        a.pd = id.c.pd;
+        a.comp_mask |= IBV_QP_INIT_ATTR_PD;
+    // SAFETY: the program's PD.
+    } else if unsafe { (*a.pd).context } != id.c.verbs {
+        return err(libc::EINVAL);
+    }
+    if a.pd.is_null() {
+        return err(libc::EINVAL);
+    }
+    if a.srq.is_null() {
+        a.srq = id.c.srq;
+    }
+    let made = a.send_cq.is_null() || a.recv_cq.is_null();
+    if made {
+        let recv = if a.recv_cq.is_null() && a.srq.is_null() { a.cap.max_recv_wr } else { 0 };
+        let send = if a.send_cq.is_null() { a.cap.max_send_wr } else { 0 };
+        // SAFETY: the id's context.
+        if let Err(e) = unsafe { create_cqs(id, send, recv.max(u32::from(a.recv_cq.is_null()))) } {
+            // SAFETY: the CQs just made.
+            unsafe { destroy_cqs(id) };
+            return err(e);
+        }
+        if a.send_cq.is_null() {
+            a.send_cq = id.c.send_cq;
+        }
+        if a.recv_cq.is_null() {
+            a.recv_cq = id.c.recv_cq;
+        }
+    }
+    // SAFETY: the id's context and attributes checked above.
+    let qp = unsafe { crate::qp::create_qp_ex(id.c.verbs, a) };
+    if qp.is_null() {
+        // SAFETY: errno of this thread, just set.
+        let e = unsafe { *libc::__errno_location() };
+        if made {
+            // SAFETY: the CQs just made.
+            unsafe { destroy_cqs(id) };
+        }
+        return err(e);
+    }
+    id.c.qp = qp;
+    id.c.pd = a.pd;
+    id.st.own_cqs = made;
+    // librdmacm's ucma_init_conn_qp / ucma_init_ud_qp.
+    let states: &[c_int] =
+        if a.qp_type == IBV_QPT_UD { &[IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS] } else { &[IBV_QPS_INIT] };
+    for &s in states {
+        let r = g.qp_attr(id, s).and_then(|(mut qa, mask)| {
+            // SAFETY: the QP just made.
+            match unsafe { crate::qp::ibv_modify_qp(qp, &mut qa, mask) } {
+                0 => Ok(()),
+                e => Err(e),
+            }
+        });
+        if let Err(e) = r {
+            drop(g);
+            // SAFETY: the QP just made, and the id's own CQs.
+            unsafe { softhca_rdma_destroy_qp(p) };
+            return err(e);
+        }
+    }
+    drop(g);
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_destroy_qp(p: *mut rdma_cm_id) {
+    // SAFETY: the program's id.
+    let Ok(id) = (unsafe { id_of(p) }) else { return };
+    let _g = global();
+    if !id.c.qp.is_null() {
+        // SAFETY: the id's QP, taken out under the lock the CM thread moves it under.
+        unsafe { crate::qp::ibv_destroy_qp(id.c.qp) };
+        id.c.qp = null_mut();
+    }
+    if id.st.own_cqs {
+        // SAFETY: the CQs rdma_create_qp made.
+        unsafe { destroy_cqs(id) };
+        id.st.own_cqs = false;
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_create_srq(
+    p: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    // SAFETY: the program's id.
+    let id = match unsafe { id_of(p) } {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    if attr.is_null() || id.c.verbs.is_null() {
+        return err(libc::EINVAL);
+    }
+    let pd = if pd.is_null() { id.c.pd } else { pd };
+    if pd.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: a PD of the id's context and the program's attributes.
+    let srq = unsafe { crate::qp::ibv_create_srq(pd, attr) };
+    if srq.is_null() {
+        return -1;
+    }
+    id.c.srq = srq;
+    id.c.pd = pd;
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_create_srq_ex(p: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
+    let _ = (p, attr);
+    // XRC SRQs (the reason for the extended call) are not built.
+    err(libc::EOPNOTSUPP)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_destroy_srq(p: *mut rdma_cm_id) {
+    // SAFETY: the program's id.
+    let Ok(id) = (unsafe { id_of(p) }) else { return };
+    if !id.c.srq.is_null() {
+        // SAFETY: the id's SRQ.
+        unsafe { crate::qp::ibv_destroy_srq(id.c.srq) };
+        id.c.srq = null_mut();
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_create_ep(
+    out: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init: *mut ibv_qp_init_attr,
+) -> c_int {
+    if out.is_null() || res.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: the program's address information.
+    let r = unsafe { &*res };
+    let mut p = null_mut();
+    // SAFETY: a local out pointer.
+    if unsafe { create_id(null_mut(), &mut p, null_mut(), r.ai_port_space, r.ai_qp_type) } != 0 {
+        return -1;
+    }
+    // SAFETY: as the calls' contracts say; every failure destroys the id and keeps errno.
+    let rc = unsafe {
+        if r.ai_flags & RAI_PASSIVE != 0 {
+            let rc = softhca_rdma_bind_addr(p, r.ai_src_addr);
+            let id = &mut *(p as *mut Id);
+            if rc == 0 && !pd.is_null() {
+                id.c.pd = pd;
+            }
+            if rc == 0 && !qp_init.is_null() {
+                let mut a = copy_init(&*qp_init);
+                a.qp_type = r.ai_qp_type;
+                let _g = global();
+                id.st.qp_init = Some(a);
+            }
+            rc
+        } else {
+            let mut rc = softhca_rdma_resolve_addr(p, r.ai_src_addr, r.ai_dst_addr, 2000);
+            if rc == 0 {
+                rc = softhca_rdma_resolve_route(p, 2000);
+            }
+            if rc == 0 && !qp_init.is_null() {
+                (*qp_init).qp_type = r.ai_qp_type;
+                rc = softhca_rdma_create_qp(p, pd, qp_init);
+            }
+            rc
+        }
+    };
+    if rc != 0 {
+        // SAFETY: errno of this thread, just set.
+        let e = unsafe { *libc::__errno_location() };
+        // SAFETY: the id just made.
+        unsafe { softhca_rdma_destroy_id(p) };
+        return err(e);
+    }
+    // SAFETY: the program's out pointer.
+    unsafe { *out = p };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_destroy_ep(p: *mut rdma_cm_id) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: the program's id and what it holds.
+    unsafe {
+        if !(*p).qp.is_null() {
+            softhca_rdma_destroy_qp(p);
+        }
+        if !(*p).srq.is_null() {
+            softhca_rdma_destroy_srq(p);
+        }
+        softhca_rdma_destroy_id(p);
+    }
+}
