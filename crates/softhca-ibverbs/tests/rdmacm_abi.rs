@@ -34,6 +34,8 @@ int main(void) {
   S(rdma_addrinfo); P(rdma_addrinfo, ai_src_addr); P(rdma_addrinfo, ai_route_len); P(rdma_addrinfo, ai_next);
   S(ibv_sa_path_rec); P(ibv_sa_path_rec, raw_traffic); P(ibv_sa_path_rec, reversible); P(ibv_sa_path_rec, pkey);
   P(ibv_sa_path_rec, mtu); P(ibv_sa_path_rec, packet_life_time); P(ibv_sa_path_rec, preference);
+  S(ibv_srq_init_attr_ex); P(ibv_srq_init_attr_ex, comp_mask); P(ibv_srq_init_attr_ex, srq_type);
+  P(ibv_srq_init_attr_ex, pd); P(ibv_srq_init_attr_ex, cq); P(ibv_srq_init_attr_ex, tm_cap);
   return 0;
 }
 "#,
@@ -80,6 +82,12 @@ int main(void) {
         ("ibv_sa_path_rec.mtu", offset_of!(ibv_sa_path_rec, mtu)),
         ("ibv_sa_path_rec.packet_life_time", offset_of!(ibv_sa_path_rec, packet_life_time)),
         ("ibv_sa_path_rec.preference", offset_of!(ibv_sa_path_rec, preference)),
+        ("ibv_srq_init_attr_ex", size_of::<ibv_srq_init_attr_ex>()),
+        ("ibv_srq_init_attr_ex.comp_mask", offset_of!(ibv_srq_init_attr_ex, comp_mask)),
+        ("ibv_srq_init_attr_ex.srq_type", offset_of!(ibv_srq_init_attr_ex, srq_type)),
+        ("ibv_srq_init_attr_ex.pd", offset_of!(ibv_srq_init_attr_ex, pd)),
+        ("ibv_srq_init_attr_ex.cq", offset_of!(ibv_srq_init_attr_ex, cq)),
+        ("ibv_srq_init_attr_ex.tm_cap", offset_of!(ibv_srq_init_attr_ex, tm_cap)),
     ];
     let ours: String = ours.iter().map(|(n, v)| format!("{n} {v}\n")).collect();
     assert_eq!(ours, c);

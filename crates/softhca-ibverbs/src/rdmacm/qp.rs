@@ -2,7 +2,7 @@
 //! completion channels when the program gives none, the QP moved to INIT, or to RTS for UD),
 //! `rdma_destroy_qp`, SRQs, `rdma_create_ep` / `rdma_destroy_ep`.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::ptr::null_mut;
 
 use super::abi::*;
@@ -208,11 +208,45 @@ pub unsafe extern "C" fn softhca_rdma_create_srq(
     0
 }
 
+/// librdmacm's `rdma_create_srq_ex`: the SRQ type must be given (EINVAL), the id's PD by
+/// default; a basic SRQ is made as `ibv_create_srq_ex` makes one (through `ibv_create_srq`),
+/// XRC and tag-matching SRQs are not built (EOPNOTSUPP, as the drop-in's libibverbs answers).
 #[no_mangle]
-pub unsafe extern "C" fn softhca_rdma_create_srq_ex(p: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
-    let _ = (p, attr);
-    // XRC SRQs (the reason for the extended call) are not built.
-    err(libc::EOPNOTSUPP)
+pub unsafe extern "C" fn softhca_rdma_create_srq_ex(p: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
+    // SAFETY: the program's id.
+    let id = match unsafe { id_of(p) } {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    if attr.is_null() || id.c.verbs.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: the program's attributes.
+    let a = unsafe { &mut *attr };
+    if a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE == 0 {
+        return err(libc::EINVAL);
+    }
+    if a.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        a.pd = id.c.pd;
+        a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+    }
+    if a.srq_type != IBV_SRQT_BASIC {
+        return err(libc::EOPNOTSUPP);
+    }
+    if a.pd.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: a PD of the id's context; the extended structure starts with the basic one.
+    let srq = unsafe { crate::qp::ibv_create_srq(a.pd, attr.cast::<ibv_srq_init_attr>()) };
+    if srq.is_null() {
+        return -1;
+    }
+    let _g = global();
+    if id.c.pd.is_null() {
+        id.c.pd = a.pd;
+    }
+    id.c.srq = srq;
+    0
 }
 
 #[no_mangle]

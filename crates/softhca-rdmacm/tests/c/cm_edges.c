@@ -154,6 +154,22 @@ int main(int argc, char **argv)
 	CHECK(rdma_destroy_id(other) == 0);
 	CHECK(rdma_listen(listener, 8) == 0);
 
+	/* rdma_create_srq_ex: a basic SRQ on the id's PD; the type is required; XRC is not built. */
+	{
+		struct ibv_srq_init_attr_ex sa;
+		memset(&sa, 0, sizeof sa);
+		sa.attr.max_wr = 8;
+		sa.attr.max_sge = 1;
+		CHECK(rdma_create_srq_ex(listener, &sa) == -1 && errno == EINVAL);
+		sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
+		sa.srq_type = IBV_SRQT_XRC;
+		CHECK(rdma_create_srq_ex(listener, &sa) == -1 && errno == EOPNOTSUPP);
+		sa.srq_type = IBV_SRQT_BASIC;
+		CHECK(rdma_create_srq_ex(listener, &sa) == 0 && listener->srq && sa.pd == listener->pd);
+		rdma_destroy_srq(listener);
+		CHECK(listener->srq == NULL);
+	}
+
 	/* A port nobody listens on: REJ reason 8 (Invalid Service ID), as Linux's CM answers. */
 	c = client(7175);
 	CHECK(rdma_connect(c, NULL) == 0);
