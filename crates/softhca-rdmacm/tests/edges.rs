@@ -35,6 +35,20 @@ fn a_peer_that_is_not_there_is_unreachable() {
     assert!(out.status.success() && text.contains("cm_edges unreachable: ok"), "{}:\n{text}", out.status);
 }
 
+/// rdma_cm over IPv6: a device on ::1, a listener and a client of one process connect
+/// through [::1] (the cma header's IPv6 form, IPv6 addresses in the request's id).
+#[test]
+fn ipv6_addresses_connect() {
+    if !(ready() && have(std::net::UdpSocket::bind("[::1]:0").is_ok(), "an IPv6 loopback (::1)")) {
+        return;
+    }
+    let exe = compile("cm_edges");
+    let mut c = command(&exe, &["ipv6"]);
+    let out = finish(c.env("SOFTHCA_ADDR", "::1").spawn().unwrap(), 60, "cm_edges ipv6");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("cm_edges ipv6: ok"), "{}:\n{text}", out.status);
+}
+
 /// A process that exits while connected ends its connection as the kernel does when the
 /// process's rdma_cm file closes: the peer gets DISCONNECTED (`tests/c/cm_exit.c`).
 #[test]

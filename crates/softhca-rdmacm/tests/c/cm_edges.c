@@ -90,6 +90,54 @@ static void unreachable_peer(void)
 	exit(0);
 }
 
+/* rdma_cm over IPv6 (the device on ::1, SOFTHCA_ADDR): a listener and a client of one
+ * process connect through [::1]; the request's addresses are IPv6 ones (the cma header's
+ * IPv6 form), the connection carries a Send. */
+static void ipv6(void)
+{
+	struct sockaddr_in6 a;
+	struct rdma_cm_id *l, *c, *s;
+	struct rdma_cm_event *e;
+	struct ibv_qp_init_attr qa;
+	memset(&a, 0, sizeof a);
+	a.sin6_family = AF_INET6;
+	a.sin6_port = htons(7190);
+	a.sin6_addr = in6addr_loopback;
+	CHECK((ch = rdma_create_event_channel()) != NULL);
+	CHECK(rdma_create_id(ch, &l, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(l, (struct sockaddr *)&a) == 0 && rdma_listen(l, 1) == 0);
+	CHECK(rdma_create_id(ch, &c, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_resolve_addr(c, NULL, (struct sockaddr *)&a, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
+	CHECK(rdma_get_local_addr(c)->sa_family == AF_INET6);
+	CHECK(rdma_resolve_route(c, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 2;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	CHECK(rdma_create_qp(c, NULL, &qa) == 0);
+	CHECK(rdma_connect(c, NULL) == 0);
+	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
+	s = e->id;
+	rdma_ack_cm_event(e);
+	CHECK(rdma_get_peer_addr(s)->sa_family == AF_INET6 && rdma_get_local_addr(s)->sa_family == AF_INET6);
+	CHECK(memcmp(&((struct sockaddr_in6 *)rdma_get_peer_addr(s))->sin6_addr, &in6addr_loopback, 16) == 0);
+	CHECK(rdma_get_dst_port(s) == rdma_get_src_port(c) && rdma_get_src_port(s) == htons(7190));
+	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
+	CHECK(rdma_accept(s, NULL) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
+	CHECK(rdma_disconnect(c) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
+	rdma_destroy_qp(s);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(s) == 0 && rdma_destroy_id(c) == 0 && rdma_destroy_id(l) == 0);
+	printf("cm_edges ipv6: ok\n");
+	exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	struct rdma_cm_id *listener, *other, *c, *s;
@@ -107,6 +155,8 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && strcmp(argv[1], "unreachable") == 0)
 		unreachable_peer();
+	if (argc > 1 && strcmp(argv[1], "ipv6") == 0)
+		ipv6();
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
 
 	/* rdma_getaddrinfo as librdmacm's addrinfo.c: a passive answer has RAI_PASSIVE and a
