@@ -99,6 +99,11 @@ pub(super) struct TxBufs {
 /// C-side arrays.
 #[derive(Default)]
 pub(super) struct SendScratch {
+    /// Each pending datagram's socket and its flow's association, the batch's order grouped
+    /// by socket, and one socket's run (see `send_batch`).
+    pub(super) via: Vec<(RawFd, Option<Conn>)>,
+    pub(super) order: Vec<(RawFd, usize)>,
+    pub(super) run: Vec<Pending>,
     pub(super) segs: Vec<std::ops::Range<usize>>,
     pub(super) msgs: Vec<sys::TxMsg>,
     pub(super) sys: sys::TxScratch,
@@ -453,38 +458,51 @@ impl Io {
         f.conn = conn;
     }
 
-    /// Sends a transmit batch: consecutive datagrams of one flow go through one sendmmsg on
-    /// that flow's socket, equal-size runs to one destination as GSO messages.
+    /// Sends a transmit batch: the datagrams that leave through one socket (a flow socket, or
+    /// the device's 4791 socket the other flows share) go through one sendmmsg, in batch order
+    /// (flows are independent streams; each keeps its order), equal-size runs to one
+    /// destination as GSO messages. A datagram of a flow without a socket of its own leaves
+    /// from 4791, its ICRC re-sealed for that source port.
     pub(super) fn send_batch(&mut self, tx: &mut [u8], pending: &[Pending], sc: &mut SendScratch) {
+        let shared = self.sock.as_raw_fd();
+        let mut via = std::mem::take(&mut sc.via);
+        via.clear();
+        for p in pending {
+            via.push(match self.port_socket(p.port, p) {
+                Some(s) => s,
+                None => {
+                    let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
+                    let hl = p.start - UDP_HEADER_LEN;
+                    d[hl..hl + 2].copy_from_slice(&ROCE_V2_PORT.to_be_bytes());
+                    let _ = crate::wire::icrc::fill_datagram(d);
+                    bump(&self.stats.tx_port_fallback, 1);
+                    (shared, None)
+                }
+            });
+        }
+        // Grouped by socket, batch order within (the index breaks ties): no allocation.
+        let mut order = std::mem::take(&mut sc.order);
+        order.clear();
+        order.extend(via.iter().enumerate().map(|(k, v)| (v.0, k)));
+        order.sort_unstable();
+        let mut run = std::mem::take(&mut sc.run);
         let mut i = 0;
-        while i < pending.len() {
-            let port = pending[i].port;
-            let mut j = i;
-            while j < pending.len() && pending[j].port == port {
+        while i < order.len() {
+            let (fd, first) = order[i];
+            let mut j = i + 1;
+            while j < order.len() && order[j].0 == fd {
                 j += 1;
             }
-            let run = &pending[i..j];
-            match self.port_socket(port, &run[0]) {
-                Some((fd, conn)) => {
-                    let after = self.send_run(fd, conn, tx, run, sc);
-                    if conn.is_some() {
-                        self.set_conn(port, after);
-                    }
-                }
-                None => {
-                    // Send from 4791 and re-seal the ICRC for that source port.
-                    for p in run {
-                        let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
-                        let hl = p.start - UDP_HEADER_LEN;
-                        d[hl..hl + 2].copy_from_slice(&ROCE_V2_PORT.to_be_bytes());
-                        let _ = crate::wire::icrc::fill_datagram(d);
-                    }
-                    bump(&self.stats.tx_port_fallback, run.len() as u64);
-                    self.send_run(self.sock.as_raw_fd(), None, tx, run, sc);
-                }
+            run.clear();
+            run.extend(order[i..j].iter().map(|&(_, k)| pending[k]));
+            let conn = via[first].1;
+            let after = self.send_run(fd, conn, tx, &run, sc);
+            if conn.is_some() {
+                self.set_conn(pending[first].port, after);
             }
             i = j;
         }
+        (sc.via, sc.order, sc.run) = (via, order, run);
     }
 
     /// Sends one flow's run from `fd`, whose association is `conn`; returns the association
@@ -497,7 +515,7 @@ impl Io {
         run: &[Pending],
         sc: &mut SendScratch,
     ) -> Option<Conn> {
-        let SendScratch { segs, msgs, sys: scratch } = sc;
+        let SendScratch { segs, msgs, sys: scratch, .. } = sc;
         segs.clear();
         msgs.clear();
         segs.extend(run.iter().map(|p| p.slot * MAX_DATAGRAM + p.start..p.slot * MAX_DATAGRAM + p.end));
