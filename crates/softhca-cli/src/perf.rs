@@ -721,8 +721,8 @@ pub(crate) fn report(result: &PerfResult, json: bool) -> Res<()> {
 }
 
 pub(crate) fn validate(args: &PerfArgs) -> Res<()> {
-    if args.qps == 0 || args.qps > 1024 {
-        return Err(err("--qps must be in 1..=1024"));
+    if args.qps == 0 || args.qps > 16384 {
+        return Err(err("--qps must be in 1..=16384"));
     }
     if args.op != Op::Atomic && args.size == 0 {
         return Err(err("--size must be at least 1"));
