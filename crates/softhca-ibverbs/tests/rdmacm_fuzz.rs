@@ -118,6 +118,18 @@ fn sin(ip: [u8; 4], port: u16) -> libc::sockaddr_in {
     a
 }
 
+/// An RC QP's init attributes with room for a few WRs (CQs made by rdma_create_qp).
+fn rc_init() -> ibv_qp_init_attr {
+    // SAFETY: an all-zero ibv_qp_init_attr is valid.
+    let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = 4;
+    attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = 1;
+    attr.cap.max_recv_sge = 1;
+    attr
+}
+
 /// A call's result: 0, or -1 with an allowed errno.
 fn check(what: &str, rc: c_int) -> bool {
     assert!(rc == 0 || (rc == -1 && ALLOWED.contains(&errno())), "{what}: {rc}, errno {}", errno());
@@ -183,12 +195,7 @@ impl Fuzz {
                     unsafe {
                         match self.rng.below(4) {
                             0 | 1 => {
-                                let mut attr: ibv_qp_init_attr = std::mem::zeroed();
-                                attr.qp_type = IBV_QPT_RC;
-                                attr.cap.max_send_wr = 4;
-                                attr.cap.max_recv_wr = 4;
-                                attr.cap.max_send_sge = 1;
-                                attr.cap.max_recv_sge = 1;
+                                let mut attr = rc_init();
                                 softhca_rdma_create_qp(id, null_mut(), &mut attr);
                                 check("accept", softhca_rdma_accept(id, null_mut()));
                             }
@@ -243,12 +250,7 @@ impl Fuzz {
             self.drain();
             check("resolve_route", softhca_rdma_resolve_route(c, 100));
             self.drain();
-            let mut attr: ibv_qp_init_attr = std::mem::zeroed();
-            attr.qp_type = IBV_QPT_RC;
-            attr.cap.max_send_wr = 4;
-            attr.cap.max_recv_wr = 4;
-            attr.cap.max_send_sge = 1;
-            attr.cap.max_recv_sge = 1;
+            let mut attr = rc_init();
             softhca_rdma_create_qp(c, null_mut(), &mut attr);
             if check("connect", softhca_rdma_connect(c, null_mut())) {
                 self.settle();
@@ -425,12 +427,7 @@ impl Fuzz {
                     // Accept a request (any id: most are not requests, and say so).
                     let id = self.id();
                     if !id.is_null() && (*id).qp.is_null() && (*id).verbs.is_null().then_some(()).is_none() {
-                        let mut attr: ibv_qp_init_attr = std::mem::zeroed();
-                        attr.qp_type = IBV_QPT_RC;
-                        attr.cap.max_send_wr = 4;
-                        attr.cap.max_recv_wr = 4;
-                        attr.cap.max_send_sge = 1;
-                        attr.cap.max_recv_sge = 1;
+                        let mut attr = rc_init();
                         softhca_rdma_create_qp(id, null_mut(), &mut attr);
                     }
                     if check("accept", softhca_rdma_accept(id, null_mut())) {

@@ -576,8 +576,7 @@ pub unsafe extern "C" fn softhca_rdma_get_src_port(p: *mut rdma_cm_id) -> u16 {
     // SAFETY: the program's id.
     match unsafe { id_of(p) } {
         // SAFETY: the id's own address storage.
-        Ok(id) => unsafe { read_sa(&id.c.route.addr.src as *const _ as *const libc::sockaddr) }
-            .map_or(0, |a| a.port().to_be()),
+        Ok(id) => id.src_addr().map_or(0, |a| a.port().to_be()),
         Err(_) => 0,
     }
 }
@@ -587,8 +586,7 @@ pub unsafe extern "C" fn softhca_rdma_get_dst_port(p: *mut rdma_cm_id) -> u16 {
     // SAFETY: the program's id.
     match unsafe { id_of(p) } {
         // SAFETY: the id's own address storage.
-        Ok(id) => unsafe { read_sa(&id.c.route.addr.dst as *const _ as *const libc::sockaddr) }
-            .map_or(0, |a| a.port().to_be()),
+        Ok(id) => id.dst_addr().map_or(0, |a| a.port().to_be()),
         Err(_) => 0,
     }
 }

@@ -56,14 +56,7 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
         id.st.retry_count = param.map_or(7, |p| p.retry_count.min(7));
         id.st.rnr_retry_count = param.map_or(7, |p| p.rnr_retry_count.min(7));
         id.st.flow_control = param.map_or(0, |p| p.flow_control & 1);
-        // SAFETY: the id's addresses, written by resolve.
-        let (src, dst) = unsafe {
-            (
-                read_sa(&id.c.route.addr.src as *const _ as *const libc::sockaddr),
-                read_sa(&id.c.route.addr.dst as *const _ as *const libc::sockaddr),
-            )
-        };
-        let (Some(src), Some(dst)) = (src, dst) else { return err(libc::EINVAL) };
+        let (Some(src), Some(dst)) = (id.src_addr(), id.dst_addr()) else { return err(libc::EINVAL) };
         let mut req = CmReq {
             service_id: service_id(id.c.ps, dst.port()),
             local_ca_guid: guid,
@@ -95,16 +88,8 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
         if hdr.emit(&mut req.private_data).is_err() {
             return err(libc::EINVAL);
         }
-        if let Some(p) = param {
-            let room = req.private_data.len() - CmaHeader::LEN;
-            if usize::from(p.private_data_len) > room {
-                return err(libc::EINVAL);
-            }
-            if !p.private_data.is_null() {
-                // SAFETY: the program's private data of the length it gives.
-                let d = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into()) };
-                req.private_data[CmaHeader::LEN..CmaHeader::LEN + d.len()].copy_from_slice(d);
-            }
+        if let Err(e) = put_private(param, &mut req.private_data[CmaHeader::LEN..]) {
+            return err(e);
         }
         let Some(dev) = g.dev.as_mut() else { return err(libc::ENODEV) };
         // The RTU waits until the QP is ready for the responder's first packet.
@@ -117,6 +102,21 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
     }
     wake();
     result(complete(id))
+}
+
+/// Copies the program's private data (`param`'s, if any) into `dst`, the room the message
+/// leaves after any header: more than fits is EINVAL, as the kernel's rdma_cm answers.
+fn put_private(param: Option<&rdma_conn_param>, dst: &mut [u8]) -> Result<(), c_int> {
+    let Some(p) = param else { return Ok(()) };
+    if usize::from(p.private_data_len) > dst.len() {
+        return Err(libc::EINVAL);
+    }
+    if !p.private_data.is_null() {
+        // SAFETY: the program's private data of the length it gives.
+        let d = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into()) };
+        dst[..d.len()].copy_from_slice(d);
+    }
+    Ok(())
 }
 
 /// librdmacm's `ucma_valid_param` (TCP port space only): connection parameters are needed
@@ -140,30 +140,13 @@ pub(super) fn valid_param(id: &Id, param: Option<&rdma_conn_param>, max_resp: u8
 /// `rdma_connect` of a UD id: a SIDR REQ for the destination's service, carrying the cma
 /// header and the program's private data (at most 180 bytes), as Linux's cma_resolve_ib_udp.
 pub(super) fn sidr_connect(g: &mut Global, id: &mut Id, param: Option<&rdma_conn_param>) -> Result<(), c_int> {
-    // SAFETY: the id's addresses, written by resolve.
-    let (src, dst) = unsafe {
-        (
-            read_sa(&id.c.route.addr.src as *const _ as *const libc::sockaddr),
-            read_sa(&id.c.route.addr.dst as *const _ as *const libc::sockaddr),
-        )
-    };
-    let (Some(src), Some(dst)) = (src, dst) else { return Err(libc::EINVAL) };
+    let (Some(src), Some(dst)) = (id.src_addr(), id.dst_addr()) else { return Err(libc::EINVAL) };
     let mut req =
         CmSidrReq { partition_key: 0xFFFF, service_id: service_id(id.c.ps, dst.port()), ..Default::default() };
     CmaHeader { src_port: src.port(), src: src.ip(), dst: dst.ip() }
         .emit(&mut req.private_data)
         .map_err(|_| libc::EINVAL)?;
-    if let Some(p) = param {
-        let room = req.private_data.len() - CmaHeader::LEN;
-        if usize::from(p.private_data_len) > room {
-            return Err(libc::EINVAL);
-        }
-        if !p.private_data.is_null() {
-            // SAFETY: the program's private data of the length it gives.
-            let d = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into()) };
-            req.private_data[CmaHeader::LEN..CmaHeader::LEN + d.len()].copy_from_slice(d);
-        }
-    }
+    put_private(param, &mut req.private_data[CmaHeader::LEN..])?;
     let dgid = id.c.route.addr.ibaddr.dgid.raw;
     let dev = g.dev.as_mut().ok_or(libc::ENODEV)?;
     let comm = dev.agent.cm().sidr_request(now(), dgid, req, cm_timing().0, cm_timing().1);
@@ -202,13 +185,8 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
                 qkey: qkey_of(id.c.ps),
                 ..Default::default()
             };
-            if let Some(p) = param.filter(|p| !p.private_data.is_null()) {
-                if usize::from(p.private_data_len) > rep.private_data.len() {
-                    return err(libc::EINVAL);
-                }
-                // SAFETY: the program's private data of the length it gives.
-                let d = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into()) };
-                rep.private_data[..d.len()].copy_from_slice(d);
+            if let Err(e) = put_private(param, &mut rep.private_data) {
+                return err(e);
             }
             g.conns.remove(&comm);
             id.st.comm = None;
@@ -259,15 +237,8 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
             local_ca_guid: guid,
             ..Default::default()
         };
-        if let Some(p) = param {
-            if usize::from(p.private_data_len) > rep.private_data.len() {
-                return err(libc::EINVAL);
-            }
-            if !p.private_data.is_null() {
-                // SAFETY: the program's private data of the length it gives.
-                let d = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into()) };
-                rep.private_data[..d.len()].copy_from_slice(d);
-            }
+        if let Err(e) = put_private(param, &mut rep.private_data) {
+            return err(e);
         }
         let Some(dev) = g.dev.as_mut() else { return err(libc::ENODEV) };
         if !dev.agent.cm().reply_with(now(), comm, rep) {

@@ -468,6 +468,18 @@ impl Id {
         unsafe { &*(self.c.channel as *const Channel) }
     }
 
+    /// The id's source address (`route.addr.src`), once bound or resolved.
+    pub(crate) fn src_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id's own sockaddr_storage.
+        unsafe { read_sa(&self.c.route.addr.src as *const _ as *const libc::sockaddr) }
+    }
+
+    /// The id's destination address (`route.addr.dst`), once resolved.
+    pub(crate) fn dst_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id's own sockaddr_storage.
+        unsafe { read_sa(&self.c.route.addr.dst as *const _ as *const libc::sockaddr) }
+    }
+
     fn queue(&self, ev: Box<Event>) {
         if self.c.channel.is_null() {
             return; // its channel was destroyed under it (see rdma_destroy_event_channel)
