@@ -26,7 +26,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn rxe(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/interop/rxe").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/rxe").join(name)
 }
 
 #[test]

@@ -161,7 +161,7 @@ fn a_receiver_without_gro_follows_a_connected_flow_across_gso_messages() {
 /// The UDP payloads from 198.18.0.1 to 198.18.0.2 in a real rxe capture: (source port,
 /// Identification, the IPv4 datagram).
 fn rxe_one_way(file: &str) -> Vec<(u16, u16, Vec<u8>)> {
-    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/interop/rxe")).join(file);
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/rxe")).join(file);
     let mut r = PcapReader::new(std::fs::File::open(&path).expect("rxe capture")).unwrap();
     let mut out = Vec::new();
     while let Some(rec) = r.next_record().unwrap() {

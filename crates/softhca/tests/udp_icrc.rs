@@ -1,6 +1,7 @@
 //! ICRC verification on the UDP link's receive side, against real Linux rxe traffic
-//! (`../shared/interop/rxe/*.pcap`, non-zero IPv4 Identifications): the unprivileged path sees
-//! only the payload and the addresses, the privileged path the real header.
+//! (`testdata/rxe/*.pcap`, copied from `../shared/interop/rxe`; non-zero IPv4 Identifications):
+//! the unprivileged path sees only the payload and the addresses, the privileged path the real
+//! header.
 
 use std::fs::File;
 use std::net::IpAddr;
@@ -14,7 +15,7 @@ type RxePacket = (String, IpAddr, u16, IpAddr, Vec<u8>, Vec<u8>);
 
 /// Every packet of the rxe captures.
 fn rxe_packets() -> Vec<RxePacket> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/interop/rxe");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/rxe");
     let mut out = Vec::new();
     let mut names: Vec<_> = std::fs::read_dir(dir).expect("rxe pcaps").flatten().map(|e| e.path()).collect();
     names.sort();

@@ -1,5 +1,5 @@
 //! Golden vectors: every packet of the Linux rxe captures in
-//! shared/interop/rxe parses, its ICRC verifies, and re-emitting what was
+//! testdata/rxe (copied from shared/interop/rxe) parses, its ICRC verifies, and re-emitting what was
 //! parsed gives the captured frame byte for byte.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use softhca::wire::roce;
 use softhca::wire::*;
 
 fn rxe_dir() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/interop/rxe")).to_path_buf()
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/rxe")).to_path_buf()
 }
 
 fn frames(name: &str) -> Vec<Vec<u8>> {
@@ -23,7 +23,7 @@ fn frames(name: &str) -> Vec<Vec<u8>> {
     reader.map(|r| r.unwrap().data).collect()
 }
 
-/// What one capture should contain, from shared/interop/README.md.
+/// What one capture should contain, from testdata/rxe/README.md.
 struct Expect {
     file: &'static str,
     packets: usize,

@@ -10,9 +10,9 @@ use softhca::wire::mad::*;
 use softhca::wire::pcap::PcapReader;
 use softhca::wire::roce;
 
-/// The MADs sent to QP1 in a capture of shared/interop/rxe, in order.
+/// The MADs sent to QP1 in a capture of testdata/rxe, in order.
 fn mads(name: &str) -> Vec<Vec<u8>> {
-    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/interop/rxe")).join(name);
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/rxe")).join(name);
     let reader = PcapReader::new(BufReader::new(File::open(&path).unwrap())).unwrap();
     reader
         .map(|r| r.unwrap().data)
