@@ -4,12 +4,13 @@
 use crate::transport::qp::{wc_opcode_of, QpCore, QpInner};
 use crate::transport::wqe::WrOpcode;
 use crate::types::{QpType, Wc, WcStatus};
-use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
+use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;
 
+use super::channel::{ack_timeout_ns, nak_status, take_atomic_ack, take_read_response};
 use super::engine::TimerOwner;
-use super::requester::{ack_timeout_ns, arm, fail_oldest, go_back, pmtu, retry_or_fail};
+use super::requester::{fail_oldest, go_back, pmtu, retry_or_fail};
 
 /// An inbound response, reduced to what the completer needs.
 pub(crate) struct Response<'a> {
@@ -51,7 +52,7 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
     // Only PSNs in [una, sent_high) answer something that was sent (PKT-ACK-8): PSNs of a
     // message whose later packets have not left yet are not acknowledged by anyone. A NAK may
     // name una itself.
-    if !core.req.outstanding() || una == sent || !r.psn.in_range(una, sent.sub(1)) {
+    if !core.outstanding() || una == sent || !r.psn.in_range(una, sent.sub(1)) {
         return false;
     }
     let Some(idx) = wqe_of(core, r.psn) else { return false };
@@ -66,15 +67,15 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
             }
             Some(Syndrome::Nak(NakCode::PsnSeqErr)) => {
                 q.bump(|s| &s.seq_naks_received);
-                if ack_through(q, core, r.psn.sub(1)) && core.req.recovering != Some(r.psn.value()) {
+                if ack_through(q, core, r.psn.sub(1)) {
                     // What it acknowledges reloads the counts first; then it costs a retry
                     // (PKT-RTY-5, PKT-RTY-3), and the ACK timer restarts for the resent packets.
                     progress(q, core, now, before);
                     before = core.req.una;
-                    if retry_or_fail(q, core, r.psn) {
+                    if retry_or_fail(q, core, r.psn, false) {
                         // PKT-NAK-1
                         let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
-                        arm(&*q.dev, TimerOwner::Qp(q.qpn), &mut core.req.timer_queued, &mut core.req.ack_deadline, at);
+                        core.chan.send.arm_ack(&*q.dev, TimerOwner::Qp(q.qpn), at);
                     }
                 }
             }
@@ -88,14 +89,7 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
             }
             Some(Syndrome::Nak(code)) => {
                 if ack_through(q, core, r.psn.sub(1)) {
-                    let status = match code {
-                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
-                        NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr,
-                        NakCode::PsnSeqErr => WcStatus::RetryExcErr,
-                    };
-                    fail_oldest(core, r.psn, status); // PKT-NAK-2, ERR-SQ-6..9
+                    fail_oldest(core, r.psn, nak_status(code)); // PKT-NAK-2, ERR-SQ-6..9
                 }
             }
             _ => return false,
@@ -106,14 +100,9 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
             if !w.opcode.is_atomic() || Psn::new(w.tx.first_psn) != r.psn {
                 fail_oldest(core, r.psn, WcStatus::BadRespErr); // ERR-SQ-12
             } else if ack_through(q, core, r.psn.sub(1)) {
-                let orig = r.atomic_orig.unwrap_or(0);
                 // Nothing retires before the end of on_response, so idx still names the WQE.
                 let Some(w) = core.sq.get_mut(idx) else { return false };
-                let status = match w.tx.local.first() {
-                    Some(m) => m.write(0, &orig.to_ne_bytes()).map_or(WcStatus::LocProtErr, |_| WcStatus::Success),
-                    None => WcStatus::LocProtErr,
-                };
-                w.tx.status = Some(status);
+                w.tx.status = Some(take_atomic_ack(&w.tx.local, r.atomic_orig.unwrap_or(0)));
                 core.req.rd_atomic = core.req.rd_atomic.saturating_sub(1);
                 acknowledge(core, r.psn);
             }
@@ -122,9 +111,8 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
     }
     progress(q, core, now, before);
     // The oldest unacknowledged PSN never passes a response still missing.
-    debug_assert!(
-        missing_response(core, Psn::new(core.req.psn).sub(1)).is_none_or(|m| Psn::new(core.req.una).psn_cmp(m).is_le())
-    );
+    debug_assert!(missing_response(core, Psn::new(core.chan.send.psn).sub(1))
+        .is_none_or(|m| Psn::new(core.req.una).psn_cmp(m).is_le()));
     retire(q, core);
     true
 }
@@ -170,9 +158,9 @@ fn ack_through(q: &QpInner, core: &mut QpCore, n: Psn) -> bool {
 /// acknowledged and the requester goes back to it.
 fn implied_nak(q: &QpInner, core: &mut QpCore, missing: Psn) {
     acknowledge(core, missing.sub(1));
-    if core.req.recovering != Some(missing.value()) {
+    if core.chan.send.recovering != Some(missing.value()) {
         q.bump(|s| &s.implied_naks);
-        retry_or_fail(q, core, missing);
+        retry_or_fail(q, core, missing, false);
     }
 }
 
@@ -195,7 +183,7 @@ fn acknowledge(core: &mut QpCore, n: Psn) {
 }
 
 fn advance_una(core: &mut QpCore, to: Psn) {
-    if to.psn_cmp(Psn::new(core.req.una)).is_gt() && to.psn_cmp(Psn::new(core.req.psn)).is_le() {
+    if to.psn_cmp(Psn::new(core.req.una)).is_gt() && to.psn_cmp(Psn::new(core.chan.send.psn)).is_le() {
         core.req.una = to.value();
     }
 }
@@ -203,18 +191,10 @@ fn advance_una(core: &mut QpCore, to: Psn) {
 /// PKT-RNR-2..5: wait the NAK's timer, then go back to the NAKed request. An RNR Retry Count
 /// of 7 never runs out.
 fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8) {
-    if !core.req.retries.take_rnr(core.attrs.rnr_retry) {
+    if !core.chan.send.rnr_wait(&*q.dev, TimerOwner::Qp(q.qpn), now, timer_code, core.attrs.rnr_retry) {
         fail_oldest(core, psn, WcStatus::RnrRetryExcErr); // ERR-SQ-11
         return;
     }
-    arm(
-        &*q.dev,
-        TimerOwner::Qp(q.qpn),
-        &mut core.req.timer_queued,
-        &mut core.req.rnr_deadline,
-        Some(now + rnr_timer_us(timer_code) as u64 * 1000),
-    );
-    core.req.ack_deadline = None;
     q.bump(|s| &s.retransmits);
     go_back(core, psn);
 }
@@ -242,28 +222,9 @@ fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>
         return;
     }
     let Some(w) = core.sq.get_mut(idx) else { return };
-    let k = w.tx.resp_received;
-    let n = w.tx.npkts;
-    let want_pos = match (n, k) {
-        (1, _) => Position::Only,
-        (_, 0) => Position::First,
-        (_, k) if k == n - 1 => Position::Last,
-        _ => Position::Middle,
-    };
-    let offset = k as u64 * mtu;
-    let want_len = (w.length - offset.min(w.length)).min(mtu);
-    if r.position != want_pos {
-        w.tx.status = Some(WcStatus::BadRespErr);
-        core.req.halted = true;
-        return;
-    }
-    if r.payload.len() as u64 != want_len {
-        w.tx.status = Some(WcStatus::LocLenErr); // ERR-SQ-13
-        core.req.halted = true;
-        return;
-    }
-    if scatter(&w.tx.local, offset, r.payload).is_err() {
-        w.tx.status = Some(WcStatus::LocProtErr);
+    let (k, n) = (w.tx.resp_received, w.tx.npkts);
+    if let Err(status) = take_read_response(&w.tx.local, w.length, n, k, mtu, r.position, r.payload) {
+        w.tx.status = Some(status);
         core.req.halted = true;
         return;
     }
@@ -301,17 +262,16 @@ pub(crate) fn scatter(list: &[crate::mem::MemRef], mut offset: u64, mut data: &[
 /// After a response that acknowledged something new, the retry counters reload
 /// (PKT-RTY-5, PKT-RNR-8) and the ACK timer restarts, or stops with nothing outstanding.
 fn progress(q: &QpInner, core: &mut QpCore, now: u64, una_before: u32) {
-    if core.req.recovering.is_some_and(|x| Psn::new(core.req.una).psn_cmp(Psn::new(x)).is_gt()) {
-        core.req.recovering = None;
-    }
+    let una = Psn::new(core.req.una);
+    core.chan.send.end_recovery(|x| una.psn_cmp(Psn::new(x)).is_gt());
     if core.req.una != una_before {
-        core.req.retries.reload(core.attrs.retry_cnt, core.attrs.rnr_retry);
-        let at = if core.req.outstanding() && core.req.rnr_deadline.is_none() {
+        core.chan.send.progressed(core.attrs.retry_cnt, core.attrs.rnr_retry);
+        let at = if core.outstanding() && core.chan.send.rnr_deadline.is_none() {
             ack_timeout_ns(core.attrs.timeout).map(|t| now + t)
         } else {
             None
         };
-        arm(&*q.dev, TimerOwner::Qp(q.qpn), &mut core.req.timer_queued, &mut core.req.ack_deadline, at);
+        core.chan.send.arm_ack(&*q.dev, TimerOwner::Qp(q.qpn), at);
     }
 }
 

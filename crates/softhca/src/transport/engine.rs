@@ -10,22 +10,22 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
 use crate::types::{AhAttr, QpState, QpType, WcStatus, GSI_QKEY, GSI_QPN};
-use crate::wire::aeth::{NakCode, Syndrome};
+use crate::wire::aeth::Syndrome;
 use crate::wire::opcode::{Direction, Operation, Position, ServiceType, Suffix};
 use crate::wire::packet::pad_for;
 use crate::wire::psn::Psn;
 use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, RethRepr,
-    UdpChecksum, WireError,
+    AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, RethRepr, UdpChecksum, WireError,
 };
 
+use super::channel::Sent;
 use super::completer::{self, Response};
 use super::hca::Hca;
 use super::qp::{QpCore, QpInner};
 use super::rd::eec::EecInner;
-use super::requester::{self, ack_timeout_ns};
-use super::responder::{self, Request, RespJob};
+use super::requester;
+use super::responder::{self, Request};
 
 /// The largest datagram the device emits: IPv6 + UDP + BTH + the largest extended headers +
 /// 4096 bytes of payload + ICRC, rounded up.
@@ -445,22 +445,16 @@ impl Engine {
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
         let Some(qp) = qps.get(&qpn) else { return };
         let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
-        if qp.destroyed.load(Ordering::Acquire) || core.req.timer_queued != Some(t) {
+        if qp.destroyed.load(Ordering::Acquire) {
             return;
         }
-        core.req.timer_queued = None;
-        if core.req.rnr_deadline.is_some_and(|t| t <= now) {
-            core.req.rnr_deadline = None;
-        }
-        if core.req.ack_deadline.is_some_and(|t| t <= now) {
+        let Some(ack_expired) = core.chan.send.due(t, now) else { return };
+        if ack_expired {
             requester::on_ack_timeout(qp, &mut core);
             completer::retire(qp, &mut core);
         }
         // What is still armed goes back in the queue (a re-arm above may have put it there).
-        let req = &mut core.req;
-        for d in [req.ack_deadline, req.rnr_deadline].into_iter().flatten() {
-            self.timers.schedule(TimerOwner::Qp(qpn), &mut req.timer_queued, d);
-        }
+        core.chan.send.requeue(&*qp.dev, TimerOwner::Qp(qpn));
         self.wake(qp); // a retransmission, or the end of an RNR wait
     }
 
@@ -577,7 +571,7 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
         let req = Request { pkey_index, ..Request::of(p, info, grh) };
         responder::on_request(qp, &mut core, &req);
         // An ACK, a NAK or Read responses to send.
-        if !core.resp.out.is_empty() {
+        if !core.chan.out.is_empty() {
             dev.engine().wake(qp);
         }
         true
@@ -589,7 +583,7 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
         let r = Response::of(p, info);
         let accepted = completer::on_response(qp, &mut core, now, &r);
         // A window that opened, a go-back, or responses owed: anything left on the SQ may move.
-        if !core.sq.is_empty() || !core.resp.out.is_empty() {
+        if !core.sq.is_empty() || !core.chan.out.is_empty() {
             dev.engine().wake(qp);
         }
         accepted
@@ -656,25 +650,21 @@ fn emit_one(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Op
     if q.qp_type == QpType::Rd {
         return super::rd::qp_turn(q, core, now, buf);
     }
-    // Responses go first, but not for ever: a QP answering a steady stream of requests still
-    // gets its own requests out.
-    if core.resp_streak < RESPONSE_BURST {
+    // Responses go first, but not for ever (`Outbox::response_first`).
+    if core.chan.out.response_first() {
         if let Some(len) = emit_response(q, core, buf) {
-            core.resp_streak += 1;
+            core.chan.out.took_turn(true, false);
             return Some(len);
         }
     }
     if let Some(len) = emit_request_packet(q, core, now, buf) {
-        core.resp_streak = 0;
+        core.chan.out.took_turn(false, false);
         return Some(len);
     }
     let len = emit_response(q, core, buf)?;
-    core.resp_streak = 1;
+    core.chan.out.took_turn(true, true);
     Some(len)
 }
-
-/// Responses a QP sends in a row, while it has requests waiting, before one of those goes.
-pub(crate) const RESPONSE_BURST: u8 = 8;
 
 fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<usize> {
     loop {
@@ -697,16 +687,7 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                 if covered.psn_cmp(Psn::new(core.req.sent_high)).is_gt() {
                     core.req.sent_high = covered.value();
                 }
-                if core.req.ack_deadline.is_none() {
-                    let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
-                    requester::arm(
-                        &*q.dev,
-                        TimerOwner::Qp(q.qpn),
-                        &mut core.req.timer_queued,
-                        &mut core.req.ack_deadline,
-                        at,
-                    );
-                }
+                core.chan.send.sent(&*q.dev, TimerOwner::Qp(q.qpn), now, core.attrs.timeout);
             } else if np.offset + np.payload >= core.sq.get(np.idx).map_or(0, |w| w.length) {
                 // PKT-UC-3: a UC or UD WQE is done once its last packet is out: now, or when
                 // the link says the datagram left (`Engine::sent`).
@@ -719,7 +700,7 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                         w.tx.status = Some(WcStatus::Success);
                     }
                 }
-                core.req.una = core.req.psn;
+                core.req.una = core.chan.send.psn;
                 if defer {
                     engine.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner()).push(q.qpn);
                 } else {
@@ -878,7 +859,7 @@ pub(crate) fn gather(list: &[crate::mem::MemRef], mut offset: u64, mut dst: &mut
 /// application may already have seen the completions they acknowledge, PKT-ACK-13). Read
 /// responses and Atomic ACKs owed are not: the QP's resources go with it.
 pub(crate) fn owed_acks(q: &QpInner, core: &mut QpCore) -> Vec<Vec<u8>> {
-    owed_datagrams(core, |c| matches!(c.resp.out.front(), Some(RespJob::Ack { .. })), |c, buf| emit_response(q, c, buf))
+    owed_datagrams(core, |c| c.chan.out.ack_next(), |c, buf| emit_response(q, c, buf))
 }
 
 /// Builds datagrams with `emit` while `owes` says the next response is one to keep (Destroy
@@ -907,74 +888,33 @@ fn mig_req(q: &QpInner, core: &QpCore) -> bool {
 }
 
 fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize> {
-    core.resp.out.front()?;
+    if core.chan.out.is_empty() {
+        return None;
+    }
     let ip = route(q, core)?;
     let pkey = q.dev.pkey(core.attrs.pkey_index).unwrap_or(0xFFFF);
     let dest = core.attrs.dest_qp_num;
-    let msn = core.resp.msn;
     // PKT-ACK-11: a QP on an SRQ has no credits of its own to report.
     let credit_code =
         if q.srq.is_some() { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
-    let credits = Syndrome::Ack { credit_code };
-    let aeth = |s: Syndrome| Some(AethRepr { syndrome: if s.is_ack() { credits } else { s }, msn });
     let mig = mig_req(q, core);
-    let bth = |op: Opcode, psn: Psn| BthRepr { mig_req: mig, ..BthRepr::new(op, pkey, dest, psn) };
-    let len = match core.resp.out.front_mut()? {
-        &mut RespJob::Ack { psn, syndrome } => {
-            core.resp.out.pop_front();
-            let mut p = PacketRepr::new(bth(Opcode::RcAcknowledge, Psn::new(psn)));
-            p.aeth = aeth(syndrome);
-            emit(q.qpn, ip, p, 0, buf, |_| true)
-        }
-        &mut RespJob::AtomicAck { psn, orig } => {
-            core.resp.out.pop_front();
-            core.resp.resource_done(psn);
-            let mut p = PacketRepr::new(bth(Opcode::RcAtomicAcknowledge, Psn::new(psn)));
-            p.aeth = aeth(Syndrome::ACK_NO_CREDITS);
-            p.atomic_ack_eth = Some(AtomicAckEthRepr { orig_remote_data: orig });
-            emit(q.qpn, ip, p, 0, buf, |_| true)
-        }
-        RespJob::ReadResp { grant, first_psn, npkts, next, len, mtu } => {
-            let (first_psn, npkts, k, len, mtu) = (*first_psn, *npkts, *next, *len, *mtu);
-            let (opcode, with_aeth) = match (npkts, k) {
-                (1, _) => (Opcode::RcRdmaReadResponseOnly, true),
-                (_, 0) => (Opcode::RcRdmaReadResponseFirst, true),
-                (n, k) if k + 1 == n => (Opcode::RcRdmaReadResponseLast, true),
-                _ => (Opcode::RcRdmaReadResponseMiddle, false), // PKT-ACK-10
-            };
-            let offset = k as u64 * mtu;
-            let payload = (len - offset.min(len)).min(mtu) as usize;
-            let psn = Psn::new(first_psn).add(k); // PKT-PSN-7
-                                                  // The bytes are read now, through a grant that checks its key again if one was
-                                                  // revoked since the request (see `Grant`).
-            let mut p = PacketRepr::new(bth(opcode, psn));
-            if with_aeth {
-                p.aeth = aeth(Syndrome::ACK_NO_CREDITS);
-            }
-            let sent = match grant {
-                None => emit(q.qpn, ip, p, payload, buf, |dst| dst.is_empty()),
-                Some(g) => match g.bytes(&*q.dev, offset, payload as u64) {
-                    Some((m, at)) => emit(q.qpn, ip, p, payload, buf, |dst| m.read(at, dst).is_ok()),
-                    None => {
-                        // The key no longer covers them: Remote Access Error, as for a bad
-                        // R_Key at the request (ERR-RQ-9, Class C).
-                        core.resp.out.pop_front();
-                        core.resp.resource_done(first_psn);
-                        let mut p = PacketRepr::new(bth(Opcode::RcAcknowledge, psn));
-                        p.aeth = aeth(Syndrome::Nak(NakCode::RemoteAccessError));
-                        let len = emit(q.qpn, ip, p, 0, buf, |_| true);
-                        responder::access_lost(q, core);
-                        return len;
-                    }
-                },
-            };
-            if k + 1 >= npkts {
-                core.resp.out.pop_front();
-                core.resp.resource_done(first_psn);
-            } else if let Some(RespJob::ReadResp { next, .. }) = core.resp.out.front_mut() {
-                *next += 1;
-            }
-            sent
+    let bth = |op: Opcode, _: (), psn: Psn| BthRepr { mig_req: mig, ..BthRepr::new(op, pkey, dest, psn) };
+    let msn = core.chan.recv.msn;
+    let sent = core.chan.out.send_next(
+        ServiceType::Rc,
+        &*q.dev,
+        bth,
+        Syndrome::Ack { credit_code },
+        msn,
+        |_, p, n, fill| emit(q.qpn, ip, p, n, buf, fill),
+    )?;
+    let len = match sent {
+        Sent::Packet(len) => len,
+        Sent::AccessLost { len, .. } => {
+            // The key no longer covers the Read's bytes: Remote Access Error, as for a bad
+            // R_Key at the request (ERR-RQ-9, Class C).
+            responder::access_lost(q, core);
+            len
         }
     };
     if len.is_none() {

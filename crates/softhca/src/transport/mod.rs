@@ -7,6 +7,7 @@
 //! and `wire` only; what the verbs layer above owns (memory keys, CQs, SRQs, async events, the
 //! port's tables) it reaches through the traits of `hca`, which that layer implements.
 
+pub(crate) mod channel;
 pub mod cm;
 pub(crate) mod completer;
 pub(crate) mod hca;

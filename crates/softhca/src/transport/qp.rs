@@ -15,6 +15,7 @@ use crate::types::{
     WcStatus,
 };
 
+use super::channel::Channel;
 use super::engine::{Counter, Stats};
 use super::hca::{CompletionQueue, Hca, SharedReceiveQueue};
 use super::rd::RdQp;
@@ -127,6 +128,9 @@ pub(crate) struct QpCore {
     /// The IP header toward the connected peer, with the GID generation and address it was
     /// built for: every packet of an RC or UC QP needs it, and the GID table's lock is not free.
     pub route: Option<(u64, AhAttr, crate::wire::IpRepr)>,
+    /// The QP's end of its channel: the PSNs, retries, timers and responses RC shares with RD
+    /// (UC and UD use its sequence numbers).
+    pub chan: Channel<()>,
     /// The SQ Logic; its `started` count is the in-progress messages SQD drains.
     pub req: ReqState,
     /// The RQ Logic.
@@ -135,8 +139,32 @@ pub(crate) struct QpCore {
     pub sqd_event_pending: bool,
     /// RD: the message an EEC carries for this QP and the receive WQEs channels hold.
     pub rd: RdQp,
-    /// Responses sent in a row (see `transport::engine::RESPONSE_BURST`).
-    pub resp_streak: u8,
+}
+
+impl QpCore {
+    /// At RTR→RTS (MOD-RTR-RTS-2), or again after SQE: the requester starts at `sq_psn`.
+    pub fn start_sending(&mut self, sq_psn: u32) {
+        self.req.start(sq_psn);
+        self.chan.send.start(sq_psn, self.attrs.retry_cnt, self.attrs.rnr_retry);
+    }
+
+    /// At Init→RTR (MOD-INIT-RTR-RC-1): the responder starts at `rq_psn` with nothing owed.
+    pub fn start_receiving(&mut self, rq_psn: u32) {
+        self.resp = RespState::default();
+        self.chan.recv.start(rq_psn);
+        self.chan.out.reset();
+    }
+
+    /// Something was sent and is not yet acknowledged.
+    pub fn outstanding(&self) -> bool {
+        self.req.una != self.chan.send.psn
+    }
+
+    /// The QP went to Error: its timers stop and the responses it owed are dropped.
+    pub fn stop_channel(&mut self) {
+        self.chan.send.stop_timers();
+        self.chan.out.clear();
+    }
 }
 
 pub(crate) struct QpInner {
@@ -288,8 +316,7 @@ impl QpInner {
         self.mirror_state(core);
         core.attrs.sq_draining = false;
         core.sqd_event_pending = false;
-        core.req.ack_deadline = None;
-        core.req.rnr_deadline = None;
+        core.chan.send.stop_timers();
         if flush {
             self.flush_all(core);
         } else {
@@ -352,9 +379,8 @@ impl QpInner {
             self.enter_error(core, false); // CQ-OVF-2: a flush CQE did not fit
             return;
         }
-        let psn = core.req.psn;
-        let (retry, rnr) = (core.attrs.retry_cnt, core.attrs.rnr_retry);
-        core.req.start(psn, retry, rnr);
+        let psn = core.chan.send.psn;
+        core.start_sending(psn);
     }
 
     /// Raises SQ Drained once the drain a RTS→SQD asked about is over (EVT-SQD-1, -3, -4, -5).

@@ -4,8 +4,7 @@
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
 use crate::mem::MemRef;
-use crate::transport::engine::TimerOwner;
-use crate::transport::hca::Hca;
+use crate::transport::channel::Retry;
 use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::wqe::{SendWqe, WrOpcode};
 use crate::types::{Access, QpState, QpType, WcStatus};
@@ -40,11 +39,10 @@ impl WqeTx {
     }
 }
 
-/// Requester state of one QP.
+/// Requester state of one QP beyond its channel's sequencing (`channel::SendSeq`: the next
+/// PSN, the retry budgets and timers, the recovery mark).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ReqState {
-    /// The PSN the next new request packet gets.
-    pub psn: u32,
     /// The WQE (index from the SQ head) whose packets go out next, and how far into it.
     pub cursor: usize,
     pub cursor_off: u64,
@@ -55,18 +53,10 @@ pub(crate) struct ReqState {
     pub una: u32,
     /// One past the highest request PSN sent so far: a packet below it is a retransmission.
     pub sent_high: u32,
-    pub retries: Retries,
-    pub ack_deadline: Option<u64>,
-    pub rnr_deadline: Option<u64>,
-    /// The deadline of this QP's earliest entry in the engine's timer queue.
-    pub timer_queued: Option<u64>,
     /// RDMA Reads and Atomics started and not yet answered (WR-READ-3).
     pub rd_atomic: u32,
     /// A WQE failed before transmission; nothing after it starts.
     pub halted: bool,
-    /// Went back to this PSN and waits for it to be answered: responses beyond it that are
-    /// still in flight are the old ones and must not count as new NAKs.
-    pub recovering: Option<u32>,
     /// End-to-end credits (IBA 9.7.7.2, RC): the SSN the next new message gets (the first is
     /// 1, as the responder's MSN after it), and the Limit Sequence Number, the MSN plus the
     /// credits of the latest ACK: a message that takes a receive WQE may start while its SSN
@@ -83,16 +73,9 @@ pub(crate) struct ReqState {
 }
 
 impl ReqState {
-    /// At RTR→RTS: the first request carries the SQ Start PSN (MOD-RTR-RTS-2).
-    pub fn start(&mut self, sq_psn: u32, retry_cnt: u8, rnr_retry: u8) {
-        *self = ReqState {
-            psn: sq_psn,
-            una: sq_psn,
-            sent_high: sq_psn,
-            retries: Retries::new(retry_cnt, rnr_retry),
-            ssn: 1,
-            ..Default::default()
-        };
+    /// At RTR→RTS: nothing is outstanding before the SQ Start PSN (MOD-RTR-RTS-2).
+    pub fn start(&mut self, sq_psn: u32) {
+        *self = ReqState { una: sq_psn, sent_high: sq_psn, ssn: 1, ..Default::default() };
     }
 
     /// Takes the credits of an ACK (any AETH with the ACK syndrome: also a Read response's
@@ -117,11 +100,6 @@ impl ReqState {
             _ => true,
         }
     }
-
-    /// Something was sent and is not yet acknowledged.
-    pub fn outstanding(&self) -> bool {
-        self.una != self.psn
-    }
 }
 
 /// The most request PSNs an RC requester has outstanding (sent, not acknowledged). IBA sets no
@@ -132,16 +110,6 @@ pub(crate) const WINDOW: u32 = 256;
 /// AckReq goes on every this-many-th packet of a long Send or Write as well as on its last, so
 /// that the window keeps moving (PKT-ACK-2 asks for the last; any packet may ask).
 pub(crate) const ACK_EVERY: u32 = 64;
-
-/// Arms `slot` (one of the timers of `owner`, a QP or an EEC) for `at`, or disarms it, and
-/// puts the deadline in the engine's timer queue unless an entry of `owner` already fires no
-/// later (`queued` is that entry's deadline; see `engine::TimerQueue`).
-pub(crate) fn arm(dev: &dyn Hca, owner: TimerOwner, queued: &mut Option<u64>, slot: &mut Option<u64>, at: Option<u64>) {
-    *slot = at;
-    if let Some(t) = at {
-        dev.engine().timers.schedule(owner, queued, t);
-    }
-}
 
 /// Executes a local SQ operation at once and returns its status: Bind MW (WR-BIND) and Local
 /// Invalidate (a type 2 window bound to this QP only, IBA 10.6.7.2; anything else is a Local
@@ -156,50 +124,6 @@ pub(crate) fn run_local(q: &QpInner, w: &SendWqe) -> Option<WcStatus> {
         _ => return None,
     };
     Some(result.err().unwrap_or(WcStatus::Success))
-}
-
-/// The two retry budgets of one end of a reliable channel (an RC QP's requester, an RD EEC's
-/// send logic), one type for both: Retry Count for timeouts and sequence NAKs (PKT-RTY-7: 7 is
-/// an ordinary count) and RNR Retry Count (PKT-RNR-5: 7 never runs out). Both are reloaded
-/// when a request is acknowledged (PKT-RNR-8).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Retries {
-    retry_left: u8,
-    rnr_left: u8,
-}
-
-impl Retries {
-    pub fn new(retry_cnt: u8, rnr_retry: u8) -> Retries {
-        Retries { retry_left: retry_cnt, rnr_left: rnr_retry }
-    }
-
-    /// Progress: both counts start again.
-    pub fn reload(&mut self, retry_cnt: u8, rnr_retry: u8) {
-        *self = Retries::new(retry_cnt, rnr_retry);
-    }
-
-    /// Takes one retry; false when none is left.
-    pub fn take_retry(&mut self) -> bool {
-        let left = self.retry_left > 0;
-        self.retry_left = self.retry_left.saturating_sub(1);
-        left
-    }
-
-    /// Takes one RNR retry; false when none is left (never with an RNR Retry Count, the
-    /// channel's current one, of 7).
-    pub fn take_rnr(&mut self, rnr_retry: u8) -> bool {
-        if rnr_retry == 7 {
-            return true;
-        }
-        let left = self.rnr_left > 0;
-        self.rnr_left = self.rnr_left.saturating_sub(1);
-        left
-    }
-}
-
-/// Local ACK Timeout in ns: 4.096 µs × 2^timeout; 0 disables the timer (PKT-RTY-2).
-pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
-    (timeout != 0).then(|| 4096u64 << timeout.min(31))
 }
 
 pub(crate) fn pmtu(core: &QpCore) -> u64 {
@@ -256,7 +180,7 @@ pub(crate) struct NextPacket {
 /// PSNs; a WQE that fails its interface checks is marked done in error instead.
 pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> {
     let state = core.attrs.qp_state;
-    if !matches!(state, QpState::Rts | QpState::Sqd) || core.req.rnr_deadline.is_some() {
+    if !matches!(state, QpState::Rts | QpState::Sqd) || core.chan.send.rnr_deadline.is_some() {
         return None; // QPS-RTR-5, QPS-SQE-2, QPS-ERR-1
     }
     // A UD message is one packet whatever its length (an oversized one fails check_local).
@@ -279,7 +203,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             if is_rd_atomic && core.req.rd_atomic >= core.attrs.max_rd_atomic as u32 {
                 return None; // WR-READ-3
             }
-            if q.qp_type == QpType::Rc && Psn::new(core.req.psn).distance_from(Psn::new(core.req.una)) >= WINDOW {
+            if q.qp_type == QpType::Rc && Psn::new(core.chan.send.psn).distance_from(Psn::new(core.req.una)) >= WINDOW {
                 return None; // start it only when its first packet can go
             }
             if q.qp_type == QpType::Rc && w.opcode.consumes_rq_wqe() && !core.req.has_credit() {
@@ -287,13 +211,14 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
                 return None; // IBA 9.7.7.2: an ACK with credits (or for the probe) wakes it
             }
             let ud_mtu = ud_mtu(q, core);
-            // The WQE is worked on in its slot: `req` and `sq` are separate fields of `core`.
+            // The WQE is worked on in its slot: `req`, `chan` and `sq` are separate fields.
             let req = &mut core.req;
+            let send = &mut core.chan.send;
             let w = core.sq.get_mut(idx)?;
             if let Some(status) = run_local(q, w) {
                 // A bind or a Local Invalidate is a local operation: it takes effect now, for
                 // every WQE after it, and completes in order with no packet.
-                w.tx.first_psn = req.psn;
+                w.tx.first_psn = send.psn;
                 w.tx.npkts = 0;
                 w.tx.status = Some(status);
                 req.started += 1;
@@ -312,7 +237,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
                 _ if q.qp_type == QpType::Ud => 1,
                 _ => packets_for(w.length, mtu),
             };
-            w.tx.first_psn = req.psn;
+            w.tx.first_psn = send.psn;
             w.tx.npkts = npkts;
             w.tx.resp_received = 0;
             w.tx.status = None;
@@ -325,7 +250,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
                 req.cursor += 1;
                 return None;
             }
-            req.psn = Psn::new(req.psn).add(npkts).value();
+            send.psn = Psn::new(send.psn).add(npkts).value();
             req.ssn = Psn::new(req.ssn).next().value(); // every message on the wire has an SSN
             if is_rd_atomic {
                 req.rd_atomic += 1;
@@ -378,30 +303,32 @@ pub(crate) fn go_back(core: &mut QpCore, psn: Psn) {
 
 /// The Local ACK timer expired (PKT-RTY-1, PKT-RTY-3, PKT-RTY-4).
 pub(crate) fn on_ack_timeout(q: &QpInner, core: &mut QpCore) {
-    core.req.ack_deadline = None;
-    if !core.req.outstanding() {
+    if !core.outstanding() {
         return;
     }
     q.bump(|s| &s.timeouts);
-    retry_or_fail(q, core, Psn::new(core.req.una));
+    retry_or_fail(q, core, Psn::new(core.req.una), true);
 }
 
-/// One retry against the Retry Count, or Transport Retry Counter Exceeded for the oldest
-/// unacknowledged WQE when none is left (PKT-RTY-7: 7 is an ordinary count). True when it
-/// went back for a retry.
-pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn) -> bool {
-    if !core.req.retries.take_retry() {
-        // IBA 17.2.8: out of retries on the primary path with an armed alternate, the QP
-        // migrates and tries again there with its counts reloaded (as rdmavt's restart).
-        let armed = core.attrs.path_mig_state == crate::types::MigState::Armed;
-        if !(armed && q.migrate(core, true)) {
-            fail_oldest(core, from, WcStatus::RetryExcErr);
-            return false;
+/// Goes back to `from` for a NAK, an implied NAK or a timeout, at the cost of one retry (see
+/// `SendSeq::retry`), or, none left, fails the oldest unacknowledged WQE with Transport Retry
+/// Counter Exceeded (PKT-RTY-7: 7 is an ordinary count). True when it went back.
+pub(crate) fn retry_or_fail(q: &QpInner, core: &mut QpCore, from: Psn, timeout: bool) -> bool {
+    match core.chan.send.retry(from.value(), timeout) {
+        Retry::Recovering => return false,
+        Retry::Back => {}
+        Retry::Exhausted => {
+            // IBA 17.2.8: out of retries on the primary path with an armed alternate, the QP
+            // migrates and tries again there with its counts reloaded (as rdmavt's restart).
+            let armed = core.attrs.path_mig_state == crate::types::MigState::Armed;
+            if !(armed && q.migrate(core, true)) {
+                fail_oldest(core, from, WcStatus::RetryExcErr);
+                return false;
+            }
+            core.chan.send.progressed(core.attrs.retry_cnt, core.attrs.rnr_retry);
         }
-        core.req.retries.reload(core.attrs.retry_cnt, core.attrs.rnr_retry);
     }
     q.bump(|s| &s.retransmits);
-    core.req.recovering = Some(from.value());
     go_back(core, from);
     true
 }
@@ -425,7 +352,6 @@ pub(crate) fn fail_oldest(core: &mut QpCore, psn: Psn, status: WcStatus) {
     if !earlier_waiting {
         core.req.cursor = started;
         core.req.cursor_off = 0;
-        core.req.ack_deadline = None;
-        core.req.rnr_deadline = None;
+        core.chan.send.stop_timers();
     }
 }

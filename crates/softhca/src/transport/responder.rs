@@ -3,7 +3,6 @@
 //! check decides the error class (ERR-RQ); then it executes and queues the response. UC and
 //! UD requests take the same path without ACKs (PKT-UC, PKT-UD).
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use crate::mem::{AccessError, MemRef};
@@ -14,9 +13,10 @@ use crate::types::{
 };
 use crate::wire::aeth::{credit_code_for, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
-use crate::wire::psn::{Psn, PsnClass};
+use crate::wire::psn::Psn;
 use crate::wire::{AtomicEthRepr, RethRepr};
 
+use super::channel::Arrival;
 use super::completer::scatter;
 use super::requester::pmtu;
 
@@ -162,21 +162,6 @@ pub(crate) enum RespJob {
     },
 }
 
-#[derive(Debug, Clone)]
-enum ResourceKind {
-    Read { va: u64, rkey: u32, len: u64, npkts: u32, mtu: u64 },
-    Atomic { orig: u64 },
-}
-
-/// An entry of the inbound RDMA Read / Atomic queue: pending until its responses have left,
-/// then kept for duplicate replay until a new request needs the slot (PKT-DUP-2, PKT-DUP-5).
-#[derive(Debug, Clone)]
-struct Resource {
-    psn: u32,
-    kind: ResourceKind,
-    pending: bool,
-}
-
 /// The message being received.
 #[derive(Debug, Clone)]
 enum InMsg {
@@ -188,45 +173,16 @@ enum InMsg {
 
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RespState {
-    pub epsn: u32,
-    pub msn: u32,
-    /// A PSN Sequence Error NAK was sent and no packet with PSN = ePSN came since (PKT-PSN-6).
-    nak_sent: bool,
     /// UC: a loss was seen; drop until a First or Only (PKT-UC-2).
     uc_resync: bool,
     in_msg: Option<InMsg>,
     /// The checked scatter list of the RQ head WQE while a Send uses it.
     scatter: Vec<MemRef>,
-    resources: VecDeque<Resource>,
-    pub out: VecDeque<RespJob>,
     /// Communication Established was raised (EVT-CE-1).
     pub comm_est: bool,
 }
 
 impl RespState {
-    /// At Init→RTR: ePSN is the RQ Start ePSN (MOD-INIT-RTR-RC-1), MSN 0 (PKT-ACK-15).
-    pub fn start(&mut self, rq_psn: u32) {
-        *self = RespState { epsn: rq_psn, ..Default::default() };
-    }
-
-    fn push_ack(&mut self, psn: u32, syndrome: Syndrome) {
-        // Coalesce with an ACK still queued at the tail (PKT-ACK-4); never past other jobs.
-        if let Some(RespJob::Ack { psn: p, syndrome: s }) = self.out.back_mut() {
-            if s.is_ack() && syndrome.is_ack() {
-                *p = psn;
-                return;
-            }
-        }
-        self.out.push_back(RespJob::Ack { psn, syndrome });
-    }
-
-    /// Marks the inbound queue entry of `psn` answered.
-    pub fn resource_done(&mut self, psn: u32) {
-        if let Some(r) = self.resources.iter_mut().find(|r| r.psn == psn) {
-            r.pending = false;
-        }
-    }
-
     /// PKT-ACK-11: the credits an ACK reports: RQ WQEs posted and not in use.
     pub fn credit_code(&self, rq_len: usize) -> u8 {
         let in_use = matches!(self.in_msg, Some(InMsg::Send { .. })) as usize;
@@ -339,16 +295,16 @@ fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
                 Syndrome::RnrNak { .. } => q.bump(|s| &s.rnr_naks_sent),
                 _ => q.bump(|s| &s.seq_naks_sent),
             }
-            let at = if matches!(syndrome, Syndrome::Nak(NakCode::PsnSeqErr)) { core.resp.epsn } else { psn };
-            core.resp.out.push_back(RespJob::Ack { psn: at, syndrome });
+            let at = if matches!(syndrome, Syndrome::Nak(NakCode::PsnSeqErr)) { core.chan.recv.epsn } else { psn };
+            core.chan.out.push((), RespJob::Ack { psn: at, syndrome });
         }
         Fail::A => {
-            core.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteOperationalError) });
+            core.chan.out.push((), RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteOperationalError) });
             complete_wqe_in_use(q, core, WcStatus::LocQpOpErr);
             q.enter_error(core, true);
         }
         Fail::C { nak, status, access } => {
-            core.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(nak) });
+            core.chan.out.push((), RespJob::Ack { psn, syndrome: Syndrome::Nak(nak) });
             let had_wqe = matches!(core.resp.in_msg, Some(InMsg::Send { .. }))
                 || (r.imm.is_some() && matches!(r.position, Position::Last | Position::Only) && wqe_available(q, core));
             if had_wqe {
@@ -425,18 +381,12 @@ pub(crate) fn length_ok(position: Position, len: u64, mtu: u64) -> bool {
 
 fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
     let mtu = pmtu(core);
-    let epsn = Psn::new(core.resp.epsn);
     // 1. PSN (PKT-PSN-4).
-    match r.psn.classify(epsn) {
-        PsnClass::OutOfSequence => {
-            if core.resp.nak_sent {
-                return Err(Fail::D); // PKT-PSN-6
-            }
-            core.resp.nak_sent = true;
-            return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))); // ERR-RQ-1
-        }
-        PsnClass::Duplicate => return duplicate(q, core, r),
-        PsnClass::Expected => core.resp.nak_sent = false,
+    match core.chan.recv.arrival(r.psn) {
+        Arrival::Ignore => return Err(Fail::D), // PKT-PSN-6
+        Arrival::SequenceError => return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))), // ERR-RQ-1
+        Arrival::Duplicate => return duplicate(q, core, r),
+        Arrival::Expected => {}
     }
     // 2. Opcode sequence (ERR-RQ-7, ERR-RQ-8).
     let continuing = matches!(r.position, Position::Middle | Position::Last);
@@ -447,16 +397,7 @@ fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fai
         _ => {}
     }
     // 3. Supported and enabled (ERR-RQ-4, MOD-ACC-1..3, PKT-OP-3).
-    let acc = core.attrs.qp_access_flags;
-    let enabled = match r.operation {
-        _ if r.reserved => false,
-        Operation::Send => true,
-        Operation::RdmaWrite => acc.contains(Access::REMOTE_WRITE),
-        Operation::RdmaReadRequest => acc.contains(Access::REMOTE_READ),
-        Operation::CompareSwap | Operation::FetchAdd => acc.contains(Access::REMOTE_ATOMIC),
-        _ => false,
-    };
-    if !enabled {
+    if r.reserved || !enabled(core.attrs.qp_access_flags, r.operation) {
         return Err(rc_fail_invalid());
     }
     match r.operation {
@@ -501,7 +442,7 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     accept(core, r);
     if last {
         core.resp.in_msg = None;
-        core.resp.msn = Psn::new(core.resp.msn).next().value();
+        core.chan.recv.message_done();
         complete_recv(q, core, WcOpcode::Recv, offset, r)?;
     }
     Ok(())
@@ -536,9 +477,9 @@ fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
 /// The packet is executed: ePSN moves on (PKT-PSN-3) and an ACK is owed if asked
 /// (PKT-ACK-3).
 fn accept(core: &mut QpCore, r: &Request<'_>) {
-    core.resp.epsn = r.psn.next().value();
+    core.chan.recv.epsn = r.psn.next().value();
     if r.ack_req {
-        core.resp.push_ack(r.psn.value(), Syndrome::ACK_NO_CREDITS);
+        core.chan.out.push_ack((), r.psn.value(), Syndrome::ACK_NO_CREDITS);
     }
 }
 
@@ -598,7 +539,7 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
     }
     accept(core, r);
     if completes {
-        core.resp.msn = Psn::new(core.resp.msn).next().value();
+        core.chan.recv.message_done();
         if r.imm.is_some() {
             complete_recv(q, core, WcOpcode::RecvRdmaWithImm, total, r)?; // WR-WRITE-3, CQE-6
         }
@@ -619,45 +560,38 @@ fn access_fail() -> Fail {
     Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true }
 }
 
-fn pending(core: &QpCore) -> usize {
-    core.resp.resources.iter().filter(|r| r.pending).count()
-}
-
-/// Keeps at most `depth` entries: a new one takes the oldest answered slot.
-fn add_resource(core: &mut QpCore, res: Resource) {
-    let depth = (core.attrs.max_dest_rd_atomic as usize).max(1);
-    if core.resp.resources.len() >= depth {
-        if let Some(i) = core.resp.resources.iter().position(|r| !r.pending) {
-            core.resp.resources.remove(i);
-        }
-    }
-    core.resp.resources.push_back(res);
-}
-
 fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
-    if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
+    let depth = core.attrs.max_dest_rd_atomic;
+    if !core.chan.out.has_room(depth) {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    let ReadPlan { grant, va, rkey, len, npkts } = begin_read(&*q.dev, q.pd, q.qpn, r, mtu).map_err(rc_refused)?;
-    let psn = r.psn.value();
-    add_resource(core, Resource { psn, kind: ResourceKind::Read { va, rkey, len, npkts, mtu }, pending: true });
-    core.resp.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
-    core.resp.msn = Psn::new(core.resp.msn).next().value(); // PKT-ACK-14
-    core.resp.out.push_back(RespJob::ReadResp { grant, first_psn: psn, npkts, next: 0, len, mtu });
+    let npkts = core.chan.out.read((), &*q.dev, q.pd, q.qpn, depth, r, mtu).map_err(rc_refused)?;
+    core.chan.recv.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
+    core.chan.recv.message_done(); // PKT-ACK-14
     Ok(())
 }
 
 fn rc_atomic(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
-    if pending(core) >= core.attrs.max_dest_rd_atomic as usize {
+    let depth = core.attrs.max_dest_rd_atomic;
+    if !core.chan.out.has_room(depth) {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    let orig = run_atomic(&*q.dev, q.pd, q.qpn, r).map_err(rc_refused)?;
-    let psn = r.psn.value();
-    add_resource(core, Resource { psn, kind: ResourceKind::Atomic { orig }, pending: true });
-    core.resp.epsn = r.psn.next().value();
-    core.resp.msn = Psn::new(core.resp.msn).next().value();
-    core.resp.out.push_back(RespJob::AtomicAck { psn, orig });
+    core.chan.out.atomic((), &*q.dev, q.pd, q.qpn, depth, r).map_err(rc_refused)?;
+    core.chan.recv.epsn = r.psn.next().value();
+    core.chan.recv.message_done();
     Ok(())
+}
+
+/// Whether the QP's (or for RD, the destination QP's) enables allow an inbound `operation`
+/// (MOD-ACC-1..3; a Send needs none).
+pub(crate) fn enabled(acc: Access, operation: Operation) -> bool {
+    match operation {
+        Operation::Send => true,
+        Operation::RdmaWrite => acc.contains(Access::REMOTE_WRITE),
+        Operation::RdmaReadRequest => acc.contains(Access::REMOTE_READ),
+        Operation::CompareSwap | Operation::FetchAdd => acc.contains(Access::REMOTE_ATOMIC),
+        _ => false,
+    }
 }
 
 /// Executes an Atomic on the 8 bytes `mem` covers and returns the original value; `None` when
@@ -682,52 +616,14 @@ pub(crate) fn read_rest_matches(va: u64, len: u64, mtu: u64, k: u64, req_va: u64
     req_va == va.wrapping_add(skip) && req_len as u64 == len - skip
 }
 
-/// Duplicates are never executed again and never change ePSN (PKT-DUP-1..6).
+/// Duplicates are never executed again and never change ePSN (PKT-DUP-1..6); see
+/// `Outbox::duplicate`. One that nothing holds is dropped (PKT-DUP-3, ERR-RQ-14).
 fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
-    match r.operation {
-        Operation::Send | Operation::RdmaWrite => {
-            if r.ack_req {
-                let psn = Psn::new(core.resp.epsn).sub(1).value();
-                core.resp.push_ack(psn, Syndrome::ACK_NO_CREDITS);
-            }
-            Ok(())
-        }
-        Operation::RdmaReadRequest => {
-            let reth = r.reth.ok_or(Fail::D)?;
-            let found = core.resp.resources.iter().find_map(|res| match res.kind {
-                ResourceKind::Read { va, rkey, len, npkts, mtu } => {
-                    let first = Psn::new(res.psn);
-                    let k = r.psn.distance_from(first) as u64;
-                    let inside = r.psn.in_range(first, first.add(npkts - 1))
-                        && rkey == reth.r_key
-                        && read_rest_matches(va, len, mtu, k, reth.va, reth.dma_length);
-                    inside.then_some((va, rkey, len, npkts, res.psn, k, mtu))
-                }
-                _ => None,
-            });
-            let Some((va, rkey, len, npkts, first, k, mtu)) = found else { return Err(Fail::D) }; // PKT-DUP-3
-            let grant = match len {
-                0 => None,
-                _ => Some(Grant::new(&*q.dev, rkey, q.pd, q.qpn, va, len, Access::REMOTE_READ).ok_or(Fail::D)?),
-            };
-            core.resp.out.push_back(RespJob::ReadResp { grant, first_psn: first, npkts, next: k as u32, len, mtu });
-            Ok(())
-        }
-        Operation::CompareSwap | Operation::FetchAdd => {
-            let psn = r.psn.value();
-            let orig = core.resp.resources.iter().find_map(|res| match res.kind {
-                ResourceKind::Atomic { orig } if res.psn == psn => Some(orig),
-                _ => None,
-            });
-            match orig {
-                Some(orig) => {
-                    core.resp.out.push_back(RespJob::AtomicAck { psn, orig }); // PKT-DUP-4
-                    Ok(())
-                }
-                None => Err(Fail::D), // ERR-RQ-14
-            }
-        }
-        _ => Err(Fail::D),
+    let last = Psn::new(core.chan.recv.epsn).sub(1).value();
+    let depth = core.attrs.max_dest_rd_atomic;
+    match core.chan.out.duplicate((), &*q.dev, q.pd, q.qpn, depth, r, last) {
+        true => Ok(()),
+        false => Err(Fail::D),
     }
 }
 
@@ -736,7 +632,7 @@ fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
 fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
     let mtu = pmtu(core);
     let starts = matches!(r.position, Position::First | Position::Only);
-    let expected = r.psn == Psn::new(core.resp.epsn);
+    let expected = r.psn == Psn::new(core.chan.recv.epsn);
     if !expected || (core.resp.in_msg.is_none() && !starts) || (core.resp.in_msg.is_some() && starts) {
         if core.resp.in_msg.take().is_some() || !expected {
             core.resp.uc_resync = true;
@@ -749,7 +645,7 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
         return;
     }
     core.resp.uc_resync = false;
-    core.resp.epsn = r.psn.next().value();
+    core.chan.recv.epsn = r.psn.next().value();
     let drop_message = |core: &mut QpCore| {
         core.resp.in_msg = None;
         core.resp.uc_resync = true;

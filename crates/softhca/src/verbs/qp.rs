@@ -446,7 +446,7 @@ impl Context {
                 resp: Default::default(),
                 sqd_event_pending: false,
                 rd: Default::default(),
-                resp_streak: 0,
+                chan: Default::default(),
             }),
         });
         {
@@ -798,9 +798,7 @@ impl Qp {
                 core.attrs = next;
                 q.mirror_state(&core);
                 core.sqd_event_pending = false;
-                core.resp.out.clear();
-                core.req.ack_deadline = None;
-                core.req.rnr_deadline = None;
+                core.stop_channel();
                 q.flush_all(&mut core);
             }
             _ => {
@@ -816,13 +814,14 @@ impl Qp {
                 if to != QpState::Sqd {
                     next.sq_draining = false;
                 }
+                let (rq_psn, sq_psn) = (next.rq_psn, next.sq_psn);
+                core.attrs = next;
                 match (from, to) {
-                    (QpState::Init, QpState::Rtr) => core.resp.start(next.rq_psn),
-                    (QpState::Rtr, QpState::Rts) => core.req.start(next.sq_psn, next.retry_cnt, next.rnr_retry),
+                    (QpState::Init, QpState::Rtr) => core.start_receiving(rq_psn),
+                    (QpState::Rtr, QpState::Rts) => core.start_sending(sq_psn),
                     (QpState::Sqe, QpState::Rts) => core.req.halted = false,
                     _ => {}
                 }
-                core.attrs = next;
                 q.mirror_state(&core);
                 q.check_drained(&mut core);
             }
@@ -1048,11 +1047,12 @@ impl Qp {
             })
             .collect();
         format!(
-            "{:?} req {:?} resp epsn {:#x} out {} sq {} rq {} head {:?}",
+            "{:?} req {:?} {:?} resp epsn {:#x} out {} sq {} rq {} head {:?}",
             core.attrs.qp_state,
             core.req,
-            core.resp.epsn,
-            core.resp.out.len(),
+            core.chan.send,
+            core.chan.recv.epsn,
+            core.chan.out.len(),
             core.sq.len(),
             core.rq.len(),
             head

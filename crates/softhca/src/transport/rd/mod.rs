@@ -15,15 +15,14 @@
 //! Locks: a QP before an EEC. Everything the EEC sends is emitted under the EEC's lock alone;
 //! starting and completing a WQE happen under both, in the QP's turn or on a response.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::mem::MemRef;
+use crate::transport::channel::Channel;
 use crate::transport::hca::Hca;
 use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::rd::eec::{EecAttrs, EecInner};
-use crate::transport::requester::Retries;
 use crate::transport::wqe::SendWqe;
 use crate::types::{Gid, QpState, QpType, WcStatus};
 use crate::wire::aeth::Syndrome;
@@ -31,8 +30,8 @@ use crate::wire::opcode::Operation;
 use crate::wire::roce::RoceDatagram;
 
 use super::completer::Response;
-use super::engine::{pkey_match, RESPONSE_BURST};
-use super::responder::{Request, RespJob};
+use super::engine::pkey_match;
+use super::responder::Request;
 
 pub(crate) mod eec;
 mod receive;
@@ -100,47 +99,21 @@ struct RdRx {
     msg: RxMsg,
 }
 
-/// The last RDMA Read or Atomic the Receive Logic executed, replayed to a duplicate.
-#[derive(Debug, Clone, Copy)]
-enum Executed {
-    Read { psn: u32, qpn: u32, va: u64, rkey: u32, len: u64, npkts: u32, mtu: u64 },
-    Atomic { psn: u32, orig: u64 },
-}
+/// A response's address on the channel: from QP `.0` (ours) to QP `.1` (the peer's).
+pub(crate) type Route = (u32, u32);
 
-/// A response waiting to leave: from QP `from` to QP `to`.
-#[derive(Debug)]
-struct Out {
-    from: u32,
-    to: u32,
-    job: RespJob,
-}
-
-/// An EEC's Send Logic and Receive Logic.
+/// An EEC's Send Logic and Receive Logic: the channel's sequencing, timers, responses and
+/// Read/Atomic resources (`channel::Channel`, as an RC QP's), and the one message each way.
 #[derive(Default)]
 pub(crate) struct EecEngine {
-    psn: u32,
+    chan: Channel<Route>,
     tx: Option<RdTx>,
-    retries: Retries,
-    ack_deadline: Option<u64>,
-    rnr_deadline: Option<u64>,
-    /// The deadline of this EEC's earliest entry in the engine's timer queue.
-    timer_queued: Option<u64>,
-    /// Went back to this packet and waits for it to be answered: later responses still in
-    /// flight from before must not count as new NAKs.
-    recovering: Option<u32>,
-    epsn: u32,
-    msn: u32,
-    nak_sent: bool,
     /// A fatal NAK went out: requests are discarded until the requester's Resync, except a
     /// retransmission of the NAKed packet, which gets the NAK again (it may have been lost).
     want_resync: bool,
     /// That NAK: (PSN, syndrome, from QP, to QP).
     fatal_nak: Option<(u32, Syndrome, u32, u32)>,
     rx: Option<RdRx>,
-    last: Option<Executed>,
-    out: VecDeque<Out>,
-    /// Responses sent in a row (see `engine::RESPONSE_BURST`).
-    resp_streak: u8,
 }
 
 impl EecEngine {
@@ -149,18 +122,11 @@ impl EecEngine {
         match (from, a.state) {
             (_, QpState::Reset) => *self = EecEngine::default(),
             (_, QpState::Error) => {
-                self.ack_deadline = None;
-                self.rnr_deadline = None;
-                self.out.clear();
+                self.chan.send.stop_timers();
+                self.chan.out.clear();
             }
-            (QpState::Init, QpState::Rtr) => {
-                self.epsn = a.rq_psn;
-                self.msn = 0;
-            }
-            (QpState::Rtr, QpState::Rts) => {
-                self.psn = a.sq_psn;
-                self.retries = Retries::new(a.retry_cnt, a.rnr_retry);
-            }
+            (QpState::Init, QpState::Rtr) => self.chan.recv.start(a.rq_psn),
+            (QpState::Rtr, QpState::Rts) => self.chan.send.start(a.sq_psn, a.retry_cnt, a.rnr_retry),
             _ => {}
         }
     }
@@ -194,9 +160,9 @@ pub(crate) fn transmit(dev: &dyn Hca, now: u64, buf: &mut [u8]) -> Option<usize>
         }
         // One packet per channel per turn: the next turn starts at the next channel.
         let next = || dev.engine().eec_cursor.store(eec.eecn.wrapping_add(1), Ordering::Relaxed);
-        if ec.engine.resp_streak < RESPONSE_BURST {
+        if ec.engine.chan.out.response_first() {
             if let Some(len) = emit_response(eec, &mut ec, buf) {
-                ec.engine.resp_streak += 1;
+                ec.engine.chan.out.took_turn(true, false);
                 next();
                 return Some(len);
             }
@@ -204,13 +170,13 @@ pub(crate) fn transmit(dev: &dyn Hca, now: u64, buf: &mut [u8]) -> Option<usize>
         if ec.attrs.state != QpState::Rtr {
             abandon_if_orphaned(&mut ec.engine);
             if let Some(len) = emit_request(eec, &mut ec, now, buf) {
-                ec.engine.resp_streak = 0;
+                ec.engine.chan.out.took_turn(false, false);
                 next();
                 return Some(len);
             }
         }
         if let Some(len) = emit_response(eec, &mut ec, buf) {
-            ec.engine.resp_streak = 1;
+            ec.engine.chan.out.took_turn(true, true);
             next();
             return Some(len);
         }

@@ -8,15 +8,15 @@ use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::rd::eec::{EecCore, EecInner};
 use crate::types::{Access, QpState, Wc, WcFlags, WcOpcode, WcStatus};
 use crate::wire::aeth::{NakCode, Syndrome};
+use crate::wire::opcode::ServiceType;
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::{Psn, PsnClass};
-use crate::wire::{AethRepr, AtomicAckEthRepr, BthRepr, Opcode, PacketRepr, RdethRepr};
+use crate::wire::{BthRepr, Opcode, PacketRepr, RdethRepr};
 
+use crate::transport::channel::{Arrival, Sent};
 use crate::transport::completer::scatter;
 use crate::transport::engine::{emit, ip_for};
-use crate::transport::responder::{
-    begin_read, begin_write, length_ok, read_rest_matches, run_atomic, Grant, ReadPlan, Refusal, Request, RespJob,
-};
+use crate::transport::responder::{begin_write, enabled, length_ok, Refusal, Request, RespJob};
 
 use super::*;
 
@@ -47,79 +47,35 @@ pub(super) fn reap_held(q: &QpInner, core: &mut QpCore) {
 /// The ACKs and NAKs an EEC still owes, built now (Destroy EEC hands them to the device, as
 /// Destroy QP does for a QP's, PKT-ACK-13).
 pub(crate) fn owed_acks(eec: &EecInner, ec: &mut EecCore) -> Vec<Vec<u8>> {
-    crate::transport::engine::owed_datagrams(
-        ec,
-        |c| matches!(c.engine.out.front(), Some(Out { job: RespJob::Ack { .. }, .. })),
-        |c, buf| emit_response(eec, c, buf),
-    )
+    crate::transport::engine::owed_datagrams(ec, |c| c.engine.chan.out.ack_next(), |c, buf| emit_response(eec, c, buf))
 }
 
 pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) -> Option<usize> {
     let dev = &*eec.dev;
+    if ec.engine.chan.out.is_empty() {
+        return None;
+    }
     let ip = ip_for(dev, &ec.attrs.av?.ah)?;
     let pkey = dev.pkey(ec.attrs.pkey_index).unwrap_or(0xFFFF);
     let dest_eecn = ec.attrs.dest_eecn;
     let e = &mut ec.engine;
-    let front = e.out.front_mut()?;
-    let (from, to) = (front.from, front.to);
-    let aeth = |s: Syndrome, msn: u32| Some(AethRepr { syndrome: s, msn });
-    let msn = e.msn;
-    let (packet, payload, mem_at) = match &mut front.job {
-        RespJob::Ack { psn, syndrome } => {
-            let mut p = PacketRepr::new(BthRepr::new(Opcode::RdAcknowledge, pkey, to, Psn::new(*psn)));
-            p.aeth = aeth(*syndrome, msn);
-            e.out.pop_front();
-            (p, 0, None)
-        }
-        RespJob::AtomicAck { psn, orig } => {
-            let mut p = PacketRepr::new(BthRepr::new(Opcode::RdAtomicAcknowledge, pkey, to, Psn::new(*psn)));
-            p.aeth = aeth(Syndrome::ACK_NO_CREDITS, msn);
-            p.atomic_ack_eth = Some(AtomicAckEthRepr { orig_remote_data: *orig });
-            e.out.pop_front();
-            (p, 0, None)
-        }
-        RespJob::ReadResp { grant, first_psn, npkts, next, len, mtu } => {
-            let (opcode, with_aeth) = match (*npkts, *next) {
-                (1, _) => (Opcode::RdRdmaReadResponseOnly, true),
-                (_, 0) => (Opcode::RdRdmaReadResponseFirst, true),
-                (n, k) if k + 1 == n => (Opcode::RdRdmaReadResponseLast, true),
-                _ => (Opcode::RdRdmaReadResponseMiddle, false),
-            };
-            let offset = *next as u64 * *mtu;
-            let payload = (*len - offset.min(*len)).min(*mtu) as usize;
-            let psn = Psn::new(*first_psn).add(*next);
-            // The bytes are read now, through a grant that checks its key again if one was
-            // revoked since the request (see `Grant`).
-            let mem = grant.as_mut().map(|g| g.bytes(dev, offset, payload as u64).map(|(m, at)| (m.clone(), at)));
-            if let Some(None) = mem {
-                // The key no longer covers them: Remote Access Error, and the channel waits
-                // for the requester's Resync as after any fatal NAK.
-                e.out.pop_front();
-                let syndrome = Syndrome::Nak(NakCode::RemoteAccessError);
-                let mut p = PacketRepr::new(BthRepr::new(Opcode::RdAcknowledge, pkey, to, psn));
-                p.aeth = aeth(syndrome, msn);
-                e.want_resync = true;
-                e.fatal_nak = Some((psn.value(), syndrome, from, to));
-                (p, 0, None)
-            } else {
-                let mut p = PacketRepr::new(BthRepr::new(opcode, pkey, to, psn));
-                if with_aeth {
-                    p.aeth = aeth(Syndrome::ACK_NO_CREDITS, msn);
-                }
-                *next += 1;
-                if *next >= *npkts {
-                    e.out.pop_front();
-                }
-                (p, payload, mem.flatten())
-            }
-        }
+    let bth = |op: Opcode, (_, to): Route, psn: Psn| BthRepr::new(op, pkey, to, psn);
+    // RD ACKs carry no credits (IBA 9.7.7.2 counts them per QP, and RD QPs have none here).
+    let ack = Syndrome::ACK_NO_CREDITS;
+    let emit = |(from, _): Route, mut p: PacketRepr<'static>, n: usize, fill: &dyn Fn(&mut [u8]) -> bool| {
+        p.rdeth = Some(RdethRepr { ee_cnxt: dest_eecn });
+        emit(from, ip, p, n, buf, fill)
     };
-    let mut packet = packet;
-    packet.rdeth = Some(RdethRepr { ee_cnxt: dest_eecn });
-    emit(from, ip, packet, payload, buf, |dst| match mem_at {
-        Some((m, at)) => m.read(at, dst).is_ok(),
-        None => dst.is_empty(),
-    })
+    match e.chan.out.send_next(ServiceType::Rd, dev, bth, ack, e.chan.recv.msn, emit)? {
+        Sent::Packet(len) => len,
+        Sent::AccessLost { len, psn, to: (from, to) } => {
+            // The key no longer covers the Read's bytes: Remote Access Error, and the channel
+            // waits for the requester's Resync as after any fatal NAK.
+            e.want_resync = true;
+            e.fatal_nak = Some((psn, Syndrome::Nak(NakCode::RemoteAccessError), from, to));
+            len
+        }
+    }
 }
 
 /// Why a request failed: a NAK that leaves everything as it was (Class B), or a fatal one
@@ -154,20 +110,21 @@ pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mu
         Err(Fail::Drop) => {}
         Err(Fail::B(syndrome)) => {
             let e = &mut ec.engine;
-            let psn = if matches!(syndrome, Syndrome::Nak(NakCode::PsnSeqErr)) { e.epsn } else { r.psn.value() };
+            let psn =
+                if matches!(syndrome, Syndrome::Nak(NakCode::PsnSeqErr)) { e.chan.recv.epsn } else { r.psn.value() };
             match syndrome {
                 Syndrome::RnrNak { .. } => q.bump(|s| &s.rnr_naks_sent),
                 _ => q.bump(|s| &s.seq_naks_sent),
             }
-            e.out.push_back(Out { from: q.qpn, to: r.src_qp, job: RespJob::Ack { psn, syndrome } });
+            e.chan.out.push((q.qpn, r.src_qp), RespJob::Ack { psn, syndrome });
         }
         Err(Fail::Fatal { nak, status, to_error }) => {
             let e = &mut ec.engine;
             let (psn, syndrome) = (r.psn.value(), Syndrome::Nak(nak));
-            e.out.push_back(Out { from: q.qpn, to: r.src_qp, job: RespJob::Ack { psn, syndrome } });
+            e.chan.out.push((q.qpn, r.src_qp), RespJob::Ack { psn, syndrome });
             e.fatal_nak = Some((psn, syndrome, q.qpn, r.src_qp));
             e.want_resync = true;
-            e.nak_sent = false;
+            e.chan.recv.forget_nak();
             if let Some(rx) = e.rx.take() {
                 if let RxMsg::Send { token, wr_id, .. } = rx.msg {
                     if rx.qpn == q.qpn {
@@ -187,7 +144,7 @@ pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mu
 pub(super) fn repeat_fatal_nak(e: &mut EecEngine, r: &Request<'_>) -> bool {
     match e.fatal_nak {
         Some((psn, syndrome, from, to)) if psn == r.psn.value() && to == r.src_qp => {
-            e.out.push_back(Out { from, to, job: RespJob::Ack { psn, syndrome } });
+            e.chan.out.push((from, to), RespJob::Ack { psn, syndrome });
             true
         }
         _ => false,
@@ -211,16 +168,11 @@ pub(super) fn receive(
         return Err(Fail::Fatal { nak: NakCode::InvalidRdRequest, status: WcStatus::RemInvRdReqErr, to_error: false });
     }
     let e = &mut ec.engine;
-    match r.psn.classify(Psn::new(e.epsn)) {
-        PsnClass::OutOfSequence => {
-            if e.nak_sent {
-                return Err(Fail::Drop); // PKT-PSN-6
-            }
-            e.nak_sent = true;
-            return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr)));
-        }
-        PsnClass::Duplicate => return duplicate(q, eec, ec, r),
-        PsnClass::Expected => e.nak_sent = false,
+    match e.chan.recv.arrival(r.psn) {
+        Arrival::Ignore => return Err(Fail::Drop), // PKT-PSN-6
+        Arrival::SequenceError => return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))),
+        Arrival::Duplicate => return duplicate(q, core, eec, ec, r),
+        Arrival::Expected => {}
     }
     // An opcode out of sequence is the channel's fault: it moves to Error only a QP whose
     // message it breaks, never one it merely names (ERR-RQ-7, ERR-RQ-8).
@@ -236,15 +188,7 @@ pub(super) fn receive(
     if let Some(to_error) = out_of_sequence {
         return Err(Fail::Fatal { nak: NakCode::InvalidRequest, status: WcStatus::RemInvReqErr, to_error });
     }
-    let acc = core.attrs.qp_access_flags;
-    let enabled = match r.operation {
-        Operation::Send => true,
-        Operation::RdmaWrite => acc.contains(Access::REMOTE_WRITE),
-        Operation::RdmaReadRequest => acc.contains(Access::REMOTE_READ),
-        Operation::CompareSwap | Operation::FetchAdd => acc.contains(Access::REMOTE_ATOMIC),
-        _ => false,
-    };
-    if !enabled {
+    if !enabled(core.attrs.qp_access_flags, r.operation) {
         return Err(invalid()); // MOD-ACC-1..3
     }
     match r.operation {
@@ -298,20 +242,10 @@ pub(super) fn check_scatter(q: &QpInner, sges: &[crate::types::Sge]) -> Option<V
 
 /// The packet is executed: ePSN moves on and an ACK is owed if asked.
 pub(super) fn accept(q: &QpInner, e: &mut EecEngine, r: &Request<'_>) {
-    e.epsn = r.psn.next().value();
+    e.chan.recv.epsn = r.psn.next().value();
     if r.ack_req {
-        if let Some(Out { job: RespJob::Ack { psn, syndrome }, from, to }) = e.out.back_mut() {
-            // Coalesce with an ACK between the same two QPs (it leaves from this QP's port).
-            if syndrome.is_ack() && *to == r.src_qp && *from == q.qpn {
-                *psn = r.psn.value();
-                return;
-            }
-        }
-        e.out.push_back(Out {
-            from: q.qpn,
-            to: r.src_qp,
-            job: RespJob::Ack { psn: r.psn.value(), syndrome: Syndrome::ACK_NO_CREDITS },
-        });
+        // Coalesced only with an ACK between the same two QPs (it leaves from this QP's port).
+        e.chan.out.push_ack((q.qpn, r.src_qp), r.psn.value(), Syndrome::ACK_NO_CREDITS);
     }
 }
 
@@ -396,7 +330,7 @@ pub(super) fn rd_send(
     accept(q, e, r);
     if matches!(r.position, Position::Last | Position::Only) {
         e.rx = None;
-        e.msn = Psn::new(e.msn).next().value();
+        e.chan.recv.message_done();
         complete_held(q, core, eec.eecn, token, wr_id, WcStatus::Success, total, Some(WcOpcode::Recv), r, true);
     }
     Ok(())
@@ -461,7 +395,7 @@ pub(super) fn rd_write(
         return Ok(());
     }
     e.rx = None;
-    e.msn = Psn::new(e.msn).next().value();
+    e.chan.recv.message_done();
     if let Some((token, wr_id, _)) = held {
         let opcode = Some(WcOpcode::RecvRdmaWithImm); // WR-WRITE-3, CQE-6
         complete_held(q, core, eec.eecn, token, wr_id, WcStatus::Success, total, opcode, r, true);
@@ -469,93 +403,49 @@ pub(super) fn rd_write(
     Ok(())
 }
 
-/// Reads and Atomics the channel has accepted and not yet answered, against the inbound depth
-/// of the EEC and of the QP (ERR-RQ-6): a peer cannot queue more.
-fn room_for_read_or_atomic(core: &QpCore, ec: &EecCore) -> bool {
-    let pending = ec.engine.out.iter().filter(|o| !matches!(o.job, RespJob::Ack { .. })).count();
-    let depth = ec.attrs.max_dest_rd_atomic.min(core.attrs.max_dest_rd_atomic) as usize;
-    pending < depth
+/// The inbound depth of a Read or Atomic for QP `core`: the EEC's and the QP's (ERR-RQ-6).
+fn depth(core: &QpCore, ec: &EecCore) -> u8 {
+    ec.attrs.max_dest_rd_atomic.min(core.attrs.max_dest_rd_atomic)
 }
 
 pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
-    if !room_for_read_or_atomic(core, ec) {
+    let depth = depth(core, ec);
+    let chan = &mut ec.engine.chan;
+    if !chan.out.has_room(depth) {
         return Err(invalid()); // ERR-RQ-6
     }
-    let ReadPlan { grant, va, rkey, len, npkts } = begin_read(&*q.dev, q.pd, q.qpn, r, mtu).map_err(refused)?;
-    let psn = r.psn.value();
-    let e = &mut ec.engine;
-    e.last = Some(Executed::Read { psn, qpn: q.qpn, va, rkey, len, npkts, mtu });
-    e.epsn = r.psn.add(npkts).value();
-    e.msn = Psn::new(e.msn).next().value();
-    e.out.push_back(Out {
-        from: q.qpn,
-        to: r.src_qp,
-        job: RespJob::ReadResp { grant, first_psn: psn, npkts, next: 0, len, mtu },
-    });
+    let npkts = chan.out.read((q.qpn, r.src_qp), &*q.dev, q.pd, q.qpn, depth, r, mtu).map_err(refused)?;
+    chan.recv.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
+    chan.recv.message_done();
     Ok(())
 }
 
 pub(super) fn rd_atomic(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>) -> Result<(), Fail> {
-    if !room_for_read_or_atomic(core, ec) {
+    let depth = depth(core, ec);
+    let chan = &mut ec.engine.chan;
+    if !chan.out.has_room(depth) {
         return Err(invalid()); // ERR-RQ-6
     }
-    let orig = run_atomic(&*q.dev, q.pd, q.qpn, r).map_err(refused)?;
-    let psn = r.psn.value();
-    let e = &mut ec.engine;
-    e.last = Some(Executed::Atomic { psn, orig });
-    e.epsn = r.psn.next().value();
-    e.msn = Psn::new(e.msn).next().value();
-    e.out.push_back(Out { from: q.qpn, to: r.src_qp, job: RespJob::AtomicAck { psn, orig } });
+    chan.out.atomic((q.qpn, r.src_qp), &*q.dev, q.pd, q.qpn, depth, r).map_err(refused)?;
+    chan.recv.epsn = r.psn.next().value();
+    chan.recv.message_done();
     Ok(())
 }
 
-/// Duplicates are never executed again: Sends and Writes are re-ACKed, the last Read is
-/// replayed from the requested PSN and the last Atomic's result is sent again.
-pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>) -> Result<(), Fail> {
-    let e = &mut ec.engine;
-    let to = r.src_qp;
-    let replaying = e.out.iter().any(|o| !matches!(o.job, RespJob::Ack { .. }));
-    if replaying && r.operation != Operation::Send && r.operation != Operation::RdmaWrite {
-        // Its responses are still queued: a repeated request adds nothing (and a peer cannot
-        // grow the queue by repeating one).
-        return Err(Fail::Drop);
-    }
-    match (r.operation, e.last) {
-        (Operation::Send | Operation::RdmaWrite, _) => {
-            if r.ack_req {
-                let psn = Psn::new(e.epsn).sub(1).value();
-                e.out.push_back(Out { from: q.qpn, to, job: RespJob::Ack { psn, syndrome: Syndrome::ACK_NO_CREDITS } });
-            }
-            Ok(())
-        }
-        (Operation::RdmaReadRequest, Some(Executed::Read { psn, qpn, va, rkey, len, npkts, mtu })) if qpn == q.qpn => {
-            let reth = r.reth.ok_or(Fail::Drop)?;
-            let first = Psn::new(psn);
-            if !r.psn.in_range(first, first.add(npkts - 1)) {
-                return Err(Fail::Drop);
-            }
-            let k = r.psn.distance_from(first) as u64;
-            if reth.r_key != rkey || !read_rest_matches(va, len, mtu, k, reth.va, reth.dma_length) {
-                return Err(Fail::Drop);
-            }
-            let grant = match len {
-                0 => None,
-                _ => Some(Grant::new(&*eec.dev, rkey, q.pd, q.qpn, va, len, Access::REMOTE_READ).ok_or(Fail::Drop)?),
-            };
-            e.out.push_back(Out {
-                from: q.qpn,
-                to,
-                job: RespJob::ReadResp { grant, first_psn: psn, npkts, next: k as u32, len, mtu },
-            });
-            Ok(())
-        }
-        (Operation::CompareSwap | Operation::FetchAdd, Some(Executed::Atomic { psn, orig }))
-            if psn == r.psn.value() =>
-        {
-            e.out.push_back(Out { from: q.qpn, to, job: RespJob::AtomicAck { psn, orig } });
-            Ok(())
-        }
-        _ => Err(Fail::Drop),
+/// Duplicates are never executed again (see `Outbox::duplicate`, the same for RC).
+pub(super) fn duplicate(
+    q: &QpInner,
+    core: &QpCore,
+    _eec: &EecInner,
+    ec: &mut EecCore,
+    r: &Request<'_>,
+) -> Result<(), Fail> {
+    let depth = depth(core, ec);
+    let chan = &mut ec.engine.chan;
+    let last = Psn::new(chan.recv.epsn).sub(1).value();
+    match chan.out.duplicate((q.qpn, r.src_qp), &*q.dev, q.pd, q.qpn, depth, r, last) {
+        true => Ok(()),
+        false => Err(Fail::Drop),
     }
 }
 
@@ -563,7 +453,7 @@ pub(super) fn duplicate(q: &QpInner, eec: &EecInner, ec: &mut EecCore, r: &Reque
 /// duplicate Resync is acknowledged again.
 pub(super) fn on_resync(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner, ec: &mut EecCore, r: &Request<'_>) {
     let e = &mut ec.engine;
-    let duplicate = !e.want_resync && r.psn.classify(Psn::new(e.epsn)) == PsnClass::Duplicate;
+    let duplicate = !e.want_resync && r.psn.classify(Psn::new(e.chan.recv.epsn)) == PsnClass::Duplicate;
     let from = qp.as_ref().map_or(r.src_qp, |(q, _)| q.qpn);
     if !duplicate {
         if let Some(rx) = e.rx.take() {
@@ -573,14 +463,9 @@ pub(super) fn on_resync(qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner
                 }
             }
         }
-        e.epsn = r.psn.next().value();
+        e.chan.recv.resync(r.psn.next().value());
         e.want_resync = false;
         e.fatal_nak = None;
-        e.nak_sent = false;
     }
-    e.out.push_back(Out {
-        from,
-        to: r.src_qp,
-        job: RespJob::Ack { psn: r.psn.value(), syndrome: Syndrome::ACK_NO_CREDITS },
-    });
+    e.chan.out.push((from, r.src_qp), RespJob::Ack { psn: r.psn.value(), syndrome: Syndrome::ACK_NO_CREDITS });
 }

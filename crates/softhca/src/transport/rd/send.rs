@@ -9,14 +9,15 @@ use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::rd::eec::{EecCore, EecInner};
 use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
 use crate::types::{QpState, WcStatus};
-use crate::wire::aeth::{rnr_timer_us, NakCode, Syndrome};
-use crate::wire::opcode::{Operation, Position, ServiceType};
+use crate::wire::aeth::{NakCode, Syndrome};
+use crate::wire::opcode::{Operation, ServiceType};
 use crate::wire::psn::Psn;
 use crate::wire::{BthRepr, DethRepr, PacketRepr, RdethRepr};
 
-use crate::transport::completer::{self, scatter, Response};
+use crate::transport::channel::{ack_timeout_ns, nak_status, take_atomic_ack, take_read_response, Retry};
+use crate::transport::completer::{self, Response};
 use crate::transport::engine::{add_request_headers, emit, gather, ip_for, request_opcode, TimerOwner};
-use crate::transport::requester::{ack_timeout_ns, arm, check_local, run_local, ACK_EVERY, WINDOW};
+use crate::transport::requester::{check_local, run_local, ACK_EVERY, WINDOW};
 
 use super::receive::reap_held;
 use super::*;
@@ -116,8 +117,8 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
         // WR-SEND-4, WR-SEND-5: a Q_Key with its msb set means "use the QP's own".
         let q_key = if w.remote_qkey & 0x8000_0000 != 0 { core.attrs.qkey } else { w.remote_qkey };
         let e = &mut ec.engine;
-        let first_psn = e.psn;
-        e.psn = Psn::new(e.psn).add(npkts).value();
+        let first_psn = e.chan.send.psn;
+        e.chan.send.psn = Psn::new(first_psn).add(npkts).value();
         e.tx = Some(RdTx {
             owner: Some((q.clone(), q.rd_epoch.load(Ordering::Acquire))),
             wqe: w,
@@ -131,7 +132,7 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
             sent: false,
             resync_after: false,
         });
-        e.recovering = None;
+        e.chan.send.recovering = None;
         core.rd.active = Some(eecn);
         core.req.started = 1;
         return emit_request(&eec, &mut ec, now, buf);
@@ -158,9 +159,8 @@ pub(super) fn fail_head(q: &QpInner, core: &mut QpCore, status: WcStatus) {
 /// a fatal NAK calls for.
 pub(super) fn finish(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, status: WcStatus) {
     let Some(tx) = ec.engine.tx.take() else { return };
-    ec.engine.ack_deadline = None;
-    ec.engine.rnr_deadline = None;
-    ec.engine.recovering = None;
+    ec.engine.chan.send.stop_timers();
+    ec.engine.chan.send.recovering = None;
     if tx.resync_after {
         start_resync(&mut ec.engine, &tx);
     }
@@ -168,8 +168,8 @@ pub(super) fn finish(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, status: W
 }
 
 pub(super) fn start_resync(e: &mut EecEngine, old: &RdTx) {
-    let first_psn = e.psn;
-    e.psn = Psn::new(e.psn).next().value();
+    let first_psn = e.chan.send.psn;
+    e.chan.send.psn = Psn::new(first_psn).next().value();
     let wqe = SendWqe { opcode: WrOpcode::Resync, remote_qpn: old.wqe.remote_qpn, ..Default::default() };
     e.tx = Some(RdTx {
         owner: None,
@@ -195,12 +195,11 @@ pub(super) fn abandon_if_orphaned(e: &mut EecEngine) {
         return;
     }
     let Some(tx) = e.tx.take() else { return };
-    e.ack_deadline = None;
-    e.rnr_deadline = None;
+    e.chan.send.stop_timers();
     if tx.sent {
         start_resync(e, &tx);
     } else {
-        e.psn = tx.first_psn;
+        e.chan.send.psn = tx.first_psn;
     }
 }
 
@@ -210,7 +209,7 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     let mtu = mtu_of(&ec.attrs);
     let attrs = ec.attrs.clone();
     let e = &mut ec.engine;
-    if e.rnr_deadline.is_some() {
+    if e.chan.send.rnr_deadline.is_some() {
         return None;
     }
     let tx = e.tx.as_mut()?;
@@ -247,15 +246,7 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     // A Read asks for all its remaining responses with one request.
     tx.next = if single { tx.npkts } else { k + 1 };
     tx.sent = true;
-    if e.ack_deadline.is_none() {
-        arm(
-            dev,
-            TimerOwner::Eec(eec.eecn),
-            &mut e.timer_queued,
-            &mut e.ack_deadline,
-            ack_timeout_ns(attrs.timeout).map(|t| now + t),
-        );
-    }
+    e.chan.send.sent(dev, TimerOwner::Eec(eec.eecn), now, attrs.timeout);
     Some(len)
 }
 
@@ -292,6 +283,7 @@ pub(super) fn on_response(
     }
     let before = tx.done;
     let op = tx.wqe.opcode;
+    let owner = TimerOwner::Eec(eec.eecn);
     let mut exhausted = false;
     match (r.operation, r.syndrome) {
         (Operation::Acknowledge, Some(Syndrome::Ack { .. })) => {
@@ -314,13 +306,13 @@ pub(super) fn on_response(
             q_bump(&qp, |s| &s.rnr_naks_received);
             if op != WrOpcode::RdmaRead && k > tx.done {
                 // It acknowledges the packets before it: progress reloads both counts (PKT-RNR-8).
-                e.retries.reload(retry_cnt, rnr_retry);
+                e.chan.send.progressed(retry_cnt, rnr_retry);
             }
-            if !e.retries.take_rnr(rnr_retry) {
+            if !e.chan.send.rnr_wait(dev, owner, now, timer_code, rnr_retry) {
                 if let Some(tx) = e.tx.as_mut() {
                     tx.status = Some(WcStatus::RnrRetryExcErr);
                 }
-                e.ack_deadline = None;
+                e.chan.send.ack_deadline = None;
                 to_error_after(ec, qp, eec);
                 return true;
             }
@@ -333,25 +325,10 @@ pub(super) fn on_response(
                     tx.next = k;
                 }
             }
-            e.ack_deadline = None;
-            arm(
-                dev,
-                TimerOwner::Eec(eec.eecn),
-                &mut e.timer_queued,
-                &mut e.rnr_deadline,
-                Some(now + rnr_timer_us(timer_code) as u64 * 1000),
-            );
             return true;
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(code))) => {
-            let status = match code {
-                NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                NakCode::RemoteOperationalError => WcStatus::RemOpErr,
-                NakCode::InvalidRdRequest => WcStatus::RemInvRdReqErr, // ERR-SQ-9
-                NakCode::PsnSeqErr => WcStatus::RetryExcErr,
-            };
-            tx.status = Some(status); // PKT-NAK-2: no retransmission
+            tx.status = Some(nak_status(code)); // PKT-NAK-2, ERR-SQ-9: no retransmission
             tx.resync_after = true;
         }
         (Operation::RdmaReadResponse, _) if op == WrOpcode::RdmaRead => {
@@ -366,32 +343,17 @@ pub(super) fn on_response(
                 return true;
             }
             let n = tx.npkts;
-            let want = match (n, k) {
-                (1, _) => Position::Only,
-                (_, 0) => Position::First,
-                (_, k) if k == n - 1 => Position::Last,
-                _ => Position::Middle,
-            };
-            let offset = k as u64 * mtu;
-            let want_len = (tx.wqe.length - offset.min(tx.wqe.length)).min(mtu);
-            tx.status = if r.position != want {
-                Some(WcStatus::BadRespErr)
-            } else if r.payload.len() as u64 != want_len {
-                Some(WcStatus::LocLenErr)
-            } else if scatter(&tx.wqe.tx.local, offset, r.payload).is_err() {
-                Some(WcStatus::LocProtErr)
-            } else {
-                tx.done = k + 1;
-                (tx.done == n).then_some(WcStatus::Success)
+            tx.status = match take_read_response(&tx.wqe.tx.local, tx.wqe.length, n, k, mtu, r.position, r.payload) {
+                Err(status) => Some(status),
+                Ok(()) => {
+                    tx.done = k + 1;
+                    (tx.done == n).then_some(WcStatus::Success)
+                }
             };
         }
         (Operation::AtomicAcknowledge, _) if op.is_atomic() => {
-            let orig = r.atomic_orig.unwrap_or(0);
             tx.done = 1;
-            tx.status = Some(match tx.wqe.tx.local.first() {
-                Some(m) => m.write(0, &orig.to_ne_bytes()).map_or(WcStatus::LocProtErr, |_| WcStatus::Success),
-                None => WcStatus::LocProtErr,
-            });
+            tx.status = Some(take_atomic_ack(&tx.wqe.tx.local, r.atomic_orig.unwrap_or(0)));
         }
         _ => {
             tx.status = Some(WcStatus::BadRespErr); // ERR-SQ-12
@@ -403,15 +365,13 @@ pub(super) fn on_response(
         return true;
     }
     let Some(tx) = e.tx.as_ref() else { return true };
-    if e.recovering.is_some_and(|k| tx.done > k) {
-        e.recovering = None;
-    }
+    e.chan.send.end_recovery(|k| tx.done > k);
     if tx.done != before {
-        e.retries.reload(retry_cnt, rnr_retry);
+        e.chan.send.progressed(retry_cnt, rnr_retry);
     }
     let at = if tx.status.is_none() { ack_timeout_ns(timeout).map(|t| now + t) } else { None };
     if tx.done != before || tx.status.is_some() {
-        arm(dev, TimerOwner::Eec(eec.eecn), &mut e.timer_queued, &mut e.ack_deadline, at);
+        e.chan.send.arm_ack(dev, owner, at);
     }
     if let Some(status) = tx.status {
         match qp {
@@ -432,7 +392,7 @@ pub(super) fn on_response(
             _ => {
                 // The Resync is acknowledged: the channel is in step again.
                 ec.engine.tx = None;
-                ec.engine.ack_deadline = None;
+                ec.engine.chan.send.ack_deadline = None;
             }
         }
     }
@@ -453,26 +413,26 @@ pub(super) fn q_bump(
 /// Transport Retry Counter Exceeded and the caller moves the EEC to Error (QPS-RD-6).
 pub(super) fn go_back_or_fail(e: &mut EecEngine, dev: &dyn Hca, k: u32, timeout: bool) -> bool {
     let Some(tx) = e.tx.as_mut() else { return false };
-    if !timeout && e.recovering == Some(k) {
-        return false;
+    match e.chan.send.retry(k, timeout) {
+        Retry::Recovering => false,
+        Retry::Exhausted => {
+            tx.status = Some(WcStatus::RetryExcErr);
+            true
+        }
+        Retry::Back => {
+            tx.next = k;
+            dev.engine().stats.retransmits.inc();
+            false
+        }
     }
-    e.recovering = Some(k);
-    if !e.retries.take_retry() {
-        tx.status = Some(WcStatus::RetryExcErr);
-        return true;
-    }
-    tx.next = k;
-    dev.engine().stats.retransmits.inc();
-    false
 }
 
 /// Retries ran out: the EEC moves straight to Error (QPS-RD-6); the message completes in
 /// error at once if its QP is at hand, else at the QP's next turn.
 pub(super) fn to_error_after(ec: &mut EecCore, qp: Option<(&Arc<QpInner>, &mut QpCore)>, eec: &EecInner) {
     ec.attrs.state = QpState::Error;
-    ec.engine.rnr_deadline = None;
-    ec.engine.ack_deadline = None;
-    ec.engine.out.clear();
+    ec.engine.chan.send.stop_timers();
+    ec.engine.chan.out.clear();
     tracing::debug!(eecn = eec.eecn, "EEC → Error");
     let status = ec.engine.tx.as_ref().and_then(|t| t.status).unwrap_or(WcStatus::RetryExcErr);
     if let Some((q, core)) = qp {
@@ -489,16 +449,9 @@ pub(super) fn to_error_after(ec: &mut EecCore, qp: Option<(&Arc<QpInner>, &mut Q
 pub(crate) fn on_timer(dev: &dyn Hca, eecn: u32, t: u64, now: u64) {
     let Some(eec) = find_eec(dev, eecn) else { return };
     let mut ec = eec.lock();
-    if ec.engine.timer_queued != Some(t) {
-        return;
-    }
-    ec.engine.timer_queued = None;
+    let Some(ack_expired) = ec.engine.chan.send.due(t, now) else { return };
     let e = &mut ec.engine;
-    if e.rnr_deadline.is_some_and(|t| t <= now) {
-        e.rnr_deadline = None;
-    }
-    if e.ack_deadline.is_some_and(|t| t <= now) {
-        e.ack_deadline = None;
+    if ack_expired {
         if let Some(tx) = e.tx.as_mut() {
             if tx.status.is_none() {
                 let from = tx.done;
@@ -509,8 +462,5 @@ pub(crate) fn on_timer(dev: &dyn Hca, eecn: u32, t: u64, now: u64) {
         }
     }
     // What is still armed goes back in the queue (a re-arm above may have put it there).
-    let e = &mut ec.engine;
-    for d in [e.ack_deadline, e.rnr_deadline].into_iter().flatten() {
-        dev.engine().timers.schedule(TimerOwner::Eec(eecn), &mut e.timer_queued, d);
-    }
+    ec.engine.chan.send.requeue(dev, TimerOwner::Eec(eecn));
 }
