@@ -193,6 +193,32 @@ fn invalid_duplicates_are_dropped() {
     let _ = dropped;
 }
 
+/// A peer repeating a Read request cannot grow the responder's queue: while the inbound
+/// depth's worth of Read responses is queued, a further duplicate is dropped (Class D), so
+/// what goes out is bounded by the depth (16 here), not by the 1,000 duplicates.
+/// Rule PKT-DUP-3, ERR-RQ-6
+#[test]
+fn repeated_duplicate_reads_are_bounded_by_the_inbound_depth() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let remote = p.b.pd.reg_mr((0..3000u32).map(|i| i as u8).collect(), all_access()).unwrap();
+    let land = p.a.pd.alloc_mr(3000, Access::LOCAL_WRITE).unwrap();
+    p.a.qp.post_send(&[SendWr::rdma_read(1, &[land.sge(0..3000)], remote.addr(), remote.rkey()).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::Success)]);
+    let read = p.trace.iter().find(|(a, _)| *a).map(|(_, d)| d.clone()).unwrap();
+    for _ in 0..1000 {
+        p.inject(false, &read);
+    }
+    let mut buf = vec![0u8; softhca::transport::MAX_DATAGRAM];
+    let mut responses = 0;
+    while let Some(n) = p.b.ctx.transmit(p.now, &mut buf) {
+        assert!(Pkt::parse(&buf[..n]).opcode.name().contains("READ_RESPONSE"));
+        responses += 1;
+    }
+    assert_eq!(responses, 16 * 3, "16 replays of 3 responses each");
+    assert_eq!(p.b.qp.state().unwrap(), QpState::Rts);
+}
+
 /// A lost Read response is an implied NAK when a later response arrives: the Read is asked
 /// again for its remaining part only, from the first missing PSN with VA and length moved on.
 /// Rule PKT-ACK-7, PKT-RTY-6, PKT-ACK-6, PKT-PSN-7, PKT-LEN-7, PKT-ACK-10
