@@ -338,7 +338,7 @@ impl Drop for UdpDevice {
     fn drop(&mut self) {
         // What the device owes its peers (ACKs of what was completed, those of destroyed QPs)
         // leaves before it closes; handlers that fires run after the engine is let go.
-        crate::verbs::callbacks::scope(|| self.link.drive_inline(false));
+        crate::verbs::effects::scope(|| self.link.drive_inline(false));
         self.ctx.set_progress(None);
         self.ctx.clear_doorbell();
         self.link.shared.stop.store(true, Ordering::SeqCst);

@@ -367,7 +367,7 @@ impl Cq {
     fn progress(&self) {
         let hook = self.inner.dev.progress.read().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(hook) = hook {
-            super::callbacks::scope(|| hook());
+            super::effects::scope(|| hook());
         }
     }
 
@@ -461,13 +461,15 @@ impl Cq {
     }
 
     fn fire(&self) {
+        if let Some(ch) = &self.inner.channel {
+            // The channel's descriptor and waiters are woken once an engine step is over.
+            let (ch, cq) = (ch.clone(), self.clone());
+            super::effects::wake(move || ch.push(cq));
+        }
         let handler = self.inner.dev.comp_handler.read().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(h) = handler {
             let cq = self.clone();
-            super::callbacks::call(move || h(&cq));
-        }
-        if let Some(ch) = &self.inner.channel {
-            ch.push(self.clone());
+            super::effects::call(move || h(&cq));
         }
     }
 

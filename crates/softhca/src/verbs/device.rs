@@ -247,6 +247,25 @@ pub(crate) struct AsyncQueue {
     pub fd: Option<super::eventfd::EventFd>,
 }
 
+impl AsyncQueue {
+    /// Queues `event`, makes the descriptor readable, wakes waiters and calls the handler.
+    fn deliver(&self, event: AsyncEvent) {
+        let handler = self.handler.read().unwrap_or_else(|e| e.into_inner()).clone();
+        {
+            // The descriptor's count moves with the queue, under its lock (see `consumed`).
+            let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            q.push_back(event);
+            if let Some(fd) = &self.fd {
+                fd.notify();
+            }
+        }
+        self.ready.notify_all();
+        if let Some(h) = handler {
+            super::effects::call(move || h(&event));
+        }
+    }
+}
+
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 static DEVICES: Mutex<Vec<Weak<DeviceInner>>> = Mutex::new(Vec::new());
 
@@ -269,7 +288,7 @@ pub(crate) struct DeviceInner {
     pub next_eecn: AtomicU32,
     next_qpn: Mutex<u32>,
     pub cqs: RwLock<HashMap<u32, Weak<CqInner>>>,
-    pub async_events: AsyncQueue,
+    pub async_events: Arc<AsyncQueue>,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
     pub doorbell: RwLock<Option<Doorbell>>,
     pub progress: RwLock<Option<Progress>>,
@@ -307,19 +326,10 @@ impl DeviceInner {
     /// Queues an asynchronous event and calls the registered handler (EVT-ASYNC-1).
     pub fn raise(&self, event: AsyncEvent) {
         tracing::debug!(device = %self.name, ?event, "async event");
-        let handler = self.async_events.handler.read().unwrap_or_else(|e| e.into_inner()).clone();
-        {
-            // The descriptor's count moves with the queue, under its lock (see `consumed`).
-            let mut q = self.async_events.events.lock().unwrap_or_else(|e| e.into_inner());
-            q.push_back(event);
-            if let Some(fd) = &self.async_events.fd {
-                fd.notify();
-            }
-        }
-        self.async_events.ready.notify_all();
-        if let Some(h) = handler {
-            super::callbacks::call(move || h(&event));
-        }
+        // Raised by an engine step, the event is queued once the step is over: writing the
+        // descriptor and waking waiters are system calls (see `effects`).
+        let queue = self.async_events.clone();
+        super::effects::wake(move || queue.deliver(event));
     }
 
     /// Drops the queued asynchronous events that name `element` (it is being destroyed).
@@ -489,12 +499,12 @@ impl Context {
             next_eecn: AtomicU32::new(first_eecn),
             next_qpn: Mutex::new(first_qpn),
             cqs: RwLock::new(HashMap::new()),
-            async_events: AsyncQueue {
+            async_events: Arc::new(AsyncQueue {
                 events: Mutex::new(VecDeque::new()),
                 ready: Condvar::new(),
                 handler: RwLock::new(None),
                 fd: super::eventfd::EventFd::new().ok(),
-            },
+            }),
             comp_handler: RwLock::new(None),
             doorbell: RwLock::new(None),
             progress: RwLock::new(None),
@@ -640,21 +650,21 @@ impl Context {
     /// Feeds one inbound RoCEv2 datagram, from its IP header on, to the transport. Anything
     /// malformed is dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10).
     pub fn receive(&self, now: u64, datagram: &[u8]) {
-        super::callbacks::scope(|| self.inner.engine.receive(&*self.inner, now, datagram, true))
+        super::effects::step(|| self.inner.engine.receive(&*self.inner, now, datagram, true))
     }
 
     /// [`Context::receive`] for a link that has already verified the ICRC over the header the
     /// datagram really had (the UDP link rebuilds or captures it): everything else is checked
     /// as usual, the CRC is not computed a second time.
     pub fn receive_icrc_checked(&self, now: u64, datagram: &[u8]) {
-        super::callbacks::scope(|| self.inner.engine.receive(&*self.inner, now, datagram, false))
+        super::effects::step(|| self.inner.engine.receive(&*self.inner, now, datagram, false))
     }
 
     /// Writes the next outbound datagram (IP header on, ICRC included) into `buf`, which holds
     /// at least [`crate::transport::MAX_DATAGRAM`] bytes, and returns its length; `None` when
     /// nothing is ready. QPs take turns, and a QP's responses go before its requests.
     pub fn transmit(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
-        super::callbacks::scope(|| self.inner.engine.transmit(&*self.inner, now, buf))
+        super::effects::step(|| self.inner.engine.transmit(&*self.inner, now, buf))
     }
 
     /// For a link that sends what [`Context::transmit`] writes later (in batches): from now
@@ -667,7 +677,7 @@ impl Context {
     /// The link has sent every datagram [`Context::transmit`] wrote so far (see
     /// [`Context::defer_unreliable_completions`]).
     pub fn sent(&self) {
-        super::callbacks::scope(|| self.inner.engine.sent())
+        super::effects::step(|| self.inner.engine.sent())
     }
 
     /// The earliest time at which [`Context::handle_timeout`] has work, if any.
@@ -679,7 +689,7 @@ impl Context {
     /// Runs every timer that has expired at `now`: RNR waits end, ACK timeouts retry
     /// (PKT-RTY-1) or fail (PKT-RTY-4).
     pub fn handle_timeout(&self, now: u64) {
-        super::callbacks::scope(|| self.inner.engine.handle_timeout(&*self.inner, now))
+        super::effects::step(|| self.inner.engine.handle_timeout(&*self.inner, now))
     }
 
     /// A snapshot of the device's counters.

@@ -338,7 +338,7 @@ impl Eec {
 
     /// Destroy EEC. A message it was carrying completes in error at its QP's next turn.
     pub fn destroy(&self) -> Result<()> {
-        super::callbacks::scope(|| self.destroy_locked())
+        super::effects::scope(|| self.destroy_locked())
     }
 
     fn destroy_locked(&self) -> Result<()> {

@@ -11,11 +11,11 @@
 pub use crate::{error, types};
 
 pub mod ah;
-pub(crate) mod callbacks;
 pub mod cm_agent;
 pub mod cq;
 pub mod device;
 pub mod eec;
+pub(crate) mod effects;
 mod eventfd;
 pub mod mr;
 pub mod mw;

@@ -748,7 +748,7 @@ impl Qp {
     /// Modify QP. Either everything the request asks happens, or (on error) nothing at all
     /// (MOD-GEN-5).
     pub fn modify(&self, attr: &QpAttr) -> Result<()> {
-        super::callbacks::scope(|| self.modify_locked(attr))
+        super::effects::scope(|| self.modify_locked(attr))
     }
 
     fn modify_locked(&self, attr: &QpAttr) -> Result<()> {
@@ -841,7 +841,7 @@ impl Qp {
     /// Post Send: validates every WR first and queues all or none (an immediate error queues
     /// nothing). In Error each WR is flushed at once, in post order (QPS-ERR-3).
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
-        super::callbacks::scope(|| self.post_send_locked(wrs))
+        super::effects::scope(|| self.post_send_locked(wrs))
     }
 
     fn post_send_locked(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
@@ -958,7 +958,7 @@ impl Qp {
     /// Post Receive: all or none, like [`Qp::post_send`]. Refused only in Reset (QPS-RESET-3);
     /// held in Init, flushed at once in Error (QPS-ERR-4).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
-        super::callbacks::scope(|| self.post_recv_locked(wrs))
+        super::effects::scope(|| self.post_recv_locked(wrs))
     }
 
     fn post_recv_locked(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
@@ -1073,7 +1073,7 @@ impl Qp {
     /// Destroy QP: accepted in every state (QPT-SW-12). Outstanding WQEs are discarded; CQEs
     /// already on the CQs stay there to be polled.
     pub fn destroy(&self) -> Result<()> {
-        super::callbacks::scope(|| self.destroy_locked())
+        super::effects::scope(|| self.destroy_locked())
     }
 
     fn destroy_locked(&self) -> Result<()> {
