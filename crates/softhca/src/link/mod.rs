@@ -3,11 +3,15 @@
 //! - [`sim`]: a deterministic in-process fabric with a virtual clock and seeded faults.
 //! - [`udp`]: real UDP sockets on port 4791, one engine thread per device, batched I/O.
 //! - [`pcap`]: a tap that writes datagrams as Ethernet frames Wireshark can read.
+//! - `driver`: the engine thread, doorbell and busy-poll turns any OS-facing link reuses
+//!   through its `Port` (the UDP link's is `udp::port`); `os`: its eventfd and `ppoll`.
 //!
 //! A link drives devices from outside (`verbs::Context::receive`, `transmit`,
 //! `handle_timeout`), so it is the top layer: it may import every layer below, and nothing
 //! imports it.
 
+pub(crate) mod driver;
+pub(crate) mod os;
 pub mod pcap;
 pub mod sim;
 pub mod udp;

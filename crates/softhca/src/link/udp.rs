@@ -75,16 +75,17 @@
 //! # Where things are
 //!
 //! This file opens and closes a device (sockets, the engine thread). [`config`] is how to
-//! open one and the counters; `driver` the engine thread, the doorbell and busy-poll turns;
+//! open one and the counters; `port` the link's I/O as the engine driver (`link::driver`,
+//! shared with any OS-facing link: the engine thread, the doorbell, busy-poll turns) runs it;
 //! `batch` the batched socket I/O and the stamping of what leaves; `verify` the ICRC checks
-//! of what arrives, `hints` the IPv4 Identification hypotheses, `sys` the system calls. The
-//! driver uses the I/O, never the other way round; none of them reaches into the transport,
+//! of what arrives, `hints` the IPv4 Identification hypotheses, `sys` the socket calls. The
+//! driver uses the port, never the other way round; none of them reaches into the transport,
 //! only the sans-IO [`Context`] interface.
 
 mod batch;
 pub mod config;
-mod driver;
 mod hints;
+mod port;
 pub mod sys;
 pub mod verify;
 
@@ -93,8 +94,8 @@ use std::fs::File;
 use std::io::{self, BufWriter};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -106,10 +107,11 @@ use crate::wire::roce::{Ipv4Header, Ipv6Header, UdpHeader, IPV4_DONT_FRAGMENT, I
 use crate::wire::roce::{ROCE_V2_PORT, UDP_HEADER_LEN};
 use crate::wire::Opcode;
 
+use crate::link::driver::Driver;
 use batch::{Io, SendScratch, TxBufs};
 use config::Stats;
 pub use config::{RxMode, UdpConfig, UdpCounters};
-use driver::{Engine, Link, Shared};
+use port::UdpPort;
 pub use verify::{IcrcPolicy, Refused, Verified};
 
 /// GID table slots of a UDP port: GID 0 is the device's address; the rest stay empty (as a
@@ -137,7 +139,8 @@ pub struct UdpDevice {
     ctx: Context,
     addr: IpAddr,
     gid: Gid,
-    link: Arc<Link>,
+    link: Arc<Driver<UdpPort>>,
+    stats: Arc<Stats>,
     thread: Option<JoinHandle<()>>,
     raw: bool,
     gso: bool,
@@ -226,10 +229,8 @@ impl UdpDevice {
             Some(p) => Some(PcapTap::new(BufWriter::new(File::create(p)?))?),
             None => None,
         };
-        let efd = sys::eventfd()?;
         let stats = Arc::new(Stats::default());
         let raw_on = raw.is_some();
-        let rx_fd = raw.as_ref().map_or(sock.as_raw_fd(), |r| r.as_raw_fd());
         let epoch = Instant::now();
         let rx_batch = if raw.is_some() { BATCH / 2 } else { BATCH };
         let io = Io {
@@ -251,7 +252,7 @@ impl UdpDevice {
             rx_idle: false,
             tx_backlog: false,
         };
-        let engine = Engine {
+        let port = UdpPort {
             io,
             rx: sys::RxBatch::new(rx_batch, RX_CAP, verify::MAX_IP_UDP),
             msgs: Vec::with_capacity(rx_batch),
@@ -262,16 +263,7 @@ impl UdpDevice {
             },
             resume: None,
         };
-        let link = Arc::new(Link {
-            ctx: ctx.clone(),
-            busy: cfg.busy_poll,
-            epoch,
-            shared: Shared::default(),
-            stats: stats.clone(),
-            efd,
-            rx_fd,
-            engine: Mutex::new(engine),
-        });
+        let link = Arc::new(Driver::new(ctx.clone(), cfg.busy_poll, epoch, port)?);
         // The hooks hold the link weakly: the context must not keep its own driver alive.
         let weak = Arc::downgrade(&link);
         ctx.set_doorbell(move || {
@@ -301,7 +293,7 @@ impl UdpDevice {
                 return Err(e);
             }
         };
-        Ok(UdpDevice { ctx, addr, gid, link, thread: Some(thread), raw: raw_on, gso, gro })
+        Ok(UdpDevice { ctx, addr, gid, link, stats, thread: Some(thread), raw: raw_on, gso, gro })
     }
 
     /// The verbs device this link drives.
@@ -317,7 +309,10 @@ impl UdpDevice {
         self.gid
     }
     pub fn counters(&self) -> UdpCounters {
-        self.link.stats.snapshot()
+        let mut c = self.stats.snapshot();
+        c.sleeps = self.link.wakes.sleeps.load(Ordering::Relaxed);
+        c.doorbells = self.link.wakes.doorbells.load(Ordering::Relaxed);
+        c
     }
     /// Whether the device busy-polls: the application's CQ polls and posts run the engine on
     /// their own thread, and the engine thread only stands in while nobody polls.
@@ -341,8 +336,7 @@ impl Drop for UdpDevice {
         crate::verbs::effects::scope(|| self.link.drive_inline(false));
         self.ctx.set_progress(None);
         self.ctx.clear_doorbell();
-        self.link.shared.stop.store(true, Ordering::SeqCst);
-        sys::eventfd_signal(self.link.efd.as_raw_fd());
+        self.link.stop();
         if let Some(t) = self.thread.take() {
             // Dropped on the engine thread itself (from a handler it ran): it sees `stop` and
             // ends on its own; joining itself would deadlock.

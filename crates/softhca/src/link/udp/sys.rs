@@ -1,6 +1,7 @@
 //! The few Linux socket calls std does not offer, as thin `libc` wrappers: socket options,
-//! `recvmmsg`/`sendmmsg` with control messages (GRO/GSO), an eventfd and `ppoll`, and a raw
-//! IPv4 socket with a classic BPF filter. Every `unsafe` block says why it is sound.
+//! `recvmmsg`/`sendmmsg` with control messages (GRO/GSO), and a raw IPv4 socket with a
+//! classic BPF filter (the eventfd and `ppoll` any link's driver uses are in `link::os`).
+//! Every `unsafe` block says why it is sound.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -8,19 +9,14 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use crate::link::os::cvt;
+pub use crate::link::os::{eventfd, eventfd_drain, eventfd_signal, ppoll};
+
 pub const SOL_UDP: libc::c_int = 17;
 /// `UDP_SEGMENT` (Linux 4.18): GSO segment size, as a socket option or a cmsg (u16).
 pub const UDP_SEGMENT: libc::c_int = 103;
 /// `UDP_GRO` (Linux 5.0): coalesce on receive; a cmsg (int) reports the segment size.
 pub const UDP_GRO: libc::c_int = 104;
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
 
 /// Sets an `int` socket option.
 pub fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
@@ -36,47 +32,6 @@ pub fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: l
         )
     };
     cvt(r).map(|_| ())
-}
-
-/// A non-blocking eventfd (the doorbell).
-pub fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: eventfd takes no pointers; a non-negative result is a new fd that we own.
-    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
-    // SAFETY: `fd` was just returned by eventfd and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Adds 1 to an eventfd (wakes a poller). Errors (counter overflow: already signalled) are
-/// harmless and ignored.
-pub fn eventfd_signal(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64; the kernel only reads them.
-    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-}
-
-/// Resets an eventfd to 0.
-pub fn eventfd_drain(fd: RawFd) {
-    let mut v: u64 = 0;
-    // SAFETY: reads at most 8 bytes into a live, writable u64.
-    let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
-}
-
-/// Waits until one of `fds` is ready for `events` or `timeout` passes (None: forever).
-/// Returns the number of ready fds (0 on timeout or signal).
-pub fn ppoll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `fds` is a valid mutable slice of pollfd of the length passed; `tsp` is null or
-    // points at `ts`, alive until the call returns; no signal mask is passed.
-    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tsp, std::ptr::null()) };
-    match cvt(r) {
-        Ok(n) => Ok(n as usize),
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
-        Err(e) => Err(e),
-    }
 }
 
 /// A socket address in the C layout, with its length.

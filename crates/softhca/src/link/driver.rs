@@ -1,0 +1,275 @@
+//! The engine driver any OS-facing link reuses: an engine thread per device, the doorbell,
+//! busy-poll turns run inline by the application's threads, and the sleep in `ppoll`.
+//!
+//! A link supplies its I/O as a [`Port`] — one turn of receiving and delivering, the
+//! transmit flush, the descriptor that becomes readable when datagrams arrive — and the
+//! driver decides who runs it and when. The port sits behind a mutex that inline callers only
+//! `try_lock`, so a poller never waits for another thread's turn; work rung in meanwhile is
+//! picked up by whoever holds it (see [`Driver::drive_inline`]).
+//!
+//! In blocking mode the engine thread runs every turn and sleeps in `ppoll` (the port's
+//! descriptor, the doorbell eventfd, the next deadline) when idle. In busy-poll mode the
+//! application's CQ polls and posts run turns on their own thread; the engine thread stands in
+//! only while nobody polls. The doorbell makes a system call only when the engine thread is
+//! about to sleep or asleep (a Dekker-style flag pair).
+//!
+//! Imports: the verbs `Context` (the sans-IO interface) and `os`; nothing of any one link.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use super::os;
+use crate::verbs::Context;
+
+/// A link's I/O, as the driver runs it.
+pub(crate) trait Port: Send + 'static {
+    /// One turn. On the engine thread (`inline` false): receive a batch and deliver it, run
+    /// expired timers, flush what the device has to send. Inline (a poller's turn): flush
+    /// first, then receive and run timers, and leave what they produced for the next poll or
+    /// post, so that an ACK and the reply the application posts on seeing its completion
+    /// leave together. Returns whether anything happened.
+    fn turn(&mut self, inline: bool, now: u64) -> bool;
+    /// Sends what the device has to send (the doorbell's work). Returns whether anything left.
+    fn flush(&mut self, now: u64) -> bool;
+    /// Work left behind that a sleeping engine thread must be woken for: more to send than
+    /// one flush sends, or the rest of a received batch.
+    fn leftovers(&self) -> bool;
+    /// The descriptor that becomes readable when datagrams arrive.
+    fn rx_fd(&self) -> RawFd;
+    /// The link is closing: write out what it buffers (a pcap tap).
+    fn close(&mut self);
+}
+
+/// The driver's own counters: engine thread sleeps and doorbell system calls.
+#[derive(Debug, Default)]
+pub(crate) struct Wakes {
+    pub sleeps: AtomicU64,
+    pub doorbells: AtomicU64,
+}
+
+/// Flags shared by the engine thread, the doorbell and inline callers.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub stop: AtomicBool,
+    /// The engine thread is (about to be) asleep in `ppoll`.
+    sleeping: AtomicBool,
+    /// Until when it sleeps (ns since the epoch); 0 while it is still deciding.
+    sleep_until: AtomicU64,
+    /// Doorbells rung (posts, Modify QP).
+    rings: AtomicU64,
+    /// When an application thread last ran a whole engine turn inline (busy-poll), ns since
+    /// the epoch; 0: never.
+    last_inline: AtomicU64,
+    /// The doorbell count the last transmit flush covered. With `owed`, only a hint for the
+    /// napping engine thread (a stale value costs it one needless flush), so both are written
+    /// Relaxed on the poller's hot path.
+    rings_flushed: AtomicU64,
+    /// An inline turn took packets in after its flush: what they produced (ACKs) waits for
+    /// the next turn.
+    owed: AtomicBool,
+}
+
+/// What the engine thread, the doorbell and the progress hook share.
+pub(crate) struct Driver<P: Port> {
+    pub ctx: Context,
+    pub busy: bool,
+    pub epoch: Instant,
+    pub shared: Shared,
+    pub wakes: Wakes,
+    /// The doorbell eventfd.
+    pub efd: OwnedFd,
+    rx_fd: RawFd,
+    port: Mutex<P>,
+}
+
+/// Adds to a counter written outside the port's lock (doorbells, sleeps).
+fn bump_shared(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// While an application thread ran a turn inline within this long, the busy-poll engine
+/// thread naps instead of competing with it for the socket and the core.
+const INLINE_GRACE: Duration = Duration::from_millis(10);
+/// A doorbell leaves its transmit work to the poller if it polled this recently (busy-poll).
+const DOORBELL_DEFER: Duration = Duration::from_micros(50);
+/// While a poller drives the engine, the engine thread looks this often for a doorbell left
+/// to a poller that has stopped since.
+const DEFERRED_CHECK: Duration = Duration::from_millis(1);
+/// The engine thread wakes at least this often even with no deadline, so that a deadline an
+/// inline transmit sets later than this needs no wake-up call.
+const IDLE_WAKE: Duration = Duration::from_millis(50);
+
+impl<P: Port> Driver<P> {
+    pub fn new(ctx: Context, busy: bool, epoch: Instant, port: P) -> std::io::Result<Driver<P>> {
+        let rx_fd = port.rx_fd();
+        Ok(Driver {
+            ctx,
+            busy,
+            epoch,
+            shared: Shared::default(),
+            wakes: Wakes::default(),
+            efd: os::eventfd()?,
+            rx_fd,
+            port: Mutex::new(port),
+        })
+    }
+
+    pub fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub fn lock_port(&self) -> MutexGuard<'_, P> {
+        self.port.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn try_port(&self) -> Option<MutexGuard<'_, P>> {
+        match self.port.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Runs the engine on the calling thread unless another thread is running it: a whole
+    /// turn (`full`: the progress hook, busy-poll) or the transmit side only (the doorbell).
+    /// A doorbell rung while another thread held the port is honoured by that thread when it
+    /// lets go: it rechecks the ring count after unlocking (the ringer counts before trying).
+    /// Returns whether it left work behind ([`Port::leftovers`]), which a sleeping engine
+    /// thread must be woken for.
+    pub fn drive_inline(&self, mut full: bool) -> bool {
+        loop {
+            let seen = self.shared.rings.load(Ordering::SeqCst);
+            let left = {
+                let Some(mut p) = self.try_port() else { return false };
+                let now = self.now();
+                if full {
+                    self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
+                    let worked = p.turn(true, now);
+                    self.shared.owed.store(worked, Ordering::Relaxed);
+                } else {
+                    p.flush(now);
+                    self.shared.owed.store(false, Ordering::Relaxed);
+                }
+                self.shared.rings_flushed.store(seen, Ordering::Relaxed);
+                p.leftovers()
+            };
+            if self.shared.rings.load(Ordering::SeqCst) == seen {
+                return left;
+            }
+            full = false;
+        }
+    }
+
+    /// Wakes the engine thread if it sleeps, for work an application thread left it.
+    pub fn wake_for_leftovers(&self) {
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            bump_shared(&self.wakes.doorbells, 1);
+            os::eventfd_signal(self.efd.as_raw_fd());
+        }
+    }
+
+    /// The doorbell: transmit inline, then wake the engine thread only if it sleeps past a
+    /// deadline that the new work set.
+    pub fn ring(&self) {
+        self.shared.rings.fetch_add(1, Ordering::SeqCst);
+        if self.poller_spinning() {
+            // The poller's next turn starts by transmitting: leave the work to it, so that
+            // several posts (and a pending ACK) go out in one batch.
+            return;
+        }
+        if self.drive_inline(false) {
+            self.wake_for_leftovers(); // more than one flush sends: the engine thread goes on
+            return;
+        }
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            let until = self.shared.sleep_until.load(Ordering::SeqCst);
+            if until == 0 || self.ctx.poll_timeout().is_some_and(|t| t < until) {
+                bump_shared(&self.wakes.doorbells, 1);
+                os::eventfd_signal(self.efd.as_raw_fd());
+            }
+        }
+    }
+
+    /// Stops the engine thread (it ends its current turn first).
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        os::eventfd_signal(self.efd.as_raw_fd());
+    }
+
+    /// Whether a poller ran a turn within [`DOORBELL_DEFER`] (it is spinning on its CQ).
+    fn poller_spinning(&self) -> bool {
+        let last = self.shared.last_inline.load(Ordering::Relaxed);
+        self.busy && last != 0 && self.now().saturating_sub(last) < DOORBELL_DEFER.as_nanos() as u64
+    }
+
+    /// Whether an application thread is driving the engine inline (busy-poll).
+    fn inline_active(&self, now: u64) -> Option<Duration> {
+        let last = self.shared.last_inline.load(Ordering::Relaxed);
+        let idle = Duration::from_nanos(now.saturating_sub(last));
+        (self.busy && last != 0 && idle < INLINE_GRACE).then(|| INLINE_GRACE - idle)
+    }
+
+    /// The engine thread. In blocking mode it runs every turn and sleeps in `ppoll` (port,
+    /// doorbell eventfd, next deadline) when idle. In busy-poll mode it does the same only
+    /// while no application thread polls; while one does, it naps and leaves the port, the
+    /// timers and the core to the poller.
+    pub fn background(&self) {
+        while !self.shared.stop.load(Ordering::Acquire) {
+            if let Some(nap) = self.inline_active(self.now()) {
+                // A doorbell left to a poller that stopped polling right after it (the
+                // application posted its last request and went to sleep), or ACKs its last
+                // turn left for the next, are flushed here.
+                let deferred = self.shared.rings.load(Ordering::SeqCst)
+                    != self.shared.rings_flushed.load(Ordering::Relaxed)
+                    || self.shared.owed.load(Ordering::Relaxed);
+                if deferred && !self.poller_spinning() && self.drive_inline(false) {
+                    continue;
+                }
+                std::thread::sleep(nap.min(DEFERRED_CHECK).max(Duration::from_micros(200)));
+                continue;
+            }
+            let seen = self.shared.rings.load(Ordering::SeqCst);
+            let worked = if self.busy {
+                match self.try_port() {
+                    Some(mut p) => p.turn(false, self.now()),
+                    None => {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                }
+            } else {
+                self.lock_port().turn(false, self.now())
+            };
+            self.shared.rings_flushed.store(seen, Ordering::Relaxed);
+            if worked {
+                continue;
+            }
+            // Sleep until the port, the doorbell or the next deadline (Dekker-style with
+            // `ring`: flag first, then recheck the ring count).
+            self.shared.sleep_until.store(0, Ordering::SeqCst);
+            self.shared.sleeping.store(true, Ordering::SeqCst);
+            if self.shared.rings.load(Ordering::SeqCst) != seen || self.shared.stop.load(Ordering::SeqCst) {
+                self.shared.sleeping.store(false, Ordering::SeqCst);
+                continue;
+            }
+            let now = self.now();
+            let until = self.ctx.poll_timeout().unwrap_or(u64::MAX).min(now + IDLE_WAKE.as_nanos() as u64).max(1);
+            self.shared.sleep_until.store(until, Ordering::SeqCst);
+            let mut fds = [
+                libc::pollfd { fd: self.rx_fd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.efd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            bump_shared(&self.wakes.sleeps, 1);
+            if let Err(e) = os::ppoll(&mut fds, Some(Duration::from_nanos(until.saturating_sub(now)))) {
+                tracing::warn!(error = %e, "ppoll failed");
+            }
+            self.shared.sleeping.store(false, Ordering::SeqCst);
+            if fds[1].revents != 0 {
+                os::eventfd_drain(self.efd.as_raw_fd());
+            }
+        }
+        self.lock_port().close();
+    }
+}
