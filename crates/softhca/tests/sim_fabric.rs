@@ -488,3 +488,26 @@ fn nonsense_probabilities_do_not_panic() {
     // The empty injection has no route; the empty inject_to has no bits to flip.
     assert_eq!((c.delivered, c.dropped_no_route, c.corrupted, c.reordered), (2, 1, 1, 2));
 }
+
+/// The middleware any link takes (`link::tap`) on the sim fabric: a capture tap records each
+/// datagram as sent and each copy as it arrives, and a faults tap after it decides what the
+/// device gets: with loss 1 nothing, with duplication 1 every datagram twice.
+#[test]
+fn taps_see_what_is_sent_and_decide_what_arrives() {
+    use softhca::link::{Faults, PcapTap, TapHandle};
+    for (faults, want) in [(Faults::new(3).loss(1.0), 0u64), (Faults::new(3).dup(1.0), 2), (Faults::new(3), 1)] {
+        let (mut f, a, b) = pair(SimConfig::default());
+        let capture = SharedBuf::new();
+        f.add_tap(TapHandle::new(PcapTap::new(capture.clone()).unwrap()));
+        f.add_tap(TapHandle::new(faults));
+        for i in 0..10 {
+            f.inject(datagram(a, b, i, b"tap"));
+        }
+        assert!(f.run_until_idle());
+        assert_eq!(f.counters().delivered, 10 * want);
+        assert_eq!(records(&capture).len(), 20, "10 sent, 10 arrived (before the faults)");
+        let c = f.device(DeviceId(1)).unwrap().counters();
+        let got = c.rx_packets;
+        assert_eq!(got, 10 * want, "the device saw every copy the taps let through");
+    }
+}

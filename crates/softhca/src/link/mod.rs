@@ -2,7 +2,8 @@
 //!
 //! - [`sim`]: a deterministic in-process fabric with a virtual clock and seeded faults.
 //! - [`udp`]: real UDP sockets on port 4791, one engine thread per device, batched I/O.
-//! - [`pcap`]: a tap that writes datagrams as Ethernet frames Wireshark can read.
+//! - [`pcap`]: a capture that writes datagrams as Ethernet frames Wireshark can read.
+//! - [`tap`]: middleware any link takes on its datagram path (a pcap capture, seeded faults).
 //! - `driver`: the engine thread, doorbell and busy-poll turns any OS-facing link reuses
 //!   through its `Port` (the UDP link's is `udp::port`); `os`: its eventfd and `ppoll`.
 //!
@@ -14,7 +15,9 @@ pub(crate) mod driver;
 pub(crate) mod os;
 pub mod pcap;
 pub mod sim;
+pub mod tap;
 pub mod udp;
 
 pub use pcap::{PcapTap, SharedBuf};
 pub use sim::{DeviceId, FilterCtx, LinkConfig, SimConfig, SimCounters, SimFabric, TapPoint, Verdict};
+pub use tap::{Fate, Faults, Tap, TapHandle, Taps};

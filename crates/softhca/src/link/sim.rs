@@ -12,7 +12,8 @@
 //!    mangles the headers cannot reroute it.
 //! 2. The [filter](SimFabric::set_filter) sees it and may mutate, drop or delay it.
 //! 3. The pcap tap records it (at [`TapPoint::Sent`], the default): the datagram as the
-//!    sender and filter made it, before any random fault.
+//!    sender and filter made it, before any random fault; so do the [taps](SimFabric::add_tap)
+//!    (`link::tap`, the middleware any link takes).
 //! 4. No device at the destination: dropped, counted in `dropped_no_route`.
 //! 5. Serialization: each directed link (sender → receiver) sends one datagram at a time at
 //!    `bandwidth_bps`; a datagram waits for the ones before it on the same link.
@@ -22,6 +23,8 @@
 //!    that were not reordered or delayed by the filter keep FIFO order per link (jitter alone
 //!    never reorders); a reordered copy arrives `reorder_delay_ns` later than it would have,
 //!    so datagrams sent after it overtake it.
+//! 8. On arrival the taps see each copy in turn and may drop or duplicate it before the
+//!    device does.
 //!
 //! Corruption flips 1 to 3 distinct bits among those the receiver can check: everything the
 //! ICRC covers and the ICRC itself. It never touches the RoCEv2 variant fields (IPv4 TOS, TTL
@@ -350,6 +353,8 @@ pub struct SimFabric {
     next_seq: u64,
     counters: SimCounters,
     filter: Option<Filter>,
+    /// Middleware any link takes (see `link::tap`), after the filter.
+    taps: super::Taps,
     tap: Option<PcapTap<Box<dyn Write>>>,
     tap_point: TapPoint,
     tx_buf: Vec<u8>,
@@ -447,6 +452,7 @@ impl SimFabric {
             next_seq: 0,
             counters: SimCounters::default(),
             filter: None,
+            taps: Default::default(),
             tap: None,
             tap_point: TapPoint::Sent,
             tx_buf: vec![0; MAX_DATAGRAM],
@@ -560,6 +566,13 @@ impl SimFabric {
 
     pub fn clear_filter(&mut self) {
         self.filter = None;
+    }
+
+    /// Adds a tap (see [`crate::link::tap`]) after those added before: it sees every datagram
+    /// as sent (after the filter) and every copy as it arrives, before the device, and may
+    /// drop or duplicate it there.
+    pub fn add_tap(&mut self, tap: super::TapHandle) {
+        self.taps.push(tap);
     }
 
     /// Taps every datagram into a pcap stream at [`TapPoint::Sent`] (see the module docs);
@@ -678,6 +691,9 @@ impl SimFabric {
         if self.tap_point == TapPoint::Sent {
             self.tap_write(now, from, to, &data);
         }
+        if !self.taps.is_empty() {
+            self.taps.sent(now, &data);
+        }
         let Some(to) = to else {
             self.counters.dropped_no_route += 1;
             self.recycle(data);
@@ -768,8 +784,18 @@ impl SimFabric {
                 self.tap_write(now, pkt.from, Some(pkt.to), &pkt.data);
             }
             if let Some(node) = self.nodes.get(pkt.to.0) {
-                node.ctx.receive(now, &pkt.data);
-                self.counters.delivered += 1;
+                let copies = match self.taps.is_empty() {
+                    true => 1,
+                    false => match self.taps.arriving(now, &pkt.data) {
+                        super::Fate::Deliver => 1,
+                        super::Fate::Drop => 0,
+                        super::Fate::Twice => 2,
+                    },
+                };
+                for _ in 0..copies {
+                    node.ctx.receive(now, &pkt.data);
+                    self.counters.delivered += 1;
+                }
             }
             self.recycle(pkt.data);
         }

@@ -225,10 +225,13 @@ impl UdpDevice {
         let ctx = Context::create(dcfg).map_err(|e| io::Error::other(e.to_string()))?;
         // The driver sends in batches after transmit: UC/UD completions wait for the send.
         ctx.defer_unreliable_completions();
-        let pcap = match &cfg.pcap {
-            Some(p) => Some(PcapTap::new(BufWriter::new(File::create(p)?))?),
-            None => None,
-        };
+        let mut taps = crate::link::Taps::default();
+        if let Some(p) = &cfg.pcap {
+            taps.push(crate::link::TapHandle::new(PcapTap::new(BufWriter::new(File::create(p)?))?));
+        }
+        for t in &cfg.taps.0 {
+            taps.push(t.clone());
+        }
         let stats = Arc::new(Stats::default());
         let raw_on = raw.is_some();
         let epoch = Instant::now();
@@ -244,7 +247,7 @@ impl UdpDevice {
             stats: stats.clone(),
             policy: cfg.icrc_policy,
             gso,
-            pcap,
+            taps,
             epoch,
             hints: hints::IdHints::default(),
             shifts: verify::Shifts::default(),
@@ -314,6 +317,18 @@ impl UdpDevice {
         c.doorbells = self.link.wakes.doorbells.load(Ordering::Relaxed);
         c
     }
+    /// Stops the engine (after sending what the device owes, as dropping it does) and returns
+    /// the final counters: every datagram the taps saw is in them.
+    pub fn close(self) -> UdpCounters {
+        let link = self.link.clone();
+        let stats = self.stats.clone();
+        drop(self);
+        let mut c = stats.snapshot();
+        c.sleeps = link.wakes.sleeps.load(Ordering::Relaxed);
+        c.doorbells = link.wakes.doorbells.load(Ordering::Relaxed);
+        c
+    }
+
     /// Whether the device busy-polls: the application's CQ polls and posts run the engine on
     /// their own thread, and the engine thread only stands in while nobody polls.
     pub fn busy_poll(&self) -> bool {

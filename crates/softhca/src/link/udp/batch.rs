@@ -73,7 +73,8 @@ pub(super) struct Io {
     pub(super) stats: Arc<Stats>,
     pub(super) policy: IcrcPolicy,
     pub(super) gso: bool,
-    pub(super) pcap: Option<PcapTap<BufWriter<File>>>,
+    /// Middleware on the datagram path (a pcap capture, faults).
+    pub(super) taps: crate::link::Taps,
     pub(super) epoch: Instant,
     /// What each source sent last: the IPv4 Identification hypotheses.
     pub(super) hints: hints::IdHints,
@@ -371,12 +372,19 @@ impl Io {
         let now = self.clock;
         bump(&self.stats.rx_datagrams, 1);
         bump(&self.stats.rx_bytes, dgram.len() as u64);
-        if let Some(p) = self.pcap.as_mut() {
-            let (src, dst) = macs_of(dgram);
-            let _ = p.write_datagram(now, src, dst, dgram);
+        let copies = match self.taps.is_empty() {
+            true => 1,
+            false => match self.taps.arriving(now, dgram) {
+                crate::link::Fate::Deliver => 1,
+                crate::link::Fate::Drop => 0,
+                crate::link::Fate::Twice => 2,
+            },
+        };
+        for _ in 0..copies {
+            // Every path here verified the ICRC first (on_message, on_raw); taps never change
+            // a datagram.
+            self.ctx.receive_icrc_checked(now, dgram);
         }
-        // Every path here verified the ICRC first (on_message, on_raw).
-        self.ctx.receive_icrc_checked(now, dgram);
     }
 
     /// Checks a datagram the core emitted and finds its UDP payload; fixes the header fields
@@ -553,12 +561,10 @@ impl Io {
             match r {
                 Ok(n) => {
                     for m in &msgs[done..done + n] {
-                        // The pcap holds what the kernel took, as it took it.
-                        if let Some(p) = self.pcap.as_mut() {
+                        // The taps see what the kernel took, as it took it.
+                        if !self.taps.is_empty() {
                             for q in &run[m.first..m.first + m.count] {
-                                let d = &tx[q.slot * MAX_DATAGRAM..q.slot * MAX_DATAGRAM + q.end];
-                                let (src, dst) = macs_of(d);
-                                let _ = p.write_datagram(self.clock, src, dst, d);
+                                self.taps.sent(self.clock, &tx[q.slot * MAX_DATAGRAM..q.slot * MAX_DATAGRAM + q.end]);
                             }
                         }
                         let bytes: usize = segs[m.first..m.first + m.count].iter().map(|r| r.len()).sum();
@@ -746,17 +752,4 @@ pub(super) fn fix_v4_header(h: &mut [u8; 28], payload: usize, id: u16) {
     ip.set_total_len((IPV4_HEADER_LEN + UDP_HEADER_LEN + payload) as u16);
     ip.set_identification(id);
     ip.fill_checksum();
-}
-
-/// The pcap MACs (source, destination) of a datagram: 02:00 + the IPv4 address; IPv6 gets a
-/// fixed one.
-pub(super) fn macs_of(d: &[u8]) -> ([u8; 6], [u8; 6]) {
-    let mac = |a: Ipv4Addr| {
-        let o = a.octets();
-        [0x02, 0, o[0], o[1], o[2], o[3]]
-    };
-    match Ipv4Header::new_checked(d) {
-        Ok(h) if d[0] >> 4 == 4 => (mac(h.src_addr()), mac(h.dst_addr())),
-        _ => (crate::link::pcap::UNKNOWN_MAC, crate::link::pcap::UNKNOWN_MAC),
-    }
 }

@@ -32,7 +32,7 @@ pub struct UdpConfig {
     pub name: String,
     /// Spin instead of sleeping: lowest latency, one core busy.
     pub busy_poll: bool,
-    /// Record every datagram sent and received (after verification) here.
+    /// Record every datagram sent and received (after verification, before the taps) here.
     pub pcap: Option<PathBuf>,
     pub rx_mode: RxMode,
     pub icrc_policy: IcrcPolicy,
@@ -44,6 +44,8 @@ pub struct UdpConfig {
     /// learned and followed (see "Sending" in the module docs); off: every socket stays
     /// unconnected and IPv4 goes out with Identification 0.
     pub connected: bool,
+    /// Middleware on the datagram path (after the capture of `pcap`, if any), in order.
+    pub taps: crate::link::Taps,
 }
 
 impl Default for UdpConfig {
@@ -58,6 +60,7 @@ impl Default for UdpConfig {
             gso: true,
             gro: true,
             connected: true,
+            taps: Default::default(),
         }
     }
 }
@@ -73,6 +76,11 @@ impl UdpConfig {
     }
     pub fn busy_poll(mut self, on: bool) -> Self {
         self.busy_poll = on;
+        self
+    }
+    /// Adds a tap (see [`crate::link::tap`]) after those added before.
+    pub fn tap(mut self, tap: crate::link::TapHandle) -> Self {
+        self.taps.push(tap);
         self
     }
     pub fn pcap(mut self, path: impl Into<PathBuf>) -> Self {

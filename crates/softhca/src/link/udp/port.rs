@@ -77,8 +77,6 @@ impl Port for UdpPort {
     }
 
     fn close(&mut self) {
-        if let Some(p) = self.io.pcap.as_mut() {
-            let _ = p.flush();
-        }
+        self.io.taps.flush();
     }
 }
