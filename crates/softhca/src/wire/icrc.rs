@@ -105,6 +105,16 @@ pub fn verify(ip_udp: &[u8], packet: &[u8], icrc: &[u8]) -> Result<(), WireError
     }
 }
 
+/// XORs `delta` into the ICRC in a datagram's last 4 bytes (least significant byte first,
+/// PKT-ROCE-8): a link that changes a field the ICRC covers re-seals by the ICRC's linearity
+/// instead of a second pass over the payload. A datagram shorter than an ICRC is left alone.
+pub fn xor_trailer(datagram: &mut [u8], delta: u32) {
+    let Some(at) = datagram.len().checked_sub(ICRC_LEN) else { return };
+    let t = &mut datagram[at..];
+    let v = u32::from_le_bytes([t[0], t[1], t[2], t[3]]) ^ delta;
+    t.copy_from_slice(&v.to_le_bytes());
+}
+
 /// Computes the ICRC of a datagram and writes it into its last 4 bytes, least
 /// significant byte first (PKT-ROCE-8).
 pub fn fill_datagram(datagram: &mut [u8]) -> Result<u32, WireError> {

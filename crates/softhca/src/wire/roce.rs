@@ -88,6 +88,7 @@ fn fold(mut acc: u64) -> u16 {
 
 /// Field offsets of the IPv4 header (no options), named once.
 mod ipv4_field {
+    pub const VERSION_IHL: usize = 0;
     pub const TOS: usize = 1;
     pub const TOTAL_LEN: usize = 2;
     pub const IDENT: usize = 4;
@@ -127,6 +128,10 @@ super::header_view!(
 );
 
 impl<T: AsRef<[u8]>> Ipv4Header<T> {
+    /// Version 4 with a 20-byte header (no options), the only IPv4 header RoCEv2 uses.
+    pub fn is_plain_v4(&self) -> bool {
+        self.buffer.as_ref()[ipv4_field::VERSION_IHL] == 0x45
+    }
     pub fn total_len(&self) -> u16 {
         u16_at(self.buffer.as_ref(), ipv4_field::TOTAL_LEN)
     }

@@ -303,12 +303,13 @@ impl Io {
     /// its segments first.
     pub(super) fn on_raw(&mut self, dgram: &mut [u8]) -> usize {
         const HDR: usize = 20 + UDP_HEADER_LEN;
-        if dgram.len() < HDR + BTH_LEN + ICRC_LEN || dgram[0] != 0x45 {
+        if dgram.len() < HDR + BTH_LEN + ICRC_LEN || !Ipv4Header::new_unchecked(&dgram[..]).is_plain_v4() {
             bump(&self.stats.drop_malformed, 1);
             return 1;
         }
-        let dst = Ipv4Addr::new(dgram[16], dgram[17], dgram[18], dgram[19]);
-        if IpAddr::V4(dst) != self.addr || u16::from_be_bytes([dgram[22], dgram[23]]) != ROCE_V2_PORT {
+        let dst = Ipv4Header::new_unchecked(&dgram[..]).dst_addr();
+        let port = UdpHeader::new_unchecked(&dgram[IPV4_HEADER_LEN..]).dst_port();
+        if IpAddr::V4(dst) != self.addr || port != ROCE_V2_PORT {
             bump(&self.stats.drop_not_ours, 1);
             return 1;
         }
@@ -737,8 +738,7 @@ pub(super) fn set_identification(shifts: &mut verify::Shifts, d: &mut [u8], id: 
         return;
     }
     let delta = verify::id_effect(shifts, n - hdr, old ^ id, true);
-    let icrc = u32::from_le_bytes([d[n - 4], d[n - 3], d[n - 2], d[n - 1]]);
-    d[n - 4..].copy_from_slice(&(icrc ^ delta).to_le_bytes());
+    crate::wire::icrc::xor_trailer(d, delta);
     let mut h = Ipv4Header::new_unchecked(d);
     h.set_identification(id);
     h.fill_checksum();
