@@ -2,6 +2,11 @@
 //! responder and completer; RD's End-to-End Contexts (`rd`). It takes packets, doorbells and
 //! `now`, and returns packets and deadlines; it never reads a clock or touches a socket.
 //!
+//! One end of a reliable channel — PSNs, retry budgets, the ACK and RNR timers, go-back-N,
+//! the response queue and the inbound Read/Atomic resources — is one type, `channel::Channel`,
+//! that an RC QP and an RD EEC both own; what differs is only what the PSNs belong to (an RC
+//! requester's SQ, an EEC's one message at a time).
+//!
 //! It owns the protocol state of every QP and EEC (`qp`, `rd::eec`), the work queue entries
 //! and rings (`wqe`, `wq`) and the device-wide `engine::Engine`. It imports the ground floor
 //! and `wire` only; what the verbs layer above owns (memory keys, CQs, SRQs, async events, the
