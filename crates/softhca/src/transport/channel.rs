@@ -303,6 +303,18 @@ impl<A> Default for Outbox<A> {
 /// Responses a channel sends in a row, while it has requests waiting, before one of those goes.
 pub(crate) const RESPONSE_BURST: u8 = 8;
 
+/// Whom an inbound request is for: the QP (its number and PD, whose keys it may use), where
+/// its responses go, and the inbound Read/Atomic depth that applies (RC: the QP's; RD: the
+/// smaller of the EEC's and the QP's).
+#[derive(Clone, Copy)]
+pub(crate) struct Inbound<'d, A> {
+    pub to: A,
+    pub dev: &'d dyn Hca,
+    pub pd: u32,
+    pub qpn: u32,
+    pub depth: u8,
+}
+
 /// What the queue's head job needs the owner to do after [`Outbox::send_next`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Sent<A> {
@@ -381,67 +393,38 @@ impl<A: Copy + PartialEq> Outbox<A> {
         }
     }
 
-    /// An inbound RDMA Read request for QP `qpn` of PD `pd`, executed (one executor for RC and
-    /// RD): its grant is checked now (ERR-RQ-9), its responses are queued, and a resource
-    /// keeps it for a duplicate. The caller has checked the inbound depth (ERR-RQ-6). Returns
-    /// the PSNs its responses use (PKT-PSN-3).
-    #[allow(clippy::too_many_arguments)]
-    pub fn read(
-        &mut self,
-        to: A,
-        dev: &dyn Hca,
-        pd: u32,
-        qpn: u32,
-        depth: u8,
-        r: &Request<'_>,
-        mtu: u64,
-    ) -> Result<u32, Refusal> {
-        let ReadPlan { grant, va, rkey, len, npkts } = begin_read(dev, pd, qpn, r, mtu)?;
+    /// An inbound RDMA Read request for `t`, executed (one executor for RC and RD): its grant
+    /// is checked now (ERR-RQ-9), its responses are queued, and a resource keeps it for a
+    /// duplicate. The caller has checked the inbound depth (ERR-RQ-6). Returns the PSNs its
+    /// responses use (PKT-PSN-3).
+    pub fn read(&mut self, t: &Inbound<'_, A>, r: &Request<'_>, mtu: u64) -> Result<u32, Refusal> {
+        let ReadPlan { grant, va, rkey, len, npkts } = begin_read(t.dev, t.pd, t.qpn, r, mtu)?;
         let psn = r.psn.value();
-        self.add_resource(
-            depth,
-            Resource { qpn, psn, kind: ResourceKind::Read { va, rkey, len, npkts, mtu }, pending: true },
-        );
-        self.push(to, RespJob::ReadResp { grant, first_psn: psn, npkts, next: 0, len, mtu });
+        let kind = ResourceKind::Read { va, rkey, len, npkts, mtu };
+        self.add_resource(t.depth, Resource { qpn: t.qpn, psn, kind, pending: true });
+        self.push(t.to, RespJob::ReadResp { grant, first_psn: psn, npkts, next: 0, len, mtu });
         Ok(npkts)
     }
 
-    /// An inbound Atomic for QP `qpn` of PD `pd`, executed (one executor for RC and RD); its
-    /// result is queued and kept for a duplicate (PKT-DUP-4). The caller has checked the
-    /// inbound depth (ERR-RQ-6).
-    pub fn atomic(
-        &mut self,
-        to: A,
-        dev: &dyn Hca,
-        pd: u32,
-        qpn: u32,
-        depth: u8,
-        r: &Request<'_>,
-    ) -> Result<(), Refusal> {
-        let orig = run_atomic(dev, pd, qpn, r)?;
+    /// An inbound Atomic for `t`, executed (one executor for RC and RD); its result is queued
+    /// and kept for a duplicate (PKT-DUP-4). The caller has checked the inbound depth
+    /// (ERR-RQ-6).
+    pub fn atomic(&mut self, t: &Inbound<'_, A>, r: &Request<'_>) -> Result<(), Refusal> {
+        let orig = run_atomic(t.dev, t.pd, t.qpn, r)?;
         let psn = r.psn.value();
-        self.add_resource(depth, Resource { qpn, psn, kind: ResourceKind::Atomic { orig }, pending: true });
-        self.push(to, RespJob::AtomicAck { psn, orig });
+        self.add_resource(t.depth, Resource { qpn: t.qpn, psn, kind: ResourceKind::Atomic { orig }, pending: true });
+        self.push(t.to, RespJob::AtomicAck { psn, orig });
         Ok(())
     }
 
-    /// A duplicate request for QP `qpn` of PD `pd` (PKT-DUP-1..6): never executed again, it
+    /// A duplicate request for `t` (PKT-DUP-1..6): never executed again, it
     /// never moves ePSN. A Send or Write is acknowledged again if it asks (`last_psn` is the
     /// last PSN accepted); a Read is answered again from the PSN it names, if a resource still
     /// holds it and the rest of its RETH matches (PKT-DUP-3); an Atomic gets its saved result
     /// (PKT-DUP-4, ERR-RQ-14). False when it is dropped: nothing holds it, or `depth` Read and
     /// Atomic responses are queued already (a peer cannot grow the queue by repeating one).
-    #[allow(clippy::too_many_arguments)]
-    pub fn duplicate(
-        &mut self,
-        to: A,
-        dev: &dyn Hca,
-        pd: u32,
-        qpn: u32,
-        depth: u8,
-        r: &Request<'_>,
-        last_psn: u32,
-    ) -> bool {
+    pub fn duplicate(&mut self, t: &Inbound<'_, A>, r: &Request<'_>, last_psn: u32) -> bool {
+        let Inbound { to, dev, pd, qpn, depth } = *t;
         let queued = self.jobs.iter().filter(|(_, j)| !matches!(j, RespJob::Ack { .. })).count();
         match r.operation {
             Operation::Send | Operation::RdmaWrite => {

@@ -16,7 +16,7 @@ use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;
 use crate::wire::{AtomicEthRepr, RethRepr};
 
-use super::channel::Arrival;
+use super::channel::{Arrival, Inbound};
 use super::completer::scatter;
 use super::requester::pmtu;
 
@@ -560,23 +560,28 @@ fn access_fail() -> Fail {
     Fail::C { nak: NakCode::RemoteAccessError, status: WcStatus::RemAccessErr, access: true }
 }
 
+/// An inbound request for this RC QP, as the channel's executors take it.
+fn inbound<'q>(q: &'q QpInner, core: &QpCore) -> Inbound<'q, ()> {
+    Inbound { to: (), dev: &*q.dev, pd: q.pd, qpn: q.qpn, depth: core.attrs.max_dest_rd_atomic }
+}
+
 fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
-    let depth = core.attrs.max_dest_rd_atomic;
-    if !core.chan.out.has_room(depth) {
+    let t = inbound(q, core);
+    if !core.chan.out.has_room(t.depth) {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    let npkts = core.chan.out.read((), &*q.dev, q.pd, q.qpn, depth, r, mtu).map_err(rc_refused)?;
+    let npkts = core.chan.out.read(&t, r, mtu).map_err(rc_refused)?;
     core.chan.recv.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
     core.chan.recv.message_done(); // PKT-ACK-14
     Ok(())
 }
 
 fn rc_atomic(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
-    let depth = core.attrs.max_dest_rd_atomic;
-    if !core.chan.out.has_room(depth) {
+    let t = inbound(q, core);
+    if !core.chan.out.has_room(t.depth) {
         return Err(rc_fail_invalid()); // ERR-RQ-6
     }
-    core.chan.out.atomic((), &*q.dev, q.pd, q.qpn, depth, r).map_err(rc_refused)?;
+    core.chan.out.atomic(&t, r).map_err(rc_refused)?;
     core.chan.recv.epsn = r.psn.next().value();
     core.chan.recv.message_done();
     Ok(())
@@ -620,8 +625,8 @@ pub(crate) fn read_rest_matches(va: u64, len: u64, mtu: u64, k: u64, req_va: u64
 /// `Outbox::duplicate`. One that nothing holds is dropped (PKT-DUP-3, ERR-RQ-14).
 fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
     let last = Psn::new(core.chan.recv.epsn).sub(1).value();
-    let depth = core.attrs.max_dest_rd_atomic;
-    match core.chan.out.duplicate((), &*q.dev, q.pd, q.qpn, depth, r, last) {
+    let t = inbound(q, core);
+    match core.chan.out.duplicate(&t, r, last) {
         true => Ok(()),
         false => Err(Fail::D),
     }

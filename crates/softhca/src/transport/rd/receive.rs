@@ -13,7 +13,7 @@ use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::{Psn, PsnClass};
 use crate::wire::{BthRepr, Opcode, PacketRepr, RdethRepr};
 
-use crate::transport::channel::{Arrival, Sent};
+use crate::transport::channel::{Arrival, Inbound, Sent};
 use crate::transport::completer::scatter;
 use crate::transport::engine::{emit, ip_for};
 use crate::transport::responder::{begin_write, enabled, length_ok, Refusal, Request, RespJob};
@@ -171,7 +171,7 @@ pub(super) fn receive(
     match e.chan.recv.arrival(r.psn) {
         Arrival::Ignore => return Err(Fail::Drop), // PKT-PSN-6
         Arrival::SequenceError => return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))),
-        Arrival::Duplicate => return duplicate(q, core, eec, ec, r),
+        Arrival::Duplicate => return duplicate(q, core, ec, r),
         Arrival::Expected => {}
     }
     // An opcode out of sequence is the channel's fault: it moves to Error only a QP whose
@@ -403,47 +403,43 @@ pub(super) fn rd_write(
     Ok(())
 }
 
-/// The inbound depth of a Read or Atomic for QP `core`: the EEC's and the QP's (ERR-RQ-6).
-fn depth(core: &QpCore, ec: &EecCore) -> u8 {
-    ec.attrs.max_dest_rd_atomic.min(core.attrs.max_dest_rd_atomic)
+/// An inbound request for QP `q` over the channel, as the channel's executors take it: the
+/// inbound depth is the EEC's and the QP's, the smaller (ERR-RQ-6).
+fn inbound<'q>(q: &'q QpInner, core: &QpCore, ec: &EecCore, r: &Request<'_>) -> Inbound<'q, Route> {
+    let depth = ec.attrs.max_dest_rd_atomic.min(core.attrs.max_dest_rd_atomic);
+    Inbound { to: (q.qpn, r.src_qp), dev: &*q.dev, pd: q.pd, qpn: q.qpn, depth }
 }
 
 pub(super) fn rd_read(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {
-    let depth = depth(core, ec);
+    let t = inbound(q, core, ec, r);
     let chan = &mut ec.engine.chan;
-    if !chan.out.has_room(depth) {
+    if !chan.out.has_room(t.depth) {
         return Err(invalid()); // ERR-RQ-6
     }
-    let npkts = chan.out.read((q.qpn, r.src_qp), &*q.dev, q.pd, q.qpn, depth, r, mtu).map_err(refused)?;
+    let npkts = chan.out.read(&t, r, mtu).map_err(refused)?;
     chan.recv.epsn = r.psn.add(npkts).value(); // PKT-PSN-3
     chan.recv.message_done();
     Ok(())
 }
 
 pub(super) fn rd_atomic(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, r: &Request<'_>) -> Result<(), Fail> {
-    let depth = depth(core, ec);
+    let t = inbound(q, core, ec, r);
     let chan = &mut ec.engine.chan;
-    if !chan.out.has_room(depth) {
+    if !chan.out.has_room(t.depth) {
         return Err(invalid()); // ERR-RQ-6
     }
-    chan.out.atomic((q.qpn, r.src_qp), &*q.dev, q.pd, q.qpn, depth, r).map_err(refused)?;
+    chan.out.atomic(&t, r).map_err(refused)?;
     chan.recv.epsn = r.psn.next().value();
     chan.recv.message_done();
     Ok(())
 }
 
 /// Duplicates are never executed again (see `Outbox::duplicate`, the same for RC).
-pub(super) fn duplicate(
-    q: &QpInner,
-    core: &QpCore,
-    _eec: &EecInner,
-    ec: &mut EecCore,
-    r: &Request<'_>,
-) -> Result<(), Fail> {
-    let depth = depth(core, ec);
+pub(super) fn duplicate(q: &QpInner, core: &QpCore, ec: &mut EecCore, r: &Request<'_>) -> Result<(), Fail> {
+    let t = inbound(q, core, ec, r);
     let chan = &mut ec.engine.chan;
     let last = Psn::new(chan.recv.epsn).sub(1).value();
-    match chan.out.duplicate((q.qpn, r.src_qp), &*q.dev, q.pd, q.qpn, depth, r, last) {
+    match chan.out.duplicate(&t, r, last) {
         true => Ok(()),
         false => Err(Fail::Drop),
     }
