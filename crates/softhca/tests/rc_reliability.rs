@@ -219,6 +219,52 @@ fn repeated_duplicate_reads_are_bounded_by_the_inbound_depth() {
     assert_eq!(p.b.qp.state().unwrap(), QpState::Rts);
 }
 
+/// A responder moved to Error right after it executed a Send, before it transmitted the ACK:
+/// the ACK still leaves, so the requester's Send, which the responder's application has seen
+/// arrive, completes with Success instead of being retried into a flush or an error (a
+/// disconnect right after the last receive completion does this). Requests arriving after the
+/// move get no answer.
+/// Rule PKT-ACK-13, QPS-ERR-2
+#[test]
+fn acks_owed_at_a_move_to_error_still_leave() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.reg_mr(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
+    let land = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.b.qp.post_recv(&[RecvWr::new(1, &[land.sge(0..64)])]).unwrap();
+    p.a.qp
+        .post_send(&[SendWr::send(10, &[src.sge(0..64)]).signaled(), SendWr::send(11, &[src.sge(0..64)]).signaled()])
+        .unwrap();
+    let mut buf = vec![0u8; softhca::transport::MAX_DATAGRAM];
+    let n = p.a.ctx.transmit(p.now, &mut buf).expect("the first Send");
+    p.inject(false, &buf[..n]);
+    assert_eq!(statuses(&p.b.cq), vec![(1, WcStatus::Success)], "b's application saw it arrive");
+    p.b.qp.modify(&QpAttr::to_error()).unwrap();
+    p.run(RUN);
+    let a = statuses(&p.a.cq);
+    assert_eq!(a[0], (10, WcStatus::Success), "{a:?}");
+    // The second Send reached a QP in Error: never acknowledged, it fails after its retries.
+    assert_eq!(a[1], (11, WcStatus::RetryExcErr), "{a:?}");
+}
+
+/// A move to Reset forgets the channel: a Send left unacknowledged (its ACK lost) arms the ACK
+/// timer, and once the QP is reset that timer finds nothing to time out, now or later.
+/// Rule QPS-RESET-5, PKT-RTY-1
+#[test]
+fn reset_forgets_the_ack_timer() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.reg_mr(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
+    p.a.qp.post_send(&[SendWr::send(10, &[src.sge(0..64)]).signaled()]).unwrap();
+    let mut buf = vec![0u8; softhca::transport::MAX_DATAGRAM];
+    assert!(p.a.ctx.transmit(p.now, &mut buf).is_some(), "the Send left, and was lost");
+    assert!(p.a.ctx.poll_timeout().is_some(), "its ACK timer runs");
+    p.a.qp.modify(&QpAttr::to_reset()).unwrap();
+    let before = p.a.ctx.counters();
+    p.run(RUN);
+    let c = p.a.ctx.counters();
+    assert_eq!((c.timeouts, c.retransmits), (before.timeouts, before.retransmits));
+    assert!(p.a.cq.is_empty().unwrap());
+}
+
 /// A lost Read response is an implied NAK when a later response arrives: the Read is asked
 /// again for its remaining part only, from the first missing PSN with VA and length moved on.
 /// Rule PKT-ACK-7, PKT-RTY-6, PKT-ACK-6, PKT-PSN-7, PKT-LEN-7, PKT-ACK-10

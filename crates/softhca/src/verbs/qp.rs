@@ -773,6 +773,9 @@ impl Qp {
         let mut next = core.attrs.clone();
         self.apply(&mut next, attr, supplied);
         next.qp_state = to;
+        // ACKs the QP owes for requests it executed, built before a move to Error drops its
+        // responses (see below).
+        let mut owed = Vec::new();
         match to {
             QpState::Reset => {
                 // QPS-RESET-5..7: discard both queues without CQEs and take this QP's CQEs
@@ -783,6 +786,7 @@ impl Qp {
                 core.srq_bound = false;
                 core.req = Default::default();
                 core.resp = Default::default();
+                core.chan = Default::default();
                 core.sqd_event_pending = false;
                 self.res.send_cq.purge_qp(q.qpn);
                 self.res.recv_cq.purge_qp(q.qpn);
@@ -798,6 +802,11 @@ impl Qp {
                 core.attrs = next;
                 q.mirror_state(&core);
                 core.sqd_event_pending = false;
+                // The ACKs already owed still leave (PKT-ACK-13): the application may have
+                // seen the completions they acknowledge, and a peer that never gets them
+                // would flush or fail a Send that was delivered (as Destroy QP, below). Read
+                // responses and Atomic ACKs not yet sent are dropped with the QP's resources.
+                owed = crate::transport::engine::owed_acks(q, &mut core);
                 core.stop_channel();
                 q.flush_all(&mut core);
             }
@@ -828,6 +837,9 @@ impl Qp {
         }
         tracing::debug!(qpn = q.qpn, %from, %to, ?supplied, "modify QP");
         drop((rq, sq, core));
+        if !owed.is_empty() {
+            self.res.dev.orphan(owed);
+        }
         self.kick();
         Ok(())
     }
