@@ -40,6 +40,14 @@ pub(crate) trait Port: Send + 'static {
     fn rx_fd(&self) -> RawFd;
     /// The link is closing: write out what it buffers (a pcap tap).
     fn close(&mut self);
+    /// The engine thread is about to sleep on [`Port::rx_fd`]: a port whose senders must be
+    /// told to wake it says so where they look; false when something arrived meanwhile and
+    /// the thread should not sleep.
+    fn prepare_sleep(&mut self) -> bool {
+        true
+    }
+    /// The engine thread woke (for whatever reason).
+    fn woke(&mut self) {}
 }
 
 /// The driver's own counters: engine thread sleeps and doorbell system calls.
@@ -254,6 +262,11 @@ impl<P: Port> Driver<P> {
                 self.shared.sleeping.store(false, Ordering::SeqCst);
                 continue;
             }
+            let ready = self.try_port().is_some_and(|mut p| p.prepare_sleep());
+            if !ready {
+                self.shared.sleeping.store(false, Ordering::SeqCst);
+                continue;
+            }
             let now = self.now();
             let until = self.ctx.poll_timeout().unwrap_or(u64::MAX).min(now + IDLE_WAKE.as_nanos() as u64).max(1);
             self.shared.sleep_until.store(until, Ordering::SeqCst);
@@ -269,6 +282,7 @@ impl<P: Port> Driver<P> {
             if fds[1].revents != 0 {
                 os::eventfd_drain(self.efd.as_raw_fd());
             }
+            self.lock_port().woke();
         }
         self.lock_port().close();
     }

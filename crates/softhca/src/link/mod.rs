@@ -2,6 +2,7 @@
 //!
 //! - [`sim`]: a deterministic in-process fabric with a virtual clock and seeded faults.
 //! - [`udp`]: real UDP sockets on port 4791, one engine thread per device, batched I/O.
+//! - [`shm`]: the same datagrams through rings in shared memory, for processes of one host.
 //! - [`pcap`]: a capture that writes datagrams as Ethernet frames Wireshark can read.
 //! - [`tap`]: middleware any link takes on its datagram path (a pcap capture, seeded faults).
 //! - `driver`: the engine thread, doorbell and busy-poll turns any OS-facing link reuses
@@ -14,6 +15,7 @@
 pub(crate) mod driver;
 pub(crate) mod os;
 pub mod pcap;
+pub mod shm;
 pub mod sim;
 pub mod tap;
 pub mod udp;

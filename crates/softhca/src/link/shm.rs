@@ -1,0 +1,873 @@
+//! The shared-memory link (issue 13): devices in different processes of one host exchange
+//! the same RoCEv2 datagrams the UDP link sends — IP header on, ICRC included, so a capture
+//! tap sees real packets and every receiver checks every ICRC — through rings in shared
+//! memory instead of sockets. It reuses the engine driver (`link::driver`): this file is
+//! its [`Port`], the rendezvous and the rings.
+//!
+//! # Rendezvous
+//!
+//! A device has an address, 127.0.0.x as on the UDP link (its GID 0 is the IPv4-mapped form),
+//! and owns the inbound ring `/dev/shm/softhca-shm-<address>` (mode 0600: only the same user
+//! opens it, and a sender checks the owner) and a FIFO beside it (`….bell`), its doorbell.
+//! The address is [`ShmConfig::addr`], else `SOFTHCA_ADDR`, else the first 127.0.0.x whose
+//! ring it can create. A ring whose owner process is alive is taken ([`io::ErrorKind::AddrInUse`]);
+//! one left by a process that died is reclaimed. A sender finds a peer by the destination
+//! address of each datagram and maps its ring on first use.
+//!
+//! # The ring
+//!
+//! A bounded many-producer, one-consumer queue of fixed slots (each a sequence number, a
+//! length and one datagram), producers from any process: a producer takes a ticket from
+//! the tail, writes its slot and publishes it by moving the slot's sequence number; the owner
+//! takes slots in ticket order. A full ring drops the datagram (the transport's retries take
+//! over), so a peer that stops draining never blocks its senders. A producer that dies between
+//! its ticket and its publication would stall the consumer at that slot: after
+//! [`STALL_NS`] the owner skips it (by compare-and-swap, so a late producer cannot publish
+//! over it). Nothing read from the ring is trusted: a datagram is copied out, its length
+//! bounded, and the device verifies it like any other (PKT-VAL-*); a torn one fails its ICRC.
+//!
+//! # Waking a sleeping owner
+//!
+//! In blocking mode the owner's engine thread sleeps in `ppoll` on its FIFO. Before it sleeps
+//! it sets the ring's `sleeping` word and looks at the ring once more; a sender that published
+//! into a ring whose word is set writes one byte into the FIFO (Dekker-style, as the driver's
+//! own doorbell). Busy-poll needs none of it.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::driver::{Driver, Port};
+use super::{TapHandle, Taps};
+use crate::transport::MAX_DATAGRAM;
+use crate::verbs::{Context, DeviceConfig, Gid};
+use crate::wire::roce::Ipv4Header;
+
+/// Slots per ring.
+pub const RING_SLOTS: usize = 256;
+/// A producer that took a ticket and has not published its slot after this long is taken for
+/// dead: the owner skips the slot.
+pub const STALL_NS: u64 = 50_000_000;
+/// Datagrams taken from the ring per turn, and sent per flush.
+const BATCH: usize = 64;
+/// How long a datagram waits for room in a full peer ring before it is dropped (and counted;
+/// RC retransmits it): a peer that drains slowly slows its senders down, one that stopped
+/// draining costs them this long per datagram at most.
+pub const PATIENCE_NS: u64 = 50_000_000;
+/// A peer whose ring could not be opened is tried again after this long.
+const PEER_RETRY_NS: u64 = 10_000_000;
+const MAGIC: u64 = 0x736f_6674_6863_6131; // "softhca1"
+
+/// The ring's header, at the start of the mapping; the counters on cache lines of their own.
+#[repr(C, align(64))]
+struct Header {
+    magic: AtomicU64,
+    slots: AtomicU64,
+    owner_pid: AtomicU32,
+    /// The owner's engine thread is (about to be) asleep: ring its FIFO after publishing.
+    sleeping: AtomicU32,
+    _pad: [u8; 40],
+    tail: Padded,
+    head: Padded,
+}
+
+#[repr(C, align(64))]
+struct Padded(AtomicU64);
+
+/// One slot: its sequence number (ticket `t` may write it when it equals `t`; it holds a
+/// datagram for ticket `t` when it equals `t + 1`), the length, the bytes.
+#[repr(C, align(64))]
+struct Slot {
+    seq: AtomicU64,
+    len: AtomicU32,
+    data: [u8; SLOT_BYTES],
+}
+
+const SLOT_BYTES: usize = MAX_DATAGRAM;
+
+fn ring_len(slots: usize) -> usize {
+    std::mem::size_of::<Header>() + slots * std::mem::size_of::<Slot>()
+}
+
+/// A ring mapped into this process: the owner's (to consume) or a peer's (to produce into).
+struct Ring {
+    base: *mut u8,
+    len: usize,
+    slots: usize,
+}
+
+// SAFETY: the mapping is shared memory touched only through atomics and byte copies; the
+// pointer stays valid until `Drop` unmaps it, and nothing hands out references tied to a
+// thread.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    /// Maps `file` (already `ring_len(slots)` bytes long).
+    fn map(file: &File, slots: usize) -> io::Result<Ring> {
+        let len = ring_len(slots);
+        // SAFETY: a fresh shared mapping of `len` bytes of an open file; the kernel chooses the
+        // address; failure is MAP_FAILED, checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Ring { base: p.cast(), len, slots })
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping starts with a Header (page-aligned, so aligned for it) and lives
+        // as long as `self`; its fields are atomics, so shared access from other processes is
+        // what they are for.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    fn slot(&self, ticket: u64) -> *mut Slot {
+        let i = (ticket % self.slots as u64) as usize;
+        // SAFETY: `i < slots`, so the slot lies inside the mapping, after the header.
+        unsafe { self.base.add(std::mem::size_of::<Header>()).cast::<Slot>().add(i) }
+    }
+
+    fn seq(&self, ticket: u64) -> &AtomicU64 {
+        // SAFETY: `slot` points at a live slot of the mapping; `seq` is an atomic.
+        unsafe { &(*self.slot(ticket)).seq }
+    }
+
+    /// The owner's side: a fresh ring (every slot free for its first ticket), then the magic
+    /// and the owner, last.
+    fn init(&self) {
+        let h = self.header();
+        h.tail.0.store(0, Ordering::Relaxed);
+        h.head.0.store(0, Ordering::Relaxed);
+        h.sleeping.store(0, Ordering::Relaxed);
+        h.slots.store(self.slots as u64, Ordering::Relaxed);
+        for t in 0..self.slots as u64 {
+            self.seq(t).store(t, Ordering::Relaxed);
+        }
+        h.owner_pid.store(std::process::id(), Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// The owner closes: senders that still have the ring mapped see it gone.
+    fn close(&self) {
+        self.header().magic.store(0, Ordering::Release);
+        self.header().owner_pid.store(0, Ordering::Release);
+    }
+
+    fn valid(&self) -> bool {
+        let h = self.header();
+        h.magic.load(Ordering::Acquire) == MAGIC && h.slots.load(Ordering::Relaxed) == self.slots as u64
+    }
+
+    /// A producer's side: false when the ring is full (or the slot was taken from under a
+    /// producer that stalled: see the module docs).
+    fn push(&self, d: &[u8]) -> bool {
+        if d.len() > SLOT_BYTES {
+            return false;
+        }
+        let tail = &self.header().tail.0;
+        let mut t = tail.load(Ordering::Relaxed);
+        // Bounded: a ring whose counters another process broke must not hold this thread.
+        for tries in 0.. {
+            if tries > 2 * self.slots {
+                return false;
+            }
+            let seq = self.seq(t).load(Ordering::Acquire);
+            match seq.wrapping_sub(t) as i64 {
+                0 => match tail.compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(now) => t = now,
+                },
+                d if d < 0 => return false, // full
+                _ => t = tail.load(Ordering::Relaxed),
+            }
+        }
+        let s = self.slot(t);
+        // SAFETY: ticket `t` owns the slot until it publishes; the copy stays within the
+        // slot's data (checked length). Another process may read the bytes only after the
+        // publication below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(d.as_ptr(), std::ptr::addr_of_mut!((*s).data).cast::<u8>(), d.len());
+            (*s).len.store(d.len() as u32, Ordering::Relaxed);
+        }
+        self.seq(t).compare_exchange(t, t + 1, Ordering::Release, Ordering::Relaxed).is_ok()
+    }
+
+    /// The owner's side: copies the next datagram into `out` and returns its length; `None`
+    /// when the next slot is not published. A slot left unpublished for [`STALL_NS`] while
+    /// later tickets were taken is skipped (`stalled_since` keeps when it was first seen) and
+    /// counted in `skipped`.
+    fn pop(
+        &self,
+        out: &mut [u8],
+        now: u64,
+        stalled_since: &mut Option<(u64, u64)>,
+        skipped: &mut u64,
+    ) -> Option<usize> {
+        let h = self.header();
+        for _ in 0..4 {
+            let t = h.head.0.load(Ordering::Relaxed);
+            let seq = self.seq(t).load(Ordering::Acquire);
+            if seq == t + 1 {
+                let s = self.slot(t);
+                // SAFETY: the slot was published for ticket `t` (Acquire above); the length is
+                // bounded before the copy, which stays inside the slot and `out`.
+                let n = unsafe {
+                    let n = ((*s).len.load(Ordering::Relaxed) as usize).min(SLOT_BYTES).min(out.len());
+                    std::ptr::copy_nonoverlapping(std::ptr::addr_of!((*s).data).cast::<u8>(), out.as_mut_ptr(), n);
+                    n
+                };
+                self.seq(t).store(t + self.slots as u64, Ordering::Release);
+                h.head.0.store(t + 1, Ordering::Relaxed);
+                *stalled_since = None;
+                return Some(n);
+            }
+            if seq == t && h.tail.0.load(Ordering::Acquire) > t {
+                // Taken and not published: a producer at work, or one that died.
+                match *stalled_since {
+                    Some((ticket, since)) if ticket == t => {
+                        if now.saturating_sub(since) < STALL_NS {
+                            return None;
+                        }
+                        let _ =
+                            self.seq(t).compare_exchange(t, t + self.slots as u64, Ordering::AcqRel, Ordering::Relaxed);
+                        // Either we skipped it or it was published meanwhile: look again.
+                        if self.seq(t).load(Ordering::Acquire) == t + self.slots as u64 {
+                            h.head.0.store(t + 1, Ordering::Relaxed);
+                            *stalled_since = None;
+                            *skipped += 1;
+                        }
+                        continue;
+                    }
+                    _ => {
+                        *stalled_since = Some((t, now));
+                        return None;
+                    }
+                }
+            }
+            return None;
+        }
+        None
+    }
+
+    fn has_data(&self) -> bool {
+        let t = self.header().head.0.load(Ordering::Relaxed);
+        self.seq(t).load(Ordering::Acquire) == t + 1
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `map` made; nothing refers to it past `self`.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn ring_path(addr: Ipv4Addr) -> String {
+    format!("/dev/shm/softhca-shm-{addr}")
+}
+
+fn bell_path(addr: Ipv4Addr) -> String {
+    format!("/dev/shm/softhca-shm-{addr}.bell")
+}
+
+/// Whether process `pid` exists (a signal 0 reaches it, or it exists under another user).
+fn alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks; no signal is sent.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn mkfifo(path: &str) -> io::Result<()> {
+    let c = CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a NUL-terminated path alive for the call.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Creates the owner's ring and FIFO for `addr`, reclaiming ones a dead process left.
+fn create_ring(addr: Ipv4Addr) -> io::Result<(Ring, File)> {
+    for attempt in 0..2 {
+        let created = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(ring_path(addr));
+        match created {
+            Ok(file) => {
+                file.set_len(ring_len(RING_SLOTS) as u64)?;
+                let ring = Ring::map(&file, RING_SLOTS)?;
+                ring.init();
+                let _ = std::fs::remove_file(bell_path(addr));
+                mkfifo(&bell_path(addr))?;
+                // Read and write: the FIFO never reports end-of-file while senders come and go.
+                let bell = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                    .open(bell_path(addr))?;
+                return Ok((ring, bell));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt == 0 => {
+                // A file of the wrong size was never finished (mapping past its end would
+                // fault): its creator died.
+                let owner = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(ring_path(addr))
+                    .ok()
+                    .filter(|f| f.metadata().is_ok_and(|m| m.len() == ring_len(RING_SLOTS) as u64))
+                    .and_then(|f| Ring::map(&f, RING_SLOTS).ok())
+                    .map(|r| r.header().owner_pid.load(Ordering::Acquire));
+                if owner.is_some_and(alive) {
+                    return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{} is in use", ring_path(addr))));
+                }
+                // Left by a process that died (or never finished creating it): reclaim.
+                let _ = std::fs::remove_file(ring_path(addr));
+                let _ = std::fs::remove_file(bell_path(addr));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{} is in use", ring_path(addr))))
+}
+
+/// A peer's ring, mapped to produce into, and its FIFO.
+struct Peer {
+    ring: Ring,
+    bell: Option<File>,
+}
+
+fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
+    let file = OpenOptions::new().read(true).write(true).open(ring_path(addr))?;
+    let meta = file.metadata()?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me || meta.mode() & 0o077 != 0 || meta.len() != ring_len(RING_SLOTS) as u64 {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, "not a ring of this user"));
+    }
+    let ring = Ring::map(&file, RING_SLOTS)?;
+    if !ring.valid() || !alive(ring.header().owner_pid.load(Ordering::Acquire)) {
+        return Err(io::Error::new(io::ErrorKind::NotFound, "no live device there"));
+    }
+    let bell =
+        OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(bell_path(addr)).ok();
+    Ok(Peer { ring, bell })
+}
+
+/// How to open a [`ShmDevice`].
+#[derive(Debug, Clone)]
+pub struct ShmConfig {
+    /// The device's address; `None`: `SOFTHCA_ADDR`, else the first free 127.0.0.x.
+    pub addr: Option<Ipv4Addr>,
+    pub name: String,
+    /// Spin instead of sleeping (see the UDP link's option of the same name).
+    pub busy_poll: bool,
+    pub taps: Taps,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig { addr: None, name: "softhca_shm".into(), busy_poll: false, taps: Taps::default() }
+    }
+}
+
+impl ShmConfig {
+    pub fn addr(mut self, addr: Ipv4Addr) -> Self {
+        self.addr = Some(addr);
+        self
+    }
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+    pub fn busy_poll(mut self, on: bool) -> Self {
+        self.busy_poll = on;
+        self
+    }
+    pub fn tap(mut self, tap: TapHandle) -> Self {
+        self.taps.push(tap);
+        self
+    }
+}
+
+/// The link's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShmCounters {
+    pub rx_datagrams: u64,
+    pub tx_datagrams: u64,
+    /// Dropped because the peer's ring stayed full for [`PATIENCE_NS`].
+    pub tx_ring_full: u64,
+    /// Times a datagram found the peer's ring full and waited.
+    pub tx_ring_waits: u64,
+    /// Dropped because no live device has the destination address (or it is not this user's).
+    pub tx_no_peer: u64,
+    /// Slots skipped because their producer stalled (died) before publishing.
+    pub rx_stalled_slots: u64,
+    pub bells_rung: u64,
+}
+
+#[derive(Default)]
+struct Stats {
+    rx: AtomicU64,
+    tx: AtomicU64,
+    full: AtomicU64,
+    waits: AtomicU64,
+    no_peer: AtomicU64,
+    stalled: AtomicU64,
+    bells: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+}
+
+struct ShmPort {
+    ctx: Context,
+    ring: Ring,
+    bell: File,
+    peers: HashMap<Ipv4Addr, Peer>,
+    /// Peers that could not be opened, and when.
+    missing: HashMap<Ipv4Addr, u64>,
+    stalled_since: Option<(u64, u64)>,
+    taps: Taps,
+    stats: Arc<Stats>,
+    epoch: Instant,
+    buf: Vec<u8>,
+    /// The last flush stopped at its batch limit.
+    backlog: bool,
+    /// The peers a flush published to (kept: no allocation per flush).
+    rung: Vec<Ipv4Addr>,
+    /// A datagram whose peer's ring was full: its length, its destination and since when it
+    /// waits; its bytes are in `held_buf`. Nothing else leaves before it (datagram order).
+    held: Option<(usize, Ipv4Addr, u64)>,
+    held_buf: Vec<u8>,
+}
+
+impl ShmPort {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn receive(&mut self, now: u64) -> bool {
+        let mut got = false;
+        for _ in 0..BATCH {
+            let mut skipped = 0;
+            let popped = self.ring.pop(&mut self.buf, now, &mut self.stalled_since, &mut skipped);
+            if skipped > 0 {
+                let c = &self.stats.stalled;
+                c.store(c.load(Ordering::Relaxed) + skipped, Ordering::Relaxed);
+            }
+            let Some(n) = popped else { break };
+            got = true;
+            bump(&self.stats.rx);
+            let d = &self.buf[..n];
+            let copies = match self.taps.is_empty() {
+                true => 1,
+                false => match self.taps.arriving(now, d) {
+                    super::Fate::Deliver => 1,
+                    super::Fate::Drop => 0,
+                    super::Fate::Twice => 2,
+                },
+            };
+            for _ in 0..copies {
+                // Nothing from the ring is trusted: the device checks everything, ICRC first.
+                self.ctx.receive(now, d);
+            }
+        }
+        got
+    }
+
+    /// Whether the peer a datagram to `dst` goes to is open (opened on first use); false when
+    /// no live device of this user has that address (then not tried again for
+    /// [`PEER_RETRY_NS`]).
+    fn find_peer(&mut self, dst: Ipv4Addr, now: u64) -> bool {
+        if !self.peers.contains_key(&dst) {
+            if self.missing.get(&dst).is_some_and(|&t| now.saturating_sub(t) < PEER_RETRY_NS) {
+                return false;
+            }
+            match open_peer(dst) {
+                Ok(p) => {
+                    self.missing.remove(&dst);
+                    self.peers.insert(dst, p);
+                }
+                Err(_) => {
+                    self.missing.insert(dst, now);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Publishes `d` (in `self.buf` or `self.held_buf`) to `dst`'s ring. `Err(())` when the
+    /// ring is full and its owner alive: the caller holds the datagram.
+    fn publish(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64) -> Result<(), ()> {
+        let found = self.find_peer(dst, now);
+        let Some(peer) = self.peers.get(&dst).filter(|_| found) else {
+            bump(&self.stats.no_peer);
+            return Ok(());
+        };
+        if !peer.ring.valid() {
+            self.peers.remove(&dst); // its owner closed it: look for a new one later
+            bump(&self.stats.no_peer);
+            return Ok(());
+        }
+        let d = if held { &self.held_buf[..n] } else { &self.buf[..n] };
+        if peer.ring.push(d) {
+            bump(&self.stats.tx);
+            if !self.rung.contains(&dst) {
+                self.rung.push(dst);
+            }
+            return Ok(());
+        }
+        if !alive(peer.ring.header().owner_pid.load(Ordering::Relaxed)) {
+            self.peers.remove(&dst); // its owner died: look for a new one later
+            bump(&self.stats.no_peer);
+            return Ok(());
+        }
+        Err(())
+    }
+
+    /// Sends what the device has to send, in order, into the peers' rings; a full ring holds
+    /// the datagram (and what follows it) for up to [`PATIENCE_NS`]. Returns whether anything
+    /// was sent or is still waiting to be.
+    fn flush_tx(&mut self, now: u64) -> bool {
+        let mut sent = false;
+        self.rung.clear();
+        self.backlog = false;
+        if let Some((n, dst, since)) = self.held {
+            match self.publish(dst, true, n, now) {
+                Ok(()) => self.held = None,
+                Err(()) if now.saturating_sub(since) >= PATIENCE_NS => {
+                    bump(&self.stats.full);
+                    self.held = None;
+                }
+                Err(()) => {
+                    self.backlog = true;
+                    return true;
+                }
+            }
+            sent = true;
+        }
+        for i in 0..BATCH {
+            let Some(n) = self.ctx.transmit(now, &mut self.buf) else { break };
+            if i + 1 == BATCH {
+                self.backlog = true;
+            }
+            sent = true;
+            if !self.taps.is_empty() {
+                self.taps.sent(now, &self.buf[..n]);
+            }
+            let Ok(h) = Ipv4Header::new_checked(&self.buf[..n]) else {
+                bump(&self.stats.no_peer);
+                continue;
+            };
+            let dst = h.dst_addr();
+            if self.publish(dst, false, n, now).is_err() {
+                bump(&self.stats.waits);
+                self.held_buf[..n].copy_from_slice(&self.buf[..n]);
+                self.held = Some((n, dst, now));
+                self.backlog = true;
+                break;
+            }
+        }
+        // One bell per peer per flush, only for an owner that sleeps (after publishing: the
+        // owner sets its word before its last look at the ring).
+        for dst in &self.rung {
+            if let Some(Peer { ring, bell: Some(bell) }) = self.peers.get(dst) {
+                if ring.header().sleeping.load(Ordering::SeqCst) != 0 {
+                    bump(&self.stats.bells);
+                    // SAFETY: writes one byte from a live buffer to an open descriptor.
+                    let _ = unsafe { libc::write(bell.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+                }
+            }
+        }
+        if sent {
+            self.ctx.sent();
+        }
+        sent
+    }
+}
+
+impl Port for ShmPort {
+    fn turn(&mut self, inline: bool, now: u64) -> bool {
+        let mut worked = inline && self.flush_tx(now);
+        let now = if inline { now } else { self.now() };
+        worked |= self.receive(now);
+        if self.ctx.poll_timeout().is_some_and(|t| t <= now) {
+            self.ctx.handle_timeout(now);
+        }
+        if !inline {
+            worked |= self.flush_tx(now);
+        }
+        worked
+    }
+
+    fn flush(&mut self, now: u64) -> bool {
+        self.flush_tx(now)
+    }
+
+    fn leftovers(&self) -> bool {
+        self.backlog || self.ring.has_data()
+    }
+
+    fn rx_fd(&self) -> RawFd {
+        self.bell.as_raw_fd()
+    }
+
+    fn close(&mut self) {
+        self.taps.flush();
+        self.ring.close();
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        self.ring.header().sleeping.store(1, Ordering::SeqCst);
+        if self.ring.has_data() {
+            self.ring.header().sleeping.store(0, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    fn woke(&mut self) {
+        self.ring.header().sleeping.store(0, Ordering::SeqCst);
+        let mut b = [0u8; 64];
+        // SAFETY: reads at most 64 bytes into a live buffer from the FIFO (non-blocking).
+        while unsafe { libc::read(self.bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
+    }
+}
+
+/// A RoCEv2 device on the shared-memory link, with its engine. Dropping it stops the engine
+/// and removes its ring; the [`Context`] stays usable but no longer moves packets.
+pub struct ShmDevice {
+    ctx: Context,
+    addr: Ipv4Addr,
+    gid: Gid,
+    link: Arc<Driver<ShmPort>>,
+    stats: Arc<Stats>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ShmDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmDevice").field("name", &self.ctx.name()).field("addr", &self.addr).finish()
+    }
+}
+
+impl ShmDevice {
+    /// Creates the device's ring (see "Rendezvous"), the device (GID 0 = the address) and
+    /// its engine.
+    pub fn open(cfg: ShmConfig) -> io::Result<ShmDevice> {
+        let from_env = std::env::var("SOFTHCA_ADDR").ok();
+        let chosen = match (cfg.addr, from_env) {
+            (Some(a), _) => Some(a),
+            (None, Some(s)) => Some(s.trim().parse::<Ipv4Addr>().map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("SOFTHCA_ADDR={s:?} is not an IPv4 address: {e}"))
+            })?),
+            (None, None) => None,
+        };
+        let (addr, ring, bell) = match chosen {
+            Some(a) => {
+                let (r, b) = create_ring(a)?;
+                (a, r, b)
+            }
+            None => {
+                let mut found = None;
+                for last in 1..=254u8 {
+                    let a = Ipv4Addr::new(127, 0, 0, last);
+                    match create_ring(a) {
+                        Ok((r, b)) => {
+                            found = Some((a, r, b));
+                            break;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                found.ok_or_else(|| io::Error::new(io::ErrorKind::AddrInUse, "every 127.0.0.x ring is in use"))?
+            }
+        };
+        let gid = Gid::from_ipv6(addr.to_ipv6_mapped());
+        let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
+        dcfg.port.gid_tbl_len = super::udp::GID_TABLE_LEN;
+        let ctx = match Context::create(dcfg) {
+            Ok(c) => c,
+            Err(e) => {
+                remove_ring(addr);
+                return Err(io::Error::other(e.to_string()));
+            }
+        };
+        let stats = Arc::new(Stats::default());
+        let epoch = Instant::now();
+        let port = ShmPort {
+            ctx: ctx.clone(),
+            ring,
+            bell,
+            peers: HashMap::new(),
+            missing: HashMap::new(),
+            stalled_since: None,
+            taps: cfg.taps.clone(),
+            stats: stats.clone(),
+            epoch,
+            buf: vec![0u8; MAX_DATAGRAM],
+            backlog: false,
+            rung: Vec::with_capacity(8),
+            held: None,
+            held_buf: vec![0u8; MAX_DATAGRAM],
+        };
+        let link = Arc::new(Driver::new(ctx.clone(), cfg.busy_poll, epoch, port)?);
+        let weak = Arc::downgrade(&link);
+        ctx.set_doorbell(move || {
+            if let Some(l) = weak.upgrade() {
+                l.ring();
+            }
+        });
+        if cfg.busy_poll {
+            let weak = Arc::downgrade(&link);
+            ctx.set_progress(Some(Arc::new(move || {
+                if let Some(l) = weak.upgrade() {
+                    if l.drive_inline(true) {
+                        l.wake_for_leftovers();
+                    }
+                }
+            })));
+        }
+        let bg = link.clone();
+        let thread = std::thread::Builder::new().name(format!("{}-engine", cfg.name)).spawn(move || bg.background());
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                ctx.set_progress(None);
+                ctx.clear_doorbell();
+                remove_ring(addr);
+                return Err(e);
+            }
+        };
+        Ok(ShmDevice { ctx, addr, gid, link, stats, thread: Some(thread) })
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+    pub fn gid(&self) -> Gid {
+        self.gid
+    }
+    pub fn counters(&self) -> ShmCounters {
+        let s = &self.stats;
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ShmCounters {
+            rx_datagrams: l(&s.rx),
+            tx_datagrams: l(&s.tx),
+            tx_ring_full: l(&s.full),
+            tx_ring_waits: l(&s.waits),
+            tx_no_peer: l(&s.no_peer),
+            rx_stalled_slots: l(&s.stalled),
+            bells_rung: l(&s.bells),
+        }
+    }
+}
+
+fn remove_ring(addr: Ipv4Addr) {
+    let _ = std::fs::remove_file(ring_path(addr));
+    let _ = std::fs::remove_file(bell_path(addr));
+}
+
+impl Drop for ShmDevice {
+    fn drop(&mut self) {
+        crate::verbs::effects::scope(|| self.link.drive_inline(false));
+        self.ctx.set_progress(None);
+        self.ctx.clear_doorbell();
+        self.link.stop();
+        if let Some(t) = self.thread.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+        remove_ring(self.addr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(slots: usize) -> (File, Ring) {
+        let f = tempfile_in_shm(slots);
+        let r = Ring::map(&f, slots).unwrap();
+        r.init();
+        (f, r)
+    }
+
+    fn tempfile_in_shm(slots: usize) -> File {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = format!("/dev/shm/softhca-shm-test-{}-{n}-{slots}", std::process::id());
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).mode(0o600).open(&path).unwrap();
+        f.set_len(ring_len(slots) as u64).unwrap();
+        let _ = std::fs::remove_file(&path);
+        f
+    }
+
+    /// Datagrams come out in order and whole; a full ring refuses more; freed slots take more.
+    #[test]
+    fn the_ring_is_a_bounded_fifo() {
+        let (_f, r) = scratch(4);
+        let mut out = vec![0u8; SLOT_BYTES];
+        let mut st = None;
+        for i in 0..4u8 {
+            assert!(r.push(&[i; 100]));
+        }
+        assert!(!r.push(&[9; 100]), "full");
+        for i in 0..4u8 {
+            let n = r.pop(&mut out, 0, &mut st, &mut 0).unwrap();
+            assert_eq!(&out[..n], &[i; 100][..]);
+        }
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), None);
+        for round in 0..10u8 {
+            assert!(r.push(&[round; 7]));
+            assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), Some(7));
+        }
+        assert!(!r.push(&vec![0; SLOT_BYTES + 1]), "too long for a slot");
+    }
+
+    /// A producer that took a ticket and never published stalls the owner for STALL_NS only;
+    /// if it publishes late, after the skip, its datagram is refused, never delivered.
+    #[test]
+    fn a_dead_producer_is_skipped() {
+        let (_f, r) = scratch(4);
+        let mut out = vec![0u8; SLOT_BYTES];
+        let mut st = None;
+        // A producer takes ticket 0 and dies: the tail moves, the slot stays unpublished.
+        r.header().tail.0.store(1, Ordering::SeqCst);
+        assert!(r.push(b"after"));
+        let mut skipped = 0;
+        assert_eq!(r.pop(&mut out, 1_000, &mut st, &mut skipped), None, "waits for ticket 0");
+        assert_eq!(r.pop(&mut out, 1_000 + STALL_NS / 2, &mut st, &mut skipped), None);
+        assert_eq!(r.pop(&mut out, 1_000 + STALL_NS, &mut st, &mut skipped), Some(5), "skipped ticket 0");
+        assert_eq!(skipped, 1);
+        assert_eq!(&out[..5], b"after");
+        // The late producer's publication fails: the slot is someone else's now.
+        assert!(r.seq(0).compare_exchange(0, 1, Ordering::Release, Ordering::Relaxed).is_err());
+    }
+}

@@ -1,0 +1,216 @@
+//! The shared-memory link (`link::shm`): RC traffic between two devices through their rings
+//! (blocking and busy-poll), the rendezvous (a second attach to an address, a ring left by a
+//! process that died), and a peer that goes away in the middle of a transfer.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use softhca::link::shm::{ShmConfig, ShmDevice};
+use softhca::link::{PcapTap, SharedBuf, TapHandle};
+use softhca::*;
+
+struct End {
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    dev: ShmDevice,
+}
+
+fn end(cfg: ShmConfig) -> End {
+    let dev = ShmDevice::open(cfg).expect("open shm device");
+    let ctx = dev.context().clone();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq).max_send_wr(256).max_recv_wr(256)).unwrap();
+    End { pd, cq, qp, dev }
+}
+
+fn connect(qp: &Qp, gid: Gid, qpn: u32, timeout: u8, retry: u8) {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu4096);
+    qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+    qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0).max_dest_rd_atomic(16).min_rnr_timer(1)).unwrap();
+    qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(timeout).retry_cnt(retry).rnr_retry(7).max_rd_atomic(16)).unwrap();
+}
+
+fn wait(cq: &Cq, n: usize, secs: u64) -> Vec<Wc> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut out = Vec::new();
+    let mut wcs = [Wc::default(); 64];
+    while out.len() < n {
+        let k = cq.poll(&mut wcs).unwrap();
+        out.extend_from_slice(&wcs[..k]);
+        if k == 0 {
+            assert!(Instant::now() < deadline, "timed out waiting for {n} completions, got {out:?}");
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+fn traffic(a: &End, b: &End) {
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), 14, 7);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), 14, 7);
+    let n = 200_000usize;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let src = a.pd.reg_mr((0..n).map(|i| (i * 13) as u8).collect(), all).unwrap();
+    let dst = b.pd.alloc_mr(n, all).unwrap();
+    let (rsge, ssge) = ([dst.sge(0..64)], [src.sge(0..8)]);
+    for round in 0..3u64 {
+        b.qp.post_recv(&(0..20).map(|i| RecvWr::new(i, &rsge)).collect::<Vec<_>>()).unwrap();
+        a.qp.post_send(&(0..20).map(|i| SendWr::send(i, &ssge).signaled()).collect::<Vec<_>>()).unwrap();
+        assert!(wait(&a.cq, 20, 10).iter().all(|w| w.status == WcStatus::Success));
+        assert!(wait(&b.cq, 20, 10).iter().all(|w| w.status == WcStatus::Success));
+        a.qp.post_send(&[SendWr::rdma_write(100 + round, &[src.sge(0..n)], dst.addr(), dst.rkey()).signaled()])
+            .unwrap();
+        assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+        let back = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+        a.qp.post_send(&[SendWr::rdma_read(200 + round, &[back.sge(0..n)], dst.addr(), dst.rkey()).signaled()])
+            .unwrap();
+        assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+        assert_eq!(back.to_vec().unwrap(), src.to_vec().unwrap());
+        a.qp.post_send(&[
+            SendWr::atomic_fetch_add(300 + round, &[back.sge(0..8)], dst.addr(), dst.rkey(), 1).signaled()
+        ])
+        .unwrap();
+        assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+    }
+}
+
+/// Sends, 200 KB Writes and Reads and atomics through the rings, blocking and busy-poll; the
+/// device checked every datagram's ICRC (none failed) and a capture tap saw them all.
+/// Rule PKT-ROCE-10
+#[test]
+fn rc_traffic_over_shared_memory() {
+    for busy in [false, true] {
+        let capture = SharedBuf::new();
+        let a = end(ShmConfig::default().busy_poll(busy).tap(TapHandle::new(PcapTap::new(capture.clone()).unwrap())));
+        let b = end(ShmConfig::default().busy_poll(busy));
+        assert_ne!(a.dev.addr(), b.dev.addr());
+        assert_eq!(a.dev.context().query_gid(1, 0).unwrap(), a.dev.gid());
+        traffic(&a, &b);
+        for d in [&a.dev, &b.dev] {
+            let c = d.counters();
+            assert!(c.rx_datagrams > 0 && c.tx_datagrams > 0, "{c:?}");
+            assert_eq!((c.tx_no_peer, c.rx_stalled_slots), (0, 0), "{c:?}");
+            assert_eq!(d.context().counters().rx_bad_icrc, 0);
+        }
+        assert!(capture.len() > 24, "the capture tap saw the datagrams");
+    }
+}
+
+/// An address whose ring a live device owns cannot be taken again; once that device is gone
+/// it can.
+#[test]
+fn a_second_attach_to_an_address_is_refused() {
+    // An address of its own: the other tests, running beside it, take the first free ones.
+    let a = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 201))).unwrap();
+    let err = ShmDevice::open(ShmConfig::default().addr(a.addr())).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
+    let addr = a.addr();
+    drop(a);
+    let again = ShmDevice::open(ShmConfig::default().addr(addr)).unwrap();
+    assert_eq!(again.addr(), addr);
+}
+
+/// A ring file left behind by a process that died (whole, naming a pid that no longer runs,
+/// or cut short before its creator sized it) is reclaimed by the next device of the address.
+#[test]
+fn a_stale_rendezvous_is_reclaimed() {
+    let a = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 202))).unwrap();
+    let addr = a.addr();
+    let path = format!("/dev/shm/softhca-shm-{addr}");
+    // Keep a copy of a live ring, then make it a dead process's: a child that has exited.
+    let bytes = std::fs::read(&path).unwrap();
+    drop(a);
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let mut stale = bytes.clone();
+    stale[16..20].copy_from_slice(&dead.to_ne_bytes()); // the header's owner pid
+    write_private(&path, &stale);
+    let b = ShmDevice::open(ShmConfig::default().addr(addr)).expect("a dead owner's ring is reclaimed");
+    drop(b);
+    write_private(&path, &[]); // cut short: its creator died before sizing it
+    let c = ShmDevice::open(ShmConfig::default().addr(addr)).expect("an unfinished ring is reclaimed");
+    drop(c);
+    assert!(std::fs::metadata(&path).is_err(), "a device removes its ring when it closes");
+}
+
+fn write_private(path: &str, bytes: &[u8]) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+/// The peer goes away in the middle of a stream of Writes (its device closes and its ring is
+/// removed): the sender's datagrams find nobody, its requester times out and retries, and the
+/// Writes complete in error (Transport Retry Counter Exceeded, then flushed), without a hang.
+/// Rule PKT-RTY-4, ERR-SQ-10
+#[test]
+fn a_peer_that_goes_away_fails_the_transfer_cleanly() {
+    let a = end(ShmConfig::default());
+    let b = end(ShmConfig::default());
+    // A short ACK timeout (about 4 ms) and one retry, so the failure comes quickly.
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), 10, 1);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), 10, 1);
+    let n = 1 << 20;
+    let src = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.alloc_mr(n, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let (addr, rkey) = (dst.addr(), dst.rkey());
+    a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..n)], addr, rkey).signaled()]).unwrap();
+    let w = wait(&a.cq, 1, 10);
+    assert_eq!(
+        w[0].status,
+        WcStatus::Success,
+        "the link works: {:?} {:?} / {:?} {:?}",
+        a.dev.counters(),
+        a.dev.context().counters(),
+        b.dev.counters(),
+        b.dev.context().counters()
+    );
+    let whole = [src.sge(0..n)];
+    a.qp.post_send(&(2..34).map(|i| SendWr::rdma_write(i, &whole, addr, rkey).signaled()).collect::<Vec<_>>()).unwrap();
+    let End { dev, .. } = b;
+    drop(dev);
+    let w = wait(&a.cq, 32, 20);
+    assert!(w.iter().any(|w| w.status == WcStatus::RetryExcErr), "{w:?}");
+    assert!(w.iter().all(|w| matches!(w.status, WcStatus::Success | WcStatus::RetryExcErr | WcStatus::WrFlushErr)));
+    assert!(a.dev.counters().tx_no_peer > 0);
+}
+
+/// A peer that never drains its ring (a ring whose owner lives but does not read it): once
+/// the ring is full the sender's datagrams wait for room a bounded time and are dropped, the
+/// requester's retries run out, and its Write completes in error; the sender never blocks.
+/// Rule PKT-RTY-4
+#[test]
+fn a_peer_that_never_drains_does_not_block_its_senders() {
+    // A fresh ring's bytes, owned by this (live) process, put where nobody reads them.
+    let model = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 203))).unwrap();
+    let bytes = std::fs::read(format!("/dev/shm/softhca-shm-{}", model.addr())).unwrap();
+    drop(model);
+    let silent = Ipv4Addr::new(127, 0, 0, 204);
+    write_private(&format!("/dev/shm/softhca-shm-{silent}"), &bytes);
+    let a = end(ShmConfig::default());
+    connect(&a.qp, Gid::from_ipv6(silent.to_ipv6_mapped()), 0x99, 10, 1);
+    let n = 4 << 20;
+    let src = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..n)], 0x1000, 0x1234).signaled()]).unwrap();
+    let w = wait(&a.cq, 1, 20);
+    assert_eq!(w[0].status, WcStatus::RetryExcErr, "{w:?}");
+    assert!(a.dev.counters().tx_ring_waits > 0, "{:?}", a.dev.counters());
+    // The device goes on: a new connection to a live peer works (the datagram that waited for
+    // the silent ring is dropped once its patience runs out).
+    let b = end(ShmConfig::default());
+    let qp = a.pd.create_qp(&QpInitAttr::rc(&a.cq, &a.cq)).unwrap();
+    connect(&qp, b.dev.gid(), b.qp.qp_num(), 14, 7);
+    connect(&b.qp, a.dev.gid(), qp.qp_num(), 14, 7);
+    let land = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr::new(5, &[land.sge(0..64)])]).unwrap();
+    qp.post_send(&[SendWr::send(6, &[src.sge(0..64)]).signaled()]).unwrap();
+    assert_eq!(wait(&a.cq, 1, 20)[0].status, WcStatus::Success);
+    assert_eq!(wait(&b.cq, 1, 20)[0].status, WcStatus::Success);
+    assert!(a.dev.counters().tx_ring_full > 0, "{:?}", a.dev.counters());
+    let _ = std::fs::remove_file(format!("/dev/shm/softhca-shm-{silent}"));
+}
