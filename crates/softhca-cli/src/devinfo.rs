@@ -30,12 +30,26 @@ pub fn run(args: &DevinfoArgs) -> Res<()> {
             print!("{}", render(&ctx, args.verbose, "sim (in-process simulated fabric)")?);
             net.finish()
         }
+        LinkKind::Shm => {
+            let mut net = Net::os(LinkKind::Shm, args.pcap.pcap.as_deref(), false);
+            let ctx = net.add_device(&args.device)?;
+            let link = match net.os_devices().first() {
+                Some(net::OsDevice::Shm(d)) => format!("shm {} (rings in /dev/shm)", d.addr()),
+                _ => "shm".to_string(),
+            };
+            print!("{}", render(&ctx, args.verbose, &link)?);
+            net.finish()
+        }
         LinkKind::Udp => {
             let mut net = Net::udp(args.pcap.pcap.as_deref(), false);
             let ctx = net.add_device(&args.device)?;
             let link = net
-                .udp_devices()
+                .os_devices()
                 .first()
+                .and_then(|d| match d {
+                    net::OsDevice::Udp(d) => Some(d),
+                    net::OsDevice::Shm(_) => None,
+                })
                 .map(|d| {
                     let (gso, gro) = d.offloads();
                     format!(

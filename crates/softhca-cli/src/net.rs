@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use softhca::link::shm::{ShmConfig, ShmDevice};
 use softhca::link::udp::{UdpConfig, UdpDevice};
+use softhca::link::{PcapTap, TapHandle};
 use softhca::link::{SimConfig, SimCounters, SimFabric};
 use softhca::transport::DeviceCounters;
 use softhca::*;
@@ -32,6 +34,8 @@ pub enum LinkKind {
     Sim,
     /// RoCEv2 over real UDP sockets.
     Udp,
+    /// The same RoCEv2 datagrams through rings in shared memory: processes of one host.
+    Shm,
 }
 
 /// The simulated link's faults and seed.
@@ -87,9 +91,29 @@ pub fn udp_wait() -> Duration {
 pub enum Net {
     /// Everything happens inside `wait`, on the fabric's virtual clock.
     Sim { fabric: Box<SimFabric>, pcap: Option<PathBuf> },
-    /// Engine threads move the packets; `wait` polls. The first device records the pcap
-    /// (everything it sends and receives).
-    Udp { devs: Vec<UdpDevice>, pcap: Option<PathBuf>, busy_poll: bool },
+    /// Engine threads move the packets (UDP sockets, or shared-memory rings with `shm`);
+    /// `wait` polls. The first device records the pcap (everything it sends and receives).
+    Udp { devs: Vec<OsDevice>, pcap: Option<PathBuf>, busy_poll: bool, shm: bool },
+}
+
+/// A device on a link of the operating system's: UDP sockets or shared memory.
+pub enum OsDevice {
+    Udp(UdpDevice),
+    Shm(ShmDevice),
+}
+
+impl OsDevice {
+    /// The device's address and its link's counters, for a diagnostic.
+    pub fn describe(&self) -> String {
+        match self {
+            OsDevice::Udp(d) => {
+                format!("{} at {}: {:?}; {:?}", d.context().name(), d.addr(), d.context().counters(), d.counters())
+            }
+            OsDevice::Shm(d) => {
+                format!("{} at {}: {:?}; {:?}", d.context().name(), d.addr(), d.context().counters(), d.counters())
+            }
+        }
+    }
 }
 
 impl Net {
@@ -105,13 +129,18 @@ impl Net {
 
     /// A udp link; devices bind `SOFTHCA_ADDR` or the first free 127.0.0.x.
     pub fn udp(pcap: Option<&Path>, busy_poll: bool) -> Net {
-        Net::Udp { devs: Vec::new(), pcap: pcap.map(Path::to_path_buf), busy_poll }
+        Net::Udp { devs: Vec::new(), pcap: pcap.map(Path::to_path_buf), busy_poll, shm: false }
+    }
+
+    /// The link of `kind` between processes (udp or shm).
+    pub fn os(kind: LinkKind, pcap: Option<&Path>, busy_poll: bool) -> Net {
+        Net::Udp { devs: Vec::new(), pcap: pcap.map(Path::to_path_buf), busy_poll, shm: kind == LinkKind::Shm }
     }
 
     pub fn add_device(&mut self, name: &str) -> Res<Context> {
         match self {
             Net::Sim { fabric, .. } => Ok(fabric.add_device(name)?),
-            Net::Udp { devs, pcap, busy_poll } => {
+            Net::Udp { devs, pcap, busy_poll, shm: false } => {
                 let cfg = UdpConfig {
                     name: name.to_string(),
                     busy_poll: *busy_poll,
@@ -120,14 +149,27 @@ impl Net {
                 };
                 let dev = UdpDevice::open(cfg).map_err(|e| err(format!("cannot open udp device {name}: {e}")))?;
                 let ctx = dev.context().clone();
-                devs.push(dev);
+                devs.push(OsDevice::Udp(dev));
+                Ok(ctx)
+            }
+            Net::Udp { devs, pcap, busy_poll, shm: true } => {
+                let mut cfg = ShmConfig::default().name(name).busy_poll(*busy_poll);
+                if let (true, Some(path)) = (devs.is_empty(), pcap.as_ref()) {
+                    let file = std::fs::File::create(path)
+                        .map_err(|e| err(format!("cannot write pcap {}: {e}", path.display())))?;
+                    let tap = PcapTap::new(std::io::BufWriter::new(file)).map_err(|e| err(format!("pcap: {e}")))?;
+                    cfg = cfg.tap(TapHandle::new(tap));
+                }
+                let dev = ShmDevice::open(cfg).map_err(|e| err(format!("cannot open shm device {name}: {e}")))?;
+                let ctx = dev.context().clone();
+                devs.push(OsDevice::Shm(dev));
                 Ok(ctx)
             }
         }
     }
 
-    /// The udp devices (empty on the sim link).
-    pub fn udp_devices(&self) -> &[UdpDevice] {
+    /// The udp or shm devices (empty on the sim link).
+    pub fn os_devices(&self) -> &[OsDevice] {
         match self {
             Net::Sim { .. } => &[],
             Net::Udp { devs, .. } => devs,
@@ -159,18 +201,7 @@ impl Net {
                     }
                     if start.elapsed() > limit {
                         let Net::Udp { devs, .. } = &*self else { unreachable!() };
-                        let state: Vec<String> = devs
-                            .iter()
-                            .map(|d| {
-                                format!(
-                                    "{} at {}: {:?}; {:?}",
-                                    d.context().name(),
-                                    d.addr(),
-                                    d.context().counters(),
-                                    d.counters()
-                                )
-                            })
-                            .collect();
+                        let state: Vec<String> = devs.iter().map(OsDevice::describe).collect();
                         return Err(err(format!(
                             "timed out after {} s waiting for {what}; {}",
                             udp_wait().as_secs(),
@@ -307,7 +338,7 @@ pub fn gid_string(g: Gid) -> String {
 pub fn rc_timeout(link: LinkKind) -> u8 {
     match link {
         LinkKind::Sim => 10,
-        LinkKind::Udp => 14,
+        LinkKind::Udp | LinkKind::Shm => 14,
     }
 }
 

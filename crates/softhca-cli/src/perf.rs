@@ -672,11 +672,13 @@ pub(crate) fn check_link_flags(args: &PerfArgs) -> Res<()> {
         LinkKind::Sim if args.server || args.connect.is_some() || args.loopback => {
             Err(err("--server/--connect/--loopback are for --link udp; --link sim runs both ends here"))
         }
-        LinkKind::Udp if args.faults.loss + args.faults.dup + args.faults.reorder + args.faults.corrupt > 0.0 => {
+        LinkKind::Udp | LinkKind::Shm
+            if args.faults.loss + args.faults.dup + args.faults.reorder + args.faults.corrupt > 0.0 =>
+        {
             Err(err("--loss/--dup/--reorder/--corrupt are faults of the sim link"))
         }
-        LinkKind::Udp if !args.server && args.connect.is_none() && !args.loopback => {
-            Err(err("--link udp needs --loopback (both ends here), --server or --connect HOST"))
+        LinkKind::Udp | LinkKind::Shm if !args.server && args.connect.is_none() && !args.loopback => {
+            Err(err("--link udp and --link shm need --loopback (both ends here), --server or --connect HOST"))
         }
         _ => Ok(()),
     }
@@ -687,7 +689,7 @@ pub(crate) fn check_link_flags(args: &PerfArgs) -> Res<()> {
 pub fn run_local(args: &PerfArgs) -> Res<()> {
     let mut net = match args.link {
         LinkKind::Sim => Net::sim(&args.faults, args.pcap.pcap.as_deref())?,
-        LinkKind::Udp => Net::udp(args.pcap.pcap.as_deref(), args.busy_poll),
+        LinkKind::Udp | LinkKind::Shm => Net::os(args.link, args.pcap.pcap.as_deref(), args.busy_poll),
     };
     let ca = net.add_device("softhca0")?;
     let cb = net.add_device("softhca1")?;
@@ -994,6 +996,7 @@ pub fn print_table(r: &PerfResult) {
         match r.link {
             LinkKind::Sim => "sim",
             LinkKind::Udp => "udp",
+            LinkKind::Shm => "shm",
         },
         match (r.mode.as_str(), &r.peer) {
             ("client", Some(p)) => format!(" (two processes, server {p})"),

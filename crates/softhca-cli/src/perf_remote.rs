@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use softhca::*;
 
-use crate::net::{self, err, Exchange, LinkKind, Net, QpInfo, Res};
+use crate::net::{self, err, Exchange, Net, QpInfo, Res};
 use crate::perf::{
     self, CountersJson, Errors, Initiator, Op, PerfArgs, PerfResult, Responder, Tally, RECV_TAG, REMOTE_ACCESS,
 };
@@ -129,7 +129,7 @@ fn sub(b: CountersJson, a: CountersJson) -> CountersJson {
 pub fn client(args: &PerfArgs, host: &str) -> Res<()> {
     let size = args.msg_size();
     let mtu = net::parse_mtu(args.mtu)?;
-    let mut net = Net::udp(args.pcap.pcap.as_deref(), args.busy_poll);
+    let mut net = Net::os(args.link, args.pcap.pcap.as_deref(), args.busy_poll);
     let ctx = net.add_device("softhca_perf_client")?;
     let mut init = Initiator::new(&ctx, args)?;
     // Where the server's echoes land: written by the server (write_lat) or received (send_lat).
@@ -164,7 +164,7 @@ pub fn client(args: &PerfArgs, host: &str) -> Res<()> {
         return Err(err(format!("the server set up {} QPs, not {}", theirs.len(), init.flows.len())));
     }
     for (f, info) in init.flows.iter_mut().zip(&theirs) {
-        net::connect_qp(&f.qp, net::initial_psn(f.qp.qp_num()), info, mtu, net::rc_timeout(LinkKind::Udp))?;
+        net::connect_qp(&f.qp, net::initial_psn(f.qp.qp_num()), info, mtu, net::rc_timeout(args.link))?;
         f.raddr = info.addr;
         f.rkey = info.rkey;
     }
@@ -413,7 +413,7 @@ fn send_lat_client(
 // The server: the responder.
 
 pub fn serve(args: &PerfArgs) -> Res<()> {
-    let mut net = Net::udp(args.pcap.pcap.as_deref(), args.busy_poll);
+    let mut net = Net::os(args.link, args.pcap.pcap.as_deref(), args.busy_poll);
     let ctx = net.add_device("softhca_perf_server")?;
     let gid = net::display_gid(ctx.query_gid(1, 0)?);
     eprintln!("softhca perf {:?} server: device at {gid}, waiting for a client on TCP port {}", args.op, args.port);
@@ -450,7 +450,7 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
     let mut resp = Responder::new(&ctx, args)?;
     let mut theirs = Vec::new();
     for (t, info) in resp.targets.iter().zip(&hello.qp) {
-        net::connect_qp(&t.qp, net::initial_psn(t.qp.qp_num()), info, mtu, net::rc_timeout(LinkKind::Udp))?;
+        net::connect_qp(&t.qp, net::initial_psn(t.qp.qp_num()), info, mtu, net::rc_timeout(args.link))?;
         theirs.push(perf::qp_info(&t.qp, &ctx, Some(&t.mem))?);
     }
     let total = args.per_qp().unwrap_or(u64::MAX);

@@ -273,9 +273,9 @@ pub fn run(args: &PingpongArgs) -> Res<()> {
             }
             run_sim(args)
         }
-        LinkKind::Udp => {
+        LinkKind::Udp | LinkKind::Shm => {
             if !args.server && args.connect.is_none() {
-                return Err(err("--link udp needs --server or --connect HOST"));
+                return Err(err("--link udp and --link shm need --server or --connect HOST"));
             }
             run_udp(args)
         }
@@ -347,7 +347,7 @@ fn run_sim(args: &PingpongArgs) -> Res<()> {
 fn run_udp(args: &PingpongArgs) -> Res<()> {
     let mtu = net::parse_mtu(args.mtu)?;
     let client = !args.server;
-    let mut net = Net::udp(args.pcap.pcap.as_deref(), args.busy_poll);
+    let mut net = Net::os(args.link, args.pcap.pcap.as_deref(), args.busy_poll);
     let ctx = net.add_device(if client { "softhca_udp_client" } else { "softhca_udp_server" })?;
     let mut end = End::new(&ctx, args.qp, client, args)?;
     let mut mine = end.info(&ctx)?;
@@ -375,7 +375,7 @@ fn run_udp(args: &PingpongArgs) -> Res<()> {
             theirs.params, mine.params
         )));
     }
-    end.connect(&theirs, mtu, LinkKind::Udp)?;
+    end.connect(&theirs, mtu, args.link)?;
     // Both ends have their receives posted before the first Send.
     ex.send(&"ready")?;
     let _: String = ex.recv()?;

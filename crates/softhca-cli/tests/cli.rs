@@ -512,3 +512,35 @@ fn udp_perf_server_refuses_a_different_test() {
     );
     assert!(s_err.contains("refused"), "{s_err}");
 }
+
+/// `--link shm`: both ends in one process (`--loopback`), and a server and a client process
+/// meeting through their rings in /dev/shm; every operation's data is verified.
+#[test]
+fn shm_perf_in_one_process_and_between_two() {
+    for op in ["write", "send", "read", "atomic"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_softhca"))
+            .args(["perf", op, "--link", "shm", "--loopback", "--iters", "300", "--size", "16384", "--json"])
+            .env("SOFTHCA_WAIT_SECS", "30")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{op}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_str(text.trim()).unwrap();
+        check_perf(&v, 300);
+        assert_eq!(v["link"], "shm");
+    }
+    for (op, extra) in [("write", &[][..]), ("send", &["--lat", "--size", "8"][..])] {
+        let port = free_port().to_string();
+        let server =
+            Child::spawn(&format!("shm-{op}-server"), &["perf", op, "--link", "shm", "--server", "--port", &port]);
+        let mut args = vec!["perf", op, "--link", "shm", "--connect", "127.0.0.1", "--port", &port, "--iters", "200"];
+        args.extend_from_slice(extra);
+        args.push("--json");
+        let (c_ok, c_out, c_err) = Child::spawn(&format!("shm-{op}-client"), &args).finish(90);
+        let (s_ok, _, s_err) = server.finish(if c_ok { 30 } else { 5 });
+        assert!(c_ok && s_ok, "{op}: client {c_out} {c_err}\nserver {s_err}");
+        let v: Value = serde_json::from_str(c_out.trim()).unwrap();
+        check_perf(&v, 200);
+        assert_eq!((v["link"].as_str(), v["mode"].as_str()), (Some("shm"), Some("client")), "{v}");
+    }
+}

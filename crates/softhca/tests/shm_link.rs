@@ -114,7 +114,8 @@ fn a_second_attach_to_an_address_is_refused() {
 }
 
 /// A ring file left behind by a process that died (whole, naming a pid that no longer runs,
-/// or cut short before its creator sized it) is reclaimed by the next device of the address.
+/// or cut short before its creator sized it) is reclaimed by the next device of the address;
+/// one that another process is creating right now is not.
 #[test]
 fn a_stale_rendezvous_is_reclaimed() {
     let a = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 202))).unwrap();
@@ -131,7 +132,13 @@ fn a_stale_rendezvous_is_reclaimed() {
     write_private(&path, &stale);
     let b = ShmDevice::open(ShmConfig::default().addr(addr)).expect("a dead owner's ring is reclaimed");
     drop(b);
-    write_private(&path, &[]); // cut short: its creator died before sizing it
+    // Cut short: a creator sizes and stamps its ring right after creating it, so a file
+    // still empty after a while was left by one that died; a fresh one is still being made.
+    write_private(&path, &[]);
+    let err = ShmDevice::open(ShmConfig::default().addr(addr)).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "a ring being created is left alone");
+    let old = std::time::SystemTime::now() - Duration::from_secs(60);
+    std::fs::File::options().write(true).open(&path).unwrap().set_modified(old).unwrap();
     let c = ShmDevice::open(ShmConfig::default().addr(addr)).expect("an unfinished ring is reclaimed");
     drop(c);
     assert!(std::fs::metadata(&path).is_err(), "a device removes its ring when it closes");

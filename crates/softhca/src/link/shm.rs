@@ -62,6 +62,9 @@ const BATCH: usize = 64;
 /// RC retransmits it): a peer that drains slowly slows its senders down, one that stopped
 /// draining costs them this long per datagram at most.
 pub const PATIENCE_NS: u64 = 50_000_000;
+/// A ring file still being created (no magic yet) is left alone for this long; an older one
+/// was left by a creator that died.
+const CREATE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// A peer whose ring could not be opened is tried again after this long.
 const PEER_RETRY_NS: u64 = 10_000_000;
 const MAGIC: u64 = 0x736f_6674_6863_6131; // "softhca1"
@@ -326,17 +329,23 @@ fn create_ring(addr: Ipv4Addr) -> io::Result<(Ring, File)> {
                 return Ok((ring, bell));
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt == 0 => {
-                // A file of the wrong size was never finished (mapping past its end would
-                // fault): its creator died.
-                let owner = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(ring_path(addr))
-                    .ok()
-                    .filter(|f| f.metadata().is_ok_and(|m| m.len() == ring_len(RING_SLOTS) as u64))
-                    .and_then(|f| Ring::map(&f, RING_SLOTS).ok())
+                let Ok(file) = OpenOptions::new().read(true).write(true).open(ring_path(addr)) else { continue };
+                let meta = file.metadata()?;
+                // A file of the wrong size, or without the magic, is being created (its
+                // creator writes the magic last) or was left unfinished by one that died:
+                // only an old one is taken for the latter. Mapping one of the wrong size
+                // would fault past its end, so it is not mapped.
+                let young = meta.modified().ok().and_then(|t| t.elapsed().ok()).is_none_or(|a| a < CREATE_GRACE);
+                let owner = (meta.len() == ring_len(RING_SLOTS) as u64)
+                    .then(|| Ring::map(&file, RING_SLOTS).ok())
+                    .flatten()
+                    .filter(Ring::valid)
                     .map(|r| r.header().owner_pid.load(Ordering::Acquire));
-                if owner.is_some_and(alive) {
+                let in_use = match owner {
+                    Some(pid) => alive(pid),
+                    None => young,
+                };
+                if in_use {
                     return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{} is in use", ring_path(addr))));
                 }
                 // Left by a process that died (or never finished creating it): reclaim.
