@@ -16,6 +16,7 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
+use softhca::link::shm::{ShmConfig, ShmDevice};
 use softhca::link::udp::{UdpConfig, UdpDevice};
 use softhca::{AsyncEvent, AsyncEventType, Context, EventElement, Mtu};
 
@@ -65,9 +66,33 @@ fn device() -> *mut ibv_device {
     &d.ibv as *const ibv_device as *mut ibv_device
 }
 
+/// The link the process's device is on: UDP sockets (the default), or shared-memory rings
+/// with `SOFTHCA_LINK=shm` (processes of one host).
+pub enum LinkDevice {
+    Udp(UdpDevice),
+    Shm(ShmDevice),
+}
+
+impl LinkDevice {
+    pub fn context(&self) -> &Context {
+        match self {
+            LinkDevice::Udp(d) => d.context(),
+            LinkDevice::Shm(d) => d.context(),
+        }
+    }
+
+    /// The device's address (its GID 0).
+    pub fn addr(&self) -> IpAddr {
+        match self {
+            LinkDevice::Udp(d) => d.addr(),
+            LinkDevice::Shm(d) => IpAddr::V4(d.addr()),
+        }
+    }
+}
+
 /// The process's open device, shared by its contexts.
 pub struct Shared {
-    pub dev: UdpDevice,
+    pub dev: LinkDevice,
     /// The open contexts (their addresses): where the device's asynchronous events go.
     contexts: Mutex<Vec<usize>>,
 }
@@ -84,9 +109,26 @@ fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>> {
         return Ok(s);
     }
     let busy = std::env::var("SOFTHCA_BUSY_POLL").is_ok_and(|v| v == "1");
-    let mut cfg = UdpConfig::default().name(DEVICE_NAME).busy_poll(busy);
-    cfg.addr = addr;
-    let dev = UdpDevice::open(cfg)?;
+    let dev = match std::env::var("SOFTHCA_LINK").as_deref() {
+        Ok("shm") => {
+            let mut cfg = ShmConfig::default().name(DEVICE_NAME).busy_poll(busy);
+            cfg.addr = match addr {
+                None => None,
+                Some(IpAddr::V4(a)) => Some(a),
+                Some(IpAddr::V6(_)) => return Err(std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
+            };
+            LinkDevice::Shm(ShmDevice::open(cfg)?)
+        }
+        Ok("udp") | Err(_) => {
+            let mut cfg = UdpConfig::default().name(DEVICE_NAME).busy_poll(busy);
+            cfg.addr = addr;
+            LinkDevice::Udp(UdpDevice::open(cfg)?)
+        }
+        Ok(other) => {
+            eprintln!("softhca: SOFTHCA_LINK={other:?}: the link is udp or shm");
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+    };
     let s = Arc::new(Shared { dev, contexts: Mutex::new(Vec::new()) });
     let weak = Arc::downgrade(&s);
     let routed = s.dev.context().set_async_event_handler(move |ev| {

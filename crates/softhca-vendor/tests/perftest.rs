@@ -22,6 +22,11 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// a result row, except the passive side of the Read and Atomic latency tests, which perftest
 /// never has print one. Returns the client's output.
 fn perftest(prog: &str, args: &[&str], k: u16) -> Option<String> {
+    perftest_env(prog, args, k, &[])
+}
+
+/// [`perftest`] with `env` set for both processes.
+fn perftest_env(prog: &str, args: &[&str], k: u16, env: &[(&str, &str)]) -> Option<String> {
     let path = format!("/usr/bin/{prog}");
     if !(tool("cc") && have(Path::new(&path).exists(), "perftest")) {
         return None;
@@ -30,7 +35,10 @@ fn perftest(prog: &str, args: &[&str], k: u16) -> Option<String> {
     let port = 21000 + (std::process::id() % 1000) as u16 * 16 + k;
     let spawn = |client: bool| {
         let mut c = Command::new(&path);
-        c.env("LD_LIBRARY_PATH", all_libs()).args(["-x", "0", "-p", &port.to_string()]).args(args);
+        c.env("LD_LIBRARY_PATH", all_libs())
+            .envs(env.iter().copied())
+            .args(["-x", "0", "-p", &port.to_string()])
+            .args(args);
         if client {
             c.arg("127.0.0.1");
         }
@@ -66,6 +74,14 @@ fn perftest(prog: &str, args: &[&str], k: u16) -> Option<String> {
 #[test]
 fn ib_write_bw() {
     perftest("ib_write_bw", &[], 0);
+}
+
+/// The drop-in on the shared-memory link (`SOFTHCA_LINK=shm`): perftest unchanged.
+#[test]
+fn ib_write_bw_and_ib_send_lat_over_shared_memory() {
+    let shm = [("SOFTHCA_LINK", "shm")];
+    perftest_env("ib_write_bw", &["-s", "65536", "-n", "2000"], 18, &shm);
+    perftest_env("ib_send_lat", &["-s", "8", "-n", "2000"], 19, &shm);
 }
 
 #[test]
