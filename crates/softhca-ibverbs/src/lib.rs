@@ -2,8 +2,9 @@
 //! `libibverbs.so.1` that unmodified C programs (ibv_devinfo, ibv_rc_pingpong, …) load with
 //! `LD_LIBRARY_PATH`. Each `ibv_*` object is a heap box whose first field is the C structure
 //! the program sees, followed by the softhca object behind it; the program's pointer is the
-//! box's. Every device is a [`UdpDevice`] (RoCEv2 over UDP, GID 0 = its IPv4 address), so two
-//! programs on one host, or on two hosts, talk as two RDMA nodes.
+//! box's. Every device is a `UdpDevice` (RoCEv2 over UDP, GID 0 = its IPv4 address), or with
+//! `SOFTHCA_LINK=shm` a `ShmDevice` (the same datagrams through shared-memory rings, processes
+//! of one host), so two programs on one host, or on two hosts, talk as two RDMA nodes.
 //!
 //! What a C caller passes is trusted as libibverbs trusts it (pointers, list links, lengths):
 //! the `# Safety` of every exported function is libibverbs' contract for it (live objects

@@ -16,8 +16,9 @@
 //!   QP, EEC) with the results of `spec/RULES.md`; what an engine step leaves for after it
 //!   (wake-ups, callbacks) runs there, once the step has let go of its locks;
 //! - [`link`]: the drivers, which own I/O and time and drive a device from outside (the
-//!   deterministic sim fabric; real UDP sockets through the engine driver any OS-facing link
-//!   reuses), and the taps any link takes (a pcap capture, seeded faults).
+//!   deterministic sim fabric; real UDP sockets and shared-memory rings, both through the
+//!   engine driver any OS-facing link reuses), and the taps any link takes (a pcap capture,
+//!   seeded faults).
 
 pub mod attr;
 pub mod error;

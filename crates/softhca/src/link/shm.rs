@@ -2,7 +2,7 @@
 //! the same RoCEv2 datagrams the UDP link sends — IP header on, ICRC included, so a capture
 //! tap sees real packets and every receiver checks every ICRC — through rings in shared
 //! memory instead of sockets. It reuses the engine driver (`link::driver`): this file is
-//! its [`Port`], the rendezvous and the rings.
+//! its `Port`, the rendezvous and the rings.
 //!
 //! # Rendezvous
 //!
