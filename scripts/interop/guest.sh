@@ -63,6 +63,15 @@ if [ $SPEED = 1 ]; then
     speed "softhca.busy$mode.send_lat" "${S[@]}" SOFTHCA_ADDR=127.0.0.2 "${LAT[@]}" -x 0 -- \
       "${S[@]}" SOFTHCA_ADDR=127.0.0.3 "${LAT[@]}" -x 0 127.0.0.2
   done
+  # The shared-memory link (issue 13): the same perftest, the rings in /dev/shm.
+  mountpoint -q /dev/shm || { mkdir -p /dev/shm && mount -t tmpfs -o mode=1777 tmpfs /dev/shm; }
+  for mode in 0 1; do
+    S=("${SP[@]}" "SOFTHCA_BUSY_POLL=$mode" SOFTHCA_LINK=shm)
+    speed "softhca.shm.busy$mode.write_bw" "${S[@]}" SOFTHCA_ADDR=127.0.0.2 "${BW[@]}" -x 0 -- \
+      "${S[@]}" SOFTHCA_ADDR=127.0.0.3 "${BW[@]}" -x 0 127.0.0.2
+    speed "softhca.shm.busy$mode.send_lat" "${S[@]}" SOFTHCA_ADDR=127.0.0.2 "${LAT[@]}" -x 0 -- \
+      "${S[@]}" SOFTHCA_ADDR=127.0.0.3 "${LAT[@]}" -x 0 127.0.0.2
+  done
   exit 0
 fi
 

@@ -150,15 +150,17 @@ def perftest_row(path, header, index):
 
 def speed(sdir):
     bw, lat = {}, {}
-    for who in ("rxe", "softhca.busy0", "softhca.busy1"):
+    whos = ("rxe", "softhca.busy0", "softhca.busy1", "softhca.shm.busy0", "softhca.shm.busy1")
+    for who in whos:
         # #bytes #iterations BW-peak BW-average MsgRate / #bytes #iterations t_min t_max t_typical
         bw[who] = perftest_row(os.path.join(sdir, who + ".write_bw.client.log"), "BW average[MB/sec]", 3)
         lat[who] = perftest_row(os.path.join(sdir, who + ".send_lat.client.log"), "t_typical[usec]", 4)
     names = {"rxe": "rxe0 -> rxe1 (veth)", "softhca.busy0": "softhca -> softhca (blocking)",
-             "softhca.busy1": "softhca -> softhca (busy-poll)"}
+             "softhca.busy1": "softhca -> softhca (busy-poll)", "softhca.shm.busy0": "softhca shm (blocking)",
+             "softhca.shm.busy1": "softhca shm (busy-poll)"}
     print("same guest, emulated (ratios: softhca / rxe; higher is better for bandwidth, lower for latency)")
     print("%-32s %22s %22s" % ("", "ib_write_bw 64 KiB", "ib_send_lat 8 B typ."))
-    for who in ("rxe", "softhca.busy0", "softhca.busy1"):
+    for who in whos:
         b = "%.1f MiB/s" % bw[who] if bw[who] is not None else "-"
         t = "%.2f us" % lat[who] if lat[who] is not None else "-"
         if who != "rxe" and bw[who] and bw["rxe"]:
