@@ -168,6 +168,19 @@ impl Net {
         }
     }
 
+    /// Switches the udp or shm devices' busy-poll mode (nothing on the sim link).
+    pub fn set_busy_poll(&mut self, on: bool) {
+        if let Net::Udp { devs, busy_poll, .. } = self {
+            *busy_poll = on;
+            for d in devs.iter() {
+                match d {
+                    OsDevice::Udp(d) => d.set_busy_poll(on),
+                    OsDevice::Shm(d) => d.set_busy_poll(on),
+                }
+            }
+        }
+    }
+
     /// The udp or shm devices (empty on the sim link).
     pub fn os_devices(&self) -> &[OsDevice] {
         match self {

@@ -39,6 +39,10 @@ struct Hello {
     lat: bool,
     mtu: u32,
     qp: Vec<QpInfo>,
+    /// The client busy-polls: a server that does not switches to it for the test, since a
+    /// latency measured against a sleeping peer is mostly its wake-up.
+    #[serde(default)]
+    busy_poll: bool,
 }
 
 /// Server → client: the server's QPs and memory, or why it will not run the test.
@@ -155,6 +159,7 @@ pub fn client(args: &PerfArgs, host: &str) -> Res<()> {
         lat: args.lat,
         mtu: args.mtu,
         qp: mine,
+        busy_poll: args.busy_poll,
     })?;
     let (theirs, peer) = match ex.recv::<Welcome>()? {
         Welcome::Ok { qp, addr } => (qp, addr),
@@ -429,6 +434,11 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
     a.inline = hello.inline;
     a.lat = hello.lat;
     a.mtu = hello.mtu;
+    if hello.busy_poll && !args.busy_poll {
+        eprintln!("softhca perf server: the client busy-polls; so does this server for its test");
+        net.set_busy_poll(true);
+        a.busy_poll = true;
+    }
     let refusal = if hello.op != args.op {
         Some(format!(
             "the client runs perf {}, this server perf {}",

@@ -514,7 +514,8 @@ fn udp_perf_server_refuses_a_different_test() {
 }
 
 /// `--link shm`: both ends in one process (`--loopback`), and a server and a client process
-/// meeting through their rings in /dev/shm; every operation's data is verified.
+/// meeting through their rings in /dev/shm; every operation's data is verified. A server
+/// started without `--busy-poll` busy-polls for a client that does.
 #[test]
 fn shm_perf_in_one_process_and_between_two() {
     for op in ["write", "send", "read", "atomic"] {
@@ -529,7 +530,7 @@ fn shm_perf_in_one_process_and_between_two() {
         check_perf(&v, 300);
         assert_eq!(v["link"], "shm");
     }
-    for (op, extra) in [("write", &[][..]), ("send", &["--lat", "--size", "8"][..])] {
+    for (op, extra) in [("write", &[][..]), ("send", &["--lat", "--size", "8", "--busy-poll"][..])] {
         let port = free_port().to_string();
         let server =
             Child::spawn(&format!("shm-{op}-server"), &["perf", op, "--link", "shm", "--server", "--port", &port]);
@@ -539,6 +540,8 @@ fn shm_perf_in_one_process_and_between_two() {
         let (c_ok, c_out, c_err) = Child::spawn(&format!("shm-{op}-client"), &args).finish(90);
         let (s_ok, _, s_err) = server.finish(if c_ok { 30 } else { 5 });
         assert!(c_ok && s_ok, "{op}: client {c_out} {c_err}\nserver {s_err}");
+        // A server started without --busy-poll follows a client that busy-polls.
+        assert_eq!(s_err.contains("so does this server"), extra.contains(&"--busy-poll"), "{s_err}");
         let v: Value = serde_json::from_str(c_out.trim()).unwrap();
         check_perf(&v, 200);
         assert_eq!((v["link"].as_str(), v["mode"].as_str()), (Some("shm"), Some("client")), "{v}");

@@ -17,7 +17,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::os;
@@ -82,7 +82,8 @@ pub(crate) struct Shared {
 /// What the engine thread, the doorbell and the progress hook share.
 pub(crate) struct Driver<P: Port> {
     pub ctx: Context,
-    pub busy: bool,
+    /// Busy-poll mode (see the module docs); a link may switch it while it runs.
+    busy: AtomicBool,
     pub epoch: Instant,
     pub shared: Shared,
     pub wakes: Wakes,
@@ -114,7 +115,7 @@ impl<P: Port> Driver<P> {
         let rx_fd = port.rx_fd();
         Ok(Driver {
             ctx,
-            busy,
+            busy: AtomicBool::new(busy),
             epoch,
             shared: Shared::default(),
             wakes: Wakes::default(),
@@ -122,6 +123,48 @@ impl<P: Port> Driver<P> {
             rx_fd,
             port: Mutex::new(port),
         })
+    }
+
+    pub fn busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Hooks the driver into its device: the doorbell after every post and modify, and in
+    /// busy-poll mode the progress hook that runs a turn inline on every CQ poll. The hooks
+    /// hold the driver weakly: the device must not keep its own driver alive.
+    pub fn install(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        self.ctx.set_doorbell(move || {
+            if let Some(l) = weak.upgrade() {
+                l.ring();
+            }
+        });
+        self.set_busy_poll(self.busy());
+    }
+
+    /// Switches busy-poll mode on or off while the device runs.
+    pub fn set_busy_poll(self: &Arc<Self>, on: bool) {
+        self.busy.store(on, Ordering::Relaxed);
+        if !on {
+            self.ctx.set_progress(None);
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        self.ctx.set_progress(Some(Arc::new(move || {
+            // Work the poller's turn left (the rest of a batch, more to send) must not wait
+            // for the engine thread's idle wake if the poller stops here.
+            if let Some(l) = weak.upgrade() {
+                if l.drive_inline(true) {
+                    l.wake_for_leftovers();
+                }
+            }
+        })));
+    }
+
+    /// Unhooks the driver from its device (see [`Driver::install`]).
+    pub fn uninstall(&self) {
+        self.ctx.set_progress(None);
+        self.ctx.clear_doorbell();
     }
 
     pub fn now(&self) -> u64 {
@@ -209,14 +252,14 @@ impl<P: Port> Driver<P> {
     /// Whether a poller ran a turn within [`DOORBELL_DEFER`] (it is spinning on its CQ).
     fn poller_spinning(&self) -> bool {
         let last = self.shared.last_inline.load(Ordering::Relaxed);
-        self.busy && last != 0 && self.now().saturating_sub(last) < DOORBELL_DEFER.as_nanos() as u64
+        self.busy() && last != 0 && self.now().saturating_sub(last) < DOORBELL_DEFER.as_nanos() as u64
     }
 
     /// Whether an application thread is driving the engine inline (busy-poll).
     fn inline_active(&self, now: u64) -> Option<Duration> {
         let last = self.shared.last_inline.load(Ordering::Relaxed);
         let idle = Duration::from_nanos(now.saturating_sub(last));
-        (self.busy && last != 0 && idle < INLINE_GRACE).then(|| INLINE_GRACE - idle)
+        (self.busy() && last != 0 && idle < INLINE_GRACE).then(|| INLINE_GRACE - idle)
     }
 
     /// The engine thread. In blocking mode it runs every turn and sleeps in `ppoll` (port,
@@ -239,7 +282,7 @@ impl<P: Port> Driver<P> {
                 continue;
             }
             let seen = self.shared.rings.load(Ordering::SeqCst);
-            let worked = if self.busy {
+            let worked = if self.busy() {
                 match self.try_port() {
                     Some(mut p) => p.turn(false, self.now()),
                     None => {

@@ -743,29 +743,13 @@ impl ShmDevice {
             held_buf: vec![0u8; MAX_DATAGRAM],
         };
         let link = Arc::new(Driver::new(ctx.clone(), cfg.busy_poll, epoch, port)?);
-        let weak = Arc::downgrade(&link);
-        ctx.set_doorbell(move || {
-            if let Some(l) = weak.upgrade() {
-                l.ring();
-            }
-        });
-        if cfg.busy_poll {
-            let weak = Arc::downgrade(&link);
-            ctx.set_progress(Some(Arc::new(move || {
-                if let Some(l) = weak.upgrade() {
-                    if l.drive_inline(true) {
-                        l.wake_for_leftovers();
-                    }
-                }
-            })));
-        }
+        link.install();
         let bg = link.clone();
         let thread = std::thread::Builder::new().name(format!("{}-engine", cfg.name)).spawn(move || bg.background());
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {
-                ctx.set_progress(None);
-                ctx.clear_doorbell();
+                link.uninstall();
                 remove_ring(addr);
                 return Err(e);
             }
@@ -782,6 +766,16 @@ impl ShmDevice {
     pub fn gid(&self) -> Gid {
         self.gid
     }
+    /// Whether the device busy-polls (see [`ShmConfig::busy_poll`]).
+    pub fn busy_poll(&self) -> bool {
+        self.link.busy()
+    }
+
+    /// Switches busy-poll mode while the device runs.
+    pub fn set_busy_poll(&self, on: bool) {
+        self.link.set_busy_poll(on);
+    }
+
     pub fn counters(&self) -> ShmCounters {
         let s = &self.stats;
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -805,8 +799,7 @@ fn remove_ring(addr: Ipv4Addr) {
 impl Drop for ShmDevice {
     fn drop(&mut self) {
         crate::verbs::effects::scope(|| self.link.drive_inline(false));
-        self.ctx.set_progress(None);
-        self.ctx.clear_doorbell();
+        self.link.uninstall();
         self.link.stop();
         if let Some(t) = self.thread.take() {
             if t.thread().id() != std::thread::current().id() {

@@ -267,32 +267,13 @@ impl UdpDevice {
             resume: None,
         };
         let link = Arc::new(Driver::new(ctx.clone(), cfg.busy_poll, epoch, port)?);
-        // The hooks hold the link weakly: the context must not keep its own driver alive.
-        let weak = Arc::downgrade(&link);
-        ctx.set_doorbell(move || {
-            if let Some(l) = weak.upgrade() {
-                l.ring();
-            }
-        });
-        if cfg.busy_poll {
-            let weak = Arc::downgrade(&link);
-            ctx.set_progress(Some(Arc::new(move || {
-                // Work the poller's turn left (the rest of a batch, more to send) must not
-                // wait for the engine thread's idle wake if the poller stops here.
-                if let Some(l) = weak.upgrade() {
-                    if l.drive_inline(true) {
-                        l.wake_for_leftovers();
-                    }
-                }
-            })));
-        }
+        link.install();
         let bg = link.clone();
         let thread = std::thread::Builder::new().name(format!("{}-engine", cfg.name)).spawn(move || bg.background());
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {
-                ctx.set_progress(None);
-                ctx.clear_doorbell();
+                link.uninstall();
                 return Err(e);
             }
         };
@@ -332,7 +313,12 @@ impl UdpDevice {
     /// Whether the device busy-polls: the application's CQ polls and posts run the engine on
     /// their own thread, and the engine thread only stands in while nobody polls.
     pub fn busy_poll(&self) -> bool {
-        self.link.busy
+        self.link.busy()
+    }
+
+    /// Switches busy-poll mode while the device runs.
+    pub fn set_busy_poll(&self, on: bool) {
+        self.link.set_busy_poll(on);
     }
     /// Whether the raw (exact IPv4 ICRC) receive path is in use.
     pub fn raw_rx(&self) -> bool {
@@ -349,8 +335,7 @@ impl Drop for UdpDevice {
         // What the device owes its peers (ACKs of what was completed, those of destroyed QPs)
         // leaves before it closes; handlers that fires run after the engine is let go.
         crate::verbs::effects::scope(|| self.link.drive_inline(false));
-        self.ctx.set_progress(None);
-        self.ctx.clear_doorbell();
+        self.link.uninstall();
         self.link.stop();
         if let Some(t) = self.thread.take() {
             // Dropped on the engine thread itself (from a handler it ran): it sees `stop` and
