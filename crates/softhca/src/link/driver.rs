@@ -18,6 +18,7 @@
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::os;
@@ -91,6 +92,51 @@ pub(crate) struct Driver<P: Port> {
     pub efd: OwnedFd,
     rx_fd: RawFd,
     port: Mutex<P>,
+}
+
+/// A running driver: its engine thread, started with the hooks installed, and stopped when
+/// it is dropped (or by [`Running::shutdown`]).
+pub(crate) struct Running<P: Port> {
+    pub link: Arc<Driver<P>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<P: Port> Running<P> {
+    /// Builds the driver of `port` for `ctx`, hooks it into the device and starts its engine
+    /// thread (named after the device).
+    pub fn start(ctx: Context, busy: bool, epoch: Instant, port: P, name: &str) -> std::io::Result<Running<P>> {
+        let link = Arc::new(Driver::new(ctx, busy, epoch, port)?);
+        link.install();
+        let bg = link.clone();
+        match std::thread::Builder::new().name(format!("{name}-engine")).spawn(move || bg.background()) {
+            Ok(t) => Ok(Running { link, thread: Some(t) }),
+            Err(e) => {
+                link.uninstall();
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends what the device owes its peers (ACKs of what was completed, those of destroyed
+    /// QPs), unhooks the driver and stops and joins the engine thread. Idempotent.
+    pub fn shutdown(&mut self) {
+        let Some(t) = self.thread.take() else { return };
+        // Handlers that fires run after the port is let go.
+        crate::verbs::effects::scope(|| self.link.drive_inline(false));
+        self.link.uninstall();
+        self.link.stop();
+        // Dropped on the engine thread itself (from a handler it ran): it sees `stop` and
+        // ends on its own; joining itself would deadlock.
+        if t.thread().id() != std::thread::current().id() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl<P: Port> Drop for Running<P> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
 }
 
 /// Adds to a counter written outside the port's lock (doorbells, sleeps).

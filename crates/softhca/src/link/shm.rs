@@ -42,10 +42,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::driver::{Driver, Port};
+use super::driver::{Port, Running};
 use super::{TapHandle, Taps};
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
@@ -670,9 +669,9 @@ pub struct ShmDevice {
     ctx: Context,
     addr: Ipv4Addr,
     gid: Gid,
-    link: Arc<Driver<ShmPort>>,
+    /// The engine driver and its thread (stopped before the ring is removed).
+    engine: Running<ShmPort>,
     stats: Arc<Stats>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for ShmDevice {
@@ -742,19 +741,14 @@ impl ShmDevice {
             held: None,
             held_buf: vec![0u8; MAX_DATAGRAM],
         };
-        let link = Arc::new(Driver::new(ctx.clone(), cfg.busy_poll, epoch, port)?);
-        link.install();
-        let bg = link.clone();
-        let thread = std::thread::Builder::new().name(format!("{}-engine", cfg.name)).spawn(move || bg.background());
-        let thread = match thread {
-            Ok(t) => t,
+        let engine = match Running::start(ctx.clone(), cfg.busy_poll, epoch, port, &cfg.name) {
+            Ok(e) => e,
             Err(e) => {
-                link.uninstall();
                 remove_ring(addr);
                 return Err(e);
             }
         };
-        Ok(ShmDevice { ctx, addr, gid, link, stats, thread: Some(thread) })
+        Ok(ShmDevice { ctx, addr, gid, engine, stats })
     }
 
     pub fn context(&self) -> &Context {
@@ -768,12 +762,12 @@ impl ShmDevice {
     }
     /// Whether the device busy-polls (see [`ShmConfig::busy_poll`]).
     pub fn busy_poll(&self) -> bool {
-        self.link.busy()
+        self.engine.link.busy()
     }
 
     /// Switches busy-poll mode while the device runs.
     pub fn set_busy_poll(&self, on: bool) {
-        self.link.set_busy_poll(on);
+        self.engine.link.set_busy_poll(on);
     }
 
     pub fn counters(&self) -> ShmCounters {
@@ -798,14 +792,7 @@ fn remove_ring(addr: Ipv4Addr) {
 
 impl Drop for ShmDevice {
     fn drop(&mut self) {
-        crate::verbs::effects::scope(|| self.link.drive_inline(false));
-        self.link.uninstall();
-        self.link.stop();
-        if let Some(t) = self.thread.take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
+        self.engine.shutdown();
         remove_ring(self.addr);
     }
 }

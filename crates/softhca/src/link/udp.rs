@@ -96,7 +96,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::link::pcap::PcapTap;
@@ -107,7 +106,7 @@ use crate::wire::roce::{Ipv4Header, Ipv6Header, UdpHeader, IPV4_DONT_FRAGMENT, I
 use crate::wire::roce::{ROCE_V2_PORT, UDP_HEADER_LEN};
 use crate::wire::Opcode;
 
-use crate::link::driver::Driver;
+use crate::link::driver::Running;
 use batch::{Io, SendScratch, TxBufs};
 use config::Stats;
 pub use config::{RxMode, UdpConfig, UdpCounters};
@@ -139,9 +138,9 @@ pub struct UdpDevice {
     ctx: Context,
     addr: IpAddr,
     gid: Gid,
-    link: Arc<Driver<UdpPort>>,
+    /// The engine driver and its thread; dropping it sends what is owed and stops the thread.
+    engine: Running<UdpPort>,
     stats: Arc<Stats>,
-    thread: Option<JoinHandle<()>>,
     raw: bool,
     gso: bool,
     gro: bool,
@@ -266,18 +265,8 @@ impl UdpDevice {
             },
             resume: None,
         };
-        let link = Arc::new(Driver::new(ctx.clone(), cfg.busy_poll, epoch, port)?);
-        link.install();
-        let bg = link.clone();
-        let thread = std::thread::Builder::new().name(format!("{}-engine", cfg.name)).spawn(move || bg.background());
-        let thread = match thread {
-            Ok(t) => t,
-            Err(e) => {
-                link.uninstall();
-                return Err(e);
-            }
-        };
-        Ok(UdpDevice { ctx, addr, gid, link, stats, thread: Some(thread), raw: raw_on, gso, gro })
+        let engine = Running::start(ctx.clone(), cfg.busy_poll, epoch, port, &cfg.name)?;
+        Ok(UdpDevice { ctx, addr, gid, engine, stats, raw: raw_on, gso, gro })
     }
 
     /// The verbs device this link drives.
@@ -294,14 +283,14 @@ impl UdpDevice {
     }
     pub fn counters(&self) -> UdpCounters {
         let mut c = self.stats.snapshot();
-        c.sleeps = self.link.wakes.sleeps.load(Ordering::Relaxed);
-        c.doorbells = self.link.wakes.doorbells.load(Ordering::Relaxed);
+        c.sleeps = self.engine.link.wakes.sleeps.load(Ordering::Relaxed);
+        c.doorbells = self.engine.link.wakes.doorbells.load(Ordering::Relaxed);
         c
     }
     /// Stops the engine (after sending what the device owes, as dropping it does) and returns
     /// the final counters: every datagram the taps saw is in them.
     pub fn close(self) -> UdpCounters {
-        let link = self.link.clone();
+        let link = self.engine.link.clone();
         let stats = self.stats.clone();
         drop(self);
         let mut c = stats.snapshot();
@@ -313,12 +302,12 @@ impl UdpDevice {
     /// Whether the device busy-polls: the application's CQ polls and posts run the engine on
     /// their own thread, and the engine thread only stands in while nobody polls.
     pub fn busy_poll(&self) -> bool {
-        self.link.busy()
+        self.engine.link.busy()
     }
 
     /// Switches busy-poll mode while the device runs.
     pub fn set_busy_poll(&self, on: bool) {
-        self.link.set_busy_poll(on);
+        self.engine.link.set_busy_poll(on);
     }
     /// Whether the raw (exact IPv4 ICRC) receive path is in use.
     pub fn raw_rx(&self) -> bool {
@@ -327,23 +316,6 @@ impl UdpDevice {
     /// Whether UDP GSO / GRO are in use.
     pub fn offloads(&self) -> (bool, bool) {
         (self.gso, self.gro)
-    }
-}
-
-impl Drop for UdpDevice {
-    fn drop(&mut self) {
-        // What the device owes its peers (ACKs of what was completed, those of destroyed QPs)
-        // leaves before it closes; handlers that fires run after the engine is let go.
-        crate::verbs::effects::scope(|| self.link.drive_inline(false));
-        self.link.uninstall();
-        self.link.stop();
-        if let Some(t) = self.thread.take() {
-            // Dropped on the engine thread itself (from a handler it ran): it sees `stop` and
-            // ends on its own; joining itself would deadlock.
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
     }
 }
 
