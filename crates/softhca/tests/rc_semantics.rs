@@ -628,3 +628,41 @@ fn requests_are_not_starved_by_queued_responses() {
     let psns: Vec<u32> = out.iter().filter(|k| k.opcode != Opcode::RcSendOnly).map(|k| k.psn).collect();
     assert!(psns.windows(2).all(|w| w[1] == w[0] + 1), "responses in PSN order: {psns:?}");
 }
+
+/// RoCEv2 packets have no LRH: the AV's DLID, SL and Source Path Bits, which MOD-AV-1 puts in
+/// an InfiniBand LRH, go nowhere on the wire (as on Linux rxe), and the packet begins with the
+/// IP header the AV's GRH gives (PKT-ROCE-3). A QP moved (SQD → RTS) to an AV that differs
+/// only in them sends packets of the same length whose headers differ only in the PSN.
+/// Rule MOD-AV-1, PKT-ROCE-3
+#[test]
+fn the_avs_lrh_fields_go_nowhere_on_a_roce_packet() {
+    let p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let dst = p.b.pd.alloc_mr(64, all_access()).unwrap();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let write = |id, buf: &mut Vec<u8>| {
+        p.a.qp.post_send(&[SendWr::rdma_write(id, &[src.sge(0..64)], dst.addr(), dst.rkey())]).unwrap();
+        let n = p.a.ctx.transmit(0, buf).unwrap();
+        buf[..n].to_vec()
+    };
+    let before = write(1, &mut buf);
+    // Delivered and acknowledged, so that the SQ is drained for SQD → RTS (MOD-SQD-RTS-4).
+    p.b.ctx.receive(0, &before);
+    let n = p.b.ctx.transmit(0, &mut buf).expect("the ACK");
+    p.a.ctx.receive(0, &buf[..n]);
+    let mut ah = AhAttr::roce(p.b.gid, 0);
+    (ah.dlid, ah.sl, ah.src_path_bits) = (0x1234, 5, 3);
+    p.a.qp.modify(&QpAttr::to_sqd()).unwrap();
+    let mut to_rts = QpAttr::to_rts();
+    to_rts.av = Some(AddressVector::new(ah, Mtu::Mtu1024));
+    p.a.qp.modify(&to_rts).unwrap();
+    let after = write(2, &mut buf);
+    assert_eq!(before.len(), after.len(), "no link header added");
+    assert_eq!(before[0] >> 4, 4, "the datagram starts with the IPv4 header");
+    let (x, y) = (softhca::wire::roce::parse_ip(&before).unwrap(), softhca::wire::roce::parse_ip(&after).unwrap());
+    assert_eq!((x.ip, x.udp), (y.ip, y.udp));
+    let mut bth = y.packet.bth;
+    bth.psn = x.packet.bth.psn;
+    assert_eq!(x.packet.bth, bth);
+    assert_eq!(x.packet.reth, y.packet.reth);
+}
