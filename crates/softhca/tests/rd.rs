@@ -1252,3 +1252,27 @@ fn destroying_an_eec_still_sends_the_ack_it_owes() {
     wait_for(&mut f, &a.cq, &mut sent, 1);
     assert_eq!((sent[0].wr_id, sent[0].status), (1, WcStatus::Success), "{sent:?}");
 }
+
+/// The responder's EEC moved to Error right after it executed a Send, before its ACK left:
+/// the ACK still goes out (as for an RC QP), and the requester's Send completes with Success
+/// instead of timing out into Transport Retry Counter Exceeded.
+/// Rule PKT-ACK-13
+#[test]
+fn acks_an_eec_owes_at_a_move_to_error_still_leave() {
+    let mut f = fabric(SimConfig::default().seed(5));
+    let (a, b) = (node(&mut f, "rd-ack-a"), node(&mut f, "rd-ack-b"));
+    let (ea, eb) = channel(&a, &b, Mtu::Mtu1024, 1);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)])]).unwrap();
+    qa.post_send(&[SendWr::send(7, &[a.mr.sge(0..64)]).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    // Step until b's application sees the Send arrive: its ACK is queued, not yet sent.
+    let mut got = Vec::new();
+    while got.is_empty() {
+        assert!(f.step(), "the Send never arrived");
+        got = poll_all(&b.cq);
+    }
+    eb.modify(&EecAttr::new(QpState::Error)).unwrap();
+    let mut done = Vec::new();
+    wait_for(&mut f, &a.cq, &mut done, 1);
+    assert_eq!((done[0].wr_id, done[0].status), (7, WcStatus::Success), "{done:?}");
+}

@@ -329,9 +329,19 @@ impl Eec {
             *a = EecAttrs::default(); // the attributes return to their Reset values
         }
         let attrs = a.clone();
+        // As for a QP (and at Destroy EEC): the ACKs the channel already owes leave, though
+        // the move to Error drops its other responses (PKT-ACK-13).
+        let owed = match (from, to) {
+            (QpState::Error, _) | (_, QpState::Reset) => Vec::new(),
+            (_, QpState::Error) => crate::transport::rd::owed_acks(&self.inner, &mut core),
+            _ => Vec::new(),
+        };
         core.engine.on_modify(from, &attrs);
         tracing::debug!(eecn = self.inner.eecn, %from, %to, "modify EEC");
         drop(core);
+        if !owed.is_empty() {
+            dev.orphan(owed);
+        }
         dev.ring();
         Ok(())
     }
