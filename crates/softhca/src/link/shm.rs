@@ -19,8 +19,9 @@
 //! A bounded many-producer, one-consumer queue of fixed slots (each a sequence number, a
 //! length and one datagram), producers from any process: a producer takes a ticket from
 //! the tail, writes its slot and publishes it by moving the slot's sequence number; the owner
-//! takes slots in ticket order. A full ring drops the datagram (the transport's retries take
-//! over), so a peer that stops draining never blocks its senders. A producer that dies between
+//! takes slots in ticket order. A full ring holds the datagram up to [`PATIENCE_NS`] (flow
+//! control), then drops it (the transport's retries take over) and drops the next ones that
+//! find it full at once, so a peer that stops draining never blocks its senders. A producer that dies between
 //! its ticket and its publication would stall the consumer at that slot: after
 //! [`STALL_NS`] the owner skips it (by compare-and-swap, so a late producer cannot publish
 //! over it). Nothing read from the ring is trusted: a datagram is copied out, its length
@@ -361,6 +362,10 @@ fn create_ring(addr: Ipv4Addr) -> io::Result<(Ring, File)> {
 struct Peer {
     ring: Ring,
     bell: Option<File>,
+    /// A datagram waited [`PATIENCE_NS`] for room in vain: until the ring takes one again,
+    /// datagrams that find it full are dropped at once, so a peer that stopped draining costs
+    /// the other flows one wait, not one per datagram.
+    stalled: bool,
 }
 
 fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
@@ -377,7 +382,7 @@ fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
     }
     let bell =
         OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(bell_path(addr)).ok();
-    Ok(Peer { ring, bell })
+    Ok(Peer { ring, bell, stalled: false })
 }
 
 /// How to open a [`ShmDevice`].
@@ -529,7 +534,7 @@ impl ShmPort {
     /// ring is full and its owner alive: the caller holds the datagram.
     fn publish(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64) -> Result<(), ()> {
         let found = self.find_peer(dst, now);
-        let Some(peer) = self.peers.get(&dst).filter(|_| found) else {
+        let Some(peer) = self.peers.get_mut(&dst).filter(|_| found) else {
             bump(&self.stats.no_peer);
             return Ok(());
         };
@@ -540,6 +545,7 @@ impl ShmPort {
         }
         let d = if held { &self.held_buf[..n] } else { &self.buf[..n] };
         if peer.ring.push(d) {
+            peer.stalled = false;
             bump(&self.stats.tx);
             if !self.rung.contains(&dst) {
                 self.rung.push(dst);
@@ -549,6 +555,10 @@ impl ShmPort {
         if !alive(peer.ring.header().owner_pid.load(Ordering::Relaxed)) {
             self.peers.remove(&dst); // its owner died: look for a new one later
             bump(&self.stats.no_peer);
+            return Ok(());
+        }
+        if peer.stalled {
+            bump(&self.stats.full);
             return Ok(());
         }
         Err(())
@@ -567,6 +577,9 @@ impl ShmPort {
                 Err(()) if now.saturating_sub(since) >= PATIENCE_NS => {
                     bump(&self.stats.full);
                     self.held = None;
+                    if let Some(p) = self.peers.get_mut(&dst) {
+                        p.stalled = true;
+                    }
                 }
                 Err(()) => {
                     self.backlog = true;
@@ -600,7 +613,7 @@ impl ShmPort {
         // One bell per peer per flush, only for an owner that sleeps (after publishing: the
         // owner sets its word before its last look at the ring).
         for dst in &self.rung {
-            if let Some(Peer { ring, bell: Some(bell) }) = self.peers.get(dst) {
+            if let Some(Peer { ring, bell: Some(bell), .. }) = self.peers.get(dst) {
                 if ring.header().sleeping.load(Ordering::SeqCst) != 0 {
                     bump(&self.stats.bells);
                     // SAFETY: writes one byte from a live buffer to an open descriptor.
