@@ -784,15 +784,7 @@ impl SimFabric {
                 self.tap_write(now, pkt.from, Some(pkt.to), &pkt.data);
             }
             if let Some(node) = self.nodes.get(pkt.to.0) {
-                let copies = match self.taps.is_empty() {
-                    true => 1,
-                    false => match self.taps.arriving(now, &pkt.data) {
-                        super::Fate::Deliver => 1,
-                        super::Fate::Drop => 0,
-                        super::Fate::Twice => 2,
-                    },
-                };
-                for _ in 0..copies {
+                for _ in 0..self.taps.copies_arriving(now, &pkt.data) {
                     node.ctx.receive(now, &pkt.data);
                     self.counters.delivered += 1;
                 }

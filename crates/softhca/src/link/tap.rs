@@ -109,6 +109,18 @@ impl Taps {
         Fate::Deliver
     }
 
+    /// How many copies of an arriving datagram the device gets (0, 1 or 2): 1 with no taps.
+    pub fn copies_arriving(&self, now_ns: u64, datagram: &[u8]) -> usize {
+        if self.is_empty() {
+            return 1;
+        }
+        match self.arriving(now_ns, datagram) {
+            Fate::Deliver => 1,
+            Fate::Drop => 0,
+            Fate::Twice => 2,
+        }
+    }
+
     pub fn flush(&self) {
         for t in &self.0 {
             let _ = t.with(|t| t.flush());

@@ -373,15 +373,7 @@ impl Io {
         let now = self.clock;
         bump(&self.stats.rx_datagrams, 1);
         bump(&self.stats.rx_bytes, dgram.len() as u64);
-        let copies = match self.taps.is_empty() {
-            true => 1,
-            false => match self.taps.arriving(now, dgram) {
-                crate::link::Fate::Deliver => 1,
-                crate::link::Fate::Drop => 0,
-                crate::link::Fate::Twice => 2,
-            },
-        };
-        for _ in 0..copies {
+        for _ in 0..self.taps.copies_arriving(now, dgram) {
             // Every path here verified the ICRC first (on_message, on_raw); taps never change
             // a datagram.
             self.ctx.receive_icrc_checked(now, dgram);
