@@ -356,11 +356,11 @@ fn udp_pingpong_between_two_processes() {
     }
 }
 
-#[test]
-fn udp_perf_loopback_verifies_data() {
+/// Every perf operation with both ends in this process on `link`, its data verified.
+fn perf_loopback_verifies_data(link: &str) {
     for op in ["write", "send", "read", "atomic"] {
         let out = Command::new(env!("CARGO_BIN_EXE_softhca"))
-            .args(["perf", op, "--link", "udp", "--loopback", "--iters", "300", "--size", "16384", "--json"])
+            .args(["perf", op, "--link", link, "--loopback", "--iters", "300", "--size", "16384", "--json"])
             .env("SOFTHCA_WAIT_SECS", "30")
             .output()
             .unwrap();
@@ -368,8 +368,13 @@ fn udp_perf_loopback_verifies_data() {
         assert!(out.status.success(), "{op}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
         let v: Value = serde_json::from_str(text.trim()).unwrap();
         check_perf(&v, 300);
-        assert_eq!(v["link"], "udp");
+        assert_eq!(v["link"], link);
     }
+}
+
+#[test]
+fn udp_perf_loopback_verifies_data() {
+    perf_loopback_verifies_data("udp");
 }
 
 /// A child process that is killed (by its PID) and reaped if the test ends before it does.
@@ -518,18 +523,7 @@ fn udp_perf_server_refuses_a_different_test() {
 /// started without `--busy-poll` busy-polls for a client that does.
 #[test]
 fn shm_perf_in_one_process_and_between_two() {
-    for op in ["write", "send", "read", "atomic"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_softhca"))
-            .args(["perf", op, "--link", "shm", "--loopback", "--iters", "300", "--size", "16384", "--json"])
-            .env("SOFTHCA_WAIT_SECS", "30")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{op}: {text}\n{}", String::from_utf8_lossy(&out.stderr));
-        let v: Value = serde_json::from_str(text.trim()).unwrap();
-        check_perf(&v, 300);
-        assert_eq!(v["link"], "shm");
-    }
+    perf_loopback_verifies_data("shm");
     for (op, extra) in [("write", &[][..]), ("send", &["--lat", "--size", "8", "--busy-poll"][..])] {
         let port = free_port().to_string();
         let server =

@@ -71,6 +71,17 @@ fn pump(a: &Context, b: &Context, now: &mut u64, buf: &mut [u8]) {
     }
 }
 
+/// Brings the RC pair `qa` (on GID `ga`) and `qb` (on `gb`) to RTS toward each other.
+fn connect(qa: &Qp, qb: &Qp, ga: Gid, gb: Gid) {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    for (qp, peer, gid) in [(qa, qb, gb), (qb, qa, ga)] {
+        let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+        qp.modify(&QpAttr::to_rtr(av, peer.qp_num()).rq_psn(0).max_dest_rd_atomic(4)).unwrap();
+        qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(14).retry_cnt(7).rnr_retry(7).max_rd_atomic(4)).unwrap();
+    }
+}
+
 /// The tests here share the global counter: one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -89,12 +100,7 @@ fn steady_state_rc_traffic_does_not_allocate() {
     let qa = pa.create_qp(&QpInitAttr::rc(&ca, &ca).max_send_wr(64).max_recv_wr(64)).unwrap();
     let qb = pb.create_qp(&QpInitAttr::rc(&cb, &cb).max_send_wr(64).max_recv_wr(64)).unwrap();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    for (qp, peer, gid) in [(&qa, &qb, gb), (&qb, &qa, ga)] {
-        let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
-        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
-        qp.modify(&QpAttr::to_rtr(av, peer.qp_num()).rq_psn(0).max_dest_rd_atomic(4)).unwrap();
-        qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(14).retry_cnt(7).rnr_retry(7).max_rd_atomic(4)).unwrap();
-    }
+    connect(&qa, &qb, ga, gb);
     let src = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
     let land = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
     let dst = pb.alloc_mr(8192, all).unwrap();
@@ -148,12 +154,7 @@ fn steady_state_rc_traffic_over_shared_memory_does_not_allocate() {
     let qa = pa.create_qp(&QpInitAttr::rc(&ca, &ca).max_send_wr(64).max_recv_wr(64)).unwrap();
     let qb = pb.create_qp(&QpInitAttr::rc(&cb, &cb).max_send_wr(64).max_recv_wr(64)).unwrap();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    for (qp, peer, gid) in [(&qa, &qb, db.gid()), (&qb, &qa, da.gid())] {
-        let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
-        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
-        qp.modify(&QpAttr::to_rtr(av, peer.qp_num()).rq_psn(0).max_dest_rd_atomic(4)).unwrap();
-        qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(14).retry_cnt(7).rnr_retry(7).max_rd_atomic(4)).unwrap();
-    }
+    connect(&qa, &qb, da.gid(), db.gid());
     let src = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
     let land = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
     let dst = pb.alloc_mr(8192, all).unwrap();

@@ -2,12 +2,15 @@
 //! (blocking and busy-poll), the rendezvous (a second attach to an address, a ring left by a
 //! process that died), and a peer that goes away in the middle of a transfer.
 
+mod udp_common;
+
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use softhca::link::shm::{ShmConfig, ShmDevice};
 use softhca::link::{PcapTap, SharedBuf, TapHandle};
 use softhca::*;
+use udp_common::wait;
 
 struct End {
     pd: Pd,
@@ -31,21 +34,6 @@ fn connect(qp: &Qp, gid: Gid, qpn: u32, timeout: u8, retry: u8) {
     qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
     qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0).max_dest_rd_atomic(16).min_rnr_timer(1)).unwrap();
     qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(timeout).retry_cnt(retry).rnr_retry(7).max_rd_atomic(16)).unwrap();
-}
-
-fn wait(cq: &Cq, n: usize, secs: u64) -> Vec<Wc> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let mut out = Vec::new();
-    let mut wcs = [Wc::default(); 64];
-    while out.len() < n {
-        let k = cq.poll(&mut wcs).unwrap();
-        out.extend_from_slice(&wcs[..k]);
-        if k == 0 {
-            assert!(Instant::now() < deadline, "timed out waiting for {n} completions, got {out:?}");
-            std::thread::yield_now();
-        }
-    }
-    out
 }
 
 fn traffic(a: &End, b: &End) {
