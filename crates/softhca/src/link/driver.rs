@@ -47,8 +47,6 @@ pub(crate) trait Port: Send + 'static {
     fn prepare_sleep(&mut self) -> bool {
         true
     }
-    /// The engine thread woke (for whatever reason).
-    fn woke(&mut self) {}
 }
 
 /// The driver's own counters: engine thread sleeps and doorbell system calls.
@@ -371,7 +369,6 @@ impl<P: Port> Driver<P> {
             if fds[1].revents != 0 {
                 os::eventfd_drain(self.efd.as_raw_fd());
             }
-            self.lock_port().woke();
         }
         self.lock_port().close();
     }

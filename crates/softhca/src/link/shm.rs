@@ -622,6 +622,9 @@ impl ShmPort {
 
 impl Port for ShmPort {
     fn turn(&mut self, inline: bool, now: u64) -> bool {
+        if self.ring.header().sleeping.load(Ordering::Relaxed) != 0 {
+            self.awake(); // the first turn after a sleep
+        }
         let mut worked = inline && self.flush_tx(now);
         let now = if inline { now } else { self.now() };
         worked |= self.receive(now);
@@ -659,8 +662,11 @@ impl Port for ShmPort {
         }
         true
     }
+}
 
-    fn woke(&mut self) {
+impl ShmPort {
+    /// The engine thread is awake again: senders stop ringing, and the bell is drained.
+    fn awake(&mut self) {
         self.ring.header().sleeping.store(0, Ordering::SeqCst);
         let mut b = [0u8; 64];
         // SAFETY: reads at most 64 bytes into a live buffer from the FIFO (non-blocking).
