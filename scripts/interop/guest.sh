@@ -10,7 +10,8 @@
 # --speed: instead of the matrix, issue 12's same-guest speed comparison: perftest between
 # rxe0 and rxe1 over the veth pair, then between two softhca processes (a namespace's
 # loopback), in the same boot; logs in $OUT/speed/.
-# Env from the harness: SHCA (dir of the drop-in libraries), TOOLS (dir of rdma_check).
+# Env from the harness: SHCA (dir of the drop-in libraries), TOOLS (dir of rdma_check),
+# SHCA_ENV (extra VAR=VALUE words for softhca's side of every case).
 # --rmem-max sets net.core.rmem_max, which caps the SO_RCVBUF softhca asks for (8 MiB) without
 # SO_RCVBUFFORCE; the kernel's default, 212992, is what an unconfigured host gives it.
 set -u
@@ -30,6 +31,7 @@ TOOLS=${TOOLS:-/host/bin/interop}
 A=198.18.0.1; B=198.18.0.2
 T=${CASE_TIMEOUT:-150}
 MAXPKT=${MAXPKT:-60000}
+STALL_AFTER=${STALL_AFTER:-20}
 mkdir -p "$OUT/cases" "$OUT/pcap" /tmp/cap
 [ -n "$RMEM" ] && sysctl -qw net.core.rmem_max="$RMEM"
 
@@ -89,7 +91,8 @@ ip -n sh neigh replace $A lladdr 02:00:00:00:00:01 dev veth1 nud permanent
 # softhca sends UDP GSO messages; with UDP segmentation off on veth1 the kernel splits them at
 # the segment size before the wire, as a NIC would, so rxe and the capture see single packets.
 ip netns exec sh ethtool -K veth1 tx-udp-segmentation off >/dev/null
-SH=(ip netns exec sh env "LD_LIBRARY_PATH=$SHCA" "SOFTHCA_ADDR=$B")
+# shellcheck disable=SC2206
+SH=(ip netns exec sh env "LD_LIBRARY_PATH=$SHCA" "SOFTHCA_ADDR=$B" ${SHCA_ENV:-})
 
 {
   echo "kernel=$(uname -r)"
@@ -137,6 +140,31 @@ netem() {  # netem "ARGS" | netem off: both ends of the veth
   fi
 }
 
+# stall_probe DIR: what softhca's processes are doing, for a case still running after
+# STALL_AFTER seconds (and again 1 s later: CPU time that grew means a busy thread, a syscall
+# that stayed means a blocked one): per thread its name, state, CPU ticks, schedstat (ns on
+# the CPU / ns waiting for one / timeslices) and the system call it is in (/proc/TID/syscall:
+# number and arguments), and softhca's UDP sockets with their queues (ss -m: r = bytes
+# queued, rb = the buffer's limit).
+stall_probe() {
+  local d=$1 pid t
+  for round in 1 2; do
+    {
+      echo "== $(date +%T.%N) round $round"
+      for pid in $(ip netns pids sh); do
+        echo "pid $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)"
+        for t in /proc/"$pid"/task/*; do
+          # shellcheck disable=SC2046
+          set -- $(sed 's/.*) //' "$t/stat" 2>/dev/null)
+          echo "  tid ${t##*/} $(cat "$t/comm" 2>/dev/null) state=${1:-?} utime=${12:-?} stime=${13:-?} schedstat=$(cat "$t/schedstat" 2>/dev/null | tr ' ' /) syscall=$(cat "$t/syscall" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null)"
+        done
+      done
+      ip netns exec sh ss -uanmp 2>/dev/null
+      ip netns exec sh awk '/^Udp:/' /proc/net/snmp
+    } >>"$d/stall.txt" 2>&1
+    sleep 1
+  done
+}
 # tc NAME SERVER_SIDE PROG "ARGS" [NETEM] [PORT]: the client runs on the other side
 tcase() {
   local name=$1 ss=$2 prog=$3 args=$4 nem=${5:-} port=${6:-18515} cs sip
@@ -173,7 +201,7 @@ cm_cmd() {  # cm_cmd SIDE PROG: perftest (-R) still names its device; rping & co
 # runcase NAME SERVER_SIDE CLIENT_SIDE PORT NETEM READY: runs scmd, then ccmd once the server
 # listens on PORT (READY: tcp, perftest's and the pingpongs' side channel; cm, an rdma_cm id)
 runcase() {
-  local name=$1 ss=$2 cs=$3 port=$4 nem=$5 ready=$6 d tp sp src crc t0 t1 drops0
+  local name=$1 ss=$2 cs=$3 port=$4 nem=$5 ready=$6 d tp sp src crc t0 t1 drops0 probe
   d=$OUT/cases/$name; mkdir -p "$d"
   printf 'server (%s): %s\nclient (%s): %s\nnetem: %s\n' "$ss" "${scmd[*]}" "$cs" "${ccmd[*]}" \
     "${nem:-none}" >"$d/cmd.txt"
@@ -191,8 +219,10 @@ runcase() {
     else listening "$ss" "$port" && break; fi
     sleep 0.1
   done
+  (sleep "$STALL_AFTER"; stall_probe "$d") & probe=$!
   timeout "$T" "${ccmd[@]}" >"$d/client.log" 2>&1; crc=$?
   wait $sp; src=$?
+  kill $probe 2>/dev/null; wait $probe 2>/dev/null
   t1=$(date +%s.%N)
   sleep 0.5
   kill -INT $tp 2>/dev/null; wait $tp

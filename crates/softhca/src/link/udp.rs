@@ -69,6 +69,22 @@
 //!   itself by finding the segment size at which the first segment's ICRC verifies.
 //!   [`RxMode::Auto`] uses raw when permitted.
 //!
+//! **The response queue.** Responses (RDMA Read responses, ACKs, Atomic ACKs: BTH opcodes
+//! whose low five bits are 0x0D..=0x12, in RC, RD and XRC) have a socket of their own beside
+//! the 4791 socket: both are bound with `SO_REUSEPORT` into one group whose classic BPF
+//! program (`SO_ATTACH_REUSEPORT_CBPF`, unprivileged) steers each datagram by its first
+//! payload byte. Each turn reads the response queue first. A peer that floods the device
+//! with requests (Linux rxe sends a whole message per QP at once, on many QPs, and again at
+//! every timeout) then fills and overflows only the request queue: the ACKs of the device's
+//! own requests still arrive and are seen at once, where behind the flood they were dropped
+//! or met stale, and the requester ran out of retries (issue 12's `ibv_srq_pingpong -s
+//! 65536` against rxe in an emulated guest). Requests and responses are independent
+//! streams; each keeps its order. Only sockets of the same user can join a reuseport group,
+//! and one joined by another socket never gets a datagram (the program names ours); because
+//! such a join would not fail, the device also binds TCP port 4791 on its address, exclusive,
+//! as its claim on the address. In raw mode the raw socket sees responses too, and there is
+//! no response queue.
+//!
 //! Malformed or hostile datagrams are dropped and counted in [`UdpCounters`], never trusted;
 //! the core then validates the transport headers (PKT-VAL-*).
 //!
@@ -157,12 +173,31 @@ pub fn open_default() -> io::Result<UdpDevice> {
     UdpDevice::open(UdpConfig::default())
 }
 
-fn bind_4791(addr: IpAddr) -> io::Result<UdpSocket> {
-    UdpSocket::bind(SocketAddr::new(addr, ROCE_V2_PORT))
+/// A device's hold on its address: the 4791 socket, the response queue beside it, and the
+/// claim that keeps other devices off the address.
+struct Bound {
+    sock: UdpSocket,
+    /// The response queue (see "Receiving" in the module docs); `None` where the kernel
+    /// refused the reuseport group or its steering program.
+    responses: Option<UdpSocket>,
+    /// TCP port 4791 on the address, bound and never listened on: the device socket's group
+    /// admits any socket of the same user that sets `SO_REUSEPORT`, so two devices of one user
+    /// would share an address unnoticed; the TCP bind is exclusive and says "taken".
+    claim: OwnedFd,
+}
+
+fn bind_4791(addr: IpAddr) -> io::Result<Bound> {
+    let at = SocketAddr::new(addr, ROCE_V2_PORT);
+    let claim = sys::bound_socket(at, libc::SOCK_STREAM, false)?;
+    let sock = UdpSocket::from(sys::bound_socket(at, libc::SOCK_DGRAM, true)?);
+    let responses = sys::bound_socket(at, libc::SOCK_DGRAM, true)
+        .and_then(|r| sys::steer_responses(sock.as_raw_fd()).map(|()| UdpSocket::from(r)))
+        .ok();
+    Ok(Bound { sock, responses, claim })
 }
 
 /// Binds the configured address, `SOFTHCA_ADDR`, or the first free 127.0.0.x.
-fn bind_device_socket(cfg: &UdpConfig) -> io::Result<UdpSocket> {
+fn bind_device_socket(cfg: &UdpConfig) -> io::Result<Bound> {
     let from_env = std::env::var("SOFTHCA_ADDR").ok();
     let chosen = match (cfg.addr, from_env) {
         (Some(a), _) => Some(a),
@@ -196,13 +231,19 @@ fn prepare_send_socket(s: &UdpSocket, addr: IpAddr) -> io::Result<()> {
 impl UdpDevice {
     /// Binds the address, creates the device (GID 0 = the address) and starts its engine.
     pub fn open(cfg: UdpConfig) -> io::Result<UdpDevice> {
-        let sock = bind_device_socket(&cfg)?;
+        let Bound { sock, mut responses, claim } = bind_device_socket(&cfg)?;
         let addr = sock.local_addr()?.ip();
         prepare_send_socket(&sock, addr)?;
         let fd = sock.as_raw_fd();
         let _ = sys::set_buffer(fd, libc::SO_RCVBUF, 8 << 20);
         let _ = sys::set_buffer(fd, libc::SO_SNDBUF, 8 << 20);
         let gro = cfg.gro && sys::setsockopt_int(fd, sys::SOL_UDP, sys::UDP_GRO, 1).is_ok();
+        if let Some(r) = &responses {
+            let _ = sys::set_buffer(r.as_raw_fd(), libc::SO_RCVBUF, 8 << 20);
+            if gro {
+                let _ = sys::setsockopt_int(r.as_raw_fd(), sys::SOL_UDP, sys::UDP_GRO, 1);
+            }
+        }
         let gso = cfg.gso && gso_available(addr);
         let raw = match (cfg.rx_mode, addr) {
             (RxMode::Socket, _) | (_, IpAddr::V6(_)) => None,
@@ -213,8 +254,14 @@ impl UdpDevice {
             },
         };
         if raw.is_some() {
+            // The raw socket sees every datagram, responses included.
             sys::drop_all(fd)?;
+            responses = None;
         }
+        let rx_poll = match &responses {
+            Some(r) => Some(sys::epoll_of(&[fd, r.as_raw_fd()])?),
+            None => None,
+        };
         let gid = Gid::from_ipv6(verify::gid_addr(addr));
         let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
         dcfg.port.gid_tbl_len = GID_TABLE_LEN;
@@ -239,6 +286,9 @@ impl UdpDevice {
             ctx: ctx.clone(),
             addr,
             sock,
+            responses,
+            rx_poll,
+            _claim: claim,
             raw,
             ports: HashMap::new(),
             connect: cfg.connected,
@@ -356,6 +406,68 @@ mod tests {
         assert_eq!(active_mtu(4096 + 64, false), Mtu::Mtu4096);
         assert_eq!(active_mtu(576, false), Mtu::Mtu512);
         assert_eq!(active_mtu(0, false), Mtu::Mtu256);
+    }
+
+    /// The bug of issue 12 without the guest: a requester's 4791 socket full of requests
+    /// nobody has read yet dropped the ACK behind them. The request queue is made tiny and
+    /// filled until it overflows; an ACK and an Atomic ACK sent after that still arrive, on
+    /// the response queue, and the requests that did fit are still there, in order.
+    #[test]
+    fn responses_get_past_a_full_request_queue() {
+        let addr = (2..255u8)
+            .map(|x| IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
+            .find_map(|a| bind_4791(a).ok())
+            .expect("a free 127.0.0.x");
+        let Bound { sock, responses, claim: _claim } = addr;
+        let responses = responses.expect("the kernel takes the steering program");
+        sys::setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 1).unwrap();
+        let to = sock.local_addr().unwrap();
+        let peer = UdpSocket::bind(SocketAddr::new(to.ip(), 0)).unwrap();
+        let datagram = |opcode: u8, tag: u8| {
+            let mut d = [tag; 64];
+            d[0] = opcode;
+            d
+        };
+        // Send Only requests (0x04) until the queue has certainly overflowed: the smallest
+        // receive buffer holds a few datagrams, far fewer than these.
+        for i in 0..64u8 {
+            peer.send_to(&datagram(0x04, i), to).unwrap();
+        }
+        peer.send_to(&datagram(0x11, 0xA1), to).unwrap(); // Acknowledge
+        peer.send_to(&datagram(0x12, 0xA2), to).unwrap(); // Atomic Acknowledge
+        peer.send_to(&datagram(0x4D, 0xA3), to).unwrap(); // RD RDMA Read Response First
+        peer.send_to(&datagram(0x13, 0xA4), to).unwrap(); // Compare & Swap: a request
+        let mut buf = [0u8; 128];
+        responses.set_nonblocking(false).unwrap();
+        responses.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        for want in [0xA1, 0xA2, 0xA3] {
+            let n = responses.recv(&mut buf).unwrap();
+            assert_eq!((n, buf[1]), (64, want));
+        }
+        responses.set_nonblocking(true).unwrap();
+        assert!(responses.recv(&mut buf).is_err(), "only responses go to the response queue");
+        let mut got = Vec::new();
+        while let Ok(n) = sock.recv(&mut buf) {
+            assert_eq!(n, 64);
+            got.push(buf[1]);
+        }
+        assert!(!got.is_empty() && got.len() < 64, "the request queue overflowed: {got:?}");
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
+    }
+
+    /// Two devices never share an address: the reuseport group would admit a second one of
+    /// the same user, the claim does not.
+    #[test]
+    fn an_address_has_one_device() {
+        let first = (2..255u8)
+            .map(|x| IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
+            .find_map(|a| bind_4791(a).ok())
+            .expect("a free 127.0.0.x");
+        let ip = first.sock.local_addr().unwrap().ip();
+        let again = bind_4791(ip).err().map(|e| e.kind());
+        assert_eq!(again, Some(io::ErrorKind::AddrInUse));
+        drop(first);
+        assert!(bind_4791(ip).is_ok(), "the address is free again once the device is gone");
     }
 
     #[test]

@@ -62,6 +62,13 @@ pub(super) struct Io {
     pub(super) ctx: Context,
     pub(super) addr: IpAddr,
     pub(super) sock: UdpSocket,
+    /// The response queue: RC/RD/XRC responses, steered here by the kernel (see the parent
+    /// module), read before the 4791 socket so that a flood of requests never holds up or
+    /// crowds out the ACKs a requester is waiting for.
+    pub(super) responses: Option<UdpSocket>,
+    /// An epoll set of both sockets, which the engine thread sleeps on; `None`: only `sock`.
+    pub(super) rx_poll: Option<OwnedFd>,
+    pub(super) _claim: OwnedFd,
     pub(super) raw: Option<OwnedFd>,
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
     pub(super) ports: HashMap<u16, Option<FlowSocket>>,

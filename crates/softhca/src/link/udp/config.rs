@@ -135,6 +135,9 @@ counters! {
     rx_syscalls,
     /// Receive buffers holding more than one datagram (GRO).
     rx_gro_buffers,
+    /// Messages (datagrams, or GRO buffers of several) read from the response queue: the RC,
+    /// RD and XRC responses the kernel steered there.
+    rx_response_queue,
     /// ICRC checks by how they passed: exactly (IPv6 or raw), by an IPv4 hypothesis, solved.
     rx_icrc_exact,
     rx_icrc_hypothesis,

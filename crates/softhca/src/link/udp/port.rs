@@ -34,24 +34,39 @@ impl Port for UdpPort {
             *resume = io.deliver_batch(rx, msgs, tx, at, inline);
             now = io.clock;
         } else {
-            let rx_fd = io.raw.as_ref().map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd());
-            // After a receive that found nothing or a lone datagram, ask for one message: a
-            // lone datagram (or a GRO buffer) is the common case then, and a larger vlen costs
-            // a second, failing dequeue in the kernel (≈ 0.3 µs) before the data reaches the
-            // device. A single message received, or several, restores the batch.
-            let max = if io.rx_idle { 1 } else { BATCH };
-            let got = rx.recv(rx_fd, msgs, max);
-            io.rx_idle = !matches!(got, Ok(n) if n >= 2 || n == max);
-            match got {
-                Ok(n) if n > 0 => {
+            // Responses first: the ACKs and read responses queued beside a flood of requests
+            // are what lets this device's own requests complete (see `Io::responses`). Only
+            // responses are there, so delivery never stops early for them.
+            if let Some(fd) = io.responses.as_ref().map(|r| r.as_raw_fd()) {
+                if let Ok(n @ 1..) = rx.recv(fd, msgs, BATCH) {
                     worked = true;
                     bump(&io.stats.rx_syscalls, 1);
+                    bump(&io.stats.rx_response_queue, n as u64);
                     io.clock = if inline { now } else { io.now() };
                     *resume = io.deliver_batch(rx, msgs, tx, (0, 0), inline);
                     now = io.clock;
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "recvmmsg failed"),
+            }
+            if resume.is_none() {
+                let rx_fd = io.raw.as_ref().map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd());
+                // After a receive that found nothing or a lone datagram, ask for one message:
+                // a lone datagram (or a GRO buffer) is the common case then, and a larger vlen
+                // costs a second, failing dequeue in the kernel (≈ 0.3 µs) before the data
+                // reaches the device. A single message received, or several, restores the batch.
+                let max = if io.rx_idle { 1 } else { BATCH };
+                let got = rx.recv(rx_fd, msgs, max);
+                io.rx_idle = !matches!(got, Ok(n) if n >= 2 || n == max);
+                match got {
+                    Ok(n) if n > 0 => {
+                        worked = true;
+                        bump(&io.stats.rx_syscalls, 1);
+                        io.clock = if inline { now } else { io.now() };
+                        *resume = io.deliver_batch(rx, msgs, tx, (0, 0), inline);
+                        now = io.clock;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "recvmmsg failed"),
+                }
             }
         }
         if io.ctx.poll_timeout().is_some_and(|t| t <= now) {
@@ -73,7 +88,8 @@ impl Port for UdpPort {
     }
 
     fn rx_fd(&self) -> RawFd {
-        self.io.raw.as_ref().map_or(self.io.sock.as_raw_fd(), |r| r.as_raw_fd())
+        let io = &self.io;
+        io.rx_poll.as_ref().or(io.raw.as_ref()).map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd())
     }
 
     fn close(&mut self) {

@@ -125,6 +125,63 @@ pub fn raw_udp_v4(addr: std::net::Ipv4Addr, port: u16) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A non-blocking socket of `ty` (`SOCK_DGRAM` or `SOCK_STREAM`) bound to `addr`, with
+/// `SO_REUSEPORT` set before the bind when `reuseport`.
+pub fn bound_socket(addr: SocketAddr, ty: libc::c_int, reuseport: bool) -> io::Result<OwnedFd> {
+    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket takes no pointers; a non-negative result is a new fd that we own.
+    let fd = cvt(unsafe { libc::socket(family, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` was just returned by socket and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if reuseport {
+        setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    }
+    let a = CAddr::new(addr);
+    // SAFETY: `a.storage` holds a sockaddr of `a.len` bytes, alive for the call.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&a.storage as *const libc::sockaddr_storage).cast(), a.len) })?;
+    Ok(fd)
+}
+
+/// An epoll instance watching `fds` for input: readable when any of them is.
+pub fn epoll_of(fds: &[RawFd]) -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new fd that we own.
+    let ep = unsafe { OwnedFd::from_raw_fd(cvt(libc::epoll_create1(libc::EPOLL_CLOEXEC))?) };
+    for &fd in fds {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
+        // SAFETY: `ev` is a valid epoll_event alive for the call; the kernel copies it.
+        cvt(unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+    }
+    Ok(ep)
+}
+
+/// The reuseport group's steering program (`SO_ATTACH_REUSEPORT_CBPF`), which the kernel runs
+/// on the UDP payload: socket 1 (the response queue) for the BTH opcodes whose low five bits
+/// are 0x0D..=0x12 — RDMA Read Response First/Middle/Last/Only, Acknowledge, Atomic
+/// Acknowledge, in RC, RD and XRC alike — and socket 0 for everything else.
+pub fn steer_responses(fd: RawFd) -> io::Result<()> {
+    // ldb [0]; and #0x1f; jge #13, next, req; jgt #18, req, resp; resp: ret #1; req: ret #0
+    let prog = [
+        bpf(0x30, 0, 0, 0),
+        bpf(0x54, 0, 0, 0x1f),
+        bpf(0x35, 0, 2, 0x0d),
+        bpf(0x25, 1, 0, 0x12),
+        bpf(0x06, 0, 0, 1),
+        bpf(0x06, 0, 0, 0),
+    ];
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the program.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    cvt(r).map(|_| ())
+}
+
 /// Sets a socket buffer (`SO_RCVBUF` or `SO_SNDBUF`) to `bytes`: past `net.core.rmem_max` /
 /// `wmem_max` with the `*FORCE` option where the process may (CAP_NET_ADMIN), else up to the
 /// cap. A peer that sends without pacing (Linux rxe sends a 64 KiB message per QP at once, on
