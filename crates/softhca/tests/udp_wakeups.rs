@@ -102,3 +102,36 @@ fn destroy_qp_right_after_a_completion_still_acknowledges_it() {
     let w = wait(&a.cq, 1, 10);
     assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
 }
+
+/// Blocking mode: an application that spins on its CQ drives the engine with its polls (the
+/// spinner does the engine's work instead of competing with the engine thread for a core),
+/// and a Send still completes; one that polls with gaps longer than `SPIN_GAP` never does.
+#[test]
+fn a_spinning_poller_drives_a_blocking_device() {
+    let a = end(UdpConfig::default());
+    let b = end(UdpConfig::default());
+    assert!(!a.dev.busy_poll());
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
+    let mut wcs = [Wc::default(); 4];
+    // Polls 100 µs apart (a wait on a condition of the clock, not a sleep): not spinning.
+    for _ in 0..100 {
+        let t = Instant::now();
+        assert_eq!(a.cq.poll(&mut wcs).unwrap(), 0);
+        while t.elapsed() < std::time::Duration::from_micros(100) {
+            std::hint::spin_loop();
+        }
+    }
+    assert_eq!(a.dev.counters().poller_turns, 0, "{:?}", a.dev.counters());
+    // Back to back: after 64 of them the polls run turns.
+    for _ in 0..1000 {
+        a.cq.poll(&mut wcs).unwrap();
+    }
+    assert!(a.dev.counters().poller_turns > 0, "{:?}", a.dev.counters());
+    let mr = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr::new(7, &[rmr.sge(0..64)])]).unwrap();
+    a.qp.post_send(&[SendWr::send(1, &[mr.sge(0..64)]).signaled()]).unwrap();
+    assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+    assert_eq!(wait(&b.cq, 1, 10)[0].wr_id, 7);
+}

@@ -10,8 +10,15 @@
 //! In blocking mode the engine thread runs every turn and sleeps in `ppoll` (the port's
 //! descriptor, the doorbell eventfd, the next deadline) when idle. In busy-poll mode the
 //! application's CQ polls and posts run turns on their own thread; the engine thread stands in
-//! only while nobody polls. The doorbell makes a system call only when the engine thread is
-//! about to sleep or asleep (a Dekker-style flag pair).
+//! only while nobody polls. A blocking device whose application spins on its CQ anyway
+//! (perftest, the pingpongs, `softhca perf`: most RDMA programs poll) is driven the busy-poll
+//! way while it spins: [`SPIN_POLLS`] polls in a row, each within [`SPIN_GAP`] of the last,
+//! make the polls run turns, and the engine thread naps until they stop for [`SPIN_GRACE`].
+//! The spinning thread would burn its core either way; this way it does the engine's work on
+//! it, where before two threads per process (the spinner and the engine) shared the cores. A
+//! program that polls a few times and then waits on a completion channel never reaches the
+//! count. The doorbell makes a system call only when the engine thread is about to sleep or
+//! asleep (a Dekker-style flag pair).
 //!
 //! Imports: the verbs `Context` (the sans-IO interface) and `os`; nothing of any one link.
 
@@ -54,6 +61,8 @@ pub(crate) trait Port: Send + 'static {
 pub(crate) struct Wakes {
     pub sleeps: AtomicU64,
     pub doorbells: AtomicU64,
+    /// Whole turns the application's polls ran.
+    pub poller_turns: AtomicU64,
 }
 
 /// Flags shared by the engine thread, the doorbell and inline callers.
@@ -76,6 +85,10 @@ pub(crate) struct Shared {
     /// An inline turn took packets in after its flush: what they produced (ACKs) waits for
     /// the next turn.
     owed: AtomicBool,
+    /// Blocking mode's spin detector: when a CQ was last polled (ns since the epoch) and how
+    /// many polls in a row came within [`SPIN_GAP`] of the one before.
+    last_poll: AtomicU64,
+    poll_streak: AtomicU64,
 }
 
 /// What the engine thread, the doorbell and the progress hook share.
@@ -145,6 +158,15 @@ fn bump_shared(c: &AtomicU64, n: u64) {
 /// While an application thread ran a turn inline within this long, the busy-poll engine
 /// thread naps instead of competing with it for the socket and the core.
 const INLINE_GRACE: Duration = Duration::from_millis(10);
+/// Blocking mode: this many CQ polls in a row, each within [`SPIN_GAP`] of the last, mean
+/// the application spins, and its polls run the engine (see the module docs).
+pub(crate) const SPIN_POLLS: u64 = 64;
+/// See [`SPIN_POLLS`].
+pub(crate) const SPIN_GAP: Duration = Duration::from_micros(20);
+/// Blocking mode: the engine thread takes over again this long after a spinning application's
+/// last turn (busy-poll mode waits [`INLINE_GRACE`]), so that a program that stops spinning
+/// to wait on a completion channel waits at most this once.
+const SPIN_GRACE: Duration = Duration::from_millis(1);
 /// A doorbell leaves its transmit work to the poller if it polled this recently (busy-poll).
 const DOORBELL_DEFER: Duration = Duration::from_micros(50);
 /// While a poller drives the engine, the engine thread looks this often for a doorbell left
@@ -189,20 +211,37 @@ impl<P: Port> Driver<P> {
     /// Switches busy-poll mode on or off while the device runs.
     pub fn set_busy_poll(self: &Arc<Self>, on: bool) {
         self.busy.store(on, Ordering::Relaxed);
-        if !on {
-            self.ctx.set_progress(None);
-            return;
-        }
         let weak = Arc::downgrade(self);
         self.ctx.set_progress(Some(Arc::new(move || {
             // Work the poller's turn left (the rest of a batch, more to send) must not wait
             // for the engine thread's idle wake if the poller stops here.
             if let Some(l) = weak.upgrade() {
-                if l.drive_inline(true) {
+                if l.polled() && l.drive_inline(true) {
                     l.wake_for_leftovers();
                 }
             }
         })));
+    }
+
+    /// A CQ poll: whether it runs a turn, which it does in busy-poll mode and, in blocking
+    /// mode, once the application spins (see the module docs).
+    fn polled(&self) -> bool {
+        if self.busy() {
+            return true;
+        }
+        let now = self.now();
+        let last = self.shared.last_poll.swap(now, Ordering::Relaxed);
+        if now.saturating_sub(last) > SPIN_GAP.as_nanos() as u64 {
+            self.shared.poll_streak.store(0, Ordering::Relaxed);
+            return false;
+        }
+        self.shared.poll_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SPIN_POLLS
+    }
+
+    /// Whether the application's polls drive the engine: busy-poll mode, or a spinning
+    /// application in blocking mode.
+    fn pollers_drive(&self) -> bool {
+        self.busy() || self.shared.poll_streak.load(Ordering::Relaxed) >= SPIN_POLLS
     }
 
     /// Unhooks the driver from its device (see [`Driver::install`]).
@@ -240,6 +279,7 @@ impl<P: Port> Driver<P> {
                 let Some(mut p) = self.try_port() else { return false };
                 let now = self.now();
                 if full {
+                    bump_shared(&self.wakes.poller_turns, 1);
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
                     let worked = p.turn(true, now);
                     self.shared.owed.store(worked, Ordering::Relaxed);
@@ -296,14 +336,16 @@ impl<P: Port> Driver<P> {
     /// Whether a poller ran a turn within [`DOORBELL_DEFER`] (it is spinning on its CQ).
     fn poller_spinning(&self) -> bool {
         let last = self.shared.last_inline.load(Ordering::Relaxed);
-        self.busy() && last != 0 && self.now().saturating_sub(last) < DOORBELL_DEFER.as_nanos() as u64
+        self.pollers_drive() && last != 0 && self.now().saturating_sub(last) < DOORBELL_DEFER.as_nanos() as u64
     }
 
-    /// Whether an application thread is driving the engine inline (busy-poll).
+    /// Whether an application thread is driving the engine inline (busy-poll, or a spinning
+    /// poller in blocking mode): for how much longer the engine thread leaves it the port.
     fn inline_active(&self, now: u64) -> Option<Duration> {
         let last = self.shared.last_inline.load(Ordering::Relaxed);
         let idle = Duration::from_nanos(now.saturating_sub(last));
-        (self.busy() && last != 0 && idle < INLINE_GRACE).then(|| INLINE_GRACE - idle)
+        let grace = if self.busy() { INLINE_GRACE } else { SPIN_GRACE };
+        (self.pollers_drive() && last != 0 && idle < grace).then(|| grace - idle)
     }
 
     /// The engine thread. In blocking mode it runs every turn and sleeps in `ppoll` (port,

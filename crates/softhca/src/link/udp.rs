@@ -70,16 +70,19 @@
 //!   [`RxMode::Auto`] uses raw when permitted.
 //!
 //! **The response queue.** Responses (RDMA Read responses, ACKs, Atomic ACKs: BTH opcodes
-//! whose low five bits are 0x0D..=0x12, in RC, RD and XRC) have a socket of their own beside
-//! the 4791 socket: both are bound with `SO_REUSEPORT` into one group whose classic BPF
-//! program (`SO_ATTACH_REUSEPORT_CBPF`, unprivileged) steers each datagram by its first
-//! payload byte. Each turn reads the response queue first. A peer that floods the device
-//! with requests (Linux rxe sends a whole message per QP at once, on many QPs, and again at
-//! every timeout) then fills and overflows only the request queue: the ACKs of the device's
-//! own requests still arrive and are seen at once, where behind the flood they were dropped
-//! or met stale, and the requester ran out of retries (issue 12's `ibv_srq_pingpong -s
-//! 65536` against rxe in an emulated guest). Requests and responses are independent
-//! streams; each keeps its order. Only sockets of the same user can join a reuseport group,
+//! whose low five bits are 0x0D..=0x12, in RC, RD and XRC) can have a socket of their own
+//! beside the 4791 socket: both are bound with `SO_REUSEPORT` into one group whose classic
+//! BPF program (`SO_ATTACH_REUSEPORT_CBPF`, unprivileged) steers each datagram by its first
+//! payload byte. While the 4791 socket has a backlog (a receive fills a whole batch), the
+//! program steers responses apart and each turn reads them first; 10 ms after the last
+//! backlog it sends everything to the 4791 socket again (a second socket read per turn
+//! costs the busy-poll ping-pong about 0.5 µs), and the response queue is read until empty.
+//! A peer that floods the device with requests (Linux rxe sends a whole message per QP at
+//! once, on many QPs, and again at every timeout) then fills and overflows only the request
+//! queue: the ACKs of the device's own requests still arrive and are seen at once, where
+//! behind the flood they were dropped or met stale, and the requester ran out of retries
+//! (issue 12's `ibv_srq_pingpong -s 65536` against rxe in an emulated guest). Requests and
+//! responses are independent streams; each keeps its order. Only sockets of the same user can join a reuseport group,
 //! and one joined by another socket never gets a datagram (the program names ours); because
 //! such a join would not fail, the device also binds TCP port 4791 on its address, exclusive,
 //! as its claim on the address. In raw mode the raw socket sees responses too, and there is
@@ -190,8 +193,9 @@ fn bind_4791(addr: IpAddr) -> io::Result<Bound> {
     let at = SocketAddr::new(addr, ROCE_V2_PORT);
     let claim = sys::bound_socket(at, libc::SOCK_STREAM, false)?;
     let sock = UdpSocket::from(sys::bound_socket(at, libc::SOCK_DGRAM, true)?);
+    // Everything to the 4791 socket until a backlog there turns steering on (see `Io`).
     let responses = sys::bound_socket(at, libc::SOCK_DGRAM, true)
-        .and_then(|r| sys::steer_responses(sock.as_raw_fd()).map(|()| UdpSocket::from(r)))
+        .and_then(|r| sys::steer_responses(sock.as_raw_fd(), false).map(|()| UdpSocket::from(r)))
         .ok();
     Ok(Bound { sock, responses, claim })
 }
@@ -287,6 +291,9 @@ impl UdpDevice {
             addr,
             sock,
             responses,
+            steering: false,
+            draining: false,
+            backlog_at: 0,
             rx_poll,
             _claim: claim,
             raw,
@@ -332,10 +339,7 @@ impl UdpDevice {
         self.gid
     }
     pub fn counters(&self) -> UdpCounters {
-        let mut c = self.stats.snapshot();
-        c.sleeps = self.engine.link.wakes.sleeps.load(Ordering::Relaxed);
-        c.doorbells = self.engine.link.wakes.doorbells.load(Ordering::Relaxed);
-        c
+        with_wakes(self.stats.snapshot(), &self.engine.link.wakes)
     }
     /// Stops the engine (after sending what the device owes, as dropping it does) and returns
     /// the final counters: every datagram the taps saw is in them.
@@ -343,10 +347,7 @@ impl UdpDevice {
         let link = self.engine.link.clone();
         let stats = self.stats.clone();
         drop(self);
-        let mut c = stats.snapshot();
-        c.sleeps = link.wakes.sleeps.load(Ordering::Relaxed);
-        c.doorbells = link.wakes.doorbells.load(Ordering::Relaxed);
-        c
+        with_wakes(stats.snapshot(), &link.wakes)
     }
 
     /// Whether the device busy-polls: the application's CQ polls and posts run the engine on
@@ -367,6 +368,14 @@ impl UdpDevice {
     pub fn offloads(&self) -> (bool, bool) {
         (self.gso, self.gro)
     }
+}
+
+/// The link's counters with the driver's.
+fn with_wakes(mut c: UdpCounters, w: &crate::link::driver::Wakes) -> UdpCounters {
+    c.sleeps = w.sleeps.load(Ordering::Relaxed);
+    c.doorbells = w.doorbells.load(Ordering::Relaxed);
+    c.poller_turns = w.poller_turns.load(Ordering::Relaxed);
+    c
 }
 
 /// The largest IBA MTU whose packets fit the interface's MTU (`iface`, bytes of IP datagram)
@@ -419,7 +428,7 @@ mod tests {
             .find_map(|a| bind_4791(a).ok())
             .expect("a free 127.0.0.x");
         let Bound { sock, responses, claim: _claim } = addr;
-        let responses = responses.expect("the kernel takes the steering program");
+        let responses = responses.expect("the kernel takes the group's program");
         sys::setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 1).unwrap();
         let to = sock.local_addr().unwrap();
         let peer = UdpSocket::bind(SocketAddr::new(to.ip(), 0)).unwrap();
@@ -428,6 +437,14 @@ mod tests {
             d[0] = opcode;
             d
         };
+        let mut buf = [0u8; 128];
+        // Not steering (a device starts so): an ACK goes to the 4791 socket like the rest.
+        peer.send_to(&datagram(0x11, 0xA0), to).unwrap();
+        sock.set_nonblocking(false).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(sock.recv(&mut buf).map(|n| (n, buf[1])).unwrap(), (64, 0xA0));
+        sock.set_nonblocking(true).unwrap();
+        sys::steer_responses(sock.as_raw_fd(), true).unwrap();
         // Send Only requests (0x04) until the queue has certainly overflowed: the smallest
         // receive buffer holds a few datagrams, far fewer than these.
         for i in 0..64u8 {
@@ -437,7 +454,6 @@ mod tests {
         peer.send_to(&datagram(0x12, 0xA2), to).unwrap(); // Atomic Acknowledge
         peer.send_to(&datagram(0x4D, 0xA3), to).unwrap(); // RD RDMA Read Response First
         peer.send_to(&datagram(0x13, 0xA4), to).unwrap(); // Compare & Swap: a request
-        let mut buf = [0u8; 128];
         responses.set_nonblocking(false).unwrap();
         responses.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         for want in [0xA1, 0xA2, 0xA3] {
@@ -453,6 +469,12 @@ mod tests {
         }
         assert!(!got.is_empty() && got.len() < 64, "the request queue overflowed: {got:?}");
         assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
+        // Steering off again: the next ACK goes to the 4791 socket.
+        sys::steer_responses(sock.as_raw_fd(), false).unwrap();
+        peer.send_to(&datagram(0x11, 0xA5), to).unwrap();
+        sock.set_nonblocking(false).unwrap();
+        assert_eq!(sock.recv(&mut buf).map(|n| (n, buf[1])).unwrap(), (64, 0xA5));
+        assert!(responses.recv(&mut buf).is_err());
     }
 
     /// Two devices never share an address: the reuseport group would admit a second one of

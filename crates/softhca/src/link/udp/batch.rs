@@ -14,6 +14,8 @@ pub(super) fn bump(c: &AtomicU64, n: u64) {
 /// How long a datagram waits for room in a full socket send buffer before it is dropped (and
 /// counted; RC retransmits it), so that the engine's lock is not held for longer.
 pub(super) const SEND_PATIENCE: Duration = Duration::from_millis(50);
+/// Response steering stays on this long (ns) after the 4791 socket last had a backlog.
+pub(super) const STEER_HOLD: u64 = 10_000_000;
 /// While receiving, flush the transmit side (ACKs, responses, newly opened windows) after
 /// this many datagrams, so that a peer's window does not wait for a whole receive batch.
 pub(super) const FLUSH_EVERY: usize = 16;
@@ -62,10 +64,16 @@ pub(super) struct Io {
     pub(super) ctx: Context,
     pub(super) addr: IpAddr,
     pub(super) sock: UdpSocket,
-    /// The response queue: RC/RD/XRC responses, steered here by the kernel (see the parent
-    /// module), read before the 4791 socket so that a flood of requests never holds up or
-    /// crowds out the ACKs a requester is waiting for.
+    /// The response queue: RC/RD/XRC responses, steered here by the kernel while the 4791
+    /// socket has a backlog (see the parent module), and then read before it, so that a flood
+    /// of requests never holds up or crowds out the ACKs a requester is waiting for.
     pub(super) responses: Option<UdpSocket>,
+    /// Whether the group's program steers responses to `responses` now.
+    pub(super) steering: bool,
+    /// Steering ended; `responses` is read until it is empty.
+    pub(super) draining: bool,
+    /// When the 4791 socket last had a backlog (ns on the engine clock).
+    pub(super) backlog_at: u64,
     /// An epoll set of both sockets, which the engine thread sleeps on; `None`: only `sock`.
     pub(super) rx_poll: Option<OwnedFd>,
     pub(super) _claim: OwnedFd,
@@ -186,6 +194,25 @@ impl Io {
             self.tx_backlog = round + 1 == TX_ROUNDS;
         }
         any
+    }
+
+    /// Turns response steering on when a receive from the 4791 socket filled a whole batch
+    /// (`backlog`: more is waiting there), and off [`STEER_HOLD`] after the last such receive
+    /// (see `Io::responses`). The program is replaced only on a change; a refusal leaves
+    /// things as they are.
+    pub(super) fn steer(&mut self, backlog: bool) {
+        if self.responses.is_none() {
+            return;
+        }
+        if backlog {
+            self.backlog_at = self.clock;
+        }
+        let want = backlog || (self.steering && self.clock.saturating_sub(self.backlog_at) < STEER_HOLD);
+        if want != self.steering && sys::steer_responses(self.sock.as_raw_fd(), want).is_ok() {
+            self.steering = want;
+            self.draining = !want;
+            bump(&self.stats.steering_changes, 1);
+        }
     }
 
     /// Delivers the received batch `msgs` from message `at.0`, byte `at.1` of it on, flushing

@@ -138,6 +138,8 @@ counters! {
     /// Messages (datagrams, or GRO buffers of several) read from the response queue: the RC,
     /// RD and XRC responses the kernel steered there.
     rx_response_queue,
+    /// Times response steering was turned on or off.
+    steering_changes,
     /// ICRC checks by how they passed: exactly (IPv6 or raw), by an IPv4 hypothesis, solved.
     rx_icrc_exact,
     rx_icrc_hypothesis,
@@ -167,4 +169,6 @@ counters! {
     /// Times the engine slept in ppoll, and doorbell syscalls.
     sleeps,
     doorbells,
+    /// Engine turns the application's CQ polls ran (busy-poll, or a spinning application).
+    poller_turns,
 }

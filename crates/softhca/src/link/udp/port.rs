@@ -34,17 +34,23 @@ impl Port for UdpPort {
             *resume = io.deliver_batch(rx, msgs, tx, at, inline);
             now = io.clock;
         } else {
-            // Responses first: the ACKs and read responses queued beside a flood of requests
-            // are what lets this device's own requests complete (see `Io::responses`). Only
-            // responses are there, so delivery never stops early for them.
+            // Responses first while they are steered apart: the ACKs and read responses queued
+            // beside a flood of requests are what lets this device's own requests complete
+            // (see `Io::responses`). Only responses are there, so delivery never stops early.
+            // The engine thread reads the queue on every turn (it sleeps on both sockets).
             if let Some(fd) = io.responses.as_ref().map(|r| r.as_raw_fd()) {
-                if let Ok(n @ 1..) = rx.recv(fd, msgs, BATCH) {
-                    worked = true;
-                    bump(&io.stats.rx_syscalls, 1);
-                    bump(&io.stats.rx_response_queue, n as u64);
-                    io.clock = if inline { now } else { io.now() };
-                    *resume = io.deliver_batch(rx, msgs, tx, (0, 0), inline);
-                    now = io.clock;
+                if io.steering || io.draining || !inline {
+                    match rx.recv(fd, msgs, BATCH) {
+                        Ok(n @ 1..) => {
+                            worked = true;
+                            bump(&io.stats.rx_syscalls, 1);
+                            bump(&io.stats.rx_response_queue, n as u64);
+                            io.clock = if inline { now } else { io.now() };
+                            *resume = io.deliver_batch(rx, msgs, tx, (0, 0), inline);
+                            now = io.clock;
+                        }
+                        _ => io.draining = false,
+                    }
                 }
             }
             if resume.is_none() {
@@ -61,8 +67,13 @@ impl Port for UdpPort {
                         worked = true;
                         bump(&io.stats.rx_syscalls, 1);
                         io.clock = if inline { now } else { io.now() };
+                        io.steer(n == BATCH);
                         *resume = io.deliver_batch(rx, msgs, tx, (0, 0), inline);
                         now = io.clock;
+                    }
+                    Ok(_) if io.steering => {
+                        io.clock = if inline { now } else { io.now() };
+                        io.steer(false);
                     }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "recvmmsg failed"),

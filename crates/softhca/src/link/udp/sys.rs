@@ -154,13 +154,15 @@ pub fn epoll_of(fds: &[RawFd]) -> io::Result<OwnedFd> {
     Ok(ep)
 }
 
-/// The reuseport group's steering program (`SO_ATTACH_REUSEPORT_CBPF`), which the kernel runs
-/// on the UDP payload: socket 1 (the response queue) for the BTH opcodes whose low five bits
-/// are 0x0D..=0x12 — RDMA Read Response First/Middle/Last/Only, Acknowledge, Atomic
-/// Acknowledge, in RC, RD and XRC alike — and socket 0 for everything else.
-pub fn steer_responses(fd: RawFd) -> io::Result<()> {
+/// The reuseport group's program (`SO_ATTACH_REUSEPORT_CBPF`), which the kernel runs on the
+/// UDP payload and which names the socket, by its place in the group, that gets the datagram.
+/// With `steer`, socket 1 (the response queue) gets the BTH opcodes whose low five bits are
+/// 0x0D..=0x12 — RDMA Read Response First/Middle/Last/Only, Acknowledge, Atomic Acknowledge,
+/// in RC, RD and XRC alike — and socket 0 everything else; without, socket 0 gets everything.
+/// Replacing the program switches at once.
+pub fn steer_responses(fd: RawFd, steer: bool) -> io::Result<()> {
     // ldb [0]; and #0x1f; jge #13, next, req; jgt #18, req, resp; resp: ret #1; req: ret #0
-    let prog = [
+    let steering = [
         bpf(0x30, 0, 0, 0),
         bpf(0x54, 0, 0, 0x1f),
         bpf(0x35, 0, 2, 0x0d),
@@ -168,6 +170,7 @@ pub fn steer_responses(fd: RawFd) -> io::Result<()> {
         bpf(0x06, 0, 0, 1),
         bpf(0x06, 0, 0, 0),
     ];
+    let prog: &[libc::sock_filter] = if steer { &steering } else { &steering[5..] };
     let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
     // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the program.
     let r = unsafe {
