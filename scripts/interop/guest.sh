@@ -175,7 +175,17 @@ tcase() {
   # shellcheck disable=SC2206
   local a=($args)
   scmd+=("${a[@]}"); ccmd+=("${a[@]}" "$sip")
-  runcase "$name" "$ss" "$cs" "$port" "$nem" tcp
+  # tcpdump in the emulated guest sometimes falls behind a burst and drops packets; a case
+  # whose programs passed but whose capture is incomplete cannot have every ICRC checked,
+  # and is run again (at most 3 times in all).
+  local attempt
+  for attempt in 1 2 3; do
+    runcase "$name" "$ss" "$cs" "$port" "$nem" tcp
+    echo "attempts=$attempt" >>"$OUT/cases/$name/rc.txt"
+    grep -q '^server_rc=0$' "$OUT/cases/$name/rc.txt" && grep -q '^client_rc=0$' "$OUT/cases/$name/rc.txt" \
+      && grep -q '^capture_dropped=[1-9]' "$OUT/cases/$name/rc.txt" || break
+    echo "case $name: passed, but tcpdump dropped packets; again"
+  done
 }
 # cmcase NAME SERVER_SIDE PORT PROG "SERVER ARGS" "CLIENT ARGS": an rdma_cm program (librdmacm:
 # rdma-core's on rxe, softhca's drop-in on softhca), which finds its device by address; @S in
@@ -189,7 +199,17 @@ cmcase() {
   local sa=(${sargs//@S/$sip}) ca=(${cargs//@S/$sip})
   cm_cmd "$ss" "$prog"; scmd=("${CMD[@]}" "${sa[@]}")
   cm_cmd "$cs" "$prog"; ccmd=("${CMD[@]}" "${ca[@]}")
-  runcase "$name" "$ss" "$cs" "$port" "" cm
+  # perftest's -R sets up its test QPs on a second listener after the control connection;
+  # a client whose second REQ comes before that listen is refused (REJ reason 8, on Linux
+  # too) and perftest 4.5 gives up (its retry then uses ids it has freed). Such a run is run
+  # again, at most 3 times in all, as crates/softhca-rdmacm/tests/common does.
+  local attempt
+  for attempt in 1 2 3; do
+    runcase "$name" "$ss" "$cs" "$port" "" cm
+    echo "attempts=$attempt" >>"$OUT/cases/$name/rc.txt"
+    grep -q "RDMA_CM_EVENT_REJECTED; error: 8" "$OUT/cases/$name/client.log" || break
+    echo "case $name: the client's second REQ came before the server's second listen; again"
+  done
 }
 cm_cmd() {  # cm_cmd SIDE PROG: perftest (-R) still names its device; rping & co. do not
   local side=$1 prog=$2

@@ -128,7 +128,8 @@ def judge(gdir, name, icrc):
     return dict(name=name, ok=not reasons, reasons=reasons, secs=rc.get("seconds", "?"),
                 drops=int(rc.get("softhca_udp_drops", "0") or 0),
                 rxe=per_src.get(RXE_IP, 0), shca=per_src.get(SHCA_IP, 0),
-                icrc=ic, results=results, srv=rc.get("server_side", "?"))
+                icrc=ic, results=results, srv=rc.get("server_side", "?"),
+                attempts=int(rc.get("attempts", "1") or 1))
 
 
 def perftest_row(path, header, index):
@@ -196,8 +197,9 @@ def main(argv):
         aeth = (" [%s]" % ic["aeth"]) if ic and ic["aeth"] not in ("-", "") and (
             "NAK" in ic["aeth"] or not r["ok"]) else ""
         drops = (" softhca-rcvbuf-drops %d" % r["drops"]) if r["drops"] else ""
-        line = "%-5s %-34s %6ss  rxe %5d / softhca %5d pkts  %s%s%s" % (
-            r["verdict"], n, r["secs"], r["rxe"], r["shca"], icrc_s, aeth, drops)
+        again = (" (attempt %d)" % r["attempts"]) if r["attempts"] > 1 else ""
+        line = "%-5s %-34s %6ss  rxe %5d / softhca %5d pkts  %s%s%s%s" % (
+            r["verdict"], n, r["secs"], r["rxe"], r["shca"], icrc_s, aeth, drops, again)
         if not r["ok"]:
             line += "  -- " + "; ".join(r["reasons"])
             if r.get("known"):
@@ -213,6 +215,8 @@ def main(argv):
             for r in rows:
                 ic = r["icrc"]
                 note = "; ".join(r["reasons"]) if not r["ok"] else r["results"]
+                if r["attempts"] > 1:
+                    note = ("attempt %d; " % r["attempts"]) + note
                 f.write("| %s | %s | %s | %s | %d / %d | %s | %s | %d | %s |\n" % (
                     r["name"].rsplit(".", 1)[0], "rxe" if r["srv"] == "rxe" else "softhca",
                     r["verdict"], r["secs"], r["rxe"], r["shca"],

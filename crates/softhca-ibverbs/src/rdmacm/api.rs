@@ -29,23 +29,32 @@ pub(super) fn result(r: Result<(), c_int>) -> c_int {
     }
 }
 
-/// The id behind a program's pointer.
+/// The id behind a program's pointer: EINVAL for null and for anything that is not an id
+/// the program holds now (one it destroyed, or a stray pointer), which is never dereferenced.
+/// perftest 4.5's rdma_cm client retries a rejected connection with the ids it has just
+/// destroyed (`scripts/rxe-interop`, cm.send_lat); librdmacm then fails the call on a closed
+/// descriptor, and so does this one, where it used to read freed memory and crash.
 ///
 /// # Safety
-/// `p` is null or an id of this library not yet destroyed.
+/// While the program does not destroy it on another thread meanwhile, a live id stays live.
 pub(super) unsafe fn id_of<'a>(p: *mut rdma_cm_id) -> Result<&'a mut Id, c_int> {
-    if p.is_null() {
+    if p.is_null() || !super::is_live(p as *const Id, super::Kind::Id) {
         return Err(libc::EINVAL);
     }
     // SAFETY: the program's pointer is the `c` field, the first of a live `Id`.
     Ok(unsafe { &mut *(p as *mut Id) })
 }
 
+/// The channel behind a program's pointer; `None` for null and for anything that is not a
+/// channel the program holds now (see [`id_of`]).
+///
 /// # Safety
-/// `p` is null or a channel of this library not yet destroyed.
+/// While the program does not destroy it on another thread meanwhile, a live channel stays
+/// live.
 pub(super) unsafe fn channel_of<'a>(p: *mut rdma_event_channel) -> Option<&'a Channel> {
+    let live = !p.is_null() && super::is_live(p as *const Channel, super::Kind::Channel);
     // SAFETY: the program's pointer is the first field of a live `Channel`.
-    (!p.is_null()).then(|| unsafe { &*(p as *const Channel) })
+    live.then(|| unsafe { &*(p as *const Channel) })
 }
 
 #[no_mangle]
@@ -59,7 +68,9 @@ pub extern "C" fn softhca_rdma_create_event_channel() -> *mut rdma_event_channel
 
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
-    if !channel.is_null() {
+    // SAFETY: checked against the live channels; a stale or stray pointer is ignored.
+    if unsafe { channel_of(channel) }.is_some() {
+        super::set_live(channel as *const Channel, super::Kind::Channel, false);
         // Ids still on it (the program should have destroyed them first) get no more events,
         // as the kernel's ids go with a closed rdma_cm descriptor; nothing writes to the
         // freed channel.
@@ -111,6 +122,10 @@ pub(super) unsafe fn create_id(
             Err(e) => return err(e),
         }
     } else {
+        // SAFETY: checked against the live channels; a stale or stray one is EINVAL.
+        if unsafe { channel_of(channel) }.is_none() {
+            return err(libc::EINVAL);
+        }
         (channel, null_mut())
     };
     let mut g = global();
@@ -136,6 +151,7 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     {
         let mut g = global();
         g.ids.remove(&id.serial);
+        super::set_live(id as *const Id, super::Kind::Id, false);
         g.ports.retain(|_, s| *s != id.serial);
         g.listeners.retain(|_, s| *s != id.serial);
         if let Some(d) = g.dev.as_mut() {
@@ -163,6 +179,7 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     }
     drop(a);
     if !id.own.is_null() {
+        super::set_live(id.own as *const Channel, super::Kind::Channel, false);
         // SAFETY: the id's own channel, which nobody else holds.
         drop(unsafe { Box::from_raw(id.own) });
     }
@@ -498,6 +515,10 @@ pub unsafe extern "C" fn softhca_rdma_migrate_id(p: *mut rdma_cm_id, channel: *m
             Err(e) => return err(e),
         }
     } else {
+        // SAFETY: checked against the live channels; a stale or stray one is EINVAL.
+        if unsafe { channel_of(channel) }.is_none() {
+            return err(libc::EINVAL);
+        }
         (channel, null_mut())
     };
     let _g = global();
@@ -528,6 +549,7 @@ pub unsafe extern "C" fn softhca_rdma_migrate_id(p: *mut rdma_cm_id, channel: *m
         id.queue(ev);
     }
     if !old_own.is_null() {
+        super::set_live(old_own as *const Channel, super::Kind::Channel, false);
         // SAFETY: the id's former own channel, emptied of its events.
         drop(unsafe { Box::from_raw(old_own) });
     }

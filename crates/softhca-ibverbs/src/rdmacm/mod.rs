@@ -43,7 +43,7 @@ pub mod api;
 mod conn;
 mod qp;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -225,6 +225,30 @@ fn global() -> MutexGuard<'static, Global> {
     GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The objects the program holds (ids and event channels, by address and kind), under a
+/// lock of their own (taken inside `GLOBAL` where both are held, never the other way round),
+/// so that checking a program's pointer needs no `GLOBAL` (see `api::id_of`).
+static LIVE: Mutex<BTreeSet<(usize, Kind)>> = Mutex::new(BTreeSet::new());
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Id,
+    Channel,
+}
+
+fn set_live<T>(p: *const T, kind: Kind, on: bool) {
+    let mut l = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    if on {
+        l.insert((p as usize, kind));
+    } else {
+        l.remove(&(p as usize, kind));
+    }
+}
+
+fn is_live<T>(p: *const T, kind: Kind) -> bool {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).contains(&(p as usize, kind))
+}
+
 /// Signalled by the CM thread after each turn (MADs in, events, MADs out).
 static PROGRESS: Condvar = Condvar::new();
 
@@ -395,7 +419,9 @@ impl Channel {
     fn new() -> Result<*mut Channel, c_int> {
         let efd = eventfd(libc::EFD_SEMAPHORE)?;
         let c = rdma_event_channel { fd: efd.as_raw_fd() };
-        Ok(Box::into_raw(Box::new(Channel { c, q: Mutex::new(VecDeque::new()), efd })))
+        let p = Box::into_raw(Box::new(Channel { c, q: Mutex::new(VecDeque::new()), efd }));
+        set_live(p, Kind::Channel, true);
+        Ok(p)
     }
 
     fn push(&self, ev: Box<Event>) {
@@ -893,6 +919,7 @@ pub(crate) fn qkey_of(ps: c_int) -> u32 {
 /// Takes an id that was never handed to the program out of the registry and frees it.
 fn destroy_unannounced(g: &mut Global, id: &mut Id) {
     g.ids.remove(&id.serial);
+    set_live(id as *const Id, Kind::Id, false);
     // SAFETY: made by new_id, out of the registry, never seen by the program.
     drop(unsafe { Box::from_raw(id as *mut Id) });
 }
@@ -1013,6 +1040,7 @@ fn new_id(
     });
     let p = Box::into_raw(id);
     g.ids.insert(serial, p);
+    set_live(p, Kind::Id, true);
     // SAFETY: just made and registered; freed only by destroy.
     Ok(unsafe { &mut *p })
 }

@@ -371,6 +371,16 @@ int main(int argc, char **argv)
 	rdma_destroy_qp(c);
 	CHECK(rdma_destroy_id(s) == 0 && rdma_destroy_id(c) == 0 && rdma_destroy_id(listener) == 0);
 	rdma_destroy_event_channel(ch);
+
+	/* Ids and a channel the program destroyed (perftest 4.5's rdma_cm client retries a
+	 * rejected connection with them): each call fails, none touches freed memory. */
+	a = sin4("127.0.0.33", 7174);
+	CHECK(rdma_resolve_addr(c, NULL, (struct sockaddr *)&a, 2000) == -1 && errno == EINVAL);
+	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&a) == -1 && errno == EINVAL);
+	CHECK(rdma_destroy_id(s) == -1 && errno == EINVAL);
+	CHECK(rdma_get_cm_event(ch, &e) == -1 && errno == EINVAL);
+	CHECK(rdma_create_id(ch, &other, NULL, RDMA_PS_TCP) == -1 && errno == EINVAL);
+	rdma_destroy_event_channel(ch); /* a second time: nothing happens */
 	printf("cm_edges: ok\n");
 	return 0;
 }
