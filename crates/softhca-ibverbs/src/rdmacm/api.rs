@@ -151,7 +151,6 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     {
         let mut g = global();
         g.ids.remove(&id.serial);
-        super::set_live(id as *const Id, super::Kind::Id, false);
         g.ports.retain(|_, s| *s != id.serial);
         g.listeners.retain(|_, s| *s != id.serial);
         if let Some(d) = g.dev.as_mut() {
@@ -183,6 +182,8 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         // SAFETY: the id's own channel, which nobody else holds.
         drop(unsafe { Box::from_raw(id.own) });
     }
+    // Live until here: acknowledging the events above goes through it.
+    super::set_live(id as *const Id, super::Kind::Id, false);
     // SAFETY: out of the registry, so nothing else reaches it.
     drop(unsafe { Box::from_raw(id as *mut Id) });
     0

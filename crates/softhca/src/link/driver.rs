@@ -281,8 +281,13 @@ impl<P: Port> Driver<P> {
                 if full {
                     bump_shared(&self.wakes.poller_turns, 1);
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
-                    let worked = p.turn(true, now);
-                    self.shared.owed.store(worked, Ordering::Relaxed);
+                    // Busy-poll turns leave ACKs for the next poll or post (they leave with
+                    // the reply); a spinning poller's turns in blocking mode are whole engine
+                    // turns, as the engine thread's are: an ACK leaves before the application
+                    // can act on its completion (a disconnect's DREQ must not overtake it).
+                    let defer = self.busy();
+                    let worked = p.turn(defer, now);
+                    self.shared.owed.store(defer && worked, Ordering::Relaxed);
                 } else {
                     p.flush(now);
                     self.shared.owed.store(false, Ordering::Relaxed);

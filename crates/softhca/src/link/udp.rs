@@ -74,9 +74,10 @@
 //! beside the 4791 socket: both are bound with `SO_REUSEPORT` into one group whose classic
 //! BPF program (`SO_ATTACH_REUSEPORT_CBPF`, unprivileged) steers each datagram by its first
 //! payload byte. While the 4791 socket has a backlog (a receive fills a whole batch), the
-//! program steers responses apart and each turn reads them first; 10 ms after the last
-//! backlog it sends everything to the 4791 socket again (a second socket read per turn
-//! costs the busy-poll ping-pong about 0.5 µs), and the response queue is read until empty.
+//! program steers responses apart and each turn reads them first; once the 4791 socket is
+//! found empty 10 ms or more after the last backlog, it sends everything there again (a
+//! second socket read per turn costs the busy-poll ping-pong about 0.5 µs), and the response
+//! queue is read until empty.
 //! A peer that floods the device with requests (Linux rxe sends a whole message per QP at
 //! once, on many QPs, and again at every timeout) then fills and overflows only the request
 //! queue: the ACKs of the device's own requests still arrive and are seen at once, where

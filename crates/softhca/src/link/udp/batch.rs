@@ -196,18 +196,23 @@ impl Io {
         any
     }
 
-    /// Turns response steering on when a receive from the 4791 socket filled a whole batch
-    /// (`backlog`: more is waiting there), and off [`STEER_HOLD`] after the last such receive
-    /// (see `Io::responses`). The program is replaced only on a change; a refusal leaves
+    /// After a receive from the 4791 socket: `Some(backlog)` when it took datagrams (a whole
+    /// batch: more are waiting there), `None` when it found the socket empty. Steering turns
+    /// on at a backlog and off once the socket is found empty [`STEER_HOLD`] after the last
+    /// backlog (see `Io::responses`): a socket still taking in a flood, even in smaller
+    /// batches, keeps it on. The program is replaced only on a change; a refusal leaves
     /// things as they are.
-    pub(super) fn steer(&mut self, backlog: bool) {
+    pub(super) fn steer(&mut self, read: Option<bool>) {
         if self.responses.is_none() {
             return;
         }
-        if backlog {
+        if read == Some(true) {
             self.backlog_at = self.clock;
         }
-        let want = backlog || (self.steering && self.clock.saturating_sub(self.backlog_at) < STEER_HOLD);
+        let want = match read {
+            Some(backlog) => backlog || self.steering,
+            None => self.steering && self.clock.saturating_sub(self.backlog_at) < STEER_HOLD,
+        };
         if want != self.steering && sys::steer_responses(self.sock.as_raw_fd(), want).is_ok() {
             self.steering = want;
             self.draining = !want;

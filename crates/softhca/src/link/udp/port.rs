@@ -67,13 +67,13 @@ impl Port for UdpPort {
                         worked = true;
                         bump(&io.stats.rx_syscalls, 1);
                         io.clock = if inline { now } else { io.now() };
-                        io.steer(n == BATCH);
+                        io.steer(Some(n == BATCH));
                         *resume = io.deliver_batch(rx, msgs, tx, (0, 0), inline);
                         now = io.clock;
                     }
                     Ok(_) if io.steering => {
                         io.clock = if inline { now } else { io.now() };
-                        io.steer(false);
+                        io.steer(None);
                     }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "recvmmsg failed"),
