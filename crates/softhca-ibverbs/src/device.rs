@@ -140,7 +140,28 @@ fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>> {
         return Err(std::io::Error::from_raw_os_error(libc::ENODEV));
     }
     *slot = Arc::downgrade(&s);
+    if std::env::var("SOFTHCA_STATS").is_ok_and(|v| v == "1") {
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(print_stats) };
+        STATS_DEV.lock().unwrap_or_else(|e| e.into_inner()).clone_from(&Arc::downgrade(&s));
+    }
     Ok(s)
+}
+
+/// The device whose counters `SOFTHCA_STATS=1` prints at exit.
+static STATS_DEV: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
+
+/// `SOFTHCA_STATS=1`: the device's counters (the transport's and the link's) on stderr when
+/// the process exits, for a look at what a program did without a debugger, as rxe's
+/// `hw_counters` in sysfs give. A device already closed printed nothing.
+extern "C" fn print_stats() {
+    let dev = STATS_DEV.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
+    let Some(s) = dev else { return };
+    eprintln!("softhca stats: {:?}", s.dev.context().counters());
+    match &s.dev {
+        LinkDevice::Udp(d) => eprintln!("softhca stats: {:?}", d.counters()),
+        LinkDevice::Shm(d) => eprintln!("softhca stats: {:?}", d.counters()),
+    }
 }
 
 impl Shared {

@@ -162,7 +162,9 @@ const INLINE_GRACE: Duration = Duration::from_millis(10);
 /// the application spins, and its polls run the engine (see the module docs).
 pub(crate) const SPIN_POLLS: u64 = 64;
 /// See [`SPIN_POLLS`].
-pub(crate) const SPIN_GAP: Duration = Duration::from_micros(20);
+/// 200 µs, not a few: a poll loop under emulation (the rxe-vm guest) or beside other busy
+/// threads takes tens of µs per round, and it spins all the same.
+pub(crate) const SPIN_GAP: Duration = Duration::from_micros(200);
 /// Blocking mode: the engine thread takes over again this long after a spinning application's
 /// last turn (busy-poll mode waits [`INLINE_GRACE`]), so that a program that stops spinning
 /// to wait on a completion channel waits at most this once.
