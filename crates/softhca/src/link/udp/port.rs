@@ -16,6 +16,23 @@ pub(super) struct UdpPort {
     pub(super) resume: Option<(usize, usize)>,
 }
 
+/// Hands the received batch to the device from `at`, on the engine clock (the poller's `now`
+/// in an inline turn, a fresh reading otherwise); returns where delivery stopped (see
+/// [`Io::deliver_batch`]) and the clock after it.
+fn take_in(
+    io: &mut Io,
+    rx: &mut sys::RxBatch,
+    msgs: &[sys::RxMsg],
+    tx: &mut TxBufs,
+    at: (usize, usize),
+    inline: bool,
+    now: u64,
+) -> (Option<(usize, usize)>, u64) {
+    io.clock = if inline { now } else { io.now() };
+    let stopped = io.deliver_batch(rx, msgs, tx, at, inline);
+    (stopped, io.clock)
+}
+
 impl Port for UdpPort {
     /// One turn. On the engine thread: receive a batch (flushing the transmit side every
     /// [`FLUSH_EVERY`](super::batch::FLUSH_EVERY) datagrams), run expired timers, transmit.
@@ -30,9 +47,7 @@ impl Port for UdpPort {
         if let Some(at) = resume.take() {
             // The rest of the last batch, held back by an inline turn (see `deliver_batch`).
             worked = true;
-            io.clock = if inline { now } else { io.now() };
-            *resume = io.deliver_batch(rx, msgs, tx, at, inline);
-            now = io.clock;
+            (*resume, now) = take_in(io, rx, msgs, tx, at, inline, now);
         } else {
             // Responses first while they are steered apart: the ACKs and read responses queued
             // beside a flood of requests are what lets this device's own requests complete
@@ -45,9 +60,7 @@ impl Port for UdpPort {
                             worked = true;
                             bump(&io.stats.rx_syscalls, 1);
                             bump(&io.stats.rx_response_queue, n as u64);
-                            io.clock = if inline { now } else { io.now() };
-                            *resume = io.deliver_batch(rx, msgs, tx, (0, 0), inline);
-                            now = io.clock;
+                            (*resume, now) = take_in(io, rx, msgs, tx, (0, 0), inline, now);
                         }
                         _ => io.draining = false,
                     }
@@ -66,10 +79,8 @@ impl Port for UdpPort {
                     Ok(n) if n > 0 => {
                         worked = true;
                         bump(&io.stats.rx_syscalls, 1);
-                        io.clock = if inline { now } else { io.now() };
+                        (*resume, now) = take_in(io, rx, msgs, tx, (0, 0), inline, now);
                         io.steer(Some(n == BATCH));
-                        *resume = io.deliver_batch(rx, msgs, tx, (0, 0), inline);
-                        now = io.clock;
                     }
                     Ok(_) if io.steering => {
                         io.clock = if inline { now } else { io.now() };
