@@ -105,7 +105,7 @@ fn destroy_qp_right_after_a_completion_still_acknowledges_it() {
 
 /// Blocking mode: an application that spins on its CQ drives the engine with its polls (the
 /// spinner does the engine's work instead of competing with the engine thread for a core),
-/// and a Send still completes; one that polls with gaps longer than `SPIN_GAP` (200 µs)
+/// and a Send still completes; one that polls with gaps longer than `SPIN_GAP` (20 µs)
 /// never does.
 #[test]
 fn a_spinning_poller_drives_a_blocking_device() {
