@@ -171,18 +171,7 @@ pub fn steer_responses(fd: RawFd, steer: bool) -> io::Result<()> {
         bpf(0x06, 0, 0, 0),
     ];
     let prog: &[libc::sock_filter] = if steer { &steering } else { &steering[5..] };
-    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
-    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the program.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&fprog as *const libc::sock_fprog).cast(),
-            size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    cvt(r).map(|_| ())
+    attach_program(fd, libc::SO_ATTACH_REUSEPORT_CBPF, prog)
 }
 
 /// Sets a socket buffer (`SO_RCVBUF` or `SO_SNDBUF`) to `bytes`: past `net.core.rmem_max` /
@@ -201,6 +190,12 @@ const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
 
 /// Attaches a classic BPF program (SO_ATTACH_FILTER).
 pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
+    attach_program(fd, libc::SO_ATTACH_FILTER, prog)
+}
+
+/// Hands the kernel a classic BPF program through the socket option `opt` (a socket filter,
+/// or a reuseport group's selector).
+fn attach_program(fd: RawFd, opt: libc::c_int, prog: &[libc::sock_filter]) -> io::Result<()> {
     let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
     // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the program
     // and never writes through the pointer.
@@ -208,7 +203,7 @@ pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
         libc::setsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
+            opt,
             (&fprog as *const libc::sock_fprog).cast(),
             size_of::<libc::sock_fprog>() as libc::socklen_t,
         )
