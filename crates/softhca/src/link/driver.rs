@@ -12,12 +12,13 @@
 //! application's CQ polls and posts run turns on their own thread; the engine thread stands in
 //! only while nobody polls. A blocking device whose application spins on its CQ anyway
 //! (perftest, the pingpongs, `softhca perf`: most RDMA programs poll) is driven the busy-poll
-//! way while it spins: [`SPIN_POLLS`] polls in a row, each within [`SPIN_GAP`] of the last,
-//! make the polls run turns, and the engine thread naps until they stop for [`SPIN_GRACE`].
-//! The spinning thread would burn its core either way; this way it does the engine's work on
-//! it, where before two threads per process (the spinner and the engine) shared the cores. A
-//! program that polls a few times and then waits on a completion channel never reaches the
-//! count. The doorbell makes a system call only when the engine thread is about to sleep or
+//! way while it spins: [`SPIN_POLLS`] polls in a row, each within [`SPIN_GAP`] of the last
+//! and with no CQ of the device armed in between, make the polls run turns, and the engine
+//! thread naps until they stop for [`SPIN_GRACE`]. The spinning thread would burn its core
+//! either way; this way it does the engine's work on it, where before two threads per process
+//! (the spinner and the engine) shared the cores. A program that polls a few times and then
+//! waits on a completion channel arms its CQ first (Request Completion Notification), which
+//! starts the count again: however close its events come, it is never taken for a spinner. The doorbell makes a system call only when the engine thread is about to sleep or
 //! asleep (a Dekker-style flag pair).
 //!
 //! Imports: the verbs `Context` (the sans-IO interface) and `os`; nothing of any one link.
@@ -85,10 +86,12 @@ pub(crate) struct Shared {
     /// An inline turn took packets in after its flush: what they produced (ACKs) waits for
     /// the next turn.
     owed: AtomicBool,
-    /// Blocking mode's spin detector: when a CQ was last polled (ns since the epoch) and how
-    /// many polls in a row came within [`SPIN_GAP`] of the one before.
+    /// Blocking mode's spin detector: when a CQ was last polled (ns since the epoch), how
+    /// many polls in a row came within [`SPIN_GAP`] of the one before, and the device's
+    /// count of CQ arms the streak started after.
     last_poll: AtomicU64,
     poll_streak: AtomicU64,
+    arms_seen: AtomicU64,
 }
 
 /// What the engine thread, the doorbell and the progress hook share.
@@ -161,13 +164,12 @@ const INLINE_GRACE: Duration = Duration::from_millis(10);
 /// Blocking mode: this many CQ polls in a row, each within [`SPIN_GAP`] of the last, mean
 /// the application spins, and its polls run the engine (see the module docs).
 pub(crate) const SPIN_POLLS: u64 = 64;
-/// See [`SPIN_POLLS`].
-/// Tight on purpose: an event-driven program polls its CQ a few times per completion event,
-/// and with events less than this apart it would be taken for a spinner (its engine thread
-/// then naps [`SPIN_GRACE`] whenever it blocks). 200 µs, which an emulated guest's poll loop
-/// needs, did that to rping on loopback (its exit raced its CM thread in 1 of ~4 suite runs);
-/// telling empty polls from the rest would allow a wider gap.
-pub(crate) const SPIN_GAP: Duration = Duration::from_micros(20);
+/// See [`SPIN_POLLS`]. Wide enough for a poll loop in an emulated guest (TCG), whose rounds
+/// take tens of microseconds: there the engine thread, starved beside the spinner and the
+/// kernel, fell seconds behind its socket. An event-driven program is told apart by its
+/// arming, not by its pace: with the gap alone at this width, rping's polls on loopback
+/// (events less than 200 µs apart) counted as spinning and its exit raced its CM thread.
+pub(crate) const SPIN_GAP: Duration = Duration::from_micros(200);
 /// Blocking mode: the engine thread takes over again this long after a spinning application's
 /// last turn (busy-poll mode waits [`INLINE_GRACE`]), so that a program that stops spinning
 /// to wait on a completion channel waits at most this once.
@@ -236,7 +238,9 @@ impl<P: Port> Driver<P> {
         }
         let now = self.now();
         let last = self.shared.last_poll.swap(now, Ordering::Relaxed);
-        if now.saturating_sub(last) > SPIN_GAP.as_nanos() as u64 {
+        let arms = self.ctx.notify_requests();
+        let armed = self.shared.arms_seen.swap(arms, Ordering::Relaxed) != arms;
+        if armed || now.saturating_sub(last) > SPIN_GAP.as_nanos() as u64 {
             self.shared.poll_streak.store(0, Ordering::Relaxed);
             return false;
         }

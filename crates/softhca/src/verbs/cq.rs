@@ -379,6 +379,7 @@ impl Cq {
             NotifyKind::Solicited => ARMED_SOLICITED,
         };
         self.inner.armed.fetch_or(bit, Ordering::AcqRel);
+        self.inner.dev.notify_requests.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

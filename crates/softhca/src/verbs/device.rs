@@ -284,6 +284,9 @@ pub(crate) struct DeviceInner {
     /// Bumped by every change that can revoke a key's access (deregistration, window bind or
     /// deallocation), so that a transfer in progress re-checks its key only when one happened.
     pub key_gen: std::sync::atomic::AtomicU64,
+    /// Bumped by every Request Completion Notification: a driver tells a program that waits
+    /// for completion events (it arms its CQs) from one that spins on them.
+    pub notify_requests: std::sync::atomic::AtomicU64,
     pub rng: Mutex<StdRng>,
     pub next_eecn: AtomicU32,
     next_qpn: Mutex<u32>,
@@ -495,6 +498,7 @@ impl Context {
             next_handle: AtomicU32::new(1),
             keys: RwLock::new(KeyTable::default()),
             key_gen: std::sync::atomic::AtomicU64::new(0),
+            notify_requests: std::sync::atomic::AtomicU64::new(0),
             rng: Mutex::new(rng),
             next_eecn: AtomicU32::new(first_eecn),
             next_qpn: Mutex::new(first_qpn),
@@ -678,6 +682,11 @@ impl Context {
     /// [`Context::defer_unreliable_completions`]).
     pub fn sent(&self) {
         super::effects::step(|| self.inner.engine.sent())
+    }
+
+    /// How many times a CQ of this device was armed (Request Completion Notification).
+    pub fn notify_requests(&self) -> u64 {
+        self.inner.notify_requests.load(Ordering::Relaxed)
     }
 
     /// The earliest time at which [`Context::handle_timeout`] has work, if any.
