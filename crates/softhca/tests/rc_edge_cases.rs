@@ -223,3 +223,42 @@ fn a_duplicate_ack_of_the_last_psn_ends_a_go_back() {
     assert_eq!(ids(&poll_all(&p.a.cq)), vec![(1, WcStatus::Success)]);
     assert_eq!(p.a.ctx.transmit(due, &mut buf), None, "nothing of a finished message is resent");
 }
+
+/// After a Local ACK timeout the requester resends the oldest unacknowledged packet alone,
+/// with AckReq, and nothing more until an answer comes; an ACK that covers part of the window
+/// (a responder answers a duplicate with everything it has) resumes the go-back at the first
+/// packet it leaves unacknowledged. Against Linux rxe in an emulated guest, resending the
+/// whole window at every timeout fed the receive backlog the ACKs were stuck in.
+/// Rule PKT-RTY-1, PKT-DUP-1
+#[test]
+fn a_timeout_probes_with_the_oldest_packet_before_resending_the_rest() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let n = 64 * 1024;
+    let src = p.a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    let dst = p.b.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    p.b.qp.post_recv(&[RecvWr::new(7, &[dst.sge(0..n)])]).unwrap();
+    p.a.qp.post_send(&[SendWr::send(1, &[src.sge(0..n)]).signaled()]).unwrap();
+    p.filter = Some(Box::new(|from_a, _| from_a)); // every ACK lost
+    p.run(1_000_000);
+    assert_eq!(p.sent_by(true).len(), 64);
+    let due = p.a.ctx.poll_timeout().expect("the Local ACK timer runs");
+    p.a.ctx.handle_timeout(due);
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let k = p.a.ctx.transmit(due, &mut buf).expect("the probe");
+    let probe = Pkt::parse(&buf[..k]);
+    assert_eq!((probe.opcode, probe.psn, probe.ack_req), (Opcode::RcSendFirst, 100, true));
+    assert_eq!(p.a.ctx.transmit(due, &mut buf), None, "nothing more before an answer");
+    let ack = forge_resp(&p, Opcode::RcAcknowledge, 131, Syndrome::ACK_NO_CREDITS, &[]);
+    p.a.ctx.receive(due, &ack);
+    let mut resent = vec![];
+    while let Some(k) = p.a.ctx.transmit(due, &mut buf) {
+        resent.push(Pkt::parse(&buf[..k]).psn);
+    }
+    assert_eq!(resent, (132..164).collect::<Vec<u32>>(), "the go-back resumes past what the ACK covers");
+    // The next timeout probes again from the new oldest unacknowledged packet.
+    let due = p.a.ctx.poll_timeout().expect("the timer runs again");
+    p.a.ctx.handle_timeout(due);
+    let k = p.a.ctx.transmit(due, &mut buf).expect("the second probe");
+    assert_eq!(Pkt::parse(&buf[..k]).psn, 132);
+    assert_eq!(p.a.ctx.transmit(due, &mut buf), None);
+}

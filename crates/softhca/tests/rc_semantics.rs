@@ -166,7 +166,8 @@ fn sqd_drains_in_progress_messages() {
     assert_eq!(p.a.qp.modify(&QpAttr::to_rts().timeout(12)), Err(VerbsError::InvalidQpState));
     assert_eq!(p.a.qp.modify(&QpAttr::new(QpState::Sqd).retry_cnt(3)), Err(VerbsError::InvalidQpState));
     assert!(p.a.ctx.get_async_event().is_none());
-    // Lose the first ACK: the retransmission happens in SQD too.
+    // Lose the first ACK: the retransmission happens in SQD too (the timeout's probe, whose
+    // duplicate ACK covers the whole message).
     let mut lost = false;
     p.filter = Some(Box::new(move |from_a, _| {
         if !from_a && !lost {
@@ -182,9 +183,7 @@ fn sqd_drains_in_progress_messages() {
         vec![
             (Opcode::RcRdmaWriteMiddle, 101),
             (Opcode::RcRdmaWriteLast, 102),
-            (Opcode::RcRdmaWriteFirst, 100),
-            (Opcode::RcRdmaWriteMiddle, 101),
-            (Opcode::RcRdmaWriteLast, 102)
+            (Opcode::RcRdmaWriteFirst, 100)
         ]
     );
     assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::Success)]);

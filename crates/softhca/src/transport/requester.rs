@@ -70,6 +70,20 @@ pub(crate) struct ReqState {
     /// An ACK said "no credit information" (code 31: the responder does not count, e.g. on an
     /// SRQ): no limit from then on.
     pub unlimited_credit: bool,
+    /// The go-back of a Local ACK timeout probes first (see [`on_ack_timeout`]).
+    pub probe: Probe,
+}
+
+/// Where a timeout's go-back stands: its first packet (the oldest unacknowledged one) is the
+/// probe, and nothing follows it until a response arrives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Probe {
+    #[default]
+    Off,
+    /// The next request packet is the probe: it goes out alone, with AckReq.
+    Due,
+    /// The probe is out: the requester waits for a response (or the next timeout).
+    Sent,
 }
 
 impl ReqState {
@@ -182,6 +196,9 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
     let state = core.attrs.qp_state;
     if !matches!(state, QpState::Rts | QpState::Sqd) || core.chan.send.rnr_deadline.is_some() {
         return None; // QPS-RTR-5, QPS-SQE-2, QPS-ERR-1
+    }
+    if core.req.probe == Probe::Sent {
+        return None; // a timeout's probe waits for its answer (see `on_ack_timeout`)
     }
     // A UD message is one packet whatever its length (an oversized one fails check_local).
     let mtu = if q.qp_type == QpType::Ud { u64::MAX } else { pmtu(core) };
@@ -301,13 +318,39 @@ pub(crate) fn go_back(core: &mut QpCore, psn: Psn) {
     core.req.cursor_off = 0;
 }
 
-/// The Local ACK timer expired (PKT-RTY-1, PKT-RTY-3, PKT-RTY-4).
+/// The Local ACK timer expired (PKT-RTY-1, PKT-RTY-3, PKT-RTY-4). An RC requester goes back
+/// to the oldest unacknowledged packet and sends it alone, with AckReq, as a probe; the rest
+/// of the go-back follows the first response, from the oldest packet that response leaves
+/// unacknowledged (`resume_after_probe`). PKT-RTY-1 fixes where the retransmission starts,
+/// not its pace. A timeout means the responses stopped: lost, or queued at a receiver that
+/// cannot keep up, and resending the whole window into such a receiver feeds the backlog the
+/// answers are stuck in (against Linux rxe in an emulated guest, 3 of every 4 packets softhca
+/// sent were such retransmissions, the ACKs that would have stopped them were read too late,
+/// and Retry Count ran out). The probe costs one packet, and a responder answers a duplicate
+/// with an ACK of everything it has (PKT-DUP-1), which ends the go-back at once.
 pub(crate) fn on_ack_timeout(q: &QpInner, core: &mut QpCore) {
     if !core.outstanding() {
         return;
     }
     q.bump(|s| &s.timeouts);
-    retry_or_fail(q, core, Psn::new(core.req.una), true);
+    if retry_or_fail(q, core, Psn::new(core.req.una), true) && q.qp_type == QpType::Rc {
+        core.req.probe = Probe::Due;
+    }
+}
+
+/// A response ended a probe: a go-back whose next packet the response acknowledged resumes at
+/// the oldest packet still unacknowledged (everything, when the response covered it all).
+pub(crate) fn resume_after_probe(core: &mut QpCore) {
+    let idx = core.req.cursor;
+    if idx >= core.req.started {
+        return; // at new work: nothing sent before to skip
+    }
+    let Some(w) = core.sq.get(idx) else { return };
+    let next = Psn::new(w.tx.first_psn).add((core.req.cursor_off / pmtu(core)) as u32);
+    let una = Psn::new(core.req.una);
+    if una.psn_cmp(next).is_gt() {
+        go_back(core, una);
+    }
 }
 
 /// Goes back to `from` for a NAK, an implied NAK or a timeout, at the cost of one retry (see
