@@ -91,8 +91,10 @@ ip -n sh neigh replace $A lladdr 02:00:00:00:00:01 dev veth1 nud permanent
 # softhca sends UDP GSO messages; with UDP segmentation off on veth1 the kernel splits them at
 # the segment size before the wire, as a NIC would, so rxe and the capture see single packets.
 ip netns exec sh ethtool -K veth1 tx-udp-segmentation off >/dev/null
+# softhca's counters go to stderr when a program exits with its device open (a failure,
+# mostly): they say whether its engine kept up.
 # shellcheck disable=SC2206
-SH=(ip netns exec sh env "LD_LIBRARY_PATH=$SHCA" "SOFTHCA_ADDR=$B" ${SHCA_ENV:-})
+SH=(ip netns exec sh env "LD_LIBRARY_PATH=$SHCA" "SOFTHCA_ADDR=$B" SOFTHCA_STATS=1 ${SHCA_ENV:-})
 
 {
   echo "kernel=$(uname -r)"
