@@ -222,7 +222,34 @@ def main(argv):
                     r["verdict"], r["secs"], r["rxe"], r["shca"],
                     "%d/%d" % (ic["ok"], ic["roce"]) if ic else "-", ic["aeth"] if ic else "-",
                     r["drops"], note.replace("|", "/")))
+    if "--pairs" in opts:
+        write_pairs(opts["--pairs"], rows)
     return 1 if failed or not rows else 0
+
+
+def write_pairs(path, rows):
+    """The README's table: one line per case, rxe as server beside softhca as server."""
+    def cell(r):
+        ic = r["icrc"]
+        parts = ["%s %ss, %d/%d pkts" % (r["verdict"], r["secs"], r["rxe"], r["shca"])]
+        if ic and ic["aeth"] not in ("-", "") and ("NAK" in ic["aeth"] or not r["ok"]):
+            parts.append(ic["aeth"])
+        if r["drops"]:
+            parts.append("%d drops" % r["drops"])
+        again = " (attempt %d)" % r["attempts"] if r["attempts"] > 1 else ""
+        return ", ".join(parts) + again
+    cases = {}
+    for r in rows:
+        cases.setdefault(r["name"].rsplit(".", 1)[0], {})[r["srv"]] = r
+    with open(path, "w") as f:
+        f.write("| case | rxe server, softhca client | softhca server, rxe client | ICRC checked (both) |\n")
+        f.write("|---|---|---|---|\n")
+        for case, by in cases.items():
+            ends = [by.get("rxe"), next((v for k, v in by.items() if k != "rxe"), None)]
+            ok = sum(r["icrc"]["ok"] for r in ends if r and r["icrc"])
+            total = sum(r["icrc"]["roce"] for r in ends if r and r["icrc"])
+            f.write("| %s | %s | %s | %d/%d |\n" % (
+                case, *(cell(r) if r else "-" for r in ends), ok, total))
 
 
 if __name__ == "__main__":
