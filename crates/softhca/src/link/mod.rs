@@ -23,3 +23,37 @@ pub mod udp;
 pub use pcap::{PcapTap, SharedBuf};
 pub use sim::{DeviceId, FilterCtx, LinkConfig, SimConfig, SimCounters, SimFabric, TapPoint, Verdict};
 pub use tap::{Fate, Faults, Tap, TapHandle, Taps};
+
+/// The address an OS-facing device takes, and what `open` made of it: the configured address,
+/// else `SOFTHCA_ADDR` (parsed as `A`: the shm link takes IPv4 only, UDP any IP), else the
+/// first 127.0.0.x that `open` does not find in use, so that several processes on one host
+/// just work. `taken` is the error when every one is.
+pub(crate) fn claim_address<A, T>(
+    configured: Option<A>,
+    loopback: impl Fn(std::net::Ipv4Addr) -> A,
+    mut open: impl FnMut(A) -> std::io::Result<T>,
+    taken: &str,
+) -> std::io::Result<T>
+where
+    A: std::str::FromStr,
+    A::Err: std::fmt::Display,
+{
+    use std::io::{Error, ErrorKind};
+    let chosen = match (configured, std::env::var("SOFTHCA_ADDR")) {
+        (Some(a), _) => Some(a),
+        (None, Ok(s)) => Some(s.trim().parse::<A>().map_err(|e| {
+            Error::new(ErrorKind::InvalidInput, format!("SOFTHCA_ADDR={s:?} is not a usable address: {e}"))
+        })?),
+        (None, Err(_)) => None,
+    };
+    if let Some(a) = chosen {
+        return open(a);
+    }
+    for last in 1..=254u8 {
+        match open(loopback(std::net::Ipv4Addr::new(127, 0, 0, last))) {
+            Err(e) if e.kind() == ErrorKind::AddrInUse => continue,
+            r => return r,
+        }
+    }
+    Err(Error::new(ErrorKind::AddrInUse, taken.to_string()))
+}

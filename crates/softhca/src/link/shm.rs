@@ -695,35 +695,12 @@ impl ShmDevice {
     /// Creates the device's ring (see "Rendezvous"), the device (GID 0 = the address) and
     /// its engine.
     pub fn open(cfg: ShmConfig) -> io::Result<ShmDevice> {
-        let from_env = std::env::var("SOFTHCA_ADDR").ok();
-        let chosen = match (cfg.addr, from_env) {
-            (Some(a), _) => Some(a),
-            (None, Some(s)) => Some(s.trim().parse::<Ipv4Addr>().map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidInput, format!("SOFTHCA_ADDR={s:?} is not an IPv4 address: {e}"))
-            })?),
-            (None, None) => None,
-        };
-        let (addr, ring, bell) = match chosen {
-            Some(a) => {
-                let (r, b) = create_ring(a)?;
-                (a, r, b)
-            }
-            None => {
-                let mut found = None;
-                for last in 1..=254u8 {
-                    let a = Ipv4Addr::new(127, 0, 0, last);
-                    match create_ring(a) {
-                        Ok((r, b)) => {
-                            found = Some((a, r, b));
-                            break;
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                found.ok_or_else(|| io::Error::new(io::ErrorKind::AddrInUse, "every 127.0.0.x ring is in use"))?
-            }
-        };
+        let (addr, ring, bell) = super::claim_address(
+            cfg.addr,
+            |a| a,
+            |a| create_ring(a).map(|(r, b)| (a, r, b)),
+            "every 127.0.0.x ring is in use",
+        )?;
         let gid = Gid::from_ipv6(addr.to_ipv6_mapped());
         let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
         dcfg.port.gid_tbl_len = super::udp::GID_TABLE_LEN;

@@ -203,25 +203,12 @@ fn bind_4791(addr: IpAddr) -> io::Result<Bound> {
 
 /// Binds the configured address, `SOFTHCA_ADDR`, or the first free 127.0.0.x.
 fn bind_device_socket(cfg: &UdpConfig) -> io::Result<Bound> {
-    let from_env = std::env::var("SOFTHCA_ADDR").ok();
-    let chosen = match (cfg.addr, from_env) {
-        (Some(a), _) => Some(a),
-        (None, Some(s)) => Some(s.trim().parse::<IpAddr>().map_err(|e| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("SOFTHCA_ADDR={s:?} is not an IP address: {e}"))
-        })?),
-        (None, None) => None,
-    };
-    if let Some(a) = chosen {
-        return bind_4791(a);
-    }
-    for last in 1..=254u8 {
-        match bind_4791(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))) {
-            Ok(s) => return Ok(s),
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(io::Error::new(io::ErrorKind::AddrInUse, "UDP port 4791 is taken on every address 127.0.0.1-127.0.0.254"))
+    super::claim_address(
+        cfg.addr,
+        IpAddr::V4,
+        bind_4791,
+        "UDP port 4791 is taken on every address 127.0.0.1-127.0.0.254",
+    )
 }
 
 fn prepare_send_socket(s: &UdpSocket, addr: IpAddr) -> io::Result<()> {
