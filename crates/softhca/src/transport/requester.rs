@@ -1,6 +1,7 @@
 //! The SQ Logic (requester): starts WQEs in post order, segments them into request packets by
-//! path MTU, assigns PSNs, and goes back N on a NAK or a timeout. Which packet goes out next is
-//! a cursor over the SQ: `(cursor, cursor_off)`; going back moves the cursor, and
+//! path MTU, assigns PSNs, and goes back N on a NAK or a timeout (a timeout's go-back starts
+//! with one probe packet and goes on when it is answered: `on_ack_timeout`). Which packet goes
+//! out next is a cursor over the SQ: `(cursor, cursor_off)`; going back moves the cursor, and
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
 use crate::mem::MemRef;
