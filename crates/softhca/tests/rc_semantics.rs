@@ -180,11 +180,7 @@ fn sqd_drains_in_progress_messages() {
     let sent: Vec<(Opcode, u32)> = p.sent_by(true).iter().map(|k| (k.opcode, k.psn)).collect();
     assert_eq!(
         sent,
-        vec![
-            (Opcode::RcRdmaWriteMiddle, 101),
-            (Opcode::RcRdmaWriteLast, 102),
-            (Opcode::RcRdmaWriteFirst, 100)
-        ]
+        vec![(Opcode::RcRdmaWriteMiddle, 101), (Opcode::RcRdmaWriteLast, 102), (Opcode::RcRdmaWriteFirst, 100)]
     );
     assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::Success)]);
     let ev: Vec<AsyncEvent> = std::iter::from_fn(|| p.a.ctx.get_async_event()).collect();
