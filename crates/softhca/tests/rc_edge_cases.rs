@@ -196,14 +196,10 @@ fn nak_with_progress_consumes_a_retry() {
     assert_eq!(sends_of_101, 2, "original + retry_cnt (1) retransmissions");
 }
 
-/// The ACK of a whole message is lost; the Local ACK timer sends the requester back to the
-/// message's first packet; the responder answers the first packet resent with an ACK of the
-/// message's last PSN (as rxe answers every duplicate): the message is done, and nothing more
-/// of it is resent (seen against rxe in the emulated guest: softhca went on resending the
-/// message one packet per duplicate ACK).
-/// Rule PKT-ACK-5, PKT-RTY-1
-#[test]
-fn a_duplicate_ack_of_the_last_psn_ends_a_go_back() {
+/// A 64 KiB Send from a to b (64 packets at MTU 1024, PSNs 100..=163) whose ACKs are all
+/// lost, run until a's Local ACK timer expires and handled: the pair, its MRs (kept alive for
+/// the retransmissions) and the time of the timeout.
+fn a_send_timed_out() -> (Pair, (Mr, Mr), u64) {
     let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
     let n = 64 * 1024;
     let src = p.a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
@@ -215,6 +211,18 @@ fn a_duplicate_ack_of_the_last_psn_ends_a_go_back() {
     assert_eq!(p.sent_by(true).len(), 64);
     let due = p.a.ctx.poll_timeout().expect("the Local ACK timer runs");
     p.a.ctx.handle_timeout(due);
+    (p, (src, dst), due)
+}
+
+/// The ACK of a whole message is lost; the Local ACK timer sends the requester back to the
+/// message's first packet; the responder answers the first packet resent with an ACK of the
+/// message's last PSN (as rxe answers every duplicate): the message is done, and nothing more
+/// of it is resent (seen against rxe in the emulated guest: softhca went on resending the
+/// message one packet per duplicate ACK).
+/// Rule PKT-ACK-5, PKT-RTY-1
+#[test]
+fn a_duplicate_ack_of_the_last_psn_ends_a_go_back() {
+    let (p, _mrs, due) = a_send_timed_out();
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let k = p.a.ctx.transmit(due, &mut buf).expect("the go-back resends");
     assert_eq!(Pkt::parse(&buf[..k]).psn, 100);
@@ -232,17 +240,7 @@ fn a_duplicate_ack_of_the_last_psn_ends_a_go_back() {
 /// Rule PKT-RTY-1, PKT-DUP-1
 #[test]
 fn a_timeout_probes_with_the_oldest_packet_before_resending_the_rest() {
-    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
-    let n = 64 * 1024;
-    let src = p.a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
-    let dst = p.b.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
-    p.b.qp.post_recv(&[RecvWr::new(7, &[dst.sge(0..n)])]).unwrap();
-    p.a.qp.post_send(&[SendWr::send(1, &[src.sge(0..n)]).signaled()]).unwrap();
-    p.filter = Some(Box::new(|from_a, _| from_a)); // every ACK lost
-    p.run(1_000_000);
-    assert_eq!(p.sent_by(true).len(), 64);
-    let due = p.a.ctx.poll_timeout().expect("the Local ACK timer runs");
-    p.a.ctx.handle_timeout(due);
+    let (p, _mrs, due) = a_send_timed_out();
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let k = p.a.ctx.transmit(due, &mut buf).expect("the probe");
     let probe = Pkt::parse(&buf[..k]);
