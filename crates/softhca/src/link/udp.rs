@@ -405,16 +405,22 @@ mod tests {
         assert_eq!(active_mtu(0, false), Mtu::Mtu256);
     }
 
+    /// A device socket bound on the first free 127.0.0.x from .2 on (.1 is the usual
+    /// default of a device; SOFTHCA_ADDR is not consulted).
+    fn bound_on_a_free_address() -> Bound {
+        (2..255u8)
+            .map(|x| IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
+            .find_map(|a| bind_4791(a).ok())
+            .expect("a free 127.0.0.x")
+    }
+
     /// The bug of issue 12 without the guest: a requester's 4791 socket full of requests
     /// nobody has read yet dropped the ACK behind them. The request queue is made tiny and
     /// filled until it overflows; an ACK and an Atomic ACK sent after that still arrive, on
     /// the response queue, and the requests that did fit are still there, in order.
     #[test]
     fn responses_get_past_a_full_request_queue() {
-        let addr = (2..255u8)
-            .map(|x| IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
-            .find_map(|a| bind_4791(a).ok())
-            .expect("a free 127.0.0.x");
+        let addr = bound_on_a_free_address();
         let Bound { sock, responses, claim: _claim } = addr;
         let responses = responses.expect("the kernel takes the group's program");
         sys::setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 1).unwrap();
@@ -469,10 +475,7 @@ mod tests {
     /// the same user, the claim does not.
     #[test]
     fn an_address_has_one_device() {
-        let first = (2..255u8)
-            .map(|x| IpAddr::V4(Ipv4Addr::new(127, 0, 0, x)))
-            .find_map(|a| bind_4791(a).ok())
-            .expect("a free 127.0.0.x");
+        let first = bound_on_a_free_address();
         let ip = first.sock.local_addr().unwrap().ip();
         let again = bind_4791(ip).err().map(|e| e.kind());
         assert_eq!(again, Some(io::ErrorKind::AddrInUse));
