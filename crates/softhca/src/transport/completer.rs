@@ -10,7 +10,7 @@ use crate::wire::psn::Psn;
 
 use super::channel::{ack_timeout_ns, nak_status, take_atomic_ack, take_read_response};
 use super::engine::TimerOwner;
-use super::requester::{fail_oldest, go_back, pmtu, resume_after_probe, retry_or_fail, Probe};
+use super::requester::{fail_oldest, go_back, pmtu, resume_after_probe, retry_or_fail};
 
 /// An inbound response, reduced to what the completer needs.
 pub(crate) struct Response<'a> {
@@ -56,8 +56,8 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
         return false;
     }
     let Some(idx) = wqe_of(core, r.psn) else { return false };
-    // Any answer ends a timeout's probe: the path carries again (see `on_ack_timeout`).
-    let probed = std::mem::take(&mut core.req.probe) != Probe::Off;
+    // Any answer ends a timeout's probe: the path carries again (channel::Probe).
+    let probed = core.chan.send.answered();
     if let (Some(Syndrome::Ack { credit_code }), Some(msn)) = (r.syndrome, r.msn) {
         core.req.take_credits(credit_code, msn); // IBA 9.7.7.2
     }

@@ -687,9 +687,6 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                 if covered.psn_cmp(Psn::new(core.req.sent_high)).is_gt() {
                     core.req.sent_high = covered.value();
                 }
-                if core.req.probe == requester::Probe::Due {
-                    core.req.probe = requester::Probe::Sent;
-                }
                 core.chan.send.sent(&*q.dev, TimerOwner::Qp(q.qpn), now, core.attrs.timeout);
             } else if np.offset + np.payload >= core.sq.get(np.idx).map_or(0, |w| w.length) {
                 // PKT-UC-3: a UC or UD WQE is done once its last packet is out: now, or when
@@ -766,13 +763,12 @@ fn emit_request(
     bth.mig_req = mig_req(q, core);
     let solicited_kind = matches!(w.opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
     bth.se = last && solicited_kind && w.flags.contains(SendFlags::SOLICITED); // EVT-SE-1..3
-                                                                               // PKT-ACK-2, every ACK_EVERY-th packet so that the requester's window keeps moving, and a
-                                                                               // timeout's probe, whose answer the go-back waits for.
+
+    // AckReq (RC): on the last packet (PKT-ACK-2), on every ACK_EVERY-th so that the window
+    // keeps moving, and on a timeout's probe, whose answer the go-back waits for.
     bth.ack_req = q.qp_type == QpType::Rc
         && w.opcode.gathers()
-        && (last
-            || np.psn % requester::ACK_EVERY == requester::ACK_EVERY - 1
-            || core.req.probe == requester::Probe::Due);
+        && (last || np.psn % requester::ACK_EVERY == requester::ACK_EVERY - 1 || core.chan.send.probe_due());
     let mut packet = PacketRepr::new(bth);
     add_request_headers(&mut packet, w, np.offset, first, last);
     if q.qp_type == QpType::Ud {

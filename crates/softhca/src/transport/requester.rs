@@ -1,6 +1,6 @@
 //! The SQ Logic (requester): starts WQEs in post order, segments them into request packets by
 //! path MTU, assigns PSNs, and goes back N on a NAK or a timeout (a timeout's go-back starts
-//! with one probe packet and goes on when it is answered: `on_ack_timeout`). Which packet goes
+//! with one probe packet and goes on when it is answered: `channel::Probe`). Which packet goes
 //! out next is a cursor over the SQ: `(cursor, cursor_off)`; going back moves the cursor, and
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
@@ -71,20 +71,6 @@ pub(crate) struct ReqState {
     /// An ACK said "no credit information" (code 31: the responder does not count, e.g. on an
     /// SRQ): no limit from then on.
     pub unlimited_credit: bool,
-    /// The go-back of a Local ACK timeout probes first (see [`on_ack_timeout`]).
-    pub probe: Probe,
-}
-
-/// Where a timeout's go-back stands: its first packet (the oldest unacknowledged one) is the
-/// probe, and nothing follows it until a response arrives.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Probe {
-    #[default]
-    Off,
-    /// The next request packet is the probe: it goes out alone, with AckReq.
-    Due,
-    /// The probe is out: the requester waits for a response (or the next timeout).
-    Sent,
 }
 
 impl ReqState {
@@ -198,8 +184,8 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
     if !matches!(state, QpState::Rts | QpState::Sqd) || core.chan.send.rnr_deadline.is_some() {
         return None; // QPS-RTR-5, QPS-SQE-2, QPS-ERR-1
     }
-    if core.req.probe == Probe::Sent {
-        return None; // a timeout's probe waits for its answer (see `on_ack_timeout`)
+    if !core.chan.send.may_send() {
+        return None; // a timeout's probe waits for its answer (channel::Probe)
     }
     // A UD message is one packet whatever its length (an oversized one fails check_local).
     let mtu = if q.qp_type == QpType::Ud { u64::MAX } else { pmtu(core) };
@@ -319,24 +305,14 @@ pub(crate) fn go_back(core: &mut QpCore, psn: Psn) {
     core.req.cursor_off = 0;
 }
 
-/// The Local ACK timer expired (PKT-RTY-1, PKT-RTY-3, PKT-RTY-4). An RC requester goes back
-/// to the oldest unacknowledged packet and sends it alone, with AckReq, as a probe; the rest
-/// of the go-back follows the first response, from the oldest packet that response leaves
-/// unacknowledged (`resume_after_probe`). PKT-RTY-1 fixes where the retransmission starts,
-/// not its pace. A timeout means the responses stopped: lost, or queued at a receiver that
-/// cannot keep up, and resending the whole window into such a receiver feeds the backlog the
-/// answers are stuck in (against Linux rxe in an emulated guest, 3 of every 4 packets softhca
-/// sent were such retransmissions, the ACKs that would have stopped them were read too late,
-/// and Retry Count ran out). The probe costs one packet, and a responder answers a duplicate
-/// with an ACK of everything it has (PKT-DUP-1), which ends the go-back at once.
+/// The Local ACK timer expired (PKT-RTY-1, PKT-RTY-3, PKT-RTY-4): the go-back starts with a
+/// probe (channel::Probe).
 pub(crate) fn on_ack_timeout(q: &QpInner, core: &mut QpCore) {
     if !core.outstanding() {
         return;
     }
     q.bump(|s| &s.timeouts);
-    if retry_or_fail(q, core, Psn::new(core.req.una), true) && q.qp_type == QpType::Rc {
-        core.req.probe = Probe::Due;
-    }
+    retry_or_fail(q, core, Psn::new(core.req.una), true);
 }
 
 /// A response ended a probe: a go-back whose next packet the response acknowledged resumes at
