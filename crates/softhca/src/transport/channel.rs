@@ -145,10 +145,12 @@ impl SendSeq {
             return Retry::Recovering;
         }
         self.recovering = Some(from);
+        if timeout {
+            // Also when no retry is left: a QP that migrates to its alternate path then
+            // probes there (and the probe of the last retry is answered no more).
+            self.probe = Probe::Due;
+        }
         if self.retries.take_retry() {
-            if timeout {
-                self.probe = Probe::Due;
-            }
             Retry::Back
         } else {
             Retry::Exhausted
