@@ -1276,3 +1276,43 @@ fn acks_an_eec_owes_at_a_move_to_error_still_leave() {
     wait_for(&mut f, &a.cq, &mut done, 1);
     assert_eq!((done[0].wr_id, done[0].status), (7, WcStatus::Success), "{done:?}");
 }
+
+/// After an EEC's ACK timeout the go-back starts with a probe, as on an RC QP: the message's
+/// oldest unacknowledged packet alone; the responder, which had the whole message, answers the
+/// duplicate with an ACK of all of it, and nothing more is resent.
+/// Rule PKT-RTY-1, PKT-DUP-1
+#[test]
+fn an_eec_timeout_probes_before_resending_the_message() {
+    let mut f = fabric(SimConfig::default().seed(21));
+    let (a, b) = (node(&mut f, "rd21-a"), node(&mut f, "rd21-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    let a_id = DeviceId(0);
+    let from_a = Rc::new(RefCell::new(Vec::new()));
+    let seen = from_a.clone();
+    // Every response is lost until the requester has sent the 8 packets and one more.
+    f.set_filter(move |ctx: &FilterCtx, d: &mut Vec<u8>| {
+        if ctx.from == Some(a_id) {
+            seen.borrow_mut().push(roce::parse_ip(d).map(|p| (p.packet.bth.psn.value(), p.packet.bth.ack_req)).ok());
+            return Verdict::Pass;
+        }
+        if seen.borrow().len() < 9 {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    qb.post_recv(&[RecvWr::new(5, &[b.mr.sge(0..8192)])]).unwrap();
+    a.mr.write(0, &[7u8; 8192]).unwrap();
+    let sge = [a.mr.sge(0..8192)];
+    qa.post_send(&[SendWr::send(1, &sge).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!(got[0].status, WcStatus::Success);
+    let sent = from_a.borrow().clone();
+    let psns: Vec<u32> = sent.iter().map(|s| s.expect("an RD packet").0).collect();
+    assert_eq!(psns, [(0x100..0x108).collect::<Vec<u32>>(), vec![0x100]].concat(), "the 8 packets, then the probe");
+    assert!(sent[8].expect("the probe").1, "the probe asks for an ACK");
+    let r = poll_all(&b.cq);
+    assert_eq!((r[0].wr_id, r[0].byte_len, r[0].status), (5, 8192, WcStatus::Success));
+}

@@ -66,6 +66,9 @@ struct RdTx {
     npkts: u32,
     /// The packet to transmit next, as an index into the message; `npkts` when all are out.
     next: u32,
+    /// One past the highest packet index sent: a response beyond it answers nothing sent
+    /// (PKT-ACK-8), one below it may answer a packet sent before a go-back.
+    high: u32,
     /// Packets acknowledged (Send, Write) or responses received (Read).
     done: u32,
     status: Option<WcStatus>,

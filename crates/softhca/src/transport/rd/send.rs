@@ -127,6 +127,7 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
             first_psn,
             npkts,
             next: 0,
+            high: 0,
             done: 0,
             status: None,
             sent: false,
@@ -179,6 +180,7 @@ pub(super) fn start_resync(e: &mut EecEngine, old: &RdTx) {
         first_psn,
         npkts: 1,
         next: 0,
+        high: 0,
         done: 0,
         status: None,
         sent: false,
@@ -209,8 +211,8 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     let mtu = mtu_of(&ec.attrs);
     let attrs = ec.attrs.clone();
     let e = &mut ec.engine;
-    if e.chan.send.rnr_deadline.is_some() {
-        return None;
+    if e.chan.send.rnr_deadline.is_some() || !e.chan.send.may_send() {
+        return None; // an RNR wait, or a timeout's probe waiting for its answer
     }
     let tx = e.tx.as_mut()?;
     if tx.status.is_some() || tx.next >= tx.npkts || tx.next.saturating_sub(tx.done) >= WINDOW {
@@ -229,7 +231,7 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     let mut bth = BthRepr::new(opcode, pkey, w.remote_qpn, psn); // WR-SEND-3
     let solicited_kind = matches!(w.opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
     bth.se = last && solicited_kind && w.flags.contains(SendFlags::SOLICITED);
-    bth.ack_req = last || psn.value() % ACK_EVERY == ACK_EVERY - 1;
+    bth.ack_req = last || psn.value() % ACK_EVERY == ACK_EVERY - 1 || e.chan.send.probe_due();
     let mut p = PacketRepr::new(bth);
     p.rdeth = Some(RdethRepr { ee_cnxt: attrs.dest_eecn }); // WR-SEND-6
     p.deth = Some(DethRepr { q_key: tx.q_key, src_qp: tx.src_qp });
@@ -245,6 +247,7 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     })?;
     // A Read asks for all its remaining responses with one request.
     tx.next = if single { tx.npkts } else { k + 1 };
+    tx.high = tx.high.max(tx.next);
     tx.sent = true;
     e.chan.send.sent(dev, TimerOwner::Eec(eec.eecn), now, attrs.timeout);
     Some(len)
@@ -268,7 +271,7 @@ pub(super) fn on_response(
     abandon_if_orphaned(e);
     let Some(tx) = e.tx.as_mut() else { return false };
     let first = Psn::new(tx.first_psn);
-    if tx.status.is_some() || !r.psn.in_range(first, first.add(tx.npkts - 1)) || tx.next == 0 {
+    if tx.status.is_some() || !r.psn.in_range(first, first.add(tx.npkts - 1)) || tx.high == 0 {
         return false; // PKT-ACK-8
     }
     // Responses of a QP's message reach that QP; those of a Resync reach the QP it was for.
@@ -278,9 +281,12 @@ pub(super) fn on_response(
         }
     }
     let k = r.psn.distance_from(first);
-    if k >= tx.next {
+    if k >= tx.high {
         return false; // nothing this far was sent
     }
+    // Any answer ends a timeout's probe (channel::Probe); the go-back then resumes past what
+    // the answer acknowledged (below).
+    let probed = e.chan.send.answered();
     let before = tx.done;
     let op = tx.wqe.opcode;
     let owner = TimerOwner::Eec(eec.eecn);
@@ -364,7 +370,10 @@ pub(super) fn on_response(
         to_error_after(ec, qp, eec); // QPS-RD-6
         return true;
     }
-    let Some(tx) = e.tx.as_ref() else { return true };
+    let Some(tx) = e.tx.as_mut() else { return true };
+    if probed && tx.status.is_none() {
+        tx.next = tx.next.max(tx.done);
+    }
     e.chan.send.end_recovery(|k| tx.done > k);
     if tx.done != before {
         e.chan.send.progressed(retry_cnt, rnr_retry);
