@@ -18,8 +18,9 @@
 //! either way; this way it does the engine's work on it, where before two threads per process
 //! (the spinner and the engine) shared the cores. A program that polls a few times and then
 //! waits on a completion channel arms its CQ first (Request Completion Notification), which
-//! starts the count again: however close its events come, it is never taken for a spinner. The doorbell makes a system call only when the engine thread is about to sleep or
-//! asleep (a Dekker-style flag pair).
+//! starts the count again: however close its events come, it is never taken for a spinner.
+//! The doorbell makes a system call only when the engine thread is about to sleep or asleep
+//! (a Dekker-style flag pair).
 //!
 //! Imports: the verbs `Context` (the sans-IO interface) and `os`; nothing of any one link.
 

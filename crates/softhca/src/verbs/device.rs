@@ -286,7 +286,7 @@ pub(crate) struct DeviceInner {
     pub key_gen: std::sync::atomic::AtomicU64,
     /// Bumped by every Request Completion Notification: a driver tells a program that waits
     /// for completion events (it arms its CQs) from one that spins on them.
-    pub notify_requests: std::sync::atomic::AtomicU64,
+    pub notify_requests: AtomicU64,
     pub rng: Mutex<StdRng>,
     pub next_eecn: AtomicU32,
     next_qpn: Mutex<u32>,
@@ -498,7 +498,7 @@ impl Context {
             next_handle: AtomicU32::new(1),
             keys: RwLock::new(KeyTable::default()),
             key_gen: std::sync::atomic::AtomicU64::new(0),
-            notify_requests: std::sync::atomic::AtomicU64::new(0),
+            notify_requests: AtomicU64::new(0),
             rng: Mutex::new(rng),
             next_eecn: AtomicU32::new(first_eecn),
             next_qpn: Mutex::new(first_qpn),

@@ -67,13 +67,12 @@ struct RdTx {
     /// The packet to transmit next, as an index into the message; `npkts` when all are out.
     next: u32,
     /// One past the highest packet index sent: a response beyond it answers nothing sent
-    /// (PKT-ACK-8), one below it may answer a packet sent before a go-back.
+    /// (PKT-ACK-8), one below it may answer a packet sent before a go-back. Nonzero once a
+    /// packet has left: aborting the message then needs a Resync.
     high: u32,
     /// Packets acknowledged (Send, Write) or responses received (Read).
     done: u32,
     status: Option<WcStatus>,
-    /// At least one packet has left: aborting the message needs a Resync.
-    sent: bool,
     /// A fatal NAK ended the message: a Resync follows it.
     resync_after: bool,
 }

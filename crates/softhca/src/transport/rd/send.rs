@@ -130,7 +130,6 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
             high: 0,
             done: 0,
             status: None,
-            sent: false,
             resync_after: false,
         });
         e.chan.send.recovering = None;
@@ -183,7 +182,6 @@ pub(super) fn start_resync(e: &mut EecEngine, old: &RdTx) {
         high: 0,
         done: 0,
         status: None,
-        sent: false,
         resync_after: false,
     });
 }
@@ -198,8 +196,8 @@ pub(super) fn abandon_if_orphaned(e: &mut EecEngine) {
     }
     let Some(tx) = e.tx.take() else { return };
     e.chan.send.stop_timers();
-    if tx.sent {
-        start_resync(e, &tx);
+    if tx.high > 0 {
+        start_resync(e, &tx); // a packet has left
     } else {
         e.chan.send.psn = tx.first_psn;
     }
@@ -248,7 +246,6 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     // A Read asks for all its remaining responses with one request.
     tx.next = if single { tx.npkts } else { k + 1 };
     tx.high = tx.high.max(tx.next);
-    tx.sent = true;
     e.chan.send.sent(dev, TimerOwner::Eec(eec.eecn), now, attrs.timeout);
     Some(len)
 }
