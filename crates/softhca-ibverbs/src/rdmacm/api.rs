@@ -70,6 +70,7 @@ pub extern "C" fn softhca_rdma_create_event_channel() -> *mut rdma_event_channel
 pub unsafe extern "C" fn softhca_rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     // SAFETY: checked against the live channels; a stale or stray pointer is ignored.
     if unsafe { channel_of(channel) }.is_some() {
+        // Out of the live set before its ids are let go (`Channel::free` below repeats it).
         super::set_live(channel as *const Channel, super::Kind::Channel, false);
         // Ids still on it (the program should have destroyed them first) get no more events,
         // as the kernel's ids go with a closed rdma_cm descriptor; nothing writes to the
@@ -84,7 +85,7 @@ pub unsafe extern "C" fn softhca_rdma_destroy_event_channel(channel: *mut rdma_e
         }
         drop(g);
         // SAFETY: a channel of this library that the program gives up.
-        drop(unsafe { Box::from_raw(channel as *mut Channel) });
+        unsafe { Channel::free(channel as *mut Channel) };
     }
 }
 
@@ -178,9 +179,8 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     }
     drop(a);
     if !id.own.is_null() {
-        super::set_live(id.own as *const Channel, super::Kind::Channel, false);
         // SAFETY: the id's own channel, which nobody else holds.
-        drop(unsafe { Box::from_raw(id.own) });
+        unsafe { Channel::free(id.own) };
     }
     // Live until here: acknowledging the events above goes through it.
     super::set_live(id as *const Id, super::Kind::Id, false);
@@ -550,9 +550,8 @@ pub unsafe extern "C" fn softhca_rdma_migrate_id(p: *mut rdma_cm_id, channel: *m
         id.queue(ev);
     }
     if !old_own.is_null() {
-        super::set_live(old_own as *const Channel, super::Kind::Channel, false);
         // SAFETY: the id's former own channel, emptied of its events.
-        drop(unsafe { Box::from_raw(old_own) });
+        unsafe { Channel::free(old_own) };
     }
     0
 }

@@ -424,6 +424,17 @@ impl Channel {
         Ok(p)
     }
 
+    /// Frees a channel made by [`Channel::new`], taking it out of the live set first, so that
+    /// no later call takes its address for a channel.
+    ///
+    /// # Safety
+    /// `p` came from `Channel::new`, is not freed yet, and nothing uses it after this.
+    unsafe fn free(p: *mut Channel) {
+        set_live(p, Kind::Channel, false);
+        // SAFETY: the caller's promise: a channel of `new` that nobody holds any more.
+        drop(unsafe { Box::from_raw(p) });
+    }
+
     fn push(&self, ev: Box<Event>) {
         self.q.lock().unwrap_or_else(|e| e.into_inner()).push_back(ev);
         let one: u64 = 1;
