@@ -49,20 +49,20 @@ fn alt_to(peer: [u8; 4]) -> AltPath {
 /// Both QPs to RTS on the primary path with the alternate loaded and rearmed (as the CM's
 /// LAP/APR or the REQ's alternate path would load it).
 fn connect(x: &End, y: &End, y0: [u8; 4], y1: [u8; 4]) {
+    connect_with(x, y, y0, y1, Some(MigState::Rearm));
+}
+
+fn connect_with(x: &End, y: &End, y0: [u8; 4], y1: [u8; 4], mig: Option<MigState>) {
     let av = AddressVector::new(AhAttr::roce(gid(y0), 0), Mtu::Mtu1024);
     x.qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::REMOTE_WRITE)).unwrap();
     x.qp.modify(&QpAttr::to_rtr(av, y.qp.qp_num()).rq_psn(0x100).max_dest_rd_atomic(1).min_rnr_timer(1)).unwrap();
     x.qp.modify(
-        &QpAttr::to_rts()
-            .sq_psn(0x100)
-            .timeout(12)
-            .retry_cnt(2)
-            .rnr_retry(7)
-            .max_rd_atomic(1)
-            .alt_path(alt_to(y1))
-            .path_mig_state(MigState::Rearm),
+        &QpAttr::to_rts().sq_psn(0x100).timeout(12).retry_cnt(2).rnr_retry(7).max_rd_atomic(1).alt_path(alt_to(y1)),
     )
     .unwrap();
+    if let Some(state) = mig {
+        x.qp.modify(&QpAttr::to_rts().path_mig_state(state)).unwrap();
+    }
 }
 
 /// Shuttles datagrams between `a` and `b` and runs their timers up to `until`; `cut` drops
@@ -144,6 +144,45 @@ fn a_dead_primary_path_migrates_both_ends_to_the_alternate() {
     // After the migration everything went over the alternate path, MigReq set.
     let first_alt = trace.iter().position(|&(_, primary, _)| !primary).expect("traffic on the alternate path");
     assert!(trace[first_alt..].iter().all(|&(_, primary, mig)| !primary && mig), "{trace:?}");
+}
+
+/// The responder has the alternate path loaded but never rearmed it: the requester's
+/// migration request (its MigReq packets over the alternate path) is refused, dropped, and
+/// reported once as Path Migration Request Error however many retries bring it. Once the
+/// consumer rearms, the next retry is followed and the Send completes.
+/// Rule EVT-AE-1
+#[test]
+fn an_unarmed_responder_refuses_the_migration_request_once() {
+    let (a, b) = (end(7, A0, A1, true), end(8, B0, B1, true));
+    connect(&a, &b, B0, B1);
+    connect_with(&b, &a, A0, A1, None);
+    assert_eq!(b.qp.query().unwrap().path_mig_state, MigState::Migrated);
+    let src = a.pd.reg_mr(vec![7u8; 1024], Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.alloc_mr(1024, Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&[RecvWr::new(1, &[dst.sge(0..1024)])]).unwrap();
+    a.qp.post_send(&[SendWr::send(1, &[src.sge(0..1024)]).signaled()]).unwrap();
+    let (mut now, mut trace) = (0u64, Vec::new());
+    // Step the virtual clock until the requester has migrated and retried over the
+    // alternate path at least twice (timeout 12: 16.8 ms; retry_cnt 2 on each path).
+    let mut b_events = Vec::new();
+    while b.ctx.counters().migrations_refused < 2 {
+        assert!(now < 1_000_000_000, "no migration request came: {trace:?}");
+        let until = now + 1_000_000;
+        run(&a, &b, &mut now, until, true, &mut trace);
+        now = until;
+        b_events.extend(events(&b.ctx));
+    }
+    assert_eq!(b_events, vec![AsyncEventType::PathMigErr]);
+    assert_eq!(events(&a.ctx), vec![AsyncEventType::PathMig]);
+    assert_eq!(b.cq.poll_one().unwrap().map(|w| w.wr_id), None, "nothing was received");
+    // The responder's consumer rearms; the requester's next retry is followed.
+    b.qp.modify(&QpAttr::to_rts().path_mig_state(MigState::Rearm)).unwrap();
+    let until = now + 1_000_000_000;
+    run(&a, &b, &mut now, until, true, &mut trace);
+    assert_eq!(a.cq.poll_one().unwrap().map(|w| (w.wr_id, w.status)), Some((1, WcStatus::Success)));
+    assert_eq!(b.cq.poll_one().unwrap().map(|w| (w.wr_id, w.status)), Some((1, WcStatus::Success)));
+    assert_eq!(events(&b.ctx), vec![AsyncEventType::PathMig]);
+    assert_eq!(b.qp.query().unwrap().av.unwrap().ah.grh.dgid, Some(gid(A1)));
 }
 
 /// The consumer migrates by hand (Migrated while armed): the path switches at once, with no

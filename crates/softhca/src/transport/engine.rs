@@ -105,6 +105,9 @@ counters! {
     credit_waits,
     pkey_violations,
     qkey_violations,
+    /// Packets dropped as migration requests the QP could not follow (its alternate path
+    /// loaded but not armed: Path Migration Request Error).
+    migrations_refused,
 }
 
 /// PKT-VAL-8, PKT-VAL-14: equal low 15 bits, not the invalid P_Key, and at least one full
@@ -547,7 +550,15 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
         let src = crate::types::Gid::from_ipv6(d.ip.src_gid());
         let on_alternate = core.attrs.alt.and_then(|alt| alt.av.ah.grh.dgid) == Some(src);
-        if core.attrs.path_mig_state == crate::types::MigState::Armed && bth.mig_req && on_alternate {
+        if bth.mig_req && on_alternate {
+            if core.attrs.path_mig_state != crate::types::MigState::Armed {
+                // IBA 17.2.8: the peer migrated onto a path this side has loaded but not
+                // armed. The request is refused (the packet dropped, the peer's retries
+                // decide) and reported once per alternate path loaded, so that a peer's
+                // retransmissions cannot fill the event queue (EVT-AE-1).
+                qp.refuse_migration(&mut core);
+                return false;
+            }
             // IBA 17.2.8: the peer migrated; this side follows onto the alternate path.
             qp.migrate(&mut core, true);
         } else if core.attrs.av.and_then(|av| av.ah.grh.dgid) != Some(src) {

@@ -67,6 +67,8 @@ pub struct QpAttrs {
     pub path_mig_state: MigState,
     /// The alternate path loaded (ALT_PATH), until the QP migrates to it.
     pub alt: Option<AltPath>,
+    /// Path Migration Request Error was raised for the alternate path loaded now.
+    pub alt_refused: bool,
     /// In SQD with messages still in progress.
     pub sq_draining: bool,
     pub en_sqd_async_notify: bool,
@@ -93,6 +95,7 @@ impl QpAttrs {
             rnr_retry: 0,
             path_mig_state: MigState::Migrated,
             alt: None,
+            alt_refused: false,
             sq_draining: false,
             en_sqd_async_notify: false,
             cap,
@@ -343,6 +346,16 @@ impl QpInner {
             self.dev.raise(AsyncEvent { event_type: AsyncEventType::PathMig, element: EventElement::Qp(self.qpn) });
         }
         true
+    }
+
+    /// A migration request (a MigReq packet over the alternate path) this QP cannot follow,
+    /// its alternate path loaded but not armed: Path Migration Request Error (EVT-AE-1), once
+    /// per alternate path loaded.
+    pub(crate) fn refuse_migration(&self, core: &mut QpCore) {
+        self.bump(|s| &s.migrations_refused);
+        if !std::mem::replace(&mut core.attrs.alt_refused, true) {
+            self.dev.raise(AsyncEvent { event_type: AsyncEventType::PathMigErr, element: EventElement::Qp(self.qpn) });
+        }
     }
 
     /// EVT-LWR-1: a QP on an SRQ that enters Error reports Last WQE Reached once its last

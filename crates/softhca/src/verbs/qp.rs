@@ -697,6 +697,7 @@ impl Qp {
         );
         if let Some(alt) = attr.alt_path {
             a.alt = Some(alt);
+            a.alt_refused = false;
         }
         match attr.path_mig_state {
             // softhca arms at once: there is no path to probe before (IBA leaves it to the CA).
