@@ -332,6 +332,78 @@ impl Ord for InFlight {
     }
 }
 
+/// A directed link: (sender, receiver); a `None` sender is a foreign injected address.
+type LinkKey = (Option<DeviceId>, DeviceId);
+
+/// The datagrams on the wire, taken out in arrival order (ties in send order). A link's
+/// ordinary arrivals are FIFO (its clock never goes back, see `SimFabric::offer`), so each
+/// link keeps them in a queue and only the queues' heads meet in a heap, one entry per busy
+/// link; copies reordered or delayed by the filter wait in a heap of their own. Taking one out
+/// then costs a heap step over the busy links, not over every datagram in flight (40,000 with
+/// 10,000 QPs four messages deep), and the order is exactly that of one heap of them all.
+#[derive(Default)]
+struct Wire {
+    fifo: BTreeMap<LinkKey, std::collections::VecDeque<InFlight>>,
+    /// `(at, seq)` of each non-empty queue's head.
+    heads: BinaryHeap<std::cmp::Reverse<(u64, u64, LinkKey)>>,
+    late: BinaryHeap<InFlight>,
+    len: usize,
+}
+
+impl Wire {
+    /// Adds a datagram: `in_order` when it arrives no earlier than everything before it on its
+    /// link.
+    fn push(&mut self, d: InFlight, in_order: bool) {
+        self.len += 1;
+        if !in_order {
+            self.late.push(d);
+            return;
+        }
+        let key = (d.from, d.to);
+        let q = self.fifo.entry(key).or_default();
+        if q.is_empty() {
+            self.heads.push(std::cmp::Reverse((d.at, d.seq, key)));
+        }
+        q.push_back(d);
+    }
+
+    /// The earliest arrival time.
+    fn next_at(&self) -> Option<u64> {
+        let head = self.heads.peek().map(|h| h.0 .0);
+        let late = self.late.peek().map(|d| d.at);
+        head.into_iter().chain(late).min()
+    }
+
+    /// Takes out the earliest datagram if it arrives by `now`.
+    fn pop_due(&mut self, now: u64) -> Option<InFlight> {
+        let head = self.heads.peek().map(|h| (h.0 .0, h.0 .1));
+        let late = self.late.peek().map(|d| (d.at, d.seq));
+        let from_late = match (head, late) {
+            (Some(h), Some(l)) => l < h,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        let d = if from_late {
+            self.late.peek().filter(|d| d.at <= now)?;
+            self.late.pop()?
+        } else {
+            let std::cmp::Reverse((at, _, key)) = *self.heads.peek()?;
+            if at > now {
+                return None;
+            }
+            self.heads.pop();
+            let q = self.fifo.get_mut(&key)?;
+            let d = q.pop_front()?;
+            if let Some(next) = q.front() {
+                self.heads.push(std::cmp::Reverse((next.at, next.seq, key)));
+            }
+            d
+        };
+        self.len -= 1;
+        Some(d)
+    }
+}
+
 enum StepOutcome {
     Idle,
     /// The next event lies past the horizon; the clock did not move.
@@ -347,9 +419,9 @@ pub struct SimFabric {
     nodes: Vec<Node>,
     by_addr: BTreeMap<Ipv6Addr, DeviceId>,
     /// Overrides keyed by (sender, receiver); a `None` sender is a foreign injected address.
-    links: BTreeMap<(Option<DeviceId>, DeviceId), LinkConfig>,
-    link_state: BTreeMap<(Option<DeviceId>, DeviceId), LinkState>,
-    in_flight: BinaryHeap<InFlight>,
+    links: BTreeMap<LinkKey, LinkConfig>,
+    link_state: BTreeMap<LinkKey, LinkState>,
+    in_flight: Wire,
     next_seq: u64,
     counters: SimCounters,
     filter: Option<Filter>,
@@ -368,7 +440,7 @@ impl fmt::Debug for SimFabric {
         f.debug_struct("SimFabric")
             .field("now", &self.now)
             .field("devices", &self.nodes.len())
-            .field("in_flight", &self.in_flight.len())
+            .field("in_flight", &self.in_flight.len)
             .field("counters", &self.counters)
             .finish_non_exhaustive()
     }
@@ -448,7 +520,7 @@ impl SimFabric {
             by_addr: BTreeMap::new(),
             links: BTreeMap::new(),
             link_state: BTreeMap::new(),
-            in_flight: BinaryHeap::new(),
+            in_flight: Wire::default(),
             next_seq: 0,
             counters: SimCounters::default(),
             filter: None,
@@ -723,7 +795,8 @@ impl SimFabric {
             let mut at = done.saturating_add(link.latency_ns).saturating_add(jitter);
             let reordered = chance(&mut self.rng, link.reorder);
             let state = self.link_state.entry((from, to)).or_default();
-            if reordered || extra_delay.is_some() {
+            let in_order = !(reordered || extra_delay.is_some());
+            if !in_order {
                 if reordered {
                     self.counters.reordered += 1;
                     at = at.saturating_add(link.reorder_delay_ns);
@@ -735,7 +808,7 @@ impl SimFabric {
             }
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.in_flight.push(InFlight { at, seq, from, to, data: bytes });
+            self.in_flight.push(InFlight { at, seq, from, to, data: bytes }, in_order);
         }
     }
 
@@ -761,7 +834,7 @@ impl SimFabric {
 
     /// The earliest pending event: an arrival, a device timer, or more output right now.
     fn next_event(&self) -> Option<u64> {
-        let arrival = self.in_flight.peek().map(|p| p.at);
+        let arrival = self.in_flight.next_at();
         let timer = self.nodes.iter().filter_map(|n| n.ctx.poll_timeout()).min();
         let backlog = self.tx_backlog.then_some(self.now);
         [arrival, timer, backlog].into_iter().flatten().min()
@@ -778,8 +851,7 @@ impl SimFabric {
         // A timer already in the past runs now; the clock never goes back.
         self.now = self.now.max(next);
         let now = self.now;
-        while self.in_flight.peek().is_some_and(|p| p.at <= now) {
-            let Some(pkt) = self.in_flight.pop() else { break };
+        while let Some(pkt) = self.in_flight.pop_due(now) {
             if self.tap_point == TapPoint::Delivered {
                 self.tap_write(now, pkt.from, Some(pkt.to), &pkt.data);
             }
@@ -866,7 +938,7 @@ impl SimFabric {
 
     /// Datagrams on the wire, not yet delivered.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len
     }
 }
 
@@ -915,5 +987,48 @@ pub fn ip_between(src: Ipv6Addr, dst: Ipv6Addr) -> IpRepr {
     match (src.to_ipv4_mapped(), dst.to_ipv4_mapped()) {
         (Some(s), Some(d)) => IpRepr::V4(roce::Ipv4Repr::new(s, d)),
         _ => IpRepr::V6(roce::Ipv6Repr::new(src, dst)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The per-link queues give exactly the order of one heap of every datagram: by arrival,
+    /// ties in send order, with late copies anywhere among them.
+    #[test]
+    fn the_wire_pops_in_the_order_of_one_heap() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let (mut wire, mut heap) = (Wire::default(), BinaryHeap::new());
+        let mut last = BTreeMap::new();
+        let (mut now, mut seq, mut popped) = (0u64, 0u64, 0usize);
+        for _ in 0..20_000 {
+            if rng.random_range(0..3) > 0 {
+                let (from, to) =
+                    (rng.random_range(0..3usize).checked_sub(1).map(DeviceId), DeviceId(rng.random_range(0..3)));
+                let in_order = rng.random_range(0..10) > 0;
+                let mut at = now + rng.random_range(0..50);
+                if in_order {
+                    let l = last.entry((from, to)).or_insert(0u64);
+                    at = at.max(*l);
+                    *l = at;
+                }
+                let d = |data| InFlight { at, seq, from, to, data };
+                wire.push(d(vec![]), in_order);
+                heap.push(d(vec![]));
+                seq += 1;
+            } else {
+                now += rng.random_range(0..20);
+                assert_eq!(wire.next_at(), heap.peek().map(|d: &InFlight| d.at));
+                while let Some(d) = wire.pop_due(now) {
+                    let want = heap.pop().expect("the reference has it too");
+                    assert_eq!((d.at, d.seq), (want.at, want.seq));
+                    popped += 1;
+                }
+                assert!(heap.peek().is_none_or(|d| d.at > now));
+                assert_eq!(wire.len, heap.len());
+            }
+        }
+        assert!(popped > 5_000, "{popped}");
     }
 }
