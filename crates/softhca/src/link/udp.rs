@@ -3,7 +3,11 @@
 //! A [`UdpDevice`] is one RoCEv2 port bound to one IP address on UDP 4791; its GID 0 is the
 //! IPv4-mapped form of that address. The address is [`UdpConfig::addr`], else `SOFTHCA_ADDR`,
 //! else the first of 127.0.0.1 … 127.0.0.254 whose port 4791 is free, so several processes on
-//! one machine just work.
+//! one machine just work. A device may have a second address ([`UdpConfig::alt_addr`], else
+//! `SOFTHCA_ALT_ADDR`), GID 1, where its QPs' alternate paths start: it then supports
+//! Automatic Path Migration. That address has a plain socket, read after the first address's
+//! in every turn and slept on with it; what leaves from it goes through that socket,
+//! unconnected, from port 4791 (`batch::AltAddr`).
 //!
 //! # The engine
 //!
@@ -157,6 +161,7 @@ const GSO_MAX_BYTES: usize = 65000;
 pub struct UdpDevice {
     ctx: Context,
     addr: IpAddr,
+    alt_addr: Option<IpAddr>,
     gid: Gid,
     /// The engine driver and its thread; dropping it sends what is owed and stops the thread.
     engine: Running<UdpPort>,
@@ -211,6 +216,28 @@ fn bind_device_socket(cfg: &UdpConfig) -> io::Result<Bound> {
     )
 }
 
+/// The second address's socket ([`UdpConfig::alt_addr`], else `SOFTHCA_ALT_ADDR`), if any.
+fn open_alt(cfg: &UdpConfig, addr: IpAddr) -> io::Result<Option<batch::AltAddr>> {
+    let alt = match (cfg.alt_addr, std::env::var("SOFTHCA_ALT_ADDR")) {
+        (Some(a), _) => a,
+        (None, Ok(s)) => s.trim().parse::<IpAddr>().map_err(|e| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("SOFTHCA_ALT_ADDR={s:?} is not an address: {e}"))
+        })?,
+        (None, Err(_)) => return Ok(None),
+    };
+    if alt.is_ipv4() != addr.is_ipv4() || alt == addr {
+        let why = format!("the alternate address {alt} must be another address of {addr}'s family");
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
+    }
+    let sock = UdpSocket::bind(SocketAddr::new(alt, ROCE_V2_PORT))?;
+    prepare_send_socket(&sock, alt)?;
+    let _ = sys::set_buffer(sock.as_raw_fd(), libc::SO_RCVBUF, 8 << 20);
+    if cfg.gro {
+        let _ = sys::setsockopt_int(sock.as_raw_fd(), sys::SOL_UDP, sys::UDP_GRO, 1);
+    }
+    Ok(Some(batch::AltAddr { addr: alt, sock }))
+}
+
 fn prepare_send_socket(s: &UdpSocket, addr: IpAddr) -> io::Result<()> {
     let fd = s.as_raw_fd();
     match addr {
@@ -250,17 +277,26 @@ impl UdpDevice {
             sys::drop_all(fd)?;
             responses = None;
         }
-        let rx_poll = match &responses {
-            Some(r) => Some(sys::epoll_of(&[fd, r.as_raw_fd()])?),
-            None => None,
-        };
+        let alt = open_alt(&cfg, addr)?;
+        let alt_addr = alt.as_ref().map(|a| a.addr);
+        // The engine thread sleeps on every socket it reads.
+        let rx_fds: Vec<RawFd> = [raw.as_ref().map_or(fd, |r| r.as_raw_fd())]
+            .into_iter()
+            .chain(responses.as_ref().map(|r| r.as_raw_fd()))
+            .chain(alt.as_ref().map(|a| a.sock.as_raw_fd()))
+            .collect();
+        let rx_poll = if rx_fds.len() > 1 { Some(sys::epoll_of(&rx_fds)?) } else { None };
         let gid = Gid::from_ipv6(verify::gid_addr(addr));
         let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
         dcfg.port.gid_tbl_len = GID_TABLE_LEN;
+        dcfg.attr.auto_path_mig = alt.is_some();
         if let Some(mtu) = sys::interface_mtu(addr) {
             dcfg.port.active_mtu = active_mtu(mtu, addr.is_ipv6());
         }
         let ctx = Context::create(dcfg).map_err(|e| io::Error::other(e.to_string()))?;
+        if let Some(a) = &alt {
+            ctx.set_gid(1, Gid::from_ipv6(verify::gid_addr(a.addr))).map_err(|e| io::Error::other(e.to_string()))?;
+        }
         // The driver sends in batches after transmit: UC/UD completions wait for the send.
         ctx.defer_unreliable_completions();
         let mut taps = crate::link::Taps::default();
@@ -285,6 +321,8 @@ impl UdpDevice {
             rx_poll,
             _claim: claim,
             raw,
+            alt,
+            rx_alt: false,
             ports: HashMap::new(),
             connect: cfg.connected,
             sink: None,
@@ -311,7 +349,7 @@ impl UdpDevice {
             resume: None,
         };
         let engine = Running::start(ctx.clone(), cfg.busy_poll, epoch, port, &cfg.name)?;
-        Ok(UdpDevice { ctx, addr, gid, engine, stats, raw: raw_on, gso, gro })
+        Ok(UdpDevice { ctx, addr, alt_addr, gid, engine, stats, raw: raw_on, gso, gro })
     }
 
     /// The verbs device this link drives.
@@ -325,6 +363,10 @@ impl UdpDevice {
     /// GID 0: the IPv4-mapped form of the address, or the IPv6 address.
     pub fn gid(&self) -> Gid {
         self.gid
+    }
+    /// The second address (GID 1), where alternate paths start, if the device has one.
+    pub fn alt_addr(&self) -> Option<IpAddr> {
+        self.alt_addr
     }
     pub fn counters(&self) -> UdpCounters {
         with_wakes(self.stats.snapshot(), &self.engine.link.wakes)

@@ -181,10 +181,16 @@ super::header_view!(
 );
 
 impl<T: AsRef<[u8]>> Ipv6Header<T> {
-    pub fn dst_addr(&self) -> Ipv6Addr {
+    fn addr_at(&self, at: usize) -> Ipv6Addr {
         let mut a = [0u8; 16];
-        a.copy_from_slice(&self.buffer.as_ref()[ipv6_field::DST..ipv6_field::DST + 16]);
+        a.copy_from_slice(&self.buffer.as_ref()[at..at + 16]);
         a.into()
+    }
+    pub fn src_addr(&self) -> Ipv6Addr {
+        self.addr_at(ipv6_field::SRC)
+    }
+    pub fn dst_addr(&self) -> Ipv6Addr {
+        self.addr_at(ipv6_field::DST)
     }
 }
 

@@ -36,6 +36,18 @@ pub(super) struct Pending {
     pub(super) response: bool,
     /// RC or UC: its flow has one peer.
     pub(super) one_peer: bool,
+    /// From the alternate address (see [`AltAddr`]).
+    pub(super) alt: bool,
+}
+
+/// The device's second address, GID 1: where its QPs' alternate paths start (Automatic Path
+/// Migration, IBA 17.2.8). A plain socket on UDP 4791 of that address, received from in the
+/// socket mode whatever [`RxMode`] the first address uses; everything from that address
+/// leaves through it, unconnected (IPv4 Identification 0), its source port 4791 with the ICRC
+/// re-sealed for it (PKT-ROCE-6 lets receivers take any source port).
+pub(super) struct AltAddr {
+    pub(super) addr: IpAddr,
+    pub(super) sock: UdpSocket,
 }
 
 /// A flow's send socket, bound to (the device's address, the flow's source port).
@@ -78,6 +90,9 @@ pub(super) struct Io {
     pub(super) rx_poll: Option<OwnedFd>,
     pub(super) _claim: OwnedFd,
     pub(super) raw: Option<OwnedFd>,
+    pub(super) alt: Option<AltAddr>,
+    /// The batch being delivered came from the alternate address's socket.
+    pub(super) rx_alt: bool,
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
     pub(super) ports: HashMap<u16, Option<FlowSocket>>,
     /// Connect flow sockets ([`UdpConfig::connected`]).
@@ -282,7 +297,7 @@ impl Io {
             bump(&self.stats.drop_malformed, 1); // an empty datagram carries no packet
             return (1, None);
         }
-        if self.raw.is_some() {
+        if self.raw.is_some() && !self.rx_alt {
             return (self.on_raw(&mut buf[headroom..headroom + m.len]), None);
         }
         let seg = gro_segment(m);
@@ -314,7 +329,11 @@ impl Io {
         let flow = SocketAddr::new(src, from.port());
         let payload = &buf[at..at + len];
         let hints = self.hints.for_datagram(flow, index);
-        match verify::rebuild_with(&mut self.shifts, src, from.port(), self.addr, payload, &hints, self.policy) {
+        let local = match &self.alt {
+            Some(alt) if self.rx_alt => alt.addr,
+            _ => self.addr,
+        };
+        match verify::rebuild_with(&mut self.shifts, src, from.port(), local, payload, &hints, self.policy) {
             Ok(h) => {
                 let c = match h.how {
                     Verified::Exact => &self.stats.rx_icrc_exact,
@@ -422,7 +441,7 @@ impl Io {
     /// Checks a datagram the core emitted and finds its UDP payload; fixes the header fields
     /// the kernel will write differently (it should never need to).
     pub(super) fn prepare(&mut self, slot: usize, d: &mut [u8]) -> Option<Pending> {
-        let (hl, dst) = match d.first().map(|b| b >> 4) {
+        let (hl, dst, src) = match d.first().map(|b| b >> 4) {
             Some(4) if d.len() >= 20 => {
                 let mut h = Ipv4Header::new_unchecked(&mut d[..]);
                 if h.identification() != 0 || h.flags_fragment() != IPV4_DONT_FRAGMENT {
@@ -431,9 +450,13 @@ impl Io {
                     h.fill_checksum();
                     let _ = crate::wire::icrc::fill_datagram(d);
                 }
-                (20, IpAddr::V4(Ipv4Header::new_unchecked(&d[..]).dst_addr()))
+                let h = Ipv4Header::new_unchecked(&d[..]);
+                (20, IpAddr::V4(h.dst_addr()), IpAddr::V4(h.src_addr()))
             }
-            Some(6) if d.len() >= 40 => (40, verify::unmap(IpAddr::V6(Ipv6Header::new_unchecked(&d[..]).dst_addr()))),
+            Some(6) if d.len() >= 40 => {
+                let h = Ipv6Header::new_unchecked(&d[..]);
+                (40, verify::unmap(IpAddr::V6(h.dst_addr())), verify::unmap(IpAddr::V6(h.src_addr())))
+            }
             _ => {
                 bump(&self.stats.tx_errors, 1);
                 return None;
@@ -446,7 +469,17 @@ impl Io {
         let port = UdpHeader::new_unchecked(&d[hl..]).src_port();
         let op = d[hl + UDP_HEADER_LEN];
         let one_peer = op >> 5 <= 1;
-        Some(Pending { slot, start: hl + UDP_HEADER_LEN, end: d.len(), dst, port, response: is_response(op), one_peer })
+        let alt = self.alt.as_ref().is_some_and(|a| a.addr == src);
+        Some(Pending {
+            slot,
+            start: hl + UDP_HEADER_LEN,
+            end: d.len(),
+            dst,
+            port,
+            response: is_response(op),
+            one_peer,
+            alt,
+        })
     }
 
     /// The socket to send a flow's datagrams from (bound to (addr, port), created on first
@@ -502,21 +535,27 @@ impl Io {
     /// the device's 4791 socket the other flows share) go through one sendmmsg, in batch order
     /// (flows are independent streams; each keeps its order), equal-size runs to one
     /// destination as GSO messages. A datagram of a flow without a socket of its own leaves
-    /// from 4791, its ICRC re-sealed for that source port.
+    /// from 4791, its ICRC re-sealed for that source port; so does every datagram from the
+    /// alternate address, through that address's socket.
     pub(super) fn send_batch(&mut self, tx: &mut [u8], pending: &[Pending], sc: &mut SendScratch) {
         let shared = self.sock.as_raw_fd();
         let mut via = std::mem::take(&mut sc.via);
         via.clear();
         for p in pending {
-            via.push(match self.port_socket(p.port, p) {
+            // The alternate address sends everything from its 4791 socket.
+            let alt = self.alt.as_ref().filter(|_| p.alt).map(|a| a.sock.as_raw_fd());
+            let own = if alt.is_none() { self.port_socket(p.port, p) } else { None };
+            via.push(match own {
                 Some(s) => s,
                 None => {
                     let d = &mut tx[p.slot * MAX_DATAGRAM..p.slot * MAX_DATAGRAM + p.end];
                     let hl = p.start - UDP_HEADER_LEN;
                     d[hl..hl + 2].copy_from_slice(&ROCE_V2_PORT.to_be_bytes());
                     let _ = crate::wire::icrc::fill_datagram(d);
-                    bump(&self.stats.tx_port_fallback, 1);
-                    (shared, None)
+                    if alt.is_none() {
+                        bump(&self.stats.tx_port_fallback, 1);
+                    }
+                    (alt.unwrap_or(shared), None)
                 }
             });
         }

@@ -28,6 +28,10 @@ pub enum RxMode {
 pub struct UdpConfig {
     /// The address to bind; `None`: `SOFTHCA_ADDR`, else the first free 127.0.0.x.
     pub addr: Option<IpAddr>,
+    /// A second address (GID 1), of the first's family, where alternate paths start: with it
+    /// the device supports Automatic Path Migration (`DeviceAttr::auto_path_mig`). `None`:
+    /// `SOFTHCA_ALT_ADDR` if set, else none.
+    pub alt_addr: Option<IpAddr>,
     /// Device name (`softhca_udp0` …).
     pub name: String,
     /// Spin instead of sleeping: lowest latency, one core busy.
@@ -52,6 +56,7 @@ impl Default for UdpConfig {
     fn default() -> Self {
         UdpConfig {
             addr: None,
+            alt_addr: None,
             name: "softhca_udp".into(),
             busy_poll: false,
             pcap: None,
@@ -68,6 +73,10 @@ impl Default for UdpConfig {
 impl UdpConfig {
     pub fn addr(mut self, addr: impl Into<IpAddr>) -> Self {
         self.addr = Some(addr.into());
+        self
+    }
+    pub fn alt_addr(mut self, addr: impl Into<IpAddr>) -> Self {
+        self.alt_addr = Some(addr.into());
         self
     }
     pub fn name(mut self, name: impl Into<String>) -> Self {

@@ -67,6 +67,7 @@ impl Port for UdpPort {
                 }
             }
             if resume.is_none() {
+                io.rx_alt = false;
                 let rx_fd = io.raw.as_ref().map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd());
                 // After a receive that found nothing or a lone datagram, ask for one message:
                 // a lone datagram (or a GRO buffer) is the common case then, and a larger vlen
@@ -88,6 +89,18 @@ impl Port for UdpPort {
                     }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "recvmmsg failed"),
+                }
+            }
+            // The alternate address (a device with one has QPs that migrate to it), after
+            // the first: its traffic is the exception.
+            if resume.is_none() {
+                if let Some(fd) = io.alt.as_ref().map(|a| a.sock.as_raw_fd()) {
+                    if let Ok(1..) = rx.recv(fd, msgs, BATCH) {
+                        worked = true;
+                        bump(&io.stats.rx_syscalls, 1);
+                        io.rx_alt = true;
+                        (*resume, now) = take_in(io, rx, msgs, tx, (0, 0), inline, now);
+                    }
                 }
             }
         }
