@@ -29,6 +29,8 @@ each command's flags.
 Environment (udp link):
   SOFTHCA_ADDR       the IP address a udp device binds (UDP port 4791); default: the first
                      free address in 127.0.0.1-127.0.0.254
+  SOFTHCA_ALT_ADDR   a second address for a udp device (GID 1): alternate paths, Automatic
+                     Path Migration
   SOFTHCA_WAIT_SECS  how long to wait for progress before giving up (default 60)")]
 struct Cli {
     #[command(subcommand)]

@@ -686,9 +686,17 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
     out.hw_ver = a.hw_ver;
     out.max_qp = n(a.max_qp);
     out.max_qp_wr = n(a.max_qp_wr);
-    // RESIZE_MAX_WR, SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE, N_NOTIFY_CQ, MEM_WINDOW,
-    // MEM_WINDOW_TYPE_2B (type 2 windows bound to a QP, as rxe's).
-    out.device_cap_flags = if a.resize_wq { 1 } else { 0 } | 1 << 11 | 1 << 12 | 1 << 13 | 1 << 14 | 1 << 17 | 1 << 24;
+    // RESIZE_MAX_WR, AUTO_PATH_MIG (a device with a second address, SOFTHCA_ALT_ADDR),
+    // SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE, N_NOTIFY_CQ, MEM_WINDOW, MEM_WINDOW_TYPE_2B
+    // (type 2 windows bound to a QP, as rxe's).
+    out.device_cap_flags = if a.resize_wq { 1 } else { 0 }
+        | if a.auto_path_mig { 1 << 4 } else { 0 }
+        | 1 << 11
+        | 1 << 12
+        | 1 << 13
+        | 1 << 14
+        | 1 << 17
+        | 1 << 24;
     out.max_sge = n(a.max_sge);
     out.max_sge_rd = n(a.max_sge_rd);
     out.max_cq = n(a.max_cq);

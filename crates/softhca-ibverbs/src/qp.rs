@@ -6,8 +6,8 @@
 use std::ffi::{c_int, c_void};
 
 use softhca::{
-    Access, AddressVector, MigState, Mtu, PostError, Qp as SoftQp, QpAttr, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    SendFlags, SendWr, Sge, Srq as SoftSrq, SrqInitAttr, WqSizes, WrOpcode,
+    Access, AddressVector, AltPath, MigState, Mtu, PostError, Qp as SoftQp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendFlags, SendWr, Sge, Srq as SoftSrq, SrqInitAttr, WqSizes, WrOpcode,
 };
 
 use crate::abi::*;
@@ -411,9 +411,21 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         m.cap = Some(WqSizes { max_send_wr: a.cap.max_send_wr, max_recv_wr: a.cap.max_recv_wr });
     }
     if has(IBV_QP_ALT_PATH) {
-        // No Automatic Path Migration yet (MOD-GEN-9); Linux refuses alternate paths on a
-        // RoCE device with EINVAL too.
-        return libc::EINVAL;
+        // SAFETY: the QP's context is open.
+        let dev = &unsafe { ctx(x.ibv.qp_base.context) }.ctx;
+        // Without a second address there is no Automatic Path Migration (MOD-GEN-9): EINVAL,
+        // as the kernel answers for a RoCE device without it.
+        if !dev.query_device().is_ok_and(|d| d.auto_path_mig) || crate::mem::empty_source(dev, &a.alt_ah_attr) {
+            return libc::EINVAL;
+        }
+        // One path MTU serves both paths (ibv_qp_attr has one).
+        let mtu = m.av.map(|av| av.path_mtu).or_else(|| x.qp.query().ok()?.av.map(|av| av.path_mtu));
+        m.alt_path = Some(AltPath {
+            av: AddressVector::new(ah_attr_of(&a.alt_ah_attr), mtu.unwrap_or(Mtu::Mtu1024)),
+            pkey_index: a.alt_pkey_index,
+            port_num: a.alt_port_num,
+            timeout: a.alt_timeout,
+        });
     }
     match x.qp.modify(&m) {
         Ok(()) => {
@@ -474,6 +486,12 @@ pub unsafe extern "C" fn ibv_query_qp(
     out.cap = c_cap(&s.cap);
     if let Some(ah) = ah {
         out.ah_attr = ah;
+    }
+    if let Some(alt) = s.alt {
+        out.alt_ah_attr = c_ah_attr(&alt.av.ah);
+        out.alt_pkey_index = alt.pkey_index;
+        out.alt_port_num = alt.port_num;
+        out.alt_timeout = alt.timeout;
     }
     out.pkey_index = s.pkey_index;
     out.en_sqd_async_notify = s.en_sqd_async_notify as u8;

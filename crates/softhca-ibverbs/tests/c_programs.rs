@@ -96,7 +96,7 @@ fn modify_qp_accepts_what_linux_accepts() {
 /// and SQE, naming the current state. Softhca's own answers are applied apart: Reset ->
 /// Error accepted, RC Init -> RTR without the Minimum RNR NAK Timer, SQD -> RTS taking the
 /// SQD -> SQD attributes. UC and UD QPs reach SQE by a Send with a bad L_Key; an alternate
-/// path passes the mask check and is refused as unsupported (EOPNOTSUPP).
+/// path passes the mask check and is refused (EINVAL) by a device without a second address.
 /// Rule B-2, MOD-GEN-5, MOD-GEN-9, MOD-GEN-12, QPT-SW-8, QPT-INV-2, QPT-INV-3, QPT-INV-4,
 /// QPT-INV-5, QPT-INV-6, QPT-INV-7, QPT-AUTO-1
 #[test]
@@ -105,6 +105,19 @@ fn modify_qp_masks_follow_the_kernel_table() {
         return;
     }
     run("modify_qp_table", None);
+}
+
+/// A device with a second address (`SOFTHCA_ALT_ADDR`) takes alternate paths through the C
+/// ABI: AUTO_PATH_MIG in the device caps, GID 1, IBV_QP_ALT_PATH with IBV_MIG_REARM (ARMED),
+/// Query QP's alternate attributes, a migration by the consumer, and a Send between the
+/// second addresses after it; an alternate path from an empty GID slot is EINVAL.
+/// Rule MOD-GEN-9
+#[test]
+fn a_second_address_brings_alternate_paths() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run_with("apm", None, &[("SOFTHCA_ALT_ADDR", "127.22.0.1")]);
 }
 
 /// `ibv_devinfo -v` shows the device, an active Ethernet port and its RoCE v2 GID.

@@ -177,10 +177,10 @@ static int expect(int type, enum ibv_qp_state from, enum ibv_qp_state to, int ma
 		return EOPNOTSUPP;
 	if (!mask_ok(type, from, to, mask))
 		return EINVAL;
-	/* Value-level refusal: softhca implements no alternate path (no Automatic Path
-	   Migration, MOD-GEN-9), so IBV_QP_ALT_PATH passes the mask check and is then refused
-	   with EINVAL, as Linux refuses it on a RoCE device (the core bans alternate paths
-	   outside InfiniBand). */
+	/* Value-level refusal: a device without a second address (SOFTHCA_ALT_ADDR, unset
+	   here) has no Automatic Path Migration (MOD-GEN-9), so IBV_QP_ALT_PATH passes the mask
+	   check and is then refused with EINVAL, as the kernel refuses it on a RoCE device
+	   without APM. */
 	if (mask & ALT)
 		return EINVAL;
 	return 0;

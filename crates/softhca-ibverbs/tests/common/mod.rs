@@ -76,9 +76,18 @@ pub fn compile(name: &str) -> PathBuf {
 /// Runs `tests/c/<prog>.c` (with `arg`, if any) against the drop-in library; it must print
 /// `<what>: ok` and exit 0.
 pub fn run(prog: &str, arg: Option<&str>) {
+    run_with(prog, arg, &[]);
+}
+
+/// [`run`] with environment variables set for the program.
+pub fn run_with(prog: &str, arg: Option<&str>, env: &[(&str, &str)]) {
     let exe = compile(prog);
     let mut c = Command::new(&exe);
-    c.env("LD_LIBRARY_PATH", library()).args(arg).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.env("LD_LIBRARY_PATH", library())
+        .args(arg)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let what = arg.unwrap_or(prog);
     let out = finish(c.spawn().unwrap(), 60, what);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
