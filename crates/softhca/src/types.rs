@@ -27,6 +27,11 @@ impl QpType {
     pub fn is_raw(self) -> bool {
         matches!(self, QpType::RawIpv6 | QpType::RawEthertype)
     }
+
+    /// UD and Raw: every message is one packet, sent once, with nothing to acknowledge it.
+    pub fn one_packet_messages(self) -> bool {
+        matches!(self, QpType::Ud | QpType::RawIpv6 | QpType::RawEthertype)
+    }
 }
 
 /// QP state (`ibv_qp_state`); QPS-GEN-1: exactly one at every moment.

@@ -629,8 +629,8 @@ fn rust_api_follows_the_digest_where_linux_differs() {
     assert_eq!(qp.query().unwrap().qp_state, QpState::Rts);
 }
 
-/// Raw QPs cannot be created yet; their table entry is checked directly: only the port at
-/// Reset → Init, nothing anywhere else.
+/// The Raw QPs' table entry, checked directly (`tests/raw.rs` takes real ones through it):
+/// only the port at Reset → Init, nothing anywhere else.
 /// Rule MOD-RAW-1
 #[test]
 fn raw_table_entries() {

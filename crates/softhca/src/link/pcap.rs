@@ -62,6 +62,11 @@ impl<W: Write> PcapTap<W> {
         self.writer.write_packet(Duration::from_nanos(now_ns), &self.frame)
     }
 
+    /// Appends an Ethernet frame as it is (a Raw Ethertype QP's packet).
+    pub fn write_frame(&mut self, now_ns: u64, frame: &[u8]) -> io::Result<()> {
+        self.writer.write_packet(Duration::from_nanos(now_ns), frame)
+    }
+
     pub fn flush(&mut self) -> io::Result<()> {
         self.writer.flush()
     }

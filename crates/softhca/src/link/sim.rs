@@ -62,6 +62,9 @@ use crate::wire::WireError;
 /// Most datagrams taken from one device in one drain: a device that never stops transmitting
 /// cannot stall the clock, it just gets the next step at the same instant.
 const MAX_TX_PER_DRAIN: usize = 1024;
+/// Raw IPv6 and Raw Ethertype QPs a device on the fabric may have (each), unless its config
+/// asks for a number.
+const RAW_QPS: u32 = 64;
 /// Buffers kept for reuse after delivery.
 const MAX_POOLED: usize = 1024;
 
@@ -306,6 +309,8 @@ struct LinkState {
 }
 
 struct InFlight {
+    /// An Ethernet frame of a Raw Ethertype QP, not an IP datagram.
+    frame: bool,
     at: u64,
     /// Breaks ties between equal arrival times in send order.
     seq: u64,
@@ -554,6 +559,12 @@ impl SimFabric {
         if config.seed.is_none() {
             config.seed = Some(mix(self.config.seed ^ mix(index as u64)));
         }
+        // The fabric carries raw packets: frames by MAC, Raw IPv6 datagrams by address.
+        for max in [&mut config.attr.max_raw_ipv6_qp, &mut config.attr.max_raw_ethy_qp] {
+            if *max == 0 {
+                *max = RAW_QPS;
+            }
+        }
         let ctx = Context::create(config)?;
         self.by_addr.insert(addr, DeviceId(index));
         self.nodes.push(Node { ctx: ctx.clone(), addr });
@@ -602,6 +613,12 @@ impl SimFabric {
     /// A device's address as an IPv6 (IPv4-mapped) address: its GID 0.
     pub fn addr(&self, id: DeviceId) -> Option<Ipv6Addr> {
         self.nodes.get(id.0).map(|n| n.addr)
+    }
+
+    /// The MAC of a device (as the pcap capture shows it): where a Raw Ethertype frame for it
+    /// is addressed.
+    pub fn mac(&self, id: DeviceId) -> Option<[u8; 6]> {
+        (id.0 < self.nodes.len()).then(|| mac_for_index(id.0))
     }
 
     pub fn gid(&self, id: DeviceId) -> Option<Gid> {
@@ -702,7 +719,10 @@ impl SimFabric {
     }
 
     fn route(&self, datagram: &[u8]) -> Option<DeviceId> {
-        roce::split_ip(datagram).ok().and_then(|s| self.id_of_addr(s.ip.dst_gid()))
+        match roce::raw_ipv6_dst(datagram) {
+            Some(dst) => self.id_of_addr(dst),
+            None => roce::split_ip(datagram).ok().and_then(|s| self.id_of_addr(s.ip.dst_gid())),
+        }
     }
 
     fn buffer_from(&mut self, bytes: &[u8]) -> Vec<u8> {
@@ -718,13 +738,18 @@ impl SimFabric {
         }
     }
 
-    fn mac(id: Option<DeviceId>) -> [u8; 6] {
+    fn tap_mac(id: Option<DeviceId>) -> [u8; 6] {
         id.map_or(UNKNOWN_MAC, |d| mac_for_index(d.0))
     }
 
-    fn tap_write(&mut self, at: u64, from: Option<DeviceId>, to: Option<DeviceId>, data: &[u8]) {
+    fn tap_write(&mut self, at: u64, from: Option<DeviceId>, to: Option<DeviceId>, data: &[u8], frame: bool) {
         if let Some(tap) = self.tap.as_mut() {
-            if tap.write_datagram(at, Self::mac(from), Self::mac(to), data).is_err() {
+            let written = if frame {
+                tap.write_frame(at, data)
+            } else {
+                tap.write_datagram(at, Self::tap_mac(from), Self::tap_mac(to), data)
+            };
+            if written.is_err() {
                 self.counters.pcap_errors += 1;
                 self.tap = None;
             }
@@ -733,20 +758,41 @@ impl SimFabric {
 
     /// Puts one datagram on the wire at `now`. `forced_to` overrides routing (`Some(None)`:
     /// to nobody).
-    fn offer(
+    fn offer(&mut self, from: Option<DeviceId>, forced_to: Option<Option<DeviceId>>, data: Vec<u8>, injected: bool) {
+        let to = forced_to.unwrap_or_else(|| self.route(&data));
+        self.offer_to(from, to, data, injected, false);
+    }
+
+    /// Puts a Raw Ethertype QP's frame on the wire: to the device with its destination MAC,
+    /// or to every other device for a broadcast or multicast one. The filter and the taps,
+    /// which deal in IP datagrams, do not see frames; the pcap capture and the faults do.
+    fn offer_frame(&mut self, from: DeviceId, frame: Vec<u8>) {
+        let dst: [u8; 6] = frame.get(..6).and_then(|d| d.try_into().ok()).unwrap_or(UNKNOWN_MAC);
+        if dst[0] & 1 == 0 {
+            let to = (0..self.nodes.len()).find(|&i| mac_for_index(i) == dst).map(DeviceId);
+            return self.offer_to(Some(from), to, frame, false, true);
+        }
+        for i in (0..self.nodes.len()).filter(|&i| i != from.0) {
+            let copy = self.buffer_from(&frame);
+            self.offer_to(Some(from), Some(DeviceId(i)), copy, false, true);
+        }
+        self.recycle(frame);
+    }
+
+    fn offer_to(
         &mut self,
         from: Option<DeviceId>,
-        forced_to: Option<Option<DeviceId>>,
+        to: Option<DeviceId>,
         mut data: Vec<u8>,
         injected: bool,
+        frame: bool,
     ) {
         let now = self.now;
         let index = self.counters.sent;
         self.counters.sent += 1;
-        let to = forced_to.unwrap_or_else(|| self.route(&data));
 
         let mut extra_delay = None;
-        if let Some(filter) = self.filter.as_mut() {
+        if let Some(filter) = self.filter.as_mut().filter(|_| !frame) {
             match filter(&FilterCtx { now, index, from, to, injected }, &mut data) {
                 Verdict::Pass => {}
                 Verdict::Drop => {
@@ -761,9 +807,9 @@ impl SimFabric {
             }
         }
         if self.tap_point == TapPoint::Sent {
-            self.tap_write(now, from, to, &data);
+            self.tap_write(now, from, to, &data, frame);
         }
-        if !self.taps.is_empty() {
+        if !self.taps.is_empty() && !frame {
             self.taps.sent(now, &data);
         }
         let Some(to) = to else {
@@ -808,7 +854,7 @@ impl SimFabric {
             }
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.in_flight.push(InFlight { at, seq, from, to, data: bytes }, in_order);
+            self.in_flight.push(InFlight { frame, at, seq, from, to, data: bytes }, in_order);
         }
     }
 
@@ -823,6 +869,18 @@ impl SimFabric {
                 data.clear();
                 data.extend_from_slice(&self.tx_buf[..n]);
                 self.offer(Some(DeviceId(i)), None, data, false);
+                sent += 1;
+                if sent == MAX_TX_PER_DRAIN {
+                    self.tx_backlog = true;
+                    break;
+                }
+            }
+            while let Some(n) = self.nodes[i].ctx.transmit_frame(self.now, &mut self.tx_buf) {
+                let n = n.min(self.tx_buf.len());
+                let mut data = self.pool.pop().unwrap_or_default();
+                data.clear();
+                data.extend_from_slice(&self.tx_buf[..n]);
+                self.offer_frame(DeviceId(i), data);
                 sent += 1;
                 if sent == MAX_TX_PER_DRAIN {
                     self.tx_backlog = true;
@@ -853,9 +911,12 @@ impl SimFabric {
         let now = self.now;
         while let Some(pkt) = self.in_flight.pop_due(now) {
             if self.tap_point == TapPoint::Delivered {
-                self.tap_write(now, pkt.from, Some(pkt.to), &pkt.data);
+                self.tap_write(now, pkt.from, Some(pkt.to), &pkt.data, pkt.frame);
             }
-            if let Some(node) = self.nodes.get(pkt.to.0) {
+            if let (true, Some(node)) = (pkt.frame, self.nodes.get(pkt.to.0)) {
+                node.ctx.receive_frame(&pkt.data);
+                self.counters.delivered += 1;
+            } else if let Some(node) = self.nodes.get(pkt.to.0) {
                 for _ in 0..self.taps.copies_arriving(now, &pkt.data) {
                     node.ctx.receive(now, &pkt.data);
                     self.counters.delivered += 1;
@@ -1013,7 +1074,7 @@ mod tests {
                     at = at.max(*l);
                     *l = at;
                 }
-                let d = |data| InFlight { at, seq, from, to, data };
+                let d = |data| InFlight { frame: false, at, seq, from, to, data };
                 wire.push(d(vec![]), in_order);
                 heap.push(d(vec![]));
                 seq += 1;

@@ -110,6 +110,21 @@ counters! {
     migrations_refused,
 }
 
+/// Takes `qpn` off a ready list, to the back of it with `requeue` (which leaves a lone QP
+/// where it is). It is nearly always at the front.
+fn unlist(list: &Mutex<VecDeque<u32>>, qpn: u32, requeue: bool) {
+    let mut ready = list.lock().unwrap_or_else(|e| e.into_inner());
+    if requeue && ready.len() <= 1 {
+        return;
+    }
+    if let Some(at) = ready.iter().position(|&q| q == qpn) {
+        ready.remove(at);
+        if requeue {
+            ready.push_back(qpn);
+        }
+    }
+}
+
 /// PKT-VAL-8, PKT-VAL-14: equal low 15 bits, not the invalid P_Key, and at least one full
 /// member.
 pub fn pkey_match(a: u16, b: u16) -> bool {
@@ -216,6 +231,11 @@ pub(crate) struct Engine {
     pub rd_turn: AtomicBool,
     /// The QPs that may have something to send, in turn order (see [`Engine::wake`]).
     ready: Mutex<VecDeque<u32>>,
+    /// The same for the Raw Ethertype QPs, whose packets are Ethernet frames: they leave by
+    /// [`Engine::transmit_frame`], not among the datagrams.
+    frames_ready: Mutex<VecDeque<u32>>,
+    /// The Raw QPs, which take the inbound raw packets (`receive_raw`).
+    raw: RwLock<Vec<(u32, QpType)>>,
     pub stats: Stats,
     /// Every armed ACK and RNR timer of the device's QPs and EECs.
     pub timers: TimerQueue,
@@ -263,6 +283,13 @@ impl Engine {
     /// a link that has already verified the ICRC over the header the datagram really had.
     pub fn receive(&self, dev: &dyn Hca, now: u64, datagram: &[u8], verify_icrc: bool) {
         self.stats.rx_packets.inc();
+        if roce::is_raw_ipv6(datagram) {
+            // Not RoCE: an IPv6 datagram for the Raw IPv6 QPs, if there are any.
+            if !self.receive_raw(QpType::RawIpv6, datagram) {
+                self.stats.rx_dropped.inc();
+            }
+            return;
+        }
         let parsed = if verify_icrc { roce::parse_ip(datagram) } else { roce::parse_ip_unverified(datagram) };
         match parsed {
             Ok(d) => {
@@ -295,7 +322,7 @@ impl Engine {
                 return Some(len);
             }
         }
-        if let Some(len) = self.transmit_qps(now, buf) {
+        if let Some(len) = self.transmit_qps(&self.ready, now, buf) {
             return Some(len);
         }
         if rd_first {
@@ -306,39 +333,86 @@ impl Engine {
         Some(len)
     }
 
-    /// One packet of the first QP on the ready list that has one. A QP that sent goes to the
-    /// back of the list (it may have more); one that had nothing leaves it until it is woken.
-    /// RD QPs stay on it: what frees their channels happens on the EECs. A QP stays on the list
-    /// while it is tried (so a wake meanwhile queues nothing twice), and a lone busy QP is not
-    /// moved at all: one lock of the list per packet.
-    fn transmit_qps(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+    /// Writes the next outbound Ethertype frame of a Raw Ethertype QP (destination MAC on, no
+    /// FCS) into `buf` (at least [`MAX_DATAGRAM`] bytes) and returns its length; `None` when
+    /// none is ready. Only a link that carries raw packets has such QPs (`DeviceAttr`).
+    pub fn transmit_frame(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+        self.transmit_qps(&self.frames_ready, now, buf)
+    }
+
+    /// Feeds one inbound Ethernet frame that carries no RoCE packet of this device (the link
+    /// decides) to the Raw Ethertype QPs.
+    pub fn receive_frame(&self, frame: &[u8]) {
+        self.stats.rx_packets.inc();
+        if !self.receive_raw(QpType::RawEthertype, frame) {
+            self.stats.rx_dropped.inc();
+        }
+    }
+
+    /// Hands a raw packet to every Raw QP of `qp_type` that takes it (each has its own
+    /// receive queue, as every raw QP of a port sees the port's raw traffic). False when none
+    /// did.
+    fn receive_raw(&self, qp_type: QpType, packet: &[u8]) -> bool {
+        let raw = self.raw.read().unwrap_or_else(|e| e.into_inner());
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let mut taken = false;
+        for &(qpn, _) in raw.iter().filter(|(_, t)| *t == qp_type) {
+            let Some(qp) = qps.get(&qpn) else { continue };
+            let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
+            taken |= responder::on_raw(qp, &mut core, packet);
+        }
+        taken
+    }
+
+    /// Registers a Raw QP; false (nothing registered) when `max` of its type exist already.
+    pub fn add_raw(&self, qpn: u32, qp_type: QpType, max: usize) -> bool {
+        let mut raw = self.raw.write().unwrap_or_else(|e| e.into_inner());
+        if raw.iter().filter(|(_, t)| *t == qp_type).count() >= max {
+            return false;
+        }
+        raw.push((qpn, qp_type));
+        true
+    }
+
+    pub fn remove_raw(&self, qpn: u32) {
+        self.raw.write().unwrap_or_else(|e| e.into_inner()).retain(|(q, _)| *q != qpn);
+    }
+
+    /// One packet of the first QP on `list` (the datagram QPs' or the frame QPs') that has
+    /// one. A QP that sent goes to the back of the list (it may have more); one that had
+    /// nothing leaves it until it is woken. RD QPs stay on it: what frees their channels
+    /// happens on the EECs. A QP stays on the list while it is tried (so a wake meanwhile
+    /// queues nothing twice), and a lone busy QP is not moved at all: one lock of the list per
+    /// packet.
+    fn transmit_qps(&self, list: &Mutex<VecDeque<u32>>, now: u64, buf: &mut [u8]) -> Option<usize> {
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
         let (first, listed) = {
-            let ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+            let ready = list.lock().unwrap_or_else(|e| e.into_inner());
             (*ready.front()?, ready.len())
         };
+        let unlist = |qpn, requeue| unlist(list, qpn, requeue);
         let mut qpn = first;
         for turn in 0..listed {
             if turn > 0 {
-                qpn = *self.ready.lock().unwrap_or_else(|e| e.into_inner()).front()?;
+                qpn = *list.lock().unwrap_or_else(|e| e.into_inner()).front()?;
             }
             let Some(qp) = qps.get(&qpn) else {
-                self.unlist(qpn, false);
+                unlist(qpn, false);
                 continue;
             };
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
             if qp.destroyed.load(Ordering::Acquire) {
                 drop(core);
-                self.unlist(qpn, false);
+                unlist(qpn, false);
                 continue;
             }
             let mut sent = emit_one(qp, &mut core, now, buf);
             if sent.is_some() || qp.qp_type == QpType::Rd {
                 if listed > 1 {
-                    self.unlist(qpn, true);
+                    unlist(qpn, true);
                 }
             } else {
-                self.unlist(qpn, false);
+                unlist(qpn, false);
                 // Idle: off the list, then one more look for work whose waker saw the flag
                 // still set. The fence pairs with the waker's SeqCst publish then swap (see
                 // `wake`): one of the two sees the other.
@@ -355,21 +429,6 @@ impl Engine {
             }
         }
         None
-    }
-
-    /// Takes `qpn` off the ready list, to the back of it with `requeue` (which leaves a lone
-    /// QP where it is). It is nearly always at the front.
-    fn unlist(&self, qpn: u32, requeue: bool) {
-        let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
-        if requeue && ready.len() <= 1 {
-            return;
-        }
-        if let Some(at) = ready.iter().position(|&q| q == qpn) {
-            ready.remove(at);
-            if requeue {
-                ready.push_back(qpn);
-            }
-        }
     }
 
     /// Adds an EEC under the first number `next_eecn` gives that is neither 0 nor in use.
@@ -405,7 +464,8 @@ impl Engine {
     /// letting go (see `transmit_qps`).
     pub fn wake(&self, q: &QpInner) {
         if !q.ready.swap(true, Ordering::SeqCst) {
-            self.ready.lock().unwrap_or_else(|e| e.into_inner()).push_back(q.qpn);
+            let list = if q.qp_type == QpType::RawEthertype { &self.frames_ready } else { &self.ready };
+            list.lock().unwrap_or_else(|e| e.into_inner()).push_back(q.qpn);
         }
     }
 
@@ -683,7 +743,7 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
             completer::retire(q, core); // a WQE that failed its interface checks
             return None;
         };
-        let connected = if q.qp_type == QpType::Ud { None } else { route(q, core) };
+        let connected = if q.qp_type.one_packet_messages() { None } else { route(q, core) };
         if let Some(len) = emit_request(q, core, &np, connected, buf) {
             if q.qp_type == QpType::Rc {
                 let psn = Psn::new(np.psn);
@@ -761,6 +821,9 @@ fn emit_request(
     buf: &mut [u8],
 ) -> Option<usize> {
     let w = core.sq.get(np.idx)?;
+    if q.qp_type.is_raw() {
+        return emit_raw(w, buf);
+    }
     let a = &core.attrs;
     let first = np.offset == 0;
     let last = np.offset + np.payload >= w.length;
@@ -806,6 +869,25 @@ fn emit_request(
             gather(&w.tx.local, np.offset, dst)
         }
     })
+}
+
+/// A Raw QP's packet is its message: an Ethernet frame (Raw Ethertype, the WR's EtherType
+/// written into it, WR-SEND-8) or an IPv6 datagram (Raw IPv6). No LRH on RoCE: the WR's DLID,
+/// SL and Source Path Bits (WR-SEND-7) have nowhere to go. `check_local` bounded the length.
+fn emit_raw(w: &SendWqe, buf: &mut [u8]) -> Option<usize> {
+    let len = w.length as usize;
+    let dst = buf.get_mut(..len)?;
+    if w.inline.is_empty() {
+        if !gather(&w.tx.local, 0, dst) {
+            return None;
+        }
+    } else {
+        dst.copy_from_slice(w.inline.get(..len)?);
+    }
+    if let (Some(t), Some(field)) = (w.raw_ethertype, dst.get_mut(12..14)) {
+        field.copy_from_slice(&t.to_be_bytes());
+    }
+    Some(len)
 }
 
 /// The headers a request packet of `w` at byte `offset` carries after the BTH (and the

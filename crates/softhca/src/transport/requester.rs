@@ -141,6 +141,14 @@ pub(crate) fn ud_mtu(q: &QpInner, core: &QpCore) -> u64 {
     mtu.min(q.dev.active_mtu().bytes()) as u64
 }
 
+/// A Raw message is one packet with its own header: an Ethernet frame has its 14-byte header
+/// (destination MAC, source MAC, EtherType), an IPv6 datagram its 40-byte one; neither may
+/// exceed the link's largest packet.
+fn raw_length_ok(qp_type: QpType, len: u64) -> bool {
+    let header = if qp_type == QpType::RawIpv6 { 40 } else { 14 };
+    (header..=crate::transport::engine::MAX_DATAGRAM as u64).contains(&len)
+}
+
 /// Interface checks made before any packet of a WQE is sent (ERR-SQ-3): every local buffer
 /// must pass the key check (WR-COM-9), and a UD message must fit `ud_mtu` (WR-SEND-9).
 pub(crate) fn check_local(q: &QpInner, ud_mtu: u64, w: &mut SendWqe) -> Result<(), WcStatus> {
@@ -165,6 +173,9 @@ pub(crate) fn check_local(q: &QpInner, ud_mtu: u64, w: &mut SendWqe) -> Result<(
     if q.qp_type == QpType::Ud && w.length > ud_mtu {
         return Err(WcStatus::LocLenErr);
     }
+    if q.qp_type.is_raw() && !raw_length_ok(q.qp_type, w.length) {
+        return Err(WcStatus::LocLenErr);
+    }
     Ok(())
 }
 
@@ -187,8 +198,9 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
     if !core.chan.send.may_send() {
         return None; // a timeout's probe waits for its answer (channel::Probe)
     }
-    // A UD message is one packet whatever its length (an oversized one fails check_local).
-    let mtu = if q.qp_type == QpType::Ud { u64::MAX } else { pmtu(core) };
+    // A UD or Raw message is one packet whatever its length (an oversized one fails
+    // check_local).
+    let mtu = if q.qp_type.one_packet_messages() { u64::MAX } else { pmtu(core) };
     loop {
         let idx = core.req.cursor;
         if idx >= core.sq.len() {
@@ -238,7 +250,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             let checked = check_local(q, ud_mtu, w);
             let npkts = match w.opcode {
                 WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 1,
-                _ if q.qp_type == QpType::Ud => 1,
+                _ if q.qp_type.one_packet_messages() => 1,
                 _ => packets_for(w.length, mtu),
             };
             w.tx.first_psn = send.psn;

@@ -728,6 +728,48 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
     }
 }
 
+/// A raw packet for a Raw QP (IBA's Raw datagram service): no transport header to check; the
+/// whole packet (Ethernet frame or IPv6 datagram) lands in the next receive WQE, whose CQE
+/// gives its length. Taken in RTR and after (PKT-VAL-5, as any request); with no receive WQE
+/// it is dropped (unreliable, as UD's, PKT-RNR-7). False when this QP did not take it.
+pub(crate) fn on_raw(q: &QpInner, core: &mut QpCore, packet: &[u8]) -> bool {
+    if !matches!(core.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+        return false;
+    }
+    if !bind_wqe(q, core) {
+        return false;
+    }
+    if take_scatter(q, core).is_err() {
+        complete_wqe_in_use(q, core, WcStatus::LocProtErr);
+        q.enter_error(core, true);
+        return true;
+    }
+    let capacity: u64 = core.resp.scatter.iter().map(|m| m.len() as u64).sum();
+    if packet.len() as u64 > capacity {
+        complete_wqe_in_use(q, core, WcStatus::LocLenErr);
+        q.enter_error(core, true);
+        return true;
+    }
+    if scatter(&core.resp.scatter, 0, packet).is_err() {
+        complete_wqe_in_use(q, core, WcStatus::LocProtErr);
+        q.enter_error(core, true);
+        return true;
+    }
+    let Some(wr_id) = retire_wqe(q, core) else { return true };
+    let wc = Wc {
+        wr_id,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Recv,
+        qp_num: q.qpn,
+        byte_len: packet.len() as u32,
+        ..Default::default()
+    };
+    if q.recv_cq.push(wc, false).is_err() {
+        q.enter_error(core, false);
+    }
+    true
+}
+
 /// UD: no PSN check (PKT-UD-1); the first 40 bytes of the receive buffers take the GRH area
 /// and the data starts at byte 40 (WR-RQ-7, WR-RQ-8, CQE-7).
 fn ud_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {

@@ -119,6 +119,8 @@ pub(crate) struct SendWqe {
     pub remote_qkey: u32,
     pub eecn: u32,
     pub bind: Option<BindRequest>,
+    /// Raw Ethertype: the EtherType the WR names, written into the frame (WR-SEND-8).
+    pub raw_ethertype: Option<u16>,
     /// The requester's state of this WQE.
     pub tx: super::requester::WqeTx,
 }

@@ -71,6 +71,11 @@ pub struct DeviceAttr {
     pub auto_path_mig: bool,
     /// Modify QP may move a QP to another port at SQD→RTS (MOD-SQD-RTS-RC-1).
     pub port_change: bool,
+    /// Raw IPv6 and Raw Ethertype QPs the device may have: nonzero only where the link
+    /// carries raw packets (the sim fabric does; a link that does not leaves them 0, and
+    /// Create QP refuses the type).
+    pub max_raw_ipv6_qp: u32,
+    pub max_raw_ethy_qp: u32,
 }
 
 impl Default for DeviceAttr {
@@ -113,6 +118,8 @@ impl Default for DeviceAttr {
             resize_wq: true,
             auto_path_mig: false,
             port_change: false,
+            max_raw_ipv6_qp: 0,
+            max_raw_ethy_qp: 0,
         }
     }
 }
@@ -652,7 +659,8 @@ impl Context {
     }
 
     /// Feeds one inbound RoCEv2 datagram, from its IP header on, to the transport. Anything
-    /// malformed is dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10).
+    /// malformed is dropped and counted, never trusted (PKT-VAL-2, PKT-ROCE-10). An IPv6
+    /// datagram that is not RoCE goes to the Raw IPv6 QPs.
     pub fn receive(&self, now: u64, datagram: &[u8]) {
         super::effects::step(|| self.inner.engine.receive(&*self.inner, now, datagram, true))
     }
@@ -669,6 +677,21 @@ impl Context {
     /// nothing is ready. QPs take turns, and a QP's responses go before its requests.
     pub fn transmit(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
         super::effects::step(|| self.inner.engine.transmit(&*self.inner, now, buf))
+    }
+
+    /// Writes the next outbound Ethernet frame of a Raw Ethertype QP (destination MAC on, no
+    /// FCS) into `buf` (at least [`crate::transport::MAX_DATAGRAM`] bytes) and returns its
+    /// length. Only a link that carries raw packets (its devices have
+    /// `DeviceAttr::max_raw_ethy_qp` > 0) calls it; Raw IPv6 packets come out of
+    /// [`Context::transmit`] as the IPv6 datagrams they are.
+    pub fn transmit_frame(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+        super::effects::step(|| self.inner.engine.transmit_frame(now, buf))
+    }
+
+    /// Feeds one inbound Ethernet frame (destination MAC on) that is not a RoCE datagram for
+    /// this device to its Raw Ethertype QPs; dropped and counted when none takes it.
+    pub fn receive_frame(&self, frame: &[u8]) {
+        super::effects::step(|| self.inner.engine.receive_frame(frame))
     }
 
     /// For a link that sends what [`Context::transmit`] writes later (in batches): from now

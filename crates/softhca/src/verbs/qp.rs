@@ -345,7 +345,13 @@ impl Context {
                 _ => return Err(VerbsError::InvalidRdd), // CRT-QP-12
             },
             QpType::RawIpv6 | QpType::RawEthertype => {
-                return Err(VerbsError::InvalidServiceType("Raw QPs are not implemented yet"))
+                let max = match init.qp_type {
+                    QpType::RawIpv6 => self.inner.attr.max_raw_ipv6_qp,
+                    _ => self.inner.attr.max_raw_ethy_qp,
+                };
+                if max == 0 {
+                    return Err(VerbsError::InvalidServiceType("this device's link carries no raw packets"));
+                }
             }
         }
         for cq in [&init.send_cq, &init.recv_cq] {
@@ -451,15 +457,28 @@ impl Context {
         });
         {
             let mut qps = self.inner.engine.qps.write().unwrap_or_else(|e| e.into_inner());
-            if qps.contains_key(&qpn) {
-                // Only the GSI's number is not fresh: the port has one already.
+            let attr = &self.inner.attr;
+            let raw_max = match init.qp_type {
+                QpType::RawIpv6 => Some(attr.max_raw_ipv6_qp),
+                QpType::RawEthertype => Some(attr.max_raw_ethy_qp),
+                _ => None,
+            };
+            // Only the GSI's number is not fresh: the port has one already.
+            let refused = if qps.contains_key(&qpn) {
+                Some(VerbsError::InUse("the port's GSI exists"))
+            } else {
+                raw_max
+                    .filter(|&max| !self.inner.engine.add_raw(qpn, init.qp_type, max as usize))
+                    .map(|_| VerbsError::InsufficientResources)
+            };
+            if let Some(e) = refused {
                 drop(qps);
                 init.srq.as_ref().inspect(|s| s.detach());
                 init.recv_cq.detach();
                 init.send_cq.detach();
                 pd.inner.release();
                 undo_count();
-                return Err(VerbsError::InUse("the port's GSI exists"));
+                return Err(e);
             }
             qps.insert(qpn, inner.clone());
         }
@@ -1102,6 +1121,7 @@ impl Qp {
         core.rq.discard();
         drop((rq, sq, core));
         self.res.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
+        self.res.dev.engine.remove_raw(q.qpn);
         self.res.send_cq.detach();
         self.res.recv_cq.detach();
         if let Some(srq) = &self.res.srq {
@@ -1179,6 +1199,7 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
     slot.remote_qpn = wr.remote_qpn;
     slot.remote_qkey = wr.remote_qkey;
     slot.eecn = wr.eecn;
+    slot.raw_ethertype = wr.raw.and_then(|r| r.ethertype);
     slot.bind = wr.bind.map(|b| BindRequest {
         mw: b.mw.inner.clone(),
         rkey: b.rkey,

@@ -29,6 +29,22 @@ pub struct SendWr<'a> {
     pub eecn: u32,
     /// What a Bind MW work request binds.
     pub bind: Option<MwBind<'a>>,
+    /// A Raw Send's datagram fields (WR-SEND-7, WR-SEND-8); `None` on other service types.
+    pub raw: Option<RawFields>,
+}
+
+/// The fields a Raw datagram Send carries beside its message (IBA 10.8.3.2). On a RoCE port
+/// the message of a Raw Ethertype QP is a whole Ethernet frame (destination MAC on, as
+/// libibverbs' Raw Packet QP sends it) and a Raw IPv6 QP's an IPv6 datagram (its header on):
+/// there is no LRH, so `dlid`, `sl` and `src_path_bits` are accepted and go nowhere, as an
+/// address vector's do (MOD-AV-1); an `ethertype` is written into the frame's EtherType
+/// field, the RWH's place on Ethernet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawFields {
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub ethertype: Option<u16>,
 }
 
 /// The window, region, range and rights of a Bind MW work request (WR-BIND-1).
@@ -90,6 +106,12 @@ impl<'a> SendWr<'a> {
     /// A Local Invalidate of `rkey`: a type 2 window bound to this QP becomes free to bind.
     pub fn local_inv(wr_id: u64, rkey: u32) -> Self {
         SendWr { wr_id, opcode: WrOpcode::LocalInv, invalidate_rkey: rkey, ..Default::default() }
+    }
+
+    /// A Raw datagram Send (Raw Ethertype or Raw IPv6 QP) with its datagram fields.
+    pub fn raw(mut self, fields: RawFields) -> Self {
+        self.raw = Some(fields);
+        self
     }
 
     pub fn send_inline(wr_id: u64, data: &'a [u8]) -> Self {

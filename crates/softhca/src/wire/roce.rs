@@ -584,6 +584,21 @@ pub struct RoceSplit<'a> {
     pub packet: &'a [u8],
 }
 
+/// An IPv6 datagram that is not RoCEv2 (not UDP to port 4791): a Raw IPv6 packet (IBA's Raw
+/// IPv6 datagram service), for the Raw IPv6 QPs. Its destination is [`raw_ipv6_dst`].
+pub fn is_raw_ipv6(datagram: &[u8]) -> bool {
+    let v6 = datagram.len() >= IPV6_HEADER_LEN && datagram[0] >> 4 == 6;
+    let roce = datagram.get(ipv6_field::NEXT_HEADER) == Some(&17)
+        && datagram.get(IPV6_HEADER_LEN + udp_field::DST_PORT..IPV6_HEADER_LEN + udp_field::DST_PORT + 2)
+            == Some(&ROCE_V2_PORT.to_be_bytes()[..]);
+    v6 && !roce
+}
+
+/// The destination address of a Raw IPv6 packet (see [`is_raw_ipv6`]).
+pub fn raw_ipv6_dst(datagram: &[u8]) -> Option<Ipv6Addr> {
+    is_raw_ipv6(datagram).then(|| Ipv6Header::new_unchecked(datagram).dst_addr())
+}
+
 /// Parses the IP and UDP headers of `datagram` and checks that it is RoCEv2
 /// (UDP to port 4791); nothing after the UDP header is looked at.
 pub fn split_ip(datagram: &[u8]) -> Result<RoceSplit<'_>, WireError> {
