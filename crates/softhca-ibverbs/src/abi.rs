@@ -776,6 +776,7 @@ pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
 pub const IBV_QPT_RC: c_int = 2;
 pub const IBV_QPT_UC: c_int = 3;
 pub const IBV_QPT_UD: c_int = 4;
+pub const IBV_QPT_RAW_PACKET: c_int = 8;
 
 // enum ibv_wr_opcode
 pub const IBV_WR_RDMA_WRITE: c_int = 0;

@@ -708,6 +708,8 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
     out.max_qp_init_rd_atom = n(a.max_qp_init_rd_atom);
     out.atomic_cap = IBV_ATOMIC_GLOB;
     out.max_ee = n(a.max_ee);
+    // libibverbs has Raw Packet QPs (Raw Ethertype) and no Raw IPv6 ones.
+    out.max_raw_ethy_qp = n(a.max_raw_ethy_qp);
     out.max_rdd = n(a.max_rdd);
     out.max_mw = n(a.max_mw);
     out.max_ah = n(a.max_ah);

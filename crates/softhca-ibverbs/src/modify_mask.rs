@@ -26,21 +26,27 @@ const fn r(required: c_int, optional: c_int) -> Rule {
 const BARE: Rule = r(0, 0);
 
 /// One row of the kernel's `qp_state_table`: a transition Linux allows, with its rules for
-/// RC, UC and UD, in the order of [`column`].
+/// RC, UC, UD and Raw Packet, in the order of [`column`].
 struct Transition {
     from: QpState,
     to: QpState,
-    rules: [Rule; 3],
+    rules: [Rule; 4],
 }
 
 use QpState as S;
 
-const fn t(from: QpState, to: QpState, rules: [Rule; 3]) -> Transition {
+const fn t(from: QpState, to: QpState, rules: [Rule; 4]) -> Transition {
     Transition { from, to, rules }
 }
 
-const fn same(rule: Rule) -> [Rule; 3] {
-    [rule, rule, rule]
+const fn same(rule: Rule) -> [Rule; 4] {
+    [rule, rule, rule, rule]
+}
+
+/// RC, UC and UD as given; a Raw Packet QP takes nothing (it has the port at Reset → Init and
+/// Init → Init only, MOD-RAW-1).
+const fn connected(rc: Rule, uc: Rule, ud: Rule) -> [Rule; 4] {
+    [rc, uc, ud, BARE]
 }
 
 const CUR: c_int = IBV_QP_CUR_STATE;
@@ -76,55 +82,69 @@ const LINUX: &[Transition] = &[
     t(
         S::Reset,
         S::Init,
-        [r(PKEY | IBV_QP_PORT | ACCESS, 0), r(PKEY | IBV_QP_PORT | ACCESS, 0), r(PKEY | IBV_QP_PORT | IBV_QP_QKEY, 0)],
+        [
+            r(PKEY | IBV_QP_PORT | ACCESS, 0),
+            r(PKEY | IBV_QP_PORT | ACCESS, 0),
+            r(PKEY | IBV_QP_PORT | IBV_QP_QKEY, 0),
+            r(IBV_QP_PORT, 0),
+        ],
     ),
     t(S::Init, S::Reset, same(BARE)),
     t(S::Init, S::Error, same(BARE)),
     t(
         S::Init,
         S::Init,
-        [r(0, PKEY | IBV_QP_PORT | ACCESS), r(0, PKEY | IBV_QP_PORT | ACCESS), r(0, PKEY | IBV_QP_PORT | IBV_QP_QKEY)],
+        [
+            r(0, PKEY | IBV_QP_PORT | ACCESS),
+            r(0, PKEY | IBV_QP_PORT | ACCESS),
+            r(0, PKEY | IBV_QP_PORT | IBV_QP_QKEY),
+            r(0, IBV_QP_PORT),
+        ],
     ),
     t(
         S::Init,
         S::Rtr,
-        [
+        connected(
             r(PATH | IBV_QP_MAX_DEST_RD_ATOMIC | RNR_TIMER, ALT | ACCESS | PKEY),
             r(PATH, ALT | ACCESS | PKEY),
             r(0, PKEY | IBV_QP_QKEY),
-        ],
+        ),
     ),
     t(S::Rtr, S::Reset, same(BARE)),
     t(S::Rtr, S::Error, same(BARE)),
     t(
         S::Rtr,
         S::Rts,
-        [
+        connected(
             r(RC_SEND, CUR | ALT | ACCESS | RNR_TIMER | MIG),
             r(IBV_QP_SQ_PSN, CUR | ALT | ACCESS | MIG),
             r(IBV_QP_SQ_PSN, CUR | IBV_QP_QKEY),
-        ],
+        ),
     ),
     t(S::Rts, S::Reset, same(BARE)),
     t(S::Rts, S::Error, same(BARE)),
     t(
         S::Rts,
         S::Rts,
-        [r(0, CUR | ACCESS | ALT | MIG | RNR_TIMER), r(0, CUR | ACCESS | ALT | MIG), r(0, CUR | IBV_QP_QKEY)],
+        connected(r(0, CUR | ACCESS | ALT | MIG | RNR_TIMER), r(0, CUR | ACCESS | ALT | MIG), r(0, CUR | IBV_QP_QKEY)),
     ),
-    t(S::Rts, S::Sqd, same(r(0, IBV_QP_EN_SQD_ASYNC_NOTIFY))),
+    t(
+        S::Rts,
+        S::Sqd,
+        connected(r(0, IBV_QP_EN_SQD_ASYNC_NOTIFY), r(0, IBV_QP_EN_SQD_ASYNC_NOTIFY), r(0, IBV_QP_EN_SQD_ASYNC_NOTIFY)),
+    ),
     t(S::Sqd, S::Reset, same(BARE)),
     t(S::Sqd, S::Error, same(BARE)),
     t(
         S::Sqd,
         S::Rts,
-        [r(0, CUR | ALT | ACCESS | RNR_TIMER | MIG), r(0, CUR | ALT | ACCESS | MIG), r(0, CUR | IBV_QP_QKEY)],
+        connected(r(0, CUR | ALT | ACCESS | RNR_TIMER | MIG), r(0, CUR | ALT | ACCESS | MIG), r(0, CUR | IBV_QP_QKEY)),
     ),
-    t(S::Sqd, S::Sqd, [r(0, RC_SQD_SQD), r(0, UC_SQD_SQD), r(0, UD_SQD_SQD)]),
+    t(S::Sqd, S::Sqd, connected(r(0, RC_SQD_SQD), r(0, UC_SQD_SQD), r(0, UD_SQD_SQD))),
     t(S::Sqe, S::Reset, same(BARE)),
     t(S::Sqe, S::Error, same(BARE)),
     // RC has no SQE (it goes to Error), so its column is empty in Linux too.
-    t(S::Sqe, S::Rts, [BARE, r(0, CUR | ACCESS), r(0, CUR | IBV_QP_QKEY)]),
+    t(S::Sqe, S::Rts, connected(BARE, r(0, CUR | ACCESS), r(0, CUR | IBV_QP_QKEY))),
     t(S::Error, S::Reset, same(BARE)),
     t(S::Error, S::Error, same(BARE)),
 ];
@@ -141,7 +161,7 @@ pub struct Kept {
     pub why: &'static str,
 }
 
-const ALL_TYPES: &[QpType] = &[QpType::Rc, QpType::Uc, QpType::Ud];
+const ALL_TYPES: &[QpType] = &[QpType::Rc, QpType::Uc, QpType::Ud, QpType::RawEthertype];
 
 pub const KEPT: &[Kept] = &[
     Kept {
@@ -186,9 +206,10 @@ pub const KEPT: &[Kept] = &[
     },
 ];
 
-/// The column of `qp_type` in [`LINUX`]; the C ABI creates no other type.
+/// The column of `qp_type` in [`LINUX`]; the C ABI creates no other type (a Raw Packet QP is
+/// a Raw Ethertype QP).
 fn column(qp_type: QpType) -> Option<usize> {
-    [QpType::Rc, QpType::Uc, QpType::Ud].iter().position(|t| *t == qp_type)
+    [QpType::Rc, QpType::Uc, QpType::Ud, QpType::RawEthertype].iter().position(|t| *t == qp_type)
 }
 
 /// The rule the C ABI applies to `from` → `to` for `qp_type`: Linux's, adjusted by [`KEPT`];
@@ -265,6 +286,22 @@ mod tests {
         {
             assert!(!valid(from, to), "{from} -> {to}");
         }
+    }
+
+    /// A Raw Packet QP takes the port at Reset -> Init (required) and Init -> Init, nothing
+    /// else anywhere (the kernel's column, and MOD-RAW-1).
+    #[test]
+    fn raw_packet_takes_the_port_only() {
+        let raw = QpType::RawEthertype;
+        assert_eq!(check(raw, S::Reset, S::Init, IBV_QP_STATE | IBV_QP_PORT), Ok(()));
+        assert_eq!(check(raw, S::Reset, S::Init, IBV_QP_STATE), Err(libc::EINVAL));
+        assert_eq!(check(raw, S::Reset, S::Init, IBV_QP_STATE | IBV_QP_PORT | PKEY), Err(libc::EINVAL));
+        assert_eq!(check(raw, S::Init, S::Init, IBV_QP_STATE | IBV_QP_PORT), Ok(()));
+        assert_eq!(check(raw, S::Init, S::Rtr, IBV_QP_STATE), Ok(()));
+        assert_eq!(check(raw, S::Init, S::Rtr, IBV_QP_STATE | IBV_QP_QKEY), Err(libc::EINVAL));
+        assert_eq!(check(raw, S::Rtr, S::Rts, IBV_QP_STATE), Ok(()));
+        assert_eq!(check(raw, S::Rtr, S::Rts, IBV_QP_STATE | IBV_QP_SQ_PSN), Err(libc::EINVAL));
+        assert_eq!(check(raw, S::Sqe, S::Rts, IBV_QP_STATE), Ok(()));
     }
 
     #[test]

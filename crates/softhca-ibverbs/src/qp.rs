@@ -67,6 +67,9 @@ fn qp_type_of(code: c_int) -> Option<QpType> {
         IBV_QPT_RC => QpType::Rc,
         IBV_QPT_UC => QpType::Uc,
         IBV_QPT_UD => QpType::Ud,
+        // A Raw Packet QP sends and receives whole Ethernet frames: IBA's Raw Ethertype QP
+        // on a RoCE port.
+        IBV_QPT_RAW_PACKET => QpType::RawEthertype,
         _ => return None,
     })
 }
@@ -122,6 +125,8 @@ fn send_ops_of(qp_type: QpType) -> u64 {
                 | IBV_QP_EX_WITH_SEND_WITH_INV
         }
         QpType::Uc => uc,
+        // Raw: Send only (a Send with Immediate is an immediate error, WR-SQ-6).
+        QpType::RawEthertype => IBV_QP_EX_WITH_SEND,
         _ => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
     }
 }
@@ -159,6 +164,9 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
     }
     let soft = match pd.pd.create_qp(&init) {
         Ok(q) => q,
+        // A Raw Packet QP without a packet socket (no CAP_NET_RAW): EPERM, as the kernel
+        // answers an unprivileged process.
+        Err(softhca::VerbsError::InvalidServiceType(_)) if qp_type == QpType::RawEthertype => return fail(libc::EPERM),
         Err(e) => return fail(errno_of(&e)),
     };
     if let Ok(q) = soft.query() {

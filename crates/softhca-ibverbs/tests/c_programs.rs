@@ -120,6 +120,16 @@ fn a_second_address_brings_alternate_paths() {
     run_with("apm", None, &[("SOFTHCA_ALT_ADDR", "127.22.0.1")]);
 }
 
+/// Raw Packet QPs between two processes: a broadcast Ethernet frame arrives whole, the port
+/// alone takes the QP to RTS; EPERM at Create QP without CAP_NET_RAW.
+#[test]
+fn raw_packet_qps_carry_whole_frames() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("raw_packet", None);
+}
+
 /// `ibv_devinfo -v` shows the device, an active Ethernet port and its RoCE v2 GID.
 #[test]
 fn ibv_devinfo_shows_the_device() {

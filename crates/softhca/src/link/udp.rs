@@ -108,6 +108,7 @@
 
 mod batch;
 pub mod config;
+mod frames;
 mod hints;
 mod port;
 pub mod sys;
@@ -147,6 +148,8 @@ pub const GID_TABLE_LEN: u32 = 16;
 /// against 0.16 with a socket and a syscall per flow (`softhca perf send --link udp
 /// --loopback -s 8 -q 100`, 2026-11-25).
 pub const MAX_PORT_SOCKETS: usize = 8;
+/// Raw Ethertype QPs a device that carries frames may have.
+const RAW_ETHY_QPS: u32 = 64;
 /// Datagrams per `recvmmsg` / transmit batch.
 const BATCH: usize = 64;
 /// Receive buffer size: a whole GRO superpacket.
@@ -162,6 +165,7 @@ pub struct UdpDevice {
     ctx: Context,
     addr: IpAddr,
     alt_addr: Option<IpAddr>,
+    mac: Option<[u8; 6]>,
     gid: Gid,
     /// The engine driver and its thread; dropping it sends what is owed and stops the thread.
     engine: Running<UdpPort>,
@@ -279,17 +283,23 @@ impl UdpDevice {
         }
         let alt = open_alt(&cfg, addr)?;
         let alt_addr = alt.as_ref().map(|a| a.addr);
+        let frames = if cfg.raw_frames { frames::FramePort::open(addr).ok() } else { None };
+        let mac = frames.as_ref().map(|f| f.mac());
         // The engine thread sleeps on every socket it reads.
         let rx_fds: Vec<RawFd> = [raw.as_ref().map_or(fd, |r| r.as_raw_fd())]
             .into_iter()
             .chain(responses.as_ref().map(|r| r.as_raw_fd()))
             .chain(alt.as_ref().map(|a| a.sock.as_raw_fd()))
+            .chain(frames.as_ref().map(|f| f.fd()))
             .collect();
         let rx_poll = if rx_fds.len() > 1 { Some(sys::epoll_of(&rx_fds)?) } else { None };
         let gid = Gid::from_ipv6(verify::gid_addr(addr));
         let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
         dcfg.port.gid_tbl_len = GID_TABLE_LEN;
         dcfg.attr.auto_path_mig = alt.is_some();
+        if frames.is_some() {
+            dcfg.attr.max_raw_ethy_qp = RAW_ETHY_QPS;
+        }
         if let Some(mtu) = sys::interface_mtu(addr) {
             dcfg.port.active_mtu = active_mtu(mtu, addr.is_ipv6());
         }
@@ -323,6 +333,7 @@ impl UdpDevice {
             raw,
             alt,
             rx_alt: false,
+            frames,
             ports: HashMap::new(),
             connect: cfg.connected,
             sink: None,
@@ -349,7 +360,7 @@ impl UdpDevice {
             resume: None,
         };
         let engine = Running::start(ctx.clone(), cfg.busy_poll, epoch, port, &cfg.name)?;
-        Ok(UdpDevice { ctx, addr, alt_addr, gid, engine, stats, raw: raw_on, gso, gro })
+        Ok(UdpDevice { ctx, addr, alt_addr, mac, gid, engine, stats, raw: raw_on, gso, gro })
     }
 
     /// The verbs device this link drives.
@@ -367,6 +378,11 @@ impl UdpDevice {
     /// The second address (GID 1), where alternate paths start, if the device has one.
     pub fn alt_addr(&self) -> Option<IpAddr> {
         self.alt_addr
+    }
+    /// The MAC of the device's Raw Ethertype frames (its interface's; on loopback, which has
+    /// none, `02:00` and the IPv4 address), if it carries frames (see [`UdpConfig::raw_frames`]).
+    pub fn mac(&self) -> Option<[u8; 6]> {
+        self.mac
     }
     pub fn counters(&self) -> UdpCounters {
         with_wakes(self.stats.snapshot(), &self.engine.link.wakes)

@@ -236,6 +236,8 @@ pub(crate) struct Engine {
     frames_ready: Mutex<VecDeque<u32>>,
     /// The Raw QPs, which take the inbound raw packets (`receive_raw`).
     raw: RwLock<Vec<(u32, QpType)>>,
+    /// How many of them are Raw Ethertype QPs: a link listens for frames only while there are.
+    frame_qps: AtomicU32,
     pub stats: Stats,
     /// Every armed ACK and RNR timer of the device's QPs and EECs.
     pub timers: TimerQueue,
@@ -371,11 +373,24 @@ impl Engine {
             return false;
         }
         raw.push((qpn, qp_type));
+        if qp_type == QpType::RawEthertype {
+            self.frame_qps.fetch_add(1, Ordering::Relaxed);
+        }
         true
     }
 
     pub fn remove_raw(&self, qpn: u32) {
-        self.raw.write().unwrap_or_else(|e| e.into_inner()).retain(|(q, _)| *q != qpn);
+        let mut raw = self.raw.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = raw.iter().position(|(q, _)| *q == qpn) {
+            if raw.remove(at).1 == QpType::RawEthertype {
+                self.frame_qps.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether the device has a Raw Ethertype QP (whose frames a link must carry).
+    pub fn has_frame_qps(&self) -> bool {
+        self.frame_qps.load(Ordering::Relaxed) > 0
     }
 
     /// One packet of the first QP on `list` (the datagram QPs' or the frame QPs') that has

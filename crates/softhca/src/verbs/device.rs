@@ -688,6 +688,11 @@ impl Context {
         super::effects::step(|| self.inner.engine.transmit_frame(now, buf))
     }
 
+    /// Whether the device has a Raw Ethertype QP: a link listens for frames only then.
+    pub fn has_frame_qps(&self) -> bool {
+        self.inner.engine.has_frame_qps()
+    }
+
     /// Feeds one inbound Ethernet frame (destination MAC on) that is not a RoCE datagram for
     /// this device to its Raw Ethertype QPs; dropped and counted when none takes it.
     pub fn receive_frame(&self, frame: &[u8]) {

@@ -93,6 +93,8 @@ pub(super) struct Io {
     pub(super) alt: Option<AltAddr>,
     /// The batch being delivered came from the alternate address's socket.
     pub(super) rx_alt: bool,
+    /// Raw Ethertype frames (an AF_PACKET socket), where the process may have one.
+    pub(super) frames: Option<super::frames::FramePort>,
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
     pub(super) ports: HashMap<u16, Option<FlowSocket>>,
     /// Connect flow sockets ([`UdpConfig::connected`]).
@@ -169,7 +171,7 @@ impl Io {
     /// Drains the device's transmit queue into batches and sends them (at most
     /// [`TX_ROUNDS`] batches). Returns whether anything was sent.
     pub(super) fn flush_tx(&mut self, tx: &mut TxBufs, mut now: u64) -> bool {
-        let mut any = false;
+        let mut any = self.send_frames(tx, now);
         // Set again below if every round is full: then more may be waiting.
         self.tx_backlog = false;
         for round in 0..TX_ROUNDS {
@@ -209,6 +211,60 @@ impl Io {
             self.tx_backlog = round + 1 == TX_ROUNDS;
         }
         any
+    }
+
+    /// Whether the device has a Raw Ethertype QP, whose frames the link then carries; the
+    /// packet socket hears the interface from then on (and no longer once the last is gone).
+    /// Modify QP rings the doorbell, whose flush comes here: a QP is heard from before it can
+    /// receive (RTR).
+    fn listen_for_frames(&mut self) -> bool {
+        let want = self.ctx.has_frame_qps();
+        match self.frames.as_mut() {
+            Some(port) if want != port.listening() => port.listen(want).is_ok() && want,
+            Some(_) => want,
+            None => false,
+        }
+    }
+
+    /// Sends the Raw Ethertype QPs' frames (one system call each: raw frames are rare), with
+    /// the rest of a flush. Nothing to do, and no call made, while the device has no such QP.
+    pub(super) fn send_frames(&mut self, tx: &mut TxBufs, now: u64) -> bool {
+        if !self.listen_for_frames() {
+            return false;
+        }
+        let Some(port) = self.frames.as_ref() else { return false };
+        let buf = &mut tx.buf[..MAX_DATAGRAM];
+        let mut sent = false;
+        while let Some(n) = self.ctx.transmit_frame(now, buf) {
+            sent = true;
+            match port.send(&buf[..n]) {
+                Ok(()) => bump(&self.stats.tx_frames, 1),
+                Err(_) => bump(&self.stats.tx_frame_errors, 1),
+            }
+        }
+        if sent {
+            // The frames are the kernel's now: their sends complete (as UD's, `Context::sent`).
+            self.ctx.sent();
+        }
+        sent
+    }
+
+    /// Hands the device the frames that arrived (at most a batch), listening for them only
+    /// while it has a Raw Ethertype QP. Returns whether any came.
+    pub(super) fn receive_frames(&mut self, tx: &mut TxBufs) -> bool {
+        if !self.listen_for_frames() {
+            return false;
+        }
+        let Some(port) = self.frames.as_ref() else { return false };
+        let buf = &mut tx.buf[..MAX_DATAGRAM];
+        let mut got = false;
+        for _ in 0..BATCH {
+            let Some(n) = port.recv(buf) else { break };
+            got = true;
+            bump(&self.stats.rx_frames, 1);
+            self.ctx.receive_frame(&buf[..n]);
+        }
+        got
     }
 
     /// After a receive from the 4791 socket: `Some(backlog)` when it took datagrams (a whole

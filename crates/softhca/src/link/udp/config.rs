@@ -50,6 +50,9 @@ pub struct UdpConfig {
     pub connected: bool,
     /// Middleware on the datagram path (after the capture of `pcap`, if any), in order.
     pub taps: crate::link::Taps,
+    /// Carry Raw Ethertype QPs' frames through an AF_PACKET socket where the process may open
+    /// one (CAP_NET_RAW); without one the device has no Raw Ethertype QPs.
+    pub raw_frames: bool,
 }
 
 impl Default for UdpConfig {
@@ -66,6 +69,7 @@ impl Default for UdpConfig {
             gro: true,
             connected: true,
             taps: Default::default(),
+            raw_frames: true,
         }
     }
 }
@@ -117,6 +121,11 @@ impl UdpConfig {
         self.connected = on;
         self
     }
+
+    pub fn raw_frames(mut self, on: bool) -> Self {
+        self.raw_frames = on;
+        self
+    }
 }
 
 macro_rules! counters {
@@ -160,6 +169,11 @@ counters! {
     drop_bad_icrc,
     /// Datagrams not addressed to this device (raw mode) or not to port 4791.
     drop_not_ours,
+    /// Raw Ethertype frames received (handed to the device) and sent, and frames the
+    /// interface refused.
+    rx_frames,
+    tx_frames,
+    tx_frame_errors,
     tx_datagrams,
     tx_bytes,
     /// `sendmmsg` calls.

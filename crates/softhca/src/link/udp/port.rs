@@ -104,6 +104,7 @@ impl Port for UdpPort {
                 }
             }
         }
+        worked |= io.receive_frames(tx);
         if io.ctx.poll_timeout().is_some_and(|t| t <= now) {
             io.ctx.handle_timeout(now);
         }
