@@ -10,7 +10,11 @@
 //!
 //! A link drives devices from outside (`verbs::Context::receive`, `transmit`,
 //! `handle_timeout`), so it is the top layer: it may import every layer below, and nothing
-//! imports it.
+//! imports it. What it moves are IP datagrams (RoCEv2, and the Raw IPv6 QPs' packets) and,
+//! where it can carry them, the Raw Ethertype QPs' Ethernet frames (`Context::transmit_frame`,
+//! `receive_frame`): the sim fabric routes those by MAC, the UDP link sends them through an
+//! AF_PACKET socket where the process may open one; a device whose link carries none has no
+//! Raw QPs (`DeviceAttr::max_raw_ethy_qp`, `max_raw_ipv6_qp`).
 
 pub(crate) mod driver;
 pub(crate) mod os;

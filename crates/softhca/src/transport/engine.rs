@@ -339,6 +339,9 @@ impl Engine {
     /// FCS) into `buf` (at least [`MAX_DATAGRAM`] bytes) and returns its length; `None` when
     /// none is ready. Only a link that carries raw packets has such QPs (`DeviceAttr`).
     pub fn transmit_frame(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+        if !self.has_frame_qps() {
+            return None; // no lock taken: most devices have no such QP
+        }
         self.transmit_qps(&self.frames_ready, now, buf)
     }
 
@@ -355,8 +358,9 @@ impl Engine {
     /// receive queue, as every raw QP of a port sees the port's raw traffic). False when none
     /// did.
     fn receive_raw(&self, qp_type: QpType, packet: &[u8]) -> bool {
-        let raw = self.raw.read().unwrap_or_else(|e| e.into_inner());
+        // `qps` before `raw`, as Create QP takes them (it registers a Raw QP under `qps`).
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let raw = self.raw.read().unwrap_or_else(|e| e.into_inner());
         let mut taken = false;
         for &(qpn, _) in raw.iter().filter(|(_, t)| *t == qp_type) {
             let Some(qp) = qps.get(&qpn) else { continue };
