@@ -358,6 +358,9 @@ fn wc_opcode(o: WcOpcode) -> c_int {
         WcOpcode::FetchAdd => 4,
         WcOpcode::BindMw => 5,
         WcOpcode::LocalInv => 6,
+        // No C program can post a Fast Register (libibverbs has none): never produced here.
+        // The registration opcode libibverbs has stands in.
+        WcOpcode::FastReg => 5,
         WcOpcode::Recv => IBV_WC_RECV,
         WcOpcode::RecvRdmaWithImm => IBV_WC_RECV + 1,
     }

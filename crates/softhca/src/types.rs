@@ -332,6 +332,8 @@ pub enum WcOpcode {
     FetchAdd,
     BindMw,
     LocalInv,
+    /// A Fast Register work request (the kernel's `IB_WC_REG_MR`; libibverbs has none).
+    FastReg,
     Recv,
     RecvRdmaWithImm,
 }

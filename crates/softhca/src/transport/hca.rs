@@ -7,7 +7,7 @@ use crate::mem::{AccessError, MemRef};
 use crate::types::{Access, AsyncEvent, Gid, Mtu, Wc, WcStatus};
 
 use super::engine::Engine;
-use super::wqe::{BindRequest, RecvWqe};
+use super::wqe::{BindRequest, FastRegRequest, RecvWqe};
 
 /// What the transport needs of the device it runs in.
 pub(crate) trait Hca: Send + Sync {
@@ -40,9 +40,12 @@ pub(crate) trait Hca: Send + Sync {
     ) -> Result<MemRef, AccessError>;
     /// Executes a Bind MW WQE of QP `qpn` of PD `pd`; a failure is the completion status.
     fn bind_mw(&self, pd: u32, qpn: u32, bind: &BindRequest) -> Result<(), WcStatus>;
+    /// Executes a Fast Register WQE of a QP of PD `pd`; a failure is the completion status.
+    fn fast_reg(&self, pd: u32, req: &FastRegRequest) -> Result<(), WcStatus>;
     /// Invalidates `rkey` for QP `qpn` of PD `pd`: a Local Invalidate WQE, or the R_Key of an
-    /// inbound Send with Invalidate. Only a type 2 window bound to that QP can be invalidated;
-    /// it is then free to be bound again.
+    /// inbound Send with Invalidate. Only a type 2 window bound to that QP, or a valid
+    /// fast-registration region of the PD, can be invalidated; it is then free to be bound
+    /// (registered) again.
     fn invalidate(&self, pd: u32, qpn: u32, rkey: u32) -> Result<(), InvalidateError>;
     /// Queues an asynchronous event (and calls the consumer's handler once the step is over).
     fn raise(&self, event: AsyncEvent);
@@ -53,8 +56,9 @@ pub(crate) trait Hca: Send + Sync {
 pub(crate) enum InvalidateError {
     /// No window or region of the PD has the key.
     BadKey,
-    /// The key names something that cannot be invalidated: a region, a type 1 window, or a
-    /// type 2 window bound to another QP.
+    /// The key names something that cannot be invalidated: a region registered whole, a
+    /// fast-registration region already Free, a type 1 window, or a type 2 window bound to
+    /// another QP.
     NotInvalidatable,
 }
 

@@ -222,6 +222,7 @@ pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
         WrOpcode::AtomicFetchAdd => WcOpcode::FetchAdd,
         WrOpcode::BindMw => WcOpcode::BindMw,
         WrOpcode::LocalInv => WcOpcode::LocalInv,
+        WrOpcode::FastReg => WcOpcode::FastReg,
     }
 }
 

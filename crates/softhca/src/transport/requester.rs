@@ -122,6 +122,10 @@ pub(crate) fn run_local(q: &QpInner, w: &SendWqe) -> Option<WcStatus> {
             None => Err(WcStatus::MwBindErr),
         },
         WrOpcode::LocalInv => q.dev.invalidate(q.pd, q.qpn, w.invalidate_rkey).map_err(|_| WcStatus::LocQpOpErr),
+        WrOpcode::FastReg => match &w.fast_reg {
+            Some(req) => q.dev.fast_reg(q.pd, req),
+            None => Err(WcStatus::LocQpOpErr),
+        },
         _ => return None,
     };
     Some(result.err().unwrap_or(WcStatus::Success))

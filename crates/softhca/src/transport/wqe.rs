@@ -22,6 +22,8 @@ pub enum WrOpcode {
     AtomicFetchAdd,
     BindMw,
     LocalInv,
+    /// Fast Register: makes a fast-registration region's keys valid (see `Pd::alloc_fast_reg_mr`).
+    FastReg,
     /// RD Resync: started only by an EEC's send logic, never accepted from a consumer (WR-SQ-7).
     Resync,
 }
@@ -71,6 +73,7 @@ pub fn wr_allowed(qp_type: QpType, op: WrOpcode) -> bool {
         WrOpcode::AtomicFetchAdd =>       [T, F, F, T, F],
         WrOpcode::BindMw |
         WrOpcode::LocalInv =>             [T, T, F, T, F],
+        WrOpcode::FastReg =>              [T, T, T, T, F],
         WrOpcode::Resync =>               [F, F, F, F, F],
     };
     let col = match qp_type {
@@ -119,6 +122,8 @@ pub(crate) struct SendWqe {
     pub remote_qkey: u32,
     pub eecn: u32,
     pub bind: Option<BindRequest>,
+    /// What a Fast Register WQE registers.
+    pub fast_reg: Option<FastRegRequest>,
     /// Raw Ethertype: the EtherType the WR names, written into the frame (WR-SEND-8).
     pub raw_ethertype: Option<u16>,
     /// The requester's state of this WQE.
@@ -136,6 +141,15 @@ pub(crate) struct RecvWqe {
 /// The bytes a list of SGEs covers.
 pub(crate) fn sge_total(sges: &[Sge]) -> u64 {
     sges.iter().map(|s| s.length as u64).sum()
+}
+
+/// A Fast Register request as the requester executes it: the region's current key (the
+/// consumer names it), the key byte its keys get, and the rights.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FastRegRequest {
+    pub key: u32,
+    pub new_key: u8,
+    pub access: Access,
 }
 
 /// A Bind MW request as the requester executes it.

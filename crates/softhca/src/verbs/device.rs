@@ -15,7 +15,7 @@ use super::types::{Access, AsyncEvent, EventElement, Gid, Mtu, WcStatus};
 use crate::mem::{AccessError, MemRef};
 use crate::transport::engine::{DeviceCounters, Engine};
 use crate::transport::hca::{Hca, InvalidateError};
-use crate::transport::wqe::BindRequest;
+use crate::transport::wqe::{BindRequest, FastRegRequest};
 
 /// `ibv_atomic_cap`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -414,6 +414,10 @@ impl Hca for DeviceInner {
 
     fn bind_mw(&self, pd: u32, qpn: u32, bind: &BindRequest) -> std::result::Result<(), WcStatus> {
         super::mw::bind(self, pd, qpn, bind)
+    }
+
+    fn fast_reg(&self, pd: u32, req: &FastRegRequest) -> std::result::Result<(), WcStatus> {
+        super::mr::fast_reg(self, pd, req)
     }
 
     fn invalidate(&self, pd: u32, qpn: u32, rkey: u32) -> std::result::Result<(), InvalidateError> {

@@ -38,4 +38,4 @@ pub use pd::Pd;
 pub use qp::{AltPath, Qp, QpAttr, QpAttrs, QpCap, QpInitAttr, WqSizes, MAX_MSG_SIZE};
 pub use srq::{Srq, SrqAttr, SrqInitAttr};
 pub use types::*;
-pub use wr::{MwBind, RawFields, RecvWr, SendFlags, SendWr, WrOpcode};
+pub use wr::{FastRegWr, MwBind, RawFields, RecvWr, SendFlags, SendWr, WrOpcode};

@@ -2,8 +2,8 @@
 //! through [`Context::check_access`]: key, PD, bounds and rights, in that order (DESIGN rule 5).
 //! The memory itself, and the only code that touches it, is [`crate::mem`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rand::Rng;
 
@@ -13,6 +13,8 @@ use super::pd::{Pd, PdInner};
 use super::types::{Access, MwType, Sge};
 use crate::mem::Region;
 pub use crate::mem::{AccessError, MemRef};
+use crate::transport::wqe::FastRegRequest;
+use crate::types::WcStatus;
 
 /// What a key names: a memory region, or a memory window (one key space for both, so their
 /// keys never collide).
@@ -109,7 +111,12 @@ impl KeyTable {
 }
 
 pub(crate) struct MrInner {
-    pub key: u32,
+    /// The region's L_Key and R_Key (one key): fixed, except for a fast-registration region,
+    /// whose Fast Register work request gives it a new key byte.
+    pub key: AtomicU32,
+    /// A fast-registration region (IBA's Allocate L_Key): its keys are valid only between a
+    /// Fast Register work request and an invalidation, with the rights the work request gave.
+    pub fast: Option<Mutex<FastReg>>,
     /// Memory windows bound to this region: it cannot be deregistered while any is.
     pub windows: std::sync::atomic::AtomicU32,
     /// The `Mr` was dropped with windows still bound: its memory may be gone, so the windows
@@ -121,7 +128,19 @@ pub(crate) struct MrInner {
     pub mem: Arc<Region>,
 }
 
+/// The state of a fast-registration region: Free (its keys reach nothing) or Valid with the
+/// rights its last Fast Register gave.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FastReg {
+    pub valid: bool,
+    pub access: Access,
+}
+
 impl MrInner {
+    pub fn key(&self) -> u32 {
+        self.key.load(Ordering::Acquire)
+    }
+
     pub fn addr(&self) -> u64 {
         self.mem.addr()
     }
@@ -132,7 +151,7 @@ impl MrInner {
 
     /// `len` bytes at `offset` of the region, for an access already checked.
     fn mem_ref(&self, offset: usize, len: usize) -> MemRef {
-        MemRef::new(&self.mem, self.key, offset, len)
+        MemRef::new(&self.mem, self.key(), offset, len)
     }
 }
 
@@ -174,6 +193,17 @@ impl Pd {
         self.reg_mr(vec![0; len], access)
     }
 
+    /// A fast-registration region over `buf` (IBA's Allocate L_Key, the kernel's
+    /// `ib_alloc_mr`): its keys exist but reach nothing until a Fast Register work request
+    /// ([`super::wr::SendWr::fast_reg`]) makes them valid, with a key byte and rights the
+    /// consumer chooses; Local Invalidate or a peer's Send with Invalidate naming its key makes
+    /// it Free again. libibverbs has no such region (user memory regions are registered whole
+    /// and cannot be invalidated): this is the Rust API's.
+    pub fn alloc_fast_reg_mr(&self, buf: Vec<u8>) -> Result<Mr> {
+        self.inner.check()?;
+        self.register_as(Region::owned(buf), Access::empty(), true)
+    }
+
     /// Register Memory Region over memory the caller owns (the C ABI's `ibv_reg_mr`).
     ///
     /// # Safety
@@ -190,13 +220,18 @@ impl Pd {
 
     /// Every registration's one size check and key allocation.
     fn register(&self, mem: Region, access: Access) -> Result<Mr> {
+        self.register_as(mem, access, false)
+    }
+
+    fn register_as(&self, mem: Region, access: Access, fast: bool) -> Result<Mr> {
         let dev = &self.inner.dev;
         if mem.len() as u64 > dev.attr.max_mr_size {
             return Err(VerbsError::InvalidArgument("region larger than max_mr_size"));
         }
         let inner = new_key(&self.inner, &dev.counts.mr, dev.attr.max_mr, |key| {
             let mr = Arc::new(MrInner {
-                key,
+                key: AtomicU32::new(key),
+                fast: fast.then(|| Mutex::new(FastReg::default())),
                 windows: Default::default(),
                 revoked: Default::default(),
                 pd: self.inner.clone(),
@@ -244,12 +279,13 @@ pub(crate) fn new_key<T>(
 }
 
 impl Mr {
+    /// The L_Key (for a fast-registration region, the one its last Fast Register gave).
     pub fn lkey(&self) -> u32 {
-        self.inner.key
+        self.inner.key()
     }
 
     pub fn rkey(&self) -> u32 {
-        self.inner.key
+        self.inner.key()
     }
 
     /// The region's first virtual address (equal to its host address).
@@ -331,7 +367,7 @@ impl Mr {
             self.inner.revoked.store(true, Ordering::Release);
         }
         self.deregistered.store(true, Ordering::Release);
-        let removed = keys.remove(self.inner.key);
+        let removed = keys.remove(self.inner.key());
         self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
         drop(keys);
         if removed.is_some() {
@@ -381,8 +417,18 @@ pub(crate) fn check_access(
             if mr.pd.handle != pd_handle {
                 return Err(AccessError::WrongPd);
             }
+            let rights = match &mr.fast {
+                None => mr.access,
+                Some(f) => {
+                    let st = *f.lock().unwrap_or_else(|e| e.into_inner());
+                    if !st.valid {
+                        return Err(AccessError::BadKey); // Free: invalidated, or never registered
+                    }
+                    st.access
+                }
+            };
             let offset = mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
-            if !mr.access.contains(access) {
+            if !rights.contains(access) {
                 return Err(AccessError::MissingRight);
             }
             Ok(mr.mem_ref(offset, len as usize))
@@ -415,6 +461,31 @@ pub(crate) fn check_access(
             Ok(b.mr.mem_ref(offset, len as usize))
         }
     }
+}
+
+/// Executes a Fast Register work request of a QP of PD `pd_handle` (IBA 10.6.3's Fast
+/// Registration): the region named by its current key must be a fast-registration region of
+/// that PD and Free; its keys get the consumer's key byte (which must change) and it becomes
+/// Valid with the request's rights. Anything else fails the WQE with Local QP Operation Error,
+/// as rxe completes a Register MR it refuses.
+pub(crate) fn fast_reg(dev: &DeviceInner, pd_handle: u32, req: &FastRegRequest) -> std::result::Result<(), WcStatus> {
+    let fail = Err(WcStatus::LocQpOpErr);
+    if check_access_flags(req.access).is_err() {
+        return fail;
+    }
+    let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
+    let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
+    let Some(mr) = keys.mr(req.key).cloned() else { return fail };
+    let Some(fast) = mr.fast.as_ref().filter(|_| mr.pd.handle == pd_handle) else { return fail };
+    let mut st = fast.lock().unwrap_or_else(|e| e.into_inner());
+    if st.valid {
+        return fail;
+    }
+    let Some(new_key) = keys.rekey(&mut *rng, req.key, Some(req.new_key)) else { return fail };
+    mr.key.store(new_key, Ordering::Release);
+    *st = FastReg { valid: true, access: req.access };
+    dev.key_gen.fetch_add(1, Ordering::AcqRel);
+    Ok(())
 }
 
 #[cfg(test)]

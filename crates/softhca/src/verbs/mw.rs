@@ -150,9 +150,10 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, qpn: u32, b: &BindRequest)
     Ok(())
 }
 
-/// Invalidates `rkey` for QP `qpn` of PD `pd_handle`: only a type 2 window of that PD bound to
-/// that QP can be (a region registered by Register Memory Region cannot, nor can a type 1
-/// window). The window keeps its R_Key and is free to be bound again, which changes it.
+/// Invalidates `rkey` for QP `qpn` of PD `pd_handle`: a type 2 window of that PD bound to that
+/// QP, or a valid fast-registration region of that PD (a region registered by Register Memory
+/// Region cannot be, nor can a type 1 window). The window or region keeps its key and is free
+/// to be bound or registered again, which changes it.
 pub(crate) fn invalidate(
     dev: &DeviceInner,
     pd_handle: u32,
@@ -162,7 +163,18 @@ pub(crate) fn invalidate(
     let keys = dev.keys.read().unwrap_or_else(|e| e.into_inner());
     let mw = match keys.lookup(rkey) {
         Some(KeyEntry::Mw(mw)) if mw.pd.handle == pd_handle => mw.clone(),
-        Some(KeyEntry::Mr(mr)) if mr.pd.handle == pd_handle => return Err(InvalidateError::NotInvalidatable),
+        Some(KeyEntry::Mr(mr)) if mr.pd.handle == pd_handle => {
+            // A valid fast-registration region becomes Free; any other region cannot be.
+            let mut st =
+                mr.fast.as_ref().ok_or(InvalidateError::NotInvalidatable)?.lock().unwrap_or_else(|e| e.into_inner());
+            if !std::mem::take(&mut st.valid) {
+                return Err(InvalidateError::NotInvalidatable);
+            }
+            drop(st);
+            drop(keys);
+            dev.key_gen.fetch_add(1, Ordering::AcqRel);
+            return Ok(());
+        }
         _ => return Err(InvalidateError::BadKey),
     };
     let mut st = mw.state.lock().unwrap_or_else(|e| e.into_inner());

@@ -954,6 +954,9 @@ impl Qp {
         if !wr_allowed(q.qp_type, wr.opcode) {
             return Err(VerbsError::InvalidWrType);
         }
+        if wr.opcode == WrOpcode::FastReg && wr.fast_reg.is_none() {
+            return Err(VerbsError::InvalidWr("a Fast Register work request needs its region"));
+        }
         if wr.opcode == WrOpcode::BindMw && wr.bind.is_none() {
             return Err(VerbsError::InvalidWr("a Bind MW work request needs its window and region"));
         }
@@ -1200,6 +1203,11 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
     slot.remote_qkey = wr.remote_qkey;
     slot.eecn = wr.eecn;
     slot.raw_ethertype = wr.raw.and_then(|r| r.ethertype);
+    slot.fast_reg = wr.fast_reg.map(|f| crate::transport::wqe::FastRegRequest {
+        key: f.mr.lkey(),
+        new_key: f.new_key,
+        access: f.access,
+    });
     slot.bind = wr.bind.map(|b| BindRequest {
         mw: b.mw.inner.clone(),
         rkey: b.rkey,

@@ -31,6 +31,19 @@ pub struct SendWr<'a> {
     pub bind: Option<MwBind<'a>>,
     /// A Raw Send's datagram fields (WR-SEND-7, WR-SEND-8); `None` on other service types.
     pub raw: Option<RawFields>,
+    /// What a Fast Register work request registers.
+    pub fast_reg: Option<FastRegWr<'a>>,
+}
+
+/// The region, key byte and rights of a Fast Register work request (see
+/// [`super::pd::Pd::alloc_fast_reg_mr`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FastRegWr<'a> {
+    pub mr: &'a super::mr::Mr,
+    /// The key byte (the keys' low 8 bits) the region's L_Key and R_Key get: it must differ
+    /// from the current one.
+    pub new_key: u8,
+    pub access: super::types::Access,
 }
 
 /// The fields a Raw datagram Send carries beside its message (IBA 10.8.3.2). On a RoCE port
@@ -91,6 +104,18 @@ impl<'a> SendWr<'a> {
             b.new_key = Some(byte);
         }
         self
+    }
+
+    /// Fast Register: `mr`, a fast-registration region in the Free state, becomes Valid with
+    /// `access`, its keys carrying `new_key` (read them from `mr` once this completes). Runs
+    /// in order on the SQ, like a bind.
+    pub fn fast_reg(wr_id: u64, mr: &'a super::mr::Mr, access: super::types::Access, new_key: u8) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::FastReg,
+            fast_reg: Some(FastRegWr { mr, new_key, access }),
+            ..Default::default()
+        }
     }
 
     pub fn send(wr_id: u64, sg_list: &'a [Sge]) -> Self {
