@@ -57,13 +57,8 @@ fn register_write_then_send_with_invalidate() {
     assert_eq!(write_through(&mut p, mr.addr() + 256, rkey), WcStatus::Success);
     assert!(mr.to_vec().unwrap()[256..320].iter().all(|b| *b == 0x5A));
 
-    let land = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    p.b.qp.post_recv(&[RecvWr::new(5, &[land.sge(0..64)])]).unwrap();
-    let msg = p.a.pd.reg_mr(b"invalidate the region".to_vec(), Access::LOCAL_WRITE).unwrap();
-    p.a.qp.post_send(&[SendWr::send_with_inv(2, &[msg.sge(0..21)], rkey).signaled()]).unwrap();
-    p.run(RUN);
-    assert_eq!(statuses(&p.a.cq), vec![(2, WcStatus::Success, WcOpcode::Send)]);
-    let got = poll_all(&p.b.cq);
+    let (sent, got) = p.send_with_invalidate(b"invalidate the region", rkey, RUN);
+    assert_eq!((sent.len(), sent[0].wr_id, sent[0].status), (1, 2, WcStatus::Success));
     assert_eq!((got.len(), got[0].status, got[0].imm_data), (1, WcStatus::Success, rkey));
     assert!(got[0].wc_flags.contains(WcFlags::WITH_INV));
     assert_eq!(check(rkey), Some(AccessError::BadKey), "invalidated");

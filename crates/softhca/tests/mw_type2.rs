@@ -63,13 +63,9 @@ fn bind_write_then_send_with_invalidate() {
     assert_eq!(write_through(&mut p, &a_qp, &a_cq, mr.addr() + 128, rkey), WcStatus::Success);
     assert!(mr.to_vec().unwrap()[128..192].iter().all(|b| *b == 0x6B));
 
-    let land = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-    p.b.qp.post_recv(&[RecvWr::new(5, &[land.sge(0..64)])]).unwrap();
-    let msg = p.a.pd.reg_mr(b"invalidate it".to_vec(), Access::LOCAL_WRITE).unwrap();
-    p.a.qp.post_send(&[SendWr::send_with_inv(2, &[msg.sge(0..13)], rkey).signaled()]).unwrap();
-    p.run(RUN);
-    assert_eq!(statuses(&p.a.cq), vec![(2, WcStatus::Success, WcOpcode::Send)]);
-    let got = poll_all(&p.b.cq);
+    let (sent, got) = p.send_with_invalidate(b"invalidate it", rkey, RUN);
+    let sent: Vec<_> = sent.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    assert_eq!(sent, vec![(2, WcStatus::Success, WcOpcode::Send)]);
     assert_eq!(got.len(), 1);
     assert_eq!(
         (got[0].wr_id, got[0].status, got[0].opcode, got[0].byte_len),

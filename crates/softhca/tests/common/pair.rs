@@ -137,6 +137,17 @@ impl Pair {
         self.trace.iter().filter(|(from_a, _)| *from_a == a).map(|(_, d)| Pkt::parse(d)).collect()
     }
 
+    /// a sends `msg` as a Send with Invalidate naming `rkey` into a receive b posts (wr_id
+    /// 5): returns a's completions and b's.
+    pub fn send_with_invalidate(&mut self, msg: &[u8], rkey: u32, run_ns: u64) -> (Vec<Wc>, Vec<Wc>) {
+        let land = self.b.pd.alloc_mr(64.max(msg.len()), Access::LOCAL_WRITE).unwrap();
+        self.b.qp.post_recv(&[RecvWr::new(5, &[land.sge(0..land.len())])]).unwrap();
+        let src = self.a.pd.reg_mr(msg.to_vec(), Access::LOCAL_WRITE).unwrap();
+        self.a.qp.post_send(&[SendWr::send_with_inv(2, &[src.sge(0..msg.len())], rkey).signaled()]).unwrap();
+        self.run(run_ns);
+        (super::poll_all(&self.a.cq), super::poll_all(&self.b.cq))
+    }
+
     /// Stops keeping a trace (and forgets it).
     pub fn clear_trace(&mut self) {
         self.trace.clear();
