@@ -88,3 +88,28 @@ fn a_mad_reaches_the_peer_gsi_under_any_table_pkey() {
     assert_eq!(land.to_vec().unwrap()[40..296], (0..=255u8).collect::<Vec<_>>()[..]);
     assert_eq!(b.ctx.counters().qkey_violations, 1);
 }
+
+/// CQ-ASSOC-2 lets QP0 and QP1 share a CQ; a RoCE port has no QP0 (no subnet management on
+/// Ethernet: the RoCE annex leaves the SMI out), and the digest does not say what a RoCE CA
+/// answers, so this pins softhca's answer: Get Special QP for the SMI is `NotSupported` even
+/// when offered the GSI's own CQ (what refuses it is the port, not the sharing), and a
+/// datagram addressed to QP0 is dropped and counted, never delivered to QP1 or anyone.
+/// Rule CQ-ASSOC-2
+#[test]
+fn a_roce_port_has_no_qp0_to_share_the_gsi_cq_with() {
+    let (a, b) = (dev(4), dev(5));
+    let (acq, bcq) = (a.ctx.create_cq(16).unwrap(), b.ctx.create_cq(16).unwrap());
+    let (qa, qb) = (gsi(&a, &acq, 0), gsi(&b, &bcq, 0));
+    let shared = QpInitAttr::ud(&bcq, &bcq).max_send_wr(8).max_recv_wr(8);
+    assert!(matches!(b.ctx.get_special_qp(&b.pd, SpecialQp::Smi, &shared), Err(VerbsError::NotSupported(_))));
+    let land = b.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    qb.post_recv(&[RecvWr::new(1, &[land.sge(0..296)])]).unwrap();
+    let smp = a.pd.reg_mr(vec![0x81; 256], Access::LOCAL_WRITE).unwrap();
+    let ah = a.pd.create_ah(&AhAttr::roce(b.gid, 0)).unwrap();
+    let dropped = b.ctx.counters().rx_dropped;
+    qa.post_send(&[SendWr::send(10, &[smp.sge(0..256)]).ud(&ah, 0, GSI_QKEY).signaled()]).unwrap();
+    exchange(&a.ctx, &b.ctx);
+    assert_eq!(poll_all(&acq).iter().map(|w| w.status).collect::<Vec<_>>(), vec![WcStatus::Success]);
+    assert!(poll_all(&bcq).is_empty(), "nothing reached QP1");
+    assert_eq!(b.ctx.counters().rx_dropped, dropped + 1);
+}

@@ -56,7 +56,7 @@ static size_t frame(char *buf)
 
 static int child(int ready, int done)
 {
-	hang_guard(20);
+	hang_guard(40);
 	struct end e;
 	int err;
 	if (!raw_qp(&e, &err)) {
@@ -86,7 +86,7 @@ int main(void)
 	CHECK(pid >= 0, "fork");
 	if (pid == 0)
 		_exit(child(ready[1], done[1]));
-	hang_guard(30);
+	hang_guard(50);
 	char c;
 	CHECK(read(ready[0], &c, 1) == 1, "child ready");
 	struct end e;
@@ -101,7 +101,7 @@ int main(void)
 		CHECK(fcntl(done[0], F_SETFL, O_NONBLOCK) == 0, "fcntl");
 		/* The child's QP hears the interface once its RTR took effect: send until it has it. */
 		for (int i = 0; read(done[0], &c, 1) != 1; i++) {
-			CHECK(i < 500, "the child never got the frame");
+			CHECK(i < 1500, "the child never got the frame");
 			struct ibv_sge sge = { .addr = (uintptr_t)e.buf, .length = (uint32_t)n, .lkey = e.mr->lkey };
 			struct ibv_send_wr wr = { .wr_id = i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
 						  .send_flags = IBV_SEND_SIGNALED }, *bad;
