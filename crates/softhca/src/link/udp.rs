@@ -148,8 +148,8 @@ pub const GID_TABLE_LEN: u32 = 16;
 /// against 0.16 with a socket and a syscall per flow (`softhca perf send --link udp
 /// --loopback -s 8 -q 100`, 2026-11-25).
 pub const MAX_PORT_SOCKETS: usize = 8;
-/// Raw Ethertype QPs a device that carries frames may have.
-const RAW_ETHY_QPS: u32 = 64;
+/// Raw QPs of each kind a device that carries their packets may have.
+const RAW_QPS: u32 = 64;
 /// Datagrams per `recvmmsg` / transmit batch.
 const BATCH: usize = 64;
 /// Receive buffer size: a whole GRO superpacket.
@@ -283,7 +283,15 @@ impl UdpDevice {
         }
         let alt = open_alt(&cfg, addr)?;
         let alt_addr = alt.as_ref().map(|a| a.addr);
-        let frames = if cfg.raw_frames { frames::FramePort::open(addr).ok() } else { None };
+        let (frames, ipv6) = if cfg.raw_packets {
+            let v6 = match verify::unmap(addr) {
+                IpAddr::V6(a) => frames::PacketPort::open(addr, frames::Kind::Ipv6(a)).ok(),
+                IpAddr::V4(_) => None,
+            };
+            (frames::PacketPort::open(addr, frames::Kind::Frames).ok(), v6)
+        } else {
+            (None, None)
+        };
         let mac = frames.as_ref().map(|f| f.mac());
         // The engine thread sleeps on every socket it reads.
         let rx_fds: Vec<RawFd> = [raw.as_ref().map_or(fd, |r| r.as_raw_fd())]
@@ -291,6 +299,7 @@ impl UdpDevice {
             .chain(responses.as_ref().map(|r| r.as_raw_fd()))
             .chain(alt.as_ref().map(|a| a.sock.as_raw_fd()))
             .chain(frames.as_ref().map(|f| f.fd()))
+            .chain(ipv6.as_ref().map(|f| f.fd()))
             .collect();
         let rx_poll = if rx_fds.len() > 1 { Some(sys::epoll_of(&rx_fds)?) } else { None };
         let gid = Gid::from_ipv6(verify::gid_addr(addr));
@@ -298,7 +307,10 @@ impl UdpDevice {
         dcfg.port.gid_tbl_len = GID_TABLE_LEN;
         dcfg.attr.auto_path_mig = alt.is_some();
         if frames.is_some() {
-            dcfg.attr.max_raw_ethy_qp = RAW_ETHY_QPS;
+            dcfg.attr.max_raw_ethy_qp = RAW_QPS;
+        }
+        if ipv6.is_some() {
+            dcfg.attr.max_raw_ipv6_qp = RAW_QPS;
         }
         if let Some(mtu) = sys::interface_mtu(addr) {
             dcfg.port.active_mtu = active_mtu(mtu, addr.is_ipv6());
@@ -334,6 +346,7 @@ impl UdpDevice {
             alt,
             rx_alt: false,
             frames,
+            ipv6,
             ports: HashMap::new(),
             connect: cfg.connected,
             sink: None,
@@ -380,7 +393,7 @@ impl UdpDevice {
         self.alt_addr
     }
     /// The MAC of the device's Raw Ethertype frames (its interface's; on loopback, which has
-    /// none, `02:00` and the IPv4 address), if it carries frames (see [`UdpConfig::raw_frames`]).
+    /// none, `02:00` and the IPv4 address), if it carries frames (see [`UdpConfig::raw_packets`]).
     pub fn mac(&self) -> Option<[u8; 6]> {
         self.mac
     }

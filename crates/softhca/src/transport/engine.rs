@@ -236,8 +236,10 @@ pub(crate) struct Engine {
     frames_ready: Mutex<VecDeque<u32>>,
     /// The Raw QPs, which take the inbound raw packets (`receive_raw`).
     raw: RwLock<Vec<(u32, QpType)>>,
-    /// How many of them are Raw Ethertype QPs: a link listens for frames only while there are.
+    /// How many of them are Raw Ethertype QPs and Raw IPv6 QPs: a link listens for their
+    /// packets only while there are.
     frame_qps: AtomicU32,
+    ipv6_qps: AtomicU32,
     pub stats: Stats,
     /// Every armed ACK and RNR timer of the device's QPs and EECs.
     pub timers: TimerQueue,
@@ -339,7 +341,7 @@ impl Engine {
     /// FCS) into `buf` (at least [`MAX_DATAGRAM`] bytes) and returns its length; `None` when
     /// none is ready. Only a link that carries raw packets has such QPs (`DeviceAttr`).
     pub fn transmit_frame(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
-        if !self.has_frame_qps() {
+        if !self.has_raw_qps(QpType::RawEthertype) {
             return None; // no lock taken: most devices have no such QP
         }
         self.transmit_qps(&self.frames_ready, now, buf)
@@ -377,8 +379,8 @@ impl Engine {
             return false;
         }
         raw.push((qpn, qp_type));
-        if qp_type == QpType::RawEthertype {
-            self.frame_qps.fetch_add(1, Ordering::Relaxed);
+        if let Some(n) = self.raw_count(qp_type) {
+            n.fetch_add(1, Ordering::Relaxed);
         }
         true
     }
@@ -386,15 +388,23 @@ impl Engine {
     pub fn remove_raw(&self, qpn: u32) {
         let mut raw = self.raw.write().unwrap_or_else(|e| e.into_inner());
         if let Some(at) = raw.iter().position(|(q, _)| *q == qpn) {
-            if raw.remove(at).1 == QpType::RawEthertype {
-                self.frame_qps.fetch_sub(1, Ordering::Relaxed);
+            if let Some(n) = self.raw_count(raw.remove(at).1) {
+                n.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// Whether the device has a Raw Ethertype QP (whose frames a link must carry).
-    pub fn has_frame_qps(&self) -> bool {
-        self.frame_qps.load(Ordering::Relaxed) > 0
+    fn raw_count(&self, qp_type: QpType) -> Option<&AtomicU32> {
+        match qp_type {
+            QpType::RawEthertype => Some(&self.frame_qps),
+            QpType::RawIpv6 => Some(&self.ipv6_qps),
+            _ => None,
+        }
+    }
+
+    /// Whether the device has a Raw QP of `qp_type` (whose packets a link must carry).
+    pub fn has_raw_qps(&self, qp_type: QpType) -> bool {
+        self.raw_count(qp_type).is_some_and(|n| n.load(Ordering::Relaxed) > 0)
     }
 
     /// One packet of the first QP on `list` (the datagram QPs' or the frame QPs') that has

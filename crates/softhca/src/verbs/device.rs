@@ -692,9 +692,10 @@ impl Context {
         super::effects::step(|| self.inner.engine.transmit_frame(now, buf))
     }
 
-    /// Whether the device has a Raw Ethertype QP: a link listens for frames only then.
-    pub fn has_frame_qps(&self) -> bool {
-        self.inner.engine.has_frame_qps()
+    /// Whether the device has a Raw QP of `qp_type` (Raw Ethertype or Raw IPv6): a link
+    /// listens for such packets only then.
+    pub fn has_raw_qps(&self, qp_type: crate::types::QpType) -> bool {
+        self.inner.engine.has_raw_qps(qp_type)
     }
 
     /// Feeds one inbound Ethernet frame (destination MAC on) that is not a RoCE datagram for

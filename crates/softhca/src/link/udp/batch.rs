@@ -4,6 +4,7 @@
 //! IPv4 Identifications, see "Sending" in the module docs of [`super`]).
 
 use super::*;
+use crate::types::QpType;
 
 /// Adds to a counter that only the engine's lock holder writes: a plain load and store (no
 /// locked read-modify-write on the hot path); readers see a recent value.
@@ -93,8 +94,10 @@ pub(super) struct Io {
     pub(super) alt: Option<AltAddr>,
     /// The batch being delivered came from the alternate address's socket.
     pub(super) rx_alt: bool,
-    /// Raw Ethertype frames (an AF_PACKET socket), where the process may have one.
-    pub(super) frames: Option<super::frames::FramePort>,
+    /// Raw Ethertype frames and Raw IPv6 datagrams (packet sockets), where the process may
+    /// have them (see `frames`).
+    pub(super) frames: Option<super::frames::PacketPort>,
+    pub(super) ipv6: Option<super::frames::PacketPort>,
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
     pub(super) ports: HashMap<u16, Option<FlowSocket>>,
     /// Connect flow sockets ([`UdpConfig::connected`]).
@@ -185,6 +188,16 @@ impl Io {
                 let buf = &mut tx.buf[slot * MAX_DATAGRAM..(slot + 1) * MAX_DATAGRAM];
                 let Some(len) = self.ctx.transmit(now, buf) else { break };
                 emitted += 1;
+                if let Some(port) = self.ipv6.as_ref().filter(|_| crate::wire::roce::is_raw_ipv6(&buf[..len])) {
+                    // A Raw IPv6 QP's datagram: not for the UDP sockets.
+                    let c = if port.send(&buf[..len]).is_ok() {
+                        &self.stats.tx_raw_packets
+                    } else {
+                        &self.stats.tx_raw_errors
+                    };
+                    bump(c, 1);
+                    continue;
+                }
                 if let Some(p) = self.prepare(slot, &mut buf[..len]) {
                     tx.pending.push(p);
                 }
@@ -213,13 +226,14 @@ impl Io {
         any
     }
 
-    /// Whether the device has a Raw Ethertype QP, whose frames the link then carries; the
+    /// Whether the device has a Raw QP of `qp_type`, whose packets the link then carries; its
     /// packet socket hears the interface from then on (and no longer once the last is gone).
     /// Modify QP rings the doorbell, whose flush comes here: a QP is heard from before it can
     /// receive (RTR).
-    fn listen_for_frames(&mut self) -> bool {
-        let want = self.ctx.has_frame_qps();
-        match self.frames.as_mut() {
+    fn listen_for(&mut self, qp_type: QpType) -> bool {
+        let want = self.ctx.has_raw_qps(qp_type);
+        let port = if qp_type == QpType::RawIpv6 { self.ipv6.as_mut() } else { self.frames.as_mut() };
+        match port {
             Some(port) if want != port.listening() => port.listen(want).is_ok() && want,
             Some(_) => want,
             None => false,
@@ -229,7 +243,10 @@ impl Io {
     /// Sends the Raw Ethertype QPs' frames (one system call each: raw frames are rare), with
     /// the rest of a flush. Nothing to do, and no call made, while the device has no such QP.
     pub(super) fn send_frames(&mut self, tx: &mut TxBufs, now: u64) -> bool {
-        if !self.listen_for_frames() {
+        // Raw IPv6 datagrams leave among the datagrams (`flush_tx`); their socket starts
+        // hearing here too.
+        self.listen_for(QpType::RawIpv6);
+        if !self.listen_for(QpType::RawEthertype) {
             return false;
         }
         let Some(port) = self.frames.as_ref() else { return false };
@@ -238,8 +255,8 @@ impl Io {
         while let Some(n) = self.ctx.transmit_frame(now, buf) {
             sent = true;
             match port.send(&buf[..n]) {
-                Ok(()) => bump(&self.stats.tx_frames, 1),
-                Err(_) => bump(&self.stats.tx_frame_errors, 1),
+                Ok(()) => bump(&self.stats.tx_raw_packets, 1),
+                Err(_) => bump(&self.stats.tx_raw_errors, 1),
             }
         }
         if sent {
@@ -249,20 +266,26 @@ impl Io {
         sent
     }
 
-    /// Hands the device the frames that arrived (at most a batch), listening for them only
-    /// while it has a Raw Ethertype QP. Returns whether any came.
+    /// Hands the device the raw packets that arrived (at most a batch of each kind), listening
+    /// for them only while it has Raw QPs of their kind. Returns whether any came.
     pub(super) fn receive_frames(&mut self, tx: &mut TxBufs) -> bool {
-        if !self.listen_for_frames() {
-            return false;
-        }
-        let Some(port) = self.frames.as_ref() else { return false };
-        let buf = &mut tx.buf[..MAX_DATAGRAM];
         let mut got = false;
-        for _ in 0..BATCH {
-            let Some(n) = port.recv(buf) else { break };
-            got = true;
-            bump(&self.stats.rx_frames, 1);
-            self.ctx.receive_frame(&buf[..n]);
+        for qp_type in [QpType::RawEthertype, QpType::RawIpv6] {
+            if !self.listen_for(qp_type) {
+                continue;
+            }
+            let port = if qp_type == QpType::RawIpv6 { self.ipv6.as_ref() } else { self.frames.as_ref() };
+            let Some(port) = port else { continue };
+            let buf = &mut tx.buf[..MAX_DATAGRAM];
+            for _ in 0..BATCH {
+                let Some(at) = port.recv(buf) else { break };
+                got = true;
+                bump(&self.stats.rx_raw_packets, 1);
+                match qp_type {
+                    QpType::RawIpv6 => self.ctx.receive(self.clock, &buf[at]),
+                    _ => self.ctx.receive_frame(&buf[at]),
+                }
+            }
         }
         got
     }

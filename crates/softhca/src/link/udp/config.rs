@@ -50,9 +50,10 @@ pub struct UdpConfig {
     pub connected: bool,
     /// Middleware on the datagram path (after the capture of `pcap`, if any), in order.
     pub taps: crate::link::Taps,
-    /// Carry Raw Ethertype QPs' frames through an AF_PACKET socket where the process may open
-    /// one (CAP_NET_RAW); without one the device has no Raw Ethertype QPs.
-    pub raw_frames: bool,
+    /// Carry Raw QPs' packets through packet sockets where the process may open them
+    /// (CAP_NET_RAW): Ethertype frames on any device, IPv6 datagrams on an IPv6 one; without
+    /// them the device has no Raw QPs.
+    pub raw_packets: bool,
 }
 
 impl Default for UdpConfig {
@@ -69,7 +70,7 @@ impl Default for UdpConfig {
             gro: true,
             connected: true,
             taps: Default::default(),
-            raw_frames: true,
+            raw_packets: true,
         }
     }
 }
@@ -122,8 +123,8 @@ impl UdpConfig {
         self
     }
 
-    pub fn raw_frames(mut self, on: bool) -> Self {
-        self.raw_frames = on;
+    pub fn raw_packets(mut self, on: bool) -> Self {
+        self.raw_packets = on;
         self
     }
 }
@@ -169,11 +170,11 @@ counters! {
     drop_bad_icrc,
     /// Datagrams not addressed to this device (raw mode) or not to port 4791.
     drop_not_ours,
-    /// Raw Ethertype frames received (handed to the device) and sent, and frames the
-    /// interface refused.
-    rx_frames,
-    tx_frames,
-    tx_frame_errors,
+    /// Raw QPs' packets (Ethertype frames, Raw IPv6 datagrams) received (handed to the
+    /// device) and sent, and those the kernel refused.
+    rx_raw_packets,
+    tx_raw_packets,
+    tx_raw_errors,
     tx_datagrams,
     tx_bytes,
     /// `sendmmsg` calls.
