@@ -24,7 +24,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use super::sys;
+use super::sys::{self, bpf};
 use crate::wire::roce::ROCE_V2_PORT;
 
 const ETH_P_ALL: u16 = 0x0003;
@@ -62,10 +62,6 @@ fn socket(domain: libc::c_int, ty: libc::c_int, protocol: libc::c_int) -> io::Re
     }
     // SAFETY: `fd` was just returned by socket and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
-    libc::sock_filter { code, jt, jf, k }
 }
 
 /// ldh [12]; jeq IPv4 / IPv6 / ARP -> drop; accept.

@@ -184,7 +184,8 @@ pub fn set_buffer(fd: RawFd, opt: libc::c_int, bytes: libc::c_int) -> io::Result
     setsockopt_int(fd, libc::SOL_SOCKET, force, bytes).or_else(|_| setsockopt_int(fd, libc::SOL_SOCKET, opt, bytes))
 }
 
-const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+/// One classic BPF instruction.
+pub(super) const fn bpf(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }
 }
 
