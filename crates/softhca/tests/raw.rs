@@ -242,3 +242,41 @@ fn create_qp_says_when_raw_packets_cannot_go() {
     q1.destroy().unwrap();
     pd.create_qp(&init).unwrap();
 }
+
+/// On a lossy, duplicating, reordering and corrupting fabric, Raw frames are unreliable as
+/// UD datagrams are: every send completes successfully, each frame arrives whole or not at all
+/// (a corrupted one is discarded by the receiving port's FCS check, never delivered with
+/// flipped bits), a duplicate may arrive twice, and the fabric's books balance.
+#[test]
+fn raw_frames_on_a_faulty_fabric_arrive_whole_or_not_at_all() {
+    let mut f = SimFabric::new(SimConfig::default().seed(9).loss(0.2).dup(0.1).reorder(0.2).corrupt(0.2));
+    let (a, b) = (end(&mut f, "ra", QpType::RawEthertype), end(&mut f, "rb", QpType::RawEthertype));
+    let (ma, mb) = (f.mac(DeviceId(0)).unwrap(), f.mac(DeviceId(1)).unwrap());
+    let mut wcs = Vec::new();
+    for round in 0..50u64 {
+        for i in 0..8u64 {
+            b.qp.post_recv(&[RecvWr::new(
+                100 + i,
+                &[b.mr.sge(32 * 1024 + i as usize * 2048..32 * 1024 + (i as usize + 1) * 2048)],
+            )])
+            .unwrap();
+        }
+        let wr = round % 8;
+        send(&a, wr, &frame(mb, ma, LOCAL_EXPERIMENTAL, &[round as u8; 200]), None);
+        assert!(f.run_until_idle());
+        assert_eq!(statuses(&a.cq), vec![(wr, WcStatus::Success)]);
+        for wc in poll_all(&b.cq) {
+            assert_eq!(received(&b, &wc), frame(mb, ma, LOCAL_EXPERIMENTAL, &[round as u8; 200]), "whole");
+            wcs.push(round);
+        }
+        // Unused receives are flushed off by a reset, ready for the next round.
+        b.qp.modify(&QpAttr::new(QpState::Reset)).unwrap();
+        for s in [QpAttr::to_init().port(1), QpAttr::new(QpState::Rtr)] {
+            b.qp.modify(&s).unwrap();
+        }
+    }
+    let c = f.counters();
+    assert!(c.lost > 0 && c.fcs_dropped > 0 && c.duplicated > 0, "{c:?}");
+    assert_eq!(c.sent - c.filtered - c.dropped_no_route - c.lost - c.fcs_dropped + c.duplicated, c.delivered);
+    assert!(!wcs.is_empty() && wcs.len() < 50 + c.duplicated as usize);
+}

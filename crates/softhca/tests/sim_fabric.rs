@@ -63,7 +63,7 @@ fn delivery_times(f: &mut SimFabric) -> Vec<(u64, u64)> {
 }
 
 fn conservation_holds(c: &SimCounters) -> bool {
-    c.sent - c.filtered - c.dropped_no_route - c.lost + c.duplicated == c.delivered
+    c.sent - c.filtered - c.dropped_no_route - c.lost - c.fcs_dropped + c.duplicated == c.delivered
 }
 
 #[test]

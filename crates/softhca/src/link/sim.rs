@@ -32,7 +32,9 @@
 //! byte 4), because a flip there is invisible by design and would make a "corrupted" datagram
 //! that the receiver rightly accepts. With CRC-32's Hamming distance of 4 at these lengths,
 //! every corrupted datagram fails verification. Datagrams that do not parse as RoCEv2 (test
-//! garbage) are corrupted anywhere.
+//! garbage) are corrupted anywhere. Raw packets (Raw QPs' Ethernet frames and IPv6
+//! datagrams) have no ICRC: one that is corrupted is discarded by the receiving port's
+//! Ethernet FCS check instead, counted in `corrupted` and `fcs_dropped`.
 //!
 //! # Time and events
 //!
@@ -230,7 +232,7 @@ impl SimConfig {
 pub struct DeviceId(pub usize);
 
 /// Fabric-wide counters. Once the fabric is idle,
-/// `sent - filtered - dropped_no_route - lost + duplicated == delivered`.
+/// `sent - filtered - dropped_no_route - lost - fcs_dropped + duplicated == delivered`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimCounters {
     /// Datagrams put on the wire: transmitted by devices plus injected.
@@ -250,6 +252,9 @@ pub struct SimCounters {
     pub reordered: u64,
     /// Copies with flipped bits.
     pub corrupted: u64,
+    /// Of those, raw packets (Raw QPs' frames and IPv6 datagrams carry no ICRC): the receiving
+    /// port's Ethernet FCS check discards them, so they are not delivered.
+    pub fcs_dropped: u64,
     /// No device has the destination address (or the datagram has no readable one).
     pub dropped_no_route: u64,
     /// Records the pcap tap failed to write (the tap is dropped on the first failure).
@@ -833,9 +838,19 @@ impl SimFabric {
         } else {
             None
         };
+        let raw = frame || roce::is_raw_ipv6(&data);
         for mut bytes in std::iter::once(data).chain(copy) {
-            if chance(&mut self.rng, link.corrupt) && corrupt_bits(&mut self.rng, &mut bytes) {
-                self.counters.corrupted += 1;
+            if chance(&mut self.rng, link.corrupt) {
+                if raw {
+                    // No ICRC to catch it: the Ethernet FCS does, at the receiving port.
+                    self.counters.corrupted += 1;
+                    self.counters.fcs_dropped += 1;
+                    self.recycle(bytes);
+                    continue;
+                }
+                if corrupt_bits(&mut self.rng, &mut bytes) {
+                    self.counters.corrupted += 1;
+                }
             }
             let jitter = if link.jitter_ns > 0 { self.rng.random_range(0..=link.jitter_ns) } else { 0 };
             let mut at = done.saturating_add(link.latency_ns).saturating_add(jitter);
