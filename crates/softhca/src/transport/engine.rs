@@ -375,13 +375,12 @@ impl Engine {
     /// Registers a Raw QP; false (nothing registered) when `max` of its type exist already.
     pub fn add_raw(&self, qpn: u32, qp_type: QpType, max: usize) -> bool {
         let mut raw = self.raw.write().unwrap_or_else(|e| e.into_inner());
-        if raw.iter().filter(|(_, t)| *t == qp_type).count() >= max {
+        // The count moves only under the list's write lock: it is the list's, read without it.
+        let Some(n) = self.raw_count(qp_type).filter(|n| (n.load(Ordering::Relaxed) as usize) < max) else {
             return false;
-        }
+        };
         raw.push((qpn, qp_type));
-        if let Some(n) = self.raw_count(qp_type) {
-            n.fetch_add(1, Ordering::Relaxed);
-        }
+        n.fetch_add(1, Ordering::Relaxed);
         true
     }
 

@@ -145,6 +145,11 @@ pub(super) struct SendScratch {
     pub(super) sys: sys::TxScratch,
 }
 
+/// Counts a Raw QP's packet handed to the kernel, or refused by it.
+fn count_raw_send(stats: &Stats, sent: io::Result<()>) {
+    bump(if sent.is_ok() { &stats.tx_raw_packets } else { &stats.tx_raw_errors }, 1);
+}
+
 /// The datagram size of a received message (its GRO segment size, or its length).
 pub(super) fn gro_segment(m: &sys::RxMsg) -> usize {
     m.gro_size.filter(|&g| g > 0 && g < m.len).unwrap_or(m.len.max(1))
@@ -190,12 +195,7 @@ impl Io {
                 emitted += 1;
                 if let Some(port) = self.ipv6.as_ref().filter(|_| crate::wire::roce::is_raw_ipv6(&buf[..len])) {
                     // A Raw IPv6 QP's datagram: not for the UDP sockets.
-                    let c = if port.send(&buf[..len]).is_ok() {
-                        &self.stats.tx_raw_packets
-                    } else {
-                        &self.stats.tx_raw_errors
-                    };
-                    bump(c, 1);
+                    count_raw_send(&self.stats, port.send(&buf[..len]));
                     continue;
                 }
                 if let Some(p) = self.prepare(slot, &mut buf[..len]) {
@@ -254,10 +254,7 @@ impl Io {
         let mut sent = false;
         while let Some(n) = self.ctx.transmit_frame(now, buf) {
             sent = true;
-            match port.send(&buf[..n]) {
-                Ok(()) => bump(&self.stats.tx_raw_packets, 1),
-                Err(_) => bump(&self.stats.tx_raw_errors, 1),
-            }
+            count_raw_send(&self.stats, port.send(&buf[..n]));
         }
         if sent {
             // The frames are the kernel's now: their sends complete (as UD's, `Context::sent`).
