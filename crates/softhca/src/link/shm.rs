@@ -58,6 +58,11 @@ pub const RING_SLOTS: usize = 256;
 pub const STALL_NS: u64 = 50_000_000;
 /// Datagrams taken from the ring per turn, and sent per flush.
 const BATCH: usize = 64;
+/// Datagrams at least this long, two in a row to one peer, are followed by one built in
+/// place (`transmit_in_place`): long ones come in runs (the packets of one message), short
+/// ones alone, where a bet lost would cost more than the copy it saves; and a device whose
+/// QPs take turns between peers makes no bets.
+const IN_PLACE_MIN: usize = 1024;
 /// How long a datagram waits for room in a full peer ring before it is dropped (and counted;
 /// RC retransmits it): a peer that drains slowly slows its senders down, one that stopped
 /// draining costs them this long per datagram at most.
@@ -178,38 +183,60 @@ impl Ring {
         h.magic.load(Ordering::Acquire) == MAGIC && h.slots.load(Ordering::Relaxed) == self.slots as u64
     }
 
-    /// A producer's side: false when the ring is full (or the slot was taken from under a
-    /// producer that stalled: see the module docs).
-    fn push(&self, d: &[u8]) -> bool {
-        if d.len() > SLOT_BYTES {
-            return false;
-        }
+    /// A producer's side: takes the next ticket, whose slot is this producer's to write until
+    /// [`Ring::commit`]; `None` when the ring is full.
+    fn reserve(&self) -> Option<u64> {
         let tail = &self.header().tail.0;
         let mut t = tail.load(Ordering::Relaxed);
         // Bounded: a ring whose counters another process broke must not hold this thread.
-        for tries in 0.. {
-            if tries > 2 * self.slots {
-                return false;
-            }
+        for _ in 0..=2 * self.slots {
             let seq = self.seq(t).load(Ordering::Acquire);
             match seq.wrapping_sub(t) as i64 {
                 0 => match tail.compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                    Ok(_) => break,
+                    Ok(_) => return Some(t),
                     Err(now) => t = now,
                 },
-                d if d < 0 => return false, // full
+                d if d < 0 => return None, // full
                 _ => t = tail.load(Ordering::Relaxed),
             }
         }
-        let s = self.slot(t);
-        // SAFETY: ticket `t` owns the slot until it publishes; the copy stays within the
-        // slot's data (checked length). Another process may read the bytes only after the
-        // publication below.
-        unsafe {
-            std::ptr::copy_nonoverlapping(d.as_ptr(), std::ptr::addr_of_mut!((*s).data).cast::<u8>(), d.len());
-            (*s).len.store(d.len() as u32, Ordering::Relaxed);
-        }
+        None
+    }
+
+    /// The data area of ticket `t`'s slot, for the producer that reserved it to build a
+    /// datagram in place.
+    ///
+    /// # Safety
+    /// `t` must come from [`Ring::reserve`] on this ring and not be committed yet, and the
+    /// slice must be dropped before the commit: until then the ring's protocol gives the slot
+    /// to this producer alone (the owner reads it only after the commit publishes it). A
+    /// process that breaks the protocol can only spoil the datagram it is sent.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slot_data(&self, t: u64) -> &mut [u8] {
+        // SAFETY: the slot lies inside the mapping, which lives as long as `self`; exclusive
+        // by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(std::ptr::addr_of_mut!((*self.slot(t)).data).cast::<u8>(), SLOT_BYTES) }
+    }
+
+    /// Publishes ticket `t`'s slot holding `len` bytes (0: a void the owner skips: a
+    /// reservation that found nothing to send). False if the slot was taken from under a
+    /// producer that stalled (see the module docs).
+    fn commit(&self, t: u64, len: usize) -> bool {
+        // SAFETY: ticket `t` owns the slot until this publication; `len` is a plain store.
+        unsafe { (*self.slot(t)).len.store(len.min(SLOT_BYTES) as u32, Ordering::Relaxed) };
         self.seq(t).compare_exchange(t, t + 1, Ordering::Release, Ordering::Relaxed).is_ok()
+    }
+
+    /// A producer's side, by copy: false when the ring is full, `d` is longer than a slot
+    /// or the slot was taken from under a stalled producer.
+    fn push(&self, d: &[u8]) -> bool {
+        if d.len() > SLOT_BYTES || d.is_empty() {
+            return false;
+        }
+        let Some(t) = self.reserve() else { return false };
+        // SAFETY: `t` was just reserved and is committed below, after the slice is gone.
+        unsafe { self.slot_data(t)[..d.len()].copy_from_slice(d) };
+        self.commit(t, d.len())
     }
 
     /// The owner's side: copies the next datagram into `out` and returns its length; `None`
@@ -239,6 +266,9 @@ impl Ring {
                 self.seq(t).store(t + self.slots as u64, Ordering::Release);
                 h.head.0.store(t + 1, Ordering::Relaxed);
                 *stalled_since = None;
+                if n == 0 {
+                    continue; // a void (see `commit`)
+                }
                 return Some(n);
             }
             if seq == t && h.tail.0.load(Ordering::Acquire) > t {
@@ -426,7 +456,9 @@ impl ShmConfig {
 pub struct ShmCounters {
     pub rx_datagrams: u64,
     pub tx_datagrams: u64,
-    /// Dropped because the peer's ring stayed full for [`PATIENCE_NS`].
+    /// Dropped because the peer's ring stayed full for [`PATIENCE_NS`] (or, rarer, because
+    /// this sender stalled for [`STALL_NS`] between taking a slot and publishing it, and the
+    /// owner skipped the slot).
     pub tx_ring_full: u64,
     /// Times a datagram found the peer's ring full and waited.
     pub tx_ring_waits: u64,
@@ -434,6 +466,10 @@ pub struct ShmCounters {
     pub tx_no_peer: u64,
     /// Slots skipped because their producer stalled (died) before publishing.
     pub rx_stalled_slots: u64,
+    /// Datagrams built directly in the peer's ring (no copy), and bets on the peer that were
+    /// lost (the datagram went to another peer by copy, its slot void).
+    pub tx_in_place: u64,
+    pub tx_in_place_missed: u64,
     pub bells_rung: u64,
 }
 
@@ -445,6 +481,8 @@ struct Stats {
     waits: AtomicU64,
     no_peer: AtomicU64,
     stalled: AtomicU64,
+    in_place: AtomicU64,
+    missed: AtomicU64,
     bells: AtomicU64,
 }
 
@@ -580,20 +618,47 @@ impl ShmPort {
             }
             sent = true;
         }
+        // After two long datagrams in a row to one peer the next one is built in that peer's
+        // ring (see `transmit_in_place`); the others in `buf`.
+        let mut in_place: Option<Ipv4Addr> = None;
+        let mut last: Option<Ipv4Addr> = None;
         for i in 0..BATCH {
-            let Some(n) = self.ctx.transmit(now, &mut self.buf) else { break };
+            let mut built = None;
+            if let Some(dst) = in_place {
+                match self.transmit_in_place(dst, now) {
+                    InPlace::Sent => {
+                        sent = true;
+                        if i + 1 == BATCH {
+                            self.backlog = true;
+                        }
+                        continue;
+                    }
+                    InPlace::Nothing => break,
+                    InPlace::Elsewhere(n) => built = Some(n),
+                    InPlace::NoRoom => {}
+                }
+            }
+            let n = match built {
+                Some(n) => n,
+                None => {
+                    let Some(n) = self.ctx.transmit(now, &mut self.buf) else { break };
+                    if !self.taps.is_empty() {
+                        self.taps.sent(now, &self.buf[..n]);
+                    }
+                    n
+                }
+            };
             if i + 1 == BATCH {
                 self.backlog = true;
             }
             sent = true;
-            if !self.taps.is_empty() {
-                self.taps.sent(now, &self.buf[..n]);
-            }
             let Ok(h) = Ipv4Header::new_checked(&self.buf[..n]) else {
                 bump(&self.stats.no_peer);
                 continue;
             };
             let dst = h.dst_addr();
+            in_place = (n >= IN_PLACE_MIN && last == Some(dst)).then_some(dst);
+            last = Some(dst);
             if self.publish(dst, false, n, now).is_err() {
                 bump(&self.stats.waits);
                 self.held_buf[..n].copy_from_slice(&self.buf[..n]);
@@ -617,6 +682,61 @@ impl ShmPort {
             self.ctx.sent();
         }
         sent
+    }
+}
+
+/// What [`ShmPort::transmit_in_place`] did.
+enum InPlace {
+    /// A datagram went into the peer's ring.
+    Sent,
+    /// The device had nothing to send (the reserved slot was published void).
+    Nothing,
+    /// The datagram is for another peer: it was copied into `buf` (and shown to the taps),
+    /// `.0` bytes, for the ordinary path.
+    Elsewhere(usize),
+    /// The peer's ring is full or gone: nothing was asked of the device.
+    NoRoom,
+}
+
+impl ShmPort {
+    /// Builds the device's next datagram directly in a slot of `dst`'s ring, saving the copy
+    /// from `buf` into the ring (a sixth of the sending engine's time on a long Write). The
+    /// destination is known only once the datagram is built, so this is a bet that it goes
+    /// where the last long one went, as a long message's next packet does; a lost bet costs
+    /// the copy after all and a void slot (as does finding nothing to send).
+    fn transmit_in_place(&mut self, dst: Ipv4Addr, now: u64) -> InPlace {
+        let Some(peer) = self.peers.get_mut(&dst) else { return InPlace::NoRoom };
+        if !peer.ring.valid() {
+            return InPlace::NoRoom;
+        }
+        let Some(t) = peer.ring.reserve() else { return InPlace::NoRoom };
+        // SAFETY: `t` was just reserved; the slice is last used before the commits below.
+        let slot = unsafe { peer.ring.slot_data(t) };
+        let Some(n) = self.ctx.transmit(now, slot) else {
+            peer.ring.commit(t, 0);
+            return InPlace::Nothing;
+        };
+        let d = &slot[..n];
+        if !self.taps.is_empty() {
+            self.taps.sent(now, d);
+        }
+        if Ipv4Header::new_checked(d).is_ok_and(|h| h.dst_addr() == dst) {
+            if peer.ring.commit(t, n) {
+                peer.stalled = false;
+                bump(&self.stats.tx);
+                bump(&self.stats.in_place);
+                if !self.rung.contains(&dst) {
+                    self.rung.push(dst);
+                }
+            } else {
+                bump(&self.stats.full);
+            }
+            return InPlace::Sent;
+        }
+        self.buf[..n].copy_from_slice(d);
+        peer.ring.commit(t, 0);
+        bump(&self.stats.missed);
+        InPlace::Elsewhere(n)
     }
 }
 
@@ -768,6 +888,8 @@ impl ShmDevice {
             tx_ring_waits: l(&s.waits),
             tx_no_peer: l(&s.no_peer),
             rx_stalled_slots: l(&s.stalled),
+            tx_in_place: l(&s.in_place),
+            tx_in_place_missed: l(&s.missed),
             bells_rung: l(&s.bells),
         }
     }
@@ -826,6 +948,35 @@ mod tests {
             assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), Some(7));
         }
         assert!(!r.push(&vec![0; SLOT_BYTES + 1]), "too long for a slot");
+    }
+
+    /// A slot built in place is published by its commit; a void commit (a reservation that
+    /// found nothing to send) is skipped by the owner, never handed out, whatever follows it.
+    #[test]
+    fn in_place_slots_and_voids() {
+        let (_f, r) = scratch(4);
+        let mut out = vec![0u8; SLOT_BYTES];
+        let mut st = None;
+        let t = r.reserve().unwrap();
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), None, "reserved, not yet published");
+        // SAFETY: `t` is reserved and committed after the slice's last use.
+        unsafe { r.slot_data(t)[..3].copy_from_slice(b"abc") };
+        assert!(r.commit(t, 3));
+        let void = r.reserve().unwrap();
+        assert!(r.commit(void, 0));
+        assert!(r.push(b"xyz!"));
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), Some(3));
+        assert_eq!(&out[..3], b"abc");
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), Some(4), "the void is skipped");
+        assert_eq!(&out[..4], b"xyz!");
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), None);
+        assert!(!r.has_data());
+        // The void's slot is free again: the ring takes four more.
+        for i in 0..4u8 {
+            assert!(r.push(&[i; 9]));
+        }
+        assert!(r.reserve().is_none(), "full");
+        assert!(!r.push(&[]), "an empty datagram is never pushed (it would read as a void)");
     }
 
     /// A producer that took a ticket and never published stalls the owner for STALL_NS only;
