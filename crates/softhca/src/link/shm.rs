@@ -56,6 +56,9 @@ pub const RING_SLOTS: usize = 256;
 /// A producer that took a ticket and has not published its slot after this long is taken for
 /// dead: the owner skips the slot.
 pub const STALL_NS: u64 = 50_000_000;
+/// How often an owner waiting on an unpublished slot asks whether a producer holds its ticket
+/// (see `Ring::pop`).
+const STALL_LOOK_NS: u64 = 1_000_000;
 /// Datagrams taken from the ring per turn, and sent per flush.
 const BATCH: usize = 64;
 /// Datagrams at least this long, two in a row to one peer, are followed by one built in
@@ -241,15 +244,9 @@ impl Ring {
 
     /// The owner's side: copies the next datagram into `out` and returns its length; `None`
     /// when the next slot is not published. A slot left unpublished for [`STALL_NS`] while
-    /// later tickets were taken is skipped (`stalled_since` keeps when it was first seen) and
-    /// counted in `skipped`.
-    fn pop(
-        &self,
-        out: &mut [u8],
-        now: u64,
-        stalled_since: &mut Option<(u64, u64)>,
-        skipped: &mut u64,
-    ) -> Option<usize> {
+    /// later tickets were taken is skipped (`watch` keeps when it was first seen) and counted
+    /// in `skipped`.
+    fn pop(&self, out: &mut [u8], now: u64, watch: &mut StallWatch, skipped: &mut u64) -> Option<usize> {
         let h = self.header();
         for _ in 0..4 {
             let t = h.head.0.load(Ordering::Relaxed);
@@ -265,36 +262,45 @@ impl Ring {
                 };
                 self.seq(t).store(t + self.slots as u64, Ordering::Release);
                 h.head.0.store(t + 1, Ordering::Relaxed);
-                *stalled_since = None;
+                watch.since = None;
                 if n == 0 {
                     continue; // a void (see `commit`)
                 }
                 return Some(n);
             }
-            if seq == t && h.tail.0.load(Ordering::Acquire) > t {
-                // Taken and not published: a producer at work, or one that died.
-                match *stalled_since {
-                    Some((ticket, since)) if ticket == t => {
-                        if now.saturating_sub(since) < STALL_NS {
-                            return None;
-                        }
-                        let _ =
-                            self.seq(t).compare_exchange(t, t + self.slots as u64, Ordering::AcqRel, Ordering::Relaxed);
-                        // Either we skipped it or it was published meanwhile: look again.
-                        if self.seq(t).load(Ordering::Acquire) == t + self.slots as u64 {
-                            h.head.0.store(t + 1, Ordering::Relaxed);
-                            *stalled_since = None;
-                            *skipped += 1;
-                        }
-                        continue;
-                    }
-                    _ => {
-                        *stalled_since = Some((t, now));
+            if seq != t {
+                return None;
+            }
+            // Empty, or taken and not published: a producer at work, or one that died.
+            match watch.since {
+                Some((ticket, since)) if ticket == t => {
+                    if now.saturating_sub(since) < STALL_NS {
                         return None;
                     }
+                    let _ = self.seq(t).compare_exchange(t, t + self.slots as u64, Ordering::AcqRel, Ordering::Relaxed);
+                    // Either we skipped it or it was published meanwhile: look again.
+                    if self.seq(t).load(Ordering::Acquire) == t + self.slots as u64 {
+                        h.head.0.store(t + 1, Ordering::Relaxed);
+                        watch.since = None;
+                        *skipped += 1;
+                    }
+                    continue;
+                }
+                _ => {
+                    // Only producers write the tail: reading it on every poll of an empty ring
+                    // took its cache line from them, a miss in every publication (a tenth of
+                    // a busy-polled ping-pong). Whether the ticket was taken is asked at most
+                    // once per `STALL_LOOK_NS`.
+                    if now < watch.next_look {
+                        return None;
+                    }
+                    watch.next_look = now.saturating_add(STALL_LOOK_NS);
+                    if h.tail.0.load(Ordering::Acquire) > t {
+                        watch.since = Some((t, now));
+                    }
+                    return None;
                 }
             }
-            return None;
         }
         None
     }
@@ -303,6 +309,14 @@ impl Ring {
         let t = self.header().head.0.load(Ordering::Relaxed);
         self.seq(t).load(Ordering::Acquire) == t + 1
     }
+}
+
+/// The owner's watch for a producer that stalled: the ticket seen taken but unpublished and
+/// since when, and when to look again.
+#[derive(Debug, Default)]
+struct StallWatch {
+    since: Option<(u64, u64)>,
+    next_look: u64,
 }
 
 impl Drop for Ring {
@@ -497,7 +511,7 @@ struct ShmPort {
     peers: HashMap<Ipv4Addr, Peer>,
     /// Peers that could not be opened, and when.
     missing: HashMap<Ipv4Addr, u64>,
-    stalled_since: Option<(u64, u64)>,
+    stall: StallWatch,
     taps: Taps,
     stats: Arc<Stats>,
     epoch: Instant,
@@ -521,7 +535,7 @@ impl ShmPort {
         let mut got = false;
         for _ in 0..BATCH {
             let mut skipped = 0;
-            let popped = self.ring.pop(&mut self.buf, now, &mut self.stalled_since, &mut skipped);
+            let popped = self.ring.pop(&mut self.buf, now, &mut self.stall, &mut skipped);
             if skipped > 0 {
                 let c = &self.stats.stalled;
                 c.store(c.load(Ordering::Relaxed) + skipped, Ordering::Relaxed);
@@ -839,7 +853,7 @@ impl ShmDevice {
             bell,
             peers: HashMap::new(),
             missing: HashMap::new(),
-            stalled_since: None,
+            stall: StallWatch::default(),
             taps: cfg.taps.clone(),
             stats: stats.clone(),
             epoch,
@@ -933,7 +947,7 @@ mod tests {
     fn the_ring_is_a_bounded_fifo() {
         let (_f, r) = scratch(4);
         let mut out = vec![0u8; SLOT_BYTES];
-        let mut st = None;
+        let mut st = StallWatch::default();
         for i in 0..4u8 {
             assert!(r.push(&[i; 100]));
         }
@@ -956,7 +970,7 @@ mod tests {
     fn in_place_slots_and_voids() {
         let (_f, r) = scratch(4);
         let mut out = vec![0u8; SLOT_BYTES];
-        let mut st = None;
+        let mut st = StallWatch::default();
         let t = r.reserve().unwrap();
         assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), None, "reserved, not yet published");
         // SAFETY: `t` is reserved and committed after the slice's last use.
@@ -985,7 +999,7 @@ mod tests {
     fn a_dead_producer_is_skipped() {
         let (_f, r) = scratch(4);
         let mut out = vec![0u8; SLOT_BYTES];
-        let mut st = None;
+        let mut st = StallWatch::default();
         // A producer takes ticket 0 and dies: the tail moves, the slot stays unpublished.
         r.header().tail.0.store(1, Ordering::SeqCst);
         assert!(r.push(b"after"));
@@ -997,5 +1011,19 @@ mod tests {
         assert_eq!(&out[..5], b"after");
         // The late producer's publication fails: the slot is someone else's now.
         assert!(r.seq(0).compare_exchange(0, 1, Ordering::Release, Ordering::Relaxed).is_err());
+
+        // An owner polling an empty ring asks whether a ticket was taken once per
+        // STALL_LOOK_NS: a producer that dies right after a look is seen at the next one,
+        // and skipped STALL_NS after that.
+        let t0 = 10 * STALL_NS;
+        assert_eq!(r.pop(&mut out, t0, &mut st, &mut skipped), None, "empty: a look");
+        r.header().tail.0.fetch_add(1, Ordering::SeqCst); // ticket 2 taken, never published
+        assert!(r.push(b"later"));
+        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS / 2, &mut st, &mut skipped), None);
+        assert_eq!(st.since, None, "not looked at again yet");
+        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS, &mut st, &mut skipped), None);
+        assert_eq!(st.since, Some((2, t0 + STALL_LOOK_NS)));
+        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS + STALL_NS, &mut st, &mut skipped), Some(5));
+        assert_eq!((skipped, &out[..5]), (2, &b"later"[..]));
     }
 }
