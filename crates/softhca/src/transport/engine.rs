@@ -413,11 +413,13 @@ impl Engine {
     /// queues nothing twice), and a lone busy QP is not moved at all: one lock of the list per
     /// packet.
     fn transmit_qps(&self, list: &Mutex<VecDeque<u32>>, now: u64, buf: &mut [u8]) -> Option<usize> {
-        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        // The list first: an idle device (a busy-polled one asks on every poll) returns
+        // without touching the QP table's lock.
         let (first, listed) = {
             let ready = list.lock().unwrap_or_else(|e| e.into_inner());
             (*ready.front()?, ready.len())
         };
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
         let unlist = |qpn, requeue| unlist(list, qpn, requeue);
         let mut qpn = first;
         for turn in 0..listed {
