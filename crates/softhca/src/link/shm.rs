@@ -24,8 +24,17 @@
 //! find it full at once, so a peer that stops draining never blocks its senders. A producer that dies between
 //! its ticket and its publication would stall the consumer at that slot: after
 //! [`STALL_NS`] the owner skips it (by compare-and-swap, so a late producer cannot publish
-//! over it). Nothing read from the ring is trusted: a datagram is copied out, its length
-//! bounded, and the device verifies it like any other (PKT-VAL-*); a torn one fails its ICRC.
+//! over it). Whether a ticket was taken is asked of the tail at most once per
+//! `STALL_LOOK_NS`: the tail's cache line is the producers'. Nothing read from the ring is
+//! trusted: a datagram is copied out (so that nothing the device checks can change under it),
+//! its length bounded, and the device verifies it like any other (PKT-VAL-*); a torn one
+//! fails its ICRC.
+//!
+//! A sender writes most long datagrams straight into the peer's slot: after two long ones in
+//! a row to one peer it reserves a slot there and lets the device build the next datagram in
+//! it, since a message's packets come in runs. A datagram that turns out to be for another
+//! peer goes there by copy, and the reserved slot is published empty (a void, which the owner
+//! skips), as is one reserved when the device had nothing more to send.
 //!
 //! # Waking a sleeping owner
 //!
