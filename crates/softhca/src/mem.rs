@@ -110,8 +110,8 @@ impl std::fmt::Debug for MemRef {
     }
 }
 
-/// Writes into registered memory of at least this many bytes bypass the cache (see
-/// [`copy_in`]); shorter ones (headers, small Sends, what the application reads at once) go
+/// Writes into registered memory of at least this many bytes bypass the cache (with
+/// non-temporal stores, as an HCA's DMA writes do); shorter ones (headers, small Sends, what the application reads at once) go
 /// through it as usual.
 pub const STREAM_MIN: usize = 1024;
 
