@@ -186,4 +186,6 @@ fn steady_state_rc_traffic_over_shared_memory_does_not_allocate() {
     COUNTING.store(false, Ordering::SeqCst);
     DRIVER.with(|d| d.set(false));
     assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations on the shared-memory hot path");
+    // The counted rounds took the path that builds datagrams in the peer's ring too.
+    assert!(da.counters().tx_in_place > 0, "{:?}", da.counters());
 }
