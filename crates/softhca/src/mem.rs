@@ -118,10 +118,14 @@ pub const STREAM_MIN: usize = 1024;
 /// Copies `src` to `dst`, as an HCA's DMA engine writes host memory: a long run with
 /// non-temporal stores, so that the destination's lines are written without first being
 /// read into the cache (on the two-process Write benchmark, where the landing buffers are
-/// far larger than the cache, those reads were half of the receiving engine's time). A
-/// store fence ends the run: everything the transport publishes after the copy (a
-/// completion, an ACK, an unlocked mutex) is then ordered behind the bytes, as it is for
-/// ordinary stores.
+/// far larger than the cache, those reads were half of the receiving engine's time).
+///
+/// Streaming stores are weakly ordered, among themselves and against ordinary ones. A store
+/// fence follows the streamed run, and the last 16 to 31 bytes are written after it with
+/// ordinary stores: a program that polls the last byte of a buffer for a Write's arrival
+/// (perftest's `ib_write_lat`, eager protocols) sees it only once every byte before it is
+/// there, as with the plain copy; and everything the transport publishes after the copy (a
+/// completion, an ACK, an unlocked mutex) is ordered behind all of it.
 ///
 /// # Safety
 /// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
@@ -130,9 +134,10 @@ unsafe fn copy_in(dst: *mut u8, src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= STREAM_MIN {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        // A head up to the first 16-byte boundary, 16-byte streaming stores, a tail.
+        // A head up to the first 16-byte boundary (ordinary stores), 16-byte streaming
+        // stores that stop at least 16 bytes short of the end, the fence, the rest.
         let head = dst.align_offset(16).min(src.len());
-        let body = (src.len() - head) / 16 * 16;
+        let body = src.len().saturating_sub(head + 16) / 16 * 16;
         // SAFETY (of every call below): all offsets stay below `src.len()`, inside both
         // buffers (the caller's contract); `dst + head` is 16-byte aligned, as
         // `_mm_stream_si128` needs; SSE2 is part of x86_64.
@@ -142,9 +147,9 @@ unsafe fn copy_in(dst: *mut u8, src: &[u8]) {
                 let v = _mm_loadu_si128(src.as_ptr().add(at).cast::<__m128i>());
                 _mm_stream_si128(dst.add(at).cast::<__m128i>(), v);
             }
+            _mm_sfence();
             let done = head + body;
             std::ptr::copy_nonoverlapping(src.as_ptr().add(done), dst.add(done), src.len() - done);
-            _mm_sfence();
         }
         return;
     }
