@@ -221,8 +221,12 @@ impl Ring {
     /// # Safety
     /// `t` must come from [`Ring::reserve`] on this ring and not be committed yet, and the
     /// slice must be dropped before the commit: until then the ring's protocol gives the slot
-    /// to this producer alone (the owner reads it only after the commit publishes it). A
-    /// process that breaks the protocol can only spoil the datagram it is sent.
+    /// to this producer (the owner reads it only after the commit publishes it). Two things
+    /// can write it meanwhile, neither of which touches memory outside the slot: a process
+    /// that breaks the protocol, and, if this producer holds the slot past [`STALL_NS`] and
+    /// the owner skips it, the producer that takes the slot on the ring's next lap. Either
+    /// spoils only the datagram, which then fails its ICRC at the owner (or, for the first,
+    /// whatever that process chose to send).
     #[allow(clippy::mut_from_ref)]
     unsafe fn slot_data(&self, t: u64) -> &mut [u8] {
         // SAFETY: the slot lies inside the mapping, which lives as long as `self`; exclusive
@@ -257,7 +261,8 @@ impl Ring {
     /// in `skipped`.
     fn pop(&self, out: &mut [u8], now: u64, watch: &mut StallWatch, skipped: &mut u64) -> Option<usize> {
         let h = self.header();
-        for _ in 0..4 {
+        // Voids and skipped slots are passed over; at most a ring's worth of them.
+        for _ in 0..=self.slots {
             let t = h.head.0.load(Ordering::Relaxed);
             let seq = self.seq(t).load(Ordering::Acquire);
             if seq == t + 1 {
@@ -642,18 +647,21 @@ impl ShmPort {
             sent = true;
         }
         // After two long datagrams in a row to one peer the next one is built in that peer's
-        // ring (see `transmit_in_place`); the others in `buf`.
-        let mut in_place: Option<Ipv4Addr> = None;
-        let mut last: Option<Ipv4Addr> = None;
+        // ring (see `transmit_in_place`); the others in `buf`. `run`: the peer of the last
+        // datagram and whether it and the one before it (to the same peer) were long.
+        let mut run: Option<(Ipv4Addr, bool)> = None;
+        let mut prev: Option<(Ipv4Addr, bool)> = None;
         for i in 0..BATCH {
             let mut built = None;
-            if let Some(dst) = in_place {
+            if let Some((dst, true)) = run {
                 match self.transmit_in_place(dst, now) {
-                    InPlace::Sent => {
+                    InPlace::Sent(n) => {
                         sent = true;
                         if i + 1 == BATCH {
                             self.backlog = true;
                         }
+                        run = Some((dst, n >= IN_PLACE_MIN));
+                        prev = run;
                         continue;
                     }
                     InPlace::Nothing => break,
@@ -680,8 +688,9 @@ impl ShmPort {
                 continue;
             };
             let dst = h.dst_addr();
-            in_place = (n >= IN_PLACE_MIN && last == Some(dst)).then_some(dst);
-            last = Some(dst);
+            let long = n >= IN_PLACE_MIN;
+            run = Some((dst, long && prev == Some((dst, true))));
+            prev = Some((dst, long));
             if self.publish(dst, false, n, now).is_err() {
                 bump(&self.stats.waits);
                 self.held_buf[..n].copy_from_slice(&self.buf[..n]);
@@ -710,8 +719,8 @@ impl ShmPort {
 
 /// What [`ShmPort::transmit_in_place`] did.
 enum InPlace {
-    /// A datagram went into the peer's ring.
-    Sent,
+    /// A datagram of `.0` bytes went into the peer's ring.
+    Sent(usize),
     /// The device had nothing to send (the reserved slot was published void).
     Nothing,
     /// The datagram is for another peer: it was copied into `buf` (and shown to the taps),
@@ -721,43 +730,71 @@ enum InPlace {
     NoRoom,
 }
 
+/// A slot reserved for a datagram built in place: published void if it is dropped without
+/// [`Reserved::commit`] (the device's transmit unwound), so that the owner is not left
+/// waiting [`STALL_NS`] for it.
+struct Reserved<'a> {
+    ring: &'a Ring,
+    ticket: u64,
+    done: bool,
+}
+
+impl Reserved<'_> {
+    fn commit(mut self, len: usize) -> bool {
+        self.done = true;
+        self.ring.commit(self.ticket, len)
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.ring.commit(self.ticket, 0);
+        }
+    }
+}
+
 impl ShmPort {
     /// Builds the device's next datagram directly in a slot of `dst`'s ring, saving the copy
     /// from `buf` into the ring (a sixth of the sending engine's time on a long Write). The
     /// destination is known only once the datagram is built, so this is a bet that it goes
-    /// where the last long one went, as a long message's next packet does; a lost bet costs
-    /// the copy after all and a void slot (as does finding nothing to send).
+    /// where the last long ones went, as a long message's next packet does; a lost bet costs
+    /// the copy after all and a void slot (as does finding nothing to send). Every commit,
+    /// a void's too, counts for the peer's bell: a datagram another sender published behind
+    /// this slot while it was reserved may be waiting for it.
     fn transmit_in_place(&mut self, dst: Ipv4Addr, now: u64) -> InPlace {
         let Some(peer) = self.peers.get_mut(&dst) else { return InPlace::NoRoom };
         if !peer.ring.valid() {
             return InPlace::NoRoom;
         }
-        let Some(t) = peer.ring.reserve() else { return InPlace::NoRoom };
-        // SAFETY: `t` was just reserved; the slice is last used before the commits below.
-        let slot = unsafe { peer.ring.slot_data(t) };
-        let Some(n) = self.ctx.transmit(now, slot) else {
-            peer.ring.commit(t, 0);
+        let Some(ticket) = peer.ring.reserve() else { return InPlace::NoRoom };
+        if !self.rung.contains(&dst) {
+            self.rung.push(dst);
+        }
+        let slot = Reserved { ring: &peer.ring, ticket, done: false };
+        // SAFETY: `ticket` was just reserved and is committed (by `slot`) only after the
+        // slice's last use below.
+        let data = unsafe { peer.ring.slot_data(ticket) };
+        let Some(n) = self.ctx.transmit(now, data) else {
+            slot.commit(0);
             return InPlace::Nothing;
         };
-        let d = &slot[..n];
+        let d = &data[..n];
         if !self.taps.is_empty() {
             self.taps.sent(now, d);
         }
         if Ipv4Header::new_checked(d).is_ok_and(|h| h.dst_addr() == dst) {
-            if peer.ring.commit(t, n) {
+            if slot.commit(n) {
                 peer.stalled = false;
                 bump(&self.stats.tx);
                 bump(&self.stats.in_place);
-                if !self.rung.contains(&dst) {
-                    self.rung.push(dst);
-                }
             } else {
                 bump(&self.stats.full);
             }
-            return InPlace::Sent;
+            return InPlace::Sent(n);
         }
         self.buf[..n].copy_from_slice(d);
-        peer.ring.commit(t, 0);
+        slot.commit(0);
         bump(&self.stats.missed);
         InPlace::Elsewhere(n)
     }
