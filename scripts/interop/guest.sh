@@ -38,7 +38,7 @@ mkdir -p "$OUT/cases" "$OUT/pcap" /tmp/cap
 # ------------------------------------------------------------------ speed (issue 12, item 4)
 if [ $SPEED = 1 ]; then
   mkdir -p "$OUT/speed"
-  { echo "kernel=$(uname -r)"; dpkg-query -W -f='${Package}=${Version}\n' rdma-core perftest; } >"$OUT/versions.txt" 2>&1
+  { echo "kernel=$(uname -r)"; dpkg-query -W -f='${Package}=${Version}\n' rdma-core perftest 2>/dev/null; } >"$OUT/versions.txt"
   rxe-setup.sh pair 9000 || exit 1
   ip netns add sp
   ip -n sp link set lo up
