@@ -647,21 +647,18 @@ impl ShmPort {
             sent = true;
         }
         // After two long datagrams in a row to one peer the next one is built in that peer's
-        // ring (see `transmit_in_place`); the others in `buf`. `run`: the peer of the last
-        // datagram and whether it and the one before it (to the same peer) were long.
-        let mut run: Option<(Ipv4Addr, bool)> = None;
-        let mut prev: Option<(Ipv4Addr, bool)> = None;
+        // ring (see `transmit_in_place`); the others in `buf`.
+        let mut streak = Streak::default();
         for i in 0..BATCH {
             let mut built = None;
-            if let Some((dst, true)) = run {
+            if let Some(dst) = streak.bet() {
                 match self.transmit_in_place(dst, now) {
                     InPlace::Sent(n) => {
                         sent = true;
                         if i + 1 == BATCH {
                             self.backlog = true;
                         }
-                        run = Some((dst, n >= IN_PLACE_MIN));
-                        prev = run;
+                        streak.sent(dst, n);
                         continue;
                     }
                     InPlace::Nothing => break,
@@ -688,9 +685,7 @@ impl ShmPort {
                 continue;
             };
             let dst = h.dst_addr();
-            let long = n >= IN_PLACE_MIN;
-            run = Some((dst, long && prev == Some((dst, true))));
-            prev = Some((dst, long));
+            streak.sent(dst, n);
             if self.publish(dst, false, n, now).is_err() {
                 bump(&self.stats.waits);
                 self.held_buf[..n].copy_from_slice(&self.buf[..n]);
@@ -714,6 +709,26 @@ impl ShmPort {
             self.ctx.sent();
         }
         sent
+    }
+}
+
+/// The long datagrams a flush sent in a row to one peer: the bet of `transmit_in_place`.
+#[derive(Default)]
+struct Streak(Option<(Ipv4Addr, u32)>);
+
+impl Streak {
+    fn sent(&mut self, dst: Ipv4Addr, len: usize) {
+        let run = match self.0 {
+            _ if len < IN_PLACE_MIN => 0,
+            Some((peer, k)) if peer == dst => k + 1,
+            _ => 1,
+        };
+        self.0 = Some((dst, run));
+    }
+
+    /// The peer the next datagram is bet on: two long ones in a row went there.
+    fn bet(&self) -> Option<Ipv4Addr> {
+        self.0.filter(|&(_, k)| k >= 2).map(|(peer, _)| peer)
     }
 }
 
