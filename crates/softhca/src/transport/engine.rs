@@ -127,7 +127,7 @@ fn unlist(list: &Mutex<VecDeque<u32>>, qpn: u32, requeue: bool) {
 
 /// Asks the CPU to bring the QP whose turn comes next toward the cache while this turn runs:
 /// with thousands of QPs taking turns, a QP's first touch (its lock word) was the largest
-/// single cost of a turn (10,000 QPs on the sim link, seven interleaved pairs: median 1.07x
+/// single cost of a turn (10,000 QPs on the sim link, nine interleaved pairs: median 1.07x
 /// message rate; level with one QP). Only the QP's own allocation is prefetched: anything it
 /// points to would have to be read first.
 fn prefetch_qp(q: &Arc<QpInner>) {
