@@ -162,3 +162,41 @@ fn busy_poll_timers_run_without_a_poller() {
     let w = wait(&a.cq, 1, 20);
     assert_eq!((w[0].wr_id, w[0].status), (5, WcStatus::RetryExcErr), "{w:?}");
 }
+
+/// Rule PKT-ROCE-10, PKT-ACK-3: a ping-pong of 8-byte Sends between busy-polled devices, each
+/// answer posted on seeing the message it answers. An answer and the ACK owed for that message
+/// leave in one GSO message (the ACK the shorter last segment), the peer takes both datagrams
+/// in at once, checks both ICRCs and completes its Send from the ACK.
+#[test]
+fn an_answer_and_its_ack_leave_as_one_gso_message() {
+    let cfg = || UdpConfig::default().busy_poll(true);
+    let (a, b) = (end(cfg()), end(cfg()));
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu1024);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
+    let (ma, mb) = (a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap(), b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap());
+    let rounds = 200u64;
+    for i in 0..rounds {
+        b.qp.post_recv(&[RecvWr::new(i, &[mb.sge(0..8)])]).unwrap();
+        a.qp.post_recv(&[RecvWr::new(i, &[ma.sge(8..16)])]).unwrap();
+        ma.write(0, &i.to_le_bytes()).unwrap();
+        a.qp.post_send(&[SendWr::send(i, &[ma.sge(0..8)]).signaled()]).unwrap();
+        let got = wait(&b.cq, 1, 10);
+        assert_eq!((got[0].status, got[0].opcode), (WcStatus::Success, WcOpcode::Recv), "{got:?}");
+        mb.write(8, &(!i).to_le_bytes()).unwrap();
+        b.qp.post_send(&[SendWr::send(i, &[mb.sge(8..16)]).signaled()]).unwrap();
+        // A's Send completion (B's ACK) and B's answer, in either order.
+        let wa = wait(&a.cq, 2, 10);
+        assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+        assert_eq!(ma.to_vec().unwrap()[8..16], (!i).to_le_bytes());
+        let wb = wait(&b.cq, 1, 10);
+        assert_eq!(wb[0].status, WcStatus::Success, "{wb:?}");
+    }
+    let (ca, cb) = (a.dev.counters(), b.dev.counters());
+    for c in [&ca, &cb] {
+        assert_eq!((c.drop_bad_icrc, c.drop_malformed, c.tx_errors), (0, 0, 0), "{c:?}");
+    }
+    // B sends nothing but 8-byte answers and ACKs (a QP's ACKs coalesce): a GSO message of
+    // B's is an answer with its ACK. Most rounds give one; timing may split a few.
+    assert!(cb.tx_gso_messages >= rounds / 4, "{cb:?}");
+    assert_eq!(cb.tx_gso_segments, 2 * cb.tx_gso_messages, "{cb:?}");
+}

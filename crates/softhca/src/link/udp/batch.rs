@@ -108,6 +108,9 @@ pub(super) struct Io {
     pub(super) stats: Arc<Stats>,
     pub(super) policy: IcrcPolicy,
     pub(super) gso: bool,
+    /// The batch being sent is an answer and its ACKs (see `flush_tx`): one GSO message may
+    /// hold both.
+    pub(super) mix_gso: bool,
     /// Middleware on the datagram path (a pcap capture, faults).
     pub(super) taps: crate::link::Taps,
     pub(super) epoch: Instant,
@@ -212,9 +215,17 @@ impl Io {
             // retires a Send the peer may not even wait for. (Requests and responses are
             // independent streams; each keeps its own order, and the sort is stable.)
             let requests = tx.pending.iter().filter(|p| !p.response).count();
-            if requests > 0 && requests <= REQUESTS_FIRST && requests < tx.pending.len() {
+            let answer = requests > 0 && requests <= REQUESTS_FIRST && requests < tx.pending.len();
+            if answer {
                 tx.pending.sort_by_key(|p| p.response);
             }
+            // Such a small batch (an answer and its ACKs) may leave as one GSO message, the
+            // ACKs being the shorter last segments: the peer gets both at once, where as two
+            // datagrams the second came about 1.5 µs after the first, and the peer (perftest's
+            // `ib_send_lat` waits for its Send's completion before it answers) waited for it.
+            // Not in a flood: there a response inside a request's superpacket would escape the
+            // receiver's response steering (see `Io::responses`).
+            self.mix_gso = answer && tx.pending.len() <= 2 * REQUESTS_FIRST;
             self.send_batch(&mut tx.buf, &tx.pending, &mut tx.send);
             // Now UC/UD sends of the batch complete: their datagrams are the kernel's.
             self.ctx.sent();
@@ -675,8 +686,7 @@ impl Io {
         msgs.clear();
         segs.extend(run.iter().map(|p| p.slot * MAX_DATAGRAM + p.start..p.slot * MAX_DATAGRAM + p.end));
         // Group into messages: equal-size runs to one destination (the last may be shorter), a
-        // run of requests or of responses (never both in one GSO message, so that a request
-        // reaches the peer as a datagram of its own).
+        // run of requests or of responses (both only in a small batch, see `flush_tx`).
         let mut k = 0;
         while k < run.len() {
             let size = segs[k].len();
@@ -686,7 +696,7 @@ impl Io {
                 while k + n < run.len()
                     && n < GSO_MAX_SEGS
                     && run[k + n].dst == run[k].dst
-                    && run[k + n].response == run[k].response
+                    && (self.mix_gso || run[k + n].response == run[k].response)
                     && segs[k + n - 1].len() == size
                     && segs[k + n].len() <= size
                     && bytes + segs[k + n].len() <= GSO_MAX_BYTES
