@@ -353,7 +353,6 @@ impl UdpDevice {
             stats: stats.clone(),
             policy: cfg.icrc_policy,
             gso,
-            mix_gso: false,
             taps,
             epoch,
             hints: hints::IdHints::default(),

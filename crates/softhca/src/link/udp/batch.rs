@@ -108,9 +108,6 @@ pub(super) struct Io {
     pub(super) stats: Arc<Stats>,
     pub(super) policy: IcrcPolicy,
     pub(super) gso: bool,
-    /// The batch being sent is an answer and its ACKs (see `flush_tx`): one GSO message may
-    /// hold both.
-    pub(super) mix_gso: bool,
     /// Middleware on the datagram path (a pcap capture, faults).
     pub(super) taps: crate::link::Taps,
     pub(super) epoch: Instant,
@@ -225,8 +222,8 @@ impl Io {
             // `ib_send_lat` waits for its Send's completion before it answers) waited for it.
             // Not in a flood: there a response inside a request's superpacket would escape the
             // receiver's response steering (see `Io::responses`).
-            self.mix_gso = answer && tx.pending.len() <= 2 * REQUESTS_FIRST;
-            self.send_batch(&mut tx.buf, &tx.pending, &mut tx.send);
+            let mix = answer && tx.pending.len() <= 2 * REQUESTS_FIRST;
+            self.send_batch(&mut tx.buf, &tx.pending, mix, &mut tx.send);
             // Now UC/UD sends of the batch complete: their datagrams are the kernel's.
             self.ctx.sent();
             if emitted < BATCH {
@@ -623,8 +620,9 @@ impl Io {
     /// (flows are independent streams; each keeps its order), equal-size runs to one
     /// destination as GSO messages. A datagram of a flow without a socket of its own leaves
     /// from 4791, its ICRC re-sealed for that source port; so does every datagram from the
-    /// alternate address, through that address's socket.
-    pub(super) fn send_batch(&mut self, tx: &mut [u8], pending: &[Pending], sc: &mut SendScratch) {
+    /// alternate address, through that address's socket. With `mix`, a GSO message may hold
+    /// requests and responses together (an answer and its ACKs, see `flush_tx`).
+    pub(super) fn send_batch(&mut self, tx: &mut [u8], pending: &[Pending], mix: bool, sc: &mut SendScratch) {
         let shared = self.sock.as_raw_fd();
         let mut via = std::mem::take(&mut sc.via);
         via.clear();
@@ -662,7 +660,7 @@ impl Io {
             run.clear();
             run.extend(order[i..j].iter().map(|&(_, k)| pending[k]));
             let conn = via[first].1;
-            let after = self.send_run(fd, conn, tx, &run, sc);
+            let after = self.send_run(fd, conn, tx, &run, mix, sc);
             if conn.is_some() {
                 self.set_conn(pending[first].port, after);
             }
@@ -679,6 +677,7 @@ impl Io {
         mut conn: Option<Conn>,
         tx: &mut [u8],
         run: &[Pending],
+        mix: bool,
         sc: &mut SendScratch,
     ) -> Option<Conn> {
         let SendScratch { segs, msgs, sys: scratch, .. } = sc;
@@ -686,7 +685,7 @@ impl Io {
         msgs.clear();
         segs.extend(run.iter().map(|p| p.slot * MAX_DATAGRAM + p.start..p.slot * MAX_DATAGRAM + p.end));
         // Group into messages: equal-size runs to one destination (the last may be shorter), a
-        // run of requests or of responses (both only in a small batch, see `flush_tx`).
+        // run of requests or of responses (both only with `mix`).
         let mut k = 0;
         while k < run.len() {
             let size = segs[k].len();
@@ -696,7 +695,7 @@ impl Io {
                 while k + n < run.len()
                     && n < GSO_MAX_SEGS
                     && run[k + n].dst == run[k].dst
-                    && (self.mix_gso || run[k + n].response == run[k].response)
+                    && (mix || run[k + n].response == run[k].response)
                     && segs[k + n - 1].len() == size
                     && segs[k + n].len() <= size
                     && bytes + segs[k + n].len() <= GSO_MAX_BYTES
