@@ -143,13 +143,17 @@ fn busy_poll_progresses_without_a_poller() {
 /// and the retries are spent on the engine thread, so the Send fails with a retry error.
 #[test]
 fn busy_poll_timers_run_without_a_poller() {
+    // Port 4791 of a loopback address held by a plain socket that never reads: datagrams
+    // sent there vanish and nothing comes back, and no device of a test running beside this
+    // one can take the address (the datagrams go to port 4791 of the GID's address, so a hole
+    // on another port of an address a device holds would be that device).
+    let (hole, ip) = (2..=254u8)
+        .rev()
+        .map(|x| std::net::Ipv4Addr::new(127, 0, 0, x))
+        .find_map(|ip| std::net::UdpSocket::bind((ip, 4791)).ok().map(|s| (s, ip)))
+        .expect("a free 127.0.0.x:4791");
     let a = end(UdpConfig::default().busy_poll(true));
-    // A bound address with no device behind it: datagrams vanish, nothing comes back.
-    let hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let gid = match hole.local_addr().unwrap().ip() {
-        std::net::IpAddr::V4(v4) => Gid::from_ipv4(v4),
-        std::net::IpAddr::V6(v6) => Gid::from_ipv6(v6),
-    };
+    let gid = Gid::from_ipv4(ip);
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu1024);
     a.qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
@@ -158,9 +162,19 @@ fn busy_poll_timers_run_without_a_poller() {
     a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(8).retry_cnt(2).rnr_retry(0).max_rd_atomic(1)).unwrap();
     let buf = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     a.qp.post_send(&[SendWr::send(5, &[buf.sge(0..64)]).signaled()]).unwrap();
-    wait_without_polling(20, "the retries to run out", || a.dev.context().counters().timeouts >= 3);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while a.dev.context().counters().timeouts < 3 {
+        if std::time::Instant::now() > deadline {
+            // Only now may the CQ be polled: what completed, and how.
+            let mut w = [Wc::default(); 4];
+            let n = a.cq.poll(&mut w).unwrap();
+            panic!("no 3 timeouts in 20 s: {:?}; {:?}; {:?}", &w[..n], a.dev.context().counters(), a.dev.counters());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let w = wait(&a.cq, 1, 20);
     assert_eq!((w[0].wr_id, w[0].status), (5, WcStatus::RetryExcErr), "{w:?}");
+    drop(hole);
 }
 
 /// Rule PKT-ROCE-10, PKT-ACK-3: a ping-pong of 8-byte Sends between busy-polled devices, each
