@@ -136,13 +136,29 @@ pub(super) struct TxBufs {
 #[derive(Default)]
 pub(super) struct SendScratch {
     /// Each pending datagram's socket and its flow's association, the batch's order grouped
-    /// by socket, and one socket's run (see `send_batch`).
+    /// by socket (sort keys and indices), and one socket's run (see `send_batch`).
     pub(super) via: Vec<(RawFd, Option<Conn>)>,
-    pub(super) order: Vec<(RawFd, usize)>,
+    pub(super) order: Vec<(usize, usize)>,
     pub(super) run: Vec<Pending>,
     pub(super) segs: Vec<std::ops::Range<usize>>,
     pub(super) msgs: Vec<sys::TxMsg>,
     pub(super) sys: sys::TxScratch,
+}
+
+/// Within each flow (destination and source port: one QP's), its requests before its
+/// responses, each in batch order; the flows in the order they first appear. Uses the
+/// scratch's `order` and `run`: no allocation.
+fn requests_first(pending: &mut Vec<Pending>, sc: &mut SendScratch) {
+    let flow = |p: &Pending| (p.dst, p.port);
+    sc.order.clear();
+    sc.order.extend(pending.iter().enumerate().map(|(k, p)| {
+        let first = pending.iter().position(|q| flow(q) == flow(p)).unwrap_or(k);
+        (2 * first + usize::from(p.response), k)
+    }));
+    sc.order.sort_unstable();
+    sc.run.clear();
+    sc.run.extend(sc.order.iter().map(|&(_, k)| pending[k]));
+    std::mem::swap(pending, &mut sc.run);
 }
 
 /// Counts a Raw QP's packet handed to the kernel, or refused by it.
@@ -206,15 +222,19 @@ impl Io {
                 break;
             }
             any = true;
-            // A few requests go before the responses of the same batch (in the same
-            // `sendmmsg`, as datagrams of their own): when an application answers a message,
-            // the peer waits for the answer, while the ACK that the transport queued first only
-            // retires a Send the peer may not even wait for. (Requests and responses are
-            // independent streams; each keeps its own order, and the sort is stable.)
+            // A few requests go before the responses of their flow in the same batch (in the
+            // same `sendmmsg`, as datagrams of their own): when an application answers a
+            // message, the peer waits for the answer, while the ACK that the transport queued
+            // first only retires a Send the peer may not even wait for. (A flow's requests and
+            // responses are independent streams; each keeps its own order, and the sort is
+            // stable.) Flows keep the order they came in: a request of another QP does not
+            // overtake an ACK; the client's DREQ (QP1) passing its ACK of the server's last
+            // Send made the server flush that Send (IBV_WC_WR_FLUSH_ERR) in rdma-core's
+            // `rdma_server`/pyverbs CMID tests.
             let requests = tx.pending.iter().filter(|p| !p.response).count();
             let answer = requests > 0 && requests <= REQUESTS_FIRST && requests < tx.pending.len();
             if answer {
-                tx.pending.sort_by_key(|p| p.response);
+                requests_first(&mut tx.pending, &mut tx.send);
             }
             // Such a small batch (an answer and its ACKs) may leave as one GSO message, the
             // ACKs being the shorter last segments: the peer gets both at once, where as two
@@ -644,17 +664,20 @@ impl Io {
                 }
             });
         }
-        // Grouped by socket, batch order within (the index breaks ties): no allocation.
+        // Grouped by socket, the sockets in the order they first appear in the batch (an ACK
+        // from a flow socket stays ahead of a later request from 4791), batch order within:
+        // no allocation. Each entry is (the socket's first datagram, the datagram).
         let mut order = std::mem::take(&mut sc.order);
         order.clear();
-        order.extend(via.iter().enumerate().map(|(k, v)| (v.0, k)));
+        order.extend(via.iter().enumerate().map(|(k, v)| (via.iter().position(|w| w.0 == v.0).unwrap_or(k), k)));
         order.sort_unstable();
         let mut run = std::mem::take(&mut sc.run);
         let mut i = 0;
         while i < order.len() {
-            let (fd, first) = order[i];
+            let first = order[i].0;
+            let fd = via[first].0;
             let mut j = i + 1;
-            while j < order.len() && order[j].0 == fd {
+            while j < order.len() && order[j].0 == first {
                 j += 1;
             }
             run.clear();
@@ -907,4 +930,26 @@ pub(super) fn fix_v4_header(h: &mut [u8; 28], payload: usize, id: u16) {
     ip.set_total_len((IPV4_HEADER_LEN + UDP_HEADER_LEN + payload) as u16);
     ip.set_identification(id);
     ip.fill_checksum();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(slot: usize, port: u16, response: bool) -> Pending {
+        let dst = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 9));
+        Pending { slot, start: 0, end: 0, dst, port, response, one_peer: true, alt: false }
+    }
+
+    /// Rule PKT-ACK-13: an answer goes before the ACK its QP owes, but never before what
+    /// another QP queued first (a DREQ on QP1 behind the ACK of the RC QP's last message).
+    #[test]
+    fn requests_go_first_within_their_flow_only() {
+        let mut sc = SendScratch::default();
+        let mut batch =
+            vec![pending(0, 100, true), pending(1, 200, false), pending(2, 100, false), pending(3, 100, true)];
+        requests_first(&mut batch, &mut sc);
+        let slots: Vec<usize> = batch.iter().map(|p| p.slot).collect();
+        assert_eq!(slots, [2, 0, 3, 1]);
+    }
 }
