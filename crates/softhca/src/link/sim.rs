@@ -67,8 +67,11 @@ const MAX_TX_PER_DRAIN: usize = 1024;
 /// Raw IPv6 and Raw Ethertype QPs a device on the fabric may have (each), unless its config
 /// asks for a number.
 const RAW_QPS: u32 = 64;
-/// Buffers kept for reuse after delivery.
-const MAX_POOLED: usize = 1024;
+/// Buffers kept for reuse after delivery. The pool never holds more than was in flight at
+/// once (it fills only from delivered datagrams), so this bounds what a past peak keeps, not
+/// the peak: with 10,000 QPs of four Sends each in flight (40,000 datagrams), a pool of 1,024
+/// left `drain` allocating a buffer for most datagrams (malloc 1.4% of the run's profile).
+const MAX_POOLED: usize = 1 << 16;
 
 /// Timing and faults of one direction of a link. Probabilities are clamped to `0.0..=1.0`
 /// (NaN counts as 0).
