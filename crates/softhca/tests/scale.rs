@@ -93,3 +93,47 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
     assert!(poll_all(&acq).is_empty() && poll_all(&bcq).is_empty());
     assert_eq!(actx.counters().retransmits + bctx.counters().retransmits, 0);
 }
+
+/// The ready list's turns: a QP with several packets to send sends up to eight in a row
+/// before the next ready QP's turn, and every ready QP gets its turns (in the order they
+/// became ready). Seen on the wire as the sequence of destination QPs.
+#[test]
+fn a_transmit_turn_is_a_run_of_a_qps_packets() {
+    let (actx, apd, acq, agid) = device(3);
+    let (bctx, bpd, bcq, bgid) = device(4);
+    let side = |ctx: &Context, pd: &Pd, cq: &Cq, gid: Gid| {
+        let qp = pd.create_qp(&QpInitAttr::rc(cq, cq).max_send_wr(16).max_recv_wr(16)).unwrap();
+        Side { ctx: ctx.clone(), pd: pd.clone(), cq: cq.clone(), qp, gid }
+    };
+    let opts = Opts { max_rd_atomic: 1, max_dest_rd_atomic: 1, ..Opts::default() };
+    let mem = apd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    let sink = bpd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    let mut targets = Vec::new();
+    let mut keep = Vec::new();
+    for _ in 0..3 {
+        let (x, y) = (side(&actx, &apd, &acq, agid), side(&bctx, &bpd, &bcq, bgid));
+        connect(&x, &y, Mtu::Mtu1024, &opts);
+        connect(&y, &x, Mtu::Mtu1024, &opts);
+        for i in 0..10 {
+            y.qp.post_recv(&[RecvWr::new(i, &[sink.sge(0..8)])]).unwrap();
+        }
+        targets.push(y.qp.qp_num());
+        keep.push((x, y));
+    }
+    // Ten one-packet Sends on each QP, posted before anything is sent.
+    for (x, _) in &keep {
+        for i in 0..10 {
+            x.qp.post_send(&[SendWr::send(i, &[mem.sge(0..8)])]).unwrap();
+        }
+    }
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut wire = Vec::new();
+    while let Some(n) = actx.transmit(0, &mut buf) {
+        let p = softhca::wire::roce::parse_ip(&buf[..n]).unwrap();
+        wire.push(targets.iter().position(|&t| t == p.packet.bth.dest_qp).unwrap());
+    }
+    let runs = |q: usize, n: usize| std::iter::repeat_n(q, n);
+    let want: Vec<usize> =
+        runs(0, 8).chain(runs(1, 8)).chain(runs(2, 8)).chain(runs(0, 2)).chain(runs(1, 2)).chain(runs(2, 2)).collect();
+    assert_eq!(wire, want);
+}

@@ -110,17 +110,50 @@ counters! {
     migrations_refused,
 }
 
-/// Takes `qpn` off a ready list, to the back of it with `requeue` (which leaves a lone QP
-/// where it is). It is nearly always at the front.
-fn unlist(list: &Mutex<VecDeque<u32>>, qpn: u32, requeue: bool) {
+/// How many packets in a row a QP sends in its transmit turn before the next QP's turn.
+/// One per turn made every packet of a many-QP load a visit to a QP the cache had lost:
+/// in a turn of several, the QP's state stays hot, its packets reach the responder together
+/// (which then coalesces its ACKs, PKT-ACK-4) and their completions come together. Eight
+/// 4 KiB packets are what one GSO message of a flow holds at most here, so a turn's packets
+/// can leave in one.
+const TURN_PACKETS: u32 = 8;
+
+/// The QPs that may have something to send, in turn order, and how many packets the QP at
+/// the front has sent in its current turn.
+#[derive(Default)]
+struct ReadyList {
+    qpns: VecDeque<u32>,
+    streak: u32,
+}
+
+/// What a QP's transmit turn came to (see [`unlist`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TurnEnd {
+    /// It sent a packet: it keeps the turn for up to [`TURN_PACKETS`] packets, then goes to
+    /// the back of the list.
+    Sent,
+    /// It stays listed without having sent (an RD QP waiting on its EEC): to the back now.
+    Pass,
+    /// Nothing to send, or gone: off the list.
+    Idle,
+}
+
+/// Ends or continues `qpn`'s turn on the ready list (see [`TurnEnd`]); a lone QP stays
+/// where it is. It is nearly always at the front.
+fn unlist(list: &Mutex<ReadyList>, qpn: u32, end: TurnEnd) {
     let mut ready = list.lock().unwrap_or_else(|e| e.into_inner());
-    if requeue && ready.len() <= 1 {
-        return;
+    if end != TurnEnd::Idle {
+        ready.streak += 1;
+        let keeps = end == TurnEnd::Sent && ready.streak < TURN_PACKETS && ready.qpns.front() == Some(&qpn);
+        if ready.qpns.len() <= 1 || keeps {
+            return;
+        }
     }
-    if let Some(at) = ready.iter().position(|&q| q == qpn) {
-        ready.remove(at);
-        if requeue {
-            ready.push_back(qpn);
+    ready.streak = 0;
+    if let Some(at) = ready.qpns.iter().position(|&q| q == qpn) {
+        ready.qpns.remove(at);
+        if end != TurnEnd::Idle {
+            ready.qpns.push_back(qpn);
         }
     }
 }
@@ -250,10 +283,10 @@ pub(crate) struct Engine {
     /// Whether the RD channels go first at the next transmit.
     pub rd_turn: AtomicBool,
     /// The QPs that may have something to send, in turn order (see [`Engine::wake`]).
-    ready: Mutex<VecDeque<u32>>,
+    ready: Mutex<ReadyList>,
     /// The same for the Raw Ethertype QPs, whose packets are Ethernet frames: they leave by
     /// [`Engine::transmit_frame`], not among the datagrams.
-    frames_ready: Mutex<VecDeque<u32>>,
+    frames_ready: Mutex<ReadyList>,
     /// The Raw QPs, which take the inbound raw packets (`receive_raw`).
     raw: RwLock<Vec<(u32, QpType)>>,
     /// How many of them are Raw Ethertype QPs and Raw IPv6 QPs: a link listens for their
@@ -432,40 +465,40 @@ impl Engine {
     /// happens on the EECs. A QP stays on the list while it is tried (so a wake meanwhile
     /// queues nothing twice), and a lone busy QP is not moved at all: one lock of the list per
     /// packet.
-    fn transmit_qps(&self, list: &Mutex<VecDeque<u32>>, now: u64, buf: &mut [u8]) -> Option<usize> {
+    fn transmit_qps(&self, list: &Mutex<ReadyList>, now: u64, buf: &mut [u8]) -> Option<usize> {
         // The list first: an idle device (a busy-polled one asks on every poll) returns
         // without touching the QP table's lock.
         let (first, listed, next) = {
-            let ready = list.lock().unwrap_or_else(|e| e.into_inner());
+            let ready = &list.lock().unwrap_or_else(|e| e.into_inner()).qpns;
             (*ready.front()?, ready.len(), ready.get(1).copied())
         };
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
         if let Some(q) = next.and_then(|n| qps.get(&n)) {
             prefetch_qp(q);
         }
-        let unlist = |qpn, requeue| unlist(list, qpn, requeue);
+        let unlist = |qpn, end| unlist(list, qpn, end);
         let mut qpn = first;
         for turn in 0..listed {
             if turn > 0 {
-                qpn = *list.lock().unwrap_or_else(|e| e.into_inner()).front()?;
+                qpn = *list.lock().unwrap_or_else(|e| e.into_inner()).qpns.front()?;
             }
             let Some(qp) = qps.get(&qpn) else {
-                unlist(qpn, false);
+                unlist(qpn, TurnEnd::Idle);
                 continue;
             };
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
             if qp.destroyed.load(Ordering::Acquire) {
                 drop(core);
-                unlist(qpn, false);
+                unlist(qpn, TurnEnd::Idle);
                 continue;
             }
             let mut sent = emit_one(qp, &mut core, now, buf);
             if sent.is_some() || qp.qp_type == QpType::Rd {
                 if listed > 1 {
-                    unlist(qpn, true);
+                    unlist(qpn, if sent.is_some() { TurnEnd::Sent } else { TurnEnd::Pass });
                 }
             } else {
-                unlist(qpn, false);
+                unlist(qpn, TurnEnd::Idle);
                 // Idle: off the list, then one more look for work whose waker saw the flag
                 // still set. The fence pairs with the waker's SeqCst publish then swap (see
                 // `wake`): one of the two sees the other.
@@ -518,7 +551,7 @@ impl Engine {
     pub fn wake(&self, q: &QpInner) {
         if !q.ready.swap(true, Ordering::SeqCst) {
             let list = if q.qp_type == QpType::RawEthertype { &self.frames_ready } else { &self.ready };
-            list.lock().unwrap_or_else(|e| e.into_inner()).push_back(q.qpn);
+            list.lock().unwrap_or_else(|e| e.into_inner()).qpns.push_back(q.qpn);
         }
     }
 
