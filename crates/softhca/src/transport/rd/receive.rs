@@ -219,7 +219,7 @@ pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u6
     core.rd.next_token += 1;
     core.rd.held.push((eecn, token, wr_id));
     core.rd.freed += 1;
-    Some((token, wr_id, sges))
+    Some((token, wr_id, sges.into_vec()))
 }
 
 impl QpCore {
