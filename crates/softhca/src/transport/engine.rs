@@ -113,9 +113,9 @@ counters! {
 /// How many packets in a row a QP sends in its transmit turn before the next QP's turn.
 /// One per turn made every packet of a many-QP load a visit to a QP the cache had lost:
 /// in a turn of several, the QP's state stays hot, its packets reach the responder together
-/// (which then coalesces its ACKs, PKT-ACK-4) and their completions come together. Eight
-/// 4 KiB packets are what one GSO message of a flow holds at most here, so a turn's packets
-/// can leave in one.
+/// (which then coalesces its ACKs, PKT-ACK-4) and their completions come together, and on
+/// UDP a turn's packets leave as one GSO message. Eight keeps a turn short beside other
+/// QPs': 32 KiB at 4 KiB MTU, some 13 µs at 2.5 GB/s.
 const TURN_PACKETS: u32 = 8;
 
 /// The QPs that may have something to send, in turn order, and how many packets the QP at
