@@ -12,7 +12,10 @@ use softhca::*;
 
 const QPS: usize = 10_000;
 
-fn device(n: u8) -> (Context, Pd, Cq, Gid) {
+/// A device with one PD and one CQ for all its QPs, and its GID.
+type Device = (Context, Pd, Cq, Gid);
+
+fn device(n: u8) -> Device {
     let gid = Gid::from_ipv4([127, 9, 0, n].into());
     let ctx = Context::create(DeviceConfig::default().name(format!("scale{n}")).gid0(gid).seed(n as u64)).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -20,21 +23,28 @@ fn device(n: u8) -> (Context, Pd, Cq, Gid) {
     (ctx, pd, cq, gid)
 }
 
+/// An RC QP on `a` and one on `b`, connected to each other, each with room for `wrs` WRs on
+/// each of its queues.
+fn rc_pair(a: &Device, b: &Device, wrs: u32) -> (Side, Side) {
+    let side = |(ctx, pd, cq, gid): &Device| {
+        let qp = pd.create_qp(&QpInitAttr::rc(cq, cq).max_send_wr(wrs).max_recv_wr(wrs)).unwrap();
+        Side { ctx: ctx.clone(), pd: pd.clone(), cq: cq.clone(), qp, gid: *gid }
+    };
+    let opts = Opts { max_rd_atomic: 1, max_dest_rd_atomic: 1, ..Opts::default() };
+    let (x, y) = (side(a), side(b));
+    connect(&x, &y, Mtu::Mtu1024, &opts);
+    connect(&y, &x, Mtu::Mtu1024, &opts);
+    (x, y)
+}
+
 /// Rule QPS-RTS-1, CRT-QP-4
 #[test]
 fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
-    let (actx, apd, acq, agid) = device(1);
-    let (bctx, bpd, bcq, bgid) = device(2);
-    let side = |ctx: &Context, pd: &Pd, cq: &Cq, gid: Gid| {
-        let qp = pd.create_qp(&QpInitAttr::rc(cq, cq).max_send_wr(2).max_recv_wr(2)).unwrap();
-        Side { ctx: ctx.clone(), pd: pd.clone(), cq: cq.clone(), qp, gid }
-    };
-    let opts = Opts { max_rd_atomic: 1, max_dest_rd_atomic: 1, ..Opts::default() };
+    let (a, b) = (device(1), device(2));
+    let ((actx, apd, acq, _), (bctx, bpd, bcq, _)) = (&a, &b);
     let mut pairs = Vec::with_capacity(QPS);
     for _ in 0..QPS {
-        let (x, y) = (side(&actx, &apd, &acq, agid), side(&bctx, &bpd, &bcq, bgid));
-        connect(&x, &y, Mtu::Mtu1024, &opts);
-        connect(&y, &x, Mtu::Mtu1024, &opts);
+        let (x, y) = rc_pair(&a, &b, 2);
         pairs.push((x.qp, y.qp));
     }
     for side in [0, 1] {
@@ -52,8 +62,8 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
         amem.write(8 * i, &(i as u64).to_le_bytes()).unwrap();
         x.post_send(&[SendWr::send(i as u64, &[sa]).signaled()]).unwrap();
     }
-    exchange(&actx, &bctx);
-    let (sent, got) = (poll_all(&acq), poll_all(&bcq));
+    exchange(actx, bctx);
+    let (sent, got) = (poll_all(acq), poll_all(bcq));
     assert_eq!(sent.len(), QPS);
     assert_eq!(got.len(), QPS);
     assert!(sent.iter().chain(&got).all(|w| w.status == WcStatus::Success));
@@ -69,8 +79,8 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
         let w = SendWr::rdma_write(i as u64, &sg, bmem.addr() + 16 * i as u64 + 8, bmem.rkey());
         x.post_send(&[w.signaled()]).unwrap();
     }
-    exchange(&actx, &bctx);
-    let (a_done, b_done) = (poll_all(&acq), poll_all(&bcq));
+    exchange(actx, bctx);
+    let (a_done, b_done) = (poll_all(acq), poll_all(bcq));
     assert_eq!(a_done.len(), 2 * QPS, "a: the receives and the writes");
     assert_eq!(b_done.len(), QPS, "b: the sends");
     assert!(a_done.iter().chain(&b_done).all(|w| w.status == WcStatus::Success));
@@ -80,7 +90,7 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
     }
     // Timer entries left from disarmed timers fire and find nothing: no retransmission, no
     // completion, and then no timer at all.
-    for ctx in [&actx, &bctx] {
+    for ctx in [actx, bctx] {
         for _ in 0..4 {
             if let Some(t) = ctx.poll_timeout() {
                 ctx.handle_timeout(t);
@@ -90,7 +100,7 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
     }
     let mut buf = vec![0u8; MAX_DATAGRAM];
     assert_eq!((actx.transmit(0, &mut buf), bctx.transmit(0, &mut buf)), (None, None));
-    assert!(poll_all(&acq).is_empty() && poll_all(&bcq).is_empty());
+    assert!(poll_all(acq).is_empty() && poll_all(bcq).is_empty());
     assert_eq!(actx.counters().retransmits + bctx.counters().retransmits, 0);
 }
 
@@ -99,21 +109,13 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
 /// became ready). Seen on the wire as the sequence of destination QPs.
 #[test]
 fn a_transmit_turn_is_a_run_of_a_qps_packets() {
-    let (actx, apd, acq, agid) = device(3);
-    let (bctx, bpd, bcq, bgid) = device(4);
-    let side = |ctx: &Context, pd: &Pd, cq: &Cq, gid: Gid| {
-        let qp = pd.create_qp(&QpInitAttr::rc(cq, cq).max_send_wr(16).max_recv_wr(16)).unwrap();
-        Side { ctx: ctx.clone(), pd: pd.clone(), cq: cq.clone(), qp, gid }
-    };
-    let opts = Opts { max_rd_atomic: 1, max_dest_rd_atomic: 1, ..Opts::default() };
-    let mem = apd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
-    let sink = bpd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    let (a, b) = (device(3), device(4));
+    let mem = a.1.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+    let sink = b.1.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
     let mut targets = Vec::new();
     let mut keep = Vec::new();
     for _ in 0..3 {
-        let (x, y) = (side(&actx, &apd, &acq, agid), side(&bctx, &bpd, &bcq, bgid));
-        connect(&x, &y, Mtu::Mtu1024, &opts);
-        connect(&y, &x, Mtu::Mtu1024, &opts);
+        let (x, y) = rc_pair(&a, &b, 16);
         for i in 0..10 {
             y.qp.post_recv(&[RecvWr::new(i, &[sink.sge(0..8)])]).unwrap();
         }
@@ -128,7 +130,7 @@ fn a_transmit_turn_is_a_run_of_a_qps_packets() {
     }
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut wire = Vec::new();
-    while let Some(n) = actx.transmit(0, &mut buf) {
+    while let Some(n) = a.0.transmit(0, &mut buf) {
         let p = softhca::wire::roce::parse_ip(&buf[..n]).unwrap();
         wire.push(targets.iter().position(|&t| t == p.packet.bth.dest_qp).unwrap());
     }
