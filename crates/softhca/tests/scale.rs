@@ -104,9 +104,10 @@ fn ten_thousand_rc_qp_pairs_each_carry_their_messages() {
     assert_eq!(actx.counters().retransmits + bctx.counters().retransmits, 0);
 }
 
-/// The ready list's turns: a QP with several packets to send sends up to eight in a row
+/// Rule ORD-SQ-1, ORD-SQ-4: the ready list's turns. A QP with several messages to send sends
+/// up to eight packets in a row, its messages in post order without waiting for their ACKs,
 /// before the next ready QP's turn, and every ready QP gets its turns (in the order they
-/// became ready). Seen on the wire as the sequence of destination QPs.
+/// became ready). Seen on the wire as the sequence of destination QPs and each QP's PSNs.
 #[test]
 fn a_transmit_turn_is_a_run_of_a_qps_packets() {
     let (a, b) = (device(3), device(4));
@@ -129,10 +130,16 @@ fn a_transmit_turn_is_a_run_of_a_qps_packets() {
         }
     }
     let mut buf = vec![0u8; MAX_DATAGRAM];
-    let mut wire = Vec::new();
+    let (mut wire, mut psns) = (Vec::new(), vec![Vec::new(); 3]);
     while let Some(n) = a.0.transmit(0, &mut buf) {
         let p = softhca::wire::roce::parse_ip(&buf[..n]).unwrap();
-        wire.push(targets.iter().position(|&t| t == p.packet.bth.dest_qp).unwrap());
+        let q = targets.iter().position(|&t| t == p.packet.bth.dest_qp).unwrap();
+        wire.push(q);
+        psns[q].push(p.packet.bth.psn.value());
+    }
+    for (q, got) in psns.iter().enumerate() {
+        let first = got[0];
+        assert_eq!(*got, (first..first + 10).collect::<Vec<u32>>(), "QP {q}'s Sends, in post order");
     }
     let runs = |q: usize, n: usize| std::iter::repeat_n(q, n);
     let want: Vec<usize> =
