@@ -92,11 +92,14 @@ fn rc_round_trip_raw_rx() {
     round_trip(|| UdpConfig::default().rx_mode(RxMode::Raw), Mtu::Mtu4096);
 }
 
-/// Waits (sleeping, never polling a CQ) until `cond` holds; panics after `secs` seconds.
-fn wait_without_polling(secs: u64, what: &str, cond: impl Fn() -> bool) {
+/// Waits (sleeping, never polling a CQ) until `cond` holds; panics after `secs` seconds with
+/// `what`, which is made only then (it may poll, to say what did happen).
+fn wait_without_polling(secs: u64, what: impl FnOnce() -> String, cond: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        if std::time::Instant::now() >= deadline {
+            panic!("timed out waiting for {}", what());
+        }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
@@ -127,12 +130,16 @@ fn busy_poll_progresses_without_a_poller() {
         src.write(0, &[first; 64]).unwrap();
         a.qp.post_send(&[SendWr::rdma_write(u64::from(round), &[src.sge(0..n)], dst.addr(), dst.rkey()).signaled()])
             .unwrap();
-        wait_without_polling(20, "the write to land", || {
-            let v = dst.to_vec().unwrap();
-            v[0] == first && v[n - 1] == src.to_vec().unwrap()[n - 1]
-        });
+        wait_without_polling(
+            20,
+            || "the write to land".into(),
+            || {
+                let v = dst.to_vec().unwrap();
+                v[0] == first && v[n - 1] == src.to_vec().unwrap()[n - 1]
+            },
+        );
         // The requester hears ACKs without being polled.
-        wait_without_polling(20, "an ACK", || (a.dev.context().counters() - before).rx_packets >= 1);
+        wait_without_polling(20, || "an ACK".into(), || (a.dev.context().counters() - before).rx_packets >= 1);
         let w = wait(&a.cq, 1, 20);
         assert_eq!((w[0].status, w[0].wr_id), (WcStatus::Success, u64::from(round)), "{w:?}");
         assert_eq!(dst.to_vec().unwrap(), src.to_vec().unwrap());
@@ -162,16 +169,13 @@ fn busy_poll_timers_run_without_a_poller() {
     a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(8).retry_cnt(2).rnr_retry(0).max_rd_atomic(1)).unwrap();
     let buf = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     a.qp.post_send(&[SendWr::send(5, &[buf.sge(0..64)]).signaled()]).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while a.dev.context().counters().timeouts < 3 {
-        if std::time::Instant::now() > deadline {
-            // Only now may the CQ be polled: what completed, and how.
-            let mut w = [Wc::default(); 4];
-            let n = a.cq.poll(&mut w).unwrap();
-            panic!("no 3 timeouts in 20 s: {:?}; {:?}; {:?}", &w[..n], a.dev.context().counters(), a.dev.counters());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    let what = || {
+        // Only now may the CQ be polled: what completed, and how.
+        let mut w = [Wc::default(); 4];
+        let n = a.cq.poll(&mut w).unwrap();
+        format!("3 timeouts: {:?}; {:?}; {:?}", &w[..n], a.dev.context().counters(), a.dev.counters())
+    };
+    wait_without_polling(20, what, || a.dev.context().counters().timeouts >= 3);
     let w = wait(&a.cq, 1, 20);
     assert_eq!((w[0].wr_id, w[0].status), (5, WcStatus::RetryExcErr), "{w:?}");
     drop(hole);

@@ -201,7 +201,7 @@ pub(super) fn receive(
 
 /// Binds the QP's next receive WQE to the channel: the RQ head (or an SRQ WQE) is copied
 /// into the channel and the RQ head advances at once (ORD-RD-1).
-pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u64, Vec<crate::types::Sge>)> {
+pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u64, crate::transport::wqe::SgeList)> {
     let (wr_id, sges) = match &q.srq {
         None => {
             let w = core.take_rq_head()?;
@@ -219,7 +219,7 @@ pub(super) fn bind(q: &QpInner, core: &mut QpCore, eecn: u32) -> Option<(u64, u6
     core.rd.next_token += 1;
     core.rd.held.push((eecn, token, wr_id));
     core.rd.freed += 1;
-    Some((token, wr_id, sges.into_vec()))
+    Some((token, wr_id, sges))
 }
 
 impl QpCore {
