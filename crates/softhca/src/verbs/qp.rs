@@ -1193,15 +1193,30 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
     }
     slot.length = wr_length(wr);
     slot.imm_data = wr.imm_data;
-    slot.invalidate_rkey = wr.invalidate_rkey;
     slot.remote_addr = wr.remote_addr;
     slot.rkey = wr.rkey;
+    // The rarer fields, only when this WR or the slot's last one has them (see `SendWqe`).
+    let rare = wr.compare_add != 0
+        || wr.swap != 0
+        || wr.ah.is_some()
+        || wr.remote_qpn != 0
+        || wr.remote_qkey != 0
+        || wr.eecn != 0
+        || wr.invalidate_rkey != 0
+        || wr.bind.is_some()
+        || wr.fast_reg.is_some()
+        || wr.raw.is_some();
+    if !(rare || slot.rare) {
+        return;
+    }
+    slot.rare = rare;
     slot.compare_add = wr.compare_add;
     slot.swap = wr.swap;
     slot.ah = wr.ah.map(|a| a.attr());
     slot.remote_qpn = wr.remote_qpn;
     slot.remote_qkey = wr.remote_qkey;
     slot.eecn = wr.eecn;
+    slot.invalidate_rkey = wr.invalidate_rkey;
     slot.raw_ethertype = wr.raw.and_then(|r| r.ethertype);
     slot.fast_reg = wr.fast_reg.map(|f| crate::transport::wqe::FastRegRequest {
         key: f.mr.lkey(),
@@ -1289,5 +1304,25 @@ mod tests {
             assert_eq!(cq.poll_one().unwrap(), None);
             assert_eq!(qp.outstanding().unwrap(), (0, 0));
         }
+    }
+
+    /// A reused SQ slot carries only what its new WR gives: the operands an Atomic or a Send
+    /// with Invalidate left in it are cleared by the next WR without them (which a post
+    /// writes only then, see `SendWqe`), and a slot whose last WRs had none is left alone.
+    /// Rule WR-ATOM-2, WR-SEND-3
+    #[test]
+    fn a_reused_send_slot_carries_only_its_own_wr() {
+        let (qp, _cq) = rts_qp(3);
+        let sge = [crate::types::Sge { addr: 0x1000, length: 8, lkey: 1 }];
+        let mut slot = SendWqe::default();
+        fill_send_wqe(&qp.inner, &mut slot, &SendWr::atomic_cmp_swp(1, &sge, 0x2000, 5, 7, 9));
+        assert_eq!((slot.compare_add, slot.swap, slot.rare), (7, 9, true));
+        fill_send_wqe(&qp.inner, &mut slot, &SendWr::send_with_inv(2, &sge, 0x77));
+        assert_eq!((slot.compare_add, slot.swap, slot.invalidate_rkey, slot.rare), (0, 0, 0x77, true));
+        fill_send_wqe(&qp.inner, &mut slot, &SendWr::send(3, &sge));
+        assert_eq!((slot.compare_add, slot.swap, slot.invalidate_rkey, slot.rare), (0, 0, 0, false));
+        assert!(slot.ah.is_none() && slot.bind.is_none() && slot.fast_reg.is_none());
+        fill_send_wqe(&qp.inner, &mut slot, &SendWr::atomic_fetch_add(4, &sge, 0x2000, 5, 3));
+        assert_eq!((slot.wr_id, slot.opcode, slot.compare_add, slot.swap), (4, WrOpcode::AtomicFetchAdd, 3, 0));
     }
 }

@@ -170,7 +170,7 @@ pub(super) fn finish(q: &QpInner, core: &mut QpCore, ec: &mut EecCore, status: W
 pub(super) fn start_resync(e: &mut EecEngine, old: &RdTx) {
     let first_psn = e.chan.send.psn;
     e.chan.send.psn = Psn::new(first_psn).next().value();
-    let wqe = SendWqe { opcode: WrOpcode::Resync, remote_qpn: old.wqe.remote_qpn, ..Default::default() };
+    let wqe = SendWqe { opcode: WrOpcode::Resync, remote_qpn: old.wqe.remote_qpn, rare: true, ..Default::default() };
     e.tx = Some(RdTx {
         owner: None,
         wqe,
