@@ -47,31 +47,32 @@ pub struct AltPath {
 
 /// A QP's current attributes, as Query QP returns them (QPS-GEN-2).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(C)]
 pub struct QpAttrs {
     pub qp_state: QpState,
     /// Inbound enables: REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC.
     pub qp_access_flags: Access,
     pub pkey_index: u16,
     pub qkey: u32,
+    pub dest_qp_num: u32,
     pub port_num: u8,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
     pub max_dest_rd_atomic: u8,
     pub max_rd_atomic: u8,
-    pub av: Option<AddressVector>,
-    pub dest_qp_num: u32,
     pub min_rnr_timer: u8,
     pub timeout: u8,
     pub retry_cnt: u8,
     pub rnr_retry: u8,
     pub path_mig_state: MigState,
-    /// The alternate path loaded (ALT_PATH), until the QP migrates to it.
-    pub alt: Option<AltPath>,
     /// Path Migration Request Error was raised for the alternate path loaded now.
     pub alt_refused: bool,
     /// In SQD with messages still in progress.
     pub sq_draining: bool,
     pub en_sqd_async_notify: bool,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub av: Option<AddressVector>,
+    /// The alternate path loaded (ALT_PATH), until the QP migrates to it.
+    pub alt: Option<AltPath>,
     pub cap: QpCap,
 }
 
@@ -119,27 +120,28 @@ impl QpAttrs {
     }
 }
 
+#[repr(C)]
 pub(crate) struct QpCore {
-    pub attrs: QpAttrs,
     /// The engine's ends of the rings `QpInner::sq_ring` and `QpInner::rq_ring`.
     pub sq: Consumer<SendWqe>,
     pub rq: Consumer<RecvWqe>,
-    /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
-    /// reused so that taking SRQ WQEs does not allocate.
-    pub srq_wqe: RecvWqe,
     pub srq_bound: bool,
-    /// The IP header toward the connected peer, with the GID generation and address it was
-    /// built for: every packet of an RC or UC QP needs it, and the GID table's lock is not free.
-    pub route: Option<(u64, AhAttr, crate::wire::IpRepr)>,
+    /// The SQ Drained event was requested at RTS→SQD and not yet raised (EVT-SQD-5).
+    pub sqd_event_pending: bool,
+    /// The SQ Logic; its `started` count is the in-progress messages SQD drains.
+    pub req: ReqState,
     /// The QP's end of its channel: the PSNs, retries, timers and responses RC shares with RD
     /// (UC and UD use its sequence numbers).
     pub chan: Channel<()>,
-    /// The SQ Logic; its `started` count is the in-progress messages SQD drains.
-    pub req: ReqState,
     /// The RQ Logic.
     pub resp: RespState,
-    /// The SQ Drained event was requested at RTS→SQD and not yet raised (EVT-SQD-5).
-    pub sqd_event_pending: bool,
+    pub attrs: QpAttrs,
+    /// The IP header toward the connected peer, with the GID generation and address it was
+    /// built for: every packet of an RC or UC QP needs it, and the GID table's lock is not free.
+    pub route: Option<(u64, AhAttr, crate::wire::IpRepr)>,
+    /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
+    /// reused so that taking SRQ WQEs does not allocate.
+    pub srq_wqe: RecvWqe,
     /// RD: the message an EEC carries for this QP and the receive WQEs channels hold.
     pub rd: RdQp,
 }
@@ -170,31 +172,18 @@ impl QpCore {
     }
 }
 
+#[repr(C)]
 pub(crate) struct QpInner {
     pub qpn: u32,
-    pub qp_type: QpType,
-    /// The device above, through the transport's narrow interface.
-    pub dev: Arc<dyn Hca>,
     /// The handle of the QP's PD, which every key it uses must belong to.
     pub pd: u32,
-    pub send_cq: Arc<dyn CompletionQueue>,
-    pub recv_cq: Arc<dyn CompletionQueue>,
-    pub sq_sig_all: bool,
-    pub srq: Option<Arc<dyn SharedReceiveQueue>>,
-    /// RD: the handle of the QP's Reliable Datagram Domain.
-    pub rdd: Option<u32>,
-    /// RD: bumped whenever the QP drops the message an EEC carries for it (flush, Reset,
-    /// Destroy), so that the EEC, which must not take the QP's lock, sees it is orphaned.
-    pub rd_epoch: std::sync::atomic::AtomicU64,
-    pub stats: Stats,
     /// Fixed at creation (Modify QP resizes only the queues), so posters check WRs against
     /// them without `core`.
     pub max_send_sge: u32,
     pub max_recv_sge: u32,
     pub max_inline_data: u32,
-    /// The posting ends of the SQ and the RQ.
-    pub sq_ring: Arc<Ring<SendWqe>>,
-    pub rq_ring: Arc<Ring<RecvWqe>>,
+    pub qp_type: QpType,
+    pub sq_sig_all: bool,
     /// `core.attrs.qp_state` as a `QpState` discriminant, for posters; stored only with `core`
     /// held, right after the state changes.
     pub(crate) state: AtomicU8,
@@ -202,7 +191,21 @@ pub(crate) struct QpInner {
     pub destroyed: AtomicBool,
     /// On the engine's ready list (`engine::Engine::wake`).
     pub ready: AtomicBool,
+    /// The device above, through the transport's narrow interface.
+    pub dev: Arc<dyn Hca>,
     pub core: Mutex<QpCore>,
+    /// The posting ends of the SQ and the RQ.
+    pub sq_ring: Arc<Ring<SendWqe>>,
+    pub rq_ring: Arc<Ring<RecvWqe>>,
+    pub send_cq: Arc<dyn CompletionQueue>,
+    pub recv_cq: Arc<dyn CompletionQueue>,
+    pub stats: Stats,
+    pub srq: Option<Arc<dyn SharedReceiveQueue>>,
+    /// RD: the handle of the QP's Reliable Datagram Domain.
+    pub rdd: Option<u32>,
+    /// RD: bumped whenever the QP drops the message an EEC carries for it (flush, Reset,
+    /// Destroy), so that the EEC, which must not take the QP's lock, sees it is orphaned.
+    pub rd_epoch: std::sync::atomic::AtomicU64,
 }
 
 /// Posts one CQE for a WQE that did not execute. Error CQEs are solicited events (EVT-SOL-2,
