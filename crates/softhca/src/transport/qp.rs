@@ -120,6 +120,7 @@ impl QpAttrs {
     }
 }
 
+/// The part of a QP behind its lock (`QpInner::core`); field order as `QpInner`'s.
 #[repr(C)]
 pub(crate) struct QpCore {
     /// The engine's ends of the rings `QpInner::sq_ring` and `QpInner::rq_ring`.
@@ -172,6 +173,9 @@ impl QpCore {
     }
 }
 
+/// A QP as the transport holds it. Laid out in declaration order (`repr(C)`, as `QpCore` and
+/// `QpAttrs`), in the order a packet touches the fields: with thousands of QPs each line of
+/// a QP's state a message reads is a cache miss (the many-QP rows of `scripts/bench`).
 #[repr(C)]
 pub(crate) struct QpInner {
     pub qpn: u32,
