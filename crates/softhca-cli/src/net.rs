@@ -348,6 +348,9 @@ pub fn gid_string(g: Gid) -> String {
     g.to_ipv6().to_string()
 }
 
+/// The largest Local ACK Timeout exponent (5 bits; 31 is 2.4 hours).
+pub const MAX_RC_TIMEOUT: u8 = 31;
+
 /// Timeout exponent for RC retransmissions: 4.096 µs × 2^t. The sim's virtual time is free,
 /// so a short one keeps lossy runs quick; real links get a longer one.
 pub fn rc_timeout(link: LinkKind) -> u8 {

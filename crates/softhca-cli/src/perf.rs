@@ -178,6 +178,24 @@ impl PerfArgs {
         }
     }
 
+    /// The Local ACK Timeout exponent of the run's RC QPs (4.096 µs × 2^t): the link's
+    /// ([`net::rc_timeout`]), raised until it covers the time the run's whole window takes to
+    /// drain at a slow pace (100,000 messages and 100 MB a second, below what an emulated guest
+    /// does). With 10,000 QPs four deep, 40,000 messages wait behind one another; on a busy
+    /// host a QP's ACK then came after its 67 ms timeout, and it retransmitted what was never
+    /// lost (thousands of times per run). The sim link's virtual time needs no margin.
+    pub(crate) fn ack_timeout(&self) -> u8 {
+        let base = net::rc_timeout(self.link);
+        if self.link == LinkKind::Sim {
+            return base;
+        }
+        let msgs = self.qps as f64 * f64::from(self.depth());
+        let drain_s = msgs / 1e5 + msgs * self.msg_size() as f64 / 1e8;
+        (base..=net::MAX_RC_TIMEOUT)
+            .find(|&t| 4.096e-6 * f64::from(1u32 << t) >= drain_s)
+            .unwrap_or(net::MAX_RC_TIMEOUT)
+    }
+
     /// Messages per QP, `None` for --duration runs.
     pub(crate) fn per_qp(&self) -> Option<u64> {
         self.iters.or(if self.duration.is_some() { None } else { Some(1000) })
@@ -555,6 +573,8 @@ pub struct PerfResult {
     pub qps: usize,
     pub depth: u32,
     pub inline: bool,
+    /// The RC QPs' Local ACK Timeout in ms (see `PerfArgs::ack_timeout`).
+    pub ack_timeout_ms: f64,
     pub iters: u64,
     /// Gigabits (10^9 bits) per second of payload, wall-clock.
     pub bw_gbps: f64,
@@ -780,8 +800,8 @@ pub fn setup(ca: &Context, cb: &Context, args: &PerfArgs) -> Res<Setup> {
     for (f, t) in init.flows.iter_mut().zip(&resp.targets) {
         let ia = qp_info(&f.qp, ca, None)?;
         let ib = qp_info(&t.qp, cb, Some(&t.mem))?;
-        net::connect_qp(&f.qp, ia.psn, &ib, mtu, net::rc_timeout(args.link))?;
-        net::connect_qp(&t.qp, ib.psn, &ia, mtu, net::rc_timeout(args.link))?;
+        net::connect_qp(&f.qp, ia.psn, &ib, mtu, args.ack_timeout())?;
+        net::connect_qp(&t.qp, ib.psn, &ia, mtu, args.ack_timeout())?;
         f.raddr = ib.addr;
         f.rkey = ib.rkey;
     }
@@ -918,6 +938,7 @@ pub(crate) fn result(
         qps: flows.len(),
         depth: args.depth(),
         inline: args.inline,
+        ack_timeout_ms: 4.096e-3 * f64::from(1u32 << args.ack_timeout()),
         iters: flows.iter().map(|f| f.posted).max().unwrap_or(0),
         bw_gbps: bytes as f64 * 8.0 / wall.max(1e-9) / 1e9,
         bw_gbytes_s: bytes as f64 / wall.max(1e-9) / 1e9,
@@ -990,7 +1011,7 @@ pub fn print_table(r: &PerfResult) {
     let line = "-".repeat(96);
     println!("{line}");
     println!(
-        " {} test ({}) over the {} link{}, {} QP{}, depth {}{}",
+        " {} test ({}) over the {} link{}, {} QP{}, depth {}{}, ACK timeout {:.0} ms",
         r.test.name(),
         if r.depth == 1 { "latency" } else { "bandwidth" },
         match r.link {
@@ -1007,7 +1028,8 @@ pub fn print_table(r: &PerfResult) {
         r.qps,
         if r.qps == 1 { "" } else { "s" },
         r.depth,
-        if r.inline { ", inline" } else { "" }
+        if r.inline { ", inline" } else { "" },
+        r.ack_timeout_ms
     );
     println!("{line}");
     println!(
@@ -1050,7 +1072,21 @@ pub fn print_table(r: &PerfResult) {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::{percentile, LinkKind, Op, PerfArgs};
+
+    /// The ACK timeout covers the run's window: one QP keeps the link's 67 ms, 10,000 QPs four
+    /// deep (40,000 messages, 0.4 s at 100,000 a second) get 537 ms, long Writes their bytes'
+    /// worth; the sim link keeps its own.
+    #[test]
+    fn the_ack_timeout_covers_the_window() {
+        let udp = |op, size, qps, depth| PerfArgs { link: LinkKind::Udp, depth, ..PerfArgs::burst(op, size, 10, qps) };
+        assert_eq!(udp(Op::Send, 8, 1, 4).ack_timeout(), 14);
+        assert_eq!(udp(Op::Write, 65536, 1, 32).ack_timeout(), 14);
+        assert_eq!(udp(Op::Send, 8, 10_000, 4).ack_timeout(), 17);
+        assert_eq!(udp(Op::Write, 65536, 16, 128).ack_timeout(), 19); // 134 MB: 1.36 s, 2.1 s
+        let sim = PerfArgs { depth: 4, ..PerfArgs::burst(Op::Send, 8, 10, 10_000) };
+        assert_eq!(sim.ack_timeout(), 10);
+    }
 
     /// Nearest rank: with two samples the median is the smaller one, p99 the larger.
     #[test]

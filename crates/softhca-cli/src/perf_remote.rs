@@ -169,7 +169,7 @@ pub fn client(args: &PerfArgs, host: &str) -> Res<()> {
         return Err(err(format!("the server set up {} QPs, not {}", theirs.len(), init.flows.len())));
     }
     for (f, info) in init.flows.iter_mut().zip(&theirs) {
-        net::connect_qp(&f.qp, net::initial_psn(f.qp.qp_num()), info, mtu, net::rc_timeout(args.link))?;
+        net::connect_qp(&f.qp, net::initial_psn(f.qp.qp_num()), info, mtu, args.ack_timeout())?;
         f.raddr = info.addr;
         f.rkey = info.rkey;
     }
@@ -460,7 +460,7 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
     let mut resp = Responder::new(&ctx, args)?;
     let mut theirs = Vec::new();
     for (t, info) in resp.targets.iter().zip(&hello.qp) {
-        net::connect_qp(&t.qp, net::initial_psn(t.qp.qp_num()), info, mtu, net::rc_timeout(args.link))?;
+        net::connect_qp(&t.qp, net::initial_psn(t.qp.qp_num()), info, mtu, args.ack_timeout())?;
         theirs.push(perf::qp_info(&t.qp, &ctx, Some(&t.mem))?);
     }
     let total = args.per_qp().unwrap_or(u64::MAX);
