@@ -351,6 +351,11 @@ pub fn gid_string(g: Gid) -> String {
 /// The largest Local ACK Timeout exponent (5 bits; 31 is 2.4 hours).
 pub const MAX_RC_TIMEOUT: u8 = 31;
 
+/// What Local ACK Timeout exponent `t` means, in seconds: 4.096 µs × 2^t.
+pub fn rc_timeout_s(t: u8) -> f64 {
+    4.096e-6 * f64::from(1u32 << t.min(MAX_RC_TIMEOUT))
+}
+
 /// Timeout exponent for RC retransmissions: 4.096 µs × 2^t. The sim's virtual time is free,
 /// so a short one keeps lossy runs quick; real links get a longer one.
 pub fn rc_timeout(link: LinkKind) -> u8 {

@@ -191,9 +191,7 @@ impl PerfArgs {
         }
         let msgs = self.qps as f64 * f64::from(self.depth());
         let drain_s = msgs / 1e5 + msgs * self.msg_size() as f64 / 1e8;
-        (base..=net::MAX_RC_TIMEOUT)
-            .find(|&t| 4.096e-6 * f64::from(1u32 << t) >= drain_s)
-            .unwrap_or(net::MAX_RC_TIMEOUT)
+        (base..=net::MAX_RC_TIMEOUT).find(|&t| net::rc_timeout_s(t) >= drain_s).unwrap_or(net::MAX_RC_TIMEOUT)
     }
 
     /// Messages per QP, `None` for --duration runs.
@@ -938,7 +936,7 @@ pub(crate) fn result(
         qps: flows.len(),
         depth: args.depth(),
         inline: args.inline,
-        ack_timeout_ms: 4.096e-3 * f64::from(1u32 << args.ack_timeout()),
+        ack_timeout_ms: net::rc_timeout_s(args.ack_timeout()) * 1e3,
         iters: flows.iter().map(|f| f.posted).max().unwrap_or(0),
         bw_gbps: bytes as f64 * 8.0 / wall.max(1e-9) / 1e9,
         bw_gbytes_s: bytes as f64 / wall.max(1e-9) / 1e9,
