@@ -794,12 +794,12 @@ pub(crate) fn progress_bar(args: &PerfArgs) -> Option<ProgressBar> {
 pub fn setup(ca: &Context, cb: &Context, args: &PerfArgs) -> Res<Setup> {
     let mut init = Initiator::new(ca, args)?;
     let resp = Responder::new(cb, args)?;
-    let mtu = net::parse_mtu(args.mtu)?;
+    let (mtu, timeout) = (net::parse_mtu(args.mtu)?, args.ack_timeout());
     for (f, t) in init.flows.iter_mut().zip(&resp.targets) {
         let ia = qp_info(&f.qp, ca, None)?;
         let ib = qp_info(&t.qp, cb, Some(&t.mem))?;
-        net::connect_qp(&f.qp, ia.psn, &ib, mtu, args.ack_timeout())?;
-        net::connect_qp(&t.qp, ib.psn, &ia, mtu, args.ack_timeout())?;
+        net::connect_qp(&f.qp, ia.psn, &ib, mtu, timeout)?;
+        net::connect_qp(&t.qp, ib.psn, &ia, mtu, timeout)?;
         f.raddr = ib.addr;
         f.rkey = ib.rkey;
     }

@@ -168,8 +168,9 @@ pub fn client(args: &PerfArgs, host: &str) -> Res<()> {
     if theirs.len() != init.flows.len() {
         return Err(err(format!("the server set up {} QPs, not {}", theirs.len(), init.flows.len())));
     }
+    let timeout = args.ack_timeout();
     for (f, info) in init.flows.iter_mut().zip(&theirs) {
-        net::connect_qp(&f.qp, net::initial_psn(f.qp.qp_num()), info, mtu, args.ack_timeout())?;
+        net::connect_qp(&f.qp, net::initial_psn(f.qp.qp_num()), info, mtu, timeout)?;
         f.raddr = info.addr;
         f.rkey = info.rkey;
     }
@@ -459,8 +460,9 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
     let mtu = net::parse_mtu(args.mtu)?;
     let mut resp = Responder::new(&ctx, args)?;
     let mut theirs = Vec::new();
+    let timeout = args.ack_timeout();
     for (t, info) in resp.targets.iter().zip(&hello.qp) {
-        net::connect_qp(&t.qp, net::initial_psn(t.qp.qp_num()), info, mtu, args.ack_timeout())?;
+        net::connect_qp(&t.qp, net::initial_psn(t.qp.qp_num()), info, mtu, timeout)?;
         theirs.push(perf::qp_info(&t.qp, &ctx, Some(&t.mem))?);
     }
     let total = args.per_qp().unwrap_or(u64::MAX);
