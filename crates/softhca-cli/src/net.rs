@@ -215,7 +215,7 @@ impl Net {
                     // The clock is read once per 64 spins: a busy-polled ping-pong spent a
                     // tenth of its time here reading it.
                     spins = spins.wrapping_add(1);
-                    if spins % 64 != 0 {
+                    if !spins.is_multiple_of(64) {
                         std::hint::spin_loop();
                         continue;
                     }

@@ -504,7 +504,7 @@ pub unsafe extern "C" fn mlx5dv_dr_action_create_modify_header(
     actions_sz: usize,
     _actions: *mut u64,
 ) -> *mut c_void {
-    if domain(dmn).is_none() || flags & !ACTION_FLAGS_ROOT_LEVEL != 0 || actions_sz % MODIFY_ACTION_SIZE != 0 {
+    if domain(dmn).is_none() || flags & !ACTION_FLAGS_ROOT_LEVEL != 0 || !actions_sz.is_multiple_of(MODIFY_ACTION_SIZE) {
         return fail(EINVAL);
     }
     fail(EOPNOTSUPP)

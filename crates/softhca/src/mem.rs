@@ -213,7 +213,7 @@ impl MemRef {
     /// 8 bytes long and 8-byte aligned (ERR-RQ-5 is checked by the responder before this).
     pub fn atomic_u64(&self) -> Option<&AtomicU64> {
         let p = self.mem.ptr.as_ptr().wrapping_add(self.offset);
-        if self.len != 8 || (p as usize) % 8 != 0 {
+        if self.len != 8 || !(p as usize).is_multiple_of(8) {
             return None;
         }
         // SAFETY: p is 8-byte aligned, points at 8 bytes inside the live allocation, and the

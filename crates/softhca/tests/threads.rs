@@ -595,7 +595,7 @@ fn raw_qps_and_raw_packets() {
     let mut i = 0u64;
     while i < 300 || fed.load(Ordering::Acquire) < 1000 {
         i += 1;
-        let t = if i % 2 == 0 { QpType::RawEthertype } else { QpType::RawIpv6 };
+        let t = if i.is_multiple_of(2) { QpType::RawEthertype } else { QpType::RawIpv6 };
         let qp = pd.create_qp(&QpInitAttr::new(t, &cq, &cq)).unwrap();
         qp.modify(&QpAttr::to_init().port(1)).unwrap();
         qp.post_recv(&[RecvWr::new(i, &[mr.sge(0..2048)])]).unwrap();

@@ -52,8 +52,8 @@ const SYNDROMES: [Syndrome; 5] = [
 fn packet_for(i: usize, info: &OpcodeInfo, payload: &'static [u8]) -> PacketRepr<'static> {
     let n = i as u32;
     let mut bth = BthRepr::new(info.opcode, 0xffff - n as u16, 0x100 + n, Psn::new(0xfff_000 + n * 0x10101));
-    bth.ack_req = i % 2 == 0;
-    bth.se = info.solicited_event && i % 3 != 0;
+    bth.ack_req = i.is_multiple_of(2);
+    bth.se = info.solicited_event && !i.is_multiple_of(3);
     let h = info.headers;
     PacketRepr {
         bth,

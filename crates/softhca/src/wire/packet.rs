@@ -51,7 +51,7 @@ impl Layout {
         if !payload_allowed && icrc > payload_start {
             return Err(WireError::UnexpectedPayload(opcode.value()));
         }
-        if (icrc - payload_start) % 4 != 0 {
+        if !(icrc - payload_start).is_multiple_of(4) {
             return Err(WireError::BadLength);
         }
         Ok(Layout { headers, payload: payload_start..payload_end, icrc })
