@@ -114,7 +114,14 @@ enum Obj {
 static LIVE: Mutex<BTreeMap<usize, Obj>> = Mutex::new(BTreeMap::new());
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Obj>> {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+    // A contended lock waits in futex(2), which can fail with EAGAIN through libc's errno:
+    // the functions that return their error leave errno as the program had it, as
+    // rdma-core's do, so it is put back.
+    // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+    let saved = unsafe { *libc::__errno_location() };
+    let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    set_errno(saved);
+    live
 }
 
 impl Domain {
@@ -504,7 +511,8 @@ pub unsafe extern "C" fn mlx5dv_dr_action_create_modify_header(
     actions_sz: usize,
     _actions: *mut u64,
 ) -> *mut c_void {
-    if domain(dmn).is_none() || flags & !ACTION_FLAGS_ROOT_LEVEL != 0 || !actions_sz.is_multiple_of(MODIFY_ACTION_SIZE) {
+    if domain(dmn).is_none() || flags & !ACTION_FLAGS_ROOT_LEVEL != 0 || !actions_sz.is_multiple_of(MODIFY_ACTION_SIZE)
+    {
         return fail(EINVAL);
     }
     fail(EOPNOTSUPP)
