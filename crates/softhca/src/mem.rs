@@ -166,6 +166,161 @@ unsafe fn copy_in(dst: *mut u8, src: &[u8], stream: bool) {
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
 }
 
+/// Copies `len` bytes from `src` to `dst` and returns the CRC-32 (the ICRC's polynomial) of
+/// those bytes continued from `crc`, in crc32fast's convention: the CRC of everything before,
+/// 0 for nothing. The bytes are read once: the CRC is folded from the very registers the copy
+/// stores, where a copy then a CRC pass reads the destination back (and, when it is a shared-
+/// memory ring slot whose lines another core holds, waits for the copy's stores to land
+/// first). What is checksummed is exactly what was written, whatever writes `src` meanwhile.
+/// Issue 13's "one fused copy + ICRC pass per byte"; `cargo bench --bench wire` (`copy+icrc`)
+/// measures it against the two passes.
+///
+/// # Safety
+/// `src` must be valid for `len` bytes of reads and `dst` for `len` bytes of writes, and the
+/// two must not overlap. `dst` must be memory no one else writes meanwhile (the CRC of a
+/// short run is taken over it after the copy).
+pub(crate) unsafe fn copy_crc_raw(dst: *mut u8, src: *const u8, len: usize, crc: u32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if len >= fused::MIN_LEN && fused::available() {
+        // SAFETY: the caller's contract; the CPU has the kernel's features (checked).
+        return unsafe { fused::copy_crc(dst, src, len, crc) };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { copy_then_crc(dst, src, len, crc) }
+}
+
+/// The two-pass form of [`copy_crc_raw`]: a copy, then crc32fast over the destination.
+///
+/// # Safety
+/// As for [`copy_crc_raw`].
+unsafe fn copy_then_crc(dst: *mut u8, src: *const u8, len: usize, crc: u32) -> u32 {
+    // SAFETY: the caller's contract: both ranges valid and disjoint, `dst` ours meanwhile.
+    let copied = unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, len);
+        std::slice::from_raw_parts(dst, len)
+    };
+    let mut h = crc32fast::Hasher::new_with_initial(crc);
+    h.update(copied);
+    h.finalize()
+}
+
+/// [`copy_crc_raw`] between two slices: copies `src` into the start of `dst` (as much of it
+/// as fits) and returns the CRC continued from `crc` over what was copied.
+pub fn copy_crc(dst: &mut [u8], src: &[u8], crc: u32) -> u32 {
+    let len = src.len().min(dst.len());
+    // SAFETY: both slices hold `len` bytes; a `&mut` and a `&` slice never overlap.
+    unsafe { copy_crc_raw(dst.as_mut_ptr(), src.as_ptr(), len, crc) }
+}
+
+/// The fused copy and CRC-32 on x86_64 with AVX-512 and VPCLMULQDQ: the classic folding of a
+/// reflected CRC by carry-less multiplication (Gopal et al., "Fast CRC Computation for
+/// Generic Polynomials Using PCLMULQDQ Instruction", Intel, 2009), sixteen 128-bit lanes in
+/// four ZMM registers, 256 bytes a step, each step's loads stored to the destination as they
+/// are folded in.
+#[cfg(target_arch = "x86_64")]
+mod fused {
+    use std::arch::x86_64::*;
+
+    /// Shorter runs take the two passes: below one step's 256 bytes there is nothing to fold.
+    pub const MIN_LEN: usize = 256;
+
+    /// x^n mod P for the CRC-32 polynomial P = 0x1_04C1_1DB7, bit 31 the coefficient of x^31.
+    const fn x_pow_mod_p(n: u32) -> u32 {
+        let mut r: u64 = 1;
+        let mut i = 0;
+        while i < n {
+            r <<= 1;
+            if r >> 32 != 0 {
+                r ^= 0x1_04C1_1DB7;
+            }
+            i += 1;
+        }
+        r as u32
+    }
+
+    /// The multiplier that folds the 64-bit half of a lane `bits` + or - 32 bits forward, in
+    /// the reflected domain (bit-reversed, shifted left once): a lane folded `d` bits forward
+    /// multiplies its low half by `key(d + 32)` and its high half by `key(d - 32)`.
+    pub(super) const fn key(bits: u32) -> i64 {
+        ((x_pow_mod_p(bits).reverse_bits() as u64) << 1) as i64
+    }
+
+    /// Folding distances: one step (four registers, 2048 bits), one register (512), one lane (128).
+    const STEP: (i64, i64) = (key(2048 + 32), key(2048 - 32));
+    const REG: (i64, i64) = (key(512 + 32), key(512 - 32));
+    const LANE: (i64, i64) = (key(128 + 32), key(128 - 32));
+
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("vpclmulqdq")
+    }
+
+    /// `a` folded forward by the distance of `k` (low and high halves per lane), XORed into `b`.
+    #[inline]
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    fn fold512(a: __m512i, b: __m512i, k: __m512i) -> __m512i {
+        let lo = _mm512_clmulepi64_epi128(a, k, 0x00);
+        let hi = _mm512_clmulepi64_epi128(a, k, 0x11);
+        _mm512_ternarylogic_epi64(lo, hi, b, 0x96) // lo ^ hi ^ b
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    fn fold128(a: __m128i, b: __m128i, k: __m128i) -> __m128i {
+        _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11)), b)
+    }
+
+    /// See [`super::copy_crc_raw`].
+    ///
+    /// # Safety
+    /// As for [`super::copy_crc_raw`], with `len >= MIN_LEN`, on a CPU with AVX-512F and
+    /// VPCLMULQDQ ([`available`]).
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    pub unsafe fn copy_crc(dst: *mut u8, src: *const u8, len: usize, crc: u32) -> u32 {
+        debug_assert!(len >= MIN_LEN);
+        let step = _mm512_set_epi64(STEP.1, STEP.0, STEP.1, STEP.0, STEP.1, STEP.0, STEP.1, STEP.0);
+        // SAFETY (of every load and store): offsets `at..at + 256` stay below `len` (the loop
+        // bound), inside both ranges (the caller's contract); unaligned forms.
+        let mv = |at: usize| unsafe {
+            let v = _mm512_loadu_si512(src.add(at).cast());
+            _mm512_storeu_si512(dst.add(at).cast(), v);
+            v
+        };
+        let (mut v0, mut v1, mut v2, mut v3) = (mv(0), mv(64), mv(128), mv(192));
+        // The CRC so far enters as the complement of crc32fast's value, XORed into the first
+        // four bytes (the register a bytewise CRC would hold before them).
+        v0 = _mm512_xor_si512(v0, _mm512_castsi128_si512(_mm_cvtsi32_si128(!crc as i32)));
+        let mut at = 256;
+        while at + 256 <= len {
+            v0 = fold512(v0, mv(at), step);
+            v1 = fold512(v1, mv(at + 64), step);
+            v2 = fold512(v2, mv(at + 128), step);
+            v3 = fold512(v3, mv(at + 192), step);
+            at += 256;
+        }
+        // Sixteen lanes to one: the registers into the last, then its lanes into its last.
+        let reg = _mm512_set_epi64(REG.1, REG.0, REG.1, REG.0, REG.1, REG.0, REG.1, REG.0);
+        let v = fold512(fold512(fold512(v0, v1, reg), v2, reg), v3, reg);
+        let lane = _mm_set_epi64x(LANE.1, LANE.0);
+        let mut x = _mm512_extracti32x4_epi32(v, 0);
+        x = fold128(x, _mm512_extracti32x4_epi32(v, 1), lane);
+        x = fold128(x, _mm512_extracti32x4_epi32(v, 2), lane);
+        x = fold128(x, _mm512_extracti32x4_epi32(v, 3), lane);
+        // What is left stands for everything so far as sixteen bytes a CRC register at zero
+        // takes in (crc32fast's value 0xFFFF_FFFF); the rest of the run follows them.
+        let mut folded = [0u8; 16];
+        // SAFETY: `folded` holds 16 bytes.
+        unsafe { _mm_storeu_si128(folded.as_mut_ptr().cast(), x) };
+        let mut h = crc32fast::Hasher::new_with_initial(0xFFFF_FFFF);
+        h.update(&folded);
+        // SAFETY: the rest of both ranges (the caller's contract); `dst` is ours meanwhile.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at);
+            h.update(std::slice::from_raw_parts(dst.add(at), len - at));
+        }
+        h.finalize()
+    }
+}
+
 impl MemRef {
     /// `len` bytes at `offset` of `mem`; the caller has checked they lie inside it.
     pub(crate) fn new(mem: &Arc<Region>, key: u32, offset: usize, len: usize) -> MemRef {
@@ -207,6 +362,18 @@ impl MemRef {
             std::ptr::copy_nonoverlapping(self.mem.ptr.as_ptr().add(self.offset + at), dst.as_mut_ptr(), dst.len());
         }
         Ok(())
+    }
+
+    /// [`MemRef::read`] that also continues the CRC-32 `crc` over the bytes it copies
+    /// (see [`copy_crc_raw`]): the sender's gather and its ICRC in one pass.
+    pub fn read_crc(&self, at: usize, dst: &mut [u8], crc: u32) -> std::result::Result<u32, AccessError> {
+        let end = at.checked_add(dst.len()).ok_or(AccessError::OutOfBounds)?;
+        if end > self.len {
+            return Err(AccessError::OutOfBounds);
+        }
+        // SAFETY: as in `read`: the source range is inside the live allocation and `dst` is a
+        // distinct caller-owned buffer.
+        Ok(unsafe { copy_crc_raw(dst.as_mut_ptr(), self.mem.ptr.as_ptr().add(self.offset + at), dst.len(), crc) })
     }
 
     /// The 8-byte word at the start of the window, for atomics. `None` unless the window is
@@ -254,6 +421,60 @@ mod tests {
                 assert!(back[at + len..].iter().all(|&b| b == 0xEE), "after the window: at {at} len {len}");
             }
         }
+    }
+
+    /// The folding multipliers come out as the published ones (Gopal et al.; crc32fast's
+    /// fold-by-4 and fold-by-1 constants).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fold_keys_are_the_published_constants() {
+        assert_eq!(fused::key(4 * 128 + 32), 0x1_5444_2bd4);
+        assert_eq!(fused::key(4 * 128 - 32), 0x1_c6e4_1596);
+        assert_eq!(fused::key(128 + 32), 0x1_7519_97d0);
+        assert_eq!(fused::key(128 - 32), 0x0_ccaa_009e);
+    }
+
+    /// The fused copy lands exactly the source bytes and gives crc32fast's CRC, continued from
+    /// any value, at every length up to a few steps and at every alignment of either end; the
+    /// two-pass form (what a CPU without AVX-512 runs) too.
+    #[test]
+    fn copy_crc_is_a_copy_and_crc32fasts_crc() {
+        let src: Vec<u8> = (0..9000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let mut dst = vec![0u8; 9100];
+        let lens = (0..1100).chain([2047, 2048, 2049, 4095, 4096, 4100, 4112, 8192, 8999 - 64]);
+        for len in lens {
+            for (s_at, d_at) in [(0, 0), (1, 0), (0, 3), (7, 63), (63, 17)] {
+                for crc in [0u32, 0xdead_beef] {
+                    let mut h = crc32fast::Hasher::new_with_initial(crc);
+                    h.update(&src[s_at..s_at + len]);
+                    let want = h.finalize();
+                    dst.fill(0xAA);
+                    let got = copy_crc(&mut dst[d_at..d_at + len], &src[s_at..s_at + len], crc);
+                    assert_eq!(got, want, "len {len} src+{s_at} dst+{d_at}");
+                    assert_eq!(&dst[d_at..d_at + len], &src[s_at..s_at + len], "len {len}");
+                    assert!(dst[..d_at].iter().chain(&dst[d_at + len..]).all(|&b| b == 0xAA), "len {len}");
+                    // SAFETY: both ranges lie inside their vectors, which do not overlap.
+                    let two = unsafe { copy_then_crc(dst.as_mut_ptr().add(d_at), src.as_ptr().add(s_at), len, crc) };
+                    assert_eq!(two, want, "two passes, len {len}");
+                }
+            }
+        }
+    }
+
+    /// `read_crc` is `read` plus the CRC, and refuses what `read` refuses.
+    #[test]
+    fn read_crc_reads_and_checksums_the_window() {
+        let bytes: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
+        let region = Arc::new(Region::owned(bytes.clone()));
+        let m = MemRef::new(&region, 1, 100, 5000);
+        let mut out = vec![0u8; 4096];
+        let crc = m.read_crc(3, &mut out, 7).unwrap();
+        assert_eq!(out, bytes[103..103 + 4096]);
+        let mut h = crc32fast::Hasher::new_with_initial(7);
+        h.update(&bytes[103..103 + 4096]);
+        assert_eq!(crc, h.finalize());
+        assert_eq!(m.read_crc(1000, &mut out, 0), Err(AccessError::OutOfBounds));
+        assert_eq!(m.read_crc(usize::MAX, &mut out, 0), Err(AccessError::OutOfBounds));
     }
 
     #[test]

@@ -58,6 +58,7 @@ use super::driver::{Port, Running};
 use super::{TapHandle, Taps};
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
+use crate::wire::icrc;
 use crate::wire::roce::Ipv4Header;
 
 /// Slots per ring.
@@ -255,11 +256,12 @@ impl Ring {
         self.commit(t, d.len())
     }
 
-    /// The owner's side: copies the next datagram into `out` and returns its length; `None`
-    /// when the next slot is not published. A slot left unpublished for [`STALL_NS`] while
+    /// The owner's side: copies the next datagram into `out` and returns its length and
+    /// whether the copy's ICRC is right (checked as it is copied, [`icrc::copy_checked`]);
+    /// `None` when the next slot is not published. A slot left unpublished for [`STALL_NS`] while
     /// later tickets were taken is skipped (`watch` keeps when it was first seen) and counted
     /// in `skipped`.
-    fn pop(&self, out: &mut [u8], now: u64, watch: &mut StallWatch, skipped: &mut u64) -> Option<usize> {
+    fn pop(&self, out: &mut [u8], now: u64, watch: &mut StallWatch, skipped: &mut u64) -> Option<(usize, bool)> {
         let h = self.header();
         // Voids and skipped slots are passed over; at most a ring's worth of them.
         for _ in 0..=self.slots {
@@ -269,10 +271,9 @@ impl Ring {
                 let s = self.slot(t);
                 // SAFETY: the slot was published for ticket `t` (Acquire above); the length is
                 // bounded before the copy, which stays inside the slot and `out`.
-                let n = unsafe {
+                let (n, checked) = unsafe {
                     let n = ((*s).len.load(Ordering::Relaxed) as usize).min(SLOT_BYTES).min(out.len());
-                    std::ptr::copy_nonoverlapping(std::ptr::addr_of!((*s).data).cast::<u8>(), out.as_mut_ptr(), n);
-                    n
+                    (n, icrc::copy_checked(&mut out[..n], std::ptr::addr_of!((*s).data).cast::<u8>()))
                 };
                 self.seq(t).store(t + self.slots as u64, Ordering::Release);
                 h.head.0.store(t + 1, Ordering::Relaxed);
@@ -280,7 +281,7 @@ impl Ring {
                 if n == 0 {
                     continue; // a void (see `commit`)
                 }
-                return Some(n);
+                return Some((n, checked));
             }
             if seq != t {
                 return None;
@@ -554,13 +555,19 @@ impl ShmPort {
                 let c = &self.stats.stalled;
                 c.store(c.load(Ordering::Relaxed) + skipped, Ordering::Relaxed);
             }
-            let Some(n) = popped else { break };
+            let Some((n, checked)) = popped else { break };
             got = true;
             bump(&self.stats.rx);
             let d = &self.buf[..n];
             for _ in 0..self.taps.copies_arriving(now, d) {
-                // Nothing from the ring is trusted: the device checks everything, ICRC first.
-                self.ctx.receive(now, d);
+                // Nothing from the ring is trusted: the device checks everything. The ICRC was
+                // checked over this copy as it was made; a datagram that failed it (or had
+                // none to check) goes through the device's own check, which counts the drop.
+                if checked {
+                    self.ctx.receive_icrc_checked(now, d);
+                } else {
+                    self.ctx.receive(now, d);
+                }
             }
         }
         got
@@ -1014,13 +1021,13 @@ mod tests {
         }
         assert!(!r.push(&[9; 100]), "full");
         for i in 0..4u8 {
-            let n = r.pop(&mut out, 0, &mut st, &mut 0).unwrap();
+            let n = r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n).unwrap();
             assert_eq!(&out[..n], &[i; 100][..]);
         }
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), None);
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None);
         for round in 0..10u8 {
             assert!(r.push(&[round; 7]));
-            assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), Some(7));
+            assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(7));
         }
         assert!(!r.push(&vec![0; SLOT_BYTES + 1]), "too long for a slot");
     }
@@ -1033,18 +1040,18 @@ mod tests {
         let mut out = vec![0u8; SLOT_BYTES];
         let mut st = StallWatch::default();
         let t = r.reserve().unwrap();
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), None, "reserved, not yet published");
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None, "reserved, not yet published");
         // SAFETY: `t` is reserved and committed after the slice's last use.
         unsafe { r.slot_data(t)[..3].copy_from_slice(b"abc") };
         assert!(r.commit(t, 3));
         let void = r.reserve().unwrap();
         assert!(r.commit(void, 0));
         assert!(r.push(b"xyz!"));
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), Some(3));
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(3));
         assert_eq!(&out[..3], b"abc");
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), Some(4), "the void is skipped");
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(4), "the void is skipped");
         assert_eq!(&out[..4], b"xyz!");
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0), None);
+        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None);
         assert!(!r.has_data());
         // The void's slot is free again: the ring takes four more.
         for i in 0..4u8 {
@@ -1065,9 +1072,13 @@ mod tests {
         r.header().tail.0.store(1, Ordering::SeqCst);
         assert!(r.push(b"after"));
         let mut skipped = 0;
-        assert_eq!(r.pop(&mut out, 1_000, &mut st, &mut skipped), None, "waits for ticket 0");
-        assert_eq!(r.pop(&mut out, 1_000 + STALL_NS / 2, &mut st, &mut skipped), None);
-        assert_eq!(r.pop(&mut out, 1_000 + STALL_NS, &mut st, &mut skipped), Some(5), "skipped ticket 0");
+        assert_eq!(r.pop(&mut out, 1_000, &mut st, &mut skipped).map(|(n, _)| n), None, "waits for ticket 0");
+        assert_eq!(r.pop(&mut out, 1_000 + STALL_NS / 2, &mut st, &mut skipped).map(|(n, _)| n), None);
+        assert_eq!(
+            r.pop(&mut out, 1_000 + STALL_NS, &mut st, &mut skipped).map(|(n, _)| n),
+            Some(5),
+            "skipped ticket 0"
+        );
         assert_eq!(skipped, 1);
         assert_eq!(&out[..5], b"after");
         // The late producer's publication fails: the slot is someone else's now.
@@ -1077,14 +1088,14 @@ mod tests {
         // STALL_LOOK_NS: a producer that dies right after a look is seen at the next one,
         // and skipped STALL_NS after that.
         let t0 = 10 * STALL_NS;
-        assert_eq!(r.pop(&mut out, t0, &mut st, &mut skipped), None, "empty: a look");
+        assert_eq!(r.pop(&mut out, t0, &mut st, &mut skipped).map(|(n, _)| n), None, "empty: a look");
         r.header().tail.0.fetch_add(1, Ordering::SeqCst); // ticket 2 taken, never published
         assert!(r.push(b"later"));
-        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS / 2, &mut st, &mut skipped), None);
+        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS / 2, &mut st, &mut skipped).map(|(n, _)| n), None);
         assert_eq!(st.since, None, "not looked at again yet");
-        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS, &mut st, &mut skipped), None);
+        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS, &mut st, &mut skipped).map(|(n, _)| n), None);
         assert_eq!(st.since, Some((2, t0 + STALL_LOOK_NS)));
-        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS + STALL_NS, &mut st, &mut skipped), Some(5));
+        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS + STALL_NS, &mut st, &mut skipped).map(|(n, _)| n), Some(5));
         assert_eq!((skipped, &out[..5]), (2, &b"later"[..]));
     }
 }

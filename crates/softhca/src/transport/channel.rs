@@ -27,7 +27,7 @@ use crate::wire::psn::{Psn, PsnClass};
 use crate::wire::{AethRepr, AtomicAckEthRepr, BthRepr, Opcode, PacketRepr};
 
 use super::completer::scatter;
-use super::engine::TimerOwner;
+use super::engine::{Payload, TimerOwner};
 use super::hca::Hca;
 use super::responder::{begin_read, read_rest_matches, run_atomic, Grant, ReadPlan, Refusal, Request, RespJob};
 
@@ -548,7 +548,7 @@ impl<A: Copy + PartialEq> Outbox<A> {
         bth: impl Fn(Opcode, A, Psn) -> BthRepr,
         ack: Syndrome,
         msn: u32,
-        emit: impl FnOnce(A, PacketRepr<'static>, usize, &dyn Fn(&mut [u8]) -> bool) -> Option<usize>,
+        emit: impl FnOnce(A, PacketRepr<'static>, usize, &dyn Fn(&mut Payload<'_>) -> bool) -> Option<usize>,
     ) -> Option<Sent<A>> {
         let aeth = |s: Syndrome| Some(AethRepr { syndrome: if s.is_ack() { ack } else { s }, msn });
         let op = |operation, position| Opcode::lookup(service, operation, position, Suffix::Plain);
@@ -583,9 +583,9 @@ impl<A: Copy + PartialEq> Outbox<A> {
                 // The bytes are read now, through a grant that checks its key again if one was
                 // revoked since the request (see `Grant`).
                 let sent = match grant {
-                    None => emit(to, p, payload, &|dst| dst.is_empty()),
+                    None => emit(to, p, payload, &|out| out.remaining() == 0),
                     Some(g) => match g.bytes(dev, offset, payload as u64) {
-                        Some((m, at)) => emit(to, p, payload, &|dst| m.read(at, dst).is_ok()),
+                        Some((m, at)) => emit(to, p, payload, &|out| out.read(m, at, payload)),
                         None => {
                             self.jobs.pop_front();
                             self.resource_done(first_psn);

@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
 use crate::types::{AhAttr, QpState, QpType, WcStatus, GSI_QKEY, GSI_QPN};
 use crate::wire::aeth::Syndrome;
+use crate::wire::icrc;
 use crate::wire::opcode::{Direction, Operation, Position, ServiceType, Suffix};
-use crate::wire::packet::pad_for;
+use crate::wire::packet::{pad_for, ICRC_LEN};
 use crate::wire::psn::Psn;
 use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
 use crate::wire::{
@@ -779,25 +780,101 @@ fn route(q: &QpInner, core: &mut QpCore) -> Option<IpRepr> {
     Some(ip)
 }
 
-/// Emits `packet` with a payload of `payload_len` bytes that `fill` writes in place, then
-/// seals the datagram with its ICRC.
+/// Emits `packet` with a payload of `payload_len` bytes that `fill` writes in place through a
+/// [`Payload`], which continues the ICRC over each byte as it copies it; the pad and the
+/// ICRC follow, and no second pass reads the payload back.
 pub(crate) fn emit(
     qpn: u32,
     ip: IpRepr,
     packet: PacketRepr<'_>,
     payload_len: usize,
     buf: &mut [u8],
-    fill: impl FnOnce(&mut [u8]) -> bool,
+    fill: impl FnOnce(&mut Payload<'_>) -> bool,
 ) -> Option<usize> {
     let udp = UdpRepr::for_qp(qpn, UdpChecksum::default_for(&ip));
     let repr = RoceRepr { ip, udp, packet };
     let range = repr.emit_headers(payload_len, buf).ok()?;
-    let end = range.end + pad_for(payload_len) + 4;
-    if !fill(&mut buf[range]) {
+    let pad_end = range.end + pad_for(payload_len);
+    let end = pad_end + ICRC_LEN;
+    let crc = icrc::start_datagram(&buf[..range.start]).ok()?;
+    let (head, rest) = buf.split_at_mut(range.end);
+    let mut payload = Payload { dst: &mut head[range.start..], crc, at: 0 };
+    if !fill(&mut payload) || payload.at != payload_len {
         return None;
     }
-    roce::seal(buf.get_mut(..end)?, &ip, udp.checksum).ok()?;
+    let crc = icrc::update(payload.crc, &rest[..pad_end - range.end]);
+    roce::seal_with(buf.get_mut(..end)?, &ip, udp.checksum, crc).ok()?;
     Some(end)
+}
+
+/// The payload of a packet being emitted, written front to back only through copies that
+/// continue its ICRC as they go (`mem::copy_crc`: one pass over each byte).
+pub(crate) struct Payload<'a> {
+    dst: &'a mut [u8],
+    /// The ICRC so far (crc32fast's value).
+    crc: u32,
+    /// Bytes written.
+    at: usize,
+}
+
+impl Payload<'_> {
+    /// Bytes still to write.
+    pub fn remaining(&self) -> usize {
+        self.dst.len() - self.at
+    }
+
+    /// Appends `src`; false (nothing written) if it does not fit.
+    pub fn copy(&mut self, src: &[u8]) -> bool {
+        let Some(dst) = self.dst.get_mut(self.at..self.at + src.len()) else { return false };
+        self.crc = crate::mem::copy_crc(dst, src, self.crc);
+        self.at += src.len();
+        true
+    }
+
+    /// Appends `len` bytes of `m` from `at` (checked by the window).
+    pub fn read(&mut self, m: &crate::mem::MemRef, at: usize, len: usize) -> bool {
+        let Some(dst) = self.dst.get_mut(self.at..self.at + len) else { return false };
+        match m.read_crc(at, dst, self.crc) {
+            Ok(crc) => {
+                self.crc = crc;
+                self.at += len;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Fills the rest with the bytes at byte `offset` of a gather list (WR-COM-5).
+    pub fn gather(&mut self, list: &[crate::mem::MemRef], mut offset: u64) -> bool {
+        for m in list {
+            if self.remaining() == 0 {
+                return true;
+            }
+            let len = m.len() as u64;
+            if offset >= len {
+                offset -= len;
+                continue;
+            }
+            let n = ((len - offset) as usize).min(self.remaining());
+            if !self.read(m, offset as usize, n) {
+                return false;
+            }
+            offset = 0;
+        }
+        self.remaining() == 0
+    }
+
+    /// Fills the rest with a send WQE's bytes from `offset`: its inline data or its gather list.
+    pub fn wqe(&mut self, w: &SendWqe, offset: u64) -> bool {
+        if w.inline.is_empty() {
+            return self.gather(&w.tx.local, offset);
+        }
+        let start = offset as usize;
+        match w.inline.get(start..start + self.remaining()) {
+            Some(src) => self.copy(src),
+            None => false,
+        }
+    }
 }
 
 fn emit_one(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<usize> {
@@ -940,21 +1017,7 @@ fn emit_request(
         Some(ip) => ip,
         None => ip_for(&*q.dev, &ah)?,
     };
-    let len = np.payload as usize;
-    emit(q.qpn, ip, packet, len, buf, |dst| {
-        if !w.inline.is_empty() {
-            let start = np.offset as usize;
-            match w.inline.get(start..start + len) {
-                Some(src) => {
-                    dst.copy_from_slice(src);
-                    true
-                }
-                None => false,
-            }
-        } else {
-            gather(&w.tx.local, np.offset, dst)
-        }
-    })
+    emit(q.qpn, ip, packet, np.payload as usize, buf, |p| p.wqe(w, np.offset))
 }
 
 /// A Raw QP's packet is its message: an Ethernet frame (Raw Ethertype, the WR's EtherType
@@ -963,12 +1026,9 @@ fn emit_request(
 fn emit_raw(w: &SendWqe, buf: &mut [u8]) -> Option<usize> {
     let len = w.length as usize;
     let dst = buf.get_mut(..len)?;
-    if w.inline.is_empty() {
-        if !gather(&w.tx.local, 0, dst) {
-            return None;
-        }
-    } else {
-        dst.copy_from_slice(w.inline.get(..len)?);
+    // A frame has no ICRC: the CRC the payload writer keeps is left unused.
+    if !(Payload { dst: &mut *dst, crc: 0, at: 0 }).wqe(w, 0) {
+        return None;
     }
     if let (Some(t), Some(field)) = (w.raw_ethertype, dst.get_mut(12..14)) {
         field.copy_from_slice(&t.to_be_bytes());
@@ -1012,28 +1072,6 @@ pub(crate) fn add_request_headers(p: &mut PacketRepr<'_>, w: &SendWqe, offset: u
     if w.opcode == WrOpcode::SendWithInv && last {
         p.ieth = Some(IethRepr { r_key: w.invalidate_rkey }); // the R_Key the responder invalidates
     }
-}
-
-/// Reads `dst.len()` bytes at byte `offset` of a gather list (WR-COM-5).
-pub(crate) fn gather(list: &[crate::mem::MemRef], mut offset: u64, mut dst: &mut [u8]) -> bool {
-    for m in list {
-        if dst.is_empty() {
-            return true;
-        }
-        let len = m.len() as u64;
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = ((len - offset) as usize).min(dst.len());
-        let (head, tail) = dst.split_at_mut(n);
-        if m.read(offset as usize, head).is_err() {
-            return false;
-        }
-        dst = tail;
-        offset = 0;
-    }
-    dst.is_empty()
 }
 
 /// The ACKs and NAKs a QP still owes, built now (Destroy QP hands them to the device: the

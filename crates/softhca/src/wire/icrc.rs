@@ -3,8 +3,10 @@
 //! The CRC runs over 8 bytes of 0xFF (the absent LRH), the IP and UDP headers
 //! with their variant fields masked to all ones, the BTH with byte 4 masked,
 //! then the rest of the packet up to the ICRC. Only the headers are copied,
-//! into a small stack array, to be masked; the payload is fed to the hasher in
-//! place, so the cost per byte is crc32fast's.
+//! into a small stack array, to be masked ([`start`]); the rest continues that
+//! CRC in place. Where the payload is being copied anyway (a sender gathering
+//! it into a datagram, a link copying a datagram in), the CRC is folded into
+//! that copy ([`crate::mem::copy_crc`], [`copy_checked`]): one pass per byte.
 
 use super::bth::BTH_RESV8A;
 use super::packet::{BTH_LEN, ICRC_LEN};
@@ -23,6 +25,15 @@ const MAX_PREFIX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
 ///   here from what it knows.
 /// - `packet`: the BTH through the last pad byte, *without* the ICRC.
 pub fn compute(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
+    Ok(update(start(ip_udp, packet)?, &packet[BTH_LEN..]))
+}
+
+/// The ICRC's CRC-32 over the masked prefix only: the LRH stand-in, `ip_udp` and the BTH at
+/// the start of `packet` (as [`compute`] takes them). The rest of the packet continues it,
+/// through [`update`] or, while a payload is being copied, through
+/// [`crate::mem::copy_crc`]; the value after the last pad byte is the ICRC. The value is
+/// crc32fast's (the CRC of the bytes so far).
+pub fn start(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
     let ip_len = ip_header_len(ip_udp)?;
     let hdr_len = ip_len + UDP_HEADER_LEN;
     if ip_udp.len() != hdr_len {
@@ -59,10 +70,63 @@ pub fn compute(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
     // BTH resv8a (FECN/BECN may be set by switches).
     prefix[bth_at + BTH_RESV8A] = 0xff;
 
-    let mut h = crc32fast::Hasher::new();
-    h.update(&prefix[..end]);
-    h.update(&packet[BTH_LEN..]);
-    Ok(h.finalize())
+    Ok(update(0, &prefix[..end]))
+}
+
+/// [`start`] for a datagram whose first `headers.len()` bytes (its IP header through its
+/// last transport header) are written: the CRC so far, for the payload to continue.
+pub fn start_datagram(headers: &[u8]) -> Result<u32, WireError> {
+    let hdr_len = ip_header_len(headers)? + UDP_HEADER_LEN;
+    check_len(headers, hdr_len + BTH_LEN)?;
+    let (ip_udp, packet) = headers.split_at(hdr_len);
+    Ok(update(start(ip_udp, packet)?, &packet[BTH_LEN..]))
+}
+
+/// Continues the CRC `crc` (crc32fast's value) over `bytes`.
+pub fn update(crc: u32, bytes: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(crc);
+    h.update(bytes);
+    h.finalize()
+}
+
+/// Copies a whole datagram (IP header through ICRC) of `dst.len()` bytes from `src` into
+/// `dst`, checking its ICRC on the way: the headers are copied first and the CRC is started
+/// over the copy, the rest is copied and checksummed in one pass
+/// ([`crate::mem::copy_crc_raw`]). Returns whether the copy's ICRC is right; false also for
+/// whatever is too short or malformed to have one (the caller lets the device's own checks
+/// say what it is). What was checked is the copy, whatever writes `src` meanwhile.
+///
+/// # Safety
+/// `src` must be valid for `dst.len()` bytes of reads and not overlap `dst`.
+pub unsafe fn copy_checked(dst: &mut [u8], src: *const u8) -> bool {
+    let len = dst.len();
+    let head = len.min(IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN);
+    // SAFETY: `head <= len` bytes of both (the caller's contract).
+    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), head) };
+    let Ok(hdr_len) = ip_header_len(dst).map(|l| l + UDP_HEADER_LEN) else {
+        // SAFETY: the rest of both ranges.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(head), dst.as_mut_ptr().add(head), len - head) };
+        return false;
+    };
+    let Some(body_end) = len.checked_sub(ICRC_LEN).filter(|&e| e >= hdr_len + BTH_LEN) else {
+        // SAFETY: as above.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(head), dst.as_mut_ptr().add(head), len - head) };
+        return false;
+    };
+    let (ip_udp, packet) = dst[..head].split_at(hdr_len);
+    let Ok(crc) = start(ip_udp, packet) else { return false };
+    // The bytes of the copied head past the BTH and before the ICRC (an IPv4 datagram's).
+    let crc = update(crc, &dst[hdr_len + BTH_LEN..head.min(body_end)]);
+    let crc = if body_end > head {
+        // SAFETY: `head..body_end` lies inside both ranges.
+        unsafe { crate::mem::copy_crc_raw(dst.as_mut_ptr().add(head), src.add(head), body_end - head, crc) }
+    } else {
+        crc
+    };
+    let from = head.max(body_end);
+    // SAFETY: `from..len` lies inside both ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src.add(from), dst.as_mut_ptr().add(from), len - from) };
+    dst[body_end..] == crc.to_le_bytes()
 }
 
 /// A datagram cut into `(ip_udp, packet_without_icrc, icrc_bytes)`.

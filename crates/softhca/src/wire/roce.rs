@@ -496,7 +496,16 @@ pub fn emit_ip_udp(ip: &IpRepr, udp: &UdpRepr, packet_len: usize, buf: &mut [u8]
 /// it (in that order, since the checksum covers the ICRC and the ICRC masks
 /// the checksum).
 pub fn seal(datagram: &mut [u8], ip: &IpRepr, checksum: UdpChecksum) -> Result<(), WireError> {
-    icrc::fill_datagram(datagram)?;
+    let icrc = icrc::compute_datagram(datagram)?;
+    seal_with(datagram, ip, checksum, icrc)
+}
+
+/// [`seal`] with the ICRC already known: computed while the datagram was written
+/// ([`icrc::start_datagram`] over its headers, continued over the payload as it was copied
+/// in and over the pad), so that no second pass reads the payload back.
+pub fn seal_with(datagram: &mut [u8], ip: &IpRepr, checksum: UdpChecksum, icrc: u32) -> Result<(), WireError> {
+    let at = datagram.len().checked_sub(ICRC_LEN).ok_or(WireError::BadLength)?;
+    datagram[at..].copy_from_slice(&icrc.to_le_bytes());
     if checksum == UdpChecksum::Compute {
         let at = ip.header_len();
         let udp = datagram.get_mut(at..).ok_or(WireError::BadLength)?;

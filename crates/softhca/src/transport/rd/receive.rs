@@ -15,7 +15,7 @@ use crate::wire::{BthRepr, Opcode, PacketRepr, RdethRepr};
 
 use crate::transport::channel::{Arrival, Inbound, Sent};
 use crate::transport::completer::scatter;
-use crate::transport::engine::{emit, ip_for};
+use crate::transport::engine::{emit, ip_for, Payload};
 use crate::transport::responder::{begin_write, enabled, length_ok, Refusal, Request, RespJob};
 
 use super::*;
@@ -62,7 +62,7 @@ pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) ->
     let bth = |op: Opcode, (_, to): Route, psn: Psn| BthRepr::new(op, pkey, to, psn);
     // RD ACKs carry no credits (IBA 9.7.7.2 counts them per QP, and RD QPs have none here).
     let ack = Syndrome::ACK_NO_CREDITS;
-    let emit = |(from, _): Route, mut p: PacketRepr<'static>, n: usize, fill: &dyn Fn(&mut [u8]) -> bool| {
+    let emit = |(from, _): Route, mut p: PacketRepr<'static>, n: usize, fill: &dyn Fn(&mut Payload<'_>) -> bool| {
         p.rdeth = Some(RdethRepr { ee_cnxt: dest_eecn });
         emit(from, ip, p, n, buf, fill)
     };

@@ -16,7 +16,7 @@ use crate::wire::{BthRepr, DethRepr, PacketRepr, RdethRepr};
 
 use crate::transport::channel::{ack_timeout_ns, nak_status, take_atomic_ack, take_read_response, Retry};
 use crate::transport::completer::{self, Response};
-use crate::transport::engine::{add_request_headers, emit, gather, ip_for, request_opcode, TimerOwner};
+use crate::transport::engine::{add_request_headers, emit, ip_for, request_opcode, TimerOwner};
 use crate::transport::requester::{check_local, run_local, ACK_EVERY, WINDOW};
 
 use super::receive::reap_held;
@@ -235,14 +235,7 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     p.deth = Some(DethRepr { q_key: tx.q_key, src_qp: tx.src_qp });
     add_request_headers(&mut p, w, offset, first, last);
     let ip = ip_for(dev, &attrs.av?.ah)?;
-    let len = emit(tx.src_qp, ip, p, payload as usize, buf, |dst| {
-        if !w.inline.is_empty() {
-            let start = offset as usize;
-            w.inline.get(start..start + dst.len()).map(|src| dst.copy_from_slice(src)).is_some()
-        } else {
-            gather(&w.tx.local, offset, dst)
-        }
-    })?;
+    let len = emit(tx.src_qp, ip, p, payload as usize, buf, |out| out.wqe(w, offset))?;
     // A Read asks for all its remaining responses with one request.
     tx.next = if single { tx.npkts } else { k + 1 };
     tx.high = tx.high.max(tx.next);
