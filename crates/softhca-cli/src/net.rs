@@ -81,10 +81,13 @@ impl Faults {
 }
 
 /// How long `wait` on the udp link waits for a condition before giving up:
-/// `SOFTHCA_WAIT_SECS`, else 60 s.
+/// `SOFTHCA_WAIT_SECS`, else 60 s. Read once: a ping-pong waits once per message, and the
+/// environment lookup (a lock and a scan) was a twentieth of a busy-polled server's work.
 pub fn udp_wait() -> Duration {
-    let secs = std::env::var("SOFTHCA_WAIT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    Duration::from_secs(secs)
+    static WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *WAIT.get_or_init(|| {
+        Duration::from_secs(std::env::var("SOFTHCA_WAIT_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60))
+    })
 }
 
 /// The devices' link and how the CLI waits for their progress.
