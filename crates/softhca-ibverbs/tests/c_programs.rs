@@ -7,7 +7,6 @@
 mod common;
 
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -28,12 +27,8 @@ fn pingpong(prog: &str, args: &[&str], k: u16, env: &[(&str, &str)]) -> String {
         }
         c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
     };
-    let server = spawn(false);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !listening(port(k)) {
-        assert!(Instant::now() < deadline, "{prog} server never listened on {p}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let mut server = spawn(false);
+    await_listening(&mut server, port(k), 20, prog);
     let client = finish(spawn(true), 60, prog);
     let server = finish(server, 60, prog);
     let text = |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));

@@ -11,7 +11,6 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -44,12 +43,8 @@ fn perftest_env(prog: &str, args: &[&str], k: u16, env: &[(&str, &str)]) -> Opti
         }
         c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
     };
-    let server = spawn(false);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !listening(port) {
-        assert!(Instant::now() < deadline, "{prog} server never listened on {port}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let mut server = spawn(false);
+    await_listening(&mut server, port, 30, prog);
     let client = finish(spawn(true), 120, prog);
     let server = finish(server, 120, prog);
     let text = |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));

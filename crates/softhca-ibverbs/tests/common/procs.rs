@@ -43,6 +43,26 @@ pub fn listening(port: u16) -> bool {
     })
 }
 
+/// Waits up to `secs` for the server `child` to listen on TCP `port`. A server that exits
+/// first, or never listens, fails the test with what it printed (a refused bind, a device
+/// that would not open), not only the port it missed.
+pub fn await_listening(child: &mut Child, port: u16, secs: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !listening(port) {
+        let exited = child.try_wait().unwrap();
+        if exited.is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            let mut out = Vec::new();
+            child.stdout.take().map(|mut s| s.read_to_end(&mut out));
+            child.stderr.take().map(|mut s| s.read_to_end(&mut out));
+            let how = if exited.is_some() { format!("exited ({status})") } else { format!("stalled for {secs} s") };
+            panic!("{what} server never listened on {port}: it {how}: {}", String::from_utf8_lossy(&out));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Waits for a child at most `secs` (a hang guard), then returns its output.
 pub fn finish(mut child: Child, secs: u64, what: &str) -> Output {
     let deadline = Instant::now() + Duration::from_secs(secs);
