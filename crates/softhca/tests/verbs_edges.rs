@@ -160,3 +160,52 @@ fn a_poll_that_finds_completions_waiting_skips_one_engine_turn() {
     assert_eq!(turns.load(Ordering::Relaxed), 4);
     f.ctx.set_progress(None);
 }
+
+/// Dropping the last handle of a QP, a memory window or an EEC that was never destroyed
+/// destroys it, as closing a context destroys what it still has: the device's tables hold
+/// these objects and the objects hold the device, so before, each one kept itself and the
+/// whole device (its rings, buffers and tables) for the life of the process. A clone of a
+/// handle keeps the object; the device leaves the device list once the last handle of
+/// anything on it is gone. (Found by the `receive` fuzz target, which ran out of memory.)
+/// Rule QPT-SW-12
+#[test]
+fn the_last_handle_dropped_destroys_what_the_program_did_not() {
+    let mut cfg = DeviceConfig::default().name("dropped-handles");
+    cfg.attr.max_qp = 2;
+    cfg.attr.max_mw = 1;
+    cfg.attr.max_ee = 1;
+    {
+        let ctx = Context::create(cfg).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let rc = || pd.create_qp(&QpInitAttr::rc(&cq, &cq));
+        let first = rc().unwrap();
+        let second = rc().unwrap();
+        assert!(rc().is_err(), "max_qp is 2");
+        let kept = first.clone();
+        drop(first);
+        assert!(rc().is_err(), "a clone keeps the QP");
+        kept.query().unwrap();
+        drop(kept);
+        let third = rc().unwrap();
+        drive(&third, QpState::Rts);
+        drop(third);
+        rc().unwrap();
+        second.destroy().unwrap();
+        drop(second); // destroyed already: nothing more happens
+
+        let mw = pd.alloc_mw().unwrap();
+        assert!(pd.alloc_mw().is_err(), "max_mw is 1");
+        drop(mw);
+        let _mw = pd.alloc_mw().unwrap();
+
+        let rdd = ctx.alloc_rdd().unwrap();
+        let eec = ctx.create_eec(&rdd).unwrap();
+        assert!(ctx.create_eec(&rdd).is_err(), "max_ee is 1");
+        drop(eec);
+        let _eec = ctx.create_eec(&rdd).unwrap();
+        let _rd = pd.create_qp(&QpInitAttr::rd(&cq, &cq, &rdd));
+        assert!(device_list().iter().any(|d| d.name == "dropped-handles"));
+    }
+    assert!(!device_list().iter().any(|d| d.name == "dropped-handles"), "the device outlived every handle");
+}

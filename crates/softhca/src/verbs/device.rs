@@ -525,7 +525,12 @@ impl Context {
             progress: RwLock::new(None),
             engine: Engine::default(),
         });
-        DEVICES.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&inner));
+        let mut list = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        // A dead device's entry still holds its allocation (a `Weak` does): gone here, so that
+        // a process that makes devices one after another keeps only the live ones.
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&inner));
+        drop(list);
         tracing::info!(device = %inner.name, "device created");
         Ok(Context { inner })
     }

@@ -213,6 +213,8 @@ pub struct Eec {
     pub(crate) inner: Arc<EecInner>,
     dev: Arc<DeviceInner>,
     rdd: Rdd,
+    /// Destroys the EEC with its last handle (see [`super::LastHandle`]).
+    _last: Arc<super::LastHandle>,
 }
 
 impl std::fmt::Debug for Eec {
@@ -248,7 +250,11 @@ impl Context {
             })
         });
         tracing::debug!(device = %self.inner.name, eecn = inner.eecn, "EEC created");
-        Ok(Eec { inner, dev: self.inner.clone(), rdd: rdd.clone() })
+        let (held, held_dev, held_rdd) = (inner.clone(), self.inner.clone(), rdd.clone());
+        let _last = super::LastHandle::new(move || {
+            let _ = release(&held, &held_dev, &held_rdd);
+        });
+        Ok(Eec { inner, dev: self.inner.clone(), rdd: rdd.clone(), _last })
     }
 }
 
@@ -352,18 +358,26 @@ impl Eec {
     }
 
     fn destroy_locked(&self) -> Result<()> {
-        let mut core = self.locked()?;
-        // The ACKs the channel owes outlive it (see Qp::destroy).
-        let owed = crate::transport::rd::owed_acks(&self.inner, &mut core);
-        core.destroyed = true;
-        core.attrs.state = QpState::Error;
-        drop(core);
-        let dev = &self.dev;
-        dev.engine.remove_eec(self.inner.eecn);
-        self.rdd.inner.release();
-        give(&dev.counts.eec);
-        dev.orphan(owed);
-        dev.ring();
-        Ok(())
+        self.dev.check_open()?;
+        release(&self.inner, &self.dev, &self.rdd)
     }
+}
+
+/// Destroy EEC on an open device, or with the EEC's last handle on any.
+fn release(eec: &EecInner, dev: &DeviceInner, rdd: &Rdd) -> Result<()> {
+    let mut core = eec.lock();
+    if core.destroyed {
+        return Err(VerbsError::InvalidArgument("EEC destroyed"));
+    }
+    // The ACKs the channel owes outlive it (see Qp::destroy).
+    let owed = crate::transport::rd::owed_acks(eec, &mut core);
+    core.destroyed = true;
+    core.attrs.state = QpState::Error;
+    drop(core);
+    dev.engine.remove_eec(eec.eecn);
+    rdd.inner.release();
+    give(&dev.counts.eec);
+    dev.orphan(owed);
+    dev.ring();
+    Ok(())
 }

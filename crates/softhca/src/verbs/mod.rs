@@ -24,6 +24,28 @@ pub mod qp;
 pub mod srq;
 pub mod wr;
 
+/// Shared (in an `Arc`) by every clone of a handle whose object the device's own tables hold
+/// too (a QP, an EEC, a memory window): when the last clone is dropped, `release` destroys the
+/// object as if the program had, unless it already did. The tables hold the object and the
+/// object holds the device, so an object no handle names any more would otherwise keep
+/// itself and the whole device for the life of the process. Runs even on a closed device.
+pub(crate) struct LastHandle(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl LastHandle {
+    pub fn new(release: impl FnOnce() + Send + Sync + 'static) -> std::sync::Arc<LastHandle> {
+        std::sync::Arc::new(LastHandle(Some(Box::new(release))))
+    }
+}
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        if let Some(release) = self.0.take() {
+            // Handlers and wake-ups the release queues run once it is over (see `effects`).
+            effects::scope(release);
+        }
+    }
+}
+
 pub use ah::Ah;
 pub use cm_agent::CmAgent;
 pub use cq::{CompChannel, Cq};

@@ -41,6 +41,8 @@ pub(crate) struct MwInner {
 pub struct Mw {
     pub(crate) inner: Arc<MwInner>,
     dev: Arc<DeviceInner>,
+    /// Deallocates the window with its last handle (see [`super::LastHandle`]).
+    _last: Arc<super::LastHandle>,
 }
 
 impl std::fmt::Debug for Mw {
@@ -68,7 +70,11 @@ impl Pd {
             });
             (KeyEntry::Mw(mw.clone()), mw)
         })?;
-        Ok(Mw { inner, dev: dev.clone() })
+        let (held, held_dev) = (inner.clone(), dev.clone());
+        let _last = super::LastHandle::new(move || {
+            let _ = release(&held, &held_dev);
+        });
+        Ok(Mw { inner, dev: dev.clone(), _last })
     }
 }
 
@@ -85,23 +91,28 @@ impl Mw {
     /// Deallocate Memory Window: its key stops working and its region is free again.
     pub fn dealloc(&self) -> Result<()> {
         self.dev.check_open()?;
-        if self.inner.dealloced.swap(true, Ordering::AcqRel) {
-            return Err(VerbsError::InvalidArgument("memory window already deallocated"));
-        }
-        // The key table before the window's state, as in check_access and bind.
-        let mut keys = self.dev.keys.write().unwrap_or_else(|e| e.into_inner());
-        let mut st = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        keys.remove(st.key);
-        drop(keys);
-        self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
-        if let Some(b) = st.binding.take() {
-            b.mr.windows.fetch_sub(1, Ordering::AcqRel);
-        }
-        drop(st);
-        self.inner.pd.release();
-        give(&self.dev.counts.mw);
-        Ok(())
+        release(&self.inner, &self.dev)
     }
+}
+
+/// Deallocate Memory Window on an open device, or with the window's last handle on any.
+fn release(mw: &MwInner, dev: &DeviceInner) -> Result<()> {
+    if mw.dealloced.swap(true, Ordering::AcqRel) {
+        return Err(VerbsError::InvalidArgument("memory window already deallocated"));
+    }
+    // The key table before the window's state, as in check_access and bind.
+    let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
+    let mut st = mw.state.lock().unwrap_or_else(|e| e.into_inner());
+    keys.remove(st.key);
+    drop(keys);
+    dev.key_gen.fetch_add(1, Ordering::AcqRel);
+    if let Some(b) = st.binding.take() {
+        b.mr.windows.fetch_sub(1, Ordering::AcqRel);
+    }
+    drop(st);
+    mw.pd.release();
+    give(&dev.counts.mw);
+    Ok(())
 }
 
 /// Executes a bind for QP `qpn` of PD `pd_handle` (WR-BIND-2..5); a failure is Memory Window

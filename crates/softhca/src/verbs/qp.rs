@@ -292,11 +292,15 @@ impl QpAttr {
 pub struct Qp {
     pub(crate) inner: Arc<QpInner>,
     res: Arc<QpResources>,
+    /// Destroys the QP with its last handle (see [`super::LastHandle`]).
+    _last: Arc<super::LastHandle>,
 }
 
 /// The verbs objects a QP holds (and keeps from being destroyed) while it exists; the
 /// transport's `QpInner` reaches them only through its narrow interface.
 struct QpResources {
+    /// The QP these belong to.
+    qp: Arc<QpInner>,
     dev: Arc<DeviceInner>,
     pd: Pd,
     send_cq: Cq,
@@ -484,6 +488,7 @@ impl Context {
         }
         tracing::debug!(device = %self.inner.name, qpn, qp_type = ?init.qp_type, "QP created");
         let res = QpResources {
+            qp: inner.clone(),
             dev: self.inner.clone(),
             pd: pd.clone(),
             send_cq: init.send_cq.clone(),
@@ -491,7 +496,12 @@ impl Context {
             srq: init.srq.clone(),
             rdd,
         };
-        Ok(Qp { inner, res: Arc::new(res) })
+        let res = Arc::new(res);
+        let held = res.clone();
+        let _last = super::LastHandle::new(move || {
+            let _ = held.release();
+        });
+        Ok(Qp { inner, res, _last })
     }
 }
 
@@ -1112,8 +1122,21 @@ impl Qp {
     }
 
     fn destroy_locked(&self) -> Result<()> {
-        let q = &self.inner;
-        let (mut core, sq, rq) = self.exclusive()?;
+        self.res.dev.check_open()?;
+        self.res.release()
+    }
+}
+
+impl QpResources {
+    /// Destroy QP (see [`Qp::destroy`]) on an open device, or with the last handle on any.
+    fn release(&self) -> Result<()> {
+        let q = &self.qp;
+        let mut core = q.core.lock().unwrap_or_else(|e| e.into_inner());
+        if q.destroyed.load(Ordering::Acquire) {
+            return Err(VerbsError::InvalidQpHandle);
+        }
+        // Both producer locks, in the one order after `core` (module doc), as `exclusive`.
+        let (sq, rq) = (q.sq_ring.producer(), q.rq_ring.producer());
         // The ACKs this QP owes outlive it: the application may have seen the completions they
         // acknowledge, and a peer waiting for them would retry into a missing QP. Built now,
         // sent by the next transmit (the doorbell below asks for it).
@@ -1123,22 +1146,22 @@ impl Qp {
         core.sq.discard();
         core.rq.discard();
         drop((rq, sq, core));
-        self.res.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
-        self.res.dev.engine.remove_raw(q.qpn);
-        self.res.send_cq.detach();
-        self.res.recv_cq.detach();
-        if let Some(srq) = &self.res.srq {
+        self.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
+        self.dev.engine.remove_raw(q.qpn);
+        self.send_cq.detach();
+        self.recv_cq.detach();
+        if let Some(srq) = &self.srq {
             srq.detach();
         }
-        self.res.pd.inner.release();
-        if let Some(rdd) = &self.res.rdd {
+        self.pd.inner.release();
+        if let Some(rdd) = &self.rdd {
             rdd.inner.release();
         }
         // Its unread asynchronous events name a QP that no longer exists: dropped, as the
         // kernel drops them.
-        self.res.dev.purge_async_events(super::types::EventElement::Qp(q.qpn));
-        give(&self.res.dev.counts.qp);
-        self.res.dev.orphan(owed);
+        self.dev.purge_async_events(super::types::EventElement::Qp(q.qpn));
+        give(&self.dev.counts.qp);
+        self.dev.orphan(owed);
         tracing::debug!(qpn = q.qpn, "QP destroyed");
         Ok(())
     }
