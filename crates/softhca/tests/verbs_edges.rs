@@ -209,3 +209,35 @@ fn the_last_handle_dropped_destroys_what_the_program_did_not() {
     }
     assert!(!device_list().iter().any(|d| d.name == "dropped-handles"), "the device outlived every handle");
 }
+
+/// A last handle dropped by a thread-local's destructor, as a thread ends, destroys its QP
+/// too: the deferred-callback queue is itself a thread-local and may be gone by then, and the
+/// drop must not touch it (a panic in a thread-local destructor aborts the process).
+/// Rule QPT-SW-12
+#[test]
+fn a_handle_dropped_as_its_thread_ends_destroys_the_qp() {
+    use std::cell::RefCell;
+    thread_local! {
+        static HELD: RefCell<Option<Qp>> = const { RefCell::new(None) };
+    }
+    let mut cfg = DeviceConfig::default().name("thread-local-handle");
+    cfg.attr.max_qp = 1;
+    let ctx = Context::create(cfg).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+    std::thread::spawn(move || {
+        HELD.with(|h| *h.borrow_mut() = Some(qp));
+        // A verb after it: softhca's own thread-locals are set up later, and torn down first.
+        HELD.with(|h| {
+            h.borrow()
+                .as_ref()
+                .unwrap()
+                .modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::REMOTE_WRITE))
+                .unwrap()
+        });
+    })
+    .join()
+    .unwrap();
+    pd.create_qp(&QpInitAttr::rc(&cq, &cq)).expect("the thread's QP was destroyed with it");
+}

@@ -24,25 +24,28 @@ struct Outermost;
 
 impl Drop for Outermost {
     fn drop(&mut self) {
-        PENDING.with(|p| *p.borrow_mut() = None);
+        let _ = PENDING.try_with(|p| *p.borrow_mut() = None);
     }
 }
 
 /// Runs `f`; what it queues meanwhile runs after it, on this thread, once no lock is held.
-/// Nested scopes hand theirs to the outermost.
+/// Nested scopes hand theirs to the outermost. On a thread whose thread-locals are being torn
+/// down (a verb, or the drop of a last handle, from another thread-local's destructor) there
+/// is no queue: `f` runs, and what it would queue runs at once (see [`call`]).
 pub(crate) fn scope<R>(f: impl FnOnce() -> R) -> R {
-    let outermost = PENDING.with(|p| {
+    let outermost = PENDING.try_with(|p| {
         let mut p = p.borrow_mut();
         p.is_none().then(|| *p = Some(Vec::new())).is_some()
     });
-    if !outermost {
+    if outermost != Ok(true) {
         return f();
     }
     let _guard = Outermost;
     let r = f();
     loop {
         // A callback that calls verbs may queue more; they join this same loop.
-        let calls = PENDING.with(|p| p.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default());
+        let calls =
+            PENDING.try_with(|p| p.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default()).unwrap_or_default();
         if calls.is_empty() {
             break;
         }
@@ -58,29 +61,31 @@ struct StepGuard;
 
 impl Drop for StepGuard {
     fn drop(&mut self) {
-        IN_STEP.with(|s| s.set(s.get() - 1));
+        let _ = IN_STEP.try_with(|s| s.set(s.get() - 1));
     }
 }
 
 /// Runs an engine step `f` as a [`scope`] in which wake-ups are deferred too (see [`wake`]).
 pub(crate) fn step<R>(f: impl FnOnce() -> R) -> R {
     scope(|| {
-        IN_STEP.with(|s| s.set(s.get() + 1));
+        let _ = IN_STEP.try_with(|s| s.set(s.get() + 1));
         let _guard = StepGuard;
         f()
     })
 }
 
-/// Runs `call` now when no scope is open on this thread, else when the outermost one ends.
+/// Runs `call` now when no scope is open on this thread (or its thread-locals are gone), else
+/// when the outermost one ends.
 pub(crate) fn call(call: impl FnOnce() + 'static) {
-    let now = PENDING.with(|p| match p.borrow_mut().as_mut() {
-        Some(queue) => {
-            queue.push(Box::new(call));
-            None
+    let mut call = Some(call);
+    let _ = PENDING.try_with(|p| {
+        if let Some(queue) = p.borrow_mut().as_mut() {
+            if let Some(c) = call.take() {
+                queue.push(Box::new(c));
+            }
         }
-        None => Some(call),
     });
-    if let Some(c) = now {
+    if let Some(c) = call {
         c();
     }
 }
@@ -88,7 +93,7 @@ pub(crate) fn call(call: impl FnOnce() + 'static) {
 /// Runs a wake-up `w` (an eventfd write, a condition variable signal) now, or, inside an engine
 /// step, once the step is over, in the order the step raised them.
 pub(crate) fn wake(w: impl FnOnce() + 'static) {
-    if IN_STEP.with(|s| s.get()) > 0 {
+    if IN_STEP.try_with(|s| s.get()).unwrap_or(0) > 0 {
         call(w);
     } else {
         w();
