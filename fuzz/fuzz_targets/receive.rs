@@ -1,0 +1,148 @@
+//! Fuzzes what a device does with what a peer sends: each input is a transport packet
+//! (BTH onward) that arrives, in a sealed RoCEv2 datagram from the peer's address, at a
+//! device whose RC, UC and UD QPs are connected and mid-conversation, with receives posted and
+//! a region that grants every remote right. The first byte steers it toward a QP (and may put
+//! the QP's own number, the open region's R_Key and an expected PSN in place) so that the
+//! fuzzer reaches past the address checks into the transport. Nothing may panic (DESIGN rule
+//! 6); a region that grants no remote right never changes (rule 5), whatever arrives; the
+//! device keeps answering Query QP.
+
+#![no_main]
+
+use std::cell::RefCell;
+
+use libfuzzer_sys::fuzz_target;
+use softhca::link::sim::reseal;
+use softhca::transport::MAX_DATAGRAM;
+use softhca::wire::roce::{self, UdpRepr};
+use softhca::wire::{IpRepr, Ipv4Repr, UdpChecksum};
+use softhca::*;
+
+const PSN: u32 = 100;
+const GUARD: u8 = 0x5A;
+
+struct Target {
+    ctx: Context,
+    qps: Vec<Qp>,
+    open: Mr,
+    guard: Mr,
+    peer: Gid,
+    buf: Vec<u8>,
+    inputs: u32,
+    // Dropped with the target: the device's own objects and the peer's.
+    _keep: (Pd, Cq, Vec<Ah>, Context, Pd, Cq, Vec<Qp>),
+}
+
+fn target() -> Target {
+    let gid = |n: u8| Gid::from_ipv4([127, 9, 0, n].into());
+    let (me, peer) = (gid(2), gid(1));
+    let ctx = Context::create(DeviceConfig::default().name("fuzz").gid0(me).seed(7)).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096).unwrap();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let open = pd.alloc_mr(8192, all).unwrap();
+    let guard = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    guard.write(0, &[GUARD; 4096]).unwrap();
+    // The peer's QPs exist only as numbers (the device checks the source address and QPN).
+    let peer_ctx = Context::create(DeviceConfig::default().name("peer").gid0(peer).seed(8)).unwrap();
+    let peer_pd = peer_ctx.alloc_pd().unwrap();
+    let peer_cq = peer_ctx.create_cq(16).unwrap();
+    let mut qps = Vec::new();
+    let mut peers = Vec::new();
+    let mut ahs = Vec::new();
+    for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        let attr = |cq| QpInitAttr::new(t, cq, cq).max_send_wr(64).max_recv_wr(64).max_recv_sge(2);
+        let qp = pd.create_qp(&attr(&cq)).unwrap();
+        let other = peer_pd.create_qp(&attr(&peer_cq)).unwrap();
+        let av = AddressVector::new(AhAttr::roce(peer, 0), Mtu::Mtu256);
+        match t {
+            QpType::Ud => {
+                qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(0x1111)).unwrap();
+                qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
+                qp.modify(&QpAttr::to_rts().sq_psn(PSN)).unwrap();
+            }
+            QpType::Uc => {
+                qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::REMOTE_WRITE)).unwrap();
+                qp.modify(&QpAttr::to_rtr(av, other.qp_num()).rq_psn(PSN)).unwrap();
+                qp.modify(&QpAttr::to_rts().sq_psn(PSN)).unwrap();
+            }
+            _ => {
+                qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+                qp.modify(&QpAttr::to_rtr(av, other.qp_num()).rq_psn(PSN).max_dest_rd_atomic(4).min_rnr_timer(1))
+                    .unwrap();
+                qp.modify(&QpAttr::to_rts().sq_psn(PSN).timeout(10).retry_cnt(2).rnr_retry(2).max_rd_atomic(4))
+                    .unwrap();
+            }
+        }
+        let sges: Vec<[Sge; 1]> = (0..8usize).map(|i| [open.sge(1024 * i..1024 * (i + 1))]).collect();
+        let wrs: Vec<RecvWr> = sges.iter().enumerate().map(|(i, s)| RecvWr::new(i as u64, s)).collect();
+        qp.post_recv(&wrs).unwrap();
+        // Something in flight, so that responses (ACKs, Read responses) have a request to match.
+        let (read, send) = ([open.sge(0..512)], [open.sge(0..64)]);
+        match t {
+            QpType::Rc => qp.post_send(&[SendWr::rdma_read(1, &read, 0x1000, 0x1234)]).unwrap(),
+            QpType::Uc => qp.post_send(&[SendWr::send(1, &send)]).unwrap(),
+            _ => {
+                let ah = pd.create_ah(&AhAttr::roce(peer, 0)).unwrap();
+                qp.post_send(&[SendWr::send(1, &send).ud(&ah, other.qp_num(), 0x1111)]).unwrap();
+                ahs.push(ah);
+            }
+        }
+        qps.push(qp);
+        peers.push(other);
+    }
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    while ctx.transmit(0, &mut buf).is_some() {}
+    Target { ctx, qps, open, guard, peer, buf, inputs: 0, _keep: (pd, cq, ahs, peer_ctx, peer_pd, peer_cq, peers) }
+}
+
+thread_local! {
+    static TARGET: RefCell<Option<Target>> = const { RefCell::new(None) };
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&steer, packet)) = data.split_first() else { return };
+    TARGET.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        // A fresh device now and then: QPs that went to Error stop reaching the transport.
+        if slot.as_ref().is_none_or(|t| t.inputs >= 256) {
+            *slot = Some(target());
+        }
+        let t = slot.as_mut().unwrap();
+        t.inputs += 1;
+        let mut packet = packet.to_vec();
+        if steer & 0x80 != 0 && packet.len() >= 12 {
+            let qpn = t.qps[usize::from(steer & 3) % t.qps.len()].qp_num();
+            packet[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            packet[2..4].copy_from_slice(&[0xff, 0xff]); // the default P_Key
+        }
+        if steer & 0x40 != 0 && packet.len() >= 12 {
+            let psn = PSN + u32::from(steer >> 2 & 3);
+            packet[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
+        }
+        if steer & 0x20 != 0 && packet.len() >= 28 {
+            // Where a RETH or AtomicETH would be after a plain BTH: the open region.
+            packet[12..20].copy_from_slice(&t.open.addr().to_be_bytes());
+            packet[20..24].copy_from_slice(&t.open.rkey().to_be_bytes());
+        }
+        let me = t.ctx.query_gid(1, 0).unwrap();
+        let ip = IpRepr::V4(Ipv4Repr::new(t.peer.to_ipv4().unwrap(), me.to_ipv4().unwrap()));
+        let udp = UdpRepr::for_qp(0x11, UdpChecksum::Zero);
+        let mut d = vec![0u8; 28 + packet.len() + 4];
+        if roce::emit_ip_udp(&ip, &udp, packet.len() + 4, &mut d).is_err() {
+            return;
+        }
+        d[28..28 + packet.len()].copy_from_slice(&packet);
+        let _ = reseal(&mut d);
+        let now = u64::from(t.inputs) * 1_000_000;
+        t.ctx.receive(now, &d);
+        t.ctx.handle_timeout(now);
+        while t.ctx.transmit(now, &mut t.buf).is_some() {}
+        let mut guard = [0u8; 4096];
+        t.guard.read(0, &mut guard).unwrap();
+        assert!(guard.iter().all(|&b| b == GUARD), "a region without remote rights changed");
+        for qp in &t.qps {
+            let _ = qp.query().unwrap();
+        }
+    });
+});
