@@ -187,7 +187,19 @@ fn busy_poll_timers_run_without_a_poller() {
 /// in at once, checks both ICRCs and completes its Send from the ACK.
 #[test]
 fn an_answer_and_its_ack_leave_as_one_gso_message() {
-    let cfg = || UdpConfig::default().busy_poll(true);
+    answers_carry_their_acks(true);
+}
+
+/// Rule PKT-ROCE-10, PKT-ACK-3: the same between devices in the default blocking mode whose
+/// application spins on its CQ (as perftest and the pingpongs do): its polls drive the engine
+/// as busy-poll's do, and the ACK waits for the answer the same way.
+#[test]
+fn a_spinning_poller_in_blocking_mode_sends_answer_and_ack_together() {
+    answers_carry_their_acks(false);
+}
+
+fn answers_carry_their_acks(busy_poll: bool) {
+    let cfg = || UdpConfig::default().busy_poll(busy_poll);
     let (a, b) = (end(cfg()), end(cfg()));
     connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu1024);
     connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
@@ -217,4 +229,48 @@ fn an_answer_and_its_ack_leave_as_one_gso_message() {
     // B's is an answer with its ACK. Most rounds give one; timing may split a few.
     assert!(cb.tx_gso_messages >= rounds / 4, "{cb:?}");
     assert_eq!(cb.tx_gso_segments, 2 * cb.tx_gso_messages, "{cb:?}");
+}
+
+/// Rule PKT-ACK-3, PKT-ACK-13: an ACK a spinning poller's turn left for its next poll is not
+/// overtaken by what the application sends next from another QP once it stops polling (a
+/// disconnect's DREQ from QP1 answering the last completion; here a UD Send): the engine
+/// thread flushes them in the order the QPs became ready, and the peer completes its Send
+/// (from the ACK) before it receives the UD message, round after round, in blocking and in
+/// busy-poll mode.
+#[test]
+fn a_deferred_ack_leaves_before_a_later_request_of_another_qp() {
+    for busy_poll in [false, true] {
+        let cfg = || UdpConfig::default().busy_poll(busy_poll);
+        let (a, b) = (end(cfg()), end(cfg()));
+        connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu1024);
+        connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
+        let ud = |e: &End| {
+            let qp = e.pd.create_qp(&QpInitAttr::new(QpType::Ud, &e.cq, &e.cq).max_recv_wr(64)).unwrap();
+            qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(0x1111)).unwrap();
+            qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
+            qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
+            qp
+        };
+        let (a_ud, b_ud) = (ud(&a), ud(&b));
+        let ah = a.pd.create_ah(&AhAttr::roce(b.dev.gid(), 0)).unwrap();
+        let (ma, mb) =
+            (a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap(), b.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap());
+        for round in 0..20u64 {
+            a.qp.post_recv(&[RecvWr::new(round, &[ma.sge(0..64)])]).unwrap();
+            b_ud.post_recv(&[RecvWr::new(1000 + round, &[mb.sge(64..200)])]).unwrap();
+            // A spins on its CQ (a spinner by then, in blocking mode) until B's Send arrives.
+            b.qp.post_send(&[SendWr::send(round, &[mb.sge(0..8)]).signaled()]).unwrap();
+            let got = wait(&a.cq, 1, 10);
+            assert_eq!((got[0].opcode, got[0].status), (WcOpcode::Recv, WcStatus::Success), "{got:?}");
+            // Then sends from its UD QP and stops polling.
+            a_ud.post_send(&[SendWr::send(round, &[ma.sge(64..72)]).ud(&ah, b_ud.qp_num(), 0x1111)]).unwrap();
+            let wb = wait(&b.cq, 2, 10);
+            let order: Vec<_> = wb.iter().map(|w| (w.opcode, w.status)).collect();
+            assert_eq!(
+                order,
+                [(WcOpcode::Send, WcStatus::Success), (WcOpcode::Recv, WcStatus::Success)],
+                "busy-poll {busy_poll}, round {round}: B's Send completed after the UD message arrived"
+            );
+        }
+    }
 }

@@ -291,13 +291,15 @@ impl<P: Port> Driver<P> {
                 if full {
                     bump_shared(&self.wakes.poller_turns, 1);
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
-                    // Busy-poll turns leave ACKs for the next poll or post (they leave with
-                    // the reply); a spinning poller's turns in blocking mode are whole engine
-                    // turns, as the engine thread's are: an ACK leaves before the application
-                    // can act on its completion (a disconnect's DREQ must not overtake it).
-                    let defer = self.busy();
-                    let worked = p.turn(defer, now);
-                    self.shared.owed.store(defer && worked, Ordering::Relaxed);
+                    // A poller's turn leaves the ACKs it owes for the next poll or post, so
+                    // that they leave with the reply in one send, in busy-poll mode and for a
+                    // spinning poller in blocking mode alike; if the poller stops, the engine
+                    // thread flushes them (`background`). Nothing sent later can overtake them:
+                    // a flush takes QPs in the order they became ready, and a request goes
+                    // ahead only of its own flow's responses (the DREQ of a disconnect that
+                    // answers the last completion leaves after that completion's ACK).
+                    let worked = p.turn(true, now);
+                    self.shared.owed.store(worked, Ordering::Relaxed);
                 } else {
                     p.flush(now);
                     self.shared.owed.store(false, Ordering::Relaxed);
