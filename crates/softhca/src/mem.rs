@@ -181,13 +181,18 @@ unsafe fn copy_in(dst: *mut u8, src: &[u8], stream: bool) {
 /// short run is taken over it after the copy).
 pub(crate) unsafe fn copy_crc_raw(dst: *mut u8, src: *const u8, len: usize, crc: u32) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if len >= fused::MIN_LEN && fused::available() {
+    if len >= COPY_CRC_MIN && fused::available() {
         // SAFETY: the caller's contract; the CPU has the kernel's features (checked).
         return unsafe { fused::copy_crc(dst, src, len, crc) };
     }
     // SAFETY: the caller's contract.
     unsafe { copy_then_crc(dst, src, len, crc) }
 }
+
+/// Runs shorter than this take the two passes even where the fused kernel runs: below one of
+/// its 256-byte steps there is nothing to fold. A packet whose payload is shorter is cheaper
+/// copied plainly and checksummed in one pass with its headers (see `transport::engine::emit`).
+pub const COPY_CRC_MIN: usize = 256;
 
 /// The two-pass form of [`copy_crc_raw`]: a copy, then crc32fast over the destination.
 ///
@@ -220,9 +225,6 @@ pub fn copy_crc(dst: &mut [u8], src: &[u8], crc: u32) -> u32 {
 #[cfg(target_arch = "x86_64")]
 mod fused {
     use std::arch::x86_64::*;
-
-    /// Shorter runs take the two passes: below one step's 256 bytes there is nothing to fold.
-    pub const MIN_LEN: usize = 256;
 
     /// x^n mod P for the CRC-32 polynomial P = 0x1_04C1_1DB7, bit 31 the coefficient of x^31.
     const fn x_pow_mod_p(n: u32) -> u32 {
@@ -272,11 +274,11 @@ mod fused {
     /// See [`super::copy_crc_raw`].
     ///
     /// # Safety
-    /// As for [`super::copy_crc_raw`], with `len >= MIN_LEN`, on a CPU with AVX-512F and
+    /// As for [`super::copy_crc_raw`], with `len >= COPY_CRC_MIN`, on a CPU with AVX-512F and
     /// VPCLMULQDQ ([`available`]).
     #[target_feature(enable = "avx512f,vpclmulqdq")]
     pub unsafe fn copy_crc(dst: *mut u8, src: *const u8, len: usize, crc: u32) -> u32 {
-        debug_assert!(len >= MIN_LEN);
+        debug_assert!(len >= super::COPY_CRC_MIN);
         let step = _mm512_set_epi64(STEP.1, STEP.0, STEP.1, STEP.0, STEP.1, STEP.0, STEP.1, STEP.0);
         // SAFETY (of every load and store): offsets `at..at + 256` stay below `len` (the loop
         // bound), inside both ranges (the caller's contract); unaligned forms.

@@ -781,8 +781,10 @@ fn route(q: &QpInner, core: &mut QpCore) -> Option<IpRepr> {
 }
 
 /// Emits `packet` with a payload of `payload_len` bytes that `fill` writes in place through a
-/// [`Payload`], which continues the ICRC over each byte as it copies it; the pad and the
-/// ICRC follow, and no second pass reads the payload back.
+/// [`Payload`]. A payload of at least [`mem::COPY_CRC_MIN`](crate::mem::COPY_CRC_MIN) bytes has
+/// its ICRC continued over each byte as it is copied, so no second pass reads it back; a
+/// shorter one is copied plainly and the datagram checksummed in one pass, which costs less
+/// than several short CRC calls.
 pub(crate) fn emit(
     qpn: u32,
     ip: IpRepr,
@@ -796,23 +798,32 @@ pub(crate) fn emit(
     let range = repr.emit_headers(payload_len, buf).ok()?;
     let pad_end = range.end + pad_for(payload_len);
     let end = pad_end + ICRC_LEN;
-    let crc = icrc::start_datagram(&buf[..range.start]).ok()?;
+    let fused = payload_len >= crate::mem::COPY_CRC_MIN;
+    let crc = if fused { Some(icrc::start_datagram(&buf[..range.start]).ok()?) } else { None };
     let (head, rest) = buf.split_at_mut(range.end);
     let mut payload = Payload { dst: &mut head[range.start..], crc, at: 0 };
     if !fill(&mut payload) || payload.at != payload_len {
         return None;
     }
-    let crc = icrc::update(payload.crc, &rest[..pad_end - range.end]);
-    roce::seal_with(buf.get_mut(..end)?, &ip, udp.checksum, crc).ok()?;
+    // The pad bytes (zeros, PKT-HDR-2) close the running CRC.
+    let pad = &rest[..pad_end - range.end];
+    let crc = payload.crc.map(|crc| if pad.is_empty() { crc } else { icrc::update(crc, pad) });
+    let datagram = buf.get_mut(..end)?;
+    match crc {
+        Some(crc) => roce::seal_with(datagram, &ip, udp.checksum, crc),
+        None => roce::seal(datagram, &ip, udp.checksum),
+    }
+    .ok()?;
     Some(end)
 }
 
-/// The payload of a packet being emitted, written front to back only through copies that
-/// continue its ICRC as they go (`mem::copy_crc`: one pass over each byte).
+/// The payload of a packet being emitted, written front to back. With a running ICRC, only
+/// through copies that continue it as they go (`mem::copy_crc`: one pass over each byte).
 pub(crate) struct Payload<'a> {
     dst: &'a mut [u8],
-    /// The ICRC so far (crc32fast's value).
-    crc: u32,
+    /// The ICRC so far (crc32fast's value), where it runs with the copies; `None`: plain copies,
+    /// the ICRC computed over the whole datagram afterwards.
+    crc: Option<u32>,
     /// Bytes written.
     at: usize,
 }
@@ -826,7 +837,10 @@ impl Payload<'_> {
     /// Appends `src`; false (nothing written) if it does not fit.
     pub fn copy(&mut self, src: &[u8]) -> bool {
         let Some(dst) = self.dst.get_mut(self.at..self.at + src.len()) else { return false };
-        self.crc = crate::mem::copy_crc(dst, src, self.crc);
+        match &mut self.crc {
+            Some(crc) => *crc = crate::mem::copy_crc(dst, src, *crc),
+            None => dst.copy_from_slice(src),
+        }
         self.at += src.len();
         true
     }
@@ -834,14 +848,15 @@ impl Payload<'_> {
     /// Appends `len` bytes of `m` from `at` (checked by the window).
     pub fn read(&mut self, m: &crate::mem::MemRef, at: usize, len: usize) -> bool {
         let Some(dst) = self.dst.get_mut(self.at..self.at + len) else { return false };
-        match m.read_crc(at, dst, self.crc) {
-            Ok(crc) => {
-                self.crc = crc;
-                self.at += len;
-                true
-            }
-            Err(_) => false,
+        let read = match &mut self.crc {
+            Some(crc) => m.read_crc(at, dst, *crc).map(|c| *crc = c),
+            None => m.read(at, dst),
+        };
+        if read.is_err() {
+            return false;
         }
+        self.at += len;
+        true
     }
 
     /// Fills the rest with the bytes at byte `offset` of a gather list (WR-COM-5).
@@ -1026,8 +1041,8 @@ fn emit_request(
 fn emit_raw(w: &SendWqe, buf: &mut [u8]) -> Option<usize> {
     let len = w.length as usize;
     let dst = buf.get_mut(..len)?;
-    // A frame has no ICRC: the CRC the payload writer keeps is left unused.
-    if !(Payload { dst: &mut *dst, crc: 0, at: 0 }).wqe(w, 0) {
+    // A frame has no ICRC: plain copies.
+    if !(Payload { dst: &mut *dst, crc: None, at: 0 }).wqe(w, 0) {
         return None;
     }
     if let (Some(t), Some(field)) = (w.raw_ethertype, dst.get_mut(12..14)) {

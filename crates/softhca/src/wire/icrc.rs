@@ -25,7 +25,12 @@ const MAX_PREFIX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
 ///   here from what it knows.
 /// - `packet`: the BTH through the last pad byte, *without* the ICRC.
 pub fn compute(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
-    Ok(update(start(ip_udp, packet)?, &packet[BTH_LEN..]))
+    // One hasher for both parts: a hasher's creation detects the CPU's features each time.
+    let (prefix, len) = masked_prefix(ip_udp, packet)?;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&prefix[..len]);
+    h.update(&packet[BTH_LEN..]);
+    Ok(h.finalize())
 }
 
 /// The ICRC's CRC-32 over the masked prefix only: the LRH stand-in, `ip_udp` and the BTH at
@@ -34,6 +39,13 @@ pub fn compute(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
 /// [`crate::mem::copy_crc`]; the value after the last pad byte is the ICRC. The value is
 /// crc32fast's (the CRC of the bytes so far).
 pub fn start(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
+    let (prefix, len) = masked_prefix(ip_udp, packet)?;
+    Ok(update(0, &prefix[..len]))
+}
+
+/// The bytes the ICRC starts with (the LRH stand-in, the IP and UDP headers and the BTH, their
+/// variant fields masked to ones) and how many there are.
+fn masked_prefix(ip_udp: &[u8], packet: &[u8]) -> Result<([u8; MAX_PREFIX], usize), WireError> {
     let ip_len = ip_header_len(ip_udp)?;
     let hdr_len = ip_len + UDP_HEADER_LEN;
     if ip_udp.len() != hdr_len {
@@ -69,8 +81,7 @@ pub fn start(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
     prefix[udp_at + 7] = 0xff;
     // BTH resv8a (FECN/BECN may be set by switches).
     prefix[bth_at + BTH_RESV8A] = 0xff;
-
-    Ok(update(0, &prefix[..end]))
+    Ok((prefix, end))
 }
 
 /// [`start`] for a datagram whose first `headers.len()` bytes (its IP header through its
@@ -79,7 +90,7 @@ pub fn start_datagram(headers: &[u8]) -> Result<u32, WireError> {
     let hdr_len = ip_header_len(headers)? + UDP_HEADER_LEN;
     check_len(headers, hdr_len + BTH_LEN)?;
     let (ip_udp, packet) = headers.split_at(hdr_len);
-    Ok(update(start(ip_udp, packet)?, &packet[BTH_LEN..]))
+    compute(ip_udp, packet)
 }
 
 /// Continues the CRC `crc` (crc32fast's value) over `bytes`.
@@ -113,10 +124,9 @@ pub unsafe fn copy_checked(dst: &mut [u8], src: *const u8) -> bool {
         unsafe { std::ptr::copy_nonoverlapping(src.add(head), dst.as_mut_ptr().add(head), len - head) };
         return false;
     };
-    let (ip_udp, packet) = dst[..head].split_at(hdr_len);
-    let Ok(crc) = start(ip_udp, packet) else { return false };
-    // The bytes of the copied head past the BTH and before the ICRC (an IPv4 datagram's).
-    let crc = update(crc, &dst[hdr_len + BTH_LEN..head.min(body_end)]);
+    // The copied head up to the ICRC: its headers, and for IPv4 the first bytes after the BTH.
+    let (ip_udp, packet) = dst[..head.min(body_end)].split_at(hdr_len);
+    let Ok(crc) = compute(ip_udp, packet) else { return false };
     let crc = if body_end > head {
         // SAFETY: `head..body_end` lies inside both ranges.
         unsafe { crate::mem::copy_crc_raw(dst.as_mut_ptr().add(head), src.add(head), body_end - head, crc) }
