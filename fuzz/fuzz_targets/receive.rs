@@ -1,11 +1,13 @@
 //! Fuzzes what a device does with what a peer sends: each input is a transport packet
 //! (BTH onward) that arrives, in a sealed RoCEv2 datagram from the peer's address, at a
 //! device whose RC, UC and UD QPs are connected and mid-conversation, with receives posted and
-//! a region that grants every remote right. The first byte steers it toward a QP (and may put
-//! the QP's own number, the open region's R_Key and an expected PSN in place) so that the
-//! fuzzer reaches past the address checks into the transport. Nothing may panic (DESIGN rule
-//! 6); a region that grants no remote right never changes (rule 5), whatever arrives; the
-//! device keeps answering Query QP.
+//! a region that grants every remote right, and whose QP1 runs the connection manager
+//! (`CmAgent`, listening on rping's service; requests it gets are accepted or rejected by the
+//! input). The first byte steers it toward a QP (and may put the QP's own number, the open
+//! region's R_Key or the GSI's Q_Key, and an expected PSN in place) so that the fuzzer reaches
+//! past the address checks into the transport and the CM. Nothing may panic (DESIGN rule 6);
+//! a region that grants no remote right never changes (rule 5), whatever arrives; the device
+//! keeps answering Query QP.
 
 #![no_main]
 
@@ -13,6 +15,7 @@ use std::cell::RefCell;
 
 use libfuzzer_sys::fuzz_target;
 use softhca::link::sim::reseal;
+use softhca::transport::cm::CmEvent;
 use softhca::transport::MAX_DATAGRAM;
 use softhca::wire::roce::{self, UdpRepr};
 use softhca::wire::{IpRepr, Ipv4Repr, UdpChecksum};
@@ -20,9 +23,12 @@ use softhca::*;
 
 const PSN: u32 = 100;
 const GUARD: u8 = 0x5A;
+/// rdma_cm's service ID for TCP port 7174 (rping's default), which the seeds' REQs name.
+const SERVICE: u64 = 0x0000_0001_0600_1C06;
 
 struct Target {
     ctx: Context,
+    cm: CmAgent,
     qps: Vec<Qp>,
     open: Mr,
     guard: Mr,
@@ -91,9 +97,11 @@ fn target() -> Target {
         qps.push(qp);
         peers.push(other);
     }
+    let mut cm = CmAgent::new(&ctx, &pd, 9).unwrap();
+    cm.cm().listen(SERVICE);
     let mut buf = vec![0u8; MAX_DATAGRAM];
     while ctx.transmit(0, &mut buf).is_some() {}
-    Target { ctx, qps, open, guard, peer, buf, inputs: 0, _keep: (pd, cq, ahs, peer_ctx, peer_pd, peer_cq, peers) }
+    Target { ctx, cm, qps, open, guard, peer, buf, inputs: 0, _keep: (pd, cq, ahs, peer_ctx, peer_pd, peer_cq, peers) }
 }
 
 thread_local! {
@@ -111,8 +119,10 @@ fuzz_target!(|data: &[u8]| {
         let t = slot.as_mut().unwrap();
         t.inputs += 1;
         let mut packet = packet.to_vec();
+        // Steering bits 0-1: which QP (3: the GSI, QP1).
+        let gsi = steer & 3 == 3;
         if steer & 0x80 != 0 && packet.len() >= 12 {
-            let qpn = t.qps[usize::from(steer & 3) % t.qps.len()].qp_num();
+            let qpn = if gsi { 1 } else { t.qps[usize::from(steer & 3)].qp_num() };
             packet[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
             packet[2..4].copy_from_slice(&[0xff, 0xff]); // the default P_Key
         }
@@ -120,7 +130,10 @@ fuzz_target!(|data: &[u8]| {
             let psn = PSN + u32::from(steer >> 2 & 3);
             packet[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
         }
-        if steer & 0x20 != 0 && packet.len() >= 28 {
+        if steer & 0x20 != 0 && gsi && packet.len() >= 16 {
+            // The DETH's Q_Key: the GSI's well-known one.
+            packet[12..16].copy_from_slice(&0x8001_0000u32.to_be_bytes());
+        } else if steer & 0x20 != 0 && packet.len() >= 28 {
             // Where a RETH or AtomicETH would be after a plain BTH: the open region.
             packet[12..20].copy_from_slice(&t.open.addr().to_be_bytes());
             packet[20..24].copy_from_slice(&t.open.rkey().to_be_bytes());
@@ -137,6 +150,22 @@ fuzz_target!(|data: &[u8]| {
         let now = u64::from(t.inputs) * 1_000_000;
         t.ctx.receive(now, &d);
         t.ctx.handle_timeout(now);
+        // The connection manager takes what reached QP1 and answers: a request accepted onto
+        // the RC QP or rejected, as the steering byte's bit 4 says.
+        let _ = t.cm.receive(now);
+        let rc = t.qps[0].qp_num();
+        while let Some(event) = t.cm.cm().poll_event() {
+            match event {
+                CmEvent::ConnectRequest { id, .. } if steer & 0x10 != 0 => {
+                    t.cm.cm().accept(now, id, rc, PSN);
+                }
+                CmEvent::ConnectRequest { id, .. } | CmEvent::SidrRequest { id, .. } => {
+                    t.cm.cm().reject(id, 28);
+                }
+                _ => {}
+            }
+        }
+        t.cm.transmit();
         while t.ctx.transmit(now, &mut t.buf).is_some() {}
         let mut guard = [0u8; 4096];
         t.guard.read(0, &mut guard).unwrap();
