@@ -3,8 +3,8 @@
 //! The CRC runs over 8 bytes of 0xFF (the absent LRH), the IP and UDP headers
 //! with their variant fields masked to all ones, the BTH with byte 4 masked,
 //! then the rest of the packet up to the ICRC. Only the headers are copied,
-//! into a small stack array, to be masked ([`start`]); the rest continues that
-//! CRC in place. Where the payload is being copied anyway (a sender gathering
+//! into a small stack array, to be masked; the rest continues that CRC in
+//! place. Where the payload is being copied anyway (a sender gathering
 //! it into a datagram, a link copying a datagram in), the CRC is folded into
 //! that copy ([`crate::mem::copy_crc`], [`copy_checked`]): one pass per byte.
 
@@ -31,16 +31,6 @@ pub fn compute(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
     h.update(&prefix[..len]);
     h.update(&packet[BTH_LEN..]);
     Ok(h.finalize())
-}
-
-/// The ICRC's CRC-32 over the masked prefix only: the LRH stand-in, `ip_udp` and the BTH at
-/// the start of `packet` (as [`compute`] takes them). The rest of the packet continues it,
-/// through [`update`] or, while a payload is being copied, through
-/// [`crate::mem::copy_crc`]; the value after the last pad byte is the ICRC. The value is
-/// crc32fast's (the CRC of the bytes so far).
-pub fn start(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
-    let (prefix, len) = masked_prefix(ip_udp, packet)?;
-    Ok(update(0, &prefix[..len]))
 }
 
 /// The bytes the ICRC starts with (the LRH stand-in, the IP and UDP headers and the BTH, their
@@ -84,8 +74,10 @@ fn masked_prefix(ip_udp: &[u8], packet: &[u8]) -> Result<([u8; MAX_PREFIX], usiz
     Ok((prefix, end))
 }
 
-/// [`start`] for a datagram whose first `headers.len()` bytes (its IP header through its
-/// last transport header) are written: the CRC so far, for the payload to continue.
+/// The ICRC's CRC-32 (crc32fast's value) so far of a datagram whose first `headers.len()`
+/// bytes (its IP header through its last transport header) are written: what a payload being
+/// copied in continues ([`update`], [`crate::mem::copy_crc`]); the value after the last pad
+/// byte is the ICRC.
 pub fn start_datagram(headers: &[u8]) -> Result<u32, WireError> {
     let hdr_len = ip_header_len(headers)? + UDP_HEADER_LEN;
     check_len(headers, hdr_len + BTH_LEN)?;
@@ -114,19 +106,19 @@ pub unsafe fn copy_checked(dst: &mut [u8], src: *const u8) -> bool {
     let head = len.min(IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN);
     // SAFETY: `head <= len` bytes of both (the caller's contract).
     unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), head) };
-    let Ok(hdr_len) = ip_header_len(dst).map(|l| l + UDP_HEADER_LEN) else {
+    // The copied head up to the ICRC: its headers, and for IPv4 the first bytes after the BTH.
+    let crc = ip_header_len(dst).ok().and_then(|ip_len| {
+        let hdr_len = ip_len + UDP_HEADER_LEN;
+        let body_end = len.checked_sub(ICRC_LEN).filter(|&e| e >= hdr_len + BTH_LEN)?;
+        let (ip_udp, packet) = dst[..head.min(body_end)].split_at(hdr_len);
+        Some((compute(ip_udp, packet).ok()?, body_end))
+    });
+    let Some((crc, body_end)) = crc else {
+        // Nothing to check: the rest is copied as it is, for the device to judge.
         // SAFETY: the rest of both ranges.
         unsafe { std::ptr::copy_nonoverlapping(src.add(head), dst.as_mut_ptr().add(head), len - head) };
         return false;
     };
-    let Some(body_end) = len.checked_sub(ICRC_LEN).filter(|&e| e >= hdr_len + BTH_LEN) else {
-        // SAFETY: as above.
-        unsafe { std::ptr::copy_nonoverlapping(src.add(head), dst.as_mut_ptr().add(head), len - head) };
-        return false;
-    };
-    // The copied head up to the ICRC: its headers, and for IPv4 the first bytes after the BTH.
-    let (ip_udp, packet) = dst[..head.min(body_end)].split_at(hdr_len);
-    let Ok(crc) = compute(ip_udp, packet) else { return false };
     let crc = if body_end > head {
         // SAFETY: `head..body_end` lies inside both ranges.
         unsafe { crate::mem::copy_crc_raw(dst.as_mut_ptr().add(head), src.add(head), body_end - head, crc) }
