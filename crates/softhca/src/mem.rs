@@ -340,42 +340,40 @@ impl MemRef {
 
     /// Copies `src` into the window at `at`. Out-of-window writes are refused.
     pub fn write(&self, at: usize, src: &[u8]) -> std::result::Result<(), AccessError> {
-        let end = at.checked_add(src.len()).ok_or(AccessError::OutOfBounds)?;
-        if end > self.len {
-            return Err(AccessError::OutOfBounds);
-        }
-        // SAFETY: offset + at + src.len() <= offset + len <= mem.len (checked above and by
-        // the access check that made this MemRef), so the destination lies inside the live
-        // allocation, which `self.mem` keeps alive; `src` is a caller's slice, which cannot
-        // overlap registered memory that softhca never lends out as a slice.
-        unsafe { copy_in(self.mem.ptr.as_ptr().add(self.offset + at), src, self.mem.len >= STREAM_REGION_MIN) };
+        let dst = self.bytes_at(at, src.len())?;
+        // SAFETY: `bytes_at` put the destination inside the live allocation, which `self.mem`
+        // keeps alive; `src` is a caller's slice, which cannot overlap registered memory that
+        // softhca never lends out as a slice.
+        unsafe { copy_in(dst, src, self.mem.len >= STREAM_REGION_MIN) };
         Ok(())
     }
 
     /// Copies from the window at `at` into `dst`.
     pub fn read(&self, at: usize, dst: &mut [u8]) -> std::result::Result<(), AccessError> {
-        let end = at.checked_add(dst.len()).ok_or(AccessError::OutOfBounds)?;
-        if end > self.len {
-            return Err(AccessError::OutOfBounds);
-        }
+        let src = self.bytes_at(at, dst.len())?;
         // SAFETY: as in `write`, the source range is inside the live allocation and `dst` is a
         // distinct caller-owned buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.mem.ptr.as_ptr().add(self.offset + at), dst.as_mut_ptr(), dst.len());
-        }
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
     /// [`MemRef::read`] that also continues the CRC-32 `crc` over the bytes it copies
     /// (see [`copy_crc_raw`]): the sender's gather and its ICRC in one pass.
     pub fn read_crc(&self, at: usize, dst: &mut [u8], crc: u32) -> std::result::Result<u32, AccessError> {
-        let end = at.checked_add(dst.len()).ok_or(AccessError::OutOfBounds)?;
+        let src = self.bytes_at(at, dst.len())?;
+        // SAFETY: as in `read`.
+        Ok(unsafe { copy_crc_raw(dst.as_mut_ptr(), src, dst.len(), crc) })
+    }
+
+    /// Where `len` bytes at `at` of the window start in memory; out-of-window ranges refused.
+    fn bytes_at(&self, at: usize, len: usize) -> std::result::Result<*mut u8, AccessError> {
+        let end = at.checked_add(len).ok_or(AccessError::OutOfBounds)?;
         if end > self.len {
             return Err(AccessError::OutOfBounds);
         }
-        // SAFETY: as in `read`: the source range is inside the live allocation and `dst` is a
-        // distinct caller-owned buffer.
-        Ok(unsafe { copy_crc_raw(dst.as_mut_ptr(), self.mem.ptr.as_ptr().add(self.offset + at), dst.len(), crc) })
+        // SAFETY: offset + at <= offset + len <= mem.len (checked above and by the access
+        // check that made this MemRef): inside the live allocation, or one past its end.
+        Ok(unsafe { self.mem.ptr.as_ptr().add(self.offset + at) })
     }
 
     /// The 8-byte word at the start of the window, for atomics. `None` unless the window is
