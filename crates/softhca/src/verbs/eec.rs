@@ -269,11 +269,7 @@ impl Eec {
 
     fn locked(&self) -> Result<MutexGuard<'_, EecCore>> {
         self.dev.check_open()?;
-        let core = self.inner.lock();
-        if core.destroyed {
-            return Err(VerbsError::InvalidArgument("EEC destroyed"));
-        }
-        Ok(core)
+        live_core(&self.inner)
     }
 
     /// Query EEC.
@@ -363,12 +359,18 @@ impl Eec {
     }
 }
 
-/// Destroy EEC on an open device, or with the EEC's last handle on any.
-fn release(eec: &EecInner, dev: &DeviceInner, rdd: &Rdd) -> Result<()> {
-    let mut core = eec.lock();
+/// The EEC's core, locked; refused once the EEC is destroyed.
+fn live_core(eec: &EecInner) -> Result<MutexGuard<'_, EecCore>> {
+    let core = eec.lock();
     if core.destroyed {
         return Err(VerbsError::InvalidArgument("EEC destroyed"));
     }
+    Ok(core)
+}
+
+/// Destroy EEC on an open device, or with the EEC's last handle on any.
+fn release(eec: &EecInner, dev: &DeviceInner, rdd: &Rdd) -> Result<()> {
+    let mut core = live_core(eec)?;
     // The ACKs the channel owes outlive it (see Qp::destroy).
     let owed = crate::transport::rd::owed_acks(eec, &mut core);
     core.destroyed = true;

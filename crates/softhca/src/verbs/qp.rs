@@ -536,18 +536,14 @@ pub(crate) fn prepare_recv(max_sge: u32) -> impl FnMut(&mut RecvWqe) {
 impl Qp {
     pub(crate) fn lock(&self) -> Result<MutexGuard<'_, QpCore>> {
         self.res.dev.check_open()?;
-        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        if self.inner.destroyed.load(Ordering::Acquire) {
-            return Err(VerbsError::InvalidQpHandle);
-        }
-        Ok(core)
+        live_core(&self.inner)
     }
 
     /// `core` and both producer locks, in the one order (module doc): for the verbs that change
     /// what a post may do.
-    fn exclusive(&self) -> Result<(MutexGuard<'_, QpCore>, Producer<'_, SendWqe>, Producer<'_, RecvWqe>)> {
-        let core = self.lock()?;
-        Ok((core, self.inner.sq_ring.producer(), self.inner.rq_ring.producer()))
+    fn exclusive(&self) -> Result<Exclusive<'_>> {
+        self.res.dev.check_open()?;
+        exclusive(&self.inner)
     }
 
     /// The end of a post that published through `producer`: the engine may have moved the QP
@@ -1127,16 +1123,29 @@ impl Qp {
     }
 }
 
+/// A QP's core and both producer locks.
+type Exclusive<'a> = (MutexGuard<'a, QpCore>, Producer<'a, SendWqe>, Producer<'a, RecvWqe>);
+
+/// The QP's core, locked; `InvalidQpHandle` once the QP is destroyed.
+fn live_core(q: &QpInner) -> Result<MutexGuard<'_, QpCore>> {
+    let core = q.core.lock().unwrap_or_else(|e| e.into_inner());
+    if q.destroyed.load(Ordering::Acquire) {
+        return Err(VerbsError::InvalidQpHandle);
+    }
+    Ok(core)
+}
+
+/// [`live_core`] and then both producer locks, in the one order (module doc).
+fn exclusive(q: &QpInner) -> Result<Exclusive<'_>> {
+    let core = live_core(q)?;
+    Ok((core, q.sq_ring.producer(), q.rq_ring.producer()))
+}
+
 impl QpResources {
     /// Destroy QP (see [`Qp::destroy`]) on an open device, or with the last handle on any.
     fn release(&self) -> Result<()> {
         let q = &self.qp;
-        let mut core = q.core.lock().unwrap_or_else(|e| e.into_inner());
-        if q.destroyed.load(Ordering::Acquire) {
-            return Err(VerbsError::InvalidQpHandle);
-        }
-        // Both producer locks, in the one order after `core` (module doc), as `exclusive`.
-        let (sq, rq) = (q.sq_ring.producer(), q.rq_ring.producer());
+        let (mut core, sq, rq) = exclusive(q)?;
         // The ACKs this QP owes outlive it: the application may have seen the completions they
         // acknowledge, and a peer waiting for them would retry into a missing QP. Built now,
         // sent by the next transmit (the doorbell below asks for it).
