@@ -164,6 +164,8 @@ proptest! {
         prop_assert_eq!(n, roce.buffer_len());
         let parsed = roce::parse_ip(&buf[..n]).unwrap();
         prop_assert_eq!(parsed.to_repr(), roce);
+        // The look-ahead a link uses to warm the next packet's QP reads the same DestQP.
+        prop_assert_eq!(roce::peek_dest_qp(&buf[..n]), Some(repr.bth.dest_qp));
         let mut frame = [0u8; 512];
         let m = roce.emit_ethernet(roce::MAC_A, roce::MAC_B, &mut frame).unwrap();
         let (eth, parsed) = roce::parse_ethernet(&frame[..m]).unwrap();
@@ -178,6 +180,7 @@ proptest! {
         let _ = PacketRepr::parse_bytes(&bytes);
         let _ = roce::parse_ip(&bytes);
         let _ = roce::parse_ip_unverified(&bytes);
+        let _ = roce::peek_dest_qp(&bytes);
         let _ = roce::parse_ethernet(&bytes);
         let _ = roce::ip_datagram_of_frame(&bytes);
         let _ = softhca::wire::icrc::verify_datagram(&bytes);
@@ -206,6 +209,7 @@ proptest! {
         // a header check.
         let _ = roce::parse_ip(d);
         let _ = roce::parse_ip_unverified(&d[..cut % (n + 1)]);
+        let _ = roce::peek_dest_qp(&d[..cut % (n + 1)]);
     }
 
     /// Any 256 bytes that parse as a CM message re-emit to the same bytes except reserved

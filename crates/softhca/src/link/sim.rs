@@ -387,16 +387,31 @@ impl Wire {
         head.into_iter().chain(late).min()
     }
 
-    /// Takes out the earliest datagram if it arrives by `now`.
-    fn pop_due(&mut self, now: u64) -> Option<InFlight> {
+    /// Whether the earliest datagram waits in `late` rather than at a link queue's head.
+    fn earliest_is_late(&self) -> bool {
         let head = self.heads.peek().map(|h| (h.0 .0, h.0 .1));
         let late = self.late.peek().map(|d| (d.at, d.seq));
-        let from_late = match (head, late) {
+        match (head, late) {
             (Some(h), Some(l)) => l < h,
             (None, Some(_)) => true,
             _ => false,
+        }
+    }
+
+    /// The earliest datagram, left in place, if it arrives by `now`.
+    fn peek_due(&self, now: u64) -> Option<&InFlight> {
+        let d = if self.earliest_is_late() {
+            self.late.peek()?
+        } else {
+            let std::cmp::Reverse((_, _, key)) = self.heads.peek()?;
+            self.fifo.get(key)?.front()?
         };
-        let d = if from_late {
+        (d.at <= now).then_some(d)
+    }
+
+    /// Takes out the earliest datagram if it arrives by `now`.
+    fn pop_due(&mut self, now: u64) -> Option<InFlight> {
+        let d = if self.earliest_is_late() {
             self.late.peek().filter(|d| d.at <= now)?;
             self.late.pop()?
         } else {
@@ -928,6 +943,12 @@ impl SimFabric {
         self.now = self.now.max(next);
         let now = self.now;
         while let Some(pkt) = self.in_flight.pop_due(now) {
+            // The next one's QP starts toward the cache while this one is handled.
+            if let Some(next) = self.in_flight.peek_due(now).filter(|n| !n.frame) {
+                if let Some(node) = self.nodes.get(next.to.0) {
+                    node.ctx.prefetch_receive(&next.data);
+                }
+            }
             if self.tap_point == TapPoint::Delivered {
                 self.tap_write(now, pkt.from, Some(pkt.to), &pkt.data, pkt.frame);
             }
@@ -1074,7 +1095,8 @@ mod tests {
     use super::*;
 
     /// The per-link queues give exactly the order of one heap of every datagram: by arrival,
-    /// ties in send order, with late copies anywhere among them.
+    /// ties in send order, with late copies anywhere among them; a peek shows the one a pop
+    /// takes.
     #[test]
     fn the_wire_pops_in_the_order_of_one_heap() {
         let mut rng = StdRng::seed_from_u64(7);
@@ -1099,7 +1121,14 @@ mod tests {
             } else {
                 now += rng.random_range(0..20);
                 assert_eq!(wire.next_at(), heap.peek().map(|d: &InFlight| d.at));
-                while let Some(d) = wire.pop_due(now) {
+                loop {
+                    // What the sim prefetches for is what comes out next.
+                    let peeked = wire.peek_due(now).map(|d| (d.at, d.seq));
+                    let Some(d) = wire.pop_due(now) else {
+                        assert_eq!(peeked, None);
+                        break;
+                    };
+                    assert_eq!(peeked, Some((d.at, d.seq)));
                     let want = heap.pop().expect("the reference has it too");
                     assert_eq!((d.at, d.seq), (want.at, want.seq));
                     popped += 1;

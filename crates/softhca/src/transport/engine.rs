@@ -364,6 +364,18 @@ impl Engine {
         }
     }
 
+    /// Warms the QP an inbound datagram is for (see [`prefetch_qp`]): a link holding the next
+    /// datagram while it delivers this one calls it, so that with thousands of QPs the next
+    /// QP's first lines are on their way while this packet is handled (10,000 QPs on the sim
+    /// link against one, six interleaved pairs: median 0.81x -> 0.85x message rate). Reads
+    /// only the BTH's DestQP; nothing is checked or changed.
+    pub fn prefetch_dest(&self, datagram: &[u8]) {
+        let Some(qpn) = roce::peek_dest_qp(datagram) else { return };
+        if let Some(q) = self.qps.read().unwrap_or_else(|e| e.into_inner()).get(&qpn) {
+            prefetch_qp(q);
+        }
+    }
+
     /// Writes the next outbound datagram (IP header on, ICRC included) into `buf`, which holds
     /// at least [`MAX_DATAGRAM`] bytes, and returns its length; `None` when nothing is ready.
     /// QPs take turns, and a QP's responses go before its requests.

@@ -674,6 +674,13 @@ impl Context {
         super::effects::step(|| self.inner.engine.receive(&*self.inner, now, datagram, true))
     }
 
+    /// Hints that `datagram` will be received next: the QP it is for is brought toward the
+    /// cache (a link with a batch in hand calls this for datagram i + 1 before receiving i).
+    /// Changes nothing.
+    pub fn prefetch_receive(&self, datagram: &[u8]) {
+        self.inner.engine.prefetch_dest(datagram)
+    }
+
     /// [`Context::receive`] for a link that has already verified the ICRC over the header the
     /// datagram really had (the UDP link rebuilds or captures it): everything else is checked
     /// as usual, the CRC is not computed a second time.

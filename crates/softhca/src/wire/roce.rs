@@ -633,6 +633,14 @@ fn parse_split(split: RoceSplit<'_>, verify: bool) -> Result<RoceDatagram<'_>, W
     Ok(RoceDatagram { ip: split.ip, udp: split.udp, packet: PacketRepr::parse(&packet)?, icrc })
 }
 
+/// The destination QP of an inbound datagram (from the IP header on), read without parsing
+/// or checking anything else: for a link that looks one datagram ahead to warm the QP it is
+/// for (`Engine::prefetch_dest`). `None` when the datagram is too short to say.
+pub fn peek_dest_qp(datagram: &[u8]) -> Option<u32> {
+    let at = ip_header_len(datagram).ok()? + UDP_HEADER_LEN;
+    Some(crate::wire::bth::Bth::new_checked(datagram.get(at..)?).ok()?.dest_qp())
+}
+
 /// Parses an inbound IP datagram (from the IP header on) and verifies its
 /// ICRC (PKT-ROCE-10): the receive path of a link that sees IP headers.
 pub fn parse_ip(datagram: &[u8]) -> Result<RoceDatagram<'_>, WireError> {
