@@ -27,7 +27,7 @@ fn datagram(payload: &[u8]) -> RoceRepr<'_> {
 }
 
 fn bench(c: &mut Criterion) {
-    for size in [64usize, 4096] {
+    for size in [8usize, 64, 4096] {
         let payload: Vec<u8> = (0..size).map(|i| i as u8).collect();
         let repr = datagram(&payload);
         let mut buf = vec![0u8; repr.buffer_len()];

@@ -43,7 +43,9 @@
 //! into a ring whose word is set writes one byte into the FIFO (Dekker-style, as the driver's
 //! own doorbell). Busy-poll needs none of it.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use rustc_hash::FxHashMap;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -519,13 +521,43 @@ fn bump(c: &AtomicU64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
 }
 
+/// `dst`'s peer, its ring mapped on first use (one lookup: this runs per datagram); `None`
+/// while it cannot be opened (tried again after [`PEER_RETRY_NS`]).
+fn find_peer<'a>(
+    peers: &'a mut FxHashMap<Ipv4Addr, Peer>,
+    missing: &mut FxHashMap<Ipv4Addr, u64>,
+    dst: Ipv4Addr,
+    now: u64,
+) -> Option<&'a mut Peer> {
+    match peers.entry(dst) {
+        Entry::Occupied(e) => Some(e.into_mut()),
+        Entry::Vacant(v) => {
+            if missing.get(&dst).is_some_and(|&t| now.saturating_sub(t) < PEER_RETRY_NS) {
+                return None;
+            }
+            match open_peer(dst) {
+                Ok(p) => {
+                    missing.remove(&dst);
+                    Some(v.insert(p))
+                }
+                Err(_) => {
+                    missing.insert(dst, now);
+                    None
+                }
+            }
+        }
+    }
+}
+
 struct ShmPort {
     ctx: Context,
     ring: Ring,
     bell: File,
-    peers: HashMap<Ipv4Addr, Peer>,
+    /// Looked up per datagram: hashed with FxHash, not SipHash (a quarter of a short
+    /// datagram's publication).
+    peers: FxHashMap<Ipv4Addr, Peer>,
     /// Peers that could not be opened, and when.
-    missing: HashMap<Ipv4Addr, u64>,
+    missing: FxHashMap<Ipv4Addr, u64>,
     stall: StallWatch,
     taps: Taps,
     stats: Arc<Stats>,
@@ -576,30 +608,10 @@ impl ShmPort {
     /// Whether the peer a datagram to `dst` goes to is open (opened on first use); false when
     /// no live device of this user has that address (then not tried again for
     /// [`PEER_RETRY_NS`]).
-    fn find_peer(&mut self, dst: Ipv4Addr, now: u64) -> bool {
-        if !self.peers.contains_key(&dst) {
-            if self.missing.get(&dst).is_some_and(|&t| now.saturating_sub(t) < PEER_RETRY_NS) {
-                return false;
-            }
-            match open_peer(dst) {
-                Ok(p) => {
-                    self.missing.remove(&dst);
-                    self.peers.insert(dst, p);
-                }
-                Err(_) => {
-                    self.missing.insert(dst, now);
-                    return false;
-                }
-            }
-        }
-        true
-    }
-
     /// Publishes `d` (in `self.buf` or `self.held_buf`) to `dst`'s ring. `Err(())` when the
     /// ring is full and its owner alive: the caller holds the datagram.
     fn publish(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64) -> Result<(), ()> {
-        let found = self.find_peer(dst, now);
-        let Some(peer) = self.peers.get_mut(&dst).filter(|_| found) else {
+        let Some(peer) = find_peer(&mut self.peers, &mut self.missing, dst, now) else {
             bump(&self.stats.no_peer);
             return Ok(());
         };
@@ -919,8 +931,8 @@ impl ShmDevice {
             ctx: ctx.clone(),
             ring,
             bell,
-            peers: HashMap::new(),
-            missing: HashMap::new(),
+            peers: FxHashMap::default(),
+            missing: FxHashMap::default(),
             stall: StallWatch::default(),
             taps: cfg.taps.clone(),
             stats: stats.clone(),

@@ -114,7 +114,6 @@ mod port;
 pub mod sys;
 pub mod verify;
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufWriter};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -347,7 +346,7 @@ impl UdpDevice {
             rx_alt: false,
             frames,
             ipv6,
-            ports: HashMap::new(),
+            ports: rustc_hash::FxHashMap::default(),
             connect: cfg.connected,
             sink: None,
             stats: stats.clone(),

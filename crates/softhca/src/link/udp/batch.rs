@@ -5,6 +5,8 @@
 
 use super::*;
 use crate::types::QpType;
+use rustc_hash::FxHashMap;
+use std::collections::hash_map::Entry;
 
 /// Adds to a counter that only the engine's lock holder writes: a plain load and store (no
 /// locked read-modify-write on the hot path); readers see a recent value.
@@ -99,7 +101,8 @@ pub(super) struct Io {
     pub(super) frames: Option<super::frames::PacketPort>,
     pub(super) ipv6: Option<super::frames::PacketPort>,
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
-    pub(super) ports: HashMap<u16, Option<FlowSocket>>,
+    /// Looked up per flow of each batch sent: FxHash, not SipHash.
+    pub(super) ports: FxHashMap<u16, Option<FlowSocket>>,
     /// Connect flow sockets ([`UdpConfig::connected`]).
     pub(super) connect: bool,
     /// Where Identification probes go: a socket on this address that drops everything
@@ -593,18 +596,20 @@ impl Io {
         if port == ROCE_V2_PORT {
             return Some((self.sock.as_raw_fd(), None));
         }
-        if !self.ports.contains_key(&port) {
-            if self.ports.len() >= MAX_PORT_SOCKETS {
-                return None;
+        let full = self.ports.len() >= MAX_PORT_SOCKETS;
+        let f = match self.ports.entry(port) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(_) if full => return None,
+            Entry::Vacant(v) => {
+                let s = UdpSocket::bind(SocketAddr::new(self.addr, port)).ok().filter(|s| {
+                    prepare_send_socket(s, self.addr).is_ok()
+                        && sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20).is_ok()
+                        && sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).is_ok()
+                });
+                v.insert(s.map(|sock| FlowSocket { sock, conn: None, tried: false }))
             }
-            let s = UdpSocket::bind(SocketAddr::new(self.addr, port)).ok().filter(|s| {
-                prepare_send_socket(s, self.addr).is_ok()
-                    && sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20).is_ok()
-                    && sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).is_ok()
-            });
-            self.ports.insert(port, s.map(|sock| FlowSocket { sock, conn: None, tried: false }));
         }
-        let f = self.ports.get_mut(&port)?.as_mut()?;
+        .as_mut()?;
         let fd = f.sock.as_raw_fd();
         // UD and RD flows talk to many peers: each peer would see a sample of the socket's
         // Identification counter, which only a solving receiver could follow. (Such a flow
