@@ -1,7 +1,8 @@
 //! Speed by design: once warmed up, the RC hot path — post, transmit, receive, ACK, complete,
 //! poll — allocates nothing per packet (DESIGN, "no allocation per packet on the hot path").
 //! A counting global allocator watches a steady stream of Sends and RDMA Writes and Reads driven
-//! through the sans-IO interface with reused buffers.
+//! through the sans-IO interface with reused buffers; and UD Sends whose completions wait for
+//! the link's word that they left, as on the UDP link.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -189,4 +190,70 @@ fn steady_state_rc_traffic_over_shared_memory_does_not_allocate() {
     assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations on the shared-memory hot path");
     // The counted rounds took the path that builds datagrams in the peer's ring too.
     assert!(da.counters().tx_in_place > in_place, "{:?}", da.counters());
+}
+
+/// UD Sends whose completions wait for the link's word that their datagrams left (as on the
+/// UDP link, `Context::defer_unreliable_completions`): once warmed up, the list of QPs
+/// awaiting that word keeps its allocation from one flush to the next.
+#[test]
+fn steady_state_ud_traffic_with_deferred_completions_does_not_allocate() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mk = |n: u8| {
+        let gid = Gid::from_ipv4([127, 1, 7, n].into());
+        let ctx =
+            Context::create(DeviceConfig::default().name(format!("noallocud{n}")).gid0(gid).seed(n as u64)).unwrap();
+        (ctx, gid)
+    };
+    let ((a, _), (b, gb)) = (mk(5), mk(6));
+    a.defer_unreliable_completions();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
+    let qa = pa.create_qp(&QpInitAttr::new(QpType::Ud, &ca, &ca).max_send_wr(64).max_recv_wr(64)).unwrap();
+    let qb = pb.create_qp(&QpInitAttr::new(QpType::Ud, &cb, &cb).max_send_wr(64).max_recv_wr(64)).unwrap();
+    for qp in [&qa, &qb] {
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(0x1111)).unwrap();
+        qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
+        qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
+    }
+    let ah = pa.create_ah(&AhAttr::roce(gb, 0)).unwrap();
+    let src = pa.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let dst = pb.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut wcs = [Wc::default(); 16];
+    let (gs, rs) = ([src.sge(0..512)], [dst.sge(0..1024)]);
+    let bq = qb.qp_num();
+    let mut round = |now: &mut u64| {
+        qb.post_recv(&[RecvWr::new(0, &rs), RecvWr::new(1, &rs)]).unwrap();
+        qa.post_send(&[
+            SendWr::send(1, &gs).ud(&ah, bq, 0x1111).signaled(),
+            SendWr::send(2, &gs).ud(&ah, bq, 0x1111).signaled(),
+        ])
+        .unwrap();
+        let mut sent = 0;
+        while let Some(n) = a.transmit(*now, &mut buf) {
+            b.receive(*now, &buf[..n]);
+            sent += 1;
+        }
+        assert_eq!(sent, 2);
+        // Not complete before the link says the datagrams left.
+        assert_eq!(ca.poll(&mut wcs).unwrap(), 0);
+        a.sent();
+        assert_eq!(ca.poll(&mut wcs).unwrap(), 2);
+        assert!(wcs[..2].iter().all(|w| w.status == WcStatus::Success));
+        assert_eq!(cb.poll(&mut wcs).unwrap(), 2);
+        *now += 1_000;
+    };
+    let mut now = 0u64;
+    for _ in 0..50 {
+        round(&mut now);
+    }
+    ALLOCS.store(0, Ordering::SeqCst);
+    DRIVER.with(|d| d.set(true));
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..200 {
+        round(&mut now);
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    DRIVER.with(|d| d.set(false));
+    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations on the hot path");
 }

@@ -306,18 +306,38 @@ pub(crate) struct Engine {
     pub defer_unreliable: AtomicBool,
     /// QPs with a UC/UD WQE awaiting the link's `sent`.
     awaiting_wire: Mutex<Vec<u32>>,
+    /// `awaiting_wire` is not empty: written under its lock, read without it by `sent`, which
+    /// the link calls after every flush; a device sending only RC has nothing there and takes
+    /// no lock.
+    awaiting_any: AtomicBool,
 }
 
 impl Engine {
     /// The link sent every datagram `transmit` wrote so far: the UC and UD WQEs whose last
     /// packet was among them complete (see `defer_unreliable`).
     pub fn sent(&self) {
-        let qpns = std::mem::take(&mut *self.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner()));
-        if qpns.is_empty() {
+        // Relaxed: the WQEs a flush sent were pushed by the `transmit` calls of the same turn
+        // of the link (a link's turns run one at a time, under its driver's lock).
+        if !self.awaiting_any.load(Ordering::Relaxed) {
             return;
         }
+        let mut qpns = {
+            let mut awaiting = self.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner());
+            self.awaiting_any.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *awaiting)
+        };
+        self.complete_sent(&qpns);
+        // The list's allocation goes back for the next flush, unless one was pushed meanwhile.
+        qpns.clear();
+        let mut awaiting = self.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner());
+        if awaiting.capacity() == 0 {
+            *awaiting = qpns;
+        }
+    }
+
+    fn complete_sent(&self, qpns: &[u32]) {
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
-        for qpn in qpns {
+        for &qpn in qpns {
             let Some(q) = qps.get(&qpn) else { continue };
             let mut core = q.core.lock().unwrap_or_else(|e| e.into_inner());
             let mut any = false;
@@ -963,7 +983,9 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
                 }
                 core.req.una = core.chan.send.psn;
                 if defer {
-                    engine.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner()).push(q.qpn);
+                    let mut awaiting = engine.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner());
+                    awaiting.push(q.qpn);
+                    engine.awaiting_any.store(true, Ordering::Relaxed);
                 } else {
                     completer::retire(q, core);
                 }
