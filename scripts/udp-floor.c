@@ -2,8 +2,10 @@
  * datagram, busy-polling, first with plain send()/recv() (what ../shared/tools/udp-baseline's
  * ping-pong does), then with the system calls softhca's link makes for an 8-byte RC Send and
  * its ACK: a sendmmsg of one GSO message of two segments (52 + 48 bytes: the answer and the
- * ACK), and a recvmmsg of up to 64 (or 1) messages with UDP_GRO and room for control messages.
- * No protocol and no checksum: only the system calls. Usage, see scripts/udp-floor. */
+ * ACK), and a recvmmsg of up to 64 (or 1) messages with UDP_GRO and room for control messages;
+ * and the cheapest calls found for those two datagrams (one sendmsg with GSO, one recvmsg with
+ * GRO: two send()s, or a sendmmsg of two messages, cost more). No protocol and no checksum:
+ * only the system calls. Usage, see scripts/udp-floor. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +37,8 @@ static int cmpd(const void *a, const void *b) {
 /* pattern 0: send/recv, one 52-byte datagram a hop.
  * pattern 1: sendmmsg (one 52-byte datagram) + recvmmsg of 64 with GRO.
  * pattern 2: sendmmsg (GSO: 52 + 48 bytes) + recvmmsg of 64 with GRO (softhca under load).
- * pattern 3: pattern 2 with recvmmsg of 1 (softhca once a receive found a lone datagram). */
+ * pattern 3: pattern 2 with recvmmsg of 1 (softhca once a receive found a lone datagram).
+ * pattern 4: sendmsg (GSO: 52 + 48 bytes) + recvmsg with GRO: the floor for RC's two. */
 int main(int argc, char **argv) {
   if (argc < 5) {
     fprintf(stderr, "usage: udp-floor server|client PATTERN ITERS PORT\n");
@@ -70,7 +73,7 @@ int main(int argc, char **argv) {
     rm[i].msg_hdr.msg_iov = &ri[i];
     rm[i].msg_hdr.msg_iovlen = 1;
   }
-  int gso = pattern >= 2, vlen = pattern == 3 ? 1 : 64;
+  int gso = pattern >= 2, vlen = pattern == 3 ? 1 : 64, single = pattern == 4;
   struct mmsghdr sm;
   struct iovec si[2] = {{tx, 52}, {tx + 52, 48}};
   char sctl[CMSG_SPACE(sizeof(uint16_t))];
@@ -90,11 +93,16 @@ int main(int argc, char **argv) {
   long warm = iters / 10;
   for (long i = 0; i < iters; i++) {
     double t0 = now();
-    if (!server && (pattern ? sendmmsg(s, &sm, 1, 0) : send(s, tx, 52, 0)) < 0) return 1;
+#define SEND() (single ? sendmsg(s, &sm.msg_hdr, 0) : pattern ? sendmmsg(s, &sm, 1, 0) : send(s, tx, 52, 0))
+    if (!server && SEND() < 0) return 1;
     for (;;) {
       int n;
       if (pattern == 0) {
         n = recv(s, rx[0], sizeof rx[0], MSG_DONTWAIT);
+      } else if (single) {
+        rm[0].msg_hdr.msg_control = ctl[0];
+        rm[0].msg_hdr.msg_controllen = sizeof ctl[0];
+        n = recvmsg(s, &rm[0].msg_hdr, MSG_DONTWAIT);
       } else {
         for (int k = 0; k < vlen; k++) {
           rm[k].msg_hdr.msg_control = ctl[k];
@@ -104,7 +112,7 @@ int main(int argc, char **argv) {
       }
       if (n > 0) break;
     }
-    if (server && (pattern ? sendmmsg(s, &sm, 1, 0) : send(s, tx, 52, 0)) < 0) return 1;
+    if (server && SEND() < 0) return 1;
     lat[i] = (now() - t0) * 1e6;
   }
   if (!server) {

@@ -187,7 +187,7 @@ fn busy_poll_timers_run_without_a_poller() {
 /// in at once, checks both ICRCs and completes its Send from the ACK.
 #[test]
 fn an_answer_and_its_ack_leave_as_one_gso_message() {
-    answers_carry_their_acks(true);
+    answers_carry_their_acks(true, 0);
 }
 
 /// Rule PKT-ROCE-10, PKT-ACK-3: the same between devices in the default blocking mode whose
@@ -195,10 +195,21 @@ fn an_answer_and_its_ack_leave_as_one_gso_message() {
 /// as busy-poll's do, and the ACK waits for the answer the same way.
 #[test]
 fn a_spinning_poller_in_blocking_mode_sends_answer_and_ack_together() {
-    answers_carry_their_acks(false);
+    answers_carry_their_acks(false, 0);
 }
 
-fn answers_carry_their_acks(busy_poll: bool) {
+/// Rule PKT-ACK-3, PKT-ACK-13: the same when the application polls again, and finds nothing,
+/// between the completion and its answer (it drains its CQ, or polls its send CQ, as softhca
+/// perf and perftest do): the flush at the head of that poll left the ACK alone, one more
+/// system call a round trip, where the answer posted next would have taken it along.
+#[test]
+fn a_poll_that_finds_nothing_before_the_answer_leaves_the_ack_for_it() {
+    for busy_poll in [true, false] {
+        answers_carry_their_acks(busy_poll, 1);
+    }
+}
+
+fn answers_carry_their_acks(busy_poll: bool, empty_polls: usize) {
     let cfg = || UdpConfig::default().busy_poll(busy_poll);
     let (a, b) = (end(cfg()), end(cfg()));
     connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu1024);
@@ -212,6 +223,10 @@ fn answers_carry_their_acks(busy_poll: bool) {
         a.qp.post_send(&[SendWr::send(i, &[ma.sge(0..8)]).signaled()]).unwrap();
         let got = wait(&b.cq, 1, 10);
         assert_eq!((got[0].status, got[0].opcode), (WcStatus::Success, WcOpcode::Recv), "{got:?}");
+        for _ in 0..empty_polls {
+            let mut none = [Wc::default(); 4];
+            assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
+        }
         mb.write(8, &(!i).to_le_bytes()).unwrap();
         b.qp.post_send(&[SendWr::send(i, &[mb.sge(8..16)]).signaled()]).unwrap();
         // A's Send completion (B's ACK) and B's answer, in either order.

@@ -22,6 +22,11 @@
 //! The doorbell makes a system call only when the engine thread is about to sleep or asleep
 //! (a Dekker-style flag pair).
 //!
+//! A poller's turn starts with the transmit flush and leaves what its receiving produced
+//! (ACKs) for the next one; while nothing is posted, the next [`ACK_HOLD_TURNS`] turns leave
+//! it too, so that an ACK leaves with the answer the application posts on seeing the
+//! completion, in one system call, though the application polls again in between.
+//!
 //! Imports: the verbs `Context` (the sans-IO interface) and `os`; nothing of any one link.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -36,10 +41,11 @@ use crate::verbs::Context;
 /// A link's I/O, as the driver runs it.
 pub(crate) trait Port: Send + 'static {
     /// One turn. On the engine thread (`inline` false): receive a batch and deliver it, run
-    /// expired timers, flush what the device has to send. Inline (a poller's turn): flush
-    /// first, then receive and run timers, and leave what they produced for the next poll or
-    /// post, so that an ACK and the reply the application posts on seeing its completion
-    /// leave together. Returns whether anything happened.
+    /// expired timers, flush what the device has to send. Inline (a poller's turn, which the
+    /// driver starts with a [`Port::flush`] or not, see [`ACK_HOLD_TURNS`]): receive and run
+    /// timers, and leave what they produced for the next poll or post, so that an ACK and the
+    /// reply the application posts on seeing its completion leave together. Returns whether
+    /// anything happened.
     fn turn(&mut self, inline: bool, now: u64) -> bool;
     /// Sends what the device has to send (the doorbell's work). Returns whether anything left.
     fn flush(&mut self, now: u64) -> bool;
@@ -87,6 +93,8 @@ pub(crate) struct Shared {
     /// An inline turn took packets in after its flush: what they produced (ACKs) waits for
     /// the next turn.
     owed: AtomicBool,
+    /// Poller turns in a row that have left what was owed in place (see [`ACK_HOLD_TURNS`]).
+    held: AtomicU64,
     /// Blocking mode's spin detector: when a CQ was last polled (ns since the epoch), how
     /// many polls in a row came within [`SPIN_GAP`] of the one before, and the device's
     /// count of CQ arms the streak started after.
@@ -177,6 +185,15 @@ pub(crate) const SPIN_GAP: Duration = Duration::from_micros(200);
 const SPIN_GRACE: Duration = Duration::from_millis(1);
 /// A doorbell leaves its transmit work to the poller if it polled this recently (busy-poll).
 const DOORBELL_DEFER: Duration = Duration::from_micros(50);
+/// How many poller turns in a row, with nothing posted since, leave the ACKs an earlier turn
+/// owes unsent: a program that has just taken a completion polls again, its CQ or another,
+/// before it posts the reply (softhca perf drains its CQ, perftest's `ib_send_lat` polls its
+/// send CQ), and a flush at the head of that poll sent the ACK alone, one more system call
+/// each round trip on the UDP link, where the reply would have taken it along. The next
+/// post's flush, or the turn after these, sends it; a poller that stops leaves it to the
+/// engine thread, as before. None of these turns takes a packet in without its ACK leaving
+/// at the next flush (PKT-ACK-13 asks that nothing waits for packets not yet received).
+const ACK_HOLD_TURNS: u64 = 2;
 /// While a poller drives the engine, the engine thread looks this often for a doorbell left
 /// to a poller that has stopped since.
 const DEFERRED_CHECK: Duration = Duration::from_millis(1);
@@ -288,6 +305,12 @@ impl<P: Port> Driver<P> {
             let left = {
                 let Some(mut p) = self.try_port() else { return false };
                 let now = self.now();
+                // Held: something is owed, nothing was posted since the last flush, and the
+                // turns in a row that have held it are fewer than ACK_HOLD_TURNS.
+                let hold = full
+                    && self.shared.owed.load(Ordering::Relaxed)
+                    && self.shared.rings_flushed.load(Ordering::Relaxed) == seen
+                    && self.shared.held.load(Ordering::Relaxed) < ACK_HOLD_TURNS;
                 if full {
                     bump_shared(&self.wakes.poller_turns, 1);
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
@@ -298,11 +321,19 @@ impl<P: Port> Driver<P> {
                     // a flush takes QPs in the order they became ready, and a request goes
                     // ahead only of its own flow's responses (the DREQ of a disconnect that
                     // answers the last completion leaves after that completion's ACK).
-                    let worked = p.turn(true, now);
-                    self.shared.owed.store(worked, Ordering::Relaxed);
+                    if hold {
+                        self.shared.held.fetch_add(1, Ordering::Relaxed);
+                        p.turn(true, now);
+                    } else {
+                        self.shared.held.store(0, Ordering::Relaxed);
+                        let flushed = p.flush(now);
+                        let worked = p.turn(true, now) || flushed;
+                        self.shared.owed.store(worked, Ordering::Relaxed);
+                    }
                 } else {
                     p.flush(now);
                     self.shared.owed.store(false, Ordering::Relaxed);
+                    self.shared.held.store(0, Ordering::Relaxed);
                 }
                 self.shared.rings_flushed.store(seen, Ordering::Relaxed);
                 p.leftovers()

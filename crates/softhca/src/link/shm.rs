@@ -839,9 +839,8 @@ impl Port for ShmPort {
         if self.ring.header().sleeping.load(Ordering::Relaxed) != 0 {
             self.awake(); // the first turn after a sleep
         }
-        let mut worked = inline && self.flush_tx(now);
         let now = if inline { now } else { self.now() };
-        worked |= self.receive(now);
+        let mut worked = self.receive(now);
         if self.ctx.poll_timeout().is_some_and(|t| t <= now) {
             self.ctx.handle_timeout(now);
         }

@@ -36,14 +36,14 @@ fn take_in(
 impl Port for UdpPort {
     /// One turn. On the engine thread: receive a batch (flushing the transmit side every
     /// [`FLUSH_EVERY`](super::batch::FLUSH_EVERY) datagrams), run expired timers, transmit.
-    /// Inline (a poller's turn): transmit first, then receive and run timers, and leave what
-    /// they produced (ACKs, responses, retransmissions) for the next poll or post, so that an
-    /// ACK and the reply the application posts on seeing its completion leave in one
-    /// `sendmmsg`; ACKs received behind a request wait for the next turn too (see
-    /// [`Io::deliver_batch`]).
+    /// Inline (a poller's turn, which the driver starts with a flush or not): receive and run
+    /// timers, and leave what they produced (ACKs, responses, retransmissions) for the next
+    /// poll or post, so that an ACK and the reply the application posts on seeing its
+    /// completion leave in one `sendmmsg`; ACKs received behind a request wait for the next
+    /// turn too (see [`Io::deliver_batch`]).
     fn turn(&mut self, inline: bool, mut now: u64) -> bool {
         let UdpPort { io, rx, msgs, tx, resume } = self;
-        let mut worked = inline && io.flush_tx(tx, now);
+        let mut worked = false;
         if let Some(at) = resume.take() {
             // The rest of the last batch, held back by an inline turn (see `deliver_batch`).
             worked = true;
