@@ -115,6 +115,15 @@ impl Port for UdpPort {
         }
     }
 
+    /// The rest of the last batch, if an inline turn held some back; no receive (a system
+    /// call, most often for nothing: the peer waits for this side's answer).
+    fn held_turn(&mut self, now: u64) -> bool {
+        let UdpPort { io, rx, msgs, tx, resume } = self;
+        let Some(at) = resume.take() else { return false };
+        (*resume, _) = take_in(io, rx, msgs, tx, at, true, now);
+        true
+    }
+
     fn flush(&mut self, now: u64) -> bool {
         self.io.flush_tx(&mut self.tx, now)
     }
