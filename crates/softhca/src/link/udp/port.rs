@@ -115,6 +115,10 @@ impl Port for UdpPort {
         }
     }
 
+    fn holds_acks(&self) -> bool {
+        true
+    }
+
     /// The rest of the last batch, if an inline turn held some back; no receive (a system
     /// call, most often for nothing: the peer waits for this side's answer).
     fn held_turn(&mut self, now: u64) -> bool {
