@@ -209,8 +209,8 @@ unsafe fn copy_then_crc(dst: *mut u8, src: *const u8, len: usize, crc: u32) -> u
     h.finalize()
 }
 
-/// [`copy_crc_raw`] between two slices: copies `src` into the start of `dst` (as much of it
-/// as fits) and returns the CRC continued from `crc` over what was copied.
+/// The fused copy and CRC (`copy_crc_raw`) between two slices: copies `src` into the start of
+/// `dst` (as much of it as fits) and returns the CRC continued from `crc` over what was copied.
 pub fn copy_crc(dst: &mut [u8], src: &[u8], crc: u32) -> u32 {
     let len = src.len().min(dst.len());
     // SAFETY: both slices hold `len` bytes; a `&mut` and a `&` slice never overlap.
@@ -358,7 +358,7 @@ impl MemRef {
     }
 
     /// [`MemRef::read`] that also continues the CRC-32 `crc` over the bytes it copies
-    /// (see [`copy_crc_raw`]): the sender's gather and its ICRC in one pass.
+    /// (see [`copy_crc`]): the sender's gather and its ICRC in one pass.
     pub fn read_crc(&self, at: usize, dst: &mut [u8], crc: u32) -> std::result::Result<u32, AccessError> {
         let src = self.bytes_at(at, dst.len())?;
         // SAFETY: as in `read`.

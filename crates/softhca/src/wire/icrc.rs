@@ -95,7 +95,7 @@ pub fn update(crc: u32, bytes: &[u8]) -> u32 {
 /// Copies a whole datagram (IP header through ICRC) of `dst.len()` bytes from `src` into
 /// `dst`, checking its ICRC on the way: the headers are copied first and the CRC is started
 /// over the copy, the rest is copied and checksummed in one pass
-/// ([`crate::mem::copy_crc_raw`]). Returns whether the copy's ICRC is right; false also for
+/// ([`crate::mem::copy_crc`]). Returns whether the copy's ICRC is right; false also for
 /// whatever is too short or malformed to have one (the caller lets the device's own checks
 /// say what it is). What was checked is the copy, whatever writes `src` meanwhile.
 ///
