@@ -27,6 +27,19 @@ fn counted() -> bool {
     COUNTING.load(Ordering::Relaxed) && DRIVER.try_with(|d| d.get()).unwrap_or(false)
 }
 
+/// The allocations `rounds` calls of `round` make on this thread (the one driving the engine).
+fn allocations_in(rounds: usize, mut round: impl FnMut()) -> u64 {
+    ALLOCS.store(0, Ordering::SeqCst);
+    DRIVER.with(|d| d.set(true));
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..rounds {
+        round();
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    DRIVER.with(|d| d.set(false));
+    ALLOCS.load(Ordering::SeqCst)
+}
+
 // SAFETY: every call is forwarded unchanged to the system allocator; the counter is a relaxed
 // atomic that allocates nothing itself.
 unsafe impl GlobalAlloc for Counting {
@@ -128,16 +141,8 @@ fn steady_state_rc_traffic_does_not_allocate() {
     for _ in 0..50 {
         round(&mut now);
     }
-    ALLOCS.store(0, Ordering::SeqCst);
-    DRIVER.with(|d| d.set(true));
-    COUNTING.store(true, Ordering::SeqCst);
-    for _ in 0..200 {
-        round(&mut now);
-    }
-    COUNTING.store(false, Ordering::SeqCst);
-    DRIVER.with(|d| d.set(false));
     // 200 rounds, 3 WRs and about 15 packets each.
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations on the hot path");
+    assert_eq!(allocations_in(200, || round(&mut now)), 0, "allocations on the hot path");
 }
 
 /// The same on the shared-memory link in busy-poll mode, where the polling thread runs both
@@ -179,15 +184,7 @@ fn steady_state_rc_traffic_over_shared_memory_does_not_allocate() {
         round();
     }
     let in_place = da.counters().tx_in_place;
-    ALLOCS.store(0, Ordering::SeqCst);
-    DRIVER.with(|d| d.set(true));
-    COUNTING.store(true, Ordering::SeqCst);
-    for _ in 0..500 {
-        round();
-    }
-    COUNTING.store(false, Ordering::SeqCst);
-    DRIVER.with(|d| d.set(false));
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations on the shared-memory hot path");
+    assert_eq!(allocations_in(500, &mut round), 0, "allocations on the shared-memory hot path");
     // The counted rounds took the path that builds datagrams in the peer's ring too.
     assert!(da.counters().tx_in_place > in_place, "{:?}", da.counters());
 }
@@ -247,13 +244,5 @@ fn steady_state_ud_traffic_with_deferred_completions_does_not_allocate() {
     for _ in 0..50 {
         round(&mut now);
     }
-    ALLOCS.store(0, Ordering::SeqCst);
-    DRIVER.with(|d| d.set(true));
-    COUNTING.store(true, Ordering::SeqCst);
-    for _ in 0..200 {
-        round(&mut now);
-    }
-    COUNTING.store(false, Ordering::SeqCst);
-    DRIVER.with(|d| d.set(false));
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "allocations on the hot path");
+    assert_eq!(allocations_in(200, || round(&mut now)), 0, "allocations on the hot path");
 }
