@@ -201,13 +201,13 @@ const SPIN_GRACE: Duration = Duration::from_millis(1);
 const DOORBELL_DEFER: Duration = Duration::from_micros(50);
 /// How many poller turns in a row, with nothing posted since, leave the ACKs an earlier turn
 /// owes unsent, on a link whose flush is a system call ([`Port::holds_acks`]): a program that
-/// has just taken a completion polls again, its CQ or another,
-/// before it posts the reply (softhca perf drains its CQ, perftest's `ib_send_lat` polls its
-/// send CQ), and a flush at the head of that poll sent the ACK alone, one more system call
-/// each round trip on the UDP link, where the reply would have taken it along. The next
-/// post's flush, or the turn after these, sends it; a poller that stops leaves it to the
-/// engine thread, as before. None of these turns takes a packet in without its ACK leaving
-/// at the next flush (PKT-ACK-13 asks that nothing waits for packets not yet received).
+/// has just taken a completion polls again, its CQ or another, before it posts the reply
+/// (softhca perf drains its CQ, perftest's `ib_send_lat` polls its send CQ), and a flush at
+/// the head of that poll sent the ACK alone, one more system call each round trip on the UDP
+/// link, where the reply would have taken it along. The next post's flush, or the turn after
+/// these, sends it; a poller that stops leaves it to the engine thread, as before. None of
+/// these turns takes a packet in without its ACK leaving at the next flush (PKT-ACK-13 asks
+/// that nothing waits for packets not yet received).
 const ACK_HOLD_TURNS: u64 = 2;
 /// While a poller drives the engine, the engine thread looks this often for a doorbell left
 /// to a poller that has stopped since.
@@ -338,7 +338,9 @@ impl<P: Port> Driver<P> {
                     // ahead only of its own flow's responses (the DREQ of a disconnect that
                     // answers the last completion leaves after that completion's ACK).
                     if hold {
-                        self.shared.held.fetch_add(1, Ordering::Relaxed);
+                        // Only the port's holder writes it: no locked add.
+                        let held = self.shared.held.load(Ordering::Relaxed);
+                        self.shared.held.store(held + 1, Ordering::Relaxed);
                         p.held_turn(now);
                     } else {
                         self.shared.held.store(0, Ordering::Relaxed);

@@ -44,8 +44,6 @@
 //! own doorbell). Busy-poll needs none of it.
 
 use std::collections::hash_map::Entry;
-
-use rustc_hash::FxHashMap;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -55,6 +53,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+use rustc_hash::FxHashMap;
 
 use super::driver::{Port, Running};
 use super::{TapHandle, Taps};
@@ -522,7 +522,8 @@ fn bump(c: &AtomicU64) {
 }
 
 /// `dst`'s peer, its ring mapped on first use (one lookup: this runs per datagram); `None`
-/// while it cannot be opened (tried again after [`PEER_RETRY_NS`]).
+/// while no live device of this user has that address (not tried again for
+/// [`PEER_RETRY_NS`]).
 fn find_peer<'a>(
     peers: &'a mut FxHashMap<Ipv4Addr, Peer>,
     missing: &mut FxHashMap<Ipv4Addr, u64>,
@@ -605,9 +606,6 @@ impl ShmPort {
         got
     }
 
-    /// Whether the peer a datagram to `dst` goes to is open (opened on first use); false when
-    /// no live device of this user has that address (then not tried again for
-    /// [`PEER_RETRY_NS`]).
     /// Publishes `d` (in `self.buf` or `self.held_buf`) to `dst`'s ring. `Err(())` when the
     /// ring is full and its owner alive: the caller holds the datagram.
     fn publish(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64) -> Result<(), ()> {
