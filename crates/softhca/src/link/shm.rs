@@ -517,8 +517,9 @@ struct Stats {
     bells: AtomicU64,
 }
 
+/// Counts one on a statistic only the port's holder writes (`bump_plain`).
 fn bump(c: &AtomicU64) {
-    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    crate::transport::engine::bump_plain(c, 1);
 }
 
 /// `dst`'s peer, its ring mapped on first use (one lookup: this runs per datagram); `None`

@@ -43,9 +43,16 @@ pub const MAX_DATAGRAM: usize = 4096 + 256;
 #[derive(Debug, Default)]
 pub(crate) struct Counter(AtomicU64);
 
+/// Adds `n` to a statistic that one holder at a time writes (the engine's calls, a link's
+/// turn): a plain load and store, no locked read-modify-write on the hot path (see
+/// [`Counter`]); readers see a recent value.
+pub(crate) fn bump_plain(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
 impl Counter {
     pub fn inc(&self) {
-        self.0.store(self.0.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        bump_plain(&self.0, 1);
     }
 
     fn get(&self) -> u64 {

@@ -8,11 +8,8 @@ use crate::types::QpType;
 use rustc_hash::FxHashMap;
 use std::collections::hash_map::Entry;
 
-/// Adds to a counter that only the engine's lock holder writes: a plain load and store (no
-/// locked read-modify-write on the hot path); readers see a recent value.
-pub(super) fn bump(c: &AtomicU64, n: u64) {
-    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-}
+/// Adds to a counter that only the engine's lock holder writes (`bump_plain`).
+pub(super) use crate::transport::engine::bump_plain as bump;
 
 /// How long a datagram waits for room in a full socket send buffer before it is dropped (and
 /// counted; RC retransmits it), so that the engine's lock is not held for longer.
