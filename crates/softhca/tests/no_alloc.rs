@@ -96,19 +96,21 @@ fn connect(qa: &Qp, qb: &Qp, ga: Gid, gb: Gid) {
     }
 }
 
+/// A device of its own (GID 127.1.7.n, seeded with n), apart from the sim fabric: the tests
+/// move its datagrams by hand.
+fn device(n: u8) -> (Context, Gid) {
+    let gid = Gid::from_ipv4([127, 1, 7, n].into());
+    let ctx = Context::create(DeviceConfig::default().name(format!("noalloc{n}")).gid0(gid).seed(n as u64)).unwrap();
+    (ctx, gid)
+}
+
 /// The tests here share the global counter: one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn steady_state_rc_traffic_does_not_allocate() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mk = |n: u8| {
-        let gid = Gid::from_ipv4([127, 1, 7, n].into());
-        let ctx =
-            Context::create(DeviceConfig::default().name(format!("noalloc{n}")).gid0(gid).seed(n as u64)).unwrap();
-        (ctx, gid)
-    };
-    let ((a, ga), (b, gb)) = (mk(1), mk(2));
+    let ((a, ga), (b, gb)) = (device(1), device(2));
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
     let qa = pa.create_qp(&QpInitAttr::rc(&ca, &ca).max_send_wr(64).max_recv_wr(64)).unwrap();
@@ -195,13 +197,7 @@ fn steady_state_rc_traffic_over_shared_memory_does_not_allocate() {
 #[test]
 fn steady_state_ud_traffic_with_deferred_completions_does_not_allocate() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mk = |n: u8| {
-        let gid = Gid::from_ipv4([127, 1, 7, n].into());
-        let ctx =
-            Context::create(DeviceConfig::default().name(format!("noallocud{n}")).gid0(gid).seed(n as u64)).unwrap();
-        (ctx, gid)
-    };
-    let ((a, _), (b, gb)) = (mk(5), mk(6));
+    let ((a, _), (b, gb)) = (device(5), device(6));
     a.defer_unreliable_completions();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
