@@ -47,14 +47,17 @@ fn end(last: u8) -> Option<End> {
     Some(End { qp, cq, mr, dev })
 }
 
-fn wait(cq: &Cq, n: usize) -> Vec<Wc> {
+/// The first `n` completions of `e`'s CQ; on a timeout the message shows the device's counters
+/// (whether the packet left or arrived).
+fn wait(e: &End, n: usize) -> Vec<Wc> {
+    let cq = &e.cq;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut out = Vec::new();
     let mut wcs = [Wc::default(); 16];
     while out.len() < n {
         let k = cq.poll(&mut wcs).unwrap();
         out.extend_from_slice(&wcs[..k]);
-        assert!(Instant::now() < deadline, "timed out: {out:?}");
+        assert!(Instant::now() < deadline, "timed out: {out:?}\n{:#?}", e.dev.counters());
         std::thread::yield_now();
     }
     out
@@ -88,9 +91,9 @@ fn frames_cross_the_interface_whole() {
     let broadcast = frame([0xff; 6], ma, &[9u8; 1200]);
     send(&a, 1, &unicast);
     send(&a, 2, &broadcast);
-    let wa: Vec<_> = wait(&a.cq, 2).iter().map(|w| (w.wr_id, w.status)).collect();
+    let wa: Vec<_> = wait(&a, 2).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(wa, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
-    let wb = wait(&b.cq, 2);
+    let wb = wait(&b, 2);
     for (wc, want) in wb.iter().zip([&unicast, &broadcast]) {
         assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::Recv));
         assert_eq!(&received(&b, wc), want);
@@ -171,8 +174,8 @@ fn ipv6_in_a_namespace() {
     d.extend_from_slice(&dst.octets());
     d.extend_from_slice(payload);
     send(&a, 1, &d);
-    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
-    let wb = wait(&b.cq, 1);
+    assert_eq!(wait(&a, 1)[0].status, WcStatus::Success);
+    let wb = wait(&b, 1);
     assert_eq!((wb[0].status, wb[0].opcode, wb[0].byte_len as usize), (WcStatus::Success, WcOpcode::Recv, d.len()));
     assert_eq!(received(&b, &wb[0]), d);
     assert_eq!((a.dev.counters().tx_raw_packets, b.dev.counters().rx_raw_packets), (1, 1));

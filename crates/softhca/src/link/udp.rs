@@ -284,10 +284,10 @@ impl UdpDevice {
         let alt_addr = alt.as_ref().map(|a| a.addr);
         let (frames, ipv6) = if cfg.raw_packets {
             let v6 = match verify::unmap(addr) {
-                IpAddr::V6(a) => frames::PacketPort::open(addr, frames::Kind::Ipv6(a)).ok(),
+                IpAddr::V6(a) => frames::PacketPort::open(addr, frames::Kind::Ipv6(a)).ok().map(Arc::new),
                 IpAddr::V4(_) => None,
             };
-            (frames::PacketPort::open(addr, frames::Kind::Frames).ok(), v6)
+            (frames::PacketPort::open(addr, frames::Kind::Frames).ok().map(Arc::new), v6)
         } else {
             (None, None)
         };
@@ -320,6 +320,19 @@ impl UdpDevice {
         }
         // The driver sends in batches after transmit: UC/UD completions wait for the send.
         ctx.defer_unreliable_completions();
+        if frames.is_some() || ipv6.is_some() {
+            // Create QP starts the packet socket hearing, before it returns (the link's next
+            // turn may come after a peer's first frame). Held weakly: the device must not keep
+            // its link's sockets open.
+            let (f, v6) = (frames.as_ref().map(Arc::downgrade), ipv6.as_ref().map(Arc::downgrade));
+            ctx.set_raw_listener(Some(Arc::new(move |qp_type, on| {
+                let port = if qp_type == crate::types::QpType::RawIpv6 { &v6 } else { &f };
+                match port.as_ref().and_then(|p| p.upgrade()) {
+                    Some(p) => p.listen(on).inspect_err(|e| tracing::warn!(error = %e, on, "packet socket")).is_ok(),
+                    None => true,
+                }
+            })));
+        }
         let mut taps = crate::link::Taps::default();
         if let Some(p) = &cfg.pcap {
             taps.push(crate::link::TapHandle::new(PcapTap::new(BufWriter::new(File::create(p)?))?));
@@ -551,6 +564,56 @@ mod tests {
         assert_eq!(again, Some(io::ErrorKind::AddrInUse));
         drop(first);
         assert!(bind_4791(ip).is_ok(), "the address is free again once the device is gone");
+    }
+
+    /// A Raw Ethertype QP hears its port from the moment Create QP returns, however late the
+    /// link's next turn: here the receiving device's port is held (as by a long turn on
+    /// another thread) while its QP is made and the peer's frame arrives, and the frame is
+    /// there once the port is free. The packet socket used to start listening at that next
+    /// turn, after the frame: lost, and the receive never completed (the udp_raw tests'
+    /// timeout, 1 run in 130 when two tests ran at once).
+    #[test]
+    fn a_raw_qp_hears_from_create_qp_on() {
+        use crate::verbs::{Access, QpAttr, QpInitAttr, QpState, RecvWr, SendWr, Wc, WcStatus};
+        let open = |last| UdpDevice::open(UdpConfig::default().addr(IpAddr::V4(Ipv4Addr::new(127, 24, 0, last))));
+        let (a, b) = (open(1).unwrap(), open(2).unwrap());
+        let Some(to) = b.mac() else { return }; // no packet socket here (no CAP_NET_RAW)
+        let raw_qp = |dev: &UdpDevice| {
+            let ctx = dev.context();
+            let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(4).unwrap());
+            let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+            let qp = pd.create_qp(&QpInitAttr::new(crate::types::QpType::RawEthertype, &cq, &cq)).unwrap();
+            qp.modify(&QpAttr::to_init().port(1)).unwrap();
+            qp.post_recv(&[RecvWr::new(7, &[mr.sge(0..2048)])]).unwrap();
+            qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
+            qp.modify(&QpAttr::to_rts()).unwrap();
+            (qp, cq, mr)
+        };
+        let first = |cq: &crate::verbs::Cq| {
+            let mut wc = [Wc::default()];
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while cq.poll(&mut wc).unwrap() == 0 {
+                assert!(Instant::now() < deadline, "no completion");
+                std::thread::yield_now();
+            }
+            wc[0]
+        };
+        let held = b.engine.link.lock_port();
+        let (bq, bcq, _bmr) = raw_qp(&b);
+        let listening = |p: &UdpPort| p.io.frames.as_ref().is_some_and(|f| f.listening());
+        assert!(listening(&held), "Create QP made the socket listen");
+        let (aq, acq, amr) = raw_qp(&a);
+        let frame = [&to[..], &a.mac().unwrap()[..], &0x88B5u16.to_be_bytes()[..], b"early"].concat();
+        amr.write(2048, &frame).unwrap();
+        aq.post_send(&[SendWr::send(1, &[amr.sge(2048..2048 + frame.len())]).signaled()]).unwrap();
+        assert_eq!(first(&acq).status, WcStatus::Success);
+        drop(held);
+        let wc = first(&bcq);
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len as usize), (7, WcStatus::Success, frame.len()));
+        // Destroy QP of the last Raw Ethertype QP stops it again (the kernel no longer copies
+        // the interface's packets for it).
+        bq.destroy().unwrap();
+        assert!(!listening(&b.engine.link.lock_port()));
     }
 
     #[test]

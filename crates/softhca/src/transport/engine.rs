@@ -473,23 +473,33 @@ impl Engine {
         taken
     }
 
-    /// Registers a Raw QP; false (nothing registered) when `max` of its type exist already.
-    pub fn add_raw(&self, qpn: u32, qp_type: QpType, max: usize) -> bool {
+    /// Registers a Raw QP; false (nothing registered) when `max` of its type exist already, or
+    /// when it is the first of its type and `listen(qp_type, true)`, which starts the link
+    /// hearing such packets, fails. `listen` runs under the list's lock, so that the link
+    /// hears of the firsts and lasts in the order they happened.
+    pub fn add_raw(&self, qpn: u32, qp_type: QpType, max: usize, listen: impl FnOnce(QpType, bool) -> bool) -> bool {
         let mut raw = self.raw.write().unwrap_or_else(|e| e.into_inner());
         // The count moves only under the list's write lock: it is the list's, read without it.
         let Some(n) = self.raw_count(qp_type).filter(|n| (n.load(Ordering::Relaxed) as usize) < max) else {
             return false;
         };
+        if n.load(Ordering::Relaxed) == 0 && !listen(qp_type, true) {
+            return false;
+        }
         raw.push((qpn, qp_type));
         n.fetch_add(1, Ordering::Relaxed);
         true
     }
 
-    pub fn remove_raw(&self, qpn: u32) {
+    /// Unregisters a Raw QP; `listen(qp_type, false)` when it was the last of its type.
+    pub fn remove_raw(&self, qpn: u32, listen: impl FnOnce(QpType, bool) -> bool) {
         let mut raw = self.raw.write().unwrap_or_else(|e| e.into_inner());
         if let Some(at) = raw.iter().position(|(q, _)| *q == qpn) {
-            if let Some(n) = self.raw_count(raw.remove(at).1) {
-                n.fetch_sub(1, Ordering::Relaxed);
+            let qp_type = raw.remove(at).1;
+            if let Some(n) = self.raw_count(qp_type) {
+                if n.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    listen(qp_type, false);
+                }
             }
         }
     }

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use super::cq::CqInner;
 use super::error::{Result, VerbsError};
 use super::mr::KeyTable;
-use super::types::{Access, AsyncEvent, EventElement, Gid, Mtu, WcStatus};
+use super::types::{Access, AsyncEvent, EventElement, Gid, Mtu, QpType, WcStatus};
 use crate::mem::{AccessError, MemRef};
 use crate::transport::engine::{DeviceCounters, Engine};
 use crate::transport::hca::{Hca, InvalidateError};
@@ -245,6 +245,11 @@ pub type Doorbell = Arc<dyn Fn() + Send + Sync>;
 /// Called by Poll for Completion before it looks at the CQ, so that a driver can make progress
 /// on the polling thread (run-to-completion, for busy-polling on few cores).
 pub type Progress = Arc<dyn Fn() + Send + Sync>;
+/// Called when the device gets its first Raw QP of a type (`true`) or loses its last (`false`),
+/// on the thread of Create or Destroy QP and before the verb returns: a link that hears raw
+/// packets only while such QPs exist starts or stops hearing them then. Returning false when
+/// it cannot start makes Create QP fail.
+pub type RawListener = Arc<dyn Fn(QpType, bool) -> bool + Send + Sync>;
 
 pub(crate) struct AsyncQueue {
     pub events: Mutex<VecDeque<AsyncEvent>>,
@@ -302,6 +307,7 @@ pub(crate) struct DeviceInner {
     pub comp_handler: RwLock<Option<CompletionHandler>>,
     pub doorbell: RwLock<Option<Doorbell>>,
     pub progress: RwLock<Option<Progress>>,
+    pub raw_listener: RwLock<Option<RawListener>>,
     /// The transport's state of the device: QPs, EECs, counters, timers (DESIGN rule 1).
     pub engine: Engine,
 }
@@ -367,6 +373,13 @@ impl DeviceInner {
         if let Some(bell) = bell {
             bell();
         }
+    }
+
+    /// Tells the link that the device now has Raw QPs of `qp_type` (`on`) or no longer has
+    /// (see [`RawListener`]); true without a link that listens.
+    pub(crate) fn raw_listen(&self, qp_type: QpType, on: bool) -> bool {
+        let hook = self.raw_listener.read().unwrap_or_else(|e| e.into_inner()).clone();
+        hook.is_none_or(|h| h(qp_type, on))
     }
 
     pub fn pkey(&self, index: u16) -> Option<u16> {
@@ -523,6 +536,7 @@ impl Context {
             comp_handler: RwLock::new(None),
             doorbell: RwLock::new(None),
             progress: RwLock::new(None),
+            raw_listener: RwLock::new(None),
             engine: Engine::default(),
         });
         let mut list = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
@@ -656,6 +670,14 @@ impl Context {
     /// [`super::cq::Cq::poll`]). The hook must not poll a CQ.
     pub fn set_progress(&self, hook: Option<Progress>) {
         *self.inner.progress.write().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    /// Installs (or with `None` removes) the hook a link that carries Raw QPs' packets wants
+    /// called when the device gets its first Raw QP of a type or loses its last (see
+    /// [`RawListener`]): a Raw QP hears its port from the moment Create QP returns, not from
+    /// the link's next turn, which may come after a peer's first frame.
+    pub fn set_raw_listener(&self, hook: Option<RawListener>) {
+        *self.inner.raw_listener.write().unwrap_or_else(|e| e.into_inner()) = hook;
     }
 
     /// Removes the doorbell.

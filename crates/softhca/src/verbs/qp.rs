@@ -472,7 +472,10 @@ impl Context {
                 Some(VerbsError::InUse("the port's GSI exists"))
             } else {
                 raw_max
-                    .filter(|&max| !self.inner.engine.add_raw(qpn, init.qp_type, max as usize))
+                    .filter(|&max| {
+                        let listen = |t, on| self.inner.raw_listen(t, on);
+                        !self.inner.engine.add_raw(qpn, init.qp_type, max as usize, listen)
+                    })
                     .map(|_| VerbsError::InsufficientResources)
             };
             if let Some(e) = refused {
@@ -1156,7 +1159,7 @@ impl QpResources {
         core.rq.discard();
         drop((rq, sq, core));
         self.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
-        self.dev.engine.remove_raw(q.qpn);
+        self.dev.engine.remove_raw(q.qpn, |t, on| self.dev.raw_listen(t, on));
         self.send_cq.detach();
         self.recv_cq.detach();
         if let Some(srq) = &self.srq {

@@ -95,8 +95,8 @@ pub(super) struct Io {
     pub(super) rx_alt: bool,
     /// Raw Ethertype frames and Raw IPv6 datagrams (packet sockets), where the process may
     /// have them (see `frames`).
-    pub(super) frames: Option<super::frames::PacketPort>,
-    pub(super) ipv6: Option<super::frames::PacketPort>,
+    pub(super) frames: Option<Arc<super::frames::PacketPort>>,
+    pub(super) ipv6: Option<Arc<super::frames::PacketPort>>,
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
     /// Looked up per flow of each batch sent: FxHash, not SipHash.
     pub(super) ports: FxHashMap<u16, Option<FlowSocket>>,
@@ -254,30 +254,18 @@ impl Io {
         any
     }
 
-    /// Whether the device has a Raw QP of `qp_type`, whose packets the link then carries; its
-    /// packet socket hears the interface from then on (and no longer once the last is gone).
-    /// Modify QP rings the doorbell, whose flush comes here: a QP is heard from before it can
-    /// receive (RTR).
-    fn listen_for(&mut self, qp_type: QpType) -> bool {
-        let want = self.ctx.has_raw_qps(qp_type);
-        let port = if qp_type == QpType::RawIpv6 { self.ipv6.as_mut() } else { self.frames.as_mut() };
-        match port {
-            Some(port) if want != port.listening() => port.listen(want).is_ok() && want,
-            Some(_) => want,
-            None => false,
-        }
+    /// The packet port of `qp_type`'s packets while the device has such QPs (it listens
+    /// exactly then: see `frames`).
+    fn raw_port(&self, qp_type: QpType) -> Option<&super::frames::PacketPort> {
+        let port = if qp_type == QpType::RawIpv6 { self.ipv6.as_deref() } else { self.frames.as_deref() };
+        port.filter(|p| p.listening())
     }
 
     /// Sends the Raw Ethertype QPs' frames (one system call each: raw frames are rare), with
     /// the rest of a flush. Nothing to do, and no call made, while the device has no such QP.
     pub(super) fn send_frames(&mut self, tx: &mut TxBufs, now: u64) -> bool {
-        // Raw IPv6 datagrams leave among the datagrams (`flush_tx`); their socket starts
-        // hearing here too.
-        self.listen_for(QpType::RawIpv6);
-        if !self.listen_for(QpType::RawEthertype) {
-            return false;
-        }
-        let Some(port) = self.frames.as_ref() else { return false };
+        // Raw IPv6 datagrams leave among the datagrams (`flush_tx`).
+        let Some(port) = self.raw_port(QpType::RawEthertype) else { return false };
         let buf = &mut tx.buf[..MAX_DATAGRAM];
         let mut sent = false;
         while let Some(n) = self.ctx.transmit_frame(now, buf) {
@@ -291,16 +279,12 @@ impl Io {
         sent
     }
 
-    /// Hands the device the raw packets that arrived (at most a batch of each kind), listening
-    /// for them only while it has Raw QPs of their kind. Returns whether any came.
+    /// Hands the device the raw packets that arrived (at most a batch of each kind), while
+    /// it has Raw QPs of their kind. Returns whether any came.
     pub(super) fn receive_frames(&mut self, tx: &mut TxBufs) -> bool {
         let mut got = false;
         for qp_type in [QpType::RawEthertype, QpType::RawIpv6] {
-            if !self.listen_for(qp_type) {
-                continue;
-            }
-            let port = if qp_type == QpType::RawIpv6 { self.ipv6.as_ref() } else { self.frames.as_ref() };
-            let Some(port) = port else { continue };
+            let Some(port) = self.raw_port(qp_type) else { continue };
             let buf = &mut tx.buf[..MAX_DATAGRAM];
             for _ in 0..BATCH {
                 let Some(at) = port.recv(buf) else { break };

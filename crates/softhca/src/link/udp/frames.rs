@@ -5,7 +5,9 @@
 //! A [`PacketPort`] is opened at device open but hears nothing until the device has a Raw QP of
 //! its kind: a packet socket bound to a protocol makes the kernel clone every packet of that
 //! protocol on the interface for it, RoCE datagrams included, so it is bound to protocol 0 (no
-//! packets) while idle and, while such QPs exist ([`PacketPort::listen`]), to
+//! packets) while idle and, while such QPs exist ([`PacketPort::listen`], called by Create and
+//! Destroy QP through the device's raw listener hook, so that a QP hears from the moment it
+//! exists and not from the link's next turn), to
 //! - frames: every protocol, with a filter that keeps only non-IP frames (not IPv4, IPv6 or
 //!   ARP, which belong to the host's stack);
 //! - IPv6: IPv6, with a filter that keeps datagrams to the device's address that are not RoCE
@@ -23,6 +25,7 @@ use std::io;
 use std::net::{IpAddr, Ipv6Addr};
 use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::sys::{self, bpf};
 use crate::wire::roce::ROCE_V2_PORT;
@@ -51,7 +54,9 @@ pub(super) struct PacketPort {
     mac: [u8; 6],
     /// Loopback: the link filters frames by MAC itself (see the module docs).
     loopback: bool,
-    listening: bool,
+    /// Set by [`PacketPort::listen`] on the thread of Create or Destroy QP; read by the
+    /// link's turns.
+    listening: AtomicBool,
 }
 
 fn socket(domain: libc::c_int, ty: libc::c_int, protocol: libc::c_int) -> io::Result<OwnedFd> {
@@ -134,7 +139,7 @@ impl PacketPort {
             };
             mac = [0x02, 0x00, tail[0], tail[1], tail[2], tail[3]];
         }
-        let port = PacketPort { kind, fd, sender, ifindex, mac, loopback, listening: false };
+        let port = PacketPort { kind, fd, sender, ifindex, mac, loopback, listening: AtomicBool::new(false) };
         port.bind(0)?;
         Ok(port)
     }
@@ -148,7 +153,7 @@ impl PacketPort {
     }
 
     pub(super) fn listening(&self) -> bool {
-        self.listening
+        self.listening.load(Ordering::Acquire)
     }
 
     fn bind(&self, protocol: u16) -> io::Result<()> {
@@ -171,9 +176,11 @@ impl PacketPort {
         Ok(())
     }
 
-    /// Starts (or stops) hearing the interface's packets of this port's kind.
-    pub(super) fn listen(&mut self, on: bool) -> io::Result<()> {
-        if on == self.listening {
+    /// Starts (or stops) hearing the interface's packets of this port's kind. Called one at a
+    /// time (the device calls its raw listener hook under its Raw QP list's lock); the link's
+    /// turns may receive meanwhile.
+    pub(super) fn listen(&self, on: bool) -> io::Result<()> {
+        if on == self.listening() {
             return Ok(());
         }
         if on {
@@ -194,7 +201,7 @@ impl PacketPort {
             let mut scrap = [0u8; 64];
             while self.recv(&mut scrap).is_some() {}
         }
-        self.listening = on;
+        self.listening.store(on, Ordering::Release);
         Ok(())
     }
 
