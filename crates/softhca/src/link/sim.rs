@@ -943,8 +943,12 @@ impl SimFabric {
         self.now = self.now.max(next);
         let now = self.now;
         while let Some(pkt) = self.in_flight.pop_due(now) {
-            // The next one's QP starts toward the cache while this one is handled.
-            if let Some(next) = self.in_flight.peek_due(now).filter(|n| !n.frame) {
+            // The next one's QP starts toward the cache while this one is handled, unless it
+            // is this one's (a burst of one QP's packets: the lookup would be for nothing).
+            let other_qp = |n: &InFlight| {
+                !n.frame && (n.to != pkt.to || roce::peek_dest_qp(&n.data) != roce::peek_dest_qp(&pkt.data))
+            };
+            if let Some(next) = self.in_flight.peek_due(now).filter(|n| other_qp(n)) {
                 if let Some(node) = self.nodes.get(next.to.0) {
                     node.ctx.prefetch_receive(&next.data);
                 }
