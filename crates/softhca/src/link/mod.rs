@@ -15,6 +15,12 @@
 //! `receive_frame`): the sim fabric routes those by MAC, the UDP link sends them through an
 //! AF_PACKET socket where the process may open one; a device whose link carries none has no
 //! Raw QPs (`DeviceAttr::max_raw_ethy_qp`, `max_raw_ipv6_qp`).
+//!
+//! The device calls back into its link through hooks the link installs, never by importing
+//! it: the doorbell (new work posted), the progress hook (a CQ poll may run a turn), and the
+//! raw listener (`Context::set_raw_listener`: the first Raw QP of a type is created or the
+//! last destroyed, so that a packet socket hears exactly while such QPs exist, from the
+//! moment Create QP returns).
 
 pub(crate) mod driver;
 pub(crate) mod os;
