@@ -25,12 +25,8 @@ const MAX_PREFIX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
 ///   here from what it knows.
 /// - `packet`: the BTH through the last pad byte, *without* the ICRC.
 pub fn compute(ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
-    // One hasher for both parts: a hasher's creation detects the CPU's features each time.
     let (prefix, len) = masked_prefix(ip_udp, packet)?;
-    let mut h = crc32fast::Hasher::new();
-    h.update(&prefix[..len]);
-    h.update(&packet[BTH_LEN..]);
-    Ok(h.finalize())
+    Ok(update(update(0, &prefix[..len]), &packet[BTH_LEN..]))
 }
 
 /// The bytes the ICRC starts with (the LRH stand-in, the IP and UDP headers and the BTH, their
@@ -87,9 +83,7 @@ pub fn start_datagram(headers: &[u8]) -> Result<u32, WireError> {
 
 /// Continues the CRC `crc` (crc32fast's value) over `bytes`.
 pub fn update(crc: u32, bytes: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new_with_initial(crc);
-    h.update(bytes);
-    h.finalize()
+    crate::mem::crc32::update(crc, bytes)
 }
 
 /// Copies a whole datagram (IP header through ICRC) of `dst.len()` bytes from `src` into

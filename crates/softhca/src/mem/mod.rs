@@ -6,6 +6,11 @@
 //! Registered memory is only ever touched through raw pointers, never through `&[u8]`: a
 //! remote peer may write it at any moment, as a DMA engine would, so softhca never holds a
 //! Rust reference to it while a region exists.
+//!
+//! The CRC-32 of every ICRC lives here too ([`crc32`]), beside the fused copy that folds it
+//! on the way ([`copy_crc`]).
+
+pub mod crc32;
 
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
@@ -194,7 +199,8 @@ pub(crate) unsafe fn copy_crc_raw(dst: *mut u8, src: *const u8, len: usize, crc:
 /// copied plainly and checksummed in one pass with its headers (see `transport::engine::emit`).
 pub const COPY_CRC_MIN: usize = 256;
 
-/// The two-pass form of [`copy_crc_raw`]: a copy, then crc32fast over the destination.
+/// The two-pass form of [`copy_crc_raw`]: a copy, then the CRC ([`crc32`]) over the
+/// destination.
 ///
 /// # Safety
 /// As for [`copy_crc_raw`].
@@ -204,9 +210,7 @@ unsafe fn copy_then_crc(dst: *mut u8, src: *const u8, len: usize, crc: u32) -> u
         std::ptr::copy_nonoverlapping(src, dst, len);
         std::slice::from_raw_parts(dst, len)
     };
-    let mut h = crc32fast::Hasher::new_with_initial(crc);
-    h.update(copied);
-    h.finalize()
+    crc32::update(crc, copied)
 }
 
 /// The fused copy and CRC (`copy_crc_raw`) between two slices: copies `src` into the start of
@@ -312,14 +316,12 @@ mod fused {
         let mut folded = [0u8; 16];
         // SAFETY: `folded` holds 16 bytes.
         unsafe { _mm_storeu_si128(folded.as_mut_ptr().cast(), x) };
-        let mut h = crc32fast::Hasher::new_with_initial(0xFFFF_FFFF);
-        h.update(&folded);
+        let crc = super::crc32::update(0xFFFF_FFFF, &folded);
         // SAFETY: the rest of both ranges (the caller's contract); `dst` is ours meanwhile.
         unsafe {
             std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at);
-            h.update(std::slice::from_raw_parts(dst.add(at), len - at));
+            super::crc32::update(crc, std::slice::from_raw_parts(dst.add(at), len - at))
         }
-        h.finalize()
     }
 }
 
