@@ -280,3 +280,40 @@ fn raw_frames_on_a_faulty_fabric_arrive_whole_or_not_at_all() {
     assert_eq!(c.sent - c.filtered - c.dropped_no_route - c.lost - c.fcs_dropped + c.duplicated, c.delivered);
     assert!(!wcs.is_empty() && wcs.len() < 50 + c.duplicated as usize);
 }
+
+/// A link that carries raw packets hears of a device's first Raw QP of a type and of its last
+/// (`Context::set_raw_listener`), during Create and Destroy QP and in that order, so that it
+/// listens exactly while such QPs exist (the UDP link binds its packet socket then). A link
+/// that cannot start listening makes Create QP fail with Insufficient Resources, and nothing
+/// is registered: the device still takes as many Raw QPs as before.
+#[test]
+fn the_link_hears_of_the_first_and_the_last_raw_qp() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let mut f = SimFabric::new(SimConfig::default());
+    let mut cfg = DeviceConfig::default().name("listened");
+    cfg.attr.max_raw_ethy_qp = 2;
+    let ctx = f.add_device_with(cfg).unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let refuse = Arc::new(AtomicBool::new(true));
+    let (seen, refusing) = (calls.clone(), refuse.clone());
+    ctx.set_raw_listener(Some(Arc::new(move |qp_type, on| {
+        seen.lock().unwrap().push((qp_type, on));
+        !(on && refusing.load(Ordering::Relaxed))
+    })));
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8).unwrap();
+    let init = QpInitAttr::new(QpType::RawEthertype, &cq, &cq);
+    assert_eq!(pd.create_qp(&init).unwrap_err(), VerbsError::InsufficientResources);
+    refuse.store(false, Ordering::Relaxed);
+    let (q1, q2) = (pd.create_qp(&init).unwrap(), pd.create_qp(&init).unwrap());
+    assert_eq!(pd.create_qp(&init).unwrap_err(), VerbsError::InsufficientResources, "max_raw_ethy_qp");
+    q1.destroy().unwrap();
+    assert_eq!(calls.lock().unwrap().len(), 2, "a QP that is not the last changes nothing");
+    q2.destroy().unwrap();
+    let want = [(QpType::RawEthertype, true), (QpType::RawEthertype, true), (QpType::RawEthertype, false)];
+    assert_eq!(*calls.lock().unwrap(), want);
+    // The refused QP held nothing: the CQ and the PD go.
+    cq.destroy().unwrap();
+    pd.dealloc().unwrap();
+}

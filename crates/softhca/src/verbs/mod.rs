@@ -51,6 +51,7 @@ pub use cm_agent::CmAgent;
 pub use cq::{CompChannel, Cq};
 pub use device::{
     device_list, open_device, AtomicCap, Context, DeviceAttr, DeviceConfig, DeviceInfo, PortAttr, PortState, Progress,
+    RawListener,
 };
 pub use eec::{Eec, EecAttr, EecAttrs, Rdd};
 pub use error::{PostError, Result, VerbsError};
