@@ -53,10 +53,9 @@ fn choice() -> Kind {
 /// differently, which is harmless: both give the same CRC.
 #[cold]
 fn decide() -> Kind {
-    let kind = match std::env::var("SOFTHCA_CRC").as_deref() {
-        Ok("table") => Kind::Table,
-        Ok("clmul") => Kind::Clmul,
-        _ => {
+    let kind = match named(std::env::var("SOFTHCA_CRC").ok().as_deref()) {
+        Some(kind) => kind,
+        None => {
             let buf = [0x5Au8; 4096];
             let time = |f: fn(u32, &[u8]) -> u32| {
                 let at = Instant::now();
@@ -80,6 +79,15 @@ fn decide() -> Kind {
     CHOICE.store(kind as u8, Ordering::Relaxed);
     tracing::debug!(?kind, "CRC-32 implementation");
     kind
+}
+
+/// The way `SOFTHCA_CRC` names, if it names one.
+fn named(var: Option<&str>) -> Option<Kind> {
+    match var? {
+        "table" => Some(Kind::Table),
+        "clmul" => Some(Kind::Clmul),
+        _ => None,
+    }
 }
 
 fn clmul_update(crc: u32, bytes: &[u8]) -> u32 {
@@ -150,6 +158,15 @@ mod tests {
         assert_eq!(table_update(0, b"123456789"), 0xCBF4_3926);
         assert_eq!(update(0, b"123456789"), 0xCBF4_3926);
         assert_eq!(table_update(0, b""), 0);
+    }
+
+    /// `SOFTHCA_CRC` names a way or leaves the choice to the timing.
+    #[test]
+    fn the_variable_names_a_way_or_none() {
+        assert_eq!(named(Some("table")), Some(Kind::Table));
+        assert_eq!(named(Some("clmul")), Some(Kind::Clmul));
+        assert_eq!(named(Some("fast")), None);
+        assert_eq!(named(None), None);
     }
 
     proptest! {
