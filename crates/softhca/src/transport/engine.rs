@@ -871,7 +871,7 @@ pub(crate) fn emit(
     }
     // The pad bytes (zeros, PKT-HDR-2) close the running CRC.
     let pad = &rest[..pad_end - range.end];
-    let crc = payload.crc.map(|crc| if pad.is_empty() { crc } else { icrc::update(crc, pad) });
+    let crc = payload.crc.map(|crc| if pad.is_empty() { crc } else { crate::mem::crc32::update(crc, pad) });
     let datagram = buf.get_mut(..end)?;
     match crc {
         Some(crc) => roce::seal_with(datagram, &ip, udp.checksum, crc),

@@ -12,6 +12,7 @@ use super::bth::BTH_RESV8A;
 use super::packet::{BTH_LEN, ICRC_LEN};
 use super::roce::{ip_header_len, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use super::{check_len, WireError};
+use crate::mem::crc32::update;
 
 /// Longest masked prefix: LRH stand-in + IPv6 + UDP + BTH.
 const MAX_PREFIX: usize = 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN;
@@ -79,11 +80,6 @@ pub fn start_datagram(headers: &[u8]) -> Result<u32, WireError> {
     check_len(headers, hdr_len + BTH_LEN)?;
     let (ip_udp, packet) = headers.split_at(hdr_len);
     compute(ip_udp, packet)
-}
-
-/// Continues the CRC `crc` (crc32fast's value) over `bytes`.
-pub fn update(crc: u32, bytes: &[u8]) -> u32 {
-    crate::mem::crc32::update(crc, bytes)
 }
 
 /// Copies a whole datagram (IP header through ICRC) of `dst.len()` bytes from `src` into
