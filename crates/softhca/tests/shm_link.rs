@@ -270,11 +270,20 @@ fn write_private(path: &str, bytes: &[u8]) {
 /// The peer goes away in the middle of a stream of Writes (its device closes and its ring is
 /// removed): the sender's datagrams find nobody, its requester times out and retries, and the
 /// Writes complete in error (Transport Retry Counter Exceeded, then flushed), without a hang.
+/// In both modes the waiting application spins on its CQ, so the timers fire in polls that
+/// mostly find nothing to do and return without a turn (the driver's quiet polls): a quiet
+/// poll that missed a due timer would leave the engine thread napping and this hanging.
 /// Rule PKT-RTY-4, ERR-SQ-10
 #[test]
 fn a_peer_that_goes_away_fails_the_transfer_cleanly() {
-    let a = end(ShmConfig::default());
-    let b = end(ShmConfig::default());
+    for busy in [false, true] {
+        peer_goes_away(busy);
+    }
+}
+
+fn peer_goes_away(busy: bool) {
+    let a = end(ShmConfig::default().busy_poll(busy));
+    let b = end(ShmConfig::default().busy_poll(busy));
     // A short ACK timeout (about 4 ms) and one retry, so the failure comes quickly.
     connect(&a.qp, b.dev.gid(), b.qp.qp_num(), 10, 1);
     connect(&b.qp, a.dev.gid(), a.qp.qp_num(), 10, 1);
@@ -306,16 +315,23 @@ fn a_peer_that_goes_away_fails_the_transfer_cleanly() {
 /// A peer that never drains its ring (a ring whose owner lives but does not read it): once
 /// the ring is full the sender's datagrams wait for room a bounded time and are dropped, the
 /// requester's retries run out, and its Write completes in error; the sender never blocks.
+/// Blocking and busy-poll: a datagram waiting for room keeps the polls turning.
 /// Rule PKT-RTY-4
 #[test]
 fn a_peer_that_never_drains_does_not_block_its_senders() {
+    for busy in [false, true] {
+        silent_peer(busy);
+    }
+}
+
+fn silent_peer(busy: bool) {
     // A fresh ring's bytes, owned by this (live) process, put where nobody reads them.
     let model = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 203))).unwrap();
     let bytes = std::fs::read(format!("/dev/shm/softhca-shm-{}", model.addr())).unwrap();
     drop(model);
     let silent = Ipv4Addr::new(127, 0, 0, 204);
     write_private(&format!("/dev/shm/softhca-shm-{silent}"), &bytes);
-    let a = end(ShmConfig::default());
+    let a = end(ShmConfig::default().busy_poll(busy));
     connect(&a.qp, Gid::from_ipv6(silent.to_ipv6_mapped()), 0x99, 10, 1);
     let n = 4 << 20;
     let src = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
@@ -325,7 +341,7 @@ fn a_peer_that_never_drains_does_not_block_its_senders() {
     assert!(a.dev.counters().tx_ring_waits > 0, "{:?}", a.dev.counters());
     // The device goes on: a new connection to a live peer works (the datagram that waited for
     // the silent ring is dropped once its patience runs out).
-    let b = end(ShmConfig::default());
+    let b = end(ShmConfig::default().busy_poll(busy));
     let qp = a.pd.create_qp(&QpInitAttr::rc(&a.cq, &a.cq)).unwrap();
     connect(&qp, b.dev.gid(), b.qp.qp_num(), 14, 7);
     connect(&b.qp, a.dev.gid(), qp.qp_num(), 14, 7);

@@ -56,7 +56,7 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
-use super::driver::{Port, Running};
+use super::driver::{Arrivals, Port, Running};
 use super::{TapHandle, Taps};
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
@@ -131,6 +131,11 @@ struct Ring {
 // pointer stays valid until `Drop` unmaps it, and nothing hands out references tied to a
 // thread.
 unsafe impl Send for Ring {}
+// SAFETY: other processes read and write the mapping at any time, so every access already
+// goes through atomics or through byte copies into slots the ring's tickets assign; a
+// second thread of this process (the driver's arrival probe, which only loads the header's
+// counters) is no different from another process.
+unsafe impl Sync for Ring {}
 
 impl Ring {
     /// Maps `file` (already `ring_len(slots)` bytes long).
@@ -320,6 +325,13 @@ impl Ring {
             }
         }
         None
+    }
+
+    /// Whether a producer has taken a ticket the owner has not consumed (published or not:
+    /// an unpublished one is the stall watch's to judge): the driver's arrival probe.
+    fn maybe_data(&self) -> bool {
+        let h = self.header();
+        h.tail.0.load(Ordering::Acquire) != h.head.0.load(Ordering::Relaxed)
     }
 
     fn has_data(&self) -> bool {
@@ -553,7 +565,8 @@ fn find_peer<'a>(
 
 struct ShmPort {
     ctx: Context,
-    ring: Ring,
+    /// Shared with the driver's arrival probe ([`Port::arrivals`]).
+    ring: Arc<Ring>,
     bell: File,
     /// Looked up per datagram: hashed with FxHash, not SipHash (a quarter of a short
     /// datagram's publication).
@@ -841,7 +854,10 @@ impl Port for ShmPort {
         let now = if inline { now } else { self.now() };
         let mut worked = self.receive(now);
         if self.ctx.poll_timeout().is_some_and(|t| t <= now) {
+            // Work: what the timers produced (retransmissions) rings no doorbell, so the
+            // driver must not take the next poll for a quiet one before it is flushed.
             self.ctx.handle_timeout(now);
+            worked = true;
         }
         if !inline {
             worked |= self.flush_tx(now);
@@ -864,6 +880,15 @@ impl Port for ShmPort {
     fn close(&mut self) {
         self.taps.flush();
         self.ring.close();
+    }
+
+    fn arrivals(&self) -> Option<Arrivals> {
+        let ring = self.ring.clone();
+        Some(Arc::new(move || ring.maybe_data()))
+    }
+
+    fn settled(&self) -> bool {
+        !self.backlog && self.held.is_none()
     }
 
     fn prepare_sleep(&mut self) -> bool {
@@ -927,7 +952,7 @@ impl ShmDevice {
         let epoch = Instant::now();
         let port = ShmPort {
             ctx: ctx.clone(),
-            ring,
+            ring: Arc::new(ring),
             bell,
             peers: FxHashMap::default(),
             missing: FxHashMap::default(),

@@ -595,7 +595,10 @@ impl Context {
         *slot = gid;
         self.inner.gid_gen.fetch_add(1, Ordering::AcqRel);
         drop(gids);
+        // QPs waiting for an addressable GID may send now: the driver must hear of it (a
+        // spinning poller's quiet polls run no turn until something rings).
         self.inner.engine.wake_all();
+        self.inner.ring();
         Ok(())
     }
 
