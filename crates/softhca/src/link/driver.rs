@@ -452,11 +452,13 @@ impl<P: Port> Driver<P> {
     /// deadline that the new work set.
     pub fn ring(&self) {
         self.shared.rings.fetch_add(1, Ordering::SeqCst);
-        if self.batches && self.poller_spinning() {
+        if self.batches && !self.shared.sleeping.load(Ordering::SeqCst) && self.poller_spinning() {
             // The poller's next turn starts by transmitting: leave the work to it, so that
             // several posts (and a pending ACK) go out in one system call. Where a flush is
             // no system call, the post sends at once: one clock read, and the poll after it
-            // can be quiet.
+            // can be quiet. Not while the engine thread sleeps in `ppoll`: should the poller
+            // turn to another device's CQ, nobody would send the post until that sleep ends
+            // (up to IDLE_WAKE; one thread driving two devices waited 15-50 ms a round trip).
             return;
         }
         if self.drive_inline(false) {
@@ -571,5 +573,121 @@ impl<P: Port> Driver<P> {
             }
         }
         self.lock_port().close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::DeviceConfig;
+
+    /// A port that counts its flushes and turns, with an arrival flag the test sets.
+    struct MockPort {
+        flushes: Arc<AtomicU64>,
+        turns: Arc<AtomicU64>,
+        arrived: Arc<AtomicBool>,
+        batches: bool,
+        efd: OwnedFd,
+    }
+
+    impl Port for MockPort {
+        fn turn(&mut self, _inline: bool, _now: u64) -> bool {
+            self.turns.fetch_add(1, Ordering::Relaxed);
+            self.arrived.swap(false, Ordering::Relaxed)
+        }
+        fn holds_acks(&self) -> bool {
+            self.batches
+        }
+        fn flush(&mut self, _now: u64) -> bool {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+            false
+        }
+        fn leftovers(&self) -> bool {
+            false
+        }
+        fn rx_fd(&self) -> RawFd {
+            self.efd.as_raw_fd()
+        }
+        fn close(&mut self) {}
+        fn arrivals(&self) -> Option<Arrivals> {
+            let a = self.arrived.clone();
+            Some(Arc::new(move || a.load(Ordering::Relaxed)))
+        }
+        fn settled(&self) -> bool {
+            true
+        }
+    }
+
+    struct Rig {
+        driver: Driver<MockPort>,
+        flushes: Arc<AtomicU64>,
+        turns: Arc<AtomicU64>,
+        arrived: Arc<AtomicBool>,
+    }
+
+    /// A busy-poll driver (no engine thread: the test plays its part) over a mock port.
+    fn rig(batches: bool) -> Rig {
+        let ctx = Context::create(DeviceConfig::default()).unwrap();
+        let (flushes, turns, arrived) = (Arc::default(), Arc::default(), Arc::new(AtomicBool::new(false)));
+        let port = MockPort {
+            flushes: Arc::clone(&flushes),
+            turns: Arc::clone(&turns),
+            arrived: Arc::clone(&arrived),
+            batches,
+            efd: os::eventfd().unwrap(),
+        };
+        let driver = Driver::new(ctx, true, Instant::now(), port).unwrap();
+        Rig { driver, flushes, turns, arrived }
+    }
+
+    /// A doorbell leaves its flush to a poller that just ran a turn (busy-poll, a link whose
+    /// flush is a system call), but not while the engine thread sleeps in `ppoll`: if that
+    /// poller then polls another device's CQ, nobody would send the post until the engine
+    /// thread's idle wake (50 ms a round trip, seen with one thread driving two devices).
+    #[test]
+    fn a_doorbell_defers_to_a_spinning_poller_only_while_the_engine_thread_is_awake() {
+        let r = rig(true);
+        let d = &r.driver;
+        assert!(!d.drive_inline(true)); // the poller's turn: it spins
+        let before = r.flushes.load(Ordering::Relaxed);
+        d.ring();
+        assert_eq!(r.flushes.load(Ordering::Relaxed), before, "deferred to the poller's next turn");
+        d.shared.sleeping.store(true, Ordering::SeqCst);
+        d.ring();
+        assert_eq!(r.flushes.load(Ordering::Relaxed), before + 1, "sent by the doorbell itself");
+    }
+
+    /// Where a flush is no system call (shared memory), a doorbell sends at once.
+    #[test]
+    fn a_doorbell_on_a_cheap_link_flushes_at_once() {
+        let r = rig(false);
+        assert!(!r.driver.drive_inline(true));
+        let before = r.flushes.load(Ordering::Relaxed);
+        r.driver.ring();
+        assert_eq!(r.flushes.load(Ordering::Relaxed), before + 1);
+    }
+
+    /// A poll is quiet (no turn) only with nothing arrived, posted or owed; each of them
+    /// makes the next poll a turn.
+    #[test]
+    fn a_poll_is_quiet_only_with_nothing_arrived_posted_or_owed() {
+        let r = rig(false);
+        let d = &r.driver;
+        assert!(!d.quiet(), "no turn yet: the port's state is unknown");
+        d.drive_inline(true);
+        assert!(d.quiet_poll(), "a settled port, nothing arrived, posted or due");
+        let turns = r.turns.load(Ordering::Relaxed);
+        r.arrived.store(true, Ordering::Relaxed);
+        assert!(!d.quiet_poll(), "a datagram arrived");
+        d.drive_inline(true); // takes it in: that turn worked, so something may be owed
+        assert_eq!(r.turns.load(Ordering::Relaxed), turns + 1);
+        assert!(!d.quiet_poll(), "what the turn produced is flushed by the next one");
+        d.drive_inline(true);
+        assert!(d.quiet_poll());
+        d.shared.rings.fetch_add(1, Ordering::SeqCst); // a post another thread's doorbell left
+        assert!(!d.quiet_poll(), "a doorbell rung since the last flush");
+        d.drive_inline(true);
+        assert!(d.quiet_poll());
+        assert!(d.shared.quiet_polls.load(Ordering::Relaxed) >= 3);
     }
 }
