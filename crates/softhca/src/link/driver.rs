@@ -87,7 +87,9 @@ pub(crate) trait Port: Send + 'static {
     /// A probe that tells, without the port's lock or a system call, whether datagrams may
     /// have arrived since the last turn; `None` where only a receive call can tell (a
     /// socket). With it, a poll that finds nothing to do returns at once (see
-    /// [`Driver::quiet`]).
+    /// [`Driver::quiet`]). It may miss what only a turn finds (the shared-memory ring's
+    /// producer that died before publishing its slot): every [`QUIET_TURN_EVERY`]th quiet
+    /// poll runs a turn anyway.
     fn arrivals(&self) -> Option<Arrivals> {
         None
     }
@@ -140,9 +142,10 @@ pub(crate) struct Shared {
     arms_seen: AtomicU64,
     /// The port reported itself settled ([`Port::settled`]) when last let go.
     settled: AtomicBool,
-    /// Polls that found nothing to do and returned without a turn ([`Driver::quiet_poll`]),
-    /// which the engine thread counts as the poller's signs of life.
-    quiet_polls: AtomicU64,
+    /// Polls that ran no turn: quiet ones ([`Driver::quiet_poll`]) and ones that found the
+    /// port taken (by the engine thread, or another poller). The engine thread counts them
+    /// as the pollers' signs of life (see [`Driver::note_idle_poll`]).
+    idle_polls: AtomicU64,
 }
 
 /// What the engine thread, the doorbell and the progress hook share.
@@ -215,6 +218,9 @@ fn bump_shared(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// A busy poller's quiet polls ([`Driver::quiet_poll`]) run a turn once in this many, for
+/// what the port's arrival probe does not see.
+const QUIET_TURN_EVERY: u64 = 256;
 /// While an application thread ran a turn inline within this long, the busy-poll engine
 /// thread naps instead of competing with it for the socket and the core.
 const INLINE_GRACE: Duration = Duration::from_millis(10);
@@ -357,9 +363,17 @@ impl<P: Port> Driver<P> {
         if !self.busy() || !self.quiet() {
             return false;
         }
-        let n = self.shared.quiet_polls.load(Ordering::Relaxed);
-        self.shared.quiet_polls.store(n.wrapping_add(1), Ordering::Relaxed);
-        true
+        // Now and then a turn all the same, for what the probe does not see.
+        !self.note_idle_poll().is_multiple_of(QUIET_TURN_EVERY)
+    }
+
+    /// Counts a poll that ran no turn; returns the count. Relaxed load and store, not a
+    /// locked add: pollers racing may lose a count, and the engine thread only asks whether
+    /// it moved.
+    fn note_idle_poll(&self) -> u64 {
+        let n = self.shared.idle_polls.load(Ordering::Relaxed).wrapping_add(1);
+        self.shared.idle_polls.store(n, Ordering::Relaxed);
+        n
     }
 
     /// Unhooks the driver from its device (see [`Driver::install`]).
@@ -399,7 +413,16 @@ impl<P: Port> Driver<P> {
         loop {
             let seen = self.shared.rings.load(Ordering::SeqCst);
             let left = {
-                let Some(mut p) = self.try_port() else { return false };
+                let Some(mut p) = self.try_port() else {
+                    // A poller that finds the engine thread at the port still polls: said so,
+                    // the engine thread leaves the port to it (a busy-poll engine thread that
+                    // never heard of it turned beside the poller, each taking the port from
+                    // the other, for up to INLINE_GRACE: 6-10 us hops in short runs).
+                    if full {
+                        self.note_idle_poll();
+                    }
+                    return false;
+                };
                 let now = known.take().unwrap_or_else(|| self.now());
                 // Held: something is owed, nothing was posted since the last flush, and the
                 // turns in a row that have held it are fewer than ACK_HOLD_TURNS.
@@ -493,9 +516,9 @@ impl<P: Port> Driver<P> {
 
     /// Whether an application thread is driving the engine inline (busy-poll, or a spinning
     /// poller in blocking mode): for how much longer the engine thread leaves it the port.
-    /// `quiet_at`: when the engine thread last saw the count of quiet polls move.
-    fn inline_active(&self, now: u64, quiet_at: u64) -> Option<Duration> {
-        let last = self.shared.last_inline.load(Ordering::Relaxed).max(quiet_at);
+    /// `idle_at`: when the engine thread last saw the count of idle polls move.
+    fn inline_active(&self, now: u64, idle_at: u64) -> Option<Duration> {
+        let last = self.shared.last_inline.load(Ordering::Relaxed).max(idle_at);
         let idle = Duration::from_nanos(now.saturating_sub(last));
         let grace = if self.busy() { INLINE_GRACE } else { SPIN_GRACE };
         (self.pollers_drive() && last != 0 && idle < grace).then(|| grace - idle)
@@ -506,15 +529,15 @@ impl<P: Port> Driver<P> {
     /// while no application thread polls; while one does, it naps and leaves the port, the
     /// timers and the core to the poller.
     pub fn background(&self) {
-        // The count of quiet polls last seen and when it was seen to move.
-        let (mut quiet_seen, mut quiet_at) = (0, 0);
+        // The count of idle polls last seen and when it was seen to move.
+        let (mut idle_seen, mut idle_at) = (0, 0);
         while !self.shared.stop.load(Ordering::Acquire) {
             let now = self.now();
-            let quiet = self.shared.quiet_polls.load(Ordering::Relaxed);
-            if quiet != quiet_seen {
-                (quiet_seen, quiet_at) = (quiet, now);
+            let idle = self.shared.idle_polls.load(Ordering::Relaxed);
+            if idle != idle_seen {
+                (idle_seen, idle_at) = (idle, now);
             }
-            if let Some(nap) = self.inline_active(now, quiet_at) {
+            if let Some(nap) = self.inline_active(now, idle_at) {
                 // A doorbell left to a poller that stopped polling right after it (the
                 // application posted its last request and went to sleep), or ACKs its last
                 // turn left for the next, are flushed here.
@@ -693,6 +716,6 @@ mod tests {
         assert!(!d.quiet_poll(), "a doorbell rung since the last flush");
         d.drive_inline(true);
         assert!(d.quiet_poll());
-        assert!(d.shared.quiet_polls.load(Ordering::Relaxed) >= 3);
+        assert!(d.shared.idle_polls.load(Ordering::Relaxed) >= 3);
     }
 }

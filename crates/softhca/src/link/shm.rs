@@ -61,7 +61,8 @@ use super::{TapHandle, Taps};
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
 use crate::wire::icrc;
-use crate::wire::roce::Ipv4Header;
+use crate::wire::opcode::Opcode;
+use crate::wire::roce::{self, Ipv4Header};
 
 /// Slots per ring.
 pub const RING_SLOTS: usize = 256;
@@ -115,6 +116,10 @@ struct Slot {
 }
 
 const SLOT_BYTES: usize = MAX_DATAGRAM;
+
+/// What [`Ring::next_opcode`] copies: an IPv4 header with options, the UDP header and the
+/// BTH's first byte fit.
+const PEEK_BYTES: usize = 80;
 
 fn ring_len(slots: usize) -> usize {
     std::mem::size_of::<Header>() + slots * std::mem::size_of::<Slot>()
@@ -327,11 +332,25 @@ impl Ring {
         None
     }
 
-    /// Whether a producer has taken a ticket the owner has not consumed (published or not:
-    /// an unpublished one is the stall watch's to judge): the driver's arrival probe.
-    fn maybe_data(&self) -> bool {
-        let h = self.header();
-        h.tail.0.load(Ordering::Acquire) != h.head.0.load(Ordering::Relaxed)
+    /// The BTH opcode of the next published datagram, read from a copy of its first bytes
+    /// (a hint only: nothing in the ring is trusted, and the owner checks all of a datagram
+    /// when it pops it).
+    fn next_opcode(&self) -> Option<Opcode> {
+        let t = self.header().head.0.load(Ordering::Relaxed);
+        if self.seq(t).load(Ordering::Acquire) != t + 1 {
+            return None;
+        }
+        let s = self.slot(t);
+        let mut head = [0u8; PEEK_BYTES];
+        // SAFETY: the slot was published for ticket `t` (Acquire above); the copy is bounded by
+        // the slot's data and `head`. A producer writing the slot meanwhile (a dishonest one)
+        // only makes the hint wrong.
+        let n = unsafe {
+            let n = ((*s).len.load(Ordering::Relaxed) as usize).min(PEEK_BYTES);
+            std::ptr::copy_nonoverlapping(std::ptr::addr_of!((*s).data).cast::<u8>(), head.as_mut_ptr(), n);
+            n
+        };
+        roce::peek_opcode(&head[..n])
     }
 
     fn has_data(&self) -> bool {
@@ -593,7 +612,12 @@ impl ShmPort {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    fn receive(&mut self, now: u64) -> bool {
+    /// Takes in a batch. In a poller's turn (`inline`) it stops after a request when a
+    /// response (an ACK) is next in the ring: the application sees the request's completion
+    /// (and can answer it) before the ACK is processed, as the UDP link's inline turns do. In
+    /// a ping-pong the peer's answer arrives with its ACK behind it: taking the ACK in first
+    /// put about a microsecond of work (under emulation) between a hop and its completion.
+    fn receive(&mut self, now: u64, inline: bool) -> bool {
         let mut got = false;
         for _ in 0..BATCH {
             let mut skipped = 0;
@@ -606,6 +630,7 @@ impl ShmPort {
             got = true;
             bump(&self.stats.rx);
             let d = &self.buf[..n];
+            let request = roce::peek_opcode(d).is_some_and(|op| !op.is_response());
             for _ in 0..self.taps.copies_arriving(now, d) {
                 // Nothing from the ring is trusted: the device checks everything. The ICRC was
                 // checked over this copy as it was made; a datagram that failed it (or had
@@ -615,6 +640,9 @@ impl ShmPort {
                 } else {
                     self.ctx.receive(now, d);
                 }
+            }
+            if inline && request && self.ring.next_opcode().is_some_and(Opcode::is_response) {
+                break;
             }
         }
         got
@@ -852,7 +880,7 @@ impl Port for ShmPort {
             self.awake(); // the first turn after a sleep
         }
         let now = if inline { now } else { self.now() };
-        let mut worked = self.receive(now);
+        let mut worked = self.receive(now, inline);
         if self.ctx.poll_timeout().is_some_and(|t| t <= now) {
             // Work: what the timers produced (retransmissions) rings no doorbell, so the
             // driver must not take the next poll for a quiet one before it is flushed.
@@ -884,7 +912,7 @@ impl Port for ShmPort {
 
     fn arrivals(&self) -> Option<Arrivals> {
         let ring = self.ring.clone();
-        Some(Arc::new(move || ring.maybe_data()))
+        Some(Arc::new(move || ring.has_data()))
     }
 
     fn settled(&self) -> bool {
@@ -1094,6 +1122,31 @@ mod tests {
         }
         assert!(r.reserve().is_none(), "full");
         assert!(!r.push(&[]), "an empty datagram is never pushed (it would read as a void)");
+    }
+
+    /// The owner reads the next datagram's opcode without taking it: what the inline receive
+    /// decides by (a request's completion before the ACK behind it).
+    #[test]
+    fn the_next_opcode_is_read_without_taking_the_datagram() {
+        let (_f, r) = scratch(4);
+        let mut out = vec![0u8; SLOT_BYTES];
+        let mut st = StallWatch::default();
+        let datagram = |op: u8| {
+            let mut d = vec![0u8; 20 + 8 + 12 + 4];
+            d[0] = 0x45; // IPv4, no options
+            d[28] = op;
+            d
+        };
+        assert_eq!(r.next_opcode(), None, "empty");
+        assert!(r.push(&datagram(0x04))); // RC Send Only
+        assert!(r.push(&datagram(0x11))); // RC Acknowledge
+        let op = r.next_opcode().unwrap();
+        assert!(!op.is_response(), "{op:?}");
+        assert_eq!(r.next_opcode(), Some(op), "still there");
+        assert!(r.pop(&mut out, 0, &mut st, &mut 0).is_some());
+        assert!(r.next_opcode().unwrap().is_response());
+        assert!(r.pop(&mut out, 0, &mut st, &mut 0).is_some());
+        assert_eq!(r.next_opcode(), None);
     }
 
     /// A producer that took a ticket and never published stalls the owner for STALL_NS only;

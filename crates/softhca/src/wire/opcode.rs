@@ -397,6 +397,13 @@ impl Opcode {
         self.info().is_none()
     }
 
+    /// Whether the table lists this opcode as a response (an ACK, an atomic ACK, a Read
+    /// response); a reserved opcode is none.
+    #[inline]
+    pub fn is_response(self) -> bool {
+        self.info().is_some_and(|i| !i.is_request())
+    }
+
     /// The service type encoded in bits 7:5, even for a reserved opcode (the
     /// transport needs it to tell PKT-OP-3 from PKT-VAL-9). `None` for the
     /// service ranges this HCA has no service for (101, 110, 111).

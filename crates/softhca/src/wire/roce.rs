@@ -24,6 +24,7 @@ use core::ops::Range;
 
 use super::field::{set_u16, set_u32, u16_at, u32_at};
 use super::icrc;
+use super::opcode::Opcode;
 use super::packet::{PacketRepr, ICRC_LEN};
 use super::{check_len, WireError};
 
@@ -639,6 +640,13 @@ fn parse_split(split: RoceSplit<'_>, verify: bool) -> Result<RoceDatagram<'_>, W
 pub fn peek_dest_qp(datagram: &[u8]) -> Option<u32> {
     let at = ip_header_len(datagram).ok()? + UDP_HEADER_LEN;
     Some(crate::wire::bth::Bth::new_checked(datagram.get(at..)?).ok()?.dest_qp())
+}
+
+/// The BTH opcode of an inbound datagram (from the IP header on), read like
+/// [`peek_dest_qp`]: for a link deciding whether to deliver the next datagram in this turn.
+pub fn peek_opcode(datagram: &[u8]) -> Option<Opcode> {
+    let at = ip_header_len(datagram).ok()? + UDP_HEADER_LEN;
+    datagram.get(at).map(|&op| Opcode::from(op))
 }
 
 /// Parses an inbound IP datagram (from the IP header on) and verifies its

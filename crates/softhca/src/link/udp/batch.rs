@@ -174,7 +174,7 @@ pub(super) fn gro_segment(m: &sys::RxMsg) -> usize {
 /// Whether a BTH opcode is a response (ACK, RDMA Read response, Atomic ACK: only RC and RD
 /// have them), by the opcode table.
 pub(super) fn is_response(op: u8) -> bool {
-    Opcode::from(op).info().is_some_and(|i| !i.is_request())
+    Opcode::from(op).is_response()
 }
 
 /// Whether every datagram of a received (socket-mode) message from byte `start` on is a
