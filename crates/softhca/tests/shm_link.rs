@@ -270,9 +270,8 @@ fn write_private(path: &str, bytes: &[u8]) {
 /// The peer goes away in the middle of a stream of Writes (its device closes and its ring is
 /// removed): the sender's datagrams find nobody, its requester times out and retries, and the
 /// Writes complete in error (Transport Retry Counter Exceeded, then flushed), without a hang.
-/// In busy-poll mode the waiting application's polls mostly find nothing to do and return
-/// without a turn (the driver's quiet polls): a quiet poll that missed a due timer, or the
-/// retransmission it produced, would leave the engine thread napping and this hanging.
+/// In busy-poll mode too, where the waiting application's polls run the timers and flush
+/// the retransmissions while the engine thread naps.
 /// Rule PKT-RTY-4, ERR-SQ-10
 #[test]
 fn a_peer_that_goes_away_fails_the_transfer_cleanly() {

@@ -22,13 +22,8 @@
 //! The doorbell makes a system call only when the engine thread is about to sleep or asleep
 //! (a Dekker-style flag pair).
 //!
-//! In busy-poll mode a poll that provably has nothing to do returns without a turn, without
-//! the port's lock and without reading the clock ([`Driver::quiet`]): where the port can tell
-//! arrivals without a system call (the shared-memory ring's counters), nothing was posted or
-//! is owed, and the coarse clock says no timer can be due. Such polls still count as the
-//! poller's signs of life for the engine thread. Whatever gives the device something to send must therefore
-//! ring or be a turn's work: posts and modifies ring, a turn that received or ran timers
-//! reports work (the next poll flushes it).
+//! Whatever gives the device something to send rings or is a turn's work: posts and
+//! modifies ring, a turn that received or ran timers reports work (the next flush sends it).
 //!
 //! A poller's turn starts with the transmit flush and leaves what its receiving produced
 //! (ACKs) for the next one; on the UDP link, while nothing is posted, the next
@@ -84,24 +79,7 @@ pub(crate) trait Port: Send + 'static {
     fn prepare_sleep(&mut self) -> bool {
         true
     }
-    /// A probe that tells, without the port's lock or a system call, whether datagrams may
-    /// have arrived since the last turn; `None` where only a receive call can tell (a
-    /// socket). With it, a poll that finds nothing to do returns at once (see
-    /// [`Driver::quiet`]). It may miss what only a turn finds (the shared-memory ring's
-    /// producer that died before publishing its slot): every [`QUIET_TURN_EVERY`]th quiet
-    /// poll runs a turn anyway.
-    fn arrivals(&self) -> Option<Arrivals> {
-        None
-    }
-    /// Whether the port holds no work of its own (the rest of a batch, a datagram waiting for
-    /// room in a peer's ring), asked after each turn and flush.
-    fn settled(&self) -> bool {
-        false
-    }
 }
-
-/// See [`Port::arrivals`].
-pub(crate) type Arrivals = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// The driver's own counters: engine thread sleeps and doorbell system calls.
 #[derive(Debug, Default)]
@@ -140,11 +118,8 @@ pub(crate) struct Shared {
     last_poll: AtomicU64,
     poll_streak: AtomicU64,
     arms_seen: AtomicU64,
-    /// The port reported itself settled ([`Port::settled`]) when last let go.
-    settled: AtomicBool,
-    /// Polls that ran no turn: quiet ones ([`Driver::quiet_poll`]) and ones that found the
-    /// port taken (by the engine thread, or another poller). The engine thread counts them
-    /// as the pollers' signs of life (see [`Driver::note_idle_poll`]).
+    /// Polls that ran no turn because they found the port taken (by the engine thread, or
+    /// another poller). The engine thread counts them as the pollers' signs of life.
     idle_polls: AtomicU64,
 }
 
@@ -159,12 +134,9 @@ pub(crate) struct Driver<P: Port> {
     /// The doorbell eventfd.
     pub efd: OwnedFd,
     rx_fd: RawFd,
-    /// See [`Port::arrivals`].
-    arrivals: Option<Arrivals>,
     /// The port's flush is a system call ([`Port::holds_acks`]): a doorbell leaves its flush
     /// to a spinning poller, which sends it with what else is ready in one call.
     batches: bool,
-    coarse: os::CoarseClock,
     port: Mutex<P>,
 }
 
@@ -218,9 +190,6 @@ fn bump_shared(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-/// A busy poller's quiet polls ([`Driver::quiet_poll`]) run a turn once in this many, for
-/// what the port's arrival probe does not see.
-const QUIET_TURN_EVERY: u64 = 256;
 /// While an application thread ran a turn inline within this long, the busy-poll engine
 /// thread naps instead of competing with it for the socket and the core.
 const INLINE_GRACE: Duration = Duration::from_millis(10);
@@ -267,9 +236,7 @@ impl<P: Port> Driver<P> {
             wakes: Wakes::default(),
             efd: os::eventfd()?,
             rx_fd,
-            arrivals: port.arrivals(),
             batches: port.holds_acks(),
-            coarse: os::CoarseClock::new(epoch),
             port: Mutex::new(port),
         })
     }
@@ -299,9 +266,6 @@ impl<P: Port> Driver<P> {
             // Work the poller's turn left (the rest of a batch, more to send) must not wait
             // for the engine thread's idle wake if the poller stops here.
             if let Some(l) = weak.upgrade() {
-                if l.quiet_poll() {
-                    return;
-                }
                 if let (true, now) = l.polled() {
                     if l.drive_inline_at(true, now) {
                         l.wake_for_leftovers();
@@ -335,45 +299,11 @@ impl<P: Port> Driver<P> {
         self.busy() || self.shared.poll_streak.load(Ordering::Relaxed) >= SPIN_POLLS
     }
 
-    /// Whether an engine turn now would do nothing: nothing may have arrived (the port's
-    /// probe), nothing was posted since the last flush, nothing is owed, the port holds no
-    /// work, and no timer can be due (the coarse clock's bound). Asked without the port's
-    /// lock and without reading the clock source, so that a poller spinning on an empty CQ
-    /// costs a few loads a round: under emulation the clock read it saves was a system call
-    /// and an HPET access of 0.76 us, a third of an idle round and of each hop's time.
-    fn quiet(&self) -> bool {
-        let Some(arrived) = &self.arrivals else { return false };
-        self.shared.settled.load(Ordering::Relaxed)
-            && !self.shared.owed.load(Ordering::Relaxed)
-            && self.shared.rings.load(Ordering::SeqCst) == self.shared.rings_flushed.load(Ordering::Relaxed)
-            && !arrived()
-            && self.ctx.poll_timeout().is_none_or(|t| t > self.coarse.upper_bound())
-    }
-
-    /// A CQ poll in busy-poll mode that finds the engine [`quiet`]: no turn, no clock read;
-    /// counted for the engine thread, which takes such polls as the poller's signs of life.
-    ///
-    /// Not in blocking mode, whose spin detector times every poll: with quiet polls there
-    /// (counted as polls in a row, timed or not), `softhca perf send --lat --link shm` fell
-    /// into 6 us a hop instead of 0.8 in about a third of the runs, the engine thread and
-    /// the peer's doorbell carrying the traffic; not understood yet, so left out.
-    ///
-    /// [`quiet`]: Driver::quiet
-    fn quiet_poll(&self) -> bool {
-        if !self.busy() || !self.quiet() {
-            return false;
-        }
-        // Now and then a turn all the same, for what the probe does not see.
-        !self.note_idle_poll().is_multiple_of(QUIET_TURN_EVERY)
-    }
-
-    /// Counts a poll that ran no turn; returns the count. Relaxed load and store, not a
-    /// locked add: pollers racing may lose a count, and the engine thread only asks whether
-    /// it moved.
-    fn note_idle_poll(&self) -> u64 {
+    /// Counts a poll that ran no turn. Relaxed load and store, not a locked add: pollers
+    /// racing may lose a count, and the engine thread only asks whether it moved.
+    fn note_idle_poll(&self) {
         let n = self.shared.idle_polls.load(Ordering::Relaxed).wrapping_add(1);
         self.shared.idle_polls.store(n, Ordering::Relaxed);
-        n
     }
 
     /// Unhooks the driver from its device (see [`Driver::install`]).
@@ -458,7 +388,6 @@ impl<P: Port> Driver<P> {
                     self.shared.held.store(0, Ordering::Relaxed);
                 }
                 self.shared.rings_flushed.store(seen, Ordering::Relaxed);
-                self.shared.settled.store(p.settled(), Ordering::Relaxed);
                 p.leftovers()
             };
             if self.shared.rings.load(Ordering::SeqCst) == seen {
@@ -484,7 +413,7 @@ impl<P: Port> Driver<P> {
             // The poller's next turn starts by transmitting: leave the work to it, so that
             // several posts (and a pending ACK) go out in one system call. Where a flush is
             // no system call, the post sends at once: one clock read, and the poll after it
-            // can be quiet. Not while the engine thread sleeps in `ppoll`: should the poller
+            // finds nothing owed. Not while the engine thread sleeps in `ppoll`: should the poller
             // turn to another device's CQ, nobody would send the post until that sleep ends
             // (up to IDLE_WAKE; one thread driving two devices waited 15-50 ms a round trip).
             return;
@@ -551,21 +480,16 @@ impl<P: Port> Driver<P> {
                 continue;
             }
             let seen = self.shared.rings.load(Ordering::SeqCst);
-            let turn = |mut p: MutexGuard<'_, P>| {
-                let worked = p.turn(false, self.now());
-                self.shared.settled.store(p.settled(), Ordering::Relaxed);
-                worked
-            };
             let worked = if self.busy() {
                 match self.try_port() {
-                    Some(p) => turn(p),
+                    Some(mut p) => p.turn(false, self.now()),
                     None => {
                         std::thread::yield_now();
                         continue;
                     }
                 }
             } else {
-                turn(self.lock_port())
+                self.lock_port().turn(false, self.now())
             };
             self.shared.rings_flushed.store(seen, Ordering::Relaxed);
             if worked {
@@ -609,19 +533,16 @@ mod tests {
     use super::*;
     use crate::verbs::DeviceConfig;
 
-    /// A port that counts its flushes and turns, with an arrival flag the test sets.
+    /// A port that counts its flushes.
     struct MockPort {
         flushes: Arc<AtomicU64>,
-        turns: Arc<AtomicU64>,
-        arrived: Arc<AtomicBool>,
         batches: bool,
         efd: OwnedFd,
     }
 
     impl Port for MockPort {
         fn turn(&mut self, _inline: bool, _now: u64) -> bool {
-            self.turns.fetch_add(1, Ordering::Relaxed);
-            self.arrived.swap(false, Ordering::Relaxed)
+            false
         }
         fn holds_acks(&self) -> bool {
             self.batches
@@ -637,35 +558,20 @@ mod tests {
             self.efd.as_raw_fd()
         }
         fn close(&mut self) {}
-        fn arrivals(&self) -> Option<Arrivals> {
-            let a = self.arrived.clone();
-            Some(Arc::new(move || a.load(Ordering::Relaxed)))
-        }
-        fn settled(&self) -> bool {
-            true
-        }
     }
 
     struct Rig {
         driver: Driver<MockPort>,
         flushes: Arc<AtomicU64>,
-        turns: Arc<AtomicU64>,
-        arrived: Arc<AtomicBool>,
     }
 
     /// A busy-poll driver (no engine thread: the test plays its part) over a mock port.
     fn rig(batches: bool) -> Rig {
         let ctx = Context::create(DeviceConfig::default()).unwrap();
-        let (flushes, turns, arrived) = (Arc::default(), Arc::default(), Arc::new(AtomicBool::new(false)));
-        let port = MockPort {
-            flushes: Arc::clone(&flushes),
-            turns: Arc::clone(&turns),
-            arrived: Arc::clone(&arrived),
-            batches,
-            efd: os::eventfd().unwrap(),
-        };
+        let flushes = Arc::default();
+        let port = MockPort { flushes: Arc::clone(&flushes), batches, efd: os::eventfd().unwrap() };
         let driver = Driver::new(ctx, true, Instant::now(), port).unwrap();
-        Rig { driver, flushes, turns, arrived }
+        Rig { driver, flushes }
     }
 
     /// A doorbell leaves its flush to a poller that just ran a turn (busy-poll, a link whose
@@ -695,27 +601,20 @@ mod tests {
         assert_eq!(r.flushes.load(Ordering::Relaxed), before + 1);
     }
 
-    /// A poll is quiet (no turn) only with nothing arrived, posted or owed; each of them
-    /// makes the next poll a turn.
+    /// A poll that finds the port taken runs no turn but counts as a sign of life, which the
+    /// engine thread takes as a poller at work (and leaves it the port).
     #[test]
-    fn a_poll_is_quiet_only_with_nothing_arrived_posted_or_owed() {
-        let r = rig(false);
+    fn a_poll_that_finds_the_port_taken_is_a_sign_of_life() {
+        let r = rig(true);
         let d = &r.driver;
-        assert!(!d.quiet(), "no turn yet: the port's state is unknown");
-        d.drive_inline(true);
-        assert!(d.quiet_poll(), "a settled port, nothing arrived, posted or due");
-        let turns = r.turns.load(Ordering::Relaxed);
-        r.arrived.store(true, Ordering::Relaxed);
-        assert!(!d.quiet_poll(), "a datagram arrived");
-        d.drive_inline(true); // takes it in: that turn worked, so something may be owed
-        assert_eq!(r.turns.load(Ordering::Relaxed), turns + 1);
-        assert!(!d.quiet_poll(), "what the turn produced is flushed by the next one");
-        d.drive_inline(true);
-        assert!(d.quiet_poll());
-        d.shared.rings.fetch_add(1, Ordering::SeqCst); // a post another thread's doorbell left
-        assert!(!d.quiet_poll(), "a doorbell rung since the last flush");
-        d.drive_inline(true);
-        assert!(d.quiet_poll());
-        assert!(d.shared.idle_polls.load(Ordering::Relaxed) >= 3);
+        let held = d.lock_port();
+        let before = d.shared.idle_polls.load(Ordering::Relaxed);
+        assert!(!d.drive_inline(true));
+        assert_eq!(d.shared.idle_polls.load(Ordering::Relaxed), before + 1);
+        assert!(!d.drive_inline(false), "a doorbell's flush is no poll");
+        assert_eq!(d.shared.idle_polls.load(Ordering::Relaxed), before + 1);
+        drop(held);
+        let now = d.now();
+        assert!(d.inline_active(now, now).is_some(), "a poll seen just now: the engine thread naps");
     }
 }

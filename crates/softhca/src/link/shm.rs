@@ -56,7 +56,7 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
-use super::driver::{Arrivals, Port, Running};
+use super::driver::{Port, Running};
 use super::{TapHandle, Taps};
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
@@ -136,11 +136,6 @@ struct Ring {
 // pointer stays valid until `Drop` unmaps it, and nothing hands out references tied to a
 // thread.
 unsafe impl Send for Ring {}
-// SAFETY: other processes read and write the mapping at any time, so every access already
-// goes through atomics or through byte copies into slots the ring's tickets assign; a
-// second thread of this process (the driver's arrival probe, which only loads the header's
-// counters) is no different from another process.
-unsafe impl Sync for Ring {}
 
 impl Ring {
     /// Maps `file` (already `ring_len(slots)` bytes long).
@@ -584,8 +579,7 @@ fn find_peer<'a>(
 
 struct ShmPort {
     ctx: Context,
-    /// Shared with the driver's arrival probe ([`Port::arrivals`]).
-    ring: Arc<Ring>,
+    ring: Ring,
     bell: File,
     /// Looked up per datagram: hashed with FxHash, not SipHash (a quarter of a short
     /// datagram's publication).
@@ -882,8 +876,8 @@ impl Port for ShmPort {
         let now = if inline { now } else { self.now() };
         let mut worked = self.receive(now, inline);
         if self.ctx.poll_timeout().is_some_and(|t| t <= now) {
-            // Work: what the timers produced (retransmissions) rings no doorbell, so the
-            // driver must not take the next poll for a quiet one before it is flushed.
+            // Work: what the timers produced (retransmissions) rings no doorbell; the next
+            // flush sends it.
             self.ctx.handle_timeout(now);
             worked = true;
         }
@@ -908,15 +902,6 @@ impl Port for ShmPort {
     fn close(&mut self) {
         self.taps.flush();
         self.ring.close();
-    }
-
-    fn arrivals(&self) -> Option<Arrivals> {
-        let ring = self.ring.clone();
-        Some(Arc::new(move || ring.has_data()))
-    }
-
-    fn settled(&self) -> bool {
-        !self.backlog && self.held.is_none()
     }
 
     fn prepare_sleep(&mut self) -> bool {
@@ -980,7 +965,7 @@ impl ShmDevice {
         let epoch = Instant::now();
         let port = ShmPort {
             ctx: ctx.clone(),
-            ring: Arc::new(ring),
+            ring,
             bell,
             peers: FxHashMap::default(),
             missing: FxHashMap::default(),

@@ -595,8 +595,7 @@ impl Context {
         *slot = gid;
         self.inner.gid_gen.fetch_add(1, Ordering::AcqRel);
         drop(gids);
-        // QPs waiting for an addressable GID may send now: the driver must hear of it (a
-        // spinning poller's quiet polls run no turn until something rings).
+        // QPs waiting for an addressable GID may send now: the driver hears of it as of a post.
         self.inner.engine.wake_all();
         self.inner.ring();
         Ok(())
