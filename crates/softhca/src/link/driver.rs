@@ -206,7 +206,9 @@ pub(crate) const SPIN_GAP: Duration = Duration::from_micros(200);
 /// last turn (busy-poll mode waits [`INLINE_GRACE`]), so that a program that stops spinning
 /// to wait on a completion channel waits at most this once.
 const SPIN_GRACE: Duration = Duration::from_millis(1);
-/// A doorbell leaves its transmit work to the poller if it polled this recently (busy-poll).
+/// A doorbell leaves its transmit work to the poller if it polled this recently (busy-poll,
+/// or a spinning poller in blocking mode), on a link whose flush is a system call, while the
+/// engine thread is awake (see [`Driver::ring`]).
 const DOORBELL_DEFER: Duration = Duration::from_micros(50);
 /// How many poller turns in a row, with nothing posted since, leave the ACKs an earlier turn
 /// owes unsent, on a link whose flush is a system call ([`Port::holds_acks`]): a program that
@@ -412,10 +414,11 @@ impl<P: Port> Driver<P> {
         if self.batches && !self.shared.sleeping.load(Ordering::SeqCst) && self.poller_spinning() {
             // The poller's next turn starts by transmitting: leave the work to it, so that
             // several posts (and a pending ACK) go out in one system call. Where a flush is
-            // no system call, the post sends at once: one clock read, and the poll after it
-            // finds nothing owed. Not while the engine thread sleeps in `ppoll`: should the poller
-            // turn to another device's CQ, nobody would send the post until that sleep ends
-            // (up to IDLE_WAKE; one thread driving two devices waited 15-50 ms a round trip).
+            // no system call (shared memory), the post sends at once: one clock read, not a
+            // deferral's two. Not while the engine thread sleeps in `ppoll`: should the
+            // poller turn to another device's CQ, nobody would send the post until that sleep
+            // ends (up to IDLE_WAKE; one thread driving two devices waited 15-50 ms a round
+            // trip).
             return;
         }
         if self.drive_inline(false) {

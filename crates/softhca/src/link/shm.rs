@@ -36,6 +36,12 @@
 //! peer goes there by copy, and the reserved slot is published empty (a void, which the owner
 //! skips), as is one reserved when the device had nothing more to send.
 //!
+//! In a poller's turn the owner stops taking datagrams after a request when a response is
+//! next in the ring (read from a copy of the next slot's first bytes, a hint): the
+//! application sees the request's completion before the ACK behind it is processed. A
+//! doorbell here sends at once: a flush is a store into the peer's ring, with no system call
+//! to save by leaving it to the poller's next turn.
+//!
 //! # Waking a sleeping owner
 //!
 //! In blocking mode the owner's engine thread sleeps in `ppoll` on its FIFO. Before it sleeps
