@@ -337,15 +337,11 @@ impl Ring {
     /// (a hint only: nothing in the ring is trusted, and the owner checks all of a datagram
     /// when it pops it).
     fn next_opcode(&self) -> Option<Opcode> {
-        let t = self.header().head.0.load(Ordering::Relaxed);
-        if self.seq(t).load(Ordering::Acquire) != t + 1 {
-            return None;
-        }
-        let s = self.slot(t);
+        let s = self.slot(self.published_head()?);
         let mut head = [0u8; PEEK_BYTES];
-        // SAFETY: the slot was published for ticket `t` (Acquire above); the copy is bounded by
-        // the slot's data and `head`. A producer writing the slot meanwhile (a dishonest one)
-        // only makes the hint wrong.
+        // SAFETY: the slot was published for its ticket (Acquire in `published_head`); the
+        // copy is bounded by the slot's data and `head`. A producer writing the slot meanwhile
+        // (a dishonest one) only makes the hint wrong.
         let n = unsafe {
             let n = ((*s).len.load(Ordering::Relaxed) as usize).min(PEEK_BYTES);
             std::ptr::copy_nonoverlapping(std::ptr::addr_of!((*s).data).cast::<u8>(), head.as_mut_ptr(), n);
@@ -354,9 +350,14 @@ impl Ring {
         roce::peek_opcode(&head[..n])
     }
 
-    fn has_data(&self) -> bool {
+    /// The owner's next ticket, if its slot is published (Acquire: its bytes are visible).
+    fn published_head(&self) -> Option<u64> {
         let t = self.header().head.0.load(Ordering::Relaxed);
-        self.seq(t).load(Ordering::Acquire) == t + 1
+        (self.seq(t).load(Ordering::Acquire) == t + 1).then_some(t)
+    }
+
+    fn has_data(&self) -> bool {
+        self.published_head().is_some()
     }
 }
 
@@ -630,7 +631,8 @@ impl ShmPort {
             got = true;
             bump(&self.stats.rx);
             let d = &self.buf[..n];
-            let request = roce::peek_opcode(d).is_some_and(|op| !op.is_response());
+            // Only a poller's turn stops early (see above).
+            let request = inline && roce::peek_opcode(d).is_some_and(|op| !op.is_response());
             for _ in 0..self.taps.copies_arriving(now, d) {
                 // Nothing from the ring is trusted: the device checks everything. The ICRC was
                 // checked over this copy as it was made; a datagram that failed it (or had
@@ -641,7 +643,7 @@ impl ShmPort {
                     self.ctx.receive(now, d);
                 }
             }
-            if inline && request && self.ring.next_opcode().is_some_and(Opcode::is_response) {
+            if request && self.ring.next_opcode().is_some_and(Opcode::is_response) {
                 break;
             }
         }
