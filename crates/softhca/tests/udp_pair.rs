@@ -242,7 +242,20 @@ fn answers_carry_their_acks(busy_poll: bool, empty_polls: usize) {
     }
     // B sends nothing but 8-byte answers and ACKs (a QP's ACKs coalesce): a GSO message of
     // B's is an answer with its ACK. Most rounds give one; timing may split a few.
-    assert!(cb.tx_gso_messages >= rounds / 4, "{cb:?}");
+    //
+    // What is checked is what a poller's turns do, so in blocking mode only when B's polls
+    // drove B: on two cores busy with other tests the test thread's polls (it yields after
+    // each empty one) can come too far apart to count as spinning, B's engine thread then
+    // takes every Send in from `ppoll` (twice a round: `sleeps` near 2 x rounds) and sends
+    // its ACK at once, as it must. Measured: an idle machine, `sleeps` 0-8 and 200 answers of
+    // 200 with their ACK; under load, `sleeps` 340-415 and 0-41 of them, the build before
+    // this test's last change as this one (CI failed once so, 2026-11-28); in between,
+    // roughly 200 - sleeps / 2. A broken hold gives none with the poller driving.
+    if busy_poll || cb.sleeps < rounds {
+        assert!(cb.tx_gso_messages >= rounds / 4, "{cb:?}");
+    } else {
+        eprintln!("B's engine thread took the traffic (polls too far apart): {cb:?}");
+    }
     assert_eq!(cb.tx_gso_segments, 2 * cb.tx_gso_messages, "{cb:?}");
 }
 
