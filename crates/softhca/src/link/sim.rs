@@ -57,8 +57,9 @@ use rand::{Rng, SeedableRng};
 use super::pcap::{mac_for_index, PcapTap, UNKNOWN_MAC};
 use crate::transport::engine::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid, Result, VerbsError};
+use crate::wire::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use crate::wire::packet::BTH_LEN;
-use crate::wire::roce::{self, IpRepr, RoceRepr, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
+use crate::wire::roce::{self, IpRepr, RoceRepr};
 use crate::wire::WireError;
 
 /// Most datagrams taken from one device in one drain: a device that never stops transmitting

@@ -125,9 +125,9 @@ use std::time::{Duration, Instant};
 use crate::link::pcap::PcapTap;
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
+use crate::wire::ip::{IPV4_HEADER_LEN, UDP_HEADER_LEN};
 use crate::wire::packet::{BTH_LEN, ICRC_LEN};
-use crate::wire::roce::{Ipv4Header, Ipv6Header, UdpHeader, IPV4_DONT_FRAGMENT, IPV4_HEADER_LEN};
-use crate::wire::roce::{ROCE_V2_PORT, UDP_HEADER_LEN};
+use crate::wire::roce::{Ipv4Header, Ipv6Header, UdpHeader, IPV4_DONT_FRAGMENT, ROCE_V2_PORT};
 use crate::wire::Opcode;
 
 use crate::link::driver::Running;

@@ -9,8 +9,8 @@
 //! that copy ([`crate::mem::copy_crc`], [`copy_checked`]): one pass per byte.
 
 use super::bth::BTH_RESV8A;
+use super::ip::{ip_header_len, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use super::packet::{BTH_LEN, ICRC_LEN};
-use super::roce::{ip_header_len, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use super::{check_len, WireError};
 use crate::mem::crc32::update;
 

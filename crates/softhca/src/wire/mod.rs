@@ -19,7 +19,8 @@
 //!   ([`roce::RoceRepr::emit`]) and parse + verify an inbound datagram or
 //!   Ethernet frame ([`roce::parse_ip`], [`roce::parse_ethernet`]).
 //! - [`icrc`]: the invariant CRC over a datagram, or over an IP/UDP header
-//!   rebuilt by the caller plus the transport packet.
+//!   rebuilt by the caller plus the transport packet; it and `roce` take the
+//!   IP/UDP framing lengths from [`ip`].
 //! - [`pcap`]: a classic pcap writer and reader for taps.
 //!
 //! The wire imports nothing of the layers above it (transport, verbs, links).
@@ -33,6 +34,7 @@ mod field;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
+pub mod ip;
 pub mod mad;
 pub mod opcode;
 pub mod packet;

@@ -24,15 +24,13 @@ use core::ops::Range;
 
 use super::field::{set_u16, set_u32, u16_at, u32_at};
 use super::icrc;
+use super::ip::{ip_header_len, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use super::opcode::Opcode;
 use super::packet::{PacketRepr, ICRC_LEN};
 use super::{check_len, WireError};
 
 /// The RoCEv2 UDP destination port.
 pub const ROCE_V2_PORT: u16 = 4791;
-pub const IPV4_HEADER_LEN: usize = 20;
-pub const IPV6_HEADER_LEN: usize = 40;
-pub const UDP_HEADER_LEN: usize = 8;
 pub const ETHERNET_HEADER_LEN: usize = 14;
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
 pub const ETHERTYPE_IPV6: u16 = 0x86dd;
@@ -53,18 +51,6 @@ pub const MAC_B: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x00, 0x02];
 pub const fn udp_src_port(qpn: u32) -> u16 {
     let qpn = qpn & 0x00ff_ffff;
     0xc000 | ((qpn ^ (qpn >> 14)) & 0x3fff) as u16
-}
-
-/// Length of the IP header at the start of `buf`: 20 for IPv4 without
-/// options, 40 for IPv6.
-pub(crate) fn ip_header_len(buf: &[u8]) -> Result<usize, WireError> {
-    check_len(buf, 1)?;
-    match buf[0] >> 4 {
-        4 if buf[0] & 0x0f == 5 => Ok(IPV4_HEADER_LEN),
-        4 => Err(WireError::UnsupportedIp("IPv4 options")),
-        6 => Ok(IPV6_HEADER_LEN),
-        v => Err(WireError::BadIpVersion(v)),
-    }
 }
 
 /// Adds `data` as big-endian 16-bit words to a ones-complement accumulator.
