@@ -152,15 +152,32 @@ fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>> {
 static STATS_DEV: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
 
 /// `SOFTHCA_STATS=1`: the device's counters (the transport's and the link's) on stderr when
-/// the process exits, for a look at what a program did without a debugger, as rxe's
-/// `hw_counters` in sysfs give. A device already closed printed nothing.
+/// the process exits with the device open, for a look at what a program did without a
+/// debugger, as rxe's `hw_counters` in sysfs give. A device closed before (perftest closes its
+/// own before it exits) printed them as it closed (`Drop for Shared`).
 extern "C" fn print_stats() {
     let dev = STATS_DEV.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
-    let Some(s) = dev else { return };
-    eprintln!("softhca stats: {:?}", s.dev.context().counters());
-    match &s.dev {
-        LinkDevice::Udp(d) => eprintln!("softhca stats: {:?}", d.counters()),
-        LinkDevice::Shm(d) => eprintln!("softhca stats: {:?}", d.counters()),
+    if let Some(s) = dev {
+        s.print_stats();
+    }
+}
+
+impl Shared {
+    fn print_stats(&self) {
+        eprintln!("softhca stats: {:?}", self.dev.context().counters());
+        match &self.dev {
+            LinkDevice::Udp(d) => eprintln!("softhca stats: {:?}", d.counters()),
+            LinkDevice::Shm(d) => eprintln!("softhca stats: {:?}", d.counters()),
+        }
+    }
+}
+
+impl Drop for Shared {
+    /// The last context closed the device: its counters, if `SOFTHCA_STATS=1` asked for them.
+    fn drop(&mut self) {
+        if std::env::var("SOFTHCA_STATS").is_ok_and(|v| v == "1") {
+            self.print_stats();
+        }
     }
 }
 

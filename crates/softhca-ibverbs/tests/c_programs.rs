@@ -166,6 +166,19 @@ fn ibv_rc_pingpong_busy_poll() {
     pingpong("ibv_rc_pingpong", &["-n", "2000", "-s", "8"], 2, &[("SOFTHCA_BUSY_POLL", "1")]);
 }
 
+/// `SOFTHCA_STATS=1`: a program that closes its device before it exits, as the
+/// pingpongs and perftest do, gets the counters as it closes, once (not again at exit).
+#[test]
+fn counters_print_when_the_device_closes() {
+    if !tool("ibv_rc_pingpong") || !tool("cc") {
+        return;
+    }
+    let text = pingpong("ibv_rc_pingpong", &["-n", "50"], 6, &[("SOFTHCA_STATS", "1")]);
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("softhca stats: ")).collect();
+    assert_eq!(lines.len(), 2, "one transport and one link line expected:\n{text}");
+    assert!(lines[0].contains("rx_packets: ") && !lines[0].contains("rx_packets: 0,"), "{}", lines[0]);
+}
+
 #[test]
 fn ibv_uc_pingpong_between_two_processes() {
     if !tool("ibv_uc_pingpong") || !tool("cc") {
