@@ -104,7 +104,7 @@ SH=(ip netns exec sh env "LD_LIBRARY_PATH=$SHCA" "SOFTHCA_ADDR=$B" SOFTHCA_STATS
   echo "net.core.rmem_max=$(sysctl -n net.core.rmem_max)"
   echo "rxe0_gid1=$(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"
   echo "rxe0_active_mtu=$(ibv_devinfo -d rxe0 | awk '/active_mtu/{print $2}')"
-  echo "softhca0_active_mtu=$("${SH[@]}" ibv_devinfo -d softhca0 | awk '/active_mtu/{print $2}')"
+  echo "softhca0_active_mtu=$("${SH[@]}" ibv_devinfo -d softhca0 2>/dev/null | awk '/active_mtu/{print $2}')"
 } >"$OUT/versions.txt" 2>&1
 cat "$OUT/versions.txt"
 
