@@ -125,6 +125,46 @@ fn check_access(flags: c_int) -> Result<(), c_int> {
     Ok(())
 }
 
+/// The access bits that make the kernel pin a region for writing (`ib_access_writable`: local
+/// and remote write, remote atomic, window binding).
+const WRITABLE: u32 = 1 | 2 | 8 | 16;
+
+/// Whether every page of `[addr, addr + len)` is mapped readable, and writable if `write`:
+/// what the kernel's pin of a user region (`ib_umem_get`) demands of it, EFAULT otherwise.
+/// softhca pins nothing: memory that fails this would be a crash at the first access to it (a
+/// peer's Write, the engine's gather), where Linux refuses the registration. Read from
+/// `/proc/self/maps`, whose mappings come in address order (a registration is no hot path);
+/// a process that cannot read it is not refused.
+fn mapped(addr: usize, len: usize, write: bool) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return true };
+    // SAFETY: sysconf reads a constant of the system.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let (mut at, end) = (addr - addr % page, addr.saturating_add(len));
+    for line in maps.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
+        let Some((start, stop)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(stop)) = (usize::from_str_radix(start, 16), usize::from_str_radix(stop, 16)) else {
+            continue;
+        };
+        if stop <= at {
+            continue;
+        }
+        let perms = perms.as_bytes();
+        if start > at || perms.first() != Some(&b'r') || (write && perms.get(1) != Some(&b'w')) {
+            return false; // a hole, or a page without the rights
+        }
+        at = stop;
+        if at >= end {
+            return true;
+        }
+    }
+    false
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
     // SAFETY: a live PD.
@@ -134,6 +174,9 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
     }
     if (addr as usize).checked_add(length).is_none() {
         return fail(libc::EINVAL); // a range past the top of the address space
+    }
+    if !mapped(addr as usize, length, access as u32 & WRITABLE != 0) {
+        return fail(libc::EFAULT);
     }
     // SAFETY: the caller registers memory it owns and keeps mapped until ibv_dereg_mr, as the
     // libibverbs contract says; softhca only touches it through the region's checks.

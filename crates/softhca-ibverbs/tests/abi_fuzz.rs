@@ -17,10 +17,6 @@
 //! completions a poll finds or whether a bind executed before a deregistration);
 //! `SOFTHCA_FUZZ_VERBOSE=1` prints every operation. A failure prints the seed and the last
 //! operations; a hang is turned into an abort after `SOFTHCA_FUZZ_TIMEOUT` seconds (120).
-//!
-//! Known gap, tolerated and reported at the end of a run: `ibv_reg_mr` of a length above the
-//! device's `max_mr_size` (1 TiB) succeeds, because the core's `Pd::reg_mr_raw` does not check
-//! it (its owned twin `Pd::reg_mr` does).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};

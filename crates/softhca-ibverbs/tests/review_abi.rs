@@ -84,6 +84,17 @@ fn reg_mr_refuses_a_wrapping_range() {
     }
 }
 
+/// `ibv_reg_mr` registered memory that is not mapped, or mapped without the rights the
+/// access needs, and the first access to it (a peer's Write, the engine's gather for a Send)
+/// killed the process. The kernel pins the pages (`ib_umem_get`) and fails the registration
+/// with EFAULT: a hole, PROT_NONE, or a read-only page under a writing access.
+#[test]
+fn reg_mr_refuses_memory_that_is_not_mapped() {
+    if ready() {
+        run("review_abi", Some("reg_mr_needs_mapped_memory"));
+    }
+}
+
 /// `ibv_create_ah_from_wc` (IBVERBS_1.1) is not exported, nor `ibv_init_ah_from_wc`, so the
 /// usual UD responder (answer the sender of a datagram) dies with "symbol lookup error" when
 /// it first calls it. libibverbs builds the address from the completion and the GRH area

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 static const char *test = "review_abi";
@@ -210,6 +211,60 @@ static void reg_mr_wrapping_range(void)
 	CHECK(!mr && e == EINVAL, "a wrapping range was registered: mr %p errno %d", (void *)mr, e);
 }
 
+/* The kernel pins a region's pages (ib_umem_get): a page not mapped, mapped without rights,
+   or read-only under an access that writes (local or remote write, atomics, window binding)
+   fails the registration with EFAULT. softhca registered all of them, and the first access
+   to such a page killed the process. */
+static void reg_mr_needs_mapped_memory(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	long page = sysconf(_SC_PAGESIZE);
+	char *m = mmap(NULL, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(m != MAP_FAILED, "mmap");
+	CHECK(munmap(m + page, page) == 0, "munmap the middle page");
+	struct {
+		char *addr;
+		size_t len;
+		int access;
+		int want; /* 0: registered */
+	} cases[] = {
+		{ m, page, IBV_ACCESS_LOCAL_WRITE, 0 },
+		{ m + 100, page - 200, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, 0 },
+		{ m, 3 * page, IBV_ACCESS_LOCAL_WRITE, EFAULT },	/* the hole */
+		{ m + page - 1, 2, 0, EFAULT },			/* one byte into it */
+		{ m + page + 10, 100, IBV_ACCESS_REMOTE_READ, EFAULT },
+		{ NULL, 4096, IBV_ACCESS_LOCAL_WRITE, EFAULT },
+	};
+	for (unsigned i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		errno = 0;
+		struct ibv_mr *mr = ibv_reg_mr(pd, cases[i].addr, cases[i].len, cases[i].access);
+		int e = errno;
+		if (!cases[i].want) {
+			CHECK(mr, "case %u: a mapped range was refused: errno %d", i, e);
+			CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+		} else
+			CHECK(!mr && e == cases[i].want, "case %u: mr %p errno %d, want %d", i, (void *)mr, e, cases[i].want);
+	}
+	/* A read-only page: registrable for reading only (a Send's source, a Read's target). */
+	CHECK(mprotect(m, page, PROT_READ) == 0, "mprotect");
+	struct ibv_mr *mr = ibv_reg_mr(pd, m, page, IBV_ACCESS_REMOTE_READ);
+	CHECK(mr, "read-only memory for Remote Read was refused: errno %d", errno);
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+	int writes[] = { IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC, IBV_ACCESS_MW_BIND };
+	for (unsigned i = 0; i < sizeof writes / sizeof writes[0]; i++) {
+		errno = 0;
+		mr = ibv_reg_mr(pd, m, page, writes[i]);
+		int e = errno;
+		CHECK(!mr && e == EFAULT, "read-only memory, access %#x: mr %p errno %d", writes[i], (void *)mr, e);
+	}
+	/* No rights at all. */
+	CHECK(mprotect(m, page, PROT_NONE) == 0, "mprotect");
+	errno = 0;
+	mr = ibv_reg_mr(pd, m, page, 0);
+	CHECK(!mr && errno == EFAULT, "PROT_NONE memory: mr %p errno %d", (void *)mr, errno);
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: review_abi <check>");
@@ -228,6 +283,8 @@ int main(int argc, char **argv)
 		reg_mr_access_errno();
 	else if (!strcmp(test, "reg_mr_wrapping_range"))
 		reg_mr_wrapping_range();
+	else if (!strcmp(test, "reg_mr_needs_mapped_memory"))
+		reg_mr_needs_mapped_memory();
 	else
 		CHECK(0, "unknown check");
 	printf("%s: ok\n", test);
