@@ -13,9 +13,11 @@ A case passes when both programs exit 0 (and rdma_check says VERDICT PASS on bot
 its capture holds RoCEv2 packets from both ends, and every ICRC verifies.
 Exit status: 0 if every case passed or is a known failure, else 1.
 """
+import glob
 import math
 import os
 import re
+import statistics
 import struct
 import sys
 
@@ -153,17 +155,36 @@ def perftest_row(path, header, index):
     return None
 
 
+def perftest_runs(sdir, who, test):
+    """`who`'s figure of `test` (write_bw: BW average, send_lat: t_typical) in every run of the
+    boot, in run order: guest.sh --speed runs each case several times, the rounds interleaved
+    (logs `WHO.TEST.N.client.log`; a single run's `WHO.TEST.client.log` is read too)"""
+    # #bytes #iterations BW-peak BW-average MsgRate / #bytes #iterations t_min t_max t_typical
+    header, index = ("BW average[MB/sec]", 3) if test == "write_bw" else ("t_typical[usec]", 4)
+    numbered = []
+    for path in glob.glob(os.path.join(sdir, "%s.%s.*.client.log" % (who, test))):
+        n = path[len(os.path.join(sdir, "%s.%s." % (who, test))):-len(".client.log")]
+        if n.isdigit():
+            numbered.append((int(n), path))
+    paths = [os.path.join(sdir, "%s.%s.client.log" % (who, test))] + [p for _, p in sorted(numbered)]
+    return [v for v in (perftest_row(p, header, index) for p in paths) if v is not None]
+
+
+def median(vals):
+    return statistics.median(vals) if vals else None
+
+
 def speed(sdir):
     bw, lat = {}, {}
     whos = ("rxe", "softhca.busy0", "softhca.busy1", "softhca.shm.busy0", "softhca.shm.busy1")
     for who in whos:
-        # #bytes #iterations BW-peak BW-average MsgRate / #bytes #iterations t_min t_max t_typical
-        bw[who] = perftest_row(os.path.join(sdir, who + ".write_bw.client.log"), "BW average[MB/sec]", 3)
-        lat[who] = perftest_row(os.path.join(sdir, who + ".send_lat.client.log"), "t_typical[usec]", 4)
+        bw[who] = median(perftest_runs(sdir, who, "write_bw"))
+        lat[who] = median(perftest_runs(sdir, who, "send_lat"))
     names = {"rxe": "rxe0 -> rxe1 (veth)", "softhca.busy0": "softhca -> softhca (blocking)",
              "softhca.busy1": "softhca -> softhca (busy-poll)", "softhca.shm.busy0": "softhca shm (blocking)",
              "softhca.shm.busy1": "softhca shm (busy-poll)"}
-    print("same guest, emulated (ratios: softhca / rxe; higher is better for bandwidth, lower for latency)")
+    print("same guest, emulated, the median of each case's runs (ratios: softhca / rxe; higher is "
+          "better for bandwidth, lower for latency)")
     print("%-32s %22s %22s" % ("", "ib_write_bw 64 KiB", "ib_send_lat 8 B typ."))
     for who in whos:
         b = "%.1f MiB/s" % bw[who] if bw[who] is not None else "-"
