@@ -15,7 +15,7 @@
 //! The walk reads its 16 bytes as two little-endian words: under TCG each load is a call into
 //! the emulated MMU, and crc32fast's own table walk (a load per byte, 6.6 µs there) and the
 //! `crc` crate's slicing-by-16 (8.4 µs) pay for that. Where the walk is the CRC, a copy that is
-//! checksummed on the way stores the words the walk has read ([`table_copy_update`]) instead
+//! checksummed on the way stores the words the walk has read (`table_copy_update`) instead
 //! of copying first and walking the copy: the sender's gather and the shared-memory ring's
 //! receive each lose a 4 KiB copy per packet (shm RDMA Write 64 KiB in that guest, four
 //! interleaved pairs: 0.275-0.299 -> 0.301-0.315 GB/s busy-poll, 0.265-0.277 -> 0.289-0.301
