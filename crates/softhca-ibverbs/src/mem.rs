@@ -127,7 +127,8 @@ fn check_access(flags: c_int) -> Result<(), c_int> {
 
 /// The access bits that make the kernel pin a region for writing (`ib_access_writable`: local
 /// and remote write, remote atomic, window binding).
-const WRITABLE: u32 = 1 | 2 | 8 | 16;
+const WRITABLE: Access =
+    Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_ATOMIC).union(Access::MW_BIND);
 
 /// Whether every page of `[addr, addr + len)` is mapped readable, and writable if `write`:
 /// what the kernel's pin of a user region (`ib_umem_get`) demands of it, EFAULT otherwise.
@@ -175,7 +176,7 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
     if (addr as usize).checked_add(length).is_none() {
         return fail(libc::EINVAL); // a range past the top of the address space
     }
-    if !mapped(addr as usize, length, access as u32 & WRITABLE != 0) {
+    if !mapped(addr as usize, length, access_of(access).intersects(WRITABLE)) {
         return fail(libc::EFAULT);
     }
     // SAFETY: the caller registers memory it owns and keeps mapped until ibv_dereg_mr, as the

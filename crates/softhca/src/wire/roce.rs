@@ -624,15 +624,18 @@ fn parse_split(split: RoceSplit<'_>, verify: bool) -> Result<RoceDatagram<'_>, W
 /// or checking anything else: for a link that looks one datagram ahead to warm the QP it is
 /// for (`Engine::prefetch_dest`). `None` when the datagram is too short to say.
 pub fn peek_dest_qp(datagram: &[u8]) -> Option<u32> {
-    let at = ip_header_len(datagram).ok()? + UDP_HEADER_LEN;
-    Some(crate::wire::bth::Bth::new_checked(datagram.get(at..)?).ok()?.dest_qp())
+    Some(crate::wire::bth::Bth::new_checked(peek_bth(datagram)?).ok()?.dest_qp())
 }
 
 /// The BTH opcode of an inbound datagram (from the IP header on), read like
 /// [`peek_dest_qp`]: for a link deciding whether to deliver the next datagram in this turn.
 pub fn peek_opcode(datagram: &[u8]) -> Option<Opcode> {
-    let at = ip_header_len(datagram).ok()? + UDP_HEADER_LEN;
-    datagram.get(at).map(|&op| Opcode::from(op))
+    peek_bth(datagram)?.first().map(|&op| Opcode::from(op))
+}
+
+/// What follows the IP and UDP headers of an inbound datagram: its BTH on, unchecked.
+fn peek_bth(datagram: &[u8]) -> Option<&[u8]> {
+    datagram.get(ip_header_len(datagram).ok()? + UDP_HEADER_LEN..)
 }
 
 /// Parses an inbound IP datagram (from the IP header on) and verifies its
