@@ -37,8 +37,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::clock::Clock;
 use super::os;
 use crate::verbs::Context;
 
@@ -128,7 +129,7 @@ pub(crate) struct Driver<P: Port> {
     pub ctx: Context,
     /// Busy-poll mode (see the module docs); a link may switch it while it runs.
     busy: AtomicBool,
-    pub epoch: Instant,
+    pub clock: Clock,
     pub shared: Shared,
     pub wakes: Wakes,
     /// The doorbell eventfd.
@@ -150,8 +151,8 @@ pub(crate) struct Running<P: Port> {
 impl<P: Port> Running<P> {
     /// Builds the driver of `port` for `ctx`, hooks it into the device and starts its engine
     /// thread (named after the device).
-    pub fn start(ctx: Context, busy: bool, epoch: Instant, port: P, name: &str) -> std::io::Result<Running<P>> {
-        let link = Arc::new(Driver::new(ctx, busy, epoch, port)?);
+    pub fn start(ctx: Context, busy: bool, clock: Clock, port: P, name: &str) -> std::io::Result<Running<P>> {
+        let link = Arc::new(Driver::new(ctx, busy, clock, port)?);
         link.install();
         let bg = link.clone();
         match std::thread::Builder::new().name(format!("{name}-engine")).spawn(move || bg.background()) {
@@ -228,12 +229,12 @@ const DEFERRED_CHECK: Duration = Duration::from_millis(1);
 const IDLE_WAKE: Duration = Duration::from_millis(50);
 
 impl<P: Port> Driver<P> {
-    pub fn new(ctx: Context, busy: bool, epoch: Instant, port: P) -> std::io::Result<Driver<P>> {
+    pub fn new(ctx: Context, busy: bool, clock: Clock, port: P) -> std::io::Result<Driver<P>> {
         let rx_fd = port.rx_fd();
         Ok(Driver {
             ctx,
             busy: AtomicBool::new(busy),
-            epoch,
+            clock,
             shared: Shared::default(),
             wakes: Wakes::default(),
             efd: os::eventfd()?,
@@ -315,7 +316,7 @@ impl<P: Port> Driver<P> {
     }
 
     pub fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        self.clock.now()
     }
 
     pub fn lock_port(&self) -> MutexGuard<'_, P> {
@@ -573,7 +574,7 @@ mod tests {
         let ctx = Context::create(DeviceConfig::default()).unwrap();
         let flushes = Arc::default();
         let port = MockPort { flushes: Arc::clone(&flushes), batches, efd: os::eventfd().unwrap() };
-        let driver = Driver::new(ctx, true, Instant::now(), port).unwrap();
+        let driver = Driver::new(ctx, true, Clock::start(), port).unwrap();
         Rig { driver, flushes }
     }
 

@@ -6,7 +6,8 @@
 //! - [`pcap`]: a capture that writes datagrams as Ethernet frames Wireshark can read.
 //! - [`tap`]: middleware any link takes on its datagram path (a pcap capture, seeded faults).
 //! - `driver`: the engine thread, doorbell and busy-poll turns any OS-facing link reuses
-//!   through its `Port` (the UDP link's is `udp::port`); `os`: its eventfd and `ppoll`.
+//!   through its `Port` (the UDP link's is `udp::port`); `os`: its eventfd and `ppoll`;
+//!   `clock`: the time it and its ports read (the TSC where the kernel's clock is a system call).
 //!
 //! A link drives devices from outside (`verbs::Context::receive`, `transmit`,
 //! `handle_timeout`), so it is the top layer: it may import every layer below, and nothing
@@ -22,6 +23,7 @@
 //! last destroyed, so that a packet socket hears exactly while such QPs exist, from the
 //! moment Create QP returns).
 
+pub(crate) mod clock;
 pub(crate) mod driver;
 pub(crate) mod os;
 pub mod pcap;

@@ -49,6 +49,7 @@
 //! into a ring whose word is set writes one byte into the FIFO (Dekker-style, as the driver's
 //! own doorbell). Busy-poll needs none of it.
 
+use super::clock::Clock;
 use std::collections::hash_map::Entry;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -58,7 +59,6 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
@@ -596,7 +596,7 @@ struct ShmPort {
     stall: StallWatch,
     taps: Taps,
     stats: Arc<Stats>,
-    epoch: Instant,
+    clock: Clock,
     buf: Vec<u8>,
     /// The last flush stopped at its batch limit.
     backlog: bool,
@@ -610,7 +610,7 @@ struct ShmPort {
 
 impl ShmPort {
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        self.clock.now()
     }
 
     /// Takes in a batch. In a poller's turn (`inline`) it stops after a request when a
@@ -970,7 +970,7 @@ impl ShmDevice {
             }
         };
         let stats = Arc::new(Stats::default());
-        let epoch = Instant::now();
+        let clock = Clock::start();
         let port = ShmPort {
             ctx: ctx.clone(),
             ring,
@@ -980,14 +980,14 @@ impl ShmDevice {
             stall: StallWatch::default(),
             taps: cfg.taps.clone(),
             stats: stats.clone(),
-            epoch,
+            clock,
             buf: vec![0u8; MAX_DATAGRAM],
             backlog: false,
             rung: Vec::with_capacity(8),
             held: None,
             held_buf: vec![0u8; MAX_DATAGRAM],
         };
-        let engine = match Running::start(ctx.clone(), cfg.busy_poll, epoch, port, &cfg.name) {
+        let engine = match Running::start(ctx.clone(), cfg.busy_poll, clock, port, &cfg.name) {
             Ok(e) => e,
             Err(e) => {
                 remove_ring(addr);

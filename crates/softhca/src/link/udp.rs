@@ -130,6 +130,7 @@ use crate::wire::packet::{BTH_LEN, ICRC_LEN};
 use crate::wire::roce::{Ipv4Header, Ipv6Header, UdpHeader, IPV4_DONT_FRAGMENT, ROCE_V2_PORT};
 use crate::wire::Opcode;
 
+use crate::link::clock::Clock;
 use crate::link::driver::Running;
 use batch::{Io, SendScratch, TxBufs};
 use config::Stats;
@@ -342,7 +343,7 @@ impl UdpDevice {
         }
         let stats = Arc::new(Stats::default());
         let raw_on = raw.is_some();
-        let epoch = Instant::now();
+        let time = Clock::start();
         let rx_batch = if raw.is_some() { BATCH / 2 } else { BATCH };
         let io = Io {
             ctx: ctx.clone(),
@@ -366,7 +367,7 @@ impl UdpDevice {
             policy: cfg.icrc_policy,
             gso,
             taps,
-            epoch,
+            time,
             hints: hints::IdHints::default(),
             shifts: verify::Shifts::default(),
             clock: 0,
@@ -384,7 +385,7 @@ impl UdpDevice {
             },
             resume: None,
         };
-        let engine = Running::start(ctx.clone(), cfg.busy_poll, epoch, port, &cfg.name)?;
+        let engine = Running::start(ctx.clone(), cfg.busy_poll, time, port, &cfg.name)?;
         Ok(UdpDevice { ctx, addr, alt_addr, mac, gid, engine, stats, raw: raw_on, gso, gro })
     }
 

@@ -110,7 +110,7 @@ pub(super) struct Io {
     pub(super) gso: bool,
     /// Middleware on the datagram path (a pcap capture, faults).
     pub(super) taps: crate::link::Taps,
-    pub(super) epoch: Instant,
+    pub(super) time: Clock,
     /// What each source sent last: the IPv4 Identification hypotheses.
     pub(super) hints: hints::IdHints,
     /// Cached ICRC shift constants (see [`verify::Shifts`]).
@@ -189,7 +189,7 @@ pub(super) fn only_responses(buf: &[u8], m: &sys::RxMsg, start: usize) -> bool {
 
 impl Io {
     pub(super) fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        self.time.now()
     }
 
     /// Drains the device's transmit queue into batches and sends them (at most
