@@ -248,9 +248,10 @@ impl<P: Port> Driver<P> {
         self.busy.load(Ordering::Relaxed)
     }
 
-    /// Hooks the driver into its device: the doorbell after every post and modify, and in
-    /// busy-poll mode the progress hook that runs a turn inline on every CQ poll. The hooks
-    /// hold the driver weakly: the device must not keep its own driver alive.
+    /// Hooks the driver into its device: the doorbell after every post and modify, and the
+    /// progress hook that runs a turn inline on a CQ poll (busy-poll mode, or a spinning
+    /// poller in blocking mode). The hooks hold the driver weakly: the device must not keep its
+    /// own driver alive.
     pub fn install(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         self.ctx.set_doorbell(move || {
@@ -258,12 +259,6 @@ impl<P: Port> Driver<P> {
                 l.ring();
             }
         });
-        self.set_busy_poll(self.busy());
-    }
-
-    /// Switches busy-poll mode on or off while the device runs.
-    pub fn set_busy_poll(self: &Arc<Self>, on: bool) {
-        self.busy.store(on, Ordering::Relaxed);
         let weak = Arc::downgrade(self);
         self.ctx.set_progress(Some(Arc::new(move || {
             // Work the poller's turn left (the rest of a batch, more to send) must not wait
@@ -278,6 +273,11 @@ impl<P: Port> Driver<P> {
         })));
     }
 
+    /// Switches busy-poll mode on or off while the device runs (the progress hook asks).
+    pub fn set_busy_poll(&self, on: bool) {
+        self.busy.store(on, Ordering::Relaxed);
+    }
+
     /// A CQ poll: whether it runs a turn, which it does in busy-poll mode and, in blocking
     /// mode, once the application spins (see the module docs); and the time, where it read
     /// it (the turn uses it: under emulation a clock read can cost a microsecond).
@@ -285,15 +285,22 @@ impl<P: Port> Driver<P> {
         if self.busy() {
             return (true, None);
         }
+        // Loads and stores, no locked read-modify-write: pollers racing here may lose a
+        // count or a time, which only delays telling a spinner (see `note_idle_poll`).
+        let s = &self.shared;
         let now = self.now();
-        let last = self.shared.last_poll.swap(now, Ordering::Relaxed);
+        let last = s.last_poll.load(Ordering::Relaxed);
+        s.last_poll.store(now, Ordering::Relaxed);
         let arms = self.ctx.notify_requests();
-        let armed = self.shared.arms_seen.swap(arms, Ordering::Relaxed) != arms;
+        let armed = s.arms_seen.load(Ordering::Relaxed) != arms;
         if armed || now.saturating_sub(last) > SPIN_GAP.as_nanos() as u64 {
-            self.shared.poll_streak.store(0, Ordering::Relaxed);
+            s.arms_seen.store(arms, Ordering::Relaxed);
+            s.poll_streak.store(0, Ordering::Relaxed);
             return (false, None);
         }
-        (self.shared.poll_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SPIN_POLLS, Some(now))
+        let streak = s.poll_streak.load(Ordering::Relaxed) + 1;
+        s.poll_streak.store(streak, Ordering::Relaxed);
+        (streak >= SPIN_POLLS, Some(now))
     }
 
     /// Whether the application's polls drive the engine: busy-poll mode, or a spinning
@@ -365,7 +372,9 @@ impl<P: Port> Driver<P> {
                     && self.shared.rings_flushed.load(Ordering::Relaxed) == seen
                     && self.shared.held.load(Ordering::Relaxed) < ACK_HOLD_TURNS;
                 if full {
-                    bump_shared(&self.wakes.poller_turns, 1);
+                    // Only the port's holder writes it: no locked add.
+                    let turns = &self.wakes.poller_turns;
+                    turns.store(turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
                     // A poller's turn leaves the ACKs it owes for the next poll or post, so
                     // that they leave with the reply in one send, in busy-poll mode and for a

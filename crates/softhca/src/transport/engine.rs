@@ -142,6 +142,23 @@ struct ReadyList {
     streak: u32,
 }
 
+/// A [`ReadyList`] and whether it lists any QP, written under its lock: a busy-polled device
+/// is asked for packets on every poll, and an idle one answers from the flag without the
+/// lock. A flag read false while a QP is being listed is no lost wake-up: whoever lists a QP
+/// rings the doorbell, or runs in a turn under the port's lock, after listing it, and the
+/// flush that follows (theirs, or the port holder's on seeing the ring) reads it after.
+#[derive(Default)]
+struct Ready {
+    list: Mutex<ReadyList>,
+    any: AtomicBool,
+}
+
+impl Ready {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReadyList> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// What a QP's transmit turn came to (see [`unlist`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum TurnEnd {
@@ -156,8 +173,8 @@ enum TurnEnd {
 
 /// Ends or continues `qpn`'s turn on the ready list (see [`TurnEnd`]); a lone QP stays
 /// where it is. It is nearly always at the front.
-fn unlist(list: &Mutex<ReadyList>, qpn: u32, end: TurnEnd) {
-    let mut ready = list.lock().unwrap_or_else(|e| e.into_inner());
+fn unlist(list: &Ready, qpn: u32, end: TurnEnd) {
+    let mut ready = list.lock();
     if end != TurnEnd::Idle {
         ready.streak += 1;
         let keeps = end == TurnEnd::Sent && ready.streak < TURN_PACKETS && ready.qpns.front() == Some(&qpn);
@@ -171,6 +188,7 @@ fn unlist(list: &Mutex<ReadyList>, qpn: u32, end: TurnEnd) {
         if end != TurnEnd::Idle {
             ready.qpns.push_back(qpn);
         }
+        list.any.store(!ready.qpns.is_empty(), Ordering::Relaxed);
     }
 }
 
@@ -306,10 +324,10 @@ pub(crate) struct Engine {
     /// Whether the RD channels go first at the next transmit.
     pub rd_turn: AtomicBool,
     /// The QPs that may have something to send, in turn order (see [`Engine::wake`]).
-    ready: Mutex<ReadyList>,
+    ready: Ready,
     /// The same for the Raw Ethertype QPs, whose packets are Ethernet frames: they leave by
     /// [`Engine::transmit_frame`], not among the datagrams.
-    frames_ready: Mutex<ReadyList>,
+    frames_ready: Ready,
     /// The Raw QPs, which take the inbound raw packets (`receive_raw`).
     raw: RwLock<Vec<(u32, QpType)>>,
     /// How many of them are Raw Ethertype QPs and Raw IPv6 QPs: a link listens for their
@@ -530,11 +548,14 @@ impl Engine {
     /// happens on the EECs. A QP stays on the list while it is tried (so a wake meanwhile
     /// queues nothing twice), and a lone busy QP is not moved at all: one lock of the list per
     /// packet.
-    fn transmit_qps(&self, list: &Mutex<ReadyList>, now: u64, buf: &mut [u8]) -> Option<usize> {
+    fn transmit_qps(&self, list: &Ready, now: u64, buf: &mut [u8]) -> Option<usize> {
         // The list first: an idle device (a busy-polled one asks on every poll) returns
-        // without touching the QP table's lock.
+        // without a lock.
+        if !list.any.load(Ordering::Relaxed) {
+            return None;
+        }
         let (first, listed, next) = {
-            let ready = &list.lock().unwrap_or_else(|e| e.into_inner()).qpns;
+            let ready = &list.lock().qpns;
             (*ready.front()?, ready.len(), ready.get(1).copied())
         };
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
@@ -545,7 +566,7 @@ impl Engine {
         let mut qpn = first;
         for turn in 0..listed {
             if turn > 0 {
-                qpn = *list.lock().unwrap_or_else(|e| e.into_inner()).qpns.front()?;
+                qpn = *list.lock().qpns.front()?;
             }
             let Some(qp) = qps.get(&qpn) else {
                 unlist(qpn, TurnEnd::Idle);
@@ -616,7 +637,9 @@ impl Engine {
     pub fn wake(&self, q: &QpInner) {
         if !q.ready.swap(true, Ordering::SeqCst) {
             let list = if q.qp_type == QpType::RawEthertype { &self.frames_ready } else { &self.ready };
-            list.lock().unwrap_or_else(|e| e.into_inner()).qpns.push_back(q.qpn);
+            let mut l = list.lock();
+            l.qpns.push_back(q.qpn);
+            list.any.store(true, Ordering::Relaxed);
         }
     }
 

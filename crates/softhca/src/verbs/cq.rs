@@ -341,8 +341,14 @@ impl Cq {
             self.progress();
         }
         self.check()?;
-        let _consumer = lock(&self.inner.consumer);
         let r = &self.inner.ring;
+        // Empty (head read first: a tail equal to it means the ring was empty when the tail
+        // was read): no lock, the commonest answer to a busy poll.
+        let h = r.head.load(Ordering::Acquire);
+        if wcs.is_empty() || r.tail.load(Ordering::Acquire) == h {
+            return Ok(0);
+        }
+        let _consumer = lock(&self.inner.consumer);
         let h = r.head.load(Ordering::Relaxed);
         let t = r.tail.load(Ordering::Acquire);
         let n = wcs.len().min(t.wrapping_sub(h));
@@ -365,9 +371,8 @@ impl Cq {
     }
 
     fn progress(&self) {
-        let hook = self.inner.dev.progress.read().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(hook) = hook {
-            super::effects::scope(|| hook());
+        if let Some(hook) = self.inner.dev.progress.get() {
+            super::effects::scope(hook);
         }
     }
 

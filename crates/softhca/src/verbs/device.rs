@@ -240,11 +240,56 @@ pub(crate) fn give(counter: &AtomicU32) {
 
 pub type CompletionHandler = Arc<dyn Fn(&super::cq::Cq) + Send + Sync>;
 pub type AsyncEventHandler = Arc<dyn Fn(&AsyncEvent) + Send + Sync>;
-/// Called after every verb that gives the engine new work (a post, a Modify QP).
-pub type Doorbell = Arc<dyn Fn() + Send + Sync>;
 /// Called by Poll for Completion before it looks at the CQ, so that a driver can make progress
 /// on the polling thread (run-to-completion, for busy-polling on few cores).
 pub type Progress = Arc<dyn Fn() + Send + Sync>;
+/// Where the device keeps a hook it calls on a hot path (the doorbell after every post, the
+/// progress hook on every poll): read with one atomic load, no lock taken and no reference
+/// counted (under emulation each locked instruction is a helper call, and the lock and the
+/// count were four of an idle busy poll's seven). A hook replaced or removed is kept until the
+/// device drops, so a caller that read it may run it for as long as it takes; drivers set
+/// their hooks a few times in a device's life (install, uninstall).
+pub struct HookSlot<T: ?Sized> {
+    /// Null, or one of `kept`'s boxes.
+    current: std::sync::atomic::AtomicPtr<Arc<T>>,
+    kept: Mutex<Vec<Box<Arc<T>>>>,
+}
+
+impl<T: ?Sized> Default for HookSlot<T> {
+    fn default() -> Self {
+        HookSlot { current: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()), kept: Mutex::default() }
+    }
+}
+
+impl<T: ?Sized> HookSlot<T> {
+    /// Installs `hook`, or with `None` removes the current one. Callers that read the old one
+    /// may still be running it.
+    pub fn set(&self, hook: Option<Arc<T>>) {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let ptr = match hook {
+            Some(h) => {
+                let boxed = Box::new(h);
+                let p = &*boxed as *const Arc<T> as *mut Arc<T>;
+                kept.push(boxed);
+                p
+            }
+            None => std::ptr::null_mut(),
+        };
+        self.current.store(ptr, Ordering::Release);
+    }
+
+    /// The current hook, if any.
+    #[inline]
+    pub fn get(&self) -> Option<&T> {
+        let p = self.current.load(Ordering::Acquire);
+        // SAFETY: `p` is null or points at an `Arc` in one of `kept`'s boxes (the Release
+        // store in `set` published it after the box was written). Boxes are never removed
+        // or replaced while `self` lives, and moving the Vec does not move what they point
+        // at, so the `Arc` outlives the borrow of `self` this reference carries.
+        unsafe { p.as_ref() }.map(|a| &**a)
+    }
+}
+
 /// Called when the device gets its first Raw QP of a type (`true`) or loses its last (`false`),
 /// on the thread of Create or Destroy QP and before the verb returns: a link that hears raw
 /// packets only while such QPs exist starts or stops hearing them then. Returning false when
@@ -305,8 +350,9 @@ pub(crate) struct DeviceInner {
     pub cqs: RwLock<HashMap<u32, Weak<CqInner>>>,
     pub async_events: Arc<AsyncQueue>,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
-    pub doorbell: RwLock<Option<Doorbell>>,
-    pub progress: RwLock<Option<Progress>>,
+    /// Called after every verb that gives the engine new work (a post, a Modify QP).
+    pub doorbell: HookSlot<dyn Fn() + Send + Sync>,
+    pub progress: HookSlot<dyn Fn() + Send + Sync>,
     pub raw_listener: RwLock<Option<RawListener>>,
     /// The transport's state of the device: QPs, EECs, counters, timers (DESIGN rule 1).
     pub engine: Engine,
@@ -369,8 +415,7 @@ impl DeviceInner {
 
     /// Rings the doorbell, if a driver installed one, so that it runs the engine.
     pub fn ring(&self) {
-        let bell = self.doorbell.read().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(bell) = bell {
+        if let Some(bell) = self.doorbell.get() {
             bell();
         }
     }
@@ -534,8 +579,8 @@ impl Context {
                 fd: super::eventfd::EventFd::new().ok(),
             }),
             comp_handler: RwLock::new(None),
-            doorbell: RwLock::new(None),
-            progress: RwLock::new(None),
+            doorbell: HookSlot::default(),
+            progress: HookSlot::default(),
             raw_listener: RwLock::new(None),
             engine: Engine::default(),
         });
@@ -662,7 +707,7 @@ impl Context {
     /// Installs the doorbell a driver (the UDP link's engine thread) wants rung whenever a
     /// verb gives the engine new work: Post Send, Post Receive, Modify QP.
     pub fn set_doorbell(&self, bell: impl Fn() + Send + Sync + 'static) {
-        *self.inner.doorbell.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(bell));
+        self.inner.doorbell.set(Some(Arc::new(bell)));
     }
 
     /// Installs (or with `None` removes) the progress hook a driver wants called by Poll for
@@ -671,7 +716,7 @@ impl Context {
     /// waiting returns them first, without the hook, at most every other time (see
     /// [`super::cq::Cq::poll`]). The hook must not poll a CQ.
     pub fn set_progress(&self, hook: Option<Progress>) {
-        *self.inner.progress.write().unwrap_or_else(|e| e.into_inner()) = hook;
+        self.inner.progress.set(hook);
     }
 
     /// Installs (or with `None` removes) the hook a link that carries Raw QPs' packets wants
@@ -684,7 +729,7 @@ impl Context {
 
     /// Removes the doorbell.
     pub fn clear_doorbell(&self) {
-        *self.inner.doorbell.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self.inner.doorbell.set(None);
     }
 
     pub(crate) fn same_device(&self, other: &Arc<DeviceInner>) -> bool {
