@@ -2,24 +2,26 @@
 //! convention: `update(0, bytes)` is the CRC of `bytes`, and `update(update(0, a), b)` that of
 //! `a` followed by `b`.
 //!
-//! Two ways to compute it, one chosen per process by timing both on its first use ([`update`]):
-//! crc32fast, which folds 16 bytes at a time by carry-less multiplication where the CPU has
-//! it, and a slicing-by-16 table walk of this module. On hardware the first wins by far (4 KiB:
-//! 78 against 1,450 ns on the development machine). Under an emulator that translates
-//! instructions, as qemu's TCG does for the rxe guest of the benchmarks, every PCLMULQDQ
-//! becomes a helper call and the table walk wins (4 KiB: 10.0 against 5.2 µs in that guest,
-//! 2026-11-28), and there the CRC is most of what a 4 KiB packet costs (a 4 KiB memcpy takes
-//! 0.95 µs). The two give the same value, so the choice changes only speed; `SOFTHCA_CRC=table`
-//! or `=clmul` makes it without the timing.
+//! Three ways to compute it, one chosen per process by timing them on its first use
+//! ([`update`]): crc32fast, which folds 16 bytes at a time by carry-less multiplication where
+//! the CPU has it; a slicing-by-16 table walk; and a push by a sparse multiple of the
+//! polynomial, shifts and XORs with no table (`SPARSE_OFFSETS`). On hardware the first wins
+//! by far (4 KiB on the development machine: 111 ns, against 950 for the push and 1,460 for the
+//! walk). Under an emulator that translates instructions, as qemu's TCG does for the rxe guest
+//! of the benchmarks, every PCLMULQDQ becomes a helper call and every load a call into the
+//! emulated MMU, and there the push wins (4 KiB in that guest, 2026-11-28: 2.29 µs, the walk
+//! 5.9, the carry-less fold 10.0), where the CRC is most of what a 4 KiB packet costs (a 4 KiB
+//! memcpy takes 0.95 µs). All give the same value, so the choice changes only speed;
+//! `SOFTHCA_CRC=clmul`, `=table` or `=sparse` makes it without the timing.
 //!
-//! The walk reads its 16 bytes as two little-endian words: under TCG each load is a call into
-//! the emulated MMU, and crc32fast's own table walk (a load per byte, 6.6 µs there) and the
-//! `crc` crate's slicing-by-16 (8.4 µs) pay for that. Where the walk is the CRC, a copy that is
-//! checksummed on the way stores the words the walk has read (`table_copy_update`) instead
-//! of copying first and walking the copy: the sender's gather and the shared-memory ring's
-//! receive each lose a 4 KiB copy per packet (shm RDMA Write 64 KiB in that guest, four
-//! interleaved pairs: 0.275-0.299 -> 0.301-0.315 GB/s busy-poll, 0.265-0.277 -> 0.289-0.301
-//! blocking).
+//! The walk and the push read their input as little-endian words: under TCG crc32fast's own
+//! table walk (a load per byte, 6.6 µs there) and the `crc` crate's slicing-by-16 (8.4 µs) pay
+//! for loading bytes. Where one of them is the CRC, a copy that is checksummed on the way
+//! stores the words it has read (`fused_copy_update`) instead of copying first and walking the
+//! copy: the sender's gather and the shared-memory ring's receive each lose a 4 KiB copy per
+//! packet (in that guest the fused copy + CRC of 4 KiB takes 2.47 µs by the push, 5.43 by the
+//! walk; perftest's `ib_write_bw` over shared memory, three interleaved pairs: 322-412 ->
+//! 479-507 MiB/s busy-poll, 296-326 -> 470-486 blocking).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -31,6 +33,7 @@ pub fn update(crc: u32, bytes: &[u8]) -> u32 {
     match choice() {
         Kind::Clmul => clmul_update(crc, bytes),
         Kind::Table => table_update(crc, bytes),
+        Kind::Sparse => sparse_update(crc, bytes),
     }
 }
 
@@ -38,6 +41,7 @@ pub fn update(crc: u32, bytes: &[u8]) -> u32 {
 enum Kind {
     Clmul = 1,
     Table = 2,
+    Sparse = 3,
 }
 
 /// 0 until the first [`update`] decides.
@@ -48,37 +52,44 @@ fn choice() -> Kind {
     match CHOICE.load(Ordering::Relaxed) {
         1 => Kind::Clmul,
         2 => Kind::Table,
+        3 => Kind::Sparse,
         _ => decide(),
     }
 }
 
-/// Times both ways on a 4 KiB run (each three times, interleaved, after a first call that
-/// warms the table and crc32fast's feature detection; the fastest of each) unless
+/// A way to continue a CRC over bytes.
+type Way = fn(u32, &[u8]) -> u32;
+
+/// The ways, in the order the timing tries them (the first wins a tie).
+const WAYS: [(Kind, Way); 3] =
+    [(Kind::Clmul, clmul_update), (Kind::Table, table_update), (Kind::Sparse, sparse_update)];
+
+/// Times every way on a 4 KiB run (each three times, interleaved, after a first call that
+/// warms the tables and crc32fast's feature detection; the fastest of each) unless
 /// `SOFTHCA_CRC` says; some microseconds once per process. Threads that race here may decide
-/// differently, which is harmless: both give the same CRC.
+/// differently, which is harmless: all give the same CRC.
 #[cold]
 fn decide() -> Kind {
     let kind = match named(std::env::var("SOFTHCA_CRC").ok().as_deref()) {
         Some(kind) => kind,
         None => {
             let buf = [0x5Au8; 4096];
-            let time = |f: fn(u32, &[u8]) -> u32| {
+            let time = |f: Way| {
                 let at = Instant::now();
                 black_box(f(0, black_box(&buf)));
                 at.elapsed()
             };
-            let (mut clmul, mut table) = (Duration::MAX, Duration::MAX);
+            let mut best = [Duration::MAX; WAYS.len()];
             for round in 0..4 {
-                let (c, t) = (time(clmul_update), time(table_update));
-                if round > 0 {
-                    (clmul, table) = (clmul.min(c), table.min(t));
+                for (b, (_, f)) in best.iter_mut().zip(WAYS) {
+                    let t = time(f);
+                    if round > 0 {
+                        *b = (*b).min(t);
+                    }
                 }
             }
-            if table < clmul {
-                Kind::Table
-            } else {
-                Kind::Clmul
-            }
+            let fastest = (0..WAYS.len()).min_by_key(|&i| best[i]).unwrap_or(0);
+            WAYS[fastest].0
         }
     };
     CHOICE.store(kind as u8, Ordering::Relaxed);
@@ -91,6 +102,7 @@ fn named(var: Option<&str>) -> Option<Kind> {
     match var? {
         "table" => Some(Kind::Table),
         "clmul" => Some(Kind::Clmul),
+        "sparse" => Some(Kind::Sparse),
         _ => None,
     }
 }
@@ -164,12 +176,27 @@ fn table_tail(mut c: u32, rest: &[u8]) -> u32 {
     !c
 }
 
-/// Whether this process computes the CRC by the table walk (see [`update`]): then a copy that
-/// is checksummed on the way should be [`table_copy_update`], whose stores ride on the walk's
-/// loads (under TCG a separate 4 KiB copy costs about a fifth of the walk).
+/// Whether this process computes the CRC by a way of this module (the table walk or the
+/// sparse multiple, see [`update`]): then a copy that is checksummed on the way should be
+/// [`fused_copy_update`], whose stores ride on the CRC's loads (under TCG a separate 4 KiB
+/// copy costs about a fifth of the walk).
 #[inline]
-pub(crate) fn walks_table() -> bool {
-    choice() == Kind::Table
+pub(crate) fn fuses_copy() -> bool {
+    choice() != Kind::Clmul
+}
+
+/// Copies `len` bytes from `src` to `dst` and continues `crc` over them, by this process's way
+/// where it has a fused copy ([`fuses_copy`]), else by the table walk's.
+///
+/// # Safety
+/// As for [`table_copy_update`].
+pub(crate) unsafe fn fused_copy_update(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+    match choice() {
+        // SAFETY: the caller's contract.
+        Kind::Sparse => unsafe { sparse_copy_update(crc, dst, src, len) },
+        // SAFETY: the caller's contract.
+        Kind::Table | Kind::Clmul => unsafe { table_copy_update(crc, dst, src, len) },
+    }
 }
 
 /// Copies `len` bytes from `src` to `dst` and continues `crc` (crc32fast's value) over them by
@@ -204,6 +231,102 @@ pub(crate) unsafe fn table_copy_update(crc: u32, dst: *mut u8, src: *const u8, l
     table_tail(c, rest)
 }
 
+/// The sparse multiple: `x^161 + x^93 + x^77 + x^69 + x^68 + x^37 + 1` is a multiple of the
+/// CRC's polynomial (a search over every such seven-term polynomial of degree up to 191 whose
+/// other terms lie at least 64 below the top found three; this one spans the fewest words).
+/// Adding a multiple of the polynomial to a message leaves its CRC as it is, so each message
+/// bit can be cancelled by flipping the bits these distances after it: a 64-bit word is
+/// cleared by XORing six shifted copies of it into the next three words, shifts and XORs only,
+/// no table. What remains after the last word so pushed is three words, which the table walk
+/// takes. Under TCG, where every load is a call into the emulated MMU and a shift or an XOR
+/// is an instruction or two, that is a load per 8 bytes against the walk's nine per 8 (the
+/// idea is Chorba's, arXiv 2412.16398; the polynomial is our own search's).
+const SPARSE_OFFSETS: [u32; 6] = [68, 84, 92, 93, 124, 161];
+
+/// Messages shorter than this take the table walk: the push leaves three words to it anyway.
+const SPARSE_MIN: usize = 64;
+
+/// Pushes the word `w` (the message's next 64 bits, with what earlier words pushed into it)
+/// into the three after it, `ahead` (the next first), and moves the window on by one.
+#[inline(always)]
+fn sparse_push(w: u64, ahead: &mut [u64; 3]) {
+    let mut next = [ahead[1], ahead[2], 0];
+    for s in SPARSE_OFFSETS {
+        // 64 <= s < 192: the low part lands `s / 64` words on, the high part one further.
+        let (q, r) = ((s / 64) as usize, s % 64);
+        next[q - 1] ^= w << r;
+        if r != 0 {
+            next[q] ^= w >> (64 - r);
+        }
+    }
+    *ahead = next;
+}
+
+/// The CRC of the three words left after the push (what was pushed into them XORed in) and
+/// the bytes after them (fewer than 8), from a cleared register: everything before them is
+/// zero now, which does not move a cleared register.
+#[inline(always)]
+fn sparse_finish(last: [u64; 3], rest: &[u8]) -> u32 {
+    let mut tail = [0u8; 16];
+    tail[..8].copy_from_slice(&last[2].to_le_bytes());
+    let n = 8 + rest.len().min(8);
+    tail[8..n].copy_from_slice(&rest[..n - 8]);
+    table_tail(table_step(0, last[0], last[1]), &tail[..n])
+}
+
+/// The CRC by the sparse multiple ([`SPARSE_OFFSETS`]).
+fn sparse_update(crc: u32, bytes: &[u8]) -> u32 {
+    if bytes.len() < SPARSE_MIN {
+        return table_update(crc, bytes);
+    }
+    let words = bytes.len() / 8;
+    let (body, tail) = bytes.split_at(8 * (words - 3));
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+    // The register is the first four bytes' XOR, as in the walk.
+    let mut ahead = [u64::from(!crc), 0, 0];
+    for w in body.chunks_exact(8) {
+        sparse_push(word(w) ^ ahead[0], &mut ahead);
+    }
+    let mut last = tail.chunks_exact(8);
+    let mut left = [0u64; 3];
+    for (l, (a, w)) in left.iter_mut().zip(ahead.iter().zip(&mut last)) {
+        *l = word(w) ^ a;
+    }
+    sparse_finish(left, last.remainder())
+}
+
+/// [`table_copy_update`] by the sparse multiple: the words stored are the ones read.
+///
+/// # Safety
+/// As for [`table_copy_update`].
+unsafe fn sparse_copy_update(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+    if len < SPARSE_MIN {
+        // SAFETY: the caller's contract.
+        return unsafe { table_copy_update(crc, dst, src, len) };
+    }
+    // SAFETY (both closures): word `k` is `8k..8k + 8`, inside both ranges for every `k`
+    // below `len / 8` (the callers' bounds); unaligned reads and writes.
+    let copy = |k: usize| unsafe {
+        let w = src.add(8 * k).cast::<u64>().read_unaligned();
+        dst.add(8 * k).cast::<u64>().write_unaligned(w);
+        u64::from_le(w)
+    };
+    let words = len / 8;
+    let mut ahead = [u64::from(!crc), 0, 0];
+    for k in 0..words - 3 {
+        sparse_push(copy(k) ^ ahead[0], &mut ahead);
+    }
+    let left = [copy(words - 3) ^ ahead[0], copy(words - 2) ^ ahead[1], copy(words - 1) ^ ahead[2]];
+    let at = 8 * words;
+    // SAFETY: the last `len - at` (< 8) bytes of both ranges; read back from `dst`, which only
+    // this call writes.
+    let rest = unsafe {
+        std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at);
+        std::slice::from_raw_parts(dst.add(at), len - at)
+    };
+    sparse_finish(left, rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,8 +346,24 @@ mod tests {
     fn the_variable_names_a_way_or_none() {
         assert_eq!(named(Some("table")), Some(Kind::Table));
         assert_eq!(named(Some("clmul")), Some(Kind::Clmul));
+        assert_eq!(named(Some("sparse")), Some(Kind::Sparse));
         assert_eq!(named(Some("fast")), None);
         assert_eq!(named(None), None);
+    }
+
+    /// The sparse push is sound: the polynomial its distances stand for is a multiple of the
+    /// CRC's, and every distance clears the word it pushes (64 or more) within the three
+    /// words it keeps (under 192).
+    #[test]
+    fn the_sparse_polynomial_is_a_multiple_of_the_crc_polynomial() {
+        // x^e mod P, P the CRC-32 polynomial in its normal (unreflected) form.
+        let xmod =
+            |e: u32| (0..e).fold(1u64, |r, _| if (r << 1) >> 32 != 0 { (r << 1) ^ 0x1_04C1_1DB7 } else { r << 1 });
+        let top = *SPARSE_OFFSETS.iter().max().unwrap();
+        let sum = SPARSE_OFFSETS.iter().fold(xmod(top), |acc, &s| acc ^ xmod(top - s));
+        assert_eq!(sum, 0);
+        assert!(SPARSE_OFFSETS.iter().all(|s| (64..192).contains(s)));
+        assert_eq!(sparse_update(0, &[b'7'; 4096]), crc32fast::hash(&[b'7'; 4096]));
     }
 
     proptest! {
@@ -239,6 +378,13 @@ mod tests {
             let mut copy = vec![0u8; bytes.len()];
             // SAFETY: `copy` holds `bytes.len()` bytes; two vectors do not overlap.
             let fused = unsafe { table_copy_update(seed, copy.as_mut_ptr(), bytes.as_ptr(), bytes.len()) };
+            prop_assert_eq!(fused, clmul_update(seed, &bytes));
+            prop_assert_eq!(&copy, &bytes);
+            prop_assert_eq!(sparse_update(seed, &bytes), clmul_update(seed, &bytes));
+            prop_assert_eq!(sparse_update(sparse_update(seed, a), b), clmul_update(seed, &bytes));
+            let mut copy = vec![0u8; bytes.len()];
+            // SAFETY: as above.
+            let fused = unsafe { sparse_copy_update(seed, copy.as_mut_ptr(), bytes.as_ptr(), bytes.len()) };
             prop_assert_eq!(fused, clmul_update(seed, &bytes));
             prop_assert_eq!(&copy, &bytes);
         }

@@ -179,9 +179,9 @@ unsafe fn copy_in(dst: *mut u8, src: &[u8], stream: bool) {
 /// first). What is checksummed is exactly what was written, whatever writes `src` meanwhile.
 /// Issue 13's "one fused copy + ICRC pass per byte"; `cargo bench --bench wire` (`copy+icrc`)
 /// measures it against the two passes. Three kernels, by what the CPU does best: the
-/// AVX-512 fold below (runs of [`COPY_CRC_MIN`] bytes and more), the table walk storing the
-/// words it reads where the process computes CRCs by the table ([`crc32::walks_table`]: under
-/// an emulator), else a copy, then crc32fast over the copy.
+/// AVX-512 fold below (runs of [`COPY_CRC_MIN`] bytes and more), the table walk or the sparse
+/// push storing the words it reads where the process computes CRCs that way
+/// ([`crc32::fuses_copy`]: under an emulator), else a copy, then crc32fast over the copy.
 ///
 /// # Safety
 /// `src` must be valid for `len` bytes of reads and `dst` for `len` bytes of writes, and the
@@ -193,9 +193,9 @@ pub(crate) unsafe fn copy_crc_raw(dst: *mut u8, src: *const u8, len: usize, crc:
         // SAFETY: the caller's contract; the CPU has the kernel's features (checked).
         return unsafe { fused::copy_crc(dst, src, len, crc) };
     }
-    if crc32::walks_table() {
+    if crc32::fuses_copy() {
         // SAFETY: the caller's contract.
-        return unsafe { crc32::table_copy_update(crc, dst, src, len) };
+        return unsafe { crc32::fused_copy_update(crc, dst, src, len) };
     }
     // SAFETY: the caller's contract.
     unsafe { copy_then_crc(dst, src, len, crc) }
