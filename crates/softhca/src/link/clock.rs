@@ -16,7 +16,11 @@
 //! Which source is used is decided once per process: by timing a few reads of the kernel's
 //! clock ([`SLOW_READ`]), or as `SOFTHCA_CLOCK=kernel` or `=tsc` says. Nothing else changes:
 //! the engine's timers, the driver's grace periods and the taps' stamps all take their time
-//! from here.
+//! from here. The TSC is trusted where the kernel distrusts it, which is right under qemu and
+//! wrong on hardware whose TSCs really differ between sockets or stop in deep idle: there a
+//! thread ahead may see a timer due early (a needless retransmission) and a stopped TSC delays
+//! timers. Such a machine is rare (its kernel also falls back to a slow clock) and should set
+//! `SOFTHCA_CLOCK=kernel`.
 //!
 //! Imports: std and `libc` only.
 
