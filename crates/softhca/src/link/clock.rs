@@ -51,8 +51,9 @@ impl Clock {
         Clock { start: source().now() }
     }
 
-    /// Nanoseconds since the start. Never earlier than a previous read on the same thread;
-    /// threads may disagree by as much as their CPUs' TSCs do (see the module docs).
+    /// Nanoseconds since the start. Counting the TSC, reads on different CPUs (and a thread's
+    /// reads across a move between CPUs) may disagree by as much as the CPUs' TSCs do (see
+    /// the module docs); every use subtracts with saturation.
     #[inline]
     pub fn now(&self) -> u64 {
         source().now().saturating_sub(self.start)

@@ -222,13 +222,23 @@ pub(crate) unsafe fn table_copy_update(crc: u32, dst: *mut u8, src: *const u8, l
         c = table_step(c, lo, hi);
         at += 16;
     }
-    // SAFETY: the last `len - at` (< 16) bytes of both ranges; the tail is read back from
-    // `dst`, which only this call writes.
-    let rest = unsafe {
+    // SAFETY: `at <= len`, and the caller's contract.
+    table_tail(c, unsafe { copy_rest(dst, src, at, len) })
+}
+
+/// Copies the bytes `at..len` a fused copy has left (fewer than a step's) and returns them as
+/// written, for the CRC's tail.
+///
+/// # Safety
+/// `at <= len`, and as for [`table_copy_update`]; the returned slice must be dropped before
+/// anything else writes `dst`.
+unsafe fn copy_rest<'a>(dst: *mut u8, src: *const u8, at: usize, len: usize) -> &'a [u8] {
+    // SAFETY: `at..len` lies inside both ranges (the caller's contract); the bytes are read
+    // back from `dst`, which only the caller writes meanwhile.
+    unsafe {
         std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at);
         std::slice::from_raw_parts(dst.add(at), len - at)
-    };
-    table_tail(c, rest)
+    }
 }
 
 /// The sparse multiple: `x^161 + x^93 + x^77 + x^69 + x^68 + x^37 + 1` is a multiple of the
@@ -317,14 +327,8 @@ unsafe fn sparse_copy_update(crc: u32, dst: *mut u8, src: *const u8, len: usize)
         sparse_push(copy(k) ^ ahead[0], &mut ahead);
     }
     let left = [copy(words - 3) ^ ahead[0], copy(words - 2) ^ ahead[1], copy(words - 1) ^ ahead[2]];
-    let at = 8 * words;
-    // SAFETY: the last `len - at` (< 8) bytes of both ranges; read back from `dst`, which only
-    // this call writes.
-    let rest = unsafe {
-        std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at);
-        std::slice::from_raw_parts(dst.add(at), len - at)
-    };
-    sparse_finish(left, rest)
+    // SAFETY: `8 * words <= len`, and the caller's contract.
+    sparse_finish(left, unsafe { copy_rest(dst, src, 8 * words, len) })
 }
 
 #[cfg(test)]

@@ -240,16 +240,18 @@ pub(crate) fn give(counter: &AtomicU32) {
 
 pub type CompletionHandler = Arc<dyn Fn(&super::cq::Cq) + Send + Sync>;
 pub type AsyncEventHandler = Arc<dyn Fn(&AsyncEvent) + Send + Sync>;
+/// A driver's hook: the doorbell, the progress hook.
+pub type Hook = dyn Fn() + Send + Sync;
 /// Called by Poll for Completion before it looks at the CQ, so that a driver can make progress
 /// on the polling thread (run-to-completion, for busy-polling on few cores).
-pub type Progress = Arc<dyn Fn() + Send + Sync>;
+pub type Progress = Arc<Hook>;
 /// Where the device keeps a hook it calls on a hot path (the doorbell after every post, the
 /// progress hook on every poll): read with one atomic load, no lock taken and no reference
 /// counted (under emulation each locked instruction is a helper call, and the lock and the
 /// count were four of an idle busy poll's seven). A hook replaced or removed is kept until the
 /// device drops, so a caller that read it may run it for as long as it takes; drivers set
 /// their hooks a few times in a device's life (install, uninstall).
-pub struct HookSlot<T: ?Sized> {
+pub(crate) struct HookSlot<T: ?Sized> {
     /// Null, or one of `kept`'s boxes.
     current: std::sync::atomic::AtomicPtr<Arc<T>>,
     kept: Mutex<Vec<Box<Arc<T>>>>,
@@ -351,8 +353,8 @@ pub(crate) struct DeviceInner {
     pub async_events: Arc<AsyncQueue>,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
     /// Called after every verb that gives the engine new work (a post, a Modify QP).
-    pub doorbell: HookSlot<dyn Fn() + Send + Sync>,
-    pub progress: HookSlot<dyn Fn() + Send + Sync>,
+    pub doorbell: HookSlot<Hook>,
+    pub progress: HookSlot<Hook>,
     pub raw_listener: RwLock<Option<RawListener>>,
     /// The transport's state of the device: QPs, EECs, counters, timers (DESIGN rule 1).
     pub engine: Engine,
