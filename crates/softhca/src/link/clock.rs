@@ -110,11 +110,13 @@ fn kernel_ns(origin: Instant) -> u64 {
 
 /// The median cost of one kernel clock read, from nine.
 fn kernel_read_cost(origin: Instant) -> Duration {
-    let mut t = [0u64; 10];
-    for s in &mut t {
-        *s = kernel_ns(origin);
+    let mut d = [0u64; 9];
+    let mut last = kernel_ns(origin);
+    for cost in &mut d {
+        let t = kernel_ns(origin);
+        *cost = t.saturating_sub(last);
+        last = t;
     }
-    let mut d: Vec<u64> = t.windows(2).map(|w| w[1].saturating_sub(w[0])).collect();
     d.sort_unstable();
     Duration::from_nanos(d[d.len() / 2])
 }
@@ -192,7 +194,8 @@ impl Tsc {
                 Some(s) => {
                     let _ = self.scale.set(s);
                 }
-                // An implausible TSC: keep calibrating from here (the kernel's clock serves).
+                // An implausible TSC: the kernel's clock serves, and each later read tries
+                // the rate again (from the same first reading).
                 None => tracing::debug!(?at, began = ?self.began, "TSC rate implausible"),
             }
         }

@@ -49,7 +49,6 @@
 //! into a ring whose word is set writes one byte into the FIFO (Dekker-style, as the driver's
 //! own doorbell). Busy-poll needs none of it.
 
-use super::clock::Clock;
 use std::collections::hash_map::Entry;
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -62,6 +61,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use super::clock::Clock;
 use super::driver::{Port, Running};
 use super::{TapHandle, Taps};
 use crate::transport::MAX_DATAGRAM;

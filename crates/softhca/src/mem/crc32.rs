@@ -201,12 +201,13 @@ pub(crate) unsafe fn fused_copy_update(crc: u32, dst: *mut u8, src: *const u8, l
 
 /// Copies `len` bytes from `src` to `dst` and continues `crc` (crc32fast's value) over them by
 /// the table walk, from the very words it stores: the fused copy where the walk is the CRC
-/// ([`walks_table`]). What is checksummed is what was written, whatever writes `src` meanwhile.
+/// (see [`fused_copy_update`]). What is checksummed is what was written, whatever writes `src`
+/// meanwhile.
 ///
 /// # Safety
 /// `src` must be valid for `len` bytes of reads and `dst` for `len` bytes of writes, and the
 /// two must not overlap.
-pub(crate) unsafe fn table_copy_update(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+unsafe fn table_copy_update(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
     let mut c = !crc;
     let mut at = 0;
     while at + 16 <= len {
@@ -314,8 +315,8 @@ unsafe fn sparse_copy_update(crc: u32, dst: *mut u8, src: *const u8, len: usize)
         // SAFETY: the caller's contract.
         return unsafe { table_copy_update(crc, dst, src, len) };
     }
-    // SAFETY (both closures): word `k` is `8k..8k + 8`, inside both ranges for every `k`
-    // below `len / 8` (the callers' bounds); unaligned reads and writes.
+    // SAFETY: word `k` is `8k..8k + 8`, inside both ranges for every `k` below `len / 8` (the
+    // calls below); unaligned reads and writes.
     let copy = |k: usize| unsafe {
         let w = src.add(8 * k).cast::<u64>().read_unaligned();
         dst.add(8 * k).cast::<u64>().write_unaligned(w);

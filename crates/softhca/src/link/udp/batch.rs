@@ -110,6 +110,7 @@ pub(super) struct Io {
     pub(super) gso: bool,
     /// Middleware on the datagram path (a pcap capture, faults).
     pub(super) taps: crate::link::Taps,
+    /// The link's clock; `clock` below holds the reading a batch uses.
     pub(super) time: Clock,
     /// What each source sent last: the IPv4 Identification hypotheses.
     pub(super) hints: hints::IdHints,

@@ -69,7 +69,7 @@ fn socket(domain: libc::c_int, ty: libc::c_int, protocol: libc::c_int) -> io::Re
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// ldh [12]; jeq IPv4 / IPv6 / ARP -> drop; accept.
+/// `ldh [12]; jeq IPv4 / IPv6 / ARP -> drop; accept`.
 const FRAMES_FILTER: [libc::sock_filter; 6] = [
     bpf(0x28, 0, 0, 12),
     bpf(0x15, 3, 0, 0x0800),
