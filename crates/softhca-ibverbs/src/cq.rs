@@ -394,23 +394,11 @@ pub(crate) unsafe extern "C" fn poll_cq(c: *mut ibv_cq, num_entries: c_int, wc: 
     // SAFETY: a live CQ.
     let q = unsafe { cq(c) };
     let want = usize::try_from(num_entries).unwrap_or(0);
-    let mut buf = [Wc::default(); 16];
-    let mut got = 0;
-    while got < want {
-        let n = match q.cq.poll(&mut buf[..(want - got).min(16)]) {
-            Ok(n) => n,
-            Err(_) if got == 0 => return -1,
-            Err(_) => break,
-        };
-        for (k, w) in buf[..n].iter().enumerate() {
-            // SAFETY: the caller's array holds num_entries completions; got + k < num_entries.
-            unsafe { std::ptr::write(wc.add(got + k), c_wc(w)) };
-        }
-        got += n;
-        if n < 16 {
-            break;
-        }
-    }
+    let took = q.cq.poll_with(want, |k, w| {
+        // SAFETY: the caller's array holds num_entries completions, and k < num_entries.
+        unsafe { std::ptr::write(wc.add(k), c_wc(w)) }
+    });
+    let Ok(got) = took else { return -1 };
     got as c_int
 }
 

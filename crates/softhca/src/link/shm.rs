@@ -687,9 +687,12 @@ impl ShmPort {
     /// the datagram (and what follows it) for up to [`PATIENCE_NS`]. Returns whether anything
     /// was sent or is still waiting to be.
     fn flush_tx(&mut self, now: u64) -> bool {
+        self.backlog = false;
+        if self.held.is_none() && !self.ctx.may_transmit() {
+            return false; // idle: every busy poll flushes first
+        }
         let mut sent = false;
         self.rung.clear();
-        self.backlog = false;
         if let Some((n, dst, since)) = self.held {
             match self.publish(dst, true, n, now) {
                 Ok(()) => self.held = None,

@@ -463,6 +463,12 @@ impl Engine {
         Some(len)
     }
 
+    /// Whether [`Engine::transmit`] may find something to send; false answers from flags
+    /// alone (no lock, see [`Ready`]), as a busy-polled idle device is asked on every poll.
+    pub fn may_transmit(&self) -> bool {
+        self.ready.any.load(Ordering::Relaxed) || self.orphaned.load(Ordering::Acquire) || self.has_eecs()
+    }
+
     /// Writes the next outbound Ethertype frame of a Raw Ethertype QP (destination MAC on, no
     /// FCS) into `buf` (at least [`MAX_DATAGRAM`] bytes) and returns its length; `None` when
     /// none is ready. Only a link that carries raw packets has such QPs (`DeviceAttr`).

@@ -149,6 +149,17 @@ fn actual_size(requested: u32, max: u32) -> u32 {
     requested.max(1).checked_next_power_of_two().unwrap_or(u32::MAX).min(max)
 }
 
+/// The slot of CQE number `i` in a ring of `len` slots. Sizes are powers of two (see
+/// [`actual_size`]) unless the device's `max_cqe` is not: then a division (under emulation a
+/// helper call, and a message takes a slot at each end).
+fn slot_of(i: usize, len: usize) -> usize {
+    if len.is_power_of_two() {
+        i & (len - 1)
+    } else {
+        i % len
+    }
+}
+
 /// `size` empty slots, or `InsufficientResources` when the memory is not there (a caller may
 /// ask for up to `max_cqe`, and a failed allocation must not abort the process).
 fn new_slots(size: u32) -> Result<Box<[UnsafeCell<Wc>]>> {
@@ -264,7 +275,7 @@ impl Cq {
         // SAFETY: both locks are held by the caller: nobody else touches the box or a slot.
         let slots = unsafe { &*r.slots.get() };
         // SAFETY: as above, every slot is ours to read.
-        (h..t).map(|i| unsafe { *slots[i % slots.len()].get() }).collect()
+        (h..t).map(|i| unsafe { *slots[slot_of(i, slots.len())].get() }).collect()
     }
 
     /// Refills the ring (both locks held) with `wcs`, oldest first, in a ring of `size` slots.
@@ -327,6 +338,14 @@ impl Cq {
     /// how many (CQ-POLL-1..4). An empty CQ gives 0. Takes only the pollers' lock, never one
     /// the engine holds.
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
+        self.poll_with(wcs.len(), |k, w| wcs[k] = *w)
+    }
+
+    /// [`Cq::poll`] for up to `max` CQEs, each handed to `take(k, cqe)` (k counting from 0)
+    /// where it goes, with no array of them in between: the C ABI converts each straight
+    /// into the program's `ibv_wc` (an array of 16 to fill first cost a kilobyte of stores
+    /// on every poll, an empty one included).
+    pub fn poll_with(&self, max: usize, mut take: impl FnMut(usize, &Wc)) -> Result<usize> {
         // A link driven by its pollers (busy-poll) runs an engine turn here. Completions
         // already waiting are returned first, without one: a turn would take in (and handle)
         // whatever arrived behind the packet that completed them, on the way to an
@@ -336,7 +355,7 @@ impl Cq {
             let r = &self.inner.ring;
             r.tail.load(Ordering::Acquire) != r.head.load(Ordering::Relaxed)
         };
-        if !(waiting && !wcs.is_empty() && !self.inner.skipped_progress.swap(true, Ordering::Relaxed)) {
+        if !(waiting && max > 0 && !self.inner.skipped_progress.swap(true, Ordering::Relaxed)) {
             self.inner.skipped_progress.store(false, Ordering::Relaxed);
             self.progress();
         }
@@ -345,20 +364,20 @@ impl Cq {
         // Empty (head read first: a tail equal to it means the ring was empty when the tail
         // was read): no lock, the commonest answer to a busy poll.
         let h = r.head.load(Ordering::Acquire);
-        if wcs.is_empty() || r.tail.load(Ordering::Acquire) == h {
+        if max == 0 || r.tail.load(Ordering::Acquire) == h {
             return Ok(0);
         }
         let _consumer = lock(&self.inner.consumer);
         let h = r.head.load(Ordering::Relaxed);
         let t = r.tail.load(Ordering::Acquire);
-        let n = wcs.len().min(t.wrapping_sub(h));
+        let n = max.min(t.wrapping_sub(h));
         // SAFETY: the box is only replaced under both locks, and we hold the consumer lock;
         // a shared reference to it creates none into the slots' contents (they are cells).
         let slots = unsafe { &*r.slots.get() };
-        for (k, out) in wcs.iter_mut().take(n).enumerate() {
+        for k in 0..n {
             // SAFETY: slots h..h+n were published by the producer's Release store of `tail`
             // (seen by the Acquire load above) and stay ours until `head` moves past them.
-            *out = unsafe { *slots[(h + k) % slots.len()].get() };
+            take(k, unsafe { &*slots[slot_of(h + k, slots.len())].get() });
         }
         r.head.store(h.wrapping_add(n), Ordering::Release);
         Ok(n)
@@ -437,7 +456,7 @@ impl Cq {
                 let slots = unsafe { &*r.slots.get() };
                 // SAFETY: slot t is free (the consumer moved `head` past its last use, seen by
                 // the Acquire load) and not yet published: only we touch it.
-                unsafe { *slots[t % slots.len()].get() = wc };
+                unsafe { *slots[slot_of(t, slots.len())].get() = wc };
                 r.tail.store(t.wrapping_add(1), Ordering::Release);
                 true
             }

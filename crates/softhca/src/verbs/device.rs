@@ -763,7 +763,16 @@ impl Context {
     /// at least [`crate::transport::MAX_DATAGRAM`] bytes, and returns its length; `None` when
     /// nothing is ready. QPs take turns, and a QP's responses go before its requests.
     pub fn transmit(&self, now: u64, buf: &mut [u8]) -> Option<usize> {
+        if !self.may_transmit() {
+            return None; // an idle device (asked on every busy poll): no step opened
+        }
         super::effects::step(|| self.inner.engine.transmit(&*self.inner, now, buf))
+    }
+
+    /// Whether [`Context::transmit`] may have a datagram; false is an idle device, told from
+    /// flags without a lock (a link asks before setting up a flush).
+    pub fn may_transmit(&self) -> bool {
+        self.inner.engine.may_transmit()
     }
 
     /// Writes the next outbound Ethernet frame of a Raw Ethertype QP (destination MAC on, no

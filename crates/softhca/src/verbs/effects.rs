@@ -68,11 +68,9 @@ impl Effects {
         };
         // A callback that calls verbs may queue more; they join this same loop.
         if outermost {
-            loop {
+            // Most scopes queue nothing (every busy poll opens one): asked before taking.
+            while !self.queue.borrow().is_empty() {
                 let calls = std::mem::take(&mut *self.queue.borrow_mut());
-                if calls.is_empty() {
-                    break;
-                }
                 for c in calls {
                     c();
                 }
