@@ -70,8 +70,9 @@ use crate::wire::icrc;
 use crate::wire::opcode::Opcode;
 use crate::wire::roce::{self, Ipv4Header};
 
-/// Slots per ring.
+/// Slots per ring: a power of two (see `Ring::map`).
 pub const RING_SLOTS: usize = 256;
+const _: () = assert!(RING_SLOTS.is_power_of_two());
 /// A producer that took a ticket and has not published its slot after this long is taken for
 /// dead: the owner skips the slot.
 pub const STALL_NS: u64 = 50_000_000;
@@ -144,8 +145,13 @@ struct Ring {
 unsafe impl Send for Ring {}
 
 impl Ring {
-    /// Maps `file` (already `ring_len(slots)` bytes long).
+    /// Maps `file` (already `ring_len(slots)` bytes long). `slots` is a power of two, so
+    /// that a ticket's slot is a mask away (under emulation a division is a helper call, and
+    /// every poll of an empty ring looks up a slot).
     fn map(file: &File, slots: usize) -> io::Result<Ring> {
+        if !slots.is_power_of_two() {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
         let len = ring_len(slots);
         // SAFETY: a fresh shared mapping of `len` bytes of an open file; the kernel chooses the
         // address; failure is MAP_FAILED, checked below.
@@ -173,7 +179,7 @@ impl Ring {
     }
 
     fn slot(&self, ticket: u64) -> *mut Slot {
-        let i = (ticket % self.slots as u64) as usize;
+        let i = ticket as usize & (self.slots - 1);
         // SAFETY: `i < slots`, so the slot lies inside the mapping, after the header.
         unsafe { self.base.add(std::mem::size_of::<Header>()).cast::<Slot>().add(i) }
     }
@@ -1089,6 +1095,13 @@ mod tests {
             assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(7));
         }
         assert!(!r.push(&vec![0; SLOT_BYTES + 1]), "too long for a slot");
+    }
+
+    /// A ring's slot count is a power of two (a ticket's slot is a mask away): any other is
+    /// refused rather than mapped with a wrong index.
+    #[test]
+    fn ring_slots_are_a_power_of_two() {
+        assert_eq!(Ring::map(&tempfile_in_shm(3), 3).err().map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
     }
 
     /// A slot built in place is published by its commit; a void commit (a reservation that

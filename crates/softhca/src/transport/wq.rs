@@ -10,15 +10,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The shared part of a ring. WR number `n` (counted from 0 since creation) lives in slot
-/// `n % capacity`; the counters are 64-bit so that they never wrap in practice, which lets the
-/// capacity be exactly what the consumer asked for rather than a power of two.
+/// `n mod slots`, where the slots are the capacity rounded up to a power of two (an index is
+/// then a mask, not a division: under emulation a division is a helper call, and a message
+/// takes several slots at each end); the counters are 64-bit so that they never wrap in
+/// practice, and the capacity stays exactly what the consumer asked for.
 ///
 /// Who touches what:
 /// - slots of WRs in `[cons, prod)` belong to the one [`Consumer`];
 /// - slots of WRs in `[prod, cons + capacity)` belong to the [`Producer`] holding `producer`;
 /// - the slot array itself is replaced only by [`Consumer::resize`], which holds both.
 pub(crate) struct Ring<T> {
-    slots: UnsafeCell<Box<[UnsafeCell<T>]>>,
+    slots: UnsafeCell<Slots<T>>,
     /// WRs published. Only a `Producer` stores it.
     prod: AtomicU64,
     /// WQEs retired. Only the `Consumer` stores it.
@@ -37,22 +39,48 @@ pub(crate) struct Ring<T> {
 // shared `&Consumer` may hand out `&T` on several threads at once (T: Sync).
 unsafe impl<T: Send + Sync> Sync for Ring<T> {}
 
-impl<T> Ring<T> {
-    /// A ring of `capacity` slots that `prepare` has readied (e.g. reserved their SGE lists),
-    /// so that the first use of a slot does not allocate either, and its one consumer.
-    pub fn with_slots(capacity: usize, mut prepare: impl FnMut(&mut T)) -> (Arc<Ring<T>>, Consumer<T>)
-    where
-        T: Default,
-    {
-        let slots: Box<[UnsafeCell<T>]> = (0..capacity)
+/// A ring's slots and its capacity, replaced together (only by [`Consumer::resize`]).
+struct Slots<T> {
+    /// A power of two of them, at least `capacity`.
+    cells: Box<[UnsafeCell<T>]>,
+    capacity: usize,
+}
+
+impl<T: Default> Slots<T> {
+    /// Slots for `capacity` WRs, each readied by `prepare`.
+    fn new(capacity: usize, mut prepare: impl FnMut(&mut T)) -> Slots<T> {
+        let cells = (0..capacity.max(1).next_power_of_two())
             .map(|_| {
                 let mut t = T::default();
                 prepare(&mut t);
                 UnsafeCell::new(t)
             })
             .collect();
+        Slots { cells, capacity }
+    }
+}
+
+impl<T> Slots<T> {
+    /// Where WR number `n` lives.
+    fn index(&self, n: u64) -> usize {
+        n as usize & (self.cells.len() - 1)
+    }
+
+    /// The slot of WR number `n`.
+    fn at(&self, n: u64) -> &UnsafeCell<T> {
+        &self.cells[self.index(n)]
+    }
+}
+
+impl<T> Ring<T> {
+    /// A ring of `capacity` slots that `prepare` has readied (e.g. reserved their SGE lists),
+    /// so that the first use of a slot does not allocate either, and its one consumer.
+    pub fn with_slots(capacity: usize, prepare: impl FnMut(&mut T)) -> (Arc<Ring<T>>, Consumer<T>)
+    where
+        T: Default,
+    {
         let ring = Arc::new(Ring {
-            slots: UnsafeCell::new(slots),
+            slots: UnsafeCell::new(Slots::new(capacity, prepare)),
             prod: AtomicU64::new(0),
             cons: AtomicU64::new(0),
             producer: Mutex::new(()),
@@ -66,11 +94,6 @@ impl<T> Ring<T> {
     }
 }
 
-/// Slot of WR number `n` in a ring of `cap` slots; `cap > 0` whenever a WR exists.
-fn index(n: u64, cap: usize) -> usize {
-    (n % cap as u64) as usize
-}
-
 /// The posting side of a ring, while its lock is held. Slots filled with
 /// [`Producer::next_slot`] and [`Producer::commit`] become visible to the consumer all at once,
 /// at [`Producer::publish`].
@@ -82,9 +105,9 @@ pub(crate) struct Producer<'a, T> {
 }
 
 impl<T> Producer<'_, T> {
-    fn slots(&self) -> &[UnsafeCell<T>] {
-        // SAFETY: the box is replaced only by `Consumer::resize`, which holds the producer lock,
-        // and we hold it.
+    fn slots(&self) -> &Slots<T> {
+        // SAFETY: the slots are replaced only by `Consumer::resize`, which holds the producer
+        // lock, and we hold it.
         unsafe { &*self.ring.slots.get() }
     }
 
@@ -97,7 +120,7 @@ impl<T> Producer<'_, T> {
     /// Slots free to fill: never fewer than a moment ago, as the consumer only retires.
     pub fn free(&self) -> usize {
         let cons = self.ring.cons.load(Ordering::Acquire);
-        self.slots().len() - (self.next() - cons) as usize
+        self.slots().capacity - (self.next() - cons) as usize
     }
 
     /// The slot behind the last one committed, to be filled and then committed. `None` when
@@ -106,8 +129,7 @@ impl<T> Producer<'_, T> {
         if self.free() == 0 {
             return None;
         }
-        let slots = self.slots();
-        let slot = &slots[index(self.next(), slots.len())];
+        let slot = self.slots().at(self.next());
         // SAFETY: WR number `next` is in [prod, cons + capacity) (free > 0, and the Acquire
         // load of `cons` in `free` ordered the consumer's last use of this slot before us), so
         // the slot is ours alone while we hold the lock; `&mut self` keeps this the only
@@ -135,9 +157,9 @@ pub(crate) struct Consumer<T> {
 }
 
 impl<T> Consumer<T> {
-    fn slots(&self) -> &[UnsafeCell<T>] {
-        // SAFETY: the box is replaced only by `resize`, which takes `&mut self`; no `&self`
-        // borrow (and so no slice from here) can be alive then.
+    fn slots(&self) -> &Slots<T> {
+        // SAFETY: the slots are replaced only by `resize`, which takes `&mut self`; no `&self`
+        // borrow (and so no reference from here) can be alive then.
         unsafe { &*self.ring.slots.get() }
     }
 
@@ -153,7 +175,7 @@ impl<T> Consumer<T> {
     }
 
     pub fn capacity(&self) -> usize {
-        self.slots().len()
+        self.slots().capacity
     }
 
     /// WQEs published and not retired. It may grow between two calls as posts arrive.
@@ -170,8 +192,7 @@ impl<T> Consumer<T> {
         if i >= self.len() {
             return None;
         }
-        let slots = self.slots();
-        let slot = &slots[index(self.cons() + i as u64, slots.len())];
+        let slot = self.slots().at(self.cons() + i as u64);
         // SAFETY: WR number cons + i is in [cons, prod), published (the SeqCst load of `prod`
         // in `len` synchronized with the producer's store), so only we access the slot until
         // we retire it, which takes `&mut self`.
@@ -182,8 +203,7 @@ impl<T> Consumer<T> {
         if i >= self.len() {
             return None;
         }
-        let slots = self.slots();
-        let slot = &slots[index(self.cons() + i as u64, slots.len())];
+        let slot = self.slots().at(self.cons() + i as u64);
         // SAFETY: as in `get`; `&mut self` makes this the only reference into the slot.
         Some(unsafe { &mut *slot.get() })
     }
@@ -206,7 +226,7 @@ impl<T> Consumer<T> {
     /// so that nobody fills a slot meanwhile. `prepare` readies the new slots as at creation,
     /// so that posting after a resize does not allocate either. The caller has checked that the
     /// queued WQEs fit (MOD-GEN-10).
-    pub fn resize(&mut self, producer: &mut Producer<'_, T>, capacity: usize, mut prepare: impl FnMut(&mut T))
+    pub fn resize(&mut self, producer: &mut Producer<'_, T>, capacity: usize, prepare: impl FnMut(&mut T))
     where
         T: Default,
     {
@@ -214,18 +234,13 @@ impl<T> Consumer<T> {
         assert!(std::ptr::eq(producer.ring, &*self.ring), "resize with another ring's producer");
         debug_assert!(capacity >= self.len() && producer.staged == 0);
         let (cons, prod) = (self.cons(), self.prod());
-        let mut fresh: Box<[UnsafeCell<T>]> = (0..capacity)
-            .map(|_| {
-                let mut t = T::default();
-                prepare(&mut t);
-                UnsafeCell::new(t)
-            })
-            .collect();
+        let mut fresh = Slots::new(capacity, prepare);
         // SAFETY: we are the consumer (`&mut self`) and hold the producer lock (`producer` is
         // this ring's, checked above): nobody else can reach the slots or the box now.
         let old = unsafe { &mut *self.ring.slots.get() };
         for n in cons..prod {
-            std::mem::swap(fresh[index(n, capacity)].get_mut(), old[index(n, old.len())].get_mut());
+            let (to, from) = (fresh.index(n), old.index(n));
+            std::mem::swap(fresh.cells[to].get_mut(), old.cells[from].get_mut());
         }
         *old = fresh;
     }
@@ -239,6 +254,7 @@ mod tests {
     #[test]
     fn ring_keeps_fifo_order_across_wrap_and_resize() {
         let (ring, mut c) = Ring::<u32>::with_slots(3, |_| {});
+        assert_eq!(c.capacity(), 3, "the capacity asked for, not the power of two behind it");
         for round in 0..5u32 {
             let mut p = ring.producer();
             for k in 0..3 {
@@ -255,7 +271,7 @@ mod tests {
             p.commit();
             p.publish();
             c.resize(&mut p, 5, |_| {});
-            assert_eq!(p.free(), 2);
+            assert_eq!((c.capacity(), p.free()), (5, 2));
             let got: Vec<u32> = (0..c.len()).map(|i| *c.get(i).unwrap()).collect();
             assert_eq!(got, vec![round * 10 + 1, round * 10 + 2, round * 10 + 3]);
             *c.get_mut(2).unwrap() += 100;
