@@ -73,8 +73,9 @@ impl<T> Slots<T> {
 }
 
 impl<T> Ring<T> {
-    /// A ring of `capacity` slots that `prepare` has readied (e.g. reserved their SGE lists),
-    /// so that the first use of a slot does not allocate either, and its one consumer.
+    /// A ring for `capacity` WRs whose slots (a power of two of them: up to twice the capacity)
+    /// `prepare` has readied (e.g. reserved their SGE lists), so that the first use of a slot
+    /// does not allocate either, and its one consumer.
     pub fn with_slots(capacity: usize, prepare: impl FnMut(&mut T)) -> (Arc<Ring<T>>, Consumer<T>)
     where
         T: Default,
