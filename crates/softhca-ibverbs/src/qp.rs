@@ -4,6 +4,7 @@
 //! same ring.
 
 use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
 
 use softhca::{
     Access, AddressVector, AltPath, MigState, Mtu, PostError, Qp as SoftQp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
@@ -537,18 +538,25 @@ pub(crate) const MAX_SGE: usize = 32;
 /// The most inline bytes (softhca's max_inline_data).
 pub(crate) const MAX_INLINE: usize = 512;
 
+/// Room for a C gather list, left uninitialized: every post has one on its stack, and
+/// zeroing its 512 bytes first was a memset a post (under emulation, vector stores emulated
+/// one by one).
+type SgeRoom = [MaybeUninit<Sge>; MAX_SGE];
+
 /// Copies a C gather list into `out`; None if it is longer than [`MAX_SGE`] or negative.
 ///
 /// # Safety
 /// `list` points at `n` readable SGEs (or `n` is 0).
-unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Option<&[Sge]> {
+unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut SgeRoom) -> Option<&[Sge]> {
     let n = usize::try_from(n).ok().filter(|&n| n <= MAX_SGE)?;
     for (k, o) in out[..n].iter_mut().enumerate() {
         // SAFETY: k < n, within the caller's list.
         let s = unsafe { *list.add(k) };
-        *o = Sge { addr: s.addr, length: s.length, lkey: s.lkey };
+        o.write(Sge { addr: s.addr, length: s.length, lkey: s.lkey });
     }
-    Some(&out[..n])
+    // SAFETY: the first n elements were written just above, and MaybeUninit<Sge> has Sge's
+    // layout.
+    Some(unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<Sge>(), n) })
 }
 
 fn wr_opcode_of(code: c_int) -> Option<WrOpcode> {
@@ -572,7 +580,7 @@ fn wr_opcode_of(code: c_int) -> Option<WrOpcode> {
 /// `w` is a readable work request whose gather list and (UD) address handle are live; with
 /// IBV_SEND_INLINE its gather list names readable memory.
 unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
-    let mut list = [Sge::default(); MAX_SGE];
+    let mut list: SgeRoom = [MaybeUninit::uninit(); MAX_SGE];
     // SAFETY: the caller's gather list.
     let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, &mut list) }) else { return libc::EINVAL };
     if w.opcode == IBV_WR_BIND_MW {
@@ -581,9 +589,11 @@ unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
     }
     let Some(opcode) = wr_opcode_of(w.opcode) else { return libc::EINVAL };
     let flags = SendFlags::from_bits_truncate(w.send_flags);
-    let mut inline = [0u8; MAX_INLINE];
+    // Uninitialized, as the gather list's room: only what the copies below write is read.
+    let mut inline = MaybeUninit::<[u8; MAX_INLINE]>::uninit();
     let mut wr = SendWr { wr_id: w.wr_id, opcode, send_flags: flags, sg_list: sg, ..SendWr::default() };
     if flags.contains(SendFlags::INLINE) {
+        let base = inline.as_mut_ptr().cast::<u8>();
         let mut at = 0;
         for s in sg {
             let len = s.length as usize;
@@ -591,11 +601,13 @@ unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
                 return libc::EINVAL;
             }
             // SAFETY: with IBV_SEND_INLINE the program's gather list names readable memory
-            // of these lengths (the data is copied now, the keys are not checked).
-            unsafe { std::ptr::copy_nonoverlapping(s.addr as *const u8, inline[at..].as_mut_ptr(), len) };
+            // of these lengths (the data is copied now, the keys are not checked); `at + len`
+            // is within the buffer.
+            unsafe { std::ptr::copy_nonoverlapping(s.addr as *const u8, base.add(at), len) };
             at += len;
         }
-        wr.inline_data = &inline[..at];
+        // SAFETY: the copies above wrote bytes 0..at.
+        wr.inline_data = unsafe { std::slice::from_raw_parts(base, at) };
     }
     match opcode {
         WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm => wr.imm_data = u32::from_be(w.imm_data),
@@ -747,7 +759,7 @@ unsafe fn post_recv_list(
     while !w.is_null() {
         // SAFETY: a readable work request.
         let r = unsafe { &*w };
-        let mut list = [Sge::default(); MAX_SGE];
+        let mut list: SgeRoom = [MaybeUninit::uninit(); MAX_SGE];
         // SAFETY: its gather list.
         let res = match unsafe { sges(r.sg_list, r.num_sge, &mut list) } {
             Some(sg) => post(&[RecvWr::new(r.wr_id, sg)]).map_err(|e| errno_of(&e.error)),
