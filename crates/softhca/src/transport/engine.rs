@@ -356,9 +356,7 @@ impl Engine {
     /// The link sent every datagram `transmit` wrote so far: the UC and UD WQEs whose last
     /// packet was among them complete (see `defer_unreliable`).
     pub fn sent(&self) {
-        // Relaxed: the WQEs a flush sent were pushed by the `transmit` calls of the same turn
-        // of the link (a link's turns run one at a time, under its driver's lock).
-        if !self.awaiting_any.load(Ordering::Relaxed) {
+        if !self.awaits_wire() {
             return;
         }
         let mut qpns = {
@@ -373,6 +371,14 @@ impl Engine {
         if awaiting.capacity() == 0 {
             *awaiting = qpns;
         }
+    }
+
+    /// Whether a UC or UD WQE waits for [`Engine::sent`]: most flushes have none (RC, or no
+    /// deferral), and the link asks before opening a step for it.
+    pub fn awaits_wire(&self) -> bool {
+        // Relaxed: the WQEs a flush sent were pushed by the `transmit` calls of the same turn
+        // of the link (a link's turns run one at a time, under its driver's lock).
+        self.awaiting_any.load(Ordering::Relaxed)
     }
 
     fn complete_sent(&self, qpns: &[u32]) {

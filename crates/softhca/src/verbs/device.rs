@@ -806,7 +806,9 @@ impl Context {
     /// The link has sent every datagram [`Context::transmit`] wrote so far (see
     /// [`Context::defer_unreliable_completions`]).
     pub fn sent(&self) {
-        super::effects::step(|| self.inner.engine.sent())
+        if self.inner.engine.awaits_wire() {
+            super::effects::step(|| self.inner.engine.sent())
+        }
     }
 
     /// How many times a CQ of this device was armed (Request Completion Notification).
