@@ -354,11 +354,10 @@ pub(crate) struct Engine {
 
 impl Engine {
     /// The link sent every datagram `transmit` wrote so far: the UC and UD WQEs whose last
-    /// packet was among them complete (see `defer_unreliable`).
+    /// packet was among them complete (see `defer_unreliable`). Its caller
+    /// (`Context::sent`) asks [`Engine::awaits_wire`] first, so that a flush with none opens
+    /// no step; called without, it finds the list empty and completes nothing.
     pub fn sent(&self) {
-        if !self.awaits_wire() {
-            return;
-        }
         let mut qpns = {
             let mut awaiting = self.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner());
             self.awaiting_any.store(false, Ordering::Relaxed);
