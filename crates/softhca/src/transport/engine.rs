@@ -24,6 +24,7 @@ use super::channel::Sent;
 use super::completer::{self, Response};
 use super::hca::Hca;
 use super::qp::{QpCore, QpInner};
+use super::qp_table::QpTable;
 use super::rd::eec::EecInner;
 use super::requester;
 use super::responder::{self, Request};
@@ -301,13 +302,6 @@ impl TimerQueue {
     }
 }
 
-/// A device's QPs by number. A hash table, not an ordered map: every packet looks its QP up
-/// (and the transmit turn and the receive prefetch look up one more), and with 10,000 QPs a
-/// B-tree's path of nodes was four or five cache misses a lookup where the table takes one or
-/// two. FxHash, one multiplication: the keys are the device's own numbers (sequential from a
-/// random start); a peer only picks which one to look up.
-pub(crate) type QpTable = rustc_hash::FxHashMap<u32, Arc<QpInner>>;
-
 /// The transport's state of one device, held by value by the device above (DESIGN rule 1):
 /// its QPs and EECs, the transmit turns, the counters, the timer hint, and the datagrams
 /// destroyed QPs still owed. A step (`receive`, `transmit`, `handle_timeout`) takes the
@@ -383,7 +377,7 @@ impl Engine {
     fn complete_sent(&self, qpns: &[u32]) {
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
         for &qpn in qpns {
-            let Some(q) = qps.get(&qpn) else { continue };
+            let Some(q) = qps.get(qpn) else { continue };
             let mut core = q.core.lock().unwrap_or_else(|e| e.into_inner());
             let mut any = false;
             for i in 0..core.req.started {
@@ -433,10 +427,11 @@ impl Engine {
     /// datagram while it delivers this one calls it, so that with thousands of QPs the next
     /// QP's first lines are on their way while this packet is handled (10,000 QPs on the sim
     /// link against one, six interleaved pairs: median 0.81x -> 0.85x message rate). Reads
-    /// only the BTH's DestQP; nothing is checked or changed.
+    /// only the BTH's DestQP and the table slot it names ([`QpTable::slot`]: not the QP's
+    /// number, which is on the line being fetched); nothing is checked or changed.
     pub fn prefetch_dest(&self, datagram: &[u8]) {
         let Some(qpn) = roce::peek_dest_qp(datagram) else { return };
-        if let Some(q) = self.qps.read().unwrap_or_else(|e| e.into_inner()).get(&qpn) {
+        if let Some(q) = self.qps.read().unwrap_or_else(|e| e.into_inner()).slot(qpn) {
             prefetch_qp(q);
         }
     }
@@ -502,7 +497,7 @@ impl Engine {
         let raw = self.raw.read().unwrap_or_else(|e| e.into_inner());
         let mut taken = false;
         for &(qpn, _) in raw.iter().filter(|(_, t)| *t == qp_type) {
-            let Some(qp) = qps.get(&qpn) else { continue };
+            let Some(qp) = qps.get(qpn) else { continue };
             let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
             taken |= responder::on_raw(qp, &mut core, packet);
         }
@@ -570,7 +565,7 @@ impl Engine {
             (*ready.front()?, ready.len(), ready.get(1).copied())
         };
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(q) = next.and_then(|n| qps.get(&n)) {
+        if let Some(q) = next.and_then(|n| qps.slot(n)) {
             prefetch_qp(q);
         }
         let unlist = |qpn, end| unlist(list, qpn, end);
@@ -579,7 +574,7 @@ impl Engine {
             if turn > 0 {
                 qpn = *list.lock().qpns.front()?;
             }
-            let Some(qp) = qps.get(&qpn) else {
+            let Some(qp) = qps.get(qpn) else {
                 unlist(qpn, TurnEnd::Idle);
                 continue;
             };
@@ -691,7 +686,7 @@ impl Engine {
     /// since, was reset, or is gone) does nothing.
     fn qp_timer(&self, qpn: u32, t: u64, now: u64) {
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
-        let Some(qp) = qps.get(&qpn) else { return };
+        let Some(qp) = qps.get(qpn) else { return };
         let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
         if qp.destroyed.load(Ordering::Acquire) {
             return;
@@ -755,7 +750,7 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     if bth.opcode.service_range() == Some(ServiceType::Rd) {
         return super::rd::deliver(dev, &qps, now, d);
     }
-    let Some(qp) = qps.get(&bth.dest_qp) else {
+    let Some(qp) = qps.get(bth.dest_qp) else {
         return false; // PKT-VAL-4
     };
     let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());

@@ -17,6 +17,7 @@ pub mod cm;
 pub(crate) mod completer;
 pub(crate) mod hca;
 pub(crate) mod qp;
+pub(crate) mod qp_table;
 pub(crate) mod rd;
 pub(crate) mod requester;
 pub(crate) mod responder;

@@ -381,7 +381,7 @@ impl DeviceInner {
         loop {
             let qpn = *next;
             *next = if qpn >= 0xFF_FFFE { 2 } else { qpn + 1 };
-            if !qps.contains_key(&qpn) {
+            if qps.is_free(qpn) {
                 return qpn;
             }
         }

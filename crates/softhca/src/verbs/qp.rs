@@ -468,7 +468,7 @@ impl Context {
                 _ => None,
             };
             // Only the GSI's number is not fresh: the port has one already.
-            let refused = if qps.contains_key(&qpn) {
+            let refused = if qps.contains_key(qpn) {
                 Some(VerbsError::InUse("the port's GSI exists"))
             } else {
                 raw_max
@@ -487,7 +487,7 @@ impl Context {
                 undo_count();
                 return Err(e);
             }
-            qps.insert(qpn, inner.clone());
+            qps.insert(inner.clone());
         }
         tracing::debug!(device = %self.inner.name, qpn, qp_type = ?init.qp_type, "QP created");
         let res = QpResources {
@@ -1158,7 +1158,7 @@ impl QpResources {
         core.sq.discard();
         core.rq.discard();
         drop((rq, sq, core));
-        self.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&q.qpn);
+        self.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(q.qpn);
         self.dev.engine.remove_raw(q.qpn, |t, on| self.dev.raw_listen(t, on));
         self.send_cq.detach();
         self.recv_cq.detach();

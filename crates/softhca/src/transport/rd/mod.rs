@@ -188,13 +188,13 @@ pub(crate) fn transmit(dev: &dyn Hca, now: u64, buf: &mut [u8]) -> Option<usize>
 
 /// Header validation and dispatch of an RD packet: the EEC the RDETH names, then the QP the
 /// BTH names. Returns false when the packet was dropped.
-pub(crate) fn deliver(dev: &dyn Hca, qps: &super::engine::QpTable, now: u64, d: &RoceDatagram<'_>) -> bool {
+pub(crate) fn deliver(dev: &dyn Hca, qps: &super::qp_table::QpTable, now: u64, d: &RoceDatagram<'_>) -> bool {
     let p = &d.packet;
     let bth = p.bth;
     let (Some(rdeth), Some(info)) = (p.rdeth, bth.opcode.info()) else { return false };
     let Some(eec) = find_eec(dev, rdeth.ee_cnxt) else { return false };
     let is_request = info.direction == crate::wire::opcode::Direction::Request;
-    let mut qp = qps.get(&bth.dest_qp).filter(|q| q.qp_type == QpType::Rd);
+    let mut qp = qps.get(bth.dest_qp).filter(|q| q.qp_type == QpType::Rd);
     let mut core = qp.map(|q| q.core.lock().unwrap_or_else(|e| e.into_inner()));
     // Destroy QP marks the QP while it holds the QP's lock: look only once we hold it.
     if qp.is_some_and(|q| q.destroyed.load(Ordering::Acquire)) {
