@@ -4,7 +4,7 @@
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::device::{give, take, Context, DeviceInner};
@@ -40,6 +40,9 @@ const ARMED_NEXT: u8 = 1;
 const ARMED_SOLICITED: u8 = 2;
 
 pub(crate) struct CqInner {
+    /// This CQ, for the handle an event hands out when a CQE fires it: QPs write their CQEs
+    /// through the `CqInner` every one of them shares (see [`Cq::as_completion_queue`]).
+    me: Weak<CqInner>,
     pub handle: u32,
     pub dev: Arc<DeviceInner>,
     ring: Ring,
@@ -202,8 +205,10 @@ impl Context {
                 return Err(e);
             }
         };
-        let inner = Arc::new(CqInner {
-            handle: self.inner.new_handle(),
+        let handle = self.inner.new_handle();
+        let inner = Arc::new_cyclic(|me| CqInner {
+            me: me.clone(),
+            handle,
             dev: self.inner.clone(),
             ring: Ring { slots: UnsafeCell::new(slots), head: AtomicUsize::new(0), tail: AtomicUsize::new(0) },
             producer: Mutex::new(()),
@@ -227,6 +232,13 @@ fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
 }
 
 impl Cq {
+    /// The CQ as a QP's work queues write to it: every QP gets the same allocation, so that
+    /// with thousands of QPs a CQE does not first load a per-QP handle (a cache miss a CQE
+    /// at 10,000 QPs when each QP wrapped its own `Cq`).
+    pub(crate) fn as_completion_queue(&self) -> Arc<dyn CompletionQueue> {
+        self.inner.clone()
+    }
+
     pub fn handle(&self) -> u32 {
         self.inner.handle
     }
@@ -438,66 +450,6 @@ impl Cq {
         }
     }
 
-    /// Adds a CQE. `solicited` says whether it is a solicited event (EVT-SOL-*). On overflow
-    /// the CQE is not written and a CQ Error is raised on the CQ (CQ-OVF-1, CQ-OVF-2); moving
-    /// the QP to Error is the caller's part.
-    fn write(&self, wc: Wc, solicited: bool) -> std::result::Result<(), CqOverflow> {
-        let written = {
-            let _producer = lock(&self.inner.producer);
-            let r = &self.inner.ring;
-            let t = r.tail.load(Ordering::Relaxed);
-            let h = r.head.load(Ordering::Acquire);
-            let size = self.inner.size.load(Ordering::Acquire) as usize;
-            if self.inner.destroyed.load(Ordering::Acquire) || t.wrapping_sub(h) >= size {
-                false
-            } else {
-                // SAFETY: the box is only replaced under both locks, and we hold the producer
-                // lock; a shared reference to it creates none into the slots' contents.
-                let slots = unsafe { &*r.slots.get() };
-                // SAFETY: slot t is free (the consumer moved `head` past its last use, seen by
-                // the Acquire load) and not yet published: only we touch it.
-                unsafe { *slots[slot_of(t, slots.len())].get() = wc };
-                r.tail.store(t.wrapping_add(1), Ordering::Release);
-                true
-            }
-        };
-        if !written {
-            // One CQ Error per CQ: the CQEs refused after the first belong to the same overflow.
-            if !self.inner.overflowed.swap(true, Ordering::AcqRel) {
-                let element = EventElement::Cq(self.inner.handle);
-                self.inner.dev.raise(AsyncEvent { event_type: AsyncEventType::CqErr, element });
-            }
-            return Err(CqOverflow);
-        }
-        // EVT-CN-1, EVT-CN-2, EVT-CN-4, EVT-CN-6: a CQE of the kind asked for consumes every
-        // outstanding request in one call.
-        let fired = self
-            .inner
-            .armed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| {
-                let fire = a & ARMED_NEXT != 0 || (a & ARMED_SOLICITED != 0 && solicited);
-                fire.then_some(0)
-            })
-            .is_ok();
-        if fired {
-            self.fire();
-        }
-        Ok(())
-    }
-
-    fn fire(&self) {
-        if let Some(ch) = &self.inner.channel {
-            // The channel's descriptor and waiters are woken once an engine step is over.
-            let (ch, cq) = (ch.clone(), self.clone());
-            super::effects::wake(move || ch.push(cq));
-        }
-        let handler = self.inner.dev.comp_handler.read().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(h) = handler {
-            let cq = self.clone();
-            super::effects::call(move || h(&cq));
-        }
-    }
-
     /// Removes every unpolled CQE of QP `qpn`, keeping the others in order (QPS-RESET-6/7).
     pub(crate) fn purge_qp(&self, qpn: u32) {
         let Ok(_both) = self.exclusive() else { return };
@@ -516,8 +468,71 @@ impl Cq {
     }
 }
 
+impl CqInner {
+    /// Adds a CQE. `solicited` says whether it is a solicited event (EVT-SOL-*). On overflow
+    /// the CQE is not written and a CQ Error is raised on the CQ (CQ-OVF-1, CQ-OVF-2); moving
+    /// the QP to Error is the caller's part.
+    fn write(&self, wc: Wc, solicited: bool) -> std::result::Result<(), CqOverflow> {
+        let written = {
+            let _producer = lock(&self.producer);
+            let r = &self.ring;
+            let t = r.tail.load(Ordering::Relaxed);
+            let h = r.head.load(Ordering::Acquire);
+            let size = self.size.load(Ordering::Acquire) as usize;
+            if self.destroyed.load(Ordering::Acquire) || t.wrapping_sub(h) >= size {
+                false
+            } else {
+                // SAFETY: the box is only replaced under both locks, and we hold the producer
+                // lock; a shared reference to it creates none into the slots' contents.
+                let slots = unsafe { &*r.slots.get() };
+                // SAFETY: slot t is free (the consumer moved `head` past its last use, seen by
+                // the Acquire load) and not yet published: only we touch it.
+                unsafe { *slots[slot_of(t, slots.len())].get() = wc };
+                r.tail.store(t.wrapping_add(1), Ordering::Release);
+                true
+            }
+        };
+        if !written {
+            // One CQ Error per CQ: the CQEs refused after the first belong to the same overflow.
+            if !self.overflowed.swap(true, Ordering::AcqRel) {
+                let element = EventElement::Cq(self.handle);
+                self.dev.raise(AsyncEvent { event_type: AsyncEventType::CqErr, element });
+            }
+            return Err(CqOverflow);
+        }
+        // EVT-CN-1, EVT-CN-2, EVT-CN-4, EVT-CN-6: a CQE of the kind asked for consumes every
+        // outstanding request in one call.
+        let fired = self
+            .armed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| {
+                let fire = a & ARMED_NEXT != 0 || (a & ARMED_SOLICITED != 0 && solicited);
+                fire.then_some(0)
+            })
+            .is_ok();
+        if fired {
+            self.fire();
+        }
+        Ok(())
+    }
+
+    fn fire(&self) {
+        // The CQ is alive while a QP writes to it (the QP holds it).
+        let Some(inner) = self.me.upgrade() else { return };
+        let cq = Cq { inner };
+        if let Some(ch) = &self.channel {
+            // The channel's descriptor and waiters are woken once an engine step is over.
+            let (ch, cq) = (ch.clone(), cq.clone());
+            super::effects::wake(move || ch.push(cq));
+        }
+        let handler = self.dev.comp_handler.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(h) = handler {
+            super::effects::call(move || h(&cq));
+        }
+    }
+}
+
 /// How a QP's work queues write their CQEs (see `transport::hca`).
-impl CompletionQueue for Cq {
+impl CompletionQueue for CqInner {
     fn push(&self, wc: Wc, solicited: bool) -> std::result::Result<(), CqOverflow> {
         self.write(wc, solicited)
     }

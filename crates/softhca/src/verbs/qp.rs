@@ -34,7 +34,6 @@ use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
 use super::types::{Access, AddressVector, MigState, QpState, QpType, SpecialQp, GSI_QKEY, GSI_QPN};
 use super::wr::{RecvWr, SendWr};
-use crate::transport::hca::SharedReceiveQueue;
 use crate::transport::qp::{flush_cqe, wc_opcode_of, QpCore, QpInner};
 pub use crate::transport::qp::{AltPath, QpAttrs, QpCap};
 use crate::transport::state::check_modify;
@@ -430,10 +429,10 @@ impl Context {
             qp_type: init.qp_type,
             dev: self.inner.clone(),
             pd: pd.inner.handle,
-            send_cq: Arc::new(init.send_cq.clone()),
-            recv_cq: Arc::new(init.recv_cq.clone()),
+            send_cq: init.send_cq.as_completion_queue(),
+            recv_cq: init.recv_cq.as_completion_queue(),
             sq_sig_all: init.sq_sig_all,
-            srq: init.srq.clone().map(|s| Arc::new(s) as Arc<dyn SharedReceiveQueue>),
+            srq: init.srq.as_ref().map(|s| s.as_shared_receive_queue()),
             rdd: rdd.as_ref().map(|r| r.inner.handle),
             rd_epoch: Default::default(),
             stats: Default::default(),

@@ -108,6 +108,12 @@ impl Pd {
 }
 
 impl Srq {
+    /// The SRQ as its QPs take WQEs from it: every QP gets the same allocation (no per-QP
+    /// handle to load first, as for CQs: see `Cq::as_completion_queue`).
+    pub(crate) fn as_shared_receive_queue(&self) -> Arc<dyn SharedReceiveQueue> {
+        self.inner.clone()
+    }
+
     pub fn handle(&self) -> u32 {
         self.inner.handle
     }
@@ -127,11 +133,6 @@ impl Srq {
     }
 
     /// The consumer end for a QP's engine, unless the SRQ is destroyed.
-    fn consumer(&self) -> Option<MutexGuard<'_, SrqCore>> {
-        let core = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        (!self.inner.destroyed.load(Ordering::Acquire)).then_some(core)
-    }
-
     /// Both ends, in the one order: the SRQ's lock, then the producer lock.
     fn exclusive(&self) -> Result<(MutexGuard<'_, SrqCore>, Producer<'_, RecvWqe>)> {
         let core = self.lock()?;
@@ -222,10 +223,18 @@ impl Srq {
     }
 }
 
-/// How the QPs attached to an SRQ take its WQEs (see `transport::hca`).
-impl SharedReceiveQueue for Srq {
+impl SrqInner {
+    fn consumer(&self) -> Option<MutexGuard<'_, SrqCore>> {
+        let core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        (!self.destroyed.load(Ordering::Acquire)).then_some(core)
+    }
+}
+
+/// How the QPs attached to an SRQ take its WQEs (see `transport::hca`). Every QP holds the
+/// same `SrqInner` (see [`Srq::as_shared_receive_queue`]).
+impl SharedReceiveQueue for SrqInner {
     fn pd(&self) -> u32 {
-        self.inner.pd.inner.handle
+        self.pd.inner.handle
     }
 
     fn has_wqe(&self) -> bool {
@@ -247,9 +256,9 @@ impl SharedReceiveQueue for Srq {
             fire
         };
         if fire {
-            self.inner.dev.raise(AsyncEvent {
+            self.dev.raise(AsyncEvent {
                 event_type: AsyncEventType::SrqLimitReached,
-                element: EventElement::Srq(self.inner.handle),
+                element: EventElement::Srq(self.handle),
             });
         }
         true
