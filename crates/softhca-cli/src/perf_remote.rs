@@ -245,7 +245,7 @@ fn reap(
             return Ok(());
         }
         for wc in &wcs[..n] {
-            let Some(&i) = init.by_qpn.get(&wc.qp_num) else { continue };
+            let Some(i) = init.by_qpn.get(wc.qp_num) else { continue };
             if wc.wr_id & RECV_TAG != 0 {
                 if wc.status != WcStatus::Success {
                     t.errors.record("echo receive", wc);
@@ -662,7 +662,7 @@ fn poll_server(
 ) -> Res<()> {
     let n = resp.cq.poll(wcs)?;
     for wc in &wcs[..n] {
-        let Some(&i) = resp.by_qpn.get(&wc.qp_num) else { continue };
+        let Some(i) = resp.by_qpn.get(wc.qp_num) else { continue };
         let ok = wc.status == WcStatus::Success;
         if wc.wr_id & RECV_TAG != 0 {
             let t = &mut resp.targets[i];
