@@ -7,8 +7,9 @@
 //! that an RC QP and an RD EEC both own; what differs is only what the PSNs belong to (an RC
 //! requester's SQ, an EEC's one message at a time).
 //!
-//! It owns the protocol state of every QP and EEC (`qp`, `rd::eec`), the work queue entries
-//! and rings (`wqe`, `wq`) and the device-wide `engine::Engine`. It imports the ground floor
+//! It owns the protocol state of every QP and EEC (`qp`, `rd::eec`), the table that finds a
+//! QP by number (`qp_table`), the work queue entries and rings (`wqe`, `wq`) and the
+//! device-wide `engine::Engine`. It imports the ground floor
 //! and `wire` only; what the verbs layer above owns (memory keys, CQs, SRQs, async events, the
 //! port's tables) it reaches through the traits of `hca`, which that layer implements.
 
