@@ -415,6 +415,7 @@ fn class_d_header_violations() {
     variants.push(v);
     for edit in [
         (|r: &mut softhca::wire::RoceRepr<'_>| r.packet.bth.tver = 1) as fn(&mut softhca::wire::RoceRepr<'_>),
+        // A QPN with the low bits of B's QP: its slot in the QP table, not its number.
         |r| r.packet.bth.dest_qp ^= 0x1000,
         |r| r.packet.bth.p_key = 0x9234,
         |r| r.packet.bth.p_key = 0x8000,
