@@ -233,6 +233,15 @@ pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
     }
 }
 
+/// A device's QPs by number (see `qp_table`).
+pub(crate) type QpTable = super::qp_table::NumberTable<QpInner>;
+
+impl super::qp_table::Numbered for QpInner {
+    fn number(&self) -> u32 {
+        self.qpn
+    }
+}
+
 impl QpInner {
     /// Counts an event on this QP and on its device.
     pub fn bump(&self, counter: impl Fn(&Stats) -> &Counter) {

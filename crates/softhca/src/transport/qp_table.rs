@@ -8,15 +8,16 @@
 //! one after the other sit side by side, eight to a line, and the table (8 bytes a slot, at
 //! most twice as many slots as QPs) stays in the cache.
 //!
-//! The device allocates QPNs whose slot is free ([`QpTable::is_free`]), so a slot holds one
+//! The device allocates QPNs whose slot is free ([`NumberTable::is_free`]), so a slot holds one
 //! QP. A QP that finds its slot taken anyway (two Create QPs racing between allocation and
 //! insertion) goes to a small hash table beside it, looked at only when it is not empty.
 //! Lookups are bounded either way: one slot, then at most one hash probe; a peer naming a
 //! QPN that does not exist costs the same.
+//!
+//! The table holds anything [`Numbered`] (the transport's `QpTable` is a table of `QpInner`),
+//! so it imports nothing of the transport and its tests need no device.
 
 use std::sync::Arc;
-
-use super::qp::QpInner;
 
 /// The fewest slots a table has: a device with a handful of QPs never grows it.
 const MIN_SLOTS: usize = 64;
@@ -25,14 +26,6 @@ const MIN_SLOTS: usize = 64;
 pub(crate) trait Numbered {
     fn number(&self) -> u32;
 }
-
-impl Numbered for QpInner {
-    fn number(&self) -> u32 {
-        self.qpn
-    }
-}
-
-pub(crate) type QpTable = NumberTable<QpInner>;
 
 pub(crate) struct NumberTable<T> {
     /// A power of two long; slot `qpn & (len - 1)` holds QP `qpn` (or, after a race, another

@@ -188,7 +188,7 @@ pub(crate) fn transmit(dev: &dyn Hca, now: u64, buf: &mut [u8]) -> Option<usize>
 
 /// Header validation and dispatch of an RD packet: the EEC the RDETH names, then the QP the
 /// BTH names. Returns false when the packet was dropped.
-pub(crate) fn deliver(dev: &dyn Hca, qps: &super::qp_table::QpTable, now: u64, d: &RoceDatagram<'_>) -> bool {
+pub(crate) fn deliver(dev: &dyn Hca, qps: &super::qp::QpTable, now: u64, d: &RoceDatagram<'_>) -> bool {
     let p = &d.packet;
     let bth = p.bth;
     let (Some(rdeth), Some(info)) = (p.rdeth, bth.opcode.info()) else { return false };
