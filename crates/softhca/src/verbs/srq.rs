@@ -132,7 +132,6 @@ impl Srq {
         Ok(core)
     }
 
-    /// The consumer end for a QP's engine, unless the SRQ is destroyed.
     /// Both ends, in the one order: the SRQ's lock, then the producer lock.
     fn exclusive(&self) -> Result<(MutexGuard<'_, SrqCore>, Producer<'_, RecvWqe>)> {
         let core = self.lock()?;
@@ -224,6 +223,7 @@ impl Srq {
 }
 
 impl SrqInner {
+    /// The consumer end for a QP's engine, unless the SRQ is destroyed.
     fn consumer(&self) -> Option<MutexGuard<'_, SrqCore>> {
         let core = self.core.lock().unwrap_or_else(|e| e.into_inner());
         (!self.destroyed.load(Ordering::Acquire)).then_some(core)
