@@ -426,7 +426,7 @@ impl Engine {
     /// datagram while it delivers this one calls it, so that with thousands of QPs the next
     /// QP's first lines are on their way while this packet is handled (10,000 QPs on the sim
     /// link against one, six interleaved pairs: median 0.81x -> 0.85x message rate). Reads
-    /// only the BTH's DestQP and the table slot it names ([`NumberTable::slot`](super::qp_table::NumberTable::slot): not the QP's
+    /// only the BTH's DestQP and the table slot it names ([`QpTable::slot`], not the QP's
     /// number, which is on the line being fetched); nothing is checked or changed.
     pub fn prefetch_dest(&self, datagram: &[u8]) {
         let Some(qpn) = roce::peek_dest_qp(datagram) else { return };
