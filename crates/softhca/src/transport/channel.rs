@@ -536,6 +536,15 @@ impl<A: Copy + PartialEq> Outbox<A> {
         };
     }
 
+    /// Takes the head job if it is an ACK or NAK, as its PSN and AETH (an ACK syndrome
+    /// becomes `ack`, as in [`send_next`](Self::send_next)): for an owner that writes such
+    /// packets from a template (`wire::AckTemplate`). `None`, and nothing taken, otherwise.
+    pub fn take_ack(&mut self, ack: Syndrome, msn: u32) -> Option<(A, Psn, AethRepr)> {
+        let &(to, RespJob::Ack { psn, syndrome }) = self.jobs.front()? else { return None };
+        self.jobs.pop_front();
+        Some((to, Psn::new(psn), aeth_for(syndrome, ack, msn)))
+    }
+
     /// Emits the head job's next packet for a channel of `service`: the BTH and AETH from the
     /// job (the opcode looked up by what it means; an ACK syndrome becomes `ack`, which
     /// carries the owner's credits), then `emit(to, packet, payload length, fill)` adds what
@@ -550,7 +559,7 @@ impl<A: Copy + PartialEq> Outbox<A> {
         msn: u32,
         emit: impl FnOnce(A, PacketRepr<'static>, usize, &dyn Fn(&mut Payload<'_>) -> bool) -> Option<usize>,
     ) -> Option<Sent<A>> {
-        let aeth = |s: Syndrome| Some(AethRepr { syndrome: if s.is_ack() { ack } else { s }, msn });
+        let aeth = |s: Syndrome| Some(aeth_for(s, ack, msn));
         let op = |operation, position| Opcode::lookup(service, operation, position, Suffix::Plain);
         let (to, job) = self.jobs.front_mut()?;
         let to = *to;
@@ -607,6 +616,11 @@ impl<A: Copy + PartialEq> Outbox<A> {
         };
         Some(sent)
     }
+}
+
+/// The AETH of a response with `syndrome`: an ACK carries `ack`, the owner's credits.
+fn aeth_for(syndrome: Syndrome, ack: Syndrome, msn: u32) -> AethRepr {
+    AethRepr { syndrome: if syndrome.is_ack() { ack } else { syndrome }, msn }
 }
 
 /// Where response `k` of `n` sits in a Read's response message.

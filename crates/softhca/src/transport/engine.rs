@@ -17,7 +17,8 @@ use crate::wire::packet::{pad_for, ICRC_LEN};
 use crate::wire::psn::Psn;
 use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, RethRepr, UdpChecksum, WireError,
+    AckTemplate, AethRepr, AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, RethRepr,
+    UdpChecksum, WireError,
 };
 
 use super::channel::Sent;
@@ -1228,6 +1229,9 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
     let mig = mig_req(q, core);
     let bth = |op: Opcode, _: (), psn: Psn| BthRepr { mig_req: mig, ..BthRepr::new(op, pkey, dest, psn) };
     let msn = core.chan.recv.msn;
+    if let Some(((), psn, aeth)) = core.chan.out.take_ack(Syndrome::Ack { credit_code }, msn) {
+        return emit_ack(q, core, ip, bth(Opcode::RcAcknowledge, (), psn), aeth, buf);
+    }
     let sent = core.chan.out.send_next(
         ServiceType::Rc,
         &*q.dev,
@@ -1247,6 +1251,21 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
     };
     if len.is_none() {
         tracing::warn!(qpn = q.qpn, "a response could not be emitted");
+    }
+    len
+}
+
+/// An ACK or NAK, written from the QP's [`AckTemplate`]: the datagram the ordinary emitter
+/// would build (see there), for a tenth of the work. The template is rebuilt when the route,
+/// P_Key, destination QP or MigReq it was made for changes.
+fn emit_ack(q: &QpInner, core: &mut QpCore, ip: IpRepr, bth: BthRepr, aeth: AethRepr, buf: &mut [u8]) -> Option<usize> {
+    let udp = UdpRepr::for_qp(q.qpn, UdpChecksum::default_for(&ip));
+    if !core.ack.as_ref().is_some_and(|t| t.is_for(&ip, &udp, &bth)) {
+        core.ack = AckTemplate::new(ip, udp, bth).ok();
+    }
+    let len = core.ack.as_ref().and_then(|t| t.emit(bth.psn, aeth, buf).ok());
+    if len.is_none() {
+        tracing::warn!(qpn = q.qpn, "an acknowledgement could not be emitted");
     }
     len
 }

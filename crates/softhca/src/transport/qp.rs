@@ -140,6 +140,9 @@ pub(crate) struct QpCore {
     /// The IP header toward the connected peer, with the GID generation and address it was
     /// built for: every packet of an RC or UC QP needs it, and the GID table's lock is not free.
     pub route: Option<(u64, AhAttr, crate::wire::IpRepr)>,
+    /// The ACK datagram of an RC responder, for the route, P_Key, destination QP and MigReq
+    /// it was made with (`engine::emit_ack`).
+    pub ack: Option<crate::wire::AckTemplate>,
     /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
     /// reused so that taking SRQ WQEs does not allocate.
     pub srq_wqe: RecvWqe,

@@ -449,6 +449,7 @@ impl Context {
                 sq,
                 rq,
                 route: None,
+                ack: None,
                 srq_wqe: RecvWqe::default(),
                 srq_bound: false,
                 req: Default::default(),

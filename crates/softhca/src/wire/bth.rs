@@ -17,6 +17,8 @@ use super::{header_view, WireError};
 
 /// Byte offset of the resv8a byte that carries FECN/BECN; the ICRC masks it.
 pub const BTH_RESV8A: usize = 4;
+/// Byte offset of the PSN, the BTH's last 3 bytes.
+pub const BTH_PSN: usize = 9;
 
 header_view!(
     /// A view over a Base Transport Header.
@@ -74,7 +76,7 @@ impl<T: AsRef<[u8]>> Bth<T> {
     }
 
     pub fn psn(&self) -> Psn {
-        Psn::new(u24_at(self.b(), 9))
+        Psn::new(u24_at(self.b(), BTH_PSN))
     }
 }
 
@@ -134,7 +136,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
     }
 
     pub fn set_psn(&mut self, v: Psn) {
-        set_u24(self.bm(), 9, v.value());
+        set_u24(self.bm(), BTH_PSN, v.value());
     }
 
     /// Zeroes the reserved bits of bytes 4 and 8 (PKT-HDR-2), keeping FECN,
@@ -201,6 +203,6 @@ impl BthRepr {
         b[BTH_RESV8A] = (u8::from(self.fecn) << 7) | (u8::from(self.becn) << 6);
         set_u24(b, 5, self.dest_qp);
         b[8] = u8::from(self.ack_req) << 7;
-        set_u24(b, 9, self.psn.value());
+        set_u24(b, BTH_PSN, self.psn.value());
     }
 }

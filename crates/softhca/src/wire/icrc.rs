@@ -8,7 +8,7 @@
 //! it into a datagram, a link copying a datagram in), the CRC is folded into
 //! that copy ([`crate::mem::copy_crc`], [`copy_checked`]): one pass per byte.
 
-use super::bth::BTH_RESV8A;
+use super::bth::{BTH_PSN, BTH_RESV8A};
 use super::ip::{ip_header_len, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use super::packet::{BTH_LEN, ICRC_LEN};
 use super::{check_len, WireError};
@@ -80,6 +80,17 @@ pub fn start_datagram(headers: &[u8]) -> Result<u32, WireError> {
     check_len(headers, hdr_len + BTH_LEN)?;
     let (ip_udp, packet) = headers.split_at(hdr_len);
     compute(ip_udp, packet)
+}
+
+/// The ICRC's CRC-32 so far of a datagram whose headers through the BTH are `headers`, up to
+/// and not including the BTH's PSN: what a datagram that differs from it only from the PSN on
+/// continues ([`super::ack::AckTemplate`]).
+pub fn start_before_psn(headers: &[u8]) -> Result<u32, WireError> {
+    let hdr_len = ip_header_len(headers)? + UDP_HEADER_LEN;
+    check_len(headers, hdr_len + BTH_LEN)?;
+    let (ip_udp, packet) = headers.split_at(hdr_len);
+    let (prefix, len) = masked_prefix(ip_udp, packet)?;
+    Ok(update(0, &prefix[..len - (BTH_LEN - BTH_PSN)]))
 }
 
 /// Copies a whole datagram (IP header through ICRC) of `dst.len()` bytes from `src` into

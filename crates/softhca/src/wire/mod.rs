@@ -18,6 +18,8 @@
 //! - [`roce`]: build a full IP/UDP/BTH…/ICRC datagram into a caller buffer
 //!   ([`roce::RoceRepr::emit`]) and parse + verify an inbound datagram or
 //!   Ethernet frame ([`roce::parse_ip`], [`roce::parse_ethernet`]).
+//! - [`ack::AckTemplate`]: an ACK's datagram kept whole, for the responder that owes one
+//!   per message: only its PSN, AETH and ICRC are written per packet.
 //! - [`icrc`]: the invariant CRC over a datagram, or over an IP/UDP header
 //!   rebuilt by the caller plus the transport packet; it and `roce` take the
 //!   IP/UDP framing lengths from [`ip`].
@@ -25,6 +27,7 @@
 //!
 //! The wire imports nothing of the layers above it (transport, verbs, links).
 
+pub mod ack;
 pub mod aeth;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
@@ -44,6 +47,7 @@ pub mod rdeth;
 pub mod reth;
 pub mod roce;
 
+pub use ack::AckTemplate;
 pub use aeth::{Aeth, AethRepr, NakCode, Syndrome};
 pub use atomic_ack_eth::{AtomicAckEth, AtomicAckEthRepr};
 pub use atomic_eth::{AtomicEth, AtomicEthRepr};
