@@ -585,7 +585,21 @@ impl Engine {
                 continue;
             }
             let mut sent = emit_one(qp, &mut core, now, buf);
-            if sent.is_some() || qp.qp_type == QpType::Rd {
+            if sent.is_some() && drained(qp, &core) {
+                // That was its last packet (a post's flush nearly always ends so): off the list
+                // now, under the locks this turn holds, and the flush's next call finds the
+                // list empty without a lock instead of taking them all to find nothing. What
+                // that call would have done with nothing to send is done here: the SQ head's
+                // retirement (`emit_request_packet`), then the look for work whose waker saw
+                // the flag still set, which `drained` answers as `emit_one` would.
+                completer::retire(qp, &mut core);
+                unlist(qpn, TurnEnd::Idle);
+                qp.ready.store(false, Ordering::SeqCst);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if !drained(qp, &core) {
+                    self.wake(qp);
+                }
+            } else if sent.is_some() || qp.qp_type == QpType::Rd {
                 if listed > 1 {
                     unlist(qpn, if sent.is_some() { TurnEnd::Sent } else { TurnEnd::Pass });
                 }
@@ -983,6 +997,15 @@ impl Payload<'_> {
             None => false,
         }
     }
+}
+
+/// Whether an RC, UC or UD QP has nothing left to send: no response owed, and the SQ's
+/// cursor past its last WQE, so that [`emit_one`] would find nothing without changing anything
+/// but the retirement of the SQ head. False when unsure (an RD QP's turn is its EECs').
+fn drained(q: &QpInner, core: &QpCore) -> bool {
+    matches!(q.qp_type, QpType::Rc | QpType::Uc | QpType::Ud)
+        && core.chan.out.is_empty()
+        && core.req.cursor >= core.sq.len()
 }
 
 fn emit_one(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Option<usize> {
