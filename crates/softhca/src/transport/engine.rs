@@ -1279,8 +1279,9 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
 }
 
 /// An ACK or NAK, written from the QP's [`AckTemplate`]: the datagram the ordinary emitter
-/// would build (see there), for a tenth of the work. The template is rebuilt when the route,
-/// P_Key, destination QP or MigReq it was made for changes.
+/// would build (see there), for about a third of the work. The template is rebuilt when the
+/// route, P_Key, destination QP or MigReq it was made for changes. RD's ACKs carry an RDETH
+/// and take the ordinary path (`Outbox::send_next`).
 fn emit_ack(q: &QpInner, core: &mut QpCore, ip: IpRepr, bth: BthRepr, aeth: AethRepr, buf: &mut [u8]) -> Option<usize> {
     let udp = UdpRepr::for_qp(q.qpn, UdpChecksum::default_for(&ip));
     if !core.ack.as_ref().is_some_and(|t| t.is_for(&ip, &udp, &bth)) {
