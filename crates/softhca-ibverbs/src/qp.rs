@@ -283,10 +283,25 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(q: *mut ibv_qp) -> *mut ibv_qp_ex {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
+    // SAFETY: the caller's live QP.
+    unsafe { destroy_qp(q, true) }
+}
+
+/// Destroy QP; `forget` also takes it from the rdma_cm id that holds it, if one does
+/// (`rdmacm::forget_qp`), for a program that destroys an `rdma_create_qp` QP with
+/// `ibv_destroy_qp` (rping does) while the CM thread may still move it on a DREQ or REJ.
+/// `rdma_destroy_qp`, which holds the CM's lock and clears the id itself, passes false.
+///
+/// # Safety
+/// `q` is a live QP of this library.
+pub(crate) unsafe fn destroy_qp(q: *mut ibv_qp, forget: bool) -> c_int {
     // SAFETY: a live QP.
     let x = unsafe { qp(q) };
     if let Err(e) = x.qp.destroy() {
         return errno_of(&e);
+    }
+    if forget {
+        crate::rdmacm::forget_qp(q);
     }
     // SAFETY: the QP's context is open.
     let cx = unsafe { ctx(x.ibv.qp_base.context) };

@@ -49,6 +49,23 @@ fn ipv6_addresses_connect() {
     assert!(out.status.success() && text.contains("cm_edges ipv6: ok"), "{}:\n{text}", out.status);
 }
 
+/// A QP that `rdma_create_qp` made and the program destroyed with `ibv_destroy_qp` (rping
+/// does) is no longer the id's, so the CM thread, which moves a connected id's QP to Error on
+/// the peer's DREQ, touches no freed memory. Run under valgrind's memcheck, which fails the
+/// program on such a touch (before the fix it read the freed QP, and rping hung now and then
+/// on the lock it found there).
+#[test]
+fn a_qp_destroyed_with_ibv_destroy_qp_is_forgotten_by_its_id() {
+    if !(ready() && tool("valgrind")) {
+        return;
+    }
+    let exe = compile("cm_edges");
+    let mut c = command("valgrind", &["-q", "--error-exitcode=9", exe.to_str().unwrap(), "qp_destroyed"]);
+    let out = finish(c.env("SOFTHCA_ADDR", "127.0.0.45").spawn().unwrap(), 120, "cm_edges qp_destroyed");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("cm_edges qp_destroyed: ok"), "{}:\n{text}", out.status);
+}
+
 /// A process that exits while connected ends its connection as the kernel does when the
 /// process's rdma_cm file closes: the peer gets DISCONNECTED (`tests/c/cm_exit.c`).
 #[test]

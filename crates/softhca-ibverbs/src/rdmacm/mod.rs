@@ -935,6 +935,21 @@ fn destroy_unannounced(g: &mut Global, id: &mut Id) {
     drop(unsafe { Box::from_raw(id as *mut Id) });
 }
 
+/// Takes a QP that the program destroys with `ibv_destroy_qp` from the id that holds it
+/// (`rdma_create_qp` made it): the CM thread moves an id's QP on a REP, a REJ or a DREQ, under
+/// `GLOBAL`, and must not find the freed QP there. Called after the QP is destroyed and before
+/// it is freed; a QP no id holds (made with `ibv_create_qp`) costs a look at the ids.
+pub(crate) fn forget_qp(qp: *mut ibv_qp) {
+    let g = global();
+    for &id in g.ids.values() {
+        // SAFETY: the registry's ids are live while it holds them, and changed under its lock.
+        let id = unsafe { &mut *id };
+        if id.c.qp == qp {
+            id.c.qp = std::ptr::null_mut();
+        }
+    }
+}
+
 /// Moves an id's QP to the error state (its work requests flush).
 fn modify_err(id: &Id) -> Result<(), c_int> {
     if id.c.qp.is_null() {

@@ -169,8 +169,9 @@ pub unsafe extern "C" fn softhca_rdma_destroy_qp(p: *mut rdma_cm_id) {
     let Ok(id) = (unsafe { id_of(p) }) else { return };
     let _g = global();
     if !id.c.qp.is_null() {
-        // SAFETY: the id's QP, taken out under the lock the CM thread moves it under.
-        unsafe { crate::qp::ibv_destroy_qp(id.c.qp) };
+        // SAFETY: the id's QP, taken out under the lock the CM thread moves it under (which
+        // is why the id is cleared here and not by `forget_qp`).
+        unsafe { crate::qp::destroy_qp(id.c.qp, false) };
         id.c.qp = null_mut();
     }
     if id.st.own_cqs {
