@@ -66,7 +66,7 @@ use super::driver::{Port, Running};
 use super::{TapHandle, Taps};
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
-use crate::wire::icrc;
+use crate::wire::icrc::{self, HeadMemo};
 use crate::wire::opcode::Opcode;
 use crate::wire::roce::{self, Ipv4Header};
 
@@ -280,7 +280,14 @@ impl Ring {
     /// `None` when the next slot is not published. A slot left unpublished for [`STALL_NS`] while
     /// later tickets were taken is skipped (`watch` keeps when it was first seen) and counted
     /// in `skipped`.
-    fn pop(&self, out: &mut [u8], now: u64, watch: &mut StallWatch, skipped: &mut u64) -> Option<(usize, bool)> {
+    fn pop(
+        &self,
+        out: &mut [u8],
+        now: u64,
+        watch: &mut StallWatch,
+        skipped: &mut u64,
+        memo: &mut HeadMemo,
+    ) -> Option<(usize, bool)> {
         let h = self.header();
         // Voids and skipped slots are passed over; at most a ring's worth of them.
         for _ in 0..=self.slots {
@@ -292,7 +299,7 @@ impl Ring {
                 // bounded before the copy, which stays inside the slot and `out`.
                 let (n, checked) = unsafe {
                     let n = ((*s).len.load(Ordering::Relaxed) as usize).min(SLOT_BYTES).min(out.len());
-                    (n, icrc::copy_checked(&mut out[..n], std::ptr::addr_of!((*s).data).cast::<u8>()))
+                    (n, icrc::copy_checked(&mut out[..n], std::ptr::addr_of!((*s).data).cast::<u8>(), memo))
                 };
                 self.seq(t).store(t + self.slots as u64, Ordering::Release);
                 h.head.0.store(t + 1, Ordering::Relaxed);
@@ -600,6 +607,9 @@ struct ShmPort {
     /// Peers that could not be opened, and when.
     missing: FxHashMap<Ipv4Addr, u64>,
     stall: StallWatch,
+    /// The ICRC's CRC over the first headers of the datagrams lately taken in (one peer QP's
+    /// request and ACK shapes in a ping-pong).
+    rx_memo: HeadMemo,
     taps: Taps,
     stats: Arc<Stats>,
     clock: Clock,
@@ -628,7 +638,7 @@ impl ShmPort {
         let mut got = false;
         for _ in 0..BATCH {
             let mut skipped = 0;
-            let popped = self.ring.pop(&mut self.buf, now, &mut self.stall, &mut skipped);
+            let popped = self.ring.pop(&mut self.buf, now, &mut self.stall, &mut skipped, &mut self.rx_memo);
             if skipped > 0 {
                 let c = &self.stats.stalled;
                 c.store(c.load(Ordering::Relaxed) + skipped, Ordering::Relaxed);
@@ -987,6 +997,7 @@ impl ShmDevice {
             peers: FxHashMap::default(),
             missing: FxHashMap::default(),
             stall: StallWatch::default(),
+            rx_memo: HeadMemo::default(),
             taps: cfg.taps.clone(),
             stats: stats.clone(),
             clock,
@@ -1058,6 +1069,13 @@ impl Drop for ShmDevice {
 mod tests {
     use super::*;
 
+    impl Ring {
+        /// [`Ring::pop`] with a memo of its own: these tests are about the ring.
+        fn pop_fresh(&self, out: &mut [u8], now: u64, st: &mut StallWatch, skipped: &mut u64) -> Option<(usize, bool)> {
+            self.pop(out, now, st, skipped, &mut HeadMemo::default())
+        }
+    }
+
     fn scratch(slots: usize) -> (File, Ring) {
         let f = tempfile_in_shm(slots);
         let r = Ring::map(&f, slots).unwrap();
@@ -1086,13 +1104,13 @@ mod tests {
         }
         assert!(!r.push(&[9; 100]), "full");
         for i in 0..4u8 {
-            let n = r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n).unwrap();
+            let n = r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n).unwrap();
             assert_eq!(&out[..n], &[i; 100][..]);
         }
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None);
+        assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None);
         for round in 0..10u8 {
             assert!(r.push(&[round; 7]));
-            assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(7));
+            assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(7));
         }
         assert!(!r.push(&vec![0; SLOT_BYTES + 1]), "too long for a slot");
     }
@@ -1112,18 +1130,18 @@ mod tests {
         let mut out = vec![0u8; SLOT_BYTES];
         let mut st = StallWatch::default();
         let t = r.reserve().unwrap();
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None, "reserved, not yet published");
+        assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None, "reserved, not yet published");
         // SAFETY: `t` is reserved and committed after the slice's last use.
         unsafe { r.slot_data(t)[..3].copy_from_slice(b"abc") };
         assert!(r.commit(t, 3));
         let void = r.reserve().unwrap();
         assert!(r.commit(void, 0));
         assert!(r.push(b"xyz!"));
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(3));
+        assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(3));
         assert_eq!(&out[..3], b"abc");
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(4), "the void is skipped");
+        assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(4), "the void is skipped");
         assert_eq!(&out[..4], b"xyz!");
-        assert_eq!(r.pop(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None);
+        assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None);
         assert!(!r.has_data());
         // The void's slot is free again: the ring takes four more.
         for i in 0..4u8 {
@@ -1152,9 +1170,9 @@ mod tests {
         let op = r.next_opcode().unwrap();
         assert!(!op.is_response(), "{op:?}");
         assert_eq!(r.next_opcode(), Some(op), "still there");
-        assert!(r.pop(&mut out, 0, &mut st, &mut 0).is_some());
+        assert!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).is_some());
         assert!(r.next_opcode().unwrap().is_response());
-        assert!(r.pop(&mut out, 0, &mut st, &mut 0).is_some());
+        assert!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).is_some());
         assert_eq!(r.next_opcode(), None);
     }
 
@@ -1169,10 +1187,10 @@ mod tests {
         r.header().tail.0.store(1, Ordering::SeqCst);
         assert!(r.push(b"after"));
         let mut skipped = 0;
-        assert_eq!(r.pop(&mut out, 1_000, &mut st, &mut skipped).map(|(n, _)| n), None, "waits for ticket 0");
-        assert_eq!(r.pop(&mut out, 1_000 + STALL_NS / 2, &mut st, &mut skipped).map(|(n, _)| n), None);
+        assert_eq!(r.pop_fresh(&mut out, 1_000, &mut st, &mut skipped).map(|(n, _)| n), None, "waits for ticket 0");
+        assert_eq!(r.pop_fresh(&mut out, 1_000 + STALL_NS / 2, &mut st, &mut skipped).map(|(n, _)| n), None);
         assert_eq!(
-            r.pop(&mut out, 1_000 + STALL_NS, &mut st, &mut skipped).map(|(n, _)| n),
+            r.pop_fresh(&mut out, 1_000 + STALL_NS, &mut st, &mut skipped).map(|(n, _)| n),
             Some(5),
             "skipped ticket 0"
         );
@@ -1185,14 +1203,17 @@ mod tests {
         // STALL_LOOK_NS: a producer that dies right after a look is seen at the next one,
         // and skipped STALL_NS after that.
         let t0 = 10 * STALL_NS;
-        assert_eq!(r.pop(&mut out, t0, &mut st, &mut skipped).map(|(n, _)| n), None, "empty: a look");
+        assert_eq!(r.pop_fresh(&mut out, t0, &mut st, &mut skipped).map(|(n, _)| n), None, "empty: a look");
         r.header().tail.0.fetch_add(1, Ordering::SeqCst); // ticket 2 taken, never published
         assert!(r.push(b"later"));
-        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS / 2, &mut st, &mut skipped).map(|(n, _)| n), None);
+        assert_eq!(r.pop_fresh(&mut out, t0 + STALL_LOOK_NS / 2, &mut st, &mut skipped).map(|(n, _)| n), None);
         assert_eq!(st.since, None, "not looked at again yet");
-        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS, &mut st, &mut skipped).map(|(n, _)| n), None);
+        assert_eq!(r.pop_fresh(&mut out, t0 + STALL_LOOK_NS, &mut st, &mut skipped).map(|(n, _)| n), None);
         assert_eq!(st.since, Some((2, t0 + STALL_LOOK_NS)));
-        assert_eq!(r.pop(&mut out, t0 + STALL_LOOK_NS + STALL_NS, &mut st, &mut skipped).map(|(n, _)| n), Some(5));
+        assert_eq!(
+            r.pop_fresh(&mut out, t0 + STALL_LOOK_NS + STALL_NS, &mut st, &mut skipped).map(|(n, _)| n),
+            Some(5)
+        );
         assert_eq!((skipped, &out[..5]), (2, &b"later"[..]));
     }
 }

@@ -888,16 +888,18 @@ fn route(q: &QpInner, core: &mut QpCore) -> Option<IpRepr> {
 }
 
 /// Emits `packet` with a payload of `payload_len` bytes that `fill` writes in place through a
-/// [`Payload`]. A payload of at least [`mem::COPY_CRC_MIN`](crate::mem::COPY_CRC_MIN) bytes has
-/// its ICRC continued over each byte as it is copied, so no second pass reads it back; a
-/// shorter one is copied plainly and the datagram checksummed in one pass, which costs less
-/// than several short CRC calls.
+/// [`Payload`]. The ICRC runs from the headers on, its CRC over the first of them taken from
+/// `memo` where they are a recent packet's (a QP's requests, see [`icrc::HeadMemo`]). A
+/// payload of at least [`mem::COPY_CRC_MIN`](crate::mem::COPY_CRC_MIN) bytes has the CRC
+/// continued over each byte as it is copied, so no second pass reads it back; a shorter one is
+/// copied plainly and then checksummed, which costs less than several short CRC calls.
 pub(crate) fn emit(
     qpn: u32,
     ip: IpRepr,
     packet: PacketRepr<'_>,
     payload_len: usize,
     buf: &mut [u8],
+    memo: Option<&mut icrc::HeadMemo>,
     fill: impl FnOnce(&mut Payload<'_>) -> bool,
 ) -> Option<usize> {
     let udp = UdpRepr::for_qp(qpn, UdpChecksum::default_for(&ip));
@@ -905,22 +907,26 @@ pub(crate) fn emit(
     let range = repr.emit_headers(payload_len, buf).ok()?;
     let pad_end = range.end + pad_for(payload_len);
     let end = pad_end + ICRC_LEN;
+    let head = &buf[..range.start];
+    let head_crc = match memo {
+        Some(memo) => memo.start(head),
+        None => icrc::start_datagram(head),
+    }
+    .ok()?;
     let fused = payload_len >= crate::mem::COPY_CRC_MIN;
-    let crc = if fused { Some(icrc::start_datagram(&buf[..range.start]).ok()?) } else { None };
-    let (head, rest) = buf.split_at_mut(range.end);
-    let mut payload = Payload { dst: &mut head[range.start..], crc, at: 0 };
+    let (before, rest) = buf.split_at_mut(range.end);
+    let mut payload = Payload { dst: &mut before[range.start..], crc: fused.then_some(head_crc), at: 0 };
     if !fill(&mut payload) || payload.at != payload_len {
         return None;
     }
     // The pad bytes (zeros, PKT-HDR-2) close the running CRC.
     let pad = &rest[..pad_end - range.end];
-    let crc = payload.crc.map(|crc| if pad.is_empty() { crc } else { crate::mem::crc32::update(crc, pad) });
-    let datagram = buf.get_mut(..end)?;
-    match crc {
-        Some(crc) => roce::seal_with(datagram, &ip, udp.checksum, crc),
-        None => roce::seal(datagram, &ip, udp.checksum),
-    }
-    .ok()?;
+    let crc = match payload.crc {
+        Some(crc) => crc,
+        None => crate::mem::crc32::update(head_crc, &before[range.start..]),
+    };
+    let crc = if pad.is_empty() { crc } else { crate::mem::crc32::update(crc, pad) };
+    roce::seal_with(buf.get_mut(..end)?, &ip, udp.checksum, crc).ok()?;
     Some(end)
 }
 
@@ -1111,7 +1117,7 @@ pub(crate) fn request_opcode(service: ServiceType, op: WrOpcode, first: bool, la
 /// `connected` is the route of an RC or UC QP; a UD packet takes its WQE's address handle.
 fn emit_request(
     q: &QpInner,
-    core: &QpCore,
+    core: &mut QpCore,
     np: &requester::NextPacket,
     connected: Option<IpRepr>,
     buf: &mut [u8],
@@ -1123,10 +1129,8 @@ fn emit_request(
     let a = &core.attrs;
     let first = np.offset == 0;
     let last = np.offset + np.payload >= w.length;
-    let (ah, dest_qp) = match q.qp_type {
-        QpType::Rc | QpType::Uc => (a.av?.ah, a.dest_qp_num),
-        _ => (w.ah?, w.remote_qpn),
-    };
+    let connected_qp = matches!(q.qp_type, QpType::Rc | QpType::Uc);
+    let dest_qp = if connected_qp { a.dest_qp_num } else { w.remote_qpn };
     let opcode = request_opcode(service_of(q.qp_type)?, w.opcode, first, last)?;
     let pkey = q.dev.pkey(a.pkey_index).unwrap_or(0xFFFF); // MOD-PKEY-1
     let mut bth = BthRepr::new(opcode, pkey, dest_qp, Psn::new(np.psn)); // MOD-DQPN-1
@@ -1148,9 +1152,11 @@ fn emit_request(
     }
     let ip = match connected {
         Some(ip) => ip,
-        None => ip_for(&*q.dev, &ah)?,
+        // The address handle is read only here: it is a large copy, and a connected QP's
+        // route is its cache's.
+        None => ip_for(&*q.dev, &if connected_qp { a.av?.ah } else { w.ah? })?,
     };
-    emit(q.qpn, ip, packet, np.payload as usize, buf, |p| p.wqe(w, np.offset))
+    emit(q.qpn, ip, packet, np.payload as usize, buf, Some(&mut core.tx_memo), |p| p.wqe(w, np.offset))
 }
 
 /// A Raw QP's packet is its message: an Ethernet frame (Raw Ethertype, the WR's EtherType
@@ -1261,7 +1267,7 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
         bth,
         Syndrome::Ack { credit_code },
         msn,
-        |_, p, n, fill| emit(q.qpn, ip, p, n, buf, fill),
+        |_, p, n, fill| emit(q.qpn, ip, p, n, buf, None, fill),
     )?;
     let len = match sent {
         Sent::Packet(len) => len,

@@ -143,6 +143,8 @@ pub(crate) struct QpCore {
     /// The ACK datagram of an RC responder, for the route, P_Key, destination QP and MigReq
     /// it was made with (`engine::emit_ack`).
     pub ack: Option<crate::wire::AckTemplate>,
+    /// The ICRC's CRC over the first headers of this QP's recent requests (`engine::emit`).
+    pub tx_memo: crate::wire::icrc::HeadMemo,
     /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
     /// reused so that taking SRQ WQEs does not allocate.
     pub srq_wqe: RecvWqe,

@@ -450,6 +450,7 @@ impl Context {
                 rq,
                 route: None,
                 ack: None,
+                tx_memo: Default::default(),
                 srq_wqe: RecvWqe::default(),
                 srq_bound: false,
                 req: Default::default(),

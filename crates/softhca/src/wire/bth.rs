@@ -17,6 +17,8 @@ use super::{header_view, WireError};
 
 /// Byte offset of the resv8a byte that carries FECN/BECN; the ICRC masks it.
 pub const BTH_RESV8A: usize = 4;
+/// Byte offset of the byte that carries AckReq.
+pub const BTH_ACKREQ: usize = 8;
 /// Byte offset of the PSN, the BTH's last 3 bytes.
 pub const BTH_PSN: usize = 9;
 

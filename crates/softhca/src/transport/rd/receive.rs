@@ -64,7 +64,7 @@ pub(super) fn emit_response(eec: &EecInner, ec: &mut EecCore, buf: &mut [u8]) ->
     let ack = Syndrome::ACK_NO_CREDITS;
     let emit = |(from, _): Route, mut p: PacketRepr<'static>, n: usize, fill: &dyn Fn(&mut Payload<'_>) -> bool| {
         p.rdeth = Some(RdethRepr { ee_cnxt: dest_eecn });
-        emit(from, ip, p, n, buf, fill)
+        emit(from, ip, p, n, buf, None, fill)
     };
     match e.chan.out.send_next(ServiceType::Rd, dev, bth, ack, e.chan.recv.msn, emit)? {
         Sent::Packet(len) => len,

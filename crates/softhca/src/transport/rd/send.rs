@@ -235,7 +235,7 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     p.deth = Some(DethRepr { q_key: tx.q_key, src_qp: tx.src_qp });
     add_request_headers(&mut p, w, offset, first, last);
     let ip = ip_for(dev, &attrs.av?.ah)?;
-    let len = emit(tx.src_qp, ip, p, payload as usize, buf, |out| out.wqe(w, offset))?;
+    let len = emit(tx.src_qp, ip, p, payload as usize, buf, None, |out| out.wqe(w, offset))?;
     // A Read asks for all its remaining responses with one request.
     tx.next = if single { tx.npkts } else { k + 1 };
     tx.high = tx.high.max(tx.next);
