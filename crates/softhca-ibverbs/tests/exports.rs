@@ -68,3 +68,25 @@ fn librdmacm_resolves_every_symbol_against_the_drop_in() {
     assert!(text.contains(&library().join("libibverbs.so.1").display().to_string()), "{text}");
     assert!(!text.contains("undefined symbol"), "{text}");
 }
+
+/// The CRC kernels that run under an emulator each start a 4 KiB page of the linked library
+/// (`crc-text.ld`, linked as `scripts/build-libibverbs` links it): under qemu's TCG a loop that
+/// crosses a page boundary runs at a fraction of its speed, and where the link would otherwise
+/// put them moves with every change to the code.
+#[test]
+fn the_crc_kernels_start_a_page_each() {
+    if !ready() {
+        return;
+    }
+    let out = Command::new("nm").arg(library().join("libibverbs.so.1")).output().expect("nm runs");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for kernel in ["13sparse_kernel", "18sparse_copy_kernel", "12table_kernel", "17table_copy_kernel"] {
+        let addr = text
+            .lines()
+            .find(|l| l.contains("softhca3mem5crc32") && l.contains(kernel))
+            .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+            .unwrap_or_else(|| panic!("no {kernel} in the library"));
+        assert_eq!(addr % 4096, 0, "{kernel} at {addr:#x}");
+    }
+}

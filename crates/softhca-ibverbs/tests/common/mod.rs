@@ -42,11 +42,13 @@ pub fn library() -> &'static Path {
         let dir = scratch().join("lib");
         std::fs::create_dir_all(&dir).unwrap();
         let map = Path::new(env!("CARGO_MANIFEST_DIR")).join("libibverbs.map");
+        let crc_text = Path::new(env!("CARGO_MANIFEST_DIR")).join("crc-text.ld");
         let out = Command::new("cc")
             .args(["-shared", "-o"])
             .arg(dir.join("libibverbs.so.1"))
             .args(["-Wl,-soname,libibverbs.so.1"])
             .arg(format!("-Wl,--version-script={}", map.display()))
+            .arg(format!("-Wl,-T,{}", crc_text.display()))
             .arg("-Wl,--whole-archive")
             .arg(&archive)
             .args(["-Wl,--no-whole-archive", "-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"])

@@ -59,7 +59,8 @@ pub fn libs() -> &'static Path {
         let dir = scratch().join("lib");
         std::fs::create_dir_all(&dir).unwrap();
         let verbs = crates.join("softhca-ibverbs/libibverbs.map");
-        link(&dir.join("libibverbs.so.1"), "libibverbs.so.1", &verbs, &[], &archive("softhca_ibverbs"), &[]);
+        let crc_text = format!("-Wl,-T,{}", crates.join("softhca-ibverbs/crc-text.ld").display());
+        link(&dir.join("libibverbs.so.1"), "libibverbs.so.1", &verbs, &[&crc_text], &archive("softhca_ibverbs"), &[]);
         let vendor = crates.join("softhca-vendor");
         let compat = vendor.join("mlx5_compat.c");
         let compat = compat.to_str().unwrap();

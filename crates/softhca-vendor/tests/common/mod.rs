@@ -85,7 +85,8 @@ pub fn all_libs() -> &'static Path {
             std::fs::copy(vendor_libs().join(lib), dir.join(lib)).unwrap();
         }
         let map = manifest().join("../softhca-ibverbs/libibverbs.map");
-        link(&dir.join("libibverbs.so.1"), "libibverbs.so.1", &map, &[], &archive("softhca_ibverbs"));
+        let crc_text = PathBuf::from(format!("-Wl,-T,{}", manifest().join("../softhca-ibverbs/crc-text.ld").display()));
+        link(&dir.join("libibverbs.so.1"), "libibverbs.so.1", &map, &[crc_text], &archive("softhca_ibverbs"));
         dir
     })
 }
