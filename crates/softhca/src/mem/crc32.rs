@@ -30,7 +30,7 @@
 //! only within one guest page, so a loop whose body crosses a page boundary looks its next
 //! block up on every iteration. Two builds of the same code differed by 2.3x in the guest's
 //! `ib_write_bw` over shm (258 against 631-664 MiB/s) because a fused copy's loop happened to
-//! straddle a page in one of them. Short runs (fewer than [`OUT_OF_LINE`] bytes) are walked
+//! straddle a page in one of them. Short runs (fewer than `OUT_OF_LINE` bytes, 64) are walked
 //! where they are asked for: out of line, the calls cost more than the walk.
 
 use std::hint::black_box;
@@ -176,6 +176,7 @@ fn table_kernel(crc: u32, bytes: &[u8]) -> u32 {
     table_walk(crc, bytes)
 }
 
+/// The walk itself, inlined where it runs (see [`table_update`]).
 #[inline(always)]
 fn table_walk(crc: u32, bytes: &[u8]) -> u32 {
     let mut c = !crc;
@@ -262,6 +263,8 @@ unsafe fn table_copy_kernel(crc: u32, dst: *mut u8, src: *const u8, len: usize) 
     unsafe { table_copy_walk(crc, dst, src, len) }
 }
 
+/// The fused walk itself, inlined where it runs (see [`table_copy_update`]).
+///
 /// # Safety
 /// As for [`table_copy_update`].
 #[inline(always)]
