@@ -40,6 +40,17 @@ static struct sockaddr_in sin4(const char *ip, int port)
 	return a;
 }
 
+/* The attributes of an RC QP with `depth` send and receive WRs of one SGE each. */
+static struct ibv_qp_init_attr rc_qp(int depth)
+{
+	struct ibv_qp_init_attr qa;
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = depth;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	return qa;
+}
+
 /* A client id on `port` of 127.0.0.33, its route resolved and a QP on it. */
 static struct rdma_cm_id *client(int port)
 {
@@ -52,10 +63,7 @@ static struct rdma_cm_id *client(int port)
 	CHECK(rdma_resolve_route(id, 1000) == 0);
 	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
 	CHECK(id->verbs && id->pd && id->route.num_paths == 1 && id->route.path_rec);
-	memset(&qa, 0, sizeof qa);
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
-	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa = rc_qp(4);
 	CHECK(rdma_create_qp(id, NULL, &qa) == 0);
 	CHECK(id->qp && id->send_cq && id->recv_cq);
 	return id;
@@ -75,10 +83,7 @@ static void unreachable_peer(void)
 	rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
 	CHECK(rdma_resolve_route(id, 1000) == 0);
 	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
-	memset(&qa, 0, sizeof qa);
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = qa.cap.max_recv_wr = 1;
-	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa = rc_qp(1);
 	CHECK(rdma_create_qp(id, NULL, &qa) == 0);
 	CHECK(rdma_connect(id, NULL) == 0);
 	e = next(RDMA_CM_EVENT_UNREACHABLE);
@@ -112,10 +117,7 @@ static void ipv6(void)
 	CHECK(rdma_get_local_addr(c)->sa_family == AF_INET6);
 	CHECK(rdma_resolve_route(c, 1000) == 0);
 	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
-	memset(&qa, 0, sizeof qa);
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = qa.cap.max_recv_wr = 2;
-	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa = rc_qp(2);
 	CHECK(rdma_create_qp(c, NULL, &qa) == 0);
 	CHECK(rdma_connect(c, NULL) == 0);
 	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
@@ -148,10 +150,7 @@ static void qp_destroyed(void)
 	struct rdma_cm_id *l, *c, *s;
 	struct rdma_cm_event *e;
 	struct ibv_qp_init_attr qa;
-	memset(&qa, 0, sizeof qa);
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = qa.cap.max_recv_wr = 2;
-	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa = rc_qp(2);
 	CHECK((ch = rdma_create_event_channel()) != NULL);
 	CHECK(rdma_create_id(ch, &l, NULL, RDMA_PS_TCP) == 0);
 	CHECK(rdma_bind_addr(l, (struct sockaddr *)&a) == 0 && rdma_listen(l, 1) == 0);
@@ -327,10 +326,7 @@ int main(int argc, char **argv)
 	CHECK(rdma_get_src_port(s) == htons(7174) && rdma_get_dst_port(s) == rdma_get_src_port(c));
 	CHECK(((struct sockaddr_in *)rdma_get_peer_addr(s))->sin_addr.s_addr == inet_addr("127.0.0.33"));
 	rdma_ack_cm_event(e);
-	memset(&qa, 0, sizeof qa);
-	qa.qp_type = IBV_QPT_RC;
-	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
-	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	qa = rc_qp(4);
 	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
 	CHECK((rmr = ibv_reg_mr(s->pd, rbuf, sizeof rbuf, IBV_ACCESS_LOCAL_WRITE)) != NULL);
 	for (n = 0; n < 2; n++) {
