@@ -5,6 +5,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
+use std::sync::OnceLock;
 
 use softhca::{
     Access, AddressVector, AltPath, MigState, Mtu, PostError, Qp as SoftQp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
@@ -287,10 +288,20 @@ pub unsafe extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
     unsafe { destroy_qp(q, true) }
 }
 
-/// Destroy QP; `forget` also takes it from the rdma_cm id that holds it, if one does
-/// (`rdmacm::forget_qp`), for a program that destroys an `rdma_create_qp` QP with
-/// `ibv_destroy_qp` (rping does) while the CM thread may still move it on a DREQ or REJ.
-/// `rdma_destroy_qp`, which holds the CM's lock and clears the id itself, passes false.
+/// What runs with a QP that Destroy QP has destroyed and is about to free: the connection
+/// manager registers it (`rdma_create_qp`) to take the QP from the id that holds it, for a
+/// program that destroys such a QP with `ibv_destroy_qp` (rping does) while the CM thread may
+/// still move it on a DREQ or a REJ. A hook rather than a call: the verbs do not depend on the
+/// connection manager built on them.
+static ON_DESTROY: OnceLock<fn(*mut ibv_qp)> = OnceLock::new();
+
+/// Registers [`ON_DESTROY`]'s hook (the first registration stays).
+pub(crate) fn on_destroy(hook: fn(*mut ibv_qp)) {
+    let _ = ON_DESTROY.set(hook);
+}
+
+/// Destroy QP; `forget` runs [`ON_DESTROY`]'s hook. `rdma_destroy_qp`, which holds the CM's
+/// lock and clears the id itself, passes false.
 ///
 /// # Safety
 /// `q` is a live QP of this library.
@@ -300,8 +311,8 @@ pub(crate) unsafe fn destroy_qp(q: *mut ibv_qp, forget: bool) -> c_int {
     if let Err(e) = x.qp.destroy() {
         return errno_of(&e);
     }
-    if forget {
-        crate::rdmacm::forget_qp(q);
+    if let Some(hook) = ON_DESTROY.get().filter(|_| forget) {
+        hook(q);
     }
     // SAFETY: the QP's context is open.
     let cx = unsafe { ctx(x.ibv.qp_base.context) };

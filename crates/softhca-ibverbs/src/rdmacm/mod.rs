@@ -937,8 +937,9 @@ fn destroy_unannounced(g: &mut Global, id: &mut Id) {
 
 /// Takes a QP that the program destroys with `ibv_destroy_qp` from the id that holds it
 /// (`rdma_create_qp` made it): the CM thread moves an id's QP on a REP, a REJ or a DREQ, under
-/// `GLOBAL`, and must not find the freed QP there. Called after the QP is destroyed and before
-/// it is freed; a QP no id holds (made with `ibv_create_qp`) costs a look at the ids.
+/// `GLOBAL`, and must not find the freed QP there. Destroy QP's hook (`qp::on_destroy`, set
+/// by `rdma_create_qp`), run after the QP is destroyed and before it is freed; a QP no id
+/// holds costs a look at the ids.
 pub(crate) fn forget_qp(qp: *mut ibv_qp) {
     let g = global();
     for &id in g.ids.values() {

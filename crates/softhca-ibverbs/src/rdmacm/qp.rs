@@ -138,6 +138,8 @@ pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mu
         }
         return err(e);
     }
+    // An id holds its QP from here: the CM must hear of an ibv_destroy_qp of it.
+    crate::qp::on_destroy(super::forget_qp);
     id.c.qp = qp;
     id.c.pd = a.pd;
     id.st.own_cqs = made;
