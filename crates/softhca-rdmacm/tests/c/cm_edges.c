@@ -51,6 +51,31 @@ static struct ibv_qp_init_attr rc_qp(int depth)
 	return qa;
 }
 
+/* A listener `l` on `a` (a new event channel `ch`), a client `c` connected to it and the
+ * server's id `s`, each with an RC QP of rdma_create_qp's, both sides ESTABLISHED. */
+static void connect_pair(struct sockaddr *a, struct rdma_cm_id **l, struct rdma_cm_id **c, struct rdma_cm_id **s)
+{
+	struct rdma_cm_event *e;
+	struct ibv_qp_init_attr qa = rc_qp(2);
+	CHECK((ch = rdma_create_event_channel()) != NULL);
+	CHECK(rdma_create_id(ch, l, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(*l, a) == 0 && rdma_listen(*l, 1) == 0);
+	CHECK(rdma_create_id(ch, c, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_resolve_addr(*c, NULL, a, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
+	CHECK(rdma_resolve_route(*c, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	CHECK(rdma_create_qp(*c, NULL, &qa) == 0);
+	CHECK(rdma_connect(*c, NULL) == 0);
+	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
+	*s = e->id;
+	rdma_ack_cm_event(e);
+	CHECK(rdma_create_qp(*s, NULL, &qa) == 0);
+	CHECK(rdma_accept(*s, NULL) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
+}
+
 /* A client id on `port` of 127.0.0.33, its route resolved and a QP on it. */
 static struct rdma_cm_id *client(int port)
 {
@@ -102,34 +127,15 @@ static void ipv6(void)
 {
 	struct sockaddr_in6 a;
 	struct rdma_cm_id *l, *c, *s;
-	struct rdma_cm_event *e;
-	struct ibv_qp_init_attr qa;
 	memset(&a, 0, sizeof a);
 	a.sin6_family = AF_INET6;
 	a.sin6_port = htons(7190);
 	a.sin6_addr = in6addr_loopback;
-	CHECK((ch = rdma_create_event_channel()) != NULL);
-	CHECK(rdma_create_id(ch, &l, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(l, (struct sockaddr *)&a) == 0 && rdma_listen(l, 1) == 0);
-	CHECK(rdma_create_id(ch, &c, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_resolve_addr(c, NULL, (struct sockaddr *)&a, 1000) == 0);
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
+	connect_pair((struct sockaddr *)&a, &l, &c, &s);
 	CHECK(rdma_get_local_addr(c)->sa_family == AF_INET6);
-	CHECK(rdma_resolve_route(c, 1000) == 0);
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
-	qa = rc_qp(2);
-	CHECK(rdma_create_qp(c, NULL, &qa) == 0);
-	CHECK(rdma_connect(c, NULL) == 0);
-	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
-	s = e->id;
-	rdma_ack_cm_event(e);
 	CHECK(rdma_get_peer_addr(s)->sa_family == AF_INET6 && rdma_get_local_addr(s)->sa_family == AF_INET6);
 	CHECK(memcmp(&((struct sockaddr_in6 *)rdma_get_peer_addr(s))->sin6_addr, &in6addr_loopback, 16) == 0);
 	CHECK(rdma_get_dst_port(s) == rdma_get_src_port(c) && rdma_get_src_port(s) == htons(7190));
-	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
-	CHECK(rdma_accept(s, NULL) == 0);
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
 	CHECK(rdma_disconnect(c) == 0);
 	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
 	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
@@ -148,26 +154,7 @@ static void qp_destroyed(void)
 {
 	struct sockaddr_in a = sin4("127.0.0.45", 7192);
 	struct rdma_cm_id *l, *c, *s;
-	struct rdma_cm_event *e;
-	struct ibv_qp_init_attr qa;
-	qa = rc_qp(2);
-	CHECK((ch = rdma_create_event_channel()) != NULL);
-	CHECK(rdma_create_id(ch, &l, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(l, (struct sockaddr *)&a) == 0 && rdma_listen(l, 1) == 0);
-	CHECK(rdma_create_id(ch, &c, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_resolve_addr(c, NULL, (struct sockaddr *)&a, 1000) == 0);
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
-	CHECK(rdma_resolve_route(c, 1000) == 0);
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
-	CHECK(rdma_create_qp(c, NULL, &qa) == 0);
-	CHECK(rdma_connect(c, NULL) == 0);
-	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
-	s = e->id;
-	rdma_ack_cm_event(e);
-	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
-	CHECK(rdma_accept(s, NULL) == 0);
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
+	connect_pair((struct sockaddr *)&a, &l, &c, &s);
 	CHECK(ibv_destroy_qp(c->qp) == 0);
 	CHECK(c->qp == NULL);
 	CHECK(rdma_disconnect(s) == 0);
