@@ -463,8 +463,7 @@ impl Io {
         // On loopback and veth a UDP GSO message arrives here as one superpacket whose headers
         // describe the whole run (the UDP socket would have had it segmented or reported the
         // segment size); nothing in the headers tells the two apart, so a datagram is taken
-        // whole only when its ICRC verifies whole. (The device checks it again: see
-        // NOTES-udp.md for the receive-verified API that would avoid the second pass.)
+        // whole only when its ICRC verifies whole (the device then takes it as checked).
         if crate::wire::icrc::verify_datagram(dgram).is_ok() {
             bump(&self.stats.rx_icrc_exact, 1);
             self.deliver(dgram);
@@ -491,17 +490,19 @@ impl Io {
             return 1;
         };
         bump(&self.stats.rx_gro_buffers, 1);
-        let mut scratch = vec![0u8; HDR + seg];
         let mut off = 0;
         let mut k = 0u16;
         while off < body {
             let len = seg.min(body - off);
             fix_v4_header(&mut header, len, id0.wrapping_add(k));
-            scratch[..HDR].copy_from_slice(&header);
-            scratch[HDR..HDR + len].copy_from_slice(&dgram[HDR + off..HDR + off + len]);
+            // Segment k's header goes in place, over the last HDR bytes of segment k - 1, which
+            // the device has already taken (it copies what it keeps): no copy of the payload,
+            // no allocation. (Segments are at least BTH + ICRC = 16 bytes and HDR is 28, so it
+            // may reach back into segment k - 2 or the superpacket's header: taken too.)
+            dgram[off..off + HDR].copy_from_slice(&header);
             // Every segment is verified over the header it had on the wire, not only the one
             // that told the segment size.
-            let piece = &scratch[..HDR + len];
+            let piece = &dgram[off..HDR + off + len];
             if len < BTH_LEN + ICRC_LEN {
                 bump(&self.stats.drop_malformed, 1);
             } else if crate::wire::icrc::verify_datagram(piece).is_err() {
