@@ -33,16 +33,13 @@ use super::device::{give, take, Context, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
 use super::types::{Access, AddressVector, MigState, QpState, QpType, SpecialQp, GSI_QKEY, GSI_QPN};
-use super::wr::{RecvWr, SendWr};
+use super::wr::{prepare_recv, prepare_send, RecvWr, SendWr, MAX_MSG_SIZE};
 use crate::transport::qp::{flush_cqe, wc_opcode_of, QpCore, QpInner};
 pub use crate::transport::qp::{AltPath, QpAttrs, QpCap};
 use crate::transport::state::check_modify;
 use crate::transport::wq::{Producer, Ring};
 use crate::transport::wqe::{sge_total, wr_allowed, BindRequest, RecvWqe, SendFlags, SendWqe, WrOpcode};
 use crate::types::AttrMask;
-
-/// Largest message: 2^31 bytes (WR-WRITE-4).
-pub const MAX_MSG_SIZE: u64 = 1 << 31;
 
 /// Create QP input (`ibv_qp_init_attr`).
 #[derive(Debug, Clone)]
@@ -519,22 +516,6 @@ impl Pd {
 /// Tags an error of a post with the index of the WR it concerns.
 fn at(index: usize) -> impl Fn(VerbsError) -> PostError {
     move |error| PostError { index, error }
-}
-
-/// Readies an SQ slot so that filling it never allocates: room for the most SGEs and inline
-/// bytes a WR may carry.
-fn prepare_send(cap: &QpCap) -> impl FnMut(&mut SendWqe) {
-    let (sges, inline) = (cap.max_send_sge.max(1) as usize, cap.max_inline_data as usize);
-    move |w| {
-        w.sges.reserve(sges);
-        w.inline.reserve(inline);
-    }
-}
-
-/// Readies an RQ (or SRQ) slot for `max_sge` SGEs.
-pub(crate) fn prepare_recv(max_sge: u32) -> impl FnMut(&mut RecvWqe) {
-    let sges = max_sge.max(1) as usize;
-    move |w| w.sges.reserve(sges)
 }
 
 impl Qp {

@@ -13,7 +13,7 @@ use super::device::{give, take, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
 use super::types::{AsyncEvent, AsyncEventType, EventElement};
-use super::wr::RecvWr;
+use super::wr::{prepare_recv, RecvWr};
 use crate::transport::hca::SharedReceiveQueue;
 use crate::transport::wq::{Consumer, Producer, Ring};
 use crate::transport::wqe::RecvWqe;
@@ -92,7 +92,7 @@ impl Pd {
             give(&dev.counts.srq);
             return Err(e);
         }
-        let (ring, rq) = Ring::with_slots(init.max_wr as usize, super::qp::prepare_recv(init.max_sge));
+        let (ring, rq) = Ring::with_slots(init.max_wr as usize, prepare_recv(init.max_sge));
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 handle: dev.new_handle(),
@@ -159,7 +159,7 @@ impl Srq {
             return Err(VerbsError::InvalidArgument("SRQ limit above its size"));
         }
         if max_wr.is_some() {
-            c.rq.resize(&mut p, size as usize, super::qp::prepare_recv(self.inner.max_sge));
+            c.rq.resize(&mut p, size as usize, prepare_recv(self.inner.max_sge));
         }
         c.limit = limit;
         Ok(())

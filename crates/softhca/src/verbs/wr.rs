@@ -3,8 +3,28 @@
 
 use super::ah::Ah;
 use super::types::Sge;
-use crate::transport::wqe::sge_total;
+use crate::transport::qp::QpCap;
+use crate::transport::wqe::{sge_total, RecvWqe, SendWqe};
 pub use crate::transport::wqe::{wr_allowed, SendFlags, WrOpcode};
+
+/// Largest message: 2^31 bytes (WR-WRITE-4).
+pub const MAX_MSG_SIZE: u64 = 1 << 31;
+
+/// Readies an SQ slot so that filling it from a WR never allocates: room for the most SGEs
+/// and inline bytes a WR may carry.
+pub(crate) fn prepare_send(cap: &QpCap) -> impl FnMut(&mut SendWqe) {
+    let (sges, inline) = (cap.max_send_sge.max(1) as usize, cap.max_inline_data as usize);
+    move |w| {
+        w.sges.reserve(sges);
+        w.inline.reserve(inline);
+    }
+}
+
+/// Readies an RQ (or SRQ) slot for `max_sge` SGEs.
+pub(crate) fn prepare_recv(max_sge: u32) -> impl FnMut(&mut RecvWqe) {
+    let sges = max_sge.max(1) as usize;
+    move |w| w.sges.reserve(sges)
+}
 
 /// A Send Queue work request. Build it with the constructors and chain the modifiers:
 /// `SendWr::rdma_write(1, &sges, va, rkey).signaled()`.
@@ -244,7 +264,7 @@ impl RecvWr<'_> {
         if self.sg_list.len() > max_sge as usize {
             return Err(VerbsError::MaxSgeExceeded);
         }
-        if sge_total(self.sg_list) > super::qp::MAX_MSG_SIZE {
+        if sge_total(self.sg_list) > MAX_MSG_SIZE {
             return Err(VerbsError::InvalidWr("scatter list longer than 2^31 bytes"));
         }
         Ok(())
