@@ -882,3 +882,12 @@ pub struct ibv_sa_path_rec {
     pub packet_life_time: u8,
     pub preference: u8,
 }
+
+/// `struct ibv_ece`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ibv_ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 use softhca::{CompChannel, Cq as SoftCq, NotifyKind, Wc, WcOpcode, WcStatus};
 
 use crate::abi::*;
-use crate::device::{acknowledge, ctx, wait_for_acks, wait_until};
+use crate::context::{acknowledge, ctx, wait_for_acks, wait_until};
 use crate::{errno_of, fail, set_errno};
 
 #[repr(C)]

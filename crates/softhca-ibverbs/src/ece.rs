@@ -6,17 +6,8 @@
 
 use std::ffi::c_int;
 
-use crate::abi::ibv_qp;
+use crate::abi::{ibv_ece, ibv_qp};
 use crate::qp::qp;
-
-/// `struct ibv_ece`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ibv_ece {
-    pub vendor_id: u32,
-    pub options: u32,
-    pub comp_mask: u32,
-}
 
 /// The vendor softhca reports in ECE before one was set: its device's vendor id.
 const SOFTHCA_VENDOR_ID: u32 = 0xFFFFFF;

@@ -12,7 +12,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use crate::abi::{ibv_context, ibv_mr, ibv_pd};
-use crate::device::{ctx, find_shared};
+use crate::context::{ctx, find_shared};
 use crate::fail;
 use crate::mem::{pd, Mr, Pd};
 
@@ -21,7 +21,7 @@ use crate::mem::{pd, Mr, Pd};
 /// ENODEV for one that is no uverbs device of this host's.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
-    if crate::device::is_context_cmd_fd(cmd_fd) {
+    if crate::context::is_context_cmd_fd(cmd_fd) {
         // SAFETY: F_DUPFD_CLOEXEC of a descriptor the caller holds; -1 on failure.
         let dup = unsafe { libc::fcntl(cmd_fd, libc::F_DUPFD_CLOEXEC, 0) };
         if dup < 0 {

@@ -11,7 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use softhca::link::udp::sys::interface_name;
 
 use crate::abi::{ibv_ah_attr, ibv_context, ibv_gid};
-use crate::device::{ctx, ibv_query_gid, ibv_query_pkey};
+use crate::context::ctx;
+use crate::device::{ibv_query_gid, ibv_query_pkey};
 
 /// `IBV_GID_TYPE_ROCE_V2` (of `enum ibv_gid_type`, not the sysfs one).
 const IBV_GID_TYPE_ROCE_V2: u32 = 2;

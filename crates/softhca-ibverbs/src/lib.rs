@@ -15,6 +15,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod abi;
+mod context;
 mod cq;
 mod device;
 mod ece;
@@ -33,7 +34,7 @@ use std::ffi::c_int;
 
 use softhca::VerbsError;
 
-pub use device::Ctx;
+pub use context::Ctx;
 
 /// The errno libibverbs returns for a softhca error.
 fn errno_of(e: &VerbsError) -> c_int {

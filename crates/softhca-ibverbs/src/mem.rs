@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use softhca::{Access, Ah as SoftAh, AhAttr, Gid, GlobalRoute, Mr as SoftMr, Mw as SoftMw, Pd as SoftPd};
 
 use crate::abi::*;
-use crate::device::ctx;
+use crate::context::ctx;
 use crate::{errno_of, fail};
 
 #[repr(C)]

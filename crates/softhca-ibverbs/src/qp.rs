@@ -13,8 +13,8 @@ use softhca::{
 };
 
 use crate::abi::*;
+use crate::context::{ctx, wait_for_acks};
 use crate::cq::cq;
-use crate::device::{ctx, wait_for_acks};
 use crate::mem::{ah_attr_of, c_ah_attr, pd, Ah, Mr, Mw};
 use crate::{errno_of, fail};
 
@@ -24,7 +24,7 @@ pub(crate) struct Qp {
     pub(crate) qp: SoftQp,
     sq_sig_all: bool,
     /// What `ibv_set_ece` kept (crate::ece).
-    pub(crate) ece: std::sync::Mutex<Option<crate::ece::ibv_ece>>,
+    pub(crate) ece: std::sync::Mutex<Option<crate::abi::ibv_ece>>,
     /// Whether it was created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (`ibv_qp_to_qp_ex`
     /// hands out its `ibv_qp_ex` only then, as libibverbs does).
     pub(crate) extended: bool,

@@ -664,7 +664,7 @@ pub unsafe extern "C" fn softhca_rdma_leave_multicast(_id: *mut rdma_cm_id, _add
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softhca_rdma_set_local_ece(p: *mut rdma_cm_id, ece: *mut crate::ece::ibv_ece) -> c_int {
+pub unsafe extern "C" fn softhca_rdma_set_local_ece(p: *mut rdma_cm_id, ece: *mut crate::abi::ibv_ece) -> c_int {
     // SAFETY: the program's id.
     let id = match unsafe { id_of(p) } {
         Ok(id) => id,
@@ -680,7 +680,7 @@ pub unsafe extern "C" fn softhca_rdma_set_local_ece(p: *mut rdma_cm_id, ece: *mu
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn softhca_rdma_get_remote_ece(p: *mut rdma_cm_id, ece: *mut crate::ece::ibv_ece) -> c_int {
+pub unsafe extern "C" fn softhca_rdma_get_remote_ece(p: *mut rdma_cm_id, ece: *mut crate::abi::ibv_ece) -> c_int {
     // SAFETY: the program's id.
     if let Err(e) = unsafe { id_of(p) } {
         return err(e);

@@ -144,7 +144,7 @@ struct IdState {
     qp_init: Option<ibv_qp_init_attr>,
     /// CQs and channels `rdma_create_qp` made (destroyed with the QP).
     own_cqs: bool,
-    local_ece: crate::ece::ibv_ece,
+    local_ece: crate::abi::ibv_ece,
 }
 
 /// An `rdma_cm_id`: the structure the program sees, then ours.
@@ -1087,7 +1087,7 @@ fn open_dev(addr: Option<IpAddr>) -> Result<Dev, c_int> {
         return Err(libc::ENOMEM);
     }
     // SAFETY: as above.
-    let cx = unsafe { crate::device::ctx(ctx) };
+    let cx = unsafe { crate::context::ctx(ctx) };
     let core = &cx.ctx;
     let fail = |_| libc::ENOMEM;
     let port = core.query_port(1).map_err(fail)?;
