@@ -4,41 +4,11 @@
 //! out next is a cursor over the SQ: `(cursor, cursor_off)`; going back moves the cursor, and
 //! retransmitted packets keep their PSNs (PKT-RTY-6).
 
-use crate::mem::MemRef;
 use crate::transport::channel::Retry;
 use crate::transport::qp::{QpCore, QpInner};
 use crate::transport::wqe::{SendWqe, WrOpcode};
 use crate::types::{Access, QpState, QpType, WcStatus};
 use crate::wire::psn::Psn;
-
-/// The requester's view of one SQ WQE.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct WqeTx {
-    /// PSN of its first request packet (for an RDMA Read, of its first response).
-    pub first_psn: u32,
-    /// PSNs it uses: request packets, or response packets for an RDMA Read (PKT-PSN-2).
-    pub npkts: u32,
-    /// Set once the WQE is done, successfully or not; it retires when it reaches the head.
-    pub status: Option<WcStatus>,
-    /// UC/UD: its last packet was handed to the link, which has not yet said it left (see
-    /// `Engine::sent`); the WQE completes then.
-    pub awaiting_wire: bool,
-    /// RDMA Read: response packets received so far.
-    pub resp_received: u32,
-    /// The checked local buffers: the gather list of a Send or Write, the scatter list of a
-    /// Read or Atomic.
-    pub local: Vec<MemRef>,
-}
-
-impl WqeTx {
-    pub fn last_psn(&self) -> Psn {
-        Psn::new(self.first_psn).add(self.npkts.max(1) - 1)
-    }
-
-    pub fn contains(&self, psn: Psn) -> bool {
-        psn.in_range(Psn::new(self.first_psn), self.last_psn())
-    }
-}
 
 /// Requester state of one QP beyond its channel's sequencing (`channel::SendSeq`: the next
 /// PSN, the retry budgets and timers, the recovery mark).

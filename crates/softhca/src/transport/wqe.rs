@@ -1,12 +1,16 @@
 //! Work queue entries as the transport executes them: the SQ operations and the table of
 //! which ones each service type accepts (WR-SQ), the send and receive WQEs the queues hold,
-//! and the Bind MW request a send WQE may carry. The verbs layer fills them from the
-//! consumer's work requests (`verbs::wr`).
+//! and the Bind MW request a send WQE may carry, and the requester's transmit state of a
+//! send WQE (`WqeTx`: its PSNs, status and checked buffers). The verbs layer fills them from
+//! the consumer's work requests (`verbs::wr`); this file imports nothing else of the
+//! transport.
 
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::types::{Access, AhAttr, QpType, Sge};
+use crate::mem::MemRef;
+use crate::types::{Access, AhAttr, QpType, Sge, WcStatus};
+use crate::wire::psn::Psn;
 
 /// SQ operation (`ibv_wr_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -116,7 +120,7 @@ pub(crate) struct SendWqe {
     pub sges: SgeList,
     pub inline: Vec<u8>,
     /// The requester's state of this WQE.
-    pub tx: super::requester::WqeTx,
+    pub tx: WqeTx,
     pub rkey: u32,
     pub imm_data: u32,
     pub opcode: WrOpcode,
@@ -200,5 +204,34 @@ impl RecvWqe {
         self.sges.clear();
         self.sges.extend_from_slice(sges);
         self.length = sge_total(sges);
+    }
+}
+
+/// The requester's view of one SQ WQE.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct WqeTx {
+    /// PSN of its first request packet (for an RDMA Read, of its first response).
+    pub first_psn: u32,
+    /// PSNs it uses: request packets, or response packets for an RDMA Read (PKT-PSN-2).
+    pub npkts: u32,
+    /// Set once the WQE is done, successfully or not; it retires when it reaches the head.
+    pub status: Option<WcStatus>,
+    /// UC/UD: its last packet was handed to the link, which has not yet said it left (see
+    /// `Engine::sent`); the WQE completes then.
+    pub awaiting_wire: bool,
+    /// RDMA Read: response packets received so far.
+    pub resp_received: u32,
+    /// The checked local buffers: the gather list of a Send or Write, the scatter list of a
+    /// Read or Atomic.
+    pub local: Vec<MemRef>,
+}
+
+impl WqeTx {
+    pub fn last_psn(&self) -> Psn {
+        Psn::new(self.first_psn).add(self.npkts.max(1) - 1)
+    }
+
+    pub fn contains(&self, psn: Psn) -> bool {
+        psn.in_range(Psn::new(self.first_psn), self.last_psn())
     }
 }
