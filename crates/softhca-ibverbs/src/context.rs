@@ -369,7 +369,7 @@ impl Ctx {
 
 /// Takes `object` out of the event bookkeeping and waits, as libibverbs does, until the
 /// program acknowledged every asynchronous event it was handed for it: the counter at
-/// `acked` under the object's `mutex`, signalled on `cond` by [`ibv_ack_async_event`].
+/// `acked` under the object's `mutex`, signalled on `cond` by `ibv_ack_async_event` (`device.rs`).
 /// The caller has already removed the object from its map, so no event can name it any more.
 ///
 /// # Safety
@@ -429,7 +429,7 @@ pub(crate) unsafe fn acknowledge(
 /// The context behind an `ibv_context` pointer.
 ///
 /// # Safety
-/// `c` comes from [`ibv_open_device`] and is not closed.
+/// `c` comes from `ibv_open_device` (`device.rs`) and is not closed.
 pub(crate) unsafe fn ctx<'a>(c: *mut ibv_context) -> &'a Ctx {
     // SAFETY: the pointer is the `ibv` field of a repr(C) Ctx (container_of).
     unsafe { &*c.cast::<u8>().sub(std::mem::offset_of!(Ctx, ibv)).cast::<Ctx>() }

@@ -598,7 +598,7 @@ unsafe fn next_async_event(c: &Ctx, event: *mut ibv_async_event) -> c_int {
     }
 }
 
-/// Acknowledges an event: its object's destroy waits for this (see [`wait_for_acks`]).
+/// Acknowledges an event: its object's destroy waits for this (see [`crate::context::wait_for_acks`]).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     // SAFETY: an event ibv_get_async_event filled; its object stays alive until this

@@ -26,7 +26,7 @@ const fn r(required: c_int, optional: c_int) -> Rule {
 const BARE: Rule = r(0, 0);
 
 /// One row of the kernel's `qp_state_table`: a transition Linux allows, with its rules for
-/// RC, UC, UD and Raw Packet, in the order of [`column`].
+/// RC, UC, UD and Raw Packet, in the order of [`column()`].
 struct Transition {
     from: QpState,
     to: QpState,
