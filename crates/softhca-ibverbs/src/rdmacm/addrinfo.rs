@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_int};
 use std::ptr::null_mut;
 
 use super::abi::*;
-use super::api::*;
+use super::*;
 use crate::abi::*;
 
 /// A heap copy of a C socket address of `len` bytes (librdmacm's `ucma_copy_addr`).

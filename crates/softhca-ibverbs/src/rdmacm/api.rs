@@ -1,61 +1,19 @@
 //! librdmacm's functions, as `softhca_rdma_*` (the `rdma_*` names are `librdmacm.so.1`'s,
 //! which forwards to these). Errors follow librdmacm: -1 with errno (NULL with errno for the
 //! functions that return a pointer). This file: event channels and events, ids (create,
-//! destroy, bind, resolve, listen, get_request), options, ports, devices, multicast and ECE;
-//! `conn.rs` connects and disconnects, `qp.rs` makes an id's QP, SRQ and endpoint,
-//! `addrinfo.rs` is `rdma_getaddrinfo`.
+//! destroy, bind, resolve, listen), options, ports, devices, multicast and ECE; `conn.rs`
+//! connects and disconnects, `qp.rs` makes an id's QP, SRQ and endpoint (and
+//! `rdma_get_request`, which makes the new id's QP), `addrinfo.rs` is `rdma_getaddrinfo`;
+//! the helpers they share (errno, the program's pointers, a request's refusal) are in
+//! `mod.rs`.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::ptr::null_mut;
 
 use super::abi::*;
-use super::conn::*;
-use super::qp::*;
 use super::*;
 use crate::abi::*;
-use crate::set_errno;
-
-/// -1 with errno.
-pub(super) fn err(e: c_int) -> c_int {
-    set_errno(e);
-    -1
-}
-
-pub(super) fn result(r: Result<(), c_int>) -> c_int {
-    match r {
-        Ok(()) => 0,
-        Err(e) => err(e),
-    }
-}
-
-/// The id behind a program's pointer: EINVAL for null and for anything that is not an id
-/// the program holds now (one it destroyed, or a stray pointer), which is never dereferenced.
-/// perftest 4.5's rdma_cm client retries a rejected connection with the ids it has just
-/// destroyed (`scripts/rxe-interop`, cm.send_lat); librdmacm then fails the call on a closed
-/// descriptor, and so does this one, where it used to read freed memory and crash.
-///
-/// # Safety
-/// While the program does not destroy it on another thread meanwhile, a live id stays live.
-pub(super) unsafe fn id_of<'a>(p: *mut rdma_cm_id) -> Result<&'a mut Id, c_int> {
-    if p.is_null() || !super::is_live(p as *const Id, super::Kind::Id) {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: the program's pointer is the `c` field, the first of a live `Id`.
-    Ok(unsafe { &mut *(p as *mut Id) })
-}
-
-/// The channel behind a program's pointer; `None` for null and for anything that is not a
-/// channel the program holds now (see [`id_of`]).
-///
-/// # Safety
-/// While the program does not destroy it on another thread meanwhile, a live channel stays
-/// live.
-pub(super) unsafe fn channel_of<'a>(p: *mut rdma_event_channel) -> Option<&'a Channel> {
-    let live = !p.is_null() && super::is_live(p as *const Channel, super::Kind::Channel);
-    // SAFETY: the program's pointer is the first field of a live `Channel`.
-    live.then(|| unsafe { &*(p as *const Channel) })
-}
 
 #[no_mangle]
 pub extern "C" fn softhca_rdma_create_event_channel() -> *mut rdma_event_channel {
@@ -187,11 +145,6 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     // SAFETY: out of the registry, so nothing else reaches it.
     drop(unsafe { Box::from_raw(id as *mut Id) });
     0
-}
-
-/// The service ID of a port in a port space (`RDMA_IB_IP_PS_*` | port).
-pub(super) fn service_id(ps: c_int, port: u16) -> u64 {
-    ((ps as u64) << 16) | u64::from(port)
 }
 
 /// Binds `id` to `addr`: the device (opened on that address if it is not open yet) and a port.
@@ -378,57 +331,6 @@ pub unsafe extern "C" fn softhca_rdma_listen(p: *mut rdma_cm_id, _backlog: c_int
     g.listeners.insert(sid, id.serial);
     id.st.phase = Phase::Listen;
     debug(|| format!("id {}: listening on port {} (service ID {sid:#018x})", id.serial, id.st.port));
-    0
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn softhca_rdma_get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
-    // SAFETY: the program's id.
-    let l = match unsafe { id_of(listen) } {
-        Ok(id) => id,
-        Err(e) => return err(e),
-    };
-    if out.is_null() || !l.sync || global().id(l.serial).is_none_or(|l| l.st.phase != Phase::Listen) {
-        return err(libc::EINVAL);
-    }
-    if !l.c.event.is_null() {
-        // SAFETY: the event kept from the listener's last failed call.
-        unsafe { softhca_rdma_ack_cm_event(l.c.event) };
-        l.c.event = null_mut();
-    }
-    let mut ev = null_mut();
-    // SAFETY: the listener's own channel; a local out pointer.
-    if unsafe { softhca_rdma_get_cm_event(l.c.channel, &mut ev) } != 0 {
-        return -1;
-    }
-    // SAFETY: the event just taken.
-    let e = unsafe { &mut *ev };
-    if e.status != 0 || e.event != RDMA_CM_EVENT_CONNECT_REQUEST {
-        let code = if e.status != 0 { e.status.abs() } else { libc::EINVAL };
-        // SAFETY: the event just taken.
-        unsafe { softhca_rdma_ack_cm_event(ev) };
-        return err(code);
-    }
-    // SAFETY: a CONNECT_REQUEST's id is the new one, live until the program destroys it.
-    let new = unsafe { &mut *(e.id as *mut Id) };
-    let qp_init = global().id(new.serial).and_then(|n| n.st.qp_init.take());
-    if let Some(mut attr) = qp_init {
-        // SAFETY: the new id and the listener's QP attributes (their PD is the listener's).
-        if unsafe { softhca_rdma_create_qp(&mut new.c, l.c.pd, &mut attr) } != 0 {
-            // SAFETY: errno of this thread, just set.
-            let code = unsafe { *libc::__errno_location() };
-            // SAFETY: as above.
-            unsafe {
-                softhca_rdma_reject(&mut new.c, std::ptr::null(), 0);
-                softhca_rdma_ack_cm_event(ev);
-                softhca_rdma_destroy_id(&mut new.c);
-            }
-            return err(code);
-        }
-    }
-    new.c.event = ev;
-    // SAFETY: the program's out pointer.
-    unsafe { *out = &mut new.c };
     0
 }
 

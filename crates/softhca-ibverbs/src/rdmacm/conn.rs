@@ -252,43 +252,6 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
     result(complete(id))
 }
 
-/// Rejects a connection request with `reason`.
-pub(super) unsafe fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) -> c_int {
-    // SAFETY: the program's id.
-    let id = match unsafe { id_of(p) } {
-        Ok(id) => id,
-        Err(e) => return err(e),
-    };
-    let mut g = global();
-    if id.st.phase != Phase::ReqRcvd {
-        return err(libc::EINVAL);
-    }
-    let Some(comm) = id.st.comm.take() else { return err(libc::EINVAL) };
-    let d: &[u8] = if data.is_null() {
-        &[]
-    } else {
-        // SAFETY: the program's private data of the length it gives.
-        unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
-    };
-    // The kernel's limits: a REJ's private data (148 bytes), a SIDR REP's (136).
-    let room = if id.c.qp_type == IBV_QPT_UD { 136 } else { 148 };
-    if d.len() > room {
-        id.st.comm = Some(comm);
-        return err(libc::EINVAL);
-    }
-    g.conns.remove(&comm);
-    if let Some(dev) = g.dev.as_mut() {
-        if id.c.qp_type == IBV_QPT_UD {
-            dev.agent.cm().sidr_reject(comm, sidr_status::REJECT, d);
-        } else {
-            dev.agent.cm().reject_with(comm, reason, d);
-        }
-        dev.agent.transmit();
-    }
-    id.st.phase = Phase::Failed;
-    0
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_reject(p: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
     // SAFETY: the program's id and data.

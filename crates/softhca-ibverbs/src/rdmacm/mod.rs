@@ -32,10 +32,12 @@
 //! `softhca-rdmacm`).
 //!
 //! Here: the CM's state (ids, channels, events, the device and its agent) and the thread that
-//! drives it, and the QP attributes a connection gives (`rdma_init_qp_attr`). The exported
-//! functions: `api.rs` (channels, events, ids, options), `conn.rs` (connect, accept, reject,
-//! disconnect), `qp.rs` (an id's QP, SRQ, endpoint), `addrinfo.rs` (`rdma_getaddrinfo`);
-//! `abi.rs` is `<rdma/rdma_cma.h>`.
+//! drives it, the QP attributes a connection gives (`rdma_init_qp_attr`), and the helpers the
+//! exported functions share (errno, the program's pointers, a request's refusal). The
+//! exported functions: `api.rs` (channels, events, ids, options), `conn.rs` (connect, accept,
+//! reject, disconnect), `qp.rs` (an id's QP, SRQ, endpoint, `rdma_get_request`),
+//! `addrinfo.rs` (`rdma_getaddrinfo`); `abi.rs` is `<rdma/rdma_cma.h>`. Of these files each
+//! imports only this one and `api.rs`.
 
 pub mod abi;
 mod addrinfo;
@@ -44,7 +46,7 @@ mod conn;
 mod qp;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
@@ -57,6 +59,7 @@ use softhca::{CmAgent, CompChannel};
 
 use self::abi::*;
 use crate::abi::*;
+use crate::set_errno;
 
 const IBV_QPS_INIT: c_int = 1;
 const IBV_QPS_RTR: c_int = 2;
@@ -227,7 +230,7 @@ fn global() -> MutexGuard<'static, Global> {
 
 /// The objects the program holds (ids and event channels, by address and kind), under a
 /// lock of their own (taken inside `GLOBAL` where both are held, never the other way round),
-/// so that checking a program's pointer needs no `GLOBAL` (see `api::id_of`).
+/// so that checking a program's pointer needs no `GLOBAL` (see [`id_of`]).
 static LIVE: Mutex<BTreeSet<(usize, Kind)>> = Mutex::new(BTreeSet::new());
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -1166,6 +1169,93 @@ fn run() {
         // SAFETY: reads 8 bytes into a local from the non-blocking wake eventfd.
         unsafe { libc::read(w.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
     }
+}
+
+// The helpers every exported function of the CM uses (errno, the program's pointers, a
+// port's service ID), and the refusal of a request, which both `rdma_reject` and the event
+// path (a request whose listener went first) make.
+
+/// -1 with errno.
+pub(super) fn err(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
+pub(super) fn result(r: Result<(), c_int>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => err(e),
+    }
+}
+
+/// The id behind a program's pointer: EINVAL for null and for anything that is not an id
+/// the program holds now (one it destroyed, or a stray pointer), which is never dereferenced.
+/// perftest 4.5's rdma_cm client retries a rejected connection with the ids it has just
+/// destroyed (`scripts/rxe-interop`, cm.send_lat); librdmacm then fails the call on a closed
+/// descriptor, and so does this one, where it used to read freed memory and crash.
+///
+/// # Safety
+/// While the program does not destroy it on another thread meanwhile, a live id stays live.
+pub(super) unsafe fn id_of<'a>(p: *mut rdma_cm_id) -> Result<&'a mut Id, c_int> {
+    if p.is_null() || !is_live(p as *const Id, Kind::Id) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the program's pointer is the `c` field, the first of a live `Id`.
+    Ok(unsafe { &mut *(p as *mut Id) })
+}
+
+/// The channel behind a program's pointer; `None` for null and for anything that is not a
+/// channel the program holds now (see [`id_of`]).
+///
+/// # Safety
+/// While the program does not destroy it on another thread meanwhile, a live channel stays
+/// live.
+pub(super) unsafe fn channel_of<'a>(p: *mut rdma_event_channel) -> Option<&'a Channel> {
+    let live = !p.is_null() && is_live(p as *const Channel, Kind::Channel);
+    // SAFETY: the program's pointer is the first field of a live `Channel`.
+    live.then(|| unsafe { &*(p as *const Channel) })
+}
+
+/// The service ID of a port in a port space (`RDMA_IB_IP_PS_*` | port).
+pub(super) fn service_id(ps: c_int, port: u16) -> u64 {
+    ((ps as u64) << 16) | u64::from(port)
+}
+
+/// Rejects a connection request with `reason`.
+pub(super) unsafe fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) -> c_int {
+    // SAFETY: the program's id.
+    let id = match unsafe { id_of(p) } {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    let mut g = global();
+    if id.st.phase != Phase::ReqRcvd {
+        return err(libc::EINVAL);
+    }
+    let Some(comm) = id.st.comm.take() else { return err(libc::EINVAL) };
+    let d: &[u8] = if data.is_null() {
+        &[]
+    } else {
+        // SAFETY: the program's private data of the length it gives.
+        unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
+    };
+    // The kernel's limits: a REJ's private data (148 bytes), a SIDR REP's (136).
+    let room = if id.c.qp_type == IBV_QPT_UD { 136 } else { 148 };
+    if d.len() > room {
+        id.st.comm = Some(comm);
+        return err(libc::EINVAL);
+    }
+    g.conns.remove(&comm);
+    if let Some(dev) = g.dev.as_mut() {
+        if id.c.qp_type == IBV_QPT_UD {
+            dev.agent.cm().sidr_reject(comm, sidr_status::REJECT, d);
+        } else {
+            dev.agent.cm().reject_with(comm, reason, d);
+        }
+        dev.agent.transmit();
+    }
+    id.st.phase = Phase::Failed;
+    0
 }
 
 #[cfg(test)]

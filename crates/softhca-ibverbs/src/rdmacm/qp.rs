@@ -264,6 +264,57 @@ pub unsafe extern "C" fn softhca_rdma_destroy_srq(p: *mut rdma_cm_id) {
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn softhca_rdma_get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
+    // SAFETY: the program's id.
+    let l = match unsafe { id_of(listen) } {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    if out.is_null() || !l.sync || global().id(l.serial).is_none_or(|l| l.st.phase != Phase::Listen) {
+        return err(libc::EINVAL);
+    }
+    if !l.c.event.is_null() {
+        // SAFETY: the event kept from the listener's last failed call.
+        unsafe { softhca_rdma_ack_cm_event(l.c.event) };
+        l.c.event = null_mut();
+    }
+    let mut ev = null_mut();
+    // SAFETY: the listener's own channel; a local out pointer.
+    if unsafe { softhca_rdma_get_cm_event(l.c.channel, &mut ev) } != 0 {
+        return -1;
+    }
+    // SAFETY: the event just taken.
+    let e = unsafe { &mut *ev };
+    if e.status != 0 || e.event != RDMA_CM_EVENT_CONNECT_REQUEST {
+        let code = if e.status != 0 { e.status.abs() } else { libc::EINVAL };
+        // SAFETY: the event just taken.
+        unsafe { softhca_rdma_ack_cm_event(ev) };
+        return err(code);
+    }
+    // SAFETY: a CONNECT_REQUEST's id is the new one, live until the program destroys it.
+    let new = unsafe { &mut *(e.id as *mut Id) };
+    let qp_init = global().id(new.serial).and_then(|n| n.st.qp_init.take());
+    if let Some(mut attr) = qp_init {
+        // SAFETY: the new id and the listener's QP attributes (their PD is the listener's).
+        if unsafe { softhca_rdma_create_qp(&mut new.c, l.c.pd, &mut attr) } != 0 {
+            // SAFETY: errno of this thread, just set.
+            let code = unsafe { *libc::__errno_location() };
+            // SAFETY: as above.
+            unsafe {
+                reject(&mut new.c, std::ptr::null(), 0, REJ_CONSUMER);
+                softhca_rdma_ack_cm_event(ev);
+                softhca_rdma_destroy_id(&mut new.c);
+            }
+            return err(code);
+        }
+    }
+    new.c.event = ev;
+    // SAFETY: the program's out pointer.
+    unsafe { *out = &mut new.c };
+    0
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_create_ep(
     out: *mut *mut rdma_cm_id,
     res: *mut rdma_addrinfo,
