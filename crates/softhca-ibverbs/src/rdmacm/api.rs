@@ -148,27 +148,37 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
 }
 
 /// Binds `id` to `addr`: the device (opened on that address if it is not open yet) and a port.
+/// A refused bind leaves the id as it was.
 pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), c_int> {
     if id.st.phase != Phase::Idle {
         return Err(libc::EINVAL);
     }
     let ip = addr.ip();
+    let mut dev = None;
     if !ip.is_unspecified() {
-        let dev = match g.open(Some(ip)) {
-            Ok(d) => d,
+        // A device not yet open goes on the bound address, unless the user named its address
+        // (SOFTHCA_ADDR): a program probing this host's addresses (libfabric's verbs provider
+        // binds each interface's) must not move it.
+        let place = if std::env::var_os("SOFTHCA_ADDR").is_some() { None } else { Some(ip) };
+        match g.open(place) {
+            Ok(d) if d.addr == ip => dev = Some((d.ctx, d.pd, d.gid)),
+            // A loopback address that is not the device's binds as the any address does, with
+            // no device (`verbs` NULL): Linux's rdma_cm binds an address of `lo` so (no RDMA
+            // device is on it), and libfabric's verbs provider binds "localhost" to probe.
+            _ if ip.is_loopback() => {}
+            Ok(_) => return Err(if is_local(ip) { libc::ENODEV } else { libc::EADDRNOTAVAIL }),
             Err(_) if !is_local(ip) => return Err(libc::EADDRNOTAVAIL),
             Err(e) => return Err(e),
-        };
-        if dev.addr != ip {
-            return Err(if is_local(ip) { libc::ENODEV } else { libc::EADDRNOTAVAIL });
         }
-        id.c.verbs = dev.ctx;
-        id.c.pd = dev.pd;
-        id.c.port_num = 1;
-        id.c.route.addr.ibaddr.sgid = ibv_gid { raw: dev.gid };
-        id.c.route.addr.ibaddr.pkey = 0xFFFF;
     }
     let port = g.take_port(id.c.ps, addr.port(), id.serial)?;
+    if let Some((ctx, pd, gid)) = dev {
+        id.c.verbs = ctx;
+        id.c.pd = pd;
+        id.c.port_num = 1;
+        id.c.route.addr.ibaddr.sgid = ibv_gid { raw: gid };
+        id.c.route.addr.ibaddr.pkey = 0xFFFF;
+    }
     id.st.port = port;
     write_sa(&mut id.c.route.addr.src, SocketAddr::new(ip, port));
     id.st.phase = Phase::AddrBound;

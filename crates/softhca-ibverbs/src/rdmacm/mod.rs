@@ -12,8 +12,10 @@
 //! - Addresses: the device's address is its GID 0 (`::ffff:a.b.c.d` for IPv4). Resolving an
 //!   address checks that the kernel has a route to it (a UDP `connect`, which sends nothing)
 //!   and completes at once; a route is the one path to that GID. Binding a specific address
-//!   before the device is open opens it on that address; any other local address is ENODEV,
-//!   a non-local one EADDRNOTAVAIL.
+//!   before the device is open opens it on that address (on `SOFTHCA_ADDR` where that is
+//!   set); another loopback address binds with no device, as the any address does (Linux's
+//!   answer for an address of `lo`); any other local address is ENODEV, a non-local one
+//!   EADDRNOTAVAIL. A listener bound to an address takes only the requests addressed to it.
 //! - Ports: a port space (TCP, UDP, IB, IPoIB) of 16-bit ports per process; the service ID of
 //!   a REQ is the port space and the destination port (`RDMA_IB_IP_PS_*`), and its private data
 //!   starts with the `cma_hdr` of the IP addresses, as Linux's rdma_cm sends them.
@@ -601,6 +603,13 @@ impl Global {
     ) -> Option<(&'static mut Id, &'static mut Id)> {
         let listener = self.listeners.get(&service_id).and_then(|&s| self.id(s))?;
         let hdr = CmaHeader::parse(private_data)?;
+        // A listener bound to an address takes only the requests addressed to it (Linux's
+        // cma_match_private_data); one bound to the any address takes every request.
+        // SAFETY: the listener's own address, written by bind.
+        let bound = unsafe { read_sa(&listener.c.route.addr.src as *const _ as *const libc::sockaddr) };
+        if bound.is_some_and(|b| !b.ip().is_unspecified() && b.ip().to_canonical() != hdr.dst.to_canonical()) {
+            return None;
+        }
         let dev = self.dev.as_ref()?;
         let (ctx, dev_pd, gid, mtu) = (dev.ctx, dev.pd, dev.gid, dev.active_mtu);
         let id = new_id(self, listener.c.channel, listener.c.context, listener.c.ps, qp_type).ok()?;

@@ -6,6 +6,8 @@
  * "cm_edges: ok". */
 #include <errno.h>
 #include <netdb.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -228,12 +230,44 @@ int main(int argc, char **argv)
 	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&a) == 0);
 	CHECK(listener->verbs != NULL && rdma_get_src_port(listener) == htons(7174));
 	CHECK(rdma_create_id(ch, &other, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(other, (struct sockaddr *)&a) == -1 && errno == EADDRINUSE);
-	a = sin4("127.0.0.34", 0); /* this host's, but not the device's */
-	CHECK(rdma_bind_addr(other, (struct sockaddr *)&a) == -1 && errno == ENODEV);
+	/* Refused, and the id stays unbound (no device), as the kernel's rdma_cm leaves it. */
+	CHECK(rdma_bind_addr(other, (struct sockaddr *)&a) == -1 && errno == EADDRINUSE && other->verbs == NULL);
 	a = sin4("203.0.113.7", 0); /* TEST-NET-3: not this host's */
 	CHECK(rdma_bind_addr(other, (struct sockaddr *)&a) == -1 && errno == EADDRNOTAVAIL);
 	CHECK(rdma_join_multicast(other, (struct sockaddr *)&a, NULL) == -1 && errno == ENOSYS);
+	{
+		/* An address of this host that is not the device's: ENODEV, as Linux answers for an
+		 * interface without an RDMA device; the first non-loopback IPv4 one, where the host
+		 * has one. */
+		struct ifaddrs *ifs, *i;
+		int tried = 0;
+		CHECK(getifaddrs(&ifs) == 0);
+		for (i = ifs; i && !tried; i = i->ifa_next) {
+			if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_LOOPBACK))
+				continue;
+			CHECK(rdma_bind_addr(other, i->ifa_addr) == -1 && errno == ENODEV);
+			tried = 1;
+		}
+		freeifaddrs(ifs);
+		if (!tried)
+			printf("cm_edges: no non-loopback IPv4 address here; its ENODEV not checked\n");
+	}
+	/* Another loopback address binds with no device, as the any address does: Linux's
+	 * rdma_cm binds an address of `lo` so (libfabric's verbs provider binds "localhost"). A
+	 * listener there takes only requests addressed to it: one to the device's address on its
+	 * port is refused (REJ reason 28, as Linux's CM answers when no listener's address
+	 * matches). */
+	a = sin4("127.0.0.34", 7176);
+	CHECK(rdma_bind_addr(other, (struct sockaddr *)&a) == 0 && other->verbs == NULL);
+	CHECK(rdma_get_src_port(other) == htons(7176));
+	CHECK(rdma_listen(other, 8) == 0);
+	c = client(7176);
+	CHECK(rdma_connect(c, NULL) == 0);
+	e = next(RDMA_CM_EVENT_REJECTED);
+	CHECK(e->id == c && e->status == 28);
+	rdma_ack_cm_event(e);
+	rdma_destroy_qp(c);
+	CHECK(rdma_destroy_id(c) == 0);
 	CHECK(rdma_destroy_id(other) == 0);
 	CHECK(rdma_listen(listener, 8) == 0);
 
