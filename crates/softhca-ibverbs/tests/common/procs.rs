@@ -31,7 +31,17 @@ pub fn tool(name: &str) -> bool {
 /// Whether a TCP socket listens on `port` (from /proc/net/tcp*, without connecting to it:
 /// the pingpong and perftest servers accept exactly one connection).
 pub fn listening(port: u16) -> bool {
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+    listening_at("/proc/net", port)
+}
+
+/// [`listening`] in the network namespace of process `pid` (a server started by
+/// `ip netns exec`, which runs the program in its own process).
+pub fn listening_in(pid: u32, port: u16) -> bool {
+    listening_at(&format!("/proc/{pid}/net"), port)
+}
+
+fn listening_at(net: &str, port: u16) -> bool {
+    [format!("{net}/tcp"), format!("{net}/tcp6")].iter().any(|f| {
         std::fs::read_to_string(f).is_ok_and(|t| {
             t.lines().skip(1).any(|l| {
                 let cols: Vec<&str> = l.split_whitespace().collect();
