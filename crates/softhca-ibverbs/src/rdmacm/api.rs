@@ -156,10 +156,13 @@ pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), 
     let ip = addr.ip();
     let mut dev = None;
     if !ip.is_unspecified() {
-        // A device not yet open goes on the bound address, unless the user named its address
-        // (SOFTHCA_ADDR): a program probing this host's addresses (libfabric's verbs provider
-        // binds each interface's) must not move it.
-        let place = if std::env::var_os("SOFTHCA_ADDR").is_some() { None } else { Some(ip) };
+        // A device not yet open goes where the user put it (SOFTHCA_ADDR), else on a bound
+        // loopback address (`rping -s -a 127.0.0.5` needs no more), else where devices go by
+        // default: a program that probes this host's interfaces by binding their addresses
+        // (libfabric's verbs provider does) must not move it there, nor two processes race
+        // for one interface address.
+        let user = std::env::var_os("SOFTHCA_ADDR").is_some();
+        let place = (!user && ip.is_loopback()).then_some(ip);
         match g.open(place) {
             Ok(d) if d.addr == ip => dev = Some((d.ctx, d.pd, d.gid)),
             // A loopback address that is not the device's binds as the any address does, with

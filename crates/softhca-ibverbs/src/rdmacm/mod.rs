@@ -11,7 +11,7 @@
 //!
 //! - Addresses: the device's address is its GID 0 (`::ffff:a.b.c.d` for IPv4). Resolving an
 //!   address checks that the kernel has a route to it (a UDP `connect`, which sends nothing)
-//!   and completes at once; a route is the one path to that GID. Binding a specific address
+//!   and completes at once; a route is the one path to that GID. Binding a loopback address
 //!   before the device is open opens it on that address (on `SOFTHCA_ADDR` where that is
 //!   set); another loopback address binds with no device, as the any address does (Linux's
 //!   answer for an address of `lo`); any other local address is ENODEV, a non-local one
