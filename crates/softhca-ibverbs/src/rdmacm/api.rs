@@ -147,8 +147,8 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     0
 }
 
-/// Binds `id` to `addr`: the device (opened on that address if it is not open yet) and a port.
-/// A refused bind leaves the id as it was.
+/// Binds `id` to `addr`: the device, if it is on that address (see below for where a device
+/// not yet open goes), and a port. A refused bind leaves the id as it was.
 pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), c_int> {
     if id.st.phase != Phase::Idle {
         return Err(libc::EINVAL);
