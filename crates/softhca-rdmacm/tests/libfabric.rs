@@ -11,8 +11,11 @@
 //! `udp_netns.rs` does. Datagram endpoints need no interface address: they run on loopback.
 
 mod common;
+#[path = "../../softhca/tests/udp_common/netns.rs"]
+mod netns;
 
 use common::*;
+use netns::VethPair;
 use std::process::{Child, Command};
 
 /// The fi_pingpong pair's output: both must exit 0 and report every exchange of every size.
@@ -63,35 +66,8 @@ fn fi_pingpong_datagram_endpoints() {
 
 const NS_A: &str = "softhca-fab-a";
 const NS_B: &str = "softhca-fab-b";
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
-fn cleanup() {
-    let _ = ip(&["netns", "del", NS_A]);
-    let _ = ip(&["netns", "del", NS_B]);
-}
-
-/// Two namespaces joined by a veth pair: 198.19.0.1/24 and 198.19.0.2/24 (the benchmarking
-/// range, existing only inside them), jumbo frames for the 4096-byte path MTU.
-fn setup() -> Result<(), String> {
-    cleanup();
-    ip(&["netns", "add", NS_A])?;
-    ip(&["netns", "add", NS_B])?;
-    ip(&["link", "add", "fab-veth0", "netns", NS_A, "type", "veth", "peer", "name", "fab-veth1", "netns", NS_B])?;
-    for (ns, dev, addr) in [(NS_A, "fab-veth0", "198.19.0.1/24"), (NS_B, "fab-veth1", "198.19.0.2/24")] {
-        ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-        ip(&["-n", ns, "link", "set", dev, "mtu", "9000", "up"])?;
-        ip(&["-n", ns, "link", "set", "lo", "up"])?;
-    }
-    Ok(())
-}
+const PAIR: VethPair =
+    VethPair { ns: [NS_A, NS_B], dev: ["fab-veth0", "fab-veth1"], addr: ["198.19.0.1/24", "198.19.0.2/24"] };
 
 /// Message endpoints (RC through rdma_cm: the provider's passive endpoint listens, the client
 /// connects) and reliable-datagram endpoints on them (`verbs;ofi_rxm`), each between the two
@@ -101,14 +77,7 @@ fn fi_pingpong_message_and_rdm_endpoints_between_namespaces() {
     if !(ready() && tool("fi_pingpong") && tool("ip")) {
         return;
     }
-    if let Err(e) = setup() {
-        cleanup();
-        eprintln!(
-            "SKIP fi_pingpong_message_and_rdm_endpoints_between_namespaces: network namespaces unavailable here: {e}"
-        );
-        return;
-    }
-    let result = std::panic::catch_unwind(|| {
+    PAIR.run("fi_pingpong_message_and_rdm_endpoints_between_namespaces", || {
         for (provider, ep) in [("verbs", "msg"), ("verbs;ofi_rxm", "rdm")] {
             let what = format!("fi_pingpong -p {provider} -e {ep}");
             let args = ["-p", provider, "-e", ep, "-I", "50", "-c"];
@@ -125,8 +94,4 @@ fn fi_pingpong_message_and_rdm_endpoints_between_namespaces() {
             check(&what, s, c, 50);
         }
     });
-    cleanup();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
 }

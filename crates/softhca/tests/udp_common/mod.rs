@@ -121,4 +121,5 @@ pub fn impatient_pair(a: &End, b: &End) -> Mr {
     rmr
 }
 
+pub mod netns;
 pub mod procs;
