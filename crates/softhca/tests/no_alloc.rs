@@ -106,6 +106,51 @@ fn device(n: u8) -> (Context, Gid) {
 }
 
 /// The tests here share the global counter: one at a time.
+/// An RC QP pair between two devices of a link whose engines run without the test's help
+/// (busy-poll), and a round of traffic on it: a Send, an RDMA Write and an RDMA Read of 3,000
+/// bytes each, waited for on both sides' CQs.
+struct Traffic {
+    qa: Qp,
+    qb: Qp,
+    ca: Cq,
+    cb: Cq,
+    src: Mr,
+    land: Mr,
+    dst: Mr,
+}
+
+impl Traffic {
+    fn new(a: &Context, b: &Context, ga: Gid, gb: Gid) -> Traffic {
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
+        let qa = pa.create_qp(&QpInitAttr::rc(&ca, &ca).max_send_wr(64).max_recv_wr(64)).unwrap();
+        let qb = pb.create_qp(&QpInitAttr::rc(&cb, &cb).max_send_wr(64).max_recv_wr(64)).unwrap();
+        connect(&qa, &qb, ga, gb);
+        let src = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
+        let land = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
+        let dst = pb.alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
+        Traffic { qa, qb, ca, cb, src, land, dst }
+    }
+
+    fn round(&self) {
+        let mut wcs = [Wc::default(); 16];
+        let (gs, gl, rs) = ([self.src.sge(0..3000)], [self.land.sge(0..3000)], [self.dst.sge(0..4096)]);
+        self.qb.post_recv(&[RecvWr::new(0, &rs)]).unwrap();
+        self.qa
+            .post_send(&[
+                SendWr::send(1, &gs).signaled(),
+                SendWr::rdma_write(2, &gs, self.dst.addr() + 4096, self.dst.rkey()).signaled(),
+                SendWr::rdma_read(3, &gl, self.dst.addr() + 4096, self.dst.rkey()).signaled(),
+            ])
+            .unwrap();
+        let (mut na, mut nb) = (0, 0);
+        while na < 3 || nb < 1 {
+            na += self.ca.poll(&mut wcs).unwrap();
+            nb += self.cb.poll(&mut wcs).unwrap();
+        }
+    }
+}
+
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
@@ -157,32 +202,8 @@ fn steady_state_rc_traffic_over_shared_memory_does_not_allocate() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let da = ShmDevice::open(ShmConfig::default().busy_poll(true)).unwrap();
     let db = ShmDevice::open(ShmConfig::default().busy_poll(true)).unwrap();
-    let (a, b) = (da.context().clone(), db.context().clone());
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
-    let qa = pa.create_qp(&QpInitAttr::rc(&ca, &ca).max_send_wr(64).max_recv_wr(64)).unwrap();
-    let qb = pb.create_qp(&QpInitAttr::rc(&cb, &cb).max_send_wr(64).max_recv_wr(64)).unwrap();
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    connect(&qa, &qb, da.gid(), db.gid());
-    let src = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
-    let land = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
-    let dst = pb.alloc_mr(8192, all).unwrap();
-    let mut wcs = [Wc::default(); 16];
-    let (gs, gl, rs) = ([src.sge(0..3000)], [land.sge(0..3000)], [dst.sge(0..4096)]);
-    let mut round = || {
-        qb.post_recv(&[RecvWr::new(0, &rs)]).unwrap();
-        qa.post_send(&[
-            SendWr::send(1, &gs).signaled(),
-            SendWr::rdma_write(2, &gs, dst.addr() + 4096, dst.rkey()).signaled(),
-            SendWr::rdma_read(3, &gl, dst.addr() + 4096, dst.rkey()).signaled(),
-        ])
-        .unwrap();
-        let (mut na, mut nb) = (0, 0);
-        while na < 3 || nb < 1 {
-            na += ca.poll(&mut wcs).unwrap();
-            nb += cb.poll(&mut wcs).unwrap();
-        }
-    };
+    let t = Traffic::new(da.context(), db.context(), da.gid(), db.gid());
+    let mut round = || t.round();
     for _ in 0..200 {
         round();
     }
@@ -263,32 +284,8 @@ fn steady_state_rc_traffic_over_udp_does_not_allocate() {
             }
             (a, b) => panic!("{:?} {:?}", a.err(), b.err()),
         };
-        let (a, b) = (da.context().clone(), db.context().clone());
-        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-        let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
-        let qa = pa.create_qp(&QpInitAttr::rc(&ca, &ca).max_send_wr(64).max_recv_wr(64)).unwrap();
-        let qb = pb.create_qp(&QpInitAttr::rc(&cb, &cb).max_send_wr(64).max_recv_wr(64)).unwrap();
-        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        connect(&qa, &qb, da.gid(), db.gid());
-        let src = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
-        let land = pa.alloc_mr(8192, Access::LOCAL_WRITE).unwrap();
-        let dst = pb.alloc_mr(8192, all).unwrap();
-        let mut wcs = [Wc::default(); 16];
-        let (gs, gl, rs) = ([src.sge(0..3000)], [land.sge(0..3000)], [dst.sge(0..4096)]);
-        let mut round = || {
-            qb.post_recv(&[RecvWr::new(0, &rs)]).unwrap();
-            qa.post_send(&[
-                SendWr::send(1, &gs).signaled(),
-                SendWr::rdma_write(2, &gs, dst.addr() + 4096, dst.rkey()).signaled(),
-                SendWr::rdma_read(3, &gl, dst.addr() + 4096, dst.rkey()).signaled(),
-            ])
-            .unwrap();
-            let (mut na, mut nb) = (0, 0);
-            while na < 3 || nb < 1 {
-                na += ca.poll(&mut wcs).unwrap();
-                nb += cb.poll(&mut wcs).unwrap();
-            }
-        };
+        let t = Traffic::new(da.context(), db.context(), da.gid(), db.gid());
+        let mut round = || t.round();
         for _ in 0..200 {
             round();
         }
