@@ -162,7 +162,7 @@ impl Fuzz {
         };
         let ip = match self.rng.below(6) {
             0 => [0, 0, 0, 0],
-            1 => [127, 0, 0, 178], // this host's, not the device's
+            1 => [127, 0, 0, 178], // loopback, not the device's: bound with no device
             2 => [203, 0, 113, 9], // TEST-NET-3: no host's
             _ => ADDR,
         };
