@@ -66,6 +66,31 @@ fn a_qp_destroyed_with_ibv_destroy_qp_is_forgotten_by_its_id() {
     assert!(out.status.success() && text.contains("cm_edges qp_destroyed: ok"), "{}:\n{text}", out.status);
 }
 
+/// Where a bind puts a device not yet open: with `SOFTHCA_ADDR`, there, whatever loopback
+/// address is bound first (it binds with no device, as on Linux); without, on the bound
+/// loopback address (`rping -s -a 127.0.0.x` needs nothing more).
+#[test]
+fn a_first_bind_places_the_device_on_softhca_addr_else_on_its_loopback_address() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("cm_edges");
+    for (env, first) in [(Some("127.0.0.46"), "127.0.0.47"), (None, "127.0.0.48")] {
+        let mut c = command(&exe, &["placement", first]);
+        c.env_remove("SOFTHCA_ADDR");
+        if let Some(a) = env {
+            c.env("SOFTHCA_ADDR", a);
+        }
+        let out = finish(c.spawn().unwrap(), 60, "cm_edges placement");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && text.contains("cm_edges placement: ok"),
+            "{env:?} {first}: {}:\n{text}",
+            out.status
+        );
+    }
+}
+
 /// A process that exits while connected ends its connection as the kernel does when the
 /// process's rdma_cm file closes: the peer gets DISCONNECTED (`tests/c/cm_exit.c`).
 #[test]

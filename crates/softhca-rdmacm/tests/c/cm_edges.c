@@ -171,6 +171,30 @@ static void qp_destroyed(void)
 	exit(0);
 }
 
+/* Where a bind puts a device not yet open: on SOFTHCA_ADDR where that is set (argv[2]), so a
+ * first bind of another loopback address binds with no device and the device's own address
+ * binds to it; without SOFTHCA_ADDR on the bound loopback address. Prints "cm_edges
+ * placement: ok". */
+static void placement(const char *addr_env, const char *first)
+{
+	struct rdma_cm_id *a, *b;
+	struct sockaddr_in sa = sin4(first, 0);
+	CHECK(rdma_create_id(NULL, &a, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(a, (struct sockaddr *)&sa) == 0);
+	if (addr_env) {
+		CHECK(a->verbs == NULL);
+		sa = sin4(addr_env, 0);
+		CHECK(rdma_create_id(NULL, &b, NULL, RDMA_PS_TCP) == 0);
+		CHECK(rdma_bind_addr(b, (struct sockaddr *)&sa) == 0 && b->verbs != NULL);
+		CHECK(rdma_destroy_id(b) == 0);
+	} else {
+		CHECK(a->verbs != NULL);
+	}
+	CHECK(rdma_destroy_id(a) == 0);
+	printf("cm_edges placement: ok\n");
+	exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	struct rdma_cm_id *listener, *other, *c, *s;
@@ -192,6 +216,8 @@ int main(int argc, char **argv)
 		ipv6();
 	if (argc > 1 && strcmp(argv[1], "qp_destroyed") == 0)
 		qp_destroyed();
+	if (argc > 2 && strcmp(argv[1], "placement") == 0)
+		placement(getenv("SOFTHCA_ADDR"), argv[2]);
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
 
 	/* rdma_getaddrinfo as librdmacm's addrinfo.c: a passive answer has RAI_PASSIVE and a
