@@ -276,14 +276,7 @@ pub unsafe extern "C" fn softhca_rdma_resolve_route(p: *mut rdma_cm_id, _timeout
             return err(libc::EINVAL);
         }
         let mtu = id.path.mtu;
-        // SAFETY: the id's addresses, written by resolve_addr.
-        let (src, dst) = unsafe {
-            (
-                read_sa(&id.c.route.addr.src as *const _ as *const libc::sockaddr),
-                read_sa(&id.c.route.addr.dst as *const _ as *const libc::sockaddr),
-            )
-        };
-        let flow_label = src.zip(dst).map_or(0, |(s, d)| roce_flow_label(s, d));
+        let flow_label = id.src_addr().zip(id.dst_addr()).map_or(0, |(s, d)| roce_flow_label(s, d));
         fill_path(id, mtu, flow_label);
         id.st.phase = Phase::RouteResolved;
         id.queue(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));

@@ -605,9 +605,8 @@ impl Global {
         let hdr = CmaHeader::parse(private_data)?;
         // A listener bound to an address takes only the requests addressed to it (Linux's
         // cma_match_private_data); one bound to the any address takes every request.
-        // SAFETY: the listener's own address, written by bind.
-        let bound = unsafe { read_sa(&listener.c.route.addr.src as *const _ as *const libc::sockaddr) };
-        if bound.is_some_and(|b| !b.ip().is_unspecified() && b.ip().to_canonical() != hdr.dst.to_canonical()) {
+        let bound = listener.src_addr().map(|a| a.ip().to_canonical());
+        if bound.is_some_and(|b| !b.is_unspecified() && b != hdr.dst.to_canonical()) {
             return None;
         }
         let dev = self.dev.as_ref()?;
