@@ -161,7 +161,7 @@ pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), 
         // default: a program that probes this host's interfaces by binding their addresses
         // (libfabric's verbs provider does) must not move it there, nor two processes race
         // for one interface address.
-        let user = std::env::var_os("SOFTHCA_ADDR").is_some();
+        let user = std::env::var_os(softhca::link::ADDR_VAR).is_some();
         let place = (!user && ip.is_loopback()).then_some(ip);
         match g.open(place) {
             Ok(d) if d.addr == ip => dev = Some((d.ctx, d.pd, d.gid)),

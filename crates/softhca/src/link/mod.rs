@@ -36,8 +36,12 @@ pub use pcap::{PcapTap, SharedBuf};
 pub use sim::{DeviceId, FilterCtx, LinkConfig, SimConfig, SimCounters, SimFabric, TapPoint, Verdict};
 pub use tap::{Fate, Faults, Tap, TapHandle, Taps};
 
+/// The environment variable that names the address of a UDP or shared-memory device whose
+/// configuration gives none (else it takes the first free 127.0.0.x).
+pub const ADDR_VAR: &str = "SOFTHCA_ADDR";
+
 /// The address an OS-facing device takes, and what `open` made of it: the configured address,
-/// else `SOFTHCA_ADDR` (parsed as `A`: the shm link takes IPv4 only, UDP any IP), else the
+/// else [`ADDR_VAR`] (parsed as `A`: the shm link takes IPv4 only, UDP any IP), else the
 /// first 127.0.0.x that `open` does not find in use, so that several processes on one host
 /// just work. `taken` is the error when every one is.
 pub(crate) fn claim_address<A, T>(
@@ -51,7 +55,7 @@ where
     A::Err: std::fmt::Display,
 {
     use std::io::{Error, ErrorKind};
-    let chosen = match (configured, std::env::var("SOFTHCA_ADDR")) {
+    let chosen = match (configured, std::env::var(ADDR_VAR)) {
         (Some(a), _) => Some(a),
         (None, Ok(s)) => Some(s.trim().parse::<A>().map_err(|e| {
             Error::new(ErrorKind::InvalidInput, format!("SOFTHCA_ADDR={s:?} is not a usable address: {e}"))
