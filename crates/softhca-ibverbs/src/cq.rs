@@ -385,8 +385,21 @@ fn c_wc(w: &Wc) -> ibv_wc {
         wc_flags: w.wc_flags.bits(),
         pkey_index: w.pkey_index,
         slid: w.slid,
-        sl: w.sl,
+        sl: roce_sl(w),
         dlid_path_bits: w.dlid_path_bits,
+    }
+}
+
+/// The SL a UD receive reports. No SL travels on RoCE; ConnectX's provider (libmlx5) reports
+/// the packet's RoCE type there instead (bit 3: a UDP header, RoCEv2; bits 2:0 the L3 header,
+/// 2 IPv4, 1 IPv6), and UCX's ud_verbs reads it to find the destination address in the GRH
+/// area, dropping every packet it cannot place: with rxe's 0, UCX 1.13 drops all of IPv4. So
+/// it is ConnectX's answer here.
+fn roce_sl(w: &Wc) -> u8 {
+    match w.network_hdr_type {
+        softhca::NetworkHdrType::Ipv4 => 0x8 | 0x2,
+        softhca::NetworkHdrType::Ipv6 => 0x8 | 0x1,
+        softhca::NetworkHdrType::Ib => w.sl,
     }
 }
 

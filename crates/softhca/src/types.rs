@@ -373,6 +373,16 @@ pub enum MwType {
     Type2,
 }
 
+/// The network header of a received packet (the kernel's `rdma_network_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum NetworkHdrType {
+    /// None that a CQE reports: not a UD receive.
+    #[default]
+    Ib,
+    Ipv4,
+    Ipv6,
+}
+
 /// A work completion (`ibv_wc`). Fields other than `wr_id`, `status` and `qp_num` are defined
 /// only when `status` is Success (CQE-16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -392,6 +402,9 @@ pub struct Wc {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
+    /// The network header a UD receive arrived with, which decides the layout of its GRH area
+    /// (PKT-ROCE-11); the kernel's `ib_wc.network_hdr_type`. `Ib` on other CQEs.
+    pub network_hdr_type: NetworkHdrType,
     /// RD: the local EEC the message arrived on (CQE-11).
     pub eecn: u32,
     /// RD receive CQEs: the RQ slots freed since the QP's previous receive CQE, whatever the

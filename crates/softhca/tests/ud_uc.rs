@@ -59,6 +59,7 @@ fn ud_send_and_receive() {
     assert_eq!(wb.len(), 2);
     assert_eq!((wb[0].byte_len, wb[0].src_qp, wb[0].imm()), (1040, p.a.qp.qp_num(), Some(3)));
     assert!(wb[0].wc_flags.contains(WcFlags::GRH));
+    assert_eq!(wb[0].network_hdr_type, NetworkHdrType::Ipv4);
     assert_eq!(wb[1].byte_len, 40);
     let got = dst.to_vec().unwrap();
     assert_eq!(&got[40..1040], &src.to_vec().unwrap()[..1000]);
@@ -380,6 +381,50 @@ fn ipv6_av_fields_on_the_wire() {
 
 /// The WR table: Send with Immediate on a Raw QP is refused.
 /// Rule WR-SQ-6
+/// A flow label wider than the GRH's 20 bits (UCX puts `~path_index` there on RoCE) is taken,
+/// as Linux takes it, by Create AH and Modify QP alike, and the IPv6 header carries its low 20
+/// bits; a UD receive over IPv6 reports that network header (the GRH area holds it whole).
+/// Rule MOD-AV-2, PKT-ROCE-3, PKT-ROCE-11, CQE-13
+#[test]
+fn wide_flow_label_and_ipv6_ud_receive() {
+    let gid = |n: u8| Gid::from_ipv6(format!("fd00::{n}").parse().unwrap());
+    let mk = |n: u8| {
+        let ctx = Context::create(DeviceConfig::default().name(format!("fl-{n}")).gid0(gid(n)).seed(n as u64)).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        (ctx, pd, cq)
+    };
+    let (ca, pa, cqa) = mk(1);
+    let (cb, pb, cqb) = mk(2);
+    let mut wide = AhAttr::roce(gid(2), 0);
+    wide.grh.flow_label = Some(0xFFF1_2345);
+    let rc = pa.create_qp(&QpInitAttr::rc(&cqa, &cqa)).unwrap();
+    rc.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE)).unwrap();
+    rc.modify(&QpAttr::to_rtr(AddressVector::new(wide, Mtu::Mtu1024), 5).rq_psn(0).max_dest_rd_atomic(1)).unwrap();
+    let ah = pa.create_ah(&wide).unwrap();
+    let ud = |pd: &Pd, cq: &Cq| {
+        let qp = pd.create_qp(&QpInitAttr::ud(cq, cq)).unwrap();
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(7)).unwrap();
+        qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
+        qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
+        qp
+    };
+    let (qa, qb) = (ud(&pa, &cqa), ud(&pb, &cqb));
+    let dst = pb.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    qb.post_recv(&[RecvWr::new(1, &[dst.sge(0..64)])]).unwrap();
+    qa.post_send(&[SendWr::send(1, &[]).ud(&ah, qb.qp_num(), 7)]).unwrap();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let n = ca.transmit(0, &mut buf).unwrap();
+    match softhca::wire::roce::parse_ip(&buf[..n]).unwrap().ip {
+        softhca::wire::IpRepr::V6(ip) => assert_eq!(ip.flow_label, 0x1_2345),
+        other => panic!("IPv6 expected, got {other:?}"),
+    }
+    cb.receive(0, &buf[..n]);
+    let wc = poll_all(&cqb);
+    assert_eq!((wc.len(), wc[0].status, wc[0].network_hdr_type), (1, WcStatus::Success, NetworkHdrType::Ipv6));
+    assert_eq!(dst.to_vec().unwrap()[0] >> 4, 6);
+}
+
 #[test]
 fn raw_send_with_immediate_is_refused() {
     assert!(softhca::verbs::wr::wr_allowed(QpType::RawEthertype, WrOpcode::Send));

@@ -64,6 +64,16 @@ int main(void)
 	struct ibv_wc wc = wait_one(b.cq);
 	CHECK(wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_GRH) && strcmp(b.buf + GRH, "ping") == 0,
 	      "ping received");
+	/* No SL travels on RoCE: the SL field carries the packet's RoCE type as ConnectX reports
+	   it (RoCEv2, bit 3, over IPv4, 2), which UCX's ud_verbs needs to read the GRH area. */
+	CHECK(wc.sl == 0xA, "wc.sl: RoCEv2 over IPv4");
+	/* UCX's RoCE address handle: DLID 0xc000 and flow label ~0 (for rdma-core's flow label to
+	   UDP source port conversion); Linux takes both. */
+	struct ibv_ah_attr wide = aa;
+	wide.dlid = 0xc000;
+	wide.grh.flow_label = ~0u;
+	struct ibv_ah *w = ibv_create_ah(a.pd, &wide);
+	CHECK(w && ibv_destroy_ah(w) == 0, "ibv_create_ah: a flow label wider than 20 bits");
 
 	/* The reply, addressed from the completion and the GRH area. */
 	struct ibv_ah *to_a = ibv_create_ah_from_wc(b.pd, &wc, (struct ibv_grh *)b.buf, 1);

@@ -9,7 +9,7 @@ use crate::mem::{AccessError, MemRef};
 use crate::transport::hca::Hca;
 use crate::transport::qp::{QpCore, QpInner};
 use crate::types::{
-    Access, AsyncEvent, AsyncEventType, EventElement, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus,
+    Access, AsyncEvent, AsyncEventType, EventElement, NetworkHdrType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::wire::aeth::{credit_code_for, NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
@@ -503,6 +503,12 @@ fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64
     if q.qp_type == QpType::Ud {
         wc.src_qp = r.src_qp;
         wc.wc_flags |= WcFlags::GRH; // PKT-ROCE-11: every RoCEv2 packet has network headers
+                                     // The GRH area holds an IPv6 header from byte 0, or an IPv4 one from byte 20.
+        wc.network_hdr_type = match r.grh {
+            Some(g) if g[0] >> 4 == 6 => NetworkHdrType::Ipv6,
+            Some(_) => NetworkHdrType::Ipv4,
+            None => NetworkHdrType::Ib,
+        };
         wc.pkey_index = r.pkey_index; // CQE-14: for the GSI, the entry the P_Key matched
     }
     if q.recv_cq.push(wc, r.se).is_err() {

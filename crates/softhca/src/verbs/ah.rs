@@ -29,7 +29,10 @@ impl std::fmt::Debug for Ah {
 }
 
 /// Checks an address against the port: on RoCEv2 every packet carries network addressing, so
-/// the GRH must be present and complete (PKT-ROCE-4, MOD-INIT-RTR-RC-5).
+/// the GRH must be present and complete (PKT-ROCE-4, MOD-INIT-RTR-RC-5). A flow label wider
+/// than the GRH's 20 bits is taken, as Linux takes it (the kernel stores the `u32`), and the
+/// IPv6 header carries its low 20 bits: UCX sets `~path_index` there on RoCE, for
+/// rdma-core's flow-label-to-UDP-source-port conversion, and stops if the AH is refused.
 pub(crate) fn validate_ah_attr(dev: &DeviceInner, attr: &AhAttr, mask: AttrMask) -> Result<()> {
     if attr.is_global && !attr.grh.is_complete() {
         return Err(VerbsError::MissingAttribute(mask));
@@ -43,9 +46,6 @@ pub(crate) fn validate_ah_attr(dev: &DeviceInner, attr: &AhAttr, mask: AttrMask)
     let gids = dev.gids.read().unwrap_or_else(|e| e.into_inner()).len();
     if attr.grh.sgid_index.is_some_and(|i| i as usize >= gids) {
         return Err(VerbsError::InvalidAttribute(mask, "source GID index"));
-    }
-    if attr.grh.flow_label.is_some_and(|f| f > 0xF_FFFF) {
-        return Err(VerbsError::InvalidAttribute(mask, "flow label is 20 bits"));
     }
     if attr.sl > 15 {
         return Err(VerbsError::InvalidAttribute(mask, "service level is 4 bits"));
