@@ -1,7 +1,8 @@
 //! UCX on the drop-in libraries: Debian's UCX 1.13 (ucx-utils), unmodified, as two processes,
 //! with its InfiniBand transports on softhca0 (`UCX_TLS=rc_verbs,ud_verbs`): `ucx_perftest`
 //! (tag matching and RMA put) and `io_demo` with its data-integrity check (`-q`), reads and
-//! writes from 1 B to 1 MiB, over UDP and over the shared-memory link.
+//! writes from 1 B to 1 MiB; and Debian's Open MPI 4.1 on UCX (`--mca pml ucx --mca osc
+//! ucx`), two ranks running `tests/c/mpi_check.c`. Each over UDP and the shared-memory link.
 //!
 //! UCX takes an IB device only if `/dev/infiniband/<ibv_device.dev_name>` is an accessible
 //! character device (uct_ib_device_is_accessible); a user-space HCA has none, so the test
@@ -19,6 +20,10 @@ mod common;
 use common::*;
 use std::path::Path;
 use std::process::{Child, Output};
+use std::sync::Mutex;
+
+/// The tests here take turns: each makes the device entry for its run and removes it after.
+static TURN: Mutex<()> = Mutex::new(());
 
 /// The device entry UCX looks for, a link to /dev/null while it lives (if it made it).
 struct DevEntry {
@@ -86,6 +91,7 @@ fn ucx_perftest_and_io_demo_over_rc_and_ud_verbs() {
     if !(ready() && tool("ucx_perftest") && tool("io_demo")) {
         return;
     }
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let Some(_entry) = DevEntry::make() else {
         eprintln!("SKIPPED: {} cannot be made here (not root)", DevEntry::ENTRY);
         return;
@@ -119,5 +125,60 @@ fn ucx_perftest_and_io_demo_over_rc_and_ud_verbs() {
         let c = ucx("io_demo", &args, ca, link).spawn().unwrap();
         let out = both(&what, s, c, true);
         assert!(out.contains("Client exit with status 'OK'"), "{what}:\n{out}");
+    }
+}
+
+/// Open MPI over UCX on softhca0, two ranks (an MPMD launch: each its own device address):
+/// messages of 1 B to 4 MiB checked on both sides, an Allreduce, one-sided puts. Each rank's
+/// device counters (`SOFTHCA_STATS=1`) must show the traffic went through softhca.
+#[test]
+fn open_mpi_over_ucx() {
+    if !(ready() && tool("mpicc") && tool("mpirun")) {
+        return;
+    }
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(_entry) = DevEntry::make() else {
+        eprintln!("SKIPPED: {} cannot be made here (not root)", DevEntry::ENTRY);
+        return;
+    };
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
+    let exe = scratch().join("mpi_check");
+    let cc = std::process::Command::new("mpicc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    assert!(cc.status.success(), "mpicc: {}", String::from_utf8_lossy(&cc.stderr));
+    let exe = exe.to_str().unwrap();
+    for link in ["udp", "shm"] {
+        // -x applies to the application context it is in: each rank gets the whole set.
+        let env = |addr: &str| {
+            ["LD_LIBRARY_PATH", &format!("SOFTHCA_LINK={link}"), "SOFTHCA_STATS=1", &format!("SOFTHCA_ADDR={addr}")]
+                .into_iter()
+                .chain(["UCX_NET_DEVICES=softhca0:1", "UCX_TLS=rc_verbs,ud_verbs,self", "UCX_WARN_UNUSED_ENV_VARS=n"])
+                .flat_map(|v| ["-x".to_string(), v.to_string()])
+                .collect::<Vec<_>>()
+        };
+        let mut args: Vec<String> =
+            ["--allow-run-as-root", "--oversubscribe", "--mca", "pml", "ucx", "--mca", "osc", "ucx"]
+                .into_iter()
+                .chain(["--mca", "btl", "^openib,uct"])
+                .map(String::from)
+                .collect();
+        for (i, addr) in ["127.0.0.83", "127.0.0.84"].into_iter().enumerate() {
+            if i > 0 {
+                args.push(":".into());
+            }
+            args.extend(["-np".to_string(), "1".to_string()]);
+            args.extend(env(addr));
+            args.push(exe.into());
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = finish(command("mpirun", &argv).spawn().unwrap(), 120, &format!("mpirun over {link}"));
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains("mpi_check: ok (2 ranks, 0 bad)"), "mpirun over {link}:\n{text}");
+        let carried = text
+            .split("tx_packets: ")
+            .skip(1)
+            .filter_map(|t| t.split(',').next()?.parse::<u64>().ok())
+            .filter(|&n| n > 1000)
+            .count();
+        assert!(carried >= 2, "mpirun over {link}: both ranks' devices should have carried the traffic:\n{text}");
     }
 }
