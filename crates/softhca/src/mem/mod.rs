@@ -14,7 +14,7 @@ pub mod crc32;
 
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Why an access was refused; the transport maps each to its completion status or NAK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -120,14 +120,38 @@ impl std::fmt::Debug for MemRef {
 /// once) go through it as usual.
 pub const STREAM_MIN: usize = 1024;
 
-/// Only a region at least this large is written with non-temporal stores: one whose lines a
-/// stream of writes is unlikely to find in the cache. Measured on the 2-vCPU development
-/// machine (`softhca perf write --link shm --busy-poll`, the landing region 2 × depth × 64 KiB,
-/// five pairs each): streaming loses at 2 MiB (0.80x) and 4 MiB (0.76x) and wins at 8 MiB
-/// (1.11x) and 16 MiB (1.09–1.40x); perftest's `ib_write_bw` (a 64 KiB buffer written over
-/// and over) ran 1.6x faster without it. An HCA's DMA writes land in the last-level cache
-/// (DDIO) or memory; rxe's are plain copies.
+/// Only a region at least this large is written with non-temporal stores (and only where
+/// that pays: [`streams`]): one whose lines a stream of writes is unlikely to find in the
+/// cache. Measured on the 2-vCPU AMD EPYC development machine of 2026-11-2x (`softhca perf
+/// write --link shm --busy-poll`, the landing region 2 × depth × 64 KiB, five pairs each):
+/// streaming loses at 2 MiB (0.80x) and 4 MiB (0.76x) and wins at 8 MiB (1.11x) and 16 MiB
+/// (1.09–1.40x); perftest's `ib_write_bw` (a 64 KiB buffer written over and over) ran 1.6x
+/// faster without it.
 pub const STREAM_REGION_MIN: usize = 8 << 20;
+
+/// Whether writes into a region of `len` bytes go around the cache. Only on AMD: on the Intel
+/// Xeon CI runs on since 2026-11-29 streaming lost at every size (the same command, four
+/// interleaved pairs: 3.6–3.8 against 5.9–6.2 GB/s with an 8 MiB landing region, 3.6 against
+/// 4.7–4.8 at 32 MiB, 3.6 against 5.0–5.1 at 128 MiB), and an Intel HCA's DMA writes allocate
+/// in the last-level cache (DDIO), which ordinary stores come closer to.
+pub fn streams(len: usize) -> bool {
+    len >= STREAM_REGION_MIN && streaming_pays()
+}
+
+fn streaming_pays() -> bool {
+    static AMD: OnceLock<bool> = OnceLock::new();
+    *AMD.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // The vendor string, "AuthenticAMD", in EBX, EDX, ECX of leaf 0.
+            let v = std::arch::x86_64::__cpuid(0);
+            (v.ebx, v.edx, v.ecx)
+                == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
 
 /// Copies `src` to `dst`, with `stream` as an HCA's DMA engine writes host memory: a long run
 /// with non-temporal stores, so that the destination's lines are written without first being
@@ -353,7 +377,7 @@ impl MemRef {
         // SAFETY: `bytes_at` put the destination inside the live allocation, which `self.mem`
         // keeps alive; `src` is a caller's slice, which cannot overlap registered memory that
         // softhca never lends out as a slice.
-        unsafe { copy_in(dst, src, self.mem.len >= STREAM_REGION_MIN) };
+        unsafe { copy_in(dst, src, streams(self.mem.len)) };
         Ok(())
     }
 
@@ -404,31 +428,41 @@ mod tests {
     use super::*;
 
     /// Every alignment of the destination and every length around the streaming threshold
-    /// lands exactly the source bytes, and nothing outside the window, in a region written
-    /// through the cache and in one written around it.
+    /// lands exactly the source bytes, and nothing outside the window, written through the
+    /// cache and around it.
     #[test]
     fn writes_land_exactly_at_every_alignment_and_length() {
-        for size in [8192, STREAM_REGION_MIN] {
-            writes_land_exactly(&Arc::new(Region::owned(vec![0xEE; size])));
+        let src: Vec<u8> = (0..6000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for stream in [false, true] {
+            for at in [0usize, 1, 7, 15, 16, 33, 64, 1000] {
+                for len in [0usize, 1, 15, 16, 17, STREAM_MIN - 1, STREAM_MIN, STREAM_MIN + 1, 4096, 4111, 6000] {
+                    if at + len > 8192 {
+                        continue;
+                    }
+                    let mut back = vec![0xEEu8; 8192];
+                    // SAFETY: `at + len` is inside `back`, a buffer of its own.
+                    unsafe { copy_in(back.as_mut_ptr().add(at), &src[..len], stream) };
+                    let what = format!("at {at} len {len} stream {stream}");
+                    assert!(back[..at].iter().all(|&b| b == 0xEE), "before the window: {what}");
+                    assert_eq!(&back[at..at + len], &src[..len], "{what}");
+                    assert!(back[at + len..].iter().all(|&b| b == 0xEE), "after the window: {what}");
+                }
+            }
         }
     }
 
-    fn writes_land_exactly(region: &Arc<Region>) {
-        let src: Vec<u8> = (0..6000u32).map(|i| (i * 7 + 3) as u8).collect();
-        for at in [0usize, 1, 7, 15, 16, 33, 64, 1000] {
-            for len in [0usize, 1, 15, 16, 17, STREAM_MIN - 1, STREAM_MIN, STREAM_MIN + 1, 4096, 4111, 6000] {
-                let m = MemRef::new(region, 1, 0, 8192);
-                m.write(0, &[0xEE; 8192]).unwrap();
-                if at + len > 8192 {
-                    continue;
-                }
-                m.write(at, &src[..len]).unwrap();
-                let mut back = vec![0u8; 8192];
-                m.read(0, &mut back).unwrap();
-                assert!(back[..at].iter().all(|&b| b == 0xEE), "before the window: at {at} len {len}");
-                assert_eq!(&back[at..at + len], &src[..len], "at {at} len {len}");
-                assert!(back[at + len..].iter().all(|&b| b == 0xEE), "after the window: at {at} len {len}");
-            }
+    /// A window's write lands inside the window only, in a small region and in one large
+    /// enough to stream where streaming pays.
+    #[test]
+    fn window_writes_stay_in_the_window() {
+        for size in [8192, STREAM_REGION_MIN] {
+            let m = MemRef::new(&Arc::new(Region::owned(vec![0xEE; size])), 1, 4096, 2048);
+            m.write(100, &[7; 1500]).unwrap();
+            assert!(m.write(1000, &[7; 1049]).is_err());
+            let mut back = vec![0u8; 2048];
+            m.read(0, &mut back).unwrap();
+            assert!(back[..100].iter().all(|&b| b == 0xEE) && back[100..1600].iter().all(|&b| b == 7));
+            assert!(back[1600..].iter().all(|&b| b == 0xEE));
         }
     }
 
