@@ -49,6 +49,9 @@ pub struct Shared {
     pub dev: LinkDevice,
     /// The open contexts (their addresses): where the device's asynchronous events go.
     pub(crate) contexts: Mutex<Vec<usize>>,
+    /// `SOFTHCA_STATS=1` printed the counters at exit: a close after that (a library's own
+    /// exit handler) prints them no second time.
+    stats_printed: std::sync::atomic::AtomicBool,
 }
 
 /// The shared device while any context holds it.
@@ -83,7 +86,7 @@ pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
     };
-    let s = Arc::new(Shared { dev, contexts: Mutex::new(Vec::new()) });
+    let s = Arc::new(Shared { dev, contexts: Mutex::new(Vec::new()), stats_printed: Default::default() });
     let weak = Arc::downgrade(&s);
     let routed = s.dev.context().set_async_event_handler(move |ev| {
         if let Some(s) = weak.upgrade() {
@@ -95,8 +98,13 @@ pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>
     }
     *slot = Arc::downgrade(&s);
     if std::env::var("SOFTHCA_STATS").is_ok_and(|v| v == "1") {
+        // Once a process: a program that opens the device again (UCX probes it first) would
+        // otherwise print the last one's counters once per open.
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
         // SAFETY: registers a plain extern "C" function with no arguments.
-        unsafe { libc::atexit(print_stats) };
+        AT_EXIT.call_once(|| unsafe {
+            libc::atexit(print_stats);
+        });
         STATS_DEV.lock().unwrap_or_else(|e| e.into_inner()).clone_from(&Arc::downgrade(&s));
     }
     Ok(s)
@@ -118,6 +126,9 @@ extern "C" fn print_stats() {
 
 impl Shared {
     fn print_stats(&self) {
+        if self.stats_printed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         eprintln!("softhca stats: {:?}", self.dev.context().counters());
         match &self.dev {
             LinkDevice::Udp(d) => eprintln!("softhca stats: {:?}", d.counters()),
