@@ -100,19 +100,24 @@ fn ucx_perftest_and_io_demo_over_rc_and_ud_verbs() {
     let mut port = 47621u16;
     for link in ["udp", "shm"] {
         // ucx_perftest: the UD transport alone (every packet through the GRH-area check), then
-        // RC for the data with UD for the wire-up.
-        for (tls, test) in [
-            ("ud_verbs,self", &["-t", "tag_lat", "-s", "8", "-n", "2000"][..]),
-            ("rc_verbs,ud_verbs,self", &["-t", "tag_bw", "-s", "65536", "-n", "500"][..]),
-            ("rc_verbs,ud_verbs,self", &["-t", "ucp_put_bw", "-s", "65536", "-n", "500"][..]),
+        // RC for the data with UD for the wire-up: tag matching, RMA put, and RMA get and
+        // atomics (RDMA Read and Fetch & Add, which a target that does not poll answers)
+        // with the devices busy-polling.
+        for (tls, busy, test) in [
+            ("ud_verbs,self", "0", &["-t", "tag_lat", "-s", "8", "-n", "2000"][..]),
+            ("rc_verbs,ud_verbs,self", "0", &["-t", "tag_bw", "-s", "65536", "-n", "500"][..]),
+            ("rc_verbs,ud_verbs,self", "0", &["-t", "ucp_put_bw", "-s", "65536", "-n", "500"][..]),
+            ("rc_verbs,ud_verbs,self", "1", &["-t", "ucp_get", "-s", "65536", "-n", "500"][..]),
+            ("rc_verbs,ud_verbs,self", "1", &["-t", "ucp_fadd", "-n", "500"][..]),
         ] {
             port += 1;
             let p = port.to_string();
             let what = format!("ucx_perftest {} over {link} ({tls})", test[1]);
-            let mut s = ucx("ucx_perftest", &["-p", &p], sa, link).env("UCX_TLS", tls).spawn().unwrap();
+            let env = [("UCX_TLS", tls), ("SOFTHCA_BUSY_POLL", busy)];
+            let mut s = ucx("ucx_perftest", &["-p", &p], sa, link).envs(env).spawn().unwrap();
             await_listening(&mut s, port, 30, &what);
             let mut c = ucx("ucx_perftest", &[&["-p", &p][..], test, &[sa]].concat(), ca, link);
-            let out = both(&what, s, c.env("UCX_TLS", tls).spawn().unwrap(), false);
+            let out = both(&what, s, c.envs(env).spawn().unwrap(), false);
             assert!(out.lines().any(|l| l.starts_with("Final:")), "{what}: no result:\n{out}");
         }
         // io_demo: every read and write checked (-q), sizes 1 B to 1 MiB.
