@@ -210,6 +210,10 @@ const POLL_WINDOW: Duration = Duration::from_millis(1);
 /// rather than of a wake-up (perftest's `ib_read_lat` 8 B over UDP: 32 µs typical when it
 /// slept after every request, the wake-up of a halted vCPU here).
 const BUSY_IDLE_SPIN: Duration = Duration::from_millis(1);
+/// Blocking mode: the same, briefly, as the kernel's `busy_poll` sysctl does for a socket: a
+/// request that follows its predecessor's answer within this long finds the engine thread
+/// awake.
+const IDLE_SPIN: Duration = Duration::from_micros(50);
 /// Blocking mode: this many CQ polls in a row, each within [`SPIN_GAP`] of the last, mean
 /// the application spins, and its polls run the engine (see the module docs).
 pub(crate) const SPIN_POLLS: u64 = 64;
@@ -559,7 +563,8 @@ impl<P: Port> Driver<P> {
                 worked_at = now;
                 continue;
             }
-            if self.busy() && now.saturating_sub(worked_at) < BUSY_IDLE_SPIN.as_nanos() as u64 {
+            let spin = if self.busy() { BUSY_IDLE_SPIN } else { IDLE_SPIN };
+            if now.saturating_sub(worked_at) < spin.as_nanos() as u64 {
                 std::thread::yield_now();
                 continue;
             }
