@@ -11,9 +11,9 @@
 //! descriptor, the doorbell eventfd, the next deadline) when idle. In busy-poll mode the
 //! application's CQ polls and posts run turns on their own thread; the engine thread stands in
 //! while nobody spins on a CQ ([`POLL_WINDOW`]: a progress thread's occasional poll is no
-//! spin), and then keeps turning for [`BUSY_IDLE_SPIN`] after its last work before it sleeps,
-//! so that a passive side (the target of Reads, whose program does not poll) answers at a
-//! spinner's pace. A blocking device whose application spins on its CQ anyway
+//! spin). In both modes the engine thread keeps turning for [`IDLE_SPIN`] after its last work
+//! before it sleeps, so that a passive side (the target of Reads, whose program does not
+//! poll) answers at a spinner's pace. A blocking device whose application spins on its CQ anyway
 //! (perftest, the pingpongs, `softhca perf`: most RDMA programs poll) is driven the busy-poll
 //! way while it spins: [`SPIN_POLLS`] polls in a row, each within [`SPIN_GAP`] of the last
 //! and with no CQ of the device armed in between, make the polls run turns, and the engine
@@ -197,22 +197,25 @@ fn bump_shared(c: &AtomicU64, n: u64) {
 /// While an application thread ran a turn inline within this long, and spins ([`POLL_WINDOW`]),
 /// the busy-poll engine thread naps instead of competing with it for the socket and the core.
 const INLINE_GRACE: Duration = Duration::from_millis(10);
-/// Busy-poll mode: a poller spins if it polled at least [`SPIN_POLLS`] times within the last
+/// Busy-poll mode: a poller spins if it polled at least [`WINDOW_POLLS`] times within the last
 /// window this long. One that polls now and then (UCX's progress thread, a program between
 /// phases) must not keep the engine thread napping while a peer's requests wait: UCX's
 /// `ucp_get` over busy-poll took 2.2 ms per 64 KiB Read when any poll within INLINE_GRACE
 /// counted, its target's only polls being its progress thread's. (A shorter grace instead
 /// woke the napping engine thread five times as often, and a busy-poll Write lost 10-15%.)
 const POLL_WINDOW: Duration = Duration::from_millis(1);
-/// Busy-poll mode: with no application thread polling, the engine thread keeps turning this
-/// long after its last work before it sleeps in `ppoll`, so that a passive side (the target of
-/// Reads and Atomics, whose program does not poll) answers at the pace of a spinning poller
-/// rather than of a wake-up (perftest's `ib_read_lat` 8 B over UDP: 32 µs typical when it
-/// slept after every request, the wake-up of a halted vCPU here).
-const BUSY_IDLE_SPIN: Duration = Duration::from_millis(1);
-/// Blocking mode: the same, briefly, as the kernel's `busy_poll` sysctl does for a socket: a
-/// request that follows its predecessor's answer within this long finds the engine thread
-/// awake.
+/// See [`POLL_WINDOW`]. Low enough for a spinner in an emulated guest (TCG), whose polls each
+/// run a turn of tens of microseconds (a turn that sends a batch of 4 KiB packets, there,
+/// can take most of a window); UCX's progress thread polls about once a millisecond or less.
+const WINDOW_POLLS: u64 = 8;
+/// With no application thread spinning on a CQ, the engine thread keeps turning this long
+/// after its last work before it sleeps in `ppoll`, as the kernel's `busy_poll` sysctl does
+/// for a socket: a request that follows its predecessor's answer within this long finds it
+/// awake. A passive side (the target of Reads and Atomics, whose program does not poll)
+/// answered at the pace of a wake-up without it (perftest's `ib_read_lat` 8 B over UDP:
+/// 30-40 µs typical, busy-poll or not, the wake-up of a halted vCPU here; 5.2-5.6 with it).
+/// 1 ms in busy-poll mode was tried: with it (and a poller taken for a spinner only at 64 polls
+/// a window) the emulated guest's busy-poll `ib_write_bw` fell from 126 to 94 MiB/s.
 const IDLE_SPIN: Duration = Duration::from_micros(50);
 /// Blocking mode: this many CQ polls in a row, each within [`SPIN_GAP`] of the last, mean
 /// the application spins, and its polls run the engine (see the module docs).
@@ -269,7 +272,7 @@ impl PollRate {
     /// `polls`: the running count at `now`.
     fn spins(&mut self, now: u64, polls: u64) -> bool {
         if now.saturating_sub(self.at) >= POLL_WINDOW.as_nanos() as u64 {
-            self.spins = polls.wrapping_sub(self.polls) >= SPIN_POLLS;
+            self.spins = polls.wrapping_sub(self.polls) >= WINDOW_POLLS;
             (self.at, self.polls) = (now, polls);
         }
         self.spins
@@ -515,14 +518,13 @@ impl<P: Port> Driver<P> {
     }
 
     /// The engine thread. In blocking mode it runs every turn and sleeps in `ppoll` (port,
-    /// doorbell eventfd, next deadline) when idle. In busy-poll mode it does the same only
-    /// while no application thread polls, and sleeps only [`BUSY_IDLE_SPIN`] after its last
-    /// work; while one polls, it naps and leaves the port, the timers and the core to the
-    /// poller.
+    /// doorbell eventfd, next deadline) when idle, [`IDLE_SPIN`] after its last work. In
+    /// busy-poll mode it does the same only while no application thread spins on a CQ; while
+    /// one does, it naps and leaves the port, the timers and the core to the poller.
     pub fn background(&self) {
         // The count of idle polls last seen and when it was seen to move.
         let (mut idle_seen, mut idle_at) = (0, 0);
-        // When this thread's last turn did some work (busy-poll: see BUSY_IDLE_SPIN).
+        // When this thread's last turn did some work (see IDLE_SPIN).
         let mut worked_at = 0;
         let mut rate = PollRate::default();
         while !self.shared.stop.load(Ordering::Acquire) {
@@ -563,8 +565,7 @@ impl<P: Port> Driver<P> {
                 worked_at = now;
                 continue;
             }
-            let spin = if self.busy() { BUSY_IDLE_SPIN } else { IDLE_SPIN };
-            if now.saturating_sub(worked_at) < spin.as_nanos() as u64 {
+            if now.saturating_sub(worked_at) < IDLE_SPIN.as_nanos() as u64 {
                 std::thread::yield_now();
                 continue;
             }
@@ -684,8 +685,8 @@ mod tests {
         assert!(!r.spins(w, 3), "3 polls in a window");
         assert!(!r.spins(w + w / 2, 500), "the verdict holds until the window ends");
         assert!(r.spins(2 * w, 500), "497 polls in a window");
-        assert!(!r.spins(3 * w, 500 + SPIN_POLLS - 1));
-        assert!(r.spins(4 * w + 7, 500 + 2 * SPIN_POLLS - 1));
+        assert!(!r.spins(3 * w, 500 + WINDOW_POLLS - 1));
+        assert!(r.spins(4 * w + 7, 500 + 2 * WINDOW_POLLS - 1));
     }
 
     /// A poll that finds the port taken runs no turn but counts as a sign of life, which the
