@@ -60,6 +60,16 @@ impl Drop for DevEntry {
     }
 }
 
+/// This test's turn with the device entry made, or `None` (said so) where it cannot be made.
+fn turn_with_entry() -> Option<(std::sync::MutexGuard<'static, ()>, DevEntry)> {
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(entry) = DevEntry::make() else {
+        eprintln!("SKIPPED: {} cannot be made here (not root)", DevEntry::ENTRY);
+        return None;
+    };
+    Some((turn, entry))
+}
+
 /// The client must exit 0, and the server too unless it `serves_on` (io_demo's server runs
 /// until it is stopped: it is stopped once its client is done); returns the client's output.
 fn both(what: &str, mut server: Child, client: Child, serves_on: bool) -> String {
@@ -91,11 +101,7 @@ fn ucx_perftest_and_io_demo_over_rc_and_ud_verbs() {
     if !(ready() && tool("ucx_perftest") && tool("io_demo")) {
         return;
     }
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(_entry) = DevEntry::make() else {
-        eprintln!("SKIPPED: {} cannot be made here (not root)", DevEntry::ENTRY);
-        return;
-    };
+    let Some(_entry) = turn_with_entry() else { return };
     let (sa, ca) = ("127.0.0.81", "127.0.0.82");
     let mut port = 47621u16;
     for link in ["udp", "shm"] {
@@ -141,11 +147,7 @@ fn open_mpi_over_ucx() {
     if !(ready() && tool("mpicc") && tool("mpirun")) {
         return;
     }
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(_entry) = DevEntry::make() else {
-        eprintln!("SKIPPED: {} cannot be made here (not root)", DevEntry::ENTRY);
-        return;
-    };
+    let Some(_entry) = turn_with_entry() else { return };
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
     let exe = scratch().join("mpi_check");
     let cc = std::process::Command::new("mpicc").args(["-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();

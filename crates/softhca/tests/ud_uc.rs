@@ -334,16 +334,28 @@ fn outbound_depth_limits_reads() {
     );
 }
 
+/// The GID fd00::`n`.
+fn v6_gid(n: u8) -> Gid {
+    Gid::from_ipv6(format!("fd00::{n}").parse().unwrap())
+}
+
+/// A device `<name>-<n>` on GID fd00::`n`, a PD and a CQ.
+fn v6_device(name: &str, n: u8) -> (Context, Pd, Cq) {
+    let ctx =
+        Context::create(DeviceConfig::default().name(format!("{name}-{n}")).gid0(v6_gid(n)).seed(n as u64)).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    (ctx, pd, cq)
+}
+
 /// An IPv6 address vector: every packet carries the AV's traffic class, flow label and hop
 /// limit in its IPv6 header, between the two GIDs.
 /// Rule MOD-AV-2, PKT-ROCE-3
 #[test]
 fn ipv6_av_fields_on_the_wire() {
-    let gid = |n: u8| Gid::from_ipv6(format!("fd00::{n}").parse().unwrap());
+    let gid = v6_gid;
     let mk = |n: u8| {
-        let ctx = Context::create(DeviceConfig::default().name(format!("v6-{n}")).gid0(gid(n)).seed(n as u64)).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16).unwrap();
+        let (ctx, pd, cq) = v6_device("v6", n);
         let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
         (ctx, pd, cq, qp)
     };
@@ -387,16 +399,9 @@ fn ipv6_av_fields_on_the_wire() {
 /// Rule MOD-AV-2, PKT-ROCE-3, PKT-ROCE-11, CQE-13
 #[test]
 fn wide_flow_label_and_ipv6_ud_receive() {
-    let gid = |n: u8| Gid::from_ipv6(format!("fd00::{n}").parse().unwrap());
-    let mk = |n: u8| {
-        let ctx = Context::create(DeviceConfig::default().name(format!("fl-{n}")).gid0(gid(n)).seed(n as u64)).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16).unwrap();
-        (ctx, pd, cq)
-    };
-    let (ca, pa, cqa) = mk(1);
-    let (cb, pb, cqb) = mk(2);
-    let mut wide = AhAttr::roce(gid(2), 0);
+    let (ca, pa, cqa) = v6_device("fl", 1);
+    let (cb, pb, cqb) = v6_device("fl", 2);
+    let mut wide = AhAttr::roce(v6_gid(2), 0);
     wide.grh.flow_label = Some(0xFFF1_2345);
     let rc = pa.create_qp(&QpInitAttr::rc(&cqa, &cqa)).unwrap();
     rc.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE)).unwrap();
