@@ -250,6 +250,7 @@ fn ud_grh_area() {
     let grh = roce::ud_grh(&VECTOR).unwrap();
     assert_eq!(&grh[..20], &[0u8; 20]);
     assert_eq!(&grh[20..], &VECTOR[..20]);
+    assert!(!roce::ud_grh_is_ipv6(&grh));
     let ip = IpRepr::V6(Ipv6Repr::new("fe80::1".parse().unwrap(), "fe80::2".parse().unwrap()));
     let repr = RoceRepr {
         ip,
@@ -262,6 +263,7 @@ fn ud_grh_area() {
     let mut buf = [0u8; 128];
     let n = repr.emit(&mut buf).unwrap();
     assert_eq!(roce::ud_grh(&buf[..n]).unwrap()[..], buf[..40]);
+    assert!(roce::ud_grh_is_ipv6(&roce::ud_grh(&buf[..n]).unwrap()));
     assert!(roce::ud_grh(&[0x45; 10]).is_err());
 }
 

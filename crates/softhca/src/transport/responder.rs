@@ -503,9 +503,8 @@ fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64
     if q.qp_type == QpType::Ud {
         wc.src_qp = r.src_qp;
         wc.wc_flags |= WcFlags::GRH; // PKT-ROCE-11: every RoCEv2 packet has network headers
-                                     // The GRH area holds an IPv6 header from byte 0, or an IPv4 one from byte 20.
         wc.network_hdr_type = match r.grh {
-            Some(g) if g[0] >> 4 == 6 => NetworkHdrType::Ipv6,
+            Some(g) if crate::wire::roce::ud_grh_is_ipv6(&g) => NetworkHdrType::Ipv6,
             Some(_) => NetworkHdrType::Ipv4,
             None => NetworkHdrType::Ib,
         };

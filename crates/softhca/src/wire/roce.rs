@@ -730,3 +730,9 @@ pub fn ud_grh(datagram: &[u8]) -> Result<[u8; 40], WireError> {
     grh[IPV6_HEADER_LEN - len..].copy_from_slice(&datagram[..len]);
     Ok(grh)
 }
+
+/// Whether a GRH area [`ud_grh`] wrote holds an IPv6 header (from byte 0) rather than an
+/// IPv4 one (from byte 20, the bytes before it zero).
+pub fn ud_grh_is_ipv6(grh: &[u8; 40]) -> bool {
+    grh[0] >> 4 == 6
+}
