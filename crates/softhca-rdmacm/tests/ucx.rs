@@ -61,13 +61,16 @@ impl Drop for DevEntry {
 }
 
 /// This test's turn with the device entry made, or `None` (said so) where it cannot be made.
-fn turn_with_entry() -> Option<(std::sync::MutexGuard<'static, ()>, DevEntry)> {
+/// The entry comes first: a tuple drops its fields in order, so the entry is gone before the
+/// next test takes its turn (the other way round, that test found the entry, made none, and
+/// lost it to this one's removal midway).
+fn turn_with_entry() -> Option<(DevEntry, std::sync::MutexGuard<'static, ()>)> {
     let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let Some(entry) = DevEntry::make() else {
         eprintln!("SKIPPED: {} cannot be made here (not root)", DevEntry::ENTRY);
         return None;
     };
-    Some((turn, entry))
+    Some((entry, turn))
 }
 
 /// The client must exit 0, and the server too unless it `serves_on` (io_demo's server runs
