@@ -1276,13 +1276,12 @@ impl Fuzz {
     // -----------------------------------------------------------------------------------
     // Queue pairs.
 
-    /// QP capacities: mostly small, sometimes the maximum or beyond it; and whether all are
-    /// within the device's limits (zero WRs is left open: softhca refuses an empty queue).
-    fn gen_qp_cap(&mut self) -> (ibv_qp_cap, bool, bool) {
+    /// QP capacities: mostly small, sometimes zero (an empty queue, which Linux takes), the
+    /// maximum or beyond it; and whether one is beyond the device's limits.
+    fn gen_qp_cap(&mut self) -> (ibv_qp_cap, bool) {
         let l = self.limits();
         let mut over = false;
-        let mut zero = false;
-        let mut one = |rng: &mut Rng, small: u64, max: u32, can_be_zero: bool| -> u32 {
+        let mut one = |rng: &mut Rng, small: u64, max: u32| -> u32 {
             let v = match rng.below(25) {
                 0 => max + 1,
                 1 => u32::MAX,
@@ -1291,17 +1290,16 @@ impl Fuzz {
                 _ => rng.range(1, small) as u32,
             };
             over |= v > max;
-            zero |= v == 0 && !can_be_zero;
             v
         };
         let cap = ibv_qp_cap {
-            max_send_wr: one(&mut self.rng, 64, l.max_qp_wr, false),
-            max_recv_wr: one(&mut self.rng, 64, l.max_qp_wr, false),
-            max_send_sge: one(&mut self.rng, 4, l.max_sge, true),
-            max_recv_sge: one(&mut self.rng, 4, l.max_sge, true),
-            max_inline_data: one(&mut self.rng, 128, MAX_INLINE, true),
+            max_send_wr: one(&mut self.rng, 64, l.max_qp_wr),
+            max_recv_wr: one(&mut self.rng, 64, l.max_qp_wr),
+            max_send_sge: one(&mut self.rng, 4, l.max_sge),
+            max_recv_sge: one(&mut self.rng, 4, l.max_sge),
+            max_inline_data: one(&mut self.rng, 128, MAX_INLINE),
         };
-        (cap, over, zero)
+        (cap, over)
     }
 
     /// Creates a QP through `ibv_create_qp`, or `create_qp_ex` with random comp_mask and
@@ -1334,10 +1332,7 @@ impl Fuzz {
         } else {
             null_mut()
         };
-        let (cap, over, mut zero) = self.gen_qp_cap();
-        if cap.max_recv_wr == 0 && cap.max_send_wr != 0 && !srq.is_null() {
-            zero = false; // the SRQ is the receive queue
-        }
+        let (cap, over) = self.gen_qp_cap();
         let sig = self.rng.pick(&[0, 1, 0, 1, -1, 2]);
         let valid_type = matches!(qpt, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD);
         let mut errs = Vec::new();
@@ -1413,9 +1408,6 @@ impl Fuzz {
             }
             // verbs.h's ibv_create_qp_ex hands a bare PD mask to ibv_create_qp.
             route_plain = a.comp_mask == IBV_QP_INIT_ATTR_PD && !a.pd.is_null() && self.rng.chance(50);
-        }
-        if zero {
-            errs.push(EINVAL);
         }
         note(format!(
             "create_qp(ex {extended}, type {qpt}, scq {scq:?}, rcq {rcq:?}, srq {srq:?}, cap {}/{}/{}/{}/{}, comp_mask {:#x}, send_ops {:#x})",
@@ -1551,7 +1543,7 @@ impl Fuzz {
         let mut a: ibv_qp_attr = zeroed();
         let (av, _, av_bad) = self.gen_ah_attr(&c);
         let (alt, _, _) = self.gen_ah_attr(&c);
-        let (cap, _, _) = self.gen_qp_cap();
+        let (cap, _) = self.gen_qp_cap();
         let peer = self.peer_qpn(q.qpt);
         let r = &mut self.rng;
         a.qp_state = if r.chance(90) { r.below(7) as c_int } else { r.pick(&[-1, 7, 100, c_int::MAX]) };

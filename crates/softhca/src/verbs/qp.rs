@@ -365,9 +365,6 @@ impl Context {
         if cap.max_send_wr > attr.max_qp_wr || cap.max_recv_wr > attr.max_qp_wr {
             return Err(VerbsError::MaxWrExceeded);
         }
-        if cap.max_send_wr == 0 || (cap.max_recv_wr == 0 && init.srq.is_none()) {
-            return Err(VerbsError::InvalidArgument("a work queue holds at least one WR"));
-        }
         if cap.max_send_sge > attr.max_sge || cap.max_recv_sge > attr.max_sge {
             return Err(VerbsError::MaxSgeExceeded);
         }
@@ -563,9 +560,6 @@ impl Qp {
         if let Some(sizes) = attr.cap {
             if !dev.attr.resize_wq {
                 return Err(VerbsError::NotSupported("resizing work queues"));
-            }
-            if sizes.max_send_wr == 0 || sizes.max_recv_wr == 0 {
-                return bad(AttrMask::CAP, "a work queue holds at least one WR");
             }
             if sizes.max_send_wr > dev.attr.max_qp_wr || sizes.max_recv_wr > dev.attr.max_qp_wr {
                 return bad(AttrMask::CAP, "above max_qp_wr");
