@@ -194,19 +194,34 @@ pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
     attach_program(fd, libc::SO_ATTACH_FILTER, prog)
 }
 
+/// `struct sock_fprog` with the six bytes of padding after `len` as a field: all of it goes to
+/// the kernel, and padding is never initialised in a typed value (valgrind's memcheck fails a
+/// program on uninitialised bytes passed to a system call).
+#[repr(C)]
+struct Fprog {
+    len: u16,
+    _pad: [u16; 3],
+    filter: *const libc::sock_filter,
+}
+const _: () = assert!(
+    size_of::<Fprog>() == size_of::<libc::sock_fprog>()
+        && std::mem::offset_of!(Fprog, filter) == std::mem::offset_of!(libc::sock_fprog, filter)
+);
+
 /// Hands the kernel a classic BPF program through the socket option `opt` (a socket filter,
 /// or a reuseport group's selector).
 fn attach_program(fd: RawFd, opt: libc::c_int, prog: &[libc::sock_filter]) -> io::Result<()> {
-    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut libc::sock_filter };
-    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the program
-    // and never writes through the pointer.
+    let fprog = Fprog { len: prog.len() as u16, _pad: [0; 3], filter: prog.as_ptr() };
+    // SAFETY: `fprog` is `sock_fprog` with its padding spelled out (checked above) and points
+    // at `prog`, which outlives the call; the kernel copies the program and never writes
+    // through the pointer.
     let r = unsafe {
         libc::setsockopt(
             fd,
             libc::SOL_SOCKET,
             opt,
-            (&fprog as *const libc::sock_fprog).cast(),
-            size_of::<libc::sock_fprog>() as libc::socklen_t,
+            (&fprog as *const Fprog).cast(),
+            size_of::<Fprog>() as libc::socklen_t,
         )
     };
     cvt(r).map(|_| ())
