@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use softhca::{CompChannel, Cq as SoftCq, NotifyKind, Wc, WcOpcode, WcStatus};
 
@@ -301,14 +300,19 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     let ch = unsafe { &*(channel as *const Channel) };
     let nonblocking = crate::nonblocking(ch.ibv.fd);
     let p = loop {
-        let ev = if nonblocking { ch.ch.try_get_cq_event() } else { ch.ch.get_cq_event(Duration::from_secs(3600)) };
-        let got = match ev {
+        if !nonblocking {
+            if let Err(e) = wait_event(ch.ibv.fd) {
+                set_errno(e);
+                return -1;
+            }
+        }
+        let got = match ch.ch.try_get_cq_event() {
             Some(cq) => cq,
             None if nonblocking => {
                 set_errno(libc::EAGAIN);
                 return -1;
             }
-            None => continue,
+            None => continue, // another thread took it, or its CQ was destroyed: wait again
         };
         let map = ch.cqs.lock().unwrap_or_else(|e| e.into_inner());
         // An event of a CQ destroyed since it was queued names nothing: the next one.
@@ -326,6 +330,25 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         *cq_context = (*p).ibv.base.cq_context;
     }
     0
+}
+
+/// Waits until the channel's descriptor (a semaphore eventfd counting the queued events) has
+/// an event, by the blocking read(2) libibverbs makes of the kernel's channel, so that a
+/// signal ends the wait as it ends that one: EINTR where the handler was installed without
+/// SA_RESTART (qperf's test timer ends its event loops so), a read restarted by the kernel
+/// where it was. The count the read takes is put back at once: the event is taken with its
+/// count under the channel's lock (`CompChannel::try_get_cq_event`), which a thread that
+/// finds its count taken meanwhile just waits on for a moment.
+fn wait_event(fd: c_int) -> Result<(), c_int> {
+    let mut n: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a live local from the channel's descriptor.
+    if unsafe { libc::read(fd, (&mut n as *mut u64).cast(), 8) } != 8 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+    }
+    let one: u64 = 1;
+    // SAFETY: writes the 8 bytes of a live local to the same descriptor.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    Ok(())
 }
 
 #[no_mangle]
