@@ -320,6 +320,50 @@ fn a_req_for_no_listener_gets_rej_invalid_service_id() {
     no_state_left(&n);
 }
 
+/// A REQ that comes before the listen of a service its consumer has bound (`Cm::reserve`, what
+/// the drop-in's rdma_bind_addr does) waits for the listen and then connects, where Linux's
+/// CM rejects it at once (qperf 0.4.11 hands its client the port before it listens); one whose
+/// listen never comes is rejected with Invalid Service ID after `REQ_HOLD_NS`, and at once
+/// when the reservation ends (the bound id destroyed).
+#[test]
+fn a_req_before_its_reserved_service_listens_waits_for_the_listen() {
+    let sid = 0xBEEF;
+    let rejected = |id| vec![CmEvent::Rejected { id, reason: reason::INVALID_SERVICE_ID, private_data: vec![0; 148] }];
+    // Listened 600 ms after the REQ, whose retries (every 268 ms) came meanwhile: taken once.
+    let mut n = Net::new(13, 0.0, 0.0);
+    n.b.reserve(sid);
+    let id = n.a.connect(0, B, &ConnectParams { service_id: sid, ..params() });
+    n.run(600_000_000, accept);
+    assert!(n.ev_a.is_empty() && n.ev_b.is_empty(), "{:?} {:?}", n.ev_a, n.ev_b);
+    assert_eq!(n.b.counters().held_for_listen, 1);
+    n.b.listen(sid);
+    n.run(n.now + 10_000_000_000, accept);
+    assert!(n.ev_a.contains(&CmEvent::Established { id, remote_qpn: 0x22, remote_psn: 0xDEF }), "{:?}", n.ev_a);
+    assert_eq!(count(&n.ev_b, |e| matches!(e, CmEvent::ConnectRequest { .. })), 1);
+    assert!(rejs(&n, false).is_empty());
+
+    // Never listened: rejected once the hold is over, not before.
+    let mut n = Net::new(14, 0.0, 0.0);
+    n.b.reserve(sid);
+    let id = n.a.connect(0, B, &ConnectParams { service_id: sid, ..params() });
+    n.run(REQ_HOLD_NS - 1_000_000, accept);
+    assert!(n.ev_a.is_empty(), "{:?}", n.ev_a);
+    n.run(n.now + 10_000_000_000, accept);
+    assert_eq!(n.ev_a, rejected(id));
+    assert_eq!(n.b.counters().rejected_no_listener, 1);
+    no_state_left(&n);
+
+    // The reservation ends: rejected at once.
+    let mut n = Net::new(15, 0.0, 0.0);
+    n.b.reserve(sid);
+    let id = n.a.connect(0, B, &ConnectParams { service_id: sid, ..params() });
+    n.run(1_000_000, accept);
+    n.b.unreserve(sid);
+    n.run(n.now + 1_000_000, accept);
+    assert_eq!(n.ev_a, rejected(id));
+    no_state_left(&n);
+}
+
 /// IBA 12.9.5 (REQ Sent, timer expiry): a requester whose peer never answers sends the REQ once
 /// and then exactly Max CM Retries times more, one CM response timeout apart, then gives up:
 /// REJ Timeout (4) on the wire and Rejected { reason: 4 } to the consumer, nothing kept.

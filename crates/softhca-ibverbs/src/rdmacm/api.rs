@@ -113,9 +113,13 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
         g.ports.retain(|_, s| *s != id.serial);
         g.listeners.retain(|_, s| *s != id.serial);
         if let Some(d) = g.dev.as_mut() {
+            let sid = service_id(id.c.ps, id.st.port);
             if id.st.phase == Phase::Listen {
-                let sid = service_id(id.c.ps, id.st.port);
                 d.agent.cm().unlisten(sid);
+            }
+            if id.st.port != 0 {
+                d.agent.cm().unreserve(sid);
+                d.agent.transmit();
             }
             if let Some(comm) = id.st.comm.take() {
                 d.agent.cm().destroy(comm);
@@ -155,7 +159,15 @@ pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), 
     }
     let ip = addr.ip();
     let mut dev = None;
-    if !ip.is_unspecified() {
+    if ip.is_unspecified() {
+        // The id stays on no device, as on Linux; but the process's device takes its address
+        // now, before the program can hand the port to a peer. A server that binds the any
+        // address and sends its port before it listens (qperf 0.4.11's `-cm1` tests) would
+        // otherwise leave 127.0.0.1 free for the client it told, whose connect then reached
+        // the client's own device (rejected: no listener there). A device that cannot open
+        // fails the listen or the resolve, as it did.
+        let _ = g.open(None);
+    } else {
         // A device not yet open goes where the user put it (SOFTHCA_ADDR), else on a bound
         // loopback address (`rping -s -a 127.0.0.5` needs no more), else where devices go by
         // default: a program that probes this host's interfaces by binding their addresses
@@ -175,6 +187,10 @@ pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), 
         }
     }
     let port = g.take_port(id.c.ps, addr.port(), id.serial)?;
+    if let Some(d) = g.dev.as_mut() {
+        // A REQ that beats the listen waits for it (see `Cm::reserve`).
+        d.agent.cm().reserve(service_id(id.c.ps, port));
+    }
     if let Some((ctx, pd, gid)) = dev {
         id.c.verbs = ctx;
         id.c.pd = pd;
@@ -336,6 +352,8 @@ pub unsafe extern "C" fn softhca_rdma_listen(p: *mut rdma_cm_id, _backlog: c_int
     dev.agent.cm().listen(sid);
     g.listeners.insert(sid, id.serial);
     id.st.phase = Phase::Listen;
+    // REQs held for the listen are connection requests now: the CM thread hands them out.
+    super::wake();
     debug(|| format!("id {}: listening on port {} (service ID {sid:#018x})", id.serial, id.st.port));
     0
 }

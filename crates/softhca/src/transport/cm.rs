@@ -114,6 +114,9 @@ pub struct CmCounters {
     pub duplicates: u64,
     /// REQs rejected with Invalid Service ID: nobody listens to their service.
     pub rejected_no_listener: u64,
+    /// REQs for a reserved service that came before its listen and were held for it
+    /// ([`Cm::reserve`]).
+    pub held_for_listen: u64,
     /// REQs rejected with No Resources: [`Cm::max_pending`] REQs already waited for the
     /// consumer.
     pub rejected_backlog: u64,
@@ -208,12 +211,29 @@ pub const MRA_SERVICE_TIMEOUT: u8 = 24;
 /// How many REQs may wait for the consumer's answer at once, unless told otherwise.
 pub const DEFAULT_MAX_PENDING: usize = 1024;
 
+/// How long a REQ for a reserved service nobody listens to yet waits for the listen
+/// ([`Cm::reserve`]) before it is rejected as Linux rejects it at once; and how many wait.
+pub const REQ_HOLD_NS: u64 = 1_000_000_000;
+pub const MAX_HELD_REQS: usize = 64;
+
+/// A REQ waiting for its service's listen.
+struct HeldReq {
+    service_id: u64,
+    peer: Peer,
+    tid: u64,
+    req: Box<CmReq>,
+    until: u64,
+}
+
 /// One port's connection manager.
 pub struct Cm {
     conns: BTreeMap<CommId, Conn>,
     /// Responder connections by (peer, peer's comm ID): to recognise a repeated REQ.
     by_remote: BTreeMap<(Peer, u32), CommId>,
     listening: BTreeMap<u64, ()>,
+    /// Services an id has bound (its port taken) that may listen soon; see [`Cm::reserve`].
+    reserved: BTreeMap<u64, ()>,
+    held: VecDeque<HeldReq>,
     out: VecDeque<(Peer, Box<[u8; MAD_LEN]>)>,
     events: VecDeque<CmEvent>,
     next_id: u32,
@@ -251,6 +271,8 @@ impl Cm {
             conns: BTreeMap::new(),
             by_remote: BTreeMap::new(),
             listening: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+            held: VecDeque::new(),
             out: VecDeque::new(),
             events: VecDeque::new(),
             next_id: seed | 1,
@@ -264,8 +286,45 @@ impl Cm {
         }
     }
 
+    /// Listens to `service_id`: REQs for it start connections, those held for it first.
     pub fn listen(&mut self, service_id: u64) {
         self.listening.insert(service_id, ());
+        for h in self.take_held(service_id) {
+            // When it came; a service that listens holds nothing.
+            let came = h.until.saturating_sub(REQ_HOLD_NS);
+            self.on_req(came, h.peer, h.tid, h.req);
+        }
+    }
+
+    /// Marks `service_id` as bound by a consumer that has not listened yet. A REQ for it that
+    /// comes before the listen waits for it up to [`REQ_HOLD_NS`] (then it is rejected with
+    /// Invalid Service ID, as Linux's CM rejects it at once): a server that hands its port to
+    /// its client before it listens (qperf 0.4.11's `-cm1` tests) races that client's REQ,
+    /// which a user-space CM in the same machine's other process wins far more often than
+    /// the kernel's does.
+    pub fn reserve(&mut self, service_id: u64) {
+        self.reserved.insert(service_id, ());
+    }
+
+    /// Ends [`Cm::reserve`]: the REQs still held for `service_id` are rejected now.
+    pub fn unreserve(&mut self, service_id: u64) {
+        self.reserved.remove(&service_id);
+        for h in self.take_held(service_id) {
+            self.refuse_req(h.peer, h.tid, &h.req, reason::INVALID_SERVICE_ID);
+        }
+    }
+
+    /// The REQs held for `service_id`, in the order they came, out of the queue.
+    fn take_held(&mut self, service_id: u64) -> Vec<HeldReq> {
+        let mut mine = Vec::new();
+        for h in std::mem::take(&mut self.held) {
+            if h.service_id == service_id {
+                mine.push(h);
+            } else {
+                self.held.push_back(h);
+            }
+        }
+        mine
     }
 
     /// Stops listening: later REQs for `service_id` are rejected (Invalid Service ID);
@@ -524,7 +583,7 @@ impl Cm {
             return;
         }
         let taken = match m {
-            CmMessage::Req(req) => self.on_req(peer, h.transaction_id, req),
+            CmMessage::Req(req) => self.on_req(now, peer, h.transaction_id, req),
             CmMessage::Rep(rep) => self.on_rep(peer, &rep),
             CmMessage::Rtu(rtu) => self.on_rtu(peer, &rtu),
             CmMessage::Rej(rej) => self.on_rej(now, peer, &rej),
@@ -551,12 +610,18 @@ impl Cm {
     /// The earliest deadline of any connection or SIDR exchange.
     pub fn poll_timeout(&self) -> Option<u64> {
         let conns = self.conns.values().filter_map(|c| c.deadline);
-        conns.chain(self.sidrs.values().map(|s| s.deadline)).min()
+        let held = self.held.iter().map(|h| h.until);
+        conns.chain(self.sidrs.values().map(|s| s.deadline)).chain(held).min()
     }
 
     /// Sends again what is unanswered past its deadline, or gives the connection up.
     pub fn handle_timeout(&mut self, now: u64) {
         self.sidr_timeouts(now);
+        while self.held.front().is_some_and(|h| h.until <= now) {
+            if let Some(h) = self.held.pop_front() {
+                self.refuse_req(h.peer, h.tid, &h.req, reason::INVALID_SERVICE_ID);
+            }
+        }
         let due: Vec<CommId> =
             self.conns.iter().filter(|(_, c)| c.deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
         for id in due {
@@ -594,7 +659,7 @@ impl Cm {
         }
     }
 
-    fn on_req(&mut self, peer: Peer, tid: u64, req: Box<CmReq>) -> bool {
+    fn on_req(&mut self, now: u64, peer: Peer, tid: u64, req: Box<CmReq>) -> bool {
         if let Some(&id) = self.by_remote.get(&(peer, req.local_comm_id)) {
             // A repeated REQ: the REP again if one went out; else the consumer is deciding
             // (an MRA would buy time; the requester's retries wait meanwhile).
@@ -621,10 +686,21 @@ impl Cm {
             }
             return true;
         }
-        // Linux's cm_req_handler -> cm_match_req -> cm_issue_rej: REJ with the REQ's
-        // transaction ID, Remote Communication ID its Local one, Message REJected REQ.
-        let refuse = if !self.listening.contains_key(&req.service_id) {
-            self.counters.rejected_no_listener += 1;
+        let unheard = !self.listening.contains_key(&req.service_id);
+        if unheard && self.reserved.contains_key(&req.service_id) {
+            let held = |h: &HeldReq| h.peer == peer && h.req.local_comm_id == req.local_comm_id;
+            if self.held.iter().any(held) {
+                self.counters.duplicates += 1;
+                return true;
+            }
+            if self.held.len() < MAX_HELD_REQS {
+                self.counters.held_for_listen += 1;
+                let until = now.saturating_add(REQ_HOLD_NS);
+                self.held.push_back(HeldReq { service_id: req.service_id, peer, tid, req, until });
+                return true;
+            }
+        }
+        let refuse = if unheard {
             Some(reason::INVALID_SERVICE_ID)
         } else if self.pending >= self.max_pending {
             self.counters.rejected_backlog += 1;
@@ -639,13 +715,7 @@ impl Cm {
             None
         };
         if let Some(reason) = refuse {
-            let rej = CmRej {
-                remote_comm_id: req.local_comm_id,
-                message_rejected: rejected::REQ,
-                reason,
-                ..Default::default()
-            };
-            self.send_once(peer, tid, CmMessage::Rej(Box::new(rej)));
+            self.refuse_req(peer, tid, &req, reason);
             return true;
         }
         let id = self.fresh_id();
@@ -673,6 +743,17 @@ impl Cm {
         self.by_remote.insert((peer, req.local_comm_id), id);
         self.events.push_back(CmEvent::ConnectRequest { id, peer, req });
         true
+    }
+
+    /// Linux's cm_req_handler -> cm_match_req -> cm_issue_rej: REJ with the REQ's transaction
+    /// ID, Remote Communication ID its Local one, Message REJected REQ.
+    fn refuse_req(&mut self, peer: Peer, tid: u64, req: &CmReq, reason: u16) {
+        if reason == reason::INVALID_SERVICE_ID {
+            self.counters.rejected_no_listener += 1;
+        }
+        let rej =
+            CmRej { remote_comm_id: req.local_comm_id, message_rejected: rejected::REQ, reason, ..Default::default() };
+        self.send_once(peer, tid, CmMessage::Rej(Box::new(rej)));
     }
 
     /// Whether `peer`'s QP `qpn` is in a connection of this CM already (not in time-wait).
