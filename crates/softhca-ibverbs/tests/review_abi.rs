@@ -31,6 +31,18 @@ fn destroying_a_cq_drops_its_pending_channel_events() {
     }
 }
 
+/// `ibv_get_cq_event` waited on a condition variable no signal interrupts, where libibverbs'
+/// is a `read()` of the channel: a signal whose handler lacks SA_RESTART ends the wait with
+/// -1/EINTR, one with SA_RESTART has the read go on. qperf ends its event loops by its
+/// SIGALRM test timer so; its server waited for ever after `rc_lat` (`tests/qperf.rs` of
+/// softhca-rdmacm).
+#[test]
+fn a_signal_ends_a_blocking_get_cq_event_as_a_read_ends() {
+    if ready() {
+        run("review_abi", Some("cq_event_interrupted"));
+    }
+}
+
 /// An asynchronous event of a QP destroyed before the program read it is still delivered,
 /// with `element.qp == NULL` (the QP is gone from `Objects`), so an event loop that
 /// dereferences `ev.element.qp` crashes. The kernel (`ib_uverbs_release_uevent`) removes a

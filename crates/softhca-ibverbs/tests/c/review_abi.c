@@ -4,11 +4,14 @@
    but blocks prints "<name>: HANG" and exits 3. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 static const char *test = "review_abi";
@@ -112,6 +115,73 @@ static void cq_event_after_destroy(void)
 	CHECK(r == 0, "ibv_get_cq_event after a CQ with a pending event was destroyed: %d errno %d", r, errno);
 	CHECK(got == b && cq_ctx == (void *)0xb, "the event names CQ %p (context %p), not b", (void *)got, cq_ctx);
 	ibv_ack_cq_events(b, 1);
+}
+
+static volatile sig_atomic_t ticks;
+static void on_tick(int sig)
+{
+	(void)sig;
+	ticks++;
+}
+
+/* Arms SIGALRM `ms` from now, its handler installed with `flags` (SA_RESTART or not). */
+static void tick_in(int ms, int flags)
+{
+	struct sigaction sa = { .sa_handler = on_tick, .sa_flags = flags };
+	sigemptyset(&sa.sa_mask);
+	CHECK(sigaction(SIGALRM, &sa, NULL) == 0, "sigaction");
+	struct itimerval t = { .it_value = { .tv_sec = 0, .tv_usec = ms * 1000 } };
+	CHECK(setitimer(ITIMER_REAL, &t, NULL) == 0, "setitimer");
+}
+
+struct later {
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+};
+
+static void *flush_later(void *arg)
+{
+	struct later *l = arg;
+	usleep(300 * 1000);
+	flush_one_recv(l->qp, l->mr, 7);
+	return NULL;
+}
+
+/* ibv_get_cq_event is libibverbs' read(2) of the channel: a signal whose handler was installed
+   without SA_RESTART ends a blocking wait with -1/EINTR (qperf's test timer ends its event loop
+   so), and one installed with SA_RESTART leaves the wait going until the event comes. */
+static void cq_event_interrupted(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	char *buf = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	CHECK(pd && mr && ch, "setup");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, ch, 0);
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .cap = { 4, 4, 1, 1, 0 } };
+	struct ibv_qp *qp = cq ? ibv_create_qp(pd, &ia) : NULL;
+	CHECK(qp, "ibv_create_cq, ibv_create_qp");
+	to_init(qp, 0);
+	CHECK(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+	struct ibv_cq *got = NULL;
+	void *cq_ctx = NULL;
+
+	tick_in(50, 0);
+	errno = 0;
+	int r = ibv_get_cq_event(ch, &got, &cq_ctx);
+	CHECK(r == -1 && errno == EINTR && ticks == 1, "interrupted without SA_RESTART: %d errno %d, %d signals",
+	      r, errno, (int)ticks);
+
+	struct later l = { qp, mr };
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, flush_later, &l) == 0, "pthread_create");
+	tick_in(50, SA_RESTART);
+	r = ibv_get_cq_event(ch, &got, &cq_ctx);
+	CHECK(r == 0 && got == cq && ticks == 2, "with SA_RESTART, the event after the signal: %d errno %d, %d signals",
+	      r, errno, (int)ticks);
+	ibv_ack_cq_events(cq, 1);
+	pthread_join(t, NULL);
 }
 
 /* Destroying a QP drops its asynchronous events the program has not yet read (the kernel's
@@ -273,6 +343,8 @@ int main(int argc, char **argv)
 		async_nonblocking();
 	else if (!strcmp(test, "cq_event_after_destroy"))
 		cq_event_after_destroy();
+	else if (!strcmp(test, "cq_event_interrupted"))
+		cq_event_interrupted();
 	else if (!strcmp(test, "qp_event_after_destroy"))
 		qp_event_after_destroy();
 	else if (!strcmp(test, "query_qp_updates_state"))
