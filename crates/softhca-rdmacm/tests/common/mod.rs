@@ -148,7 +148,8 @@ pub struct Proc<'a> {
 
 /// Runs a server and then its client as two processes; both must exit 0. The client starts
 /// once the server listens: the server runs with `SOFTHCA_CM_DEBUG=1`, and its stderr's
-/// `listening` line says so (a REQ before the listen would be refused, as on Linux). Returns
+/// `listening` line says so (a REQ before the listen is refused, as on Linux, unless the port
+/// is bound already: then it waits for the listen, see `Cm::reserve`). Returns
 /// (server output, client output).
 ///
 /// A program that listens a second time (perftest's `-R` sets up its test QPs on a new
