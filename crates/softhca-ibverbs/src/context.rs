@@ -179,7 +179,6 @@ impl Shared {
 /// as libibverbs' is. Its count moves with the queue, under the queue's lock.
 pub(crate) struct EventQueue {
     queue: Mutex<VecDeque<AsyncEvent>>,
-    ready: Condvar,
     pub(crate) fd: OwnedFd,
     /// Set (under the queue's lock) when the context closes: waiters return, no one enters.
     closed: AtomicBool,
@@ -199,7 +198,6 @@ impl EventQueue {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(EventQueue {
             queue: Mutex::new(VecDeque::new()),
-            ready: Condvar::new(),
             fd,
             closed: AtomicBool::new(false),
             inside: Mutex::new(0),
@@ -218,10 +216,14 @@ impl EventQueue {
     fn push(&self, ev: AsyncEvent) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         q.push_back(ev);
+        self.notify();
+    }
+
+    /// One count more on the descriptor.
+    fn notify(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live local to our own eventfd.
         unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        self.ready.notify_all();
     }
 
     /// Drops the waiting events that name `element` (it is being destroyed), as the kernel
@@ -235,18 +237,25 @@ impl EventQueue {
         }
     }
 
-    /// The oldest event; waits for one unless `nonblocking`. `Err` once the context closes.
-    pub(crate) fn pop(&self, nonblocking: bool) -> Result<Option<AsyncEvent>, ()> {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        while q.is_empty() && !nonblocking && !self.closed.load(Ordering::SeqCst) {
-            q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+    /// The oldest event; waits for one unless `nonblocking`. `Err(errno)`: EIO once the
+    /// context closes, EINTR when a signal ended the wait (see `crate::wait_event`).
+    pub(crate) fn pop(&self, nonblocking: bool) -> Result<Option<AsyncEvent>, c_int> {
+        loop {
+            {
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                if self.closed.load(Ordering::SeqCst) {
+                    return Err(libc::EIO);
+                }
+                if let Some(ev) = q.pop_front() {
+                    self.take_count();
+                    return Ok(Some(ev));
+                }
+                if nonblocking {
+                    return Ok(None);
+                }
+            }
+            crate::wait_event(self.fd.as_raw_fd())?;
         }
-        if self.closed.load(Ordering::SeqCst) {
-            return Err(());
-        }
-        let Some(ev) = q.pop_front() else { return Ok(None) };
-        self.take_count();
-        Ok(Some(ev))
     }
 
     /// Counts the caller in as a thread inside `ibv_get_async_event`; false once closed.
@@ -274,8 +283,10 @@ impl EventQueue {
         {
             let _q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             self.closed.store(true, Ordering::SeqCst);
-            self.ready.notify_all();
         }
+        // A count for the waiters blocked in their read: each puts it back for the next (see
+        // `crate::wait_event`) and finds the queue closed.
+        self.notify();
         let mut n = self.inside.lock().unwrap_or_else(|e| e.into_inner());
         while *n > 0 {
             n = self.left.wait(n).unwrap_or_else(|e| e.into_inner());

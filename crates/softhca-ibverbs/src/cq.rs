@@ -301,7 +301,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     let nonblocking = crate::nonblocking(ch.ibv.fd);
     let p = loop {
         if !nonblocking {
-            if let Err(e) = wait_event(ch.ibv.fd) {
+            if let Err(e) = crate::wait_event(ch.ibv.fd) {
                 set_errno(e);
                 return -1;
             }
@@ -330,25 +330,6 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         *cq_context = (*p).ibv.base.cq_context;
     }
     0
-}
-
-/// Waits until the channel's descriptor (a semaphore eventfd counting the queued events) has
-/// an event, by the blocking read(2) libibverbs makes of the kernel's channel, so that a
-/// signal ends the wait as it ends that one: EINTR where the handler was installed without
-/// SA_RESTART (qperf's test timer ends its event loops so), a read restarted by the kernel
-/// where it was. The count the read takes is put back at once: the event is taken with its
-/// count under the channel's lock (`CompChannel::try_get_cq_event`), which a thread that
-/// finds its count taken meanwhile just waits on for a moment.
-fn wait_event(fd: c_int) -> Result<(), c_int> {
-    let mut n: u64 = 0;
-    // SAFETY: reads at most 8 bytes into a live local from the channel's descriptor.
-    if unsafe { libc::read(fd, (&mut n as *mut u64).cast(), 8) } != 8 {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
-    }
-    let one: u64 = 1;
-    // SAFETY: writes the 8 bytes of a live local to the same descriptor.
-    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-    Ok(())
 }
 
 #[no_mangle]

@@ -566,8 +566,8 @@ unsafe fn next_async_event(c: &Ctx, event: *mut ibv_async_event) -> c_int {
                 crate::set_errno(libc::EAGAIN);
                 return -1;
             }
-            Err(()) => {
-                crate::set_errno(libc::EIO);
+            Err(e) => {
+                crate::set_errno(e);
                 return -1;
             }
         };

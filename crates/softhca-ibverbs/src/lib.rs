@@ -66,6 +66,25 @@ fn nonblocking(fd: c_int) -> bool {
     flags >= 0 && flags & libc::O_NONBLOCK != 0
 }
 
+/// Waits until `fd`, a semaphore eventfd counting the events of a completion channel or of a
+/// context's asynchronous queue, has one, by the blocking read(2) libibverbs makes of the
+/// kernel's descriptor, so that a signal ends the wait as it ends that one: EINTR where the
+/// handler was installed without SA_RESTART (qperf's test timer ends its event loops so), a
+/// read restarted by the kernel where it was. The count the read takes is put back at once:
+/// the event is taken with its count under its queue's lock, and a thread that finds the
+/// count taken meanwhile waits for it there for a moment.
+fn wait_event(fd: c_int) -> Result<(), c_int> {
+    let mut n: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a live local from the descriptor.
+    if unsafe { libc::read(fd, (&mut n as *mut u64).cast(), 8) } != 8 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+    }
+    let one: u64 = 1;
+    // SAFETY: writes the 8 bytes of a live local to the same descriptor.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    Ok(())
+}
+
 /// Clears O_NONBLOCK on `fd` (libibverbs' descriptors start out blocking).
 fn make_blocking(fd: c_int) {
     // SAFETY: fcntl on a descriptor softhca created for this object.

@@ -43,6 +43,14 @@ fn a_signal_ends_a_blocking_get_cq_event_as_a_read_ends() {
     }
 }
 
+/// `ibv_get_async_event` as `ibv_get_cq_event` above: a read of `async_fd` in libibverbs.
+#[test]
+fn a_signal_ends_a_blocking_get_async_event_as_a_read_ends() {
+    if ready() {
+        run("review_abi", Some("async_event_interrupted"));
+    }
+}
+
 /// An asynchronous event of a QP destroyed before the program read it is still delivered,
 /// with `element.qp == NULL` (the QP is gone from `Objects`), so an event loop that
 /// dereferences `ev.element.qp` crashes. The kernel (`ib_uverbs_release_uevent`) removes a

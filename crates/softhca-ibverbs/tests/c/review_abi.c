@@ -167,6 +167,7 @@ static void cq_event_interrupted(void)
 	struct ibv_cq *got = NULL;
 	void *cq_ctx = NULL;
 
+	ticks = 0;
 	tick_in(50, 0);
 	errno = 0;
 	int r = ibv_get_cq_event(ch, &got, &cq_ctx);
@@ -181,6 +182,47 @@ static void cq_event_interrupted(void)
 	CHECK(r == 0 && got == cq && ticks == 2, "with SA_RESTART, the event after the signal: %d errno %d, %d signals",
 	      r, errno, (int)ticks);
 	ibv_ack_cq_events(cq, 1);
+	pthread_join(t, NULL);
+}
+
+static void *error_later(void *arg)
+{
+	usleep(300 * 1000);
+	to_error(arg);
+	return NULL;
+}
+
+/* ibv_get_async_event is libibverbs' read(2) of async_fd: as ibv_get_cq_event above. */
+static void async_event_interrupted(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	CHECK(pd && cq && srq, "setup");
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+				       .cap = { 4, 0, 1, 1, 0 } };
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	CHECK(qp, "ibv_create_qp");
+	to_init(qp, 0);
+	struct ibv_async_event ev;
+
+	ticks = 0;
+	tick_in(50, 0);
+	errno = 0;
+	int r = ibv_get_async_event(ctx, &ev);
+	CHECK(r == -1 && errno == EINTR && ticks == 1, "interrupted without SA_RESTART: %d errno %d, %d signals",
+	      r, errno, (int)ticks);
+
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, error_later, qp) == 0, "pthread_create");
+	tick_in(50, SA_RESTART);
+	r = ibv_get_async_event(ctx, &ev);
+	CHECK(r == 0 && ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && ev.element.qp == qp && ticks == 2,
+	      "with SA_RESTART, the event after the signal: %d errno %d, event %d, %d signals", r, errno,
+	      (int)ev.event_type, (int)ticks);
+	ibv_ack_async_event(&ev);
 	pthread_join(t, NULL);
 }
 
@@ -345,6 +387,8 @@ int main(int argc, char **argv)
 		cq_event_after_destroy();
 	else if (!strcmp(test, "cq_event_interrupted"))
 		cq_event_interrupted();
+	else if (!strcmp(test, "async_event_interrupted"))
+		async_event_interrupted();
 	else if (!strcmp(test, "qp_event_after_destroy"))
 		qp_event_after_destroy();
 	else if (!strcmp(test, "query_qp_updates_state"))
