@@ -49,6 +49,21 @@ fn ipv6_addresses_connect() {
     assert!(out.status.success() && text.contains("cm_edges ipv6: ok"), "{}:\n{text}", out.status);
 }
 
+/// A signal ends a blocking `rdma_get_cm_event` as it ends librdmacm's (a system call on the
+/// kernel's rdma_cm file): -1/EINTR where the handler lacks SA_RESTART. The drop-in read its
+/// descriptor again after EINTR.
+#[test]
+fn a_signal_ends_a_blocking_get_cm_event() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("cm_edges");
+    let mut c = command(&exe, &["get_event_interrupted"]);
+    let out = finish(c.env("SOFTHCA_ADDR", "127.0.0.49").spawn().unwrap(), 60, "cm_edges get_event_interrupted");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("cm_edges get_event_interrupted: ok"), "{}:\n{text}", out.status);
+}
+
 /// A QP that `rdma_create_qp` made and the program destroyed with `ibv_destroy_qp` (rping
 /// does) is no longer the id's, so the CM thread, which moves a connected id's QP to Error on
 /// the peer's DREQ, touches no freed memory. Run under valgrind's memcheck, which fails the

@@ -448,18 +448,16 @@ impl Channel {
     }
 
     /// Takes the next event: blocks while none waits, unless the program made the
-    /// descriptor non-blocking (then EAGAIN).
+    /// descriptor non-blocking (then EAGAIN). A signal ends the wait as it ends librdmacm's
+    /// (a write(2) to the kernel's rdma_cm file that waits): EINTR where the handler was
+    /// installed without SA_RESTART, the read restarted where it was.
     fn take(&self) -> Result<Box<Event>, c_int> {
         loop {
             let mut v: u64 = 0;
             // SAFETY: reads 8 bytes into a local from the channel's eventfd.
             let n = unsafe { libc::read(self.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
             if n != 8 {
-                let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-                if e == libc::EINTR {
-                    continue;
-                }
-                return Err(e);
+                return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
             }
             if let Some(ev) = self.q.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
                 return Ok(ev);

@@ -5,6 +5,8 @@
  * connection, and a disconnect that reaches the other side and flushes its QP. Prints
  * "cm_edges: ok". */
 #include <errno.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <netdb.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -195,6 +197,36 @@ static void placement(const char *addr_env, const char *first)
 	exit(0);
 }
 
+static volatile sig_atomic_t ticks;
+static void on_tick(int sig)
+{
+	(void)sig;
+	ticks++;
+}
+
+/* rdma_get_cm_event waits as librdmacm's does, in a system call on the channel's descriptor:
+ * a signal whose handler was installed without SA_RESTART ends the wait with -1/EINTR. */
+static void get_event_interrupted(void)
+{
+	struct rdma_event_channel *c = rdma_create_event_channel();
+	struct rdma_cm_event *e = NULL;
+	struct sigaction sa;
+	struct itimerval t;
+	CHECK(c);
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_tick;
+	sigemptyset(&sa.sa_mask);
+	CHECK(sigaction(SIGALRM, &sa, NULL) == 0);
+	memset(&t, 0, sizeof t);
+	t.it_value.tv_usec = 50 * 1000;
+	CHECK(setitimer(ITIMER_REAL, &t, NULL) == 0);
+	errno = 0;
+	CHECK(rdma_get_cm_event(c, &e) == -1 && errno == EINTR && ticks == 1);
+	rdma_destroy_event_channel(c);
+	printf("cm_edges get_event_interrupted: ok\n");
+	exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	struct rdma_cm_id *listener, *other, *c, *s;
@@ -216,6 +248,8 @@ int main(int argc, char **argv)
 		ipv6();
 	if (argc > 1 && strcmp(argv[1], "qp_destroyed") == 0)
 		qp_destroyed();
+	if (argc > 1 && strcmp(argv[1], "get_event_interrupted") == 0)
+		get_event_interrupted();
 	if (argc > 2 && strcmp(argv[1], "placement") == 0)
 		placement(getenv("SOFTHCA_ADDR"), argv[2]);
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
