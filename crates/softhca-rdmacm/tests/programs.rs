@@ -1,7 +1,8 @@
 //! Debian's unmodified rdmacm-utils and perftest programs on the drop-in librdmacm.so.1, two
 //! processes each, every pair on addresses of its own: rping, rdma_server/rdma_client,
-//! ucmatose with several connections, udaddy (UD ids, SIDR), pyverbs.cmid, and perftest's `-R` (connection through rdma_cm) for
-//! RDMA Write, Send latency and RDMA Read.
+//! ucmatose with several connections, udaddy (UD ids, SIDR), cmtime (a burst of 200
+//! connections), pyverbs.cmid, and perftest's `-R` (connection through rdma_cm) for RDMA
+//! Write, Send latency and RDMA Read.
 
 mod common;
 
@@ -62,6 +63,29 @@ fn udaddy_resolves_ud_services_with_sidr() {
     );
     assert!(s.contains("test complete") && s.contains("return status 0"), "{s}");
     assert!(c.contains("test complete") && c.contains("return status 0"), "{c}");
+}
+
+/// cmtime (rdmacm-utils): 200 connections set up and torn down at once, each step timed. What
+/// it found: the GSI posted 32 receives and sent from an SQ of 32 dropping the rest, so a
+/// burst of REQs, REPs or DREQs lost most of its MADs and they waited out a CM response
+/// timeout (4.3 s) to be sent again (100 connections: 8.6 s to connect, 4.3 s to
+/// disconnect); the GSI now posts 512 receives and queues what its SQ has no room for, as
+/// Linux's MAD layer does. The client's CM must have resent nothing and dropped nothing
+/// (its counters at exit, SOFTHCA_CM_DEBUG=1).
+#[test]
+fn cmtime_sets_up_and_tears_down_a_burst_of_connections_without_a_resend() {
+    if !have_all(&["cmtime"]) {
+        return;
+    }
+    let (_, c) = pair_serving(
+        Proc { program: "cmtime", args: &["-b", "127.0.0.51"], addr: [127, 0, 0, 51] },
+        Proc { program: "cmtime", args: &["-s", "127.0.0.51", "-c", "200"], addr: [127, 0, 0, 52] },
+    );
+    for step in ["create id", "resolve addr", "resolve route", "create qp", "connect", "disconnect", "destroy"] {
+        assert!(c.lines().any(|l| l.starts_with(step) && l.contains(':')), "no {step} line\n{c}");
+    }
+    let counters = c.lines().find(|l| l.contains("counters at exit")).unwrap_or_else(|| panic!("no counters\n{c}"));
+    assert!(counters.contains("resent: 0,") && counters.ends_with("MADs dropped by the GSI: 0"), "{counters}");
 }
 
 fn perftest(program: &str, args: &[&str], server: u8) {

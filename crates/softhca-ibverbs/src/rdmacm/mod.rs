@@ -280,6 +280,17 @@ fn settle(mut g: MutexGuard<'static, Global>, max: std::time::Duration) -> Mutex
 /// condition variable, a write to an eventfd: nothing thread-local).
 extern "C" fn at_exit() {
     let mut g = global();
+    if let Some(d) = g.dev.as_mut() {
+        // What the CM resent, rejected and dropped, for the person debugging (and the tests
+        // that check a burst of connections needed no resend).
+        // Written with write(2): the thread-locals eprintln! may use are gone by now.
+        let (c, dropped) = (d.agent.cm().counters(), d.agent.dropped);
+        if debugging() {
+            let line = format!("softhca-cm: counters at exit: {c:?}, MADs dropped by the GSI: {dropped}\n");
+            // SAFETY: writes the bytes of a live String to standard error.
+            unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+        }
+    }
     if g.dev.is_none() || g.conns.is_empty() {
         return;
     }
@@ -327,10 +338,15 @@ fn wake() {
 /// manager does, for the person debugging it (Linux shows the like in its rdma_cm trace
 /// events). A script can also wait for the `listening` line before it starts a client.
 pub(crate) fn debug(line: impl FnOnce() -> String) {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if *ON.get_or_init(|| std::env::var("SOFTHCA_CM_DEBUG").is_ok_and(|v| v == "1")) {
+    if debugging() {
         eprintln!("softhca-cm: {}", line());
     }
+}
+
+/// Whether `SOFTHCA_CM_DEBUG=1` (see [`debug`]).
+fn debugging() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SOFTHCA_CM_DEBUG").is_ok_and(|v| v == "1"))
 }
 
 /// Nanoseconds on the CM's clock.

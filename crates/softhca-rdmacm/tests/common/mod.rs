@@ -158,12 +158,22 @@ pub struct Proc<'a> {
 /// client then gives up while its server waits for ever. Such a run (the client saw REJECTED
 /// with status 8) is run again, at most 3 times; any other failure fails the test.
 pub fn pair(server: Proc, client: Proc) -> (String, String) {
+    pair_with(server, client, false)
+}
+
+/// [`pair`] with a server that serves on after its client (cmtime's): it is stopped once the
+/// client is done, and only the client must exit 0.
+pub fn pair_serving(server: Proc, client: Proc) -> (String, String) {
+    pair_with(server, client, true)
+}
+
+fn pair_with(server: Proc, client: Proc, serves_on: bool) -> (String, String) {
     // One pair at a time: a perftest bandwidth pair floods the loopback, and UD programs
     // (udaddy) lose what the kernel drops and wait for ever, as they would on Linux.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for attempt in 1..=3 {
-        match try_pair(&server, &client) {
+        match try_pair(&server, &client, serves_on) {
             Ok(out) => return out,
             Err(ct) if attempt < 3 && ct.contains("RDMA_CM_EVENT_REJECTED (status 8)") => continue,
             Err(report) => panic!("{report}"),
@@ -172,7 +182,7 @@ pub fn pair(server: Proc, client: Proc) -> (String, String) {
     unreachable!()
 }
 
-fn try_pair(server: &Proc, client: &Proc) -> Result<(String, String), String> {
+fn try_pair(server: &Proc, client: &Proc, serves_on: bool) -> Result<(String, String), String> {
     use std::io::BufRead;
     let ip = |a: [u8; 4]| format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]);
     let mut s = command(server.program, server.args);
@@ -198,11 +208,12 @@ fn try_pair(server: &Proc, client: &Proc) -> Result<(String, String), String> {
     // failed); a hang kills both and shows what each said.
     let c = listening.then(|| wait_or_kill(c.spawn().unwrap(), 60));
     let client_ok = c.as_ref().is_some_and(|(c, hung)| !hung && c.status.success());
-    let (s, s_hung) = wait_or_kill(s, if client_ok { 60 } else { 0 });
+    let (s, s_hung) = wait_or_kill(s, if client_ok && !serves_on { 60 } else { 0 });
+    let (s_hung, s_ok) = if serves_on { (false, true) } else { (s_hung, s.status.success()) };
     let st = format!("{}{}", String::from_utf8_lossy(&s.stdout), reader.join().unwrap());
     let Some((c, c_hung)) = c else { return Err(format!("{} never listened:\n{st}", server.program)) };
     let ct = text(&c);
-    if c_hung || s_hung || !c.status.success() || !s.status.success() {
+    if c_hung || s_hung || !c.status.success() || !s_ok {
         return Err(format!(
             "{} ({}{}) / {} ({}{}):\nclient:\n{ct}\nserver:\n{st}",
             client.program,

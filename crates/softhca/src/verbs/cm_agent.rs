@@ -4,7 +4,7 @@
 //! a driver) calls [`CmAgent::progress`] with the clock the device runs on, and acts on the
 //! events: on a REQ it creates and accepts, on Established it moves its QP to RTR and RTS.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use super::ah::Ah;
 use super::cq::{CompChannel, Cq};
@@ -18,10 +18,17 @@ use super::wr::{RecvWr, SendWr};
 use crate::transport::cm::{Cm, Peer};
 use crate::wire::mad::MAD_LEN;
 
-/// Receive slots of the GSI (and its SQ depth): a slot holds a 40-byte GRH area and one MAD.
-/// MADs go out inline, copied at post time, so a send needs no buffer of its own.
-const SLOTS: usize = 32;
+/// Receive slots of the GSI, as many as Linux's MAD layer posts (ib_mad's `recv_queue_size`,
+/// 512): a slot holds a 40-byte GRH area and one MAD. A burst of REQs (cmtime's 100
+/// connections at once) larger than the slots lost the rest, and their requesters waited
+/// out a CM response timeout (4.3 s) to send again.
+const SLOTS: usize = 512;
 const SLOT: usize = 40 + MAD_LEN;
+/// The GSI's SQ depth, as Linux's (ib_mad's `send_queue_size`, 128). MADs go out inline,
+/// copied at post time, so a send needs no buffer of its own; those that find the SQ full
+/// wait in order for its completions, as Linux's MAD layer queues them (cmtime's 1,000
+/// disconnects at once: dropped, they waited out a CM response timeout, 4.3 s, per 128).
+const SEND_DEPTH: usize = 128;
 
 /// A port's connection manager on its GSI.
 pub struct CmAgent {
@@ -31,11 +38,13 @@ pub struct CmAgent {
     cq: Cq,
     recv: Mr,
     ahs: HashMap<Peer, Ah>,
-    /// MADs the GSI dropped: no AH for the peer, or a full send queue.
+    /// MADs the GSI dropped: no AH for the peer, or a send refused.
     pub dropped: u64,
     /// MADs posted and not yet completed (each send is signaled: a driver that must not go
     /// before its last MADs left, a process exiting, waits for this to reach 0).
     in_flight: u64,
+    /// MADs waiting for room in the SQ, in the order the CM queued them.
+    waiting: VecDeque<(Peer, Box<[u8; MAD_LEN]>)>,
 }
 
 /// The sender's GID from a UD receive's GRH area: an IPv6 header, or (RoCEv2 over IPv4) 20
@@ -60,9 +69,9 @@ impl CmAgent {
     /// As [`CmAgent::new`], its CQ reporting to `channel` once armed ([`CmAgent::arm`]): a
     /// driver thread waits on the channel's fd for MADs instead of polling.
     pub fn with_channel(ctx: &Context, pd: &Pd, seed: u32, channel: Option<&CompChannel>) -> Result<CmAgent> {
-        let cq = ctx.create_cq_with_channel(4 * SLOTS as u32, channel)?;
+        let cq = ctx.create_cq_with_channel((SLOTS + SEND_DEPTH) as u32, channel)?;
         let init = QpInitAttr::ud(&cq, &cq)
-            .max_send_wr(SLOTS as u32)
+            .max_send_wr(SEND_DEPTH as u32)
             .max_recv_wr(SLOTS as u32)
             .max_inline_data(MAD_LEN as u32);
         let qp = ctx.get_special_qp(pd, SpecialQp::Gsi, &init)?;
@@ -73,7 +82,17 @@ impl CmAgent {
         for i in 0..SLOTS {
             qp.post_recv(&[RecvWr::new(i as u64, &[recv.sge(i * SLOT..(i + 1) * SLOT)])]).map_err(|e| e.error)?;
         }
-        Ok(CmAgent { cm: Cm::new(seed), pd: pd.clone(), qp, cq, recv, ahs: HashMap::new(), dropped: 0, in_flight: 0 })
+        Ok(CmAgent {
+            cm: Cm::new(seed),
+            pd: pd.clone(),
+            qp,
+            cq,
+            recv,
+            ahs: HashMap::new(),
+            dropped: 0,
+            in_flight: 0,
+            waiting: VecDeque::new(),
+        })
     }
 
     /// The state machine: listen, connect, accept, reject, disconnect, poll events.
@@ -122,9 +141,14 @@ impl CmAgent {
         Ok(())
     }
 
-    /// Sends the MADs the CM queued.
+    /// Sends the MADs the CM queued, those that waited for room first; what does not fit in
+    /// the SQ waits for its completions (the next call after [`CmAgent::receive`] took them).
     pub fn transmit(&mut self) {
-        while let Some((peer, mad)) = self.cm.poll_transmit() {
+        while let Some(m) = self.cm.poll_transmit() {
+            self.waiting.push_back(m);
+        }
+        while self.in_flight < SEND_DEPTH as u64 {
+            let Some((peer, mad)) = self.waiting.pop_front() else { break };
             if !self.ahs.contains_key(&peer) {
                 let Ok(ah) = self.pd.create_ah(&AhAttr::roce(Gid(peer), 0)) else {
                     self.dropped += 1;
@@ -134,17 +158,17 @@ impl CmAgent {
             }
             let ah = &self.ahs[&peer];
             if self.qp.post_send(&[SendWr::send_inline(0, &mad[..]).ud(ah, GSI_QPN, GSI_QKEY).signaled()]).is_err() {
-                self.dropped += 1; // a full SQ: the CM sends again at its deadline
+                self.dropped += 1; // the QP in Error: the CM sends again at its deadline
             } else {
                 self.in_flight += 1;
             }
         }
     }
 
-    /// MADs posted on the GSI that have not completed yet (on a link that defers datagram
-    /// completions, not yet handed to the kernel).
+    /// MADs not yet sent: posted on the GSI and not completed (on a link that defers datagram
+    /// completions, not yet handed to the kernel), or waiting for room in its SQ.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight
+        self.in_flight + self.waiting.len() as u64
     }
 
     /// The earliest CM deadline.
