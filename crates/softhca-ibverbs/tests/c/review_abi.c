@@ -117,6 +117,19 @@ static void cq_event_after_destroy(void)
 	ibv_ack_cq_events(b, 1);
 }
 
+/* What an RC QP on an SRQ of `pd` is created with (a new CQ and SRQ): moved to Error, it
+   raises Last WQE Reached. */
+static struct ibv_qp_init_attr on_srq(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1 } };
+	struct ibv_srq *srq = pd ? ibv_create_srq(pd, &si) : NULL;
+	CHECK(pd && cq && srq, "setup");
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+				       .cap = { 4, 0, 1, 1, 0 } };
+	return ia;
+}
+
 static volatile sig_atomic_t ticks;
 static void on_tick(int sig)
 {
@@ -197,12 +210,7 @@ static void async_event_interrupted(void)
 {
 	struct ibv_context *ctx = open_ctx();
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1 } };
-	struct ibv_srq *srq = ibv_create_srq(pd, &si);
-	CHECK(pd && cq && srq, "setup");
-	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
-				       .cap = { 4, 0, 1, 1, 0 } };
+	struct ibv_qp_init_attr ia = on_srq(ctx, pd);
 	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
 	CHECK(qp, "ibv_create_qp");
 	to_init(qp, 0);
@@ -233,12 +241,7 @@ static void qp_event_after_destroy(void)
 {
 	struct ibv_context *ctx = open_ctx();
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	struct ibv_srq_init_attr si = { .attr = { .max_wr = 16, .max_sge = 1 } };
-	struct ibv_srq *srq = ibv_create_srq(pd, &si);
-	CHECK(pd && cq && srq, "setup");
-	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
-				       .cap = { 4, 0, 1, 1, 0 } };
+	struct ibv_qp_init_attr ia = on_srq(ctx, pd);
 	struct ibv_qp *q1 = ibv_create_qp(pd, &ia);
 	struct ibv_qp *q2 = ibv_create_qp(pd, &ia);
 	CHECK(q1 && q2, "ibv_create_qp");
