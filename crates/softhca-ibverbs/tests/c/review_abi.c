@@ -75,16 +75,33 @@ static void flush_one_recv(struct ibv_qp *qp, struct ibv_mr *mr, uint64_t id)
 	to_error(qp);
 }
 
+/* A context with a PD, a 4 KiB region and a completion channel. */
+struct with_channel {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_mr *mr;
+	struct ibv_comp_channel *ch;
+};
+
+static struct with_channel open_with_channel(void)
+{
+	struct with_channel w = { .ctx = open_ctx() };
+	w.pd = ibv_alloc_pd(w.ctx);
+	w.mr = w.pd ? ibv_reg_mr(w.pd, calloc(1, 4096), 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+	w.ch = ibv_create_comp_channel(w.ctx);
+	CHECK(w.pd && w.mr && w.ch, "setup");
+	return w;
+}
+
 /* Destroying a CQ drops its completion events that the channel has not yet handed out (the
    kernel's ib_uverbs_release_ucq): the next ibv_get_cq_event names a live CQ. */
 static void cq_event_after_destroy(void)
 {
-	struct ibv_context *ctx = open_ctx();
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	char *buf = calloc(1, 4096);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
-	CHECK(pd && mr && ch, "setup");
+	struct with_channel w = open_with_channel();
+	struct ibv_context *ctx = w.ctx;
+	struct ibv_pd *pd = w.pd;
+	struct ibv_mr *mr = w.mr;
+	struct ibv_comp_channel *ch = w.ch;
 	struct ibv_cq *a = ibv_create_cq(ctx, 16, (void *)0xa, ch, 0);
 	struct ibv_cq *b = ibv_create_cq(ctx, 16, (void *)0xb, ch, 0);
 	CHECK(a && b, "ibv_create_cq");
@@ -165,12 +182,11 @@ static void *flush_later(void *arg)
    so), and one installed with SA_RESTART leaves the wait going until the event comes. */
 static void cq_event_interrupted(void)
 {
-	struct ibv_context *ctx = open_ctx();
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	char *buf = calloc(1, 4096);
-	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
-	CHECK(pd && mr && ch, "setup");
+	struct with_channel w = open_with_channel();
+	struct ibv_context *ctx = w.ctx;
+	struct ibv_pd *pd = w.pd;
+	struct ibv_mr *mr = w.mr;
+	struct ibv_comp_channel *ch = w.ch;
 	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, ch, 0);
 	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .cap = { 4, 4, 1, 1, 0 } };
 	struct ibv_qp *qp = cq ? ibv_create_qp(pd, &ia) : NULL;
