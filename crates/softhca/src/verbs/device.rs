@@ -752,6 +752,16 @@ impl Context {
         self.inner.engine.prefetch_dest(datagram)
     }
 
+    /// Runs `f`, which feeds the device datagrams that arrived together (a GRO buffer, a GSO
+    /// message), as one engine step: the completion events they raise are raised once all of
+    /// them are in. An answer and the ACK that travels with it complete a receive and a send;
+    /// a program woken by either event finds both CQEs, as it would after an HCA's burst
+    /// (perftest's `ib_send_lat -e` polls each CQ once per event of its one channel, and lost
+    /// step when the second CQE came after the first event).
+    pub fn together<R>(&self, f: impl FnOnce() -> R) -> R {
+        super::effects::step(f)
+    }
+
     /// [`Context::receive`] for a link that has already verified the ICRC over the header the
     /// datagram really had (the UDP link rebuilds or captures it): everything else is checked
     /// as usual, the CRC is not computed a second time.

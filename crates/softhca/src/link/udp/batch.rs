@@ -396,19 +396,23 @@ impl Io {
         let mut off = start;
         let mut index = (start / seg) as u16;
         let mut n = 0;
-        while off < m.len {
-            let len = seg.min(m.len - off);
-            let at = headroom + off;
-            let request = !is_response(buf[at]);
-            self.on_payload(buf, at, len, from, index);
-            off += len;
-            n += 1;
-            index = index.wrapping_add(1);
-            if stop_after_request && request && off < m.len {
-                return (n, Some(off));
+        // One step for the datagrams of one message (`Context::together`).
+        let ctx = self.ctx.clone();
+        ctx.together(|| {
+            while off < m.len {
+                let len = seg.min(m.len - off);
+                let at = headroom + off;
+                let request = !is_response(buf[at]);
+                self.on_payload(buf, at, len, from, index);
+                off += len;
+                n += 1;
+                index = index.wrapping_add(1);
+                if stop_after_request && request && off < m.len {
+                    return (n, Some(off));
+                }
             }
-        }
-        (n, None)
+            (n, None)
+        })
     }
 
     /// Verifies one UDP payload at `buf[at..at + len]` from `from`, writes the rebuilt header in
