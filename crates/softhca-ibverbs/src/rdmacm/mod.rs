@@ -280,16 +280,14 @@ fn settle(mut g: MutexGuard<'static, Global>, max: std::time::Duration) -> Mutex
 /// condition variable, a write to an eventfd: nothing thread-local).
 extern "C" fn at_exit() {
     let mut g = global();
-    if let Some(d) = g.dev.as_mut() {
+    if let Some(d) = g.dev.as_mut().filter(|_| debugging()) {
         // What the CM resent, rejected and dropped, for the person debugging (and the tests
-        // that check a burst of connections needed no resend).
-        // Written with write(2): the thread-locals eprintln! may use are gone by now.
+        // that check a burst of connections needed no resend). Written with write(2): the
+        // thread-locals eprintln! may use are gone by now.
         let (c, dropped) = (d.agent.cm().counters(), d.agent.dropped);
-        if debugging() {
-            let line = format!("softhca-cm: counters at exit: {c:?}, MADs dropped by the GSI: {dropped}\n");
-            // SAFETY: writes the bytes of a live String to standard error.
-            unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
-        }
+        let line = format!("softhca-cm: counters at exit: {c:?}, MADs dropped by the GSI: {dropped}\n");
+        // SAFETY: writes the bytes of a live String to standard error.
+        unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
     }
     if g.dev.is_none() || g.conns.is_empty() {
         return;

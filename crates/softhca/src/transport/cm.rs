@@ -222,7 +222,14 @@ struct HeldReq {
     peer: Peer,
     tid: u64,
     req: Box<CmReq>,
-    until: u64,
+    /// When it came; it waits until [`REQ_HOLD_NS`] later.
+    came: u64,
+}
+
+impl HeldReq {
+    fn until(&self) -> u64 {
+        self.came.saturating_add(REQ_HOLD_NS)
+    }
 }
 
 /// One port's connection manager.
@@ -290,9 +297,7 @@ impl Cm {
     pub fn listen(&mut self, service_id: u64) {
         self.listening.insert(service_id, ());
         for h in self.take_held(service_id) {
-            // When it came; a service that listens holds nothing.
-            let came = h.until.saturating_sub(REQ_HOLD_NS);
-            self.on_req(came, h.peer, h.tid, h.req);
+            self.on_req(h.came, h.peer, h.tid, h.req);
         }
     }
 
@@ -610,14 +615,14 @@ impl Cm {
     /// The earliest deadline of any connection or SIDR exchange.
     pub fn poll_timeout(&self) -> Option<u64> {
         let conns = self.conns.values().filter_map(|c| c.deadline);
-        let held = self.held.iter().map(|h| h.until);
+        let held = self.held.iter().map(HeldReq::until);
         conns.chain(self.sidrs.values().map(|s| s.deadline)).chain(held).min()
     }
 
     /// Sends again what is unanswered past its deadline, or gives the connection up.
     pub fn handle_timeout(&mut self, now: u64) {
         self.sidr_timeouts(now);
-        while self.held.front().is_some_and(|h| h.until <= now) {
+        while self.held.front().is_some_and(|h| h.until() <= now) {
             if let Some(h) = self.held.pop_front() {
                 self.refuse_req(h.peer, h.tid, &h.req, reason::INVALID_SERVICE_ID);
             }
@@ -695,8 +700,7 @@ impl Cm {
             }
             if self.held.len() < MAX_HELD_REQS {
                 self.counters.held_for_listen += 1;
-                let until = now.saturating_add(REQ_HOLD_NS);
-                self.held.push_back(HeldReq { service_id: req.service_id, peer, tid, req, until });
+                self.held.push_back(HeldReq { service_id: req.service_id, peer, tid, req, came: now });
                 return true;
             }
         }

@@ -758,7 +758,9 @@ impl Context {
     /// a program woken by either event finds both CQEs, as it would after an HCA's burst
     /// (perftest's `ib_send_lat -e` polls each CQ once per event of its one channel, and lost
     /// step when the second CQE came after the first event).
-    pub fn together<R>(&self, f: impl FnOnce() -> R) -> R {
+    /// An associated function: a link calls it once per received message, and needs no
+    /// handle (a clone of one per message was an atomic add and subtract on the hot path).
+    pub fn together<R>(f: impl FnOnce() -> R) -> R {
         super::effects::step(f)
     }
 

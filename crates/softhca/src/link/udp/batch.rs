@@ -397,8 +397,7 @@ impl Io {
         let mut index = (start / seg) as u16;
         let mut n = 0;
         // One step for the datagrams of one message (`Context::together`).
-        let ctx = self.ctx.clone();
-        ctx.together(|| {
+        Context::together(|| {
             while off < m.len {
                 let len = seg.min(m.len - off);
                 let at = headroom + off;
