@@ -142,6 +142,13 @@ impl Gid {
     pub fn is_zero(self) -> bool {
         self.0 == [0; 16]
     }
+
+    /// A multicast GID: an IPv6 multicast address (`ff00::/8`, as an IB MGID) or the
+    /// IPv4-mapped form of an IPv4 multicast address (`::ffff:224.0.0.0/100`), which is how a
+    /// RoCEv2 port names an IPv4 group (rdma_cm's MGID for one).
+    pub fn is_multicast(self) -> bool {
+        self.0[0] == 0xFF || self.to_ipv4().is_some_and(|a| a.is_multicast())
+    }
 }
 
 impl fmt::Debug for Gid {

@@ -981,6 +981,10 @@ impl ShmDevice {
         let gid = Gid::from_ipv6(addr.to_ipv6_mapped());
         let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
         dcfg.port.gid_tbl_len = super::udp::GID_TABLE_LEN;
+        // Rings join two devices: no group has a third to reach.
+        dcfg.attr.max_mcast_grp = 0;
+        dcfg.attr.max_mcast_qp_attach = 0;
+        dcfg.attr.max_total_mcast_qp_attach = 0;
         let ctx = match Context::create(dcfg) {
             Ok(c) => c,
             Err(e) => {

@@ -440,6 +440,13 @@ enum StepOutcome {
     Progress,
 }
 
+/// Where a datagram goes: the device with its destination address (none: lost), or every
+/// device for a multicast address.
+enum Route {
+    To(Option<DeviceId>),
+    Everyone,
+}
+
 /// A deterministic fabric joining [`Context`]s; see the module docs.
 pub struct SimFabric {
     config: SimConfig,
@@ -742,10 +749,14 @@ impl SimFabric {
         roce::split_ip(datagram).ok().and_then(|s| self.id_of_addr(s.ip.src_gid()))
     }
 
-    fn route(&self, datagram: &[u8]) -> Option<DeviceId> {
-        match roce::raw_ipv6_dst(datagram) {
-            Some(dst) => self.id_of_addr(dst),
-            None => roce::split_ip(datagram).ok().and_then(|s| self.id_of_addr(s.ip.dst_gid())),
+    fn route(&self, datagram: &[u8]) -> Route {
+        let dst = match roce::raw_ipv6_dst(datagram) {
+            Some(dst) => Some(dst),
+            None => roce::split_ip(datagram).ok().map(|s| s.ip.dst_gid()),
+        };
+        match dst {
+            Some(d) if Gid::from_ipv6(d).is_multicast() => Route::Everyone,
+            d => Route::To(d.and_then(|d| self.id_of_addr(d))),
         }
     }
 
@@ -782,8 +793,22 @@ impl SimFabric {
 
     /// Puts one datagram on the wire at `now`. `forced_to` overrides routing (`Some(None)`:
     /// to nobody).
+    /// A datagram to a multicast address goes to every device, its sender's included (as IP
+    /// multicast loops back to its host): each device's group table decides who takes it.
     fn offer(&mut self, from: Option<DeviceId>, forced_to: Option<Option<DeviceId>>, data: Vec<u8>, injected: bool) {
-        let to = forced_to.unwrap_or_else(|| self.route(&data));
+        let to = match forced_to {
+            Some(to) => to,
+            None => match self.route(&data) {
+                Route::To(to) => to,
+                Route::Everyone => {
+                    for i in 0..self.nodes.len() {
+                        let copy = self.buffer_from(&data);
+                        self.offer_to(from, Some(DeviceId(i)), copy, injected, false);
+                    }
+                    return self.recycle(data);
+                }
+            },
+        };
         self.offer_to(from, to, data, injected, false);
     }
 

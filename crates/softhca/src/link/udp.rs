@@ -93,6 +93,12 @@
 //! as its claim on the address. In raw mode the raw socket sees responses too, and there is
 //! no response queue.
 //!
+//! **Multicast.** A UD QP attached to a group (`Qp::attach_mcast`) hears it through a socket
+//! bound to the group's address and joined on the device's interface, opened at the group's
+//! first attach and closed at its last detach (`groups`); what it reads is verified as above,
+//! over a header addressed to the group. Sending needs nothing more: the device's sockets are
+//! bound to its address, which takes a multicast route out of the interface that holds it.
+//!
 //! Malformed or hostile datagrams are dropped and counted in [`UdpCounters`], never trusted;
 //! the core then validates the transport headers (PKT-VAL-*).
 //!
@@ -102,13 +108,15 @@
 //! open one and the counters; `port` the link's I/O as the engine driver (`link::driver`,
 //! shared with any OS-facing link: the engine thread, the doorbell, busy-poll turns) runs it;
 //! `batch` the batched socket I/O and the stamping of what leaves; `verify` the ICRC checks
-//! of what arrives, `hints` the IPv4 Identification hypotheses, `sys` the socket calls. The
+//! of what arrives, `hints` the IPv4 Identification hypotheses, `groups` the multicast groups'
+//! sockets, `sys` the socket calls. The
 //! driver uses the port, never the other way round; none of them reaches into the transport,
 //! only the sans-IO [`Context`] interface.
 
 mod batch;
 pub mod config;
 mod frames;
+mod groups;
 mod hints;
 mod port;
 pub mod sys;
@@ -301,7 +309,8 @@ impl UdpDevice {
             .chain(frames.as_ref().map(|f| f.fd()))
             .chain(ipv6.as_ref().map(|f| f.fd()))
             .collect();
-        let rx_poll = if rx_fds.len() > 1 { Some(sys::epoll_of(&rx_fds)?) } else { None };
+        // And on the sockets of the multicast groups it joins.
+        let groups = Arc::new(groups::Groups::new(sys::epoll_of(&rx_fds)?, addr));
         let gid = Gid::from_ipv6(verify::gid_addr(addr));
         let mut dcfg = DeviceConfig::default().name(cfg.name.clone()).gid0(gid);
         dcfg.port.gid_tbl_len = GID_TABLE_LEN;
@@ -334,6 +343,19 @@ impl UdpDevice {
                 }
             })));
         }
+        {
+            // Attach QP to Multicast Group opens the group's socket before it returns. Held
+            // weakly, as the raw listener's ports.
+            let g = Arc::downgrade(&groups);
+            ctx.set_group_listener(Some(Arc::new(move |mgid, on| match g.upgrade() {
+                Some(g) if on => g.join(mgid),
+                Some(g) => {
+                    g.leave(mgid);
+                    true
+                }
+                None => true,
+            })));
+        }
         let mut taps = crate::link::Taps::default();
         if let Some(p) = &cfg.pcap {
             taps.push(crate::link::TapHandle::new(PcapTap::new(BufWriter::new(File::create(p)?))?));
@@ -353,11 +375,11 @@ impl UdpDevice {
             steering: false,
             draining: false,
             backlog_at: 0,
-            rx_poll,
+            groups: groups.clone(),
             _claim: claim,
             raw,
             alt,
-            rx_alt: false,
+            rx_from: batch::RxFrom::Device,
             frames,
             ipv6,
             ports: rustc_hash::FxHashMap::default(),

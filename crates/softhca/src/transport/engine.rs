@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
-use crate::types::{AhAttr, QpState, QpType, WcStatus, GSI_QKEY, GSI_QPN};
+use crate::types::{AhAttr, Gid, QpState, QpType, WcStatus, GSI_QKEY, GSI_QPN};
 use crate::wire::aeth::Syndrome;
 use crate::wire::icrc;
 use crate::wire::opcode::{Direction, Operation, Position, ServiceType, Suffix};
@@ -24,6 +24,7 @@ use crate::wire::{
 use super::channel::Sent;
 use super::completer::{self, Response};
 use super::hca::Hca;
+use super::mcast::{Groups, MULTICAST_QPN};
 use super::qp::{QpCore, QpInner, QpTable};
 use super::rd::eec::EecInner;
 use super::requester;
@@ -324,6 +325,8 @@ pub(crate) struct Engine {
     frames_ready: Ready,
     /// The Raw QPs, which take the inbound raw packets (`receive_raw`).
     raw: RwLock<Vec<(u32, QpType)>>,
+    /// The multicast groups and their UD QPs (`mcast`), read only for multicast packets.
+    pub groups: RwLock<Groups>,
     /// How many of them are Raw Ethertype QPs and Raw IPv6 QPs: a link listens for their
     /// packets only while there are.
     frame_qps: AtomicU32,
@@ -764,9 +767,32 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     if bth.opcode.service_range() == Some(ServiceType::Rd) {
         return super::rd::deliver(dev, &qps, now, d);
     }
+    let mgid = Gid::from_ipv6(d.ip.dst_gid());
+    if bth.dest_qp == MULTICAST_QPN || mgid.is_multicast() {
+        // IBA 10.5: a multicast packet names the group in its destination GID and DestQP
+        // 0xFFFFFF; either without the other is malformed. Each QP attached to the group gets
+        // the packet as if addressed to it alone (its state, P_Key, service type and Q_Key
+        // checked), the one that sent it included, as IP multicast loops back to its host.
+        if bth.dest_qp != MULTICAST_QPN || !mgid.is_multicast() {
+            return false;
+        }
+        let groups = dev.engine().groups.read().unwrap_or_else(|e| e.into_inner());
+        let mut taken = false;
+        for qp in groups.members(mgid).iter().filter_map(|&qpn| qps.get(qpn)) {
+            taken |= deliver_to(dev, qp, now, d, datagram);
+        }
+        return taken;
+    }
     let Some(qp) = qps.get(bth.dest_qp) else {
         return false; // PKT-VAL-4
     };
+    deliver_to(dev, qp, now, d, datagram)
+}
+
+/// [`deliver`] of a packet to one QP, from PKT-VAL-5 on.
+fn deliver_to(dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
+    let p = &d.packet;
+    let bth = p.bth;
     let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
     if qp.destroyed.load(Ordering::Acquire) {
         return false;

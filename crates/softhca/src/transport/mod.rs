@@ -17,6 +17,7 @@ pub(crate) mod channel;
 pub mod cm;
 pub(crate) mod completer;
 pub(crate) mod hca;
+pub(crate) mod mcast;
 pub(crate) mod qp;
 pub(crate) mod qp_table;
 pub(crate) mod rd;

@@ -76,6 +76,12 @@ pub struct DeviceAttr {
     /// Create QP refuses the type).
     pub max_raw_ipv6_qp: u32,
     pub max_raw_ethy_qp: u32,
+    /// Multicast groups the device's UD QPs may be attached to, QPs per group, and
+    /// attachments in all (Attach QP to Multicast Group); 0 on a link that carries no
+    /// multicast, and the verb refuses.
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_total_mcast_qp_attach: u32,
 }
 
 impl Default for DeviceAttr {
@@ -120,6 +126,10 @@ impl Default for DeviceAttr {
             port_change: false,
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
+            // Linux rxe's limits.
+            max_mcast_grp: 8192,
+            max_mcast_qp_attach: 56,
+            max_total_mcast_qp_attach: 0x70000,
         }
     }
 }
@@ -298,6 +308,12 @@ impl<T: ?Sized> HookSlot<T> {
 /// it cannot start makes Create QP fail.
 pub type RawListener = Arc<dyn Fn(QpType, bool) -> bool + Send + Sync>;
 
+/// Called when a multicast group gets its first attached QP (`true`) or loses its last
+/// (`false`), on the thread of the verb and before it returns: a link that must join a group
+/// to hear it (the UDP link binds a socket to the group's address and joins it on its
+/// interface) does so then. Returning false when it cannot join makes the attach fail.
+pub type GroupListener = Arc<dyn Fn(Gid, bool) -> bool + Send + Sync>;
+
 pub(crate) struct AsyncQueue {
     pub events: Mutex<VecDeque<AsyncEvent>>,
     pub ready: Condvar,
@@ -356,6 +372,7 @@ pub(crate) struct DeviceInner {
     pub doorbell: HookSlot<Hook>,
     pub progress: HookSlot<Hook>,
     pub raw_listener: RwLock<Option<RawListener>>,
+    pub group_listener: RwLock<Option<GroupListener>>,
     /// The transport's state of the device: QPs, EECs, counters, timers (DESIGN rule 1).
     pub engine: Engine,
 }
@@ -427,6 +444,13 @@ impl DeviceInner {
     pub(crate) fn raw_listen(&self, qp_type: QpType, on: bool) -> bool {
         let hook = self.raw_listener.read().unwrap_or_else(|e| e.into_inner()).clone();
         hook.is_none_or(|h| h(qp_type, on))
+    }
+
+    /// Tells the link that the device joins (`on`) or leaves multicast group `mgid` (see
+    /// [`GroupListener`]); true without a link that listens.
+    pub(crate) fn group_listen(&self, mgid: Gid, on: bool) -> bool {
+        let hook = self.group_listener.read().unwrap_or_else(|e| e.into_inner()).clone();
+        hook.is_none_or(|h| h(mgid, on))
     }
 
     pub fn pkey(&self, index: u16) -> Option<u16> {
@@ -584,6 +608,7 @@ impl Context {
             doorbell: HookSlot::default(),
             progress: HookSlot::default(),
             raw_listener: RwLock::new(None),
+            group_listener: RwLock::new(None),
             engine: Engine::default(),
         });
         let mut list = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
@@ -727,6 +752,13 @@ impl Context {
     /// the link's next turn, which may come after a peer's first frame.
     pub fn set_raw_listener(&self, hook: Option<RawListener>) {
         *self.inner.raw_listener.write().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+
+    /// Installs (or with `None` removes) the hook a link that must join a multicast group to
+    /// hear it wants called when a group gets its first attached QP or loses its last (see
+    /// [`GroupListener`]).
+    pub fn set_group_listener(&self, hook: Option<GroupListener>) {
+        *self.inner.group_listener.write().unwrap_or_else(|e| e.into_inner()) = hook;
     }
 
     /// Removes the doorbell.

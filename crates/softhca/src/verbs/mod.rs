@@ -50,8 +50,8 @@ pub use ah::Ah;
 pub use cm_agent::CmAgent;
 pub use cq::{CompChannel, Cq};
 pub use device::{
-    device_list, open_device, AtomicCap, Context, DeviceAttr, DeviceConfig, DeviceInfo, PortAttr, PortState, Progress,
-    RawListener,
+    device_list, open_device, AtomicCap, Context, DeviceAttr, DeviceConfig, DeviceInfo, GroupListener, PortAttr,
+    PortState, Progress, RawListener,
 };
 pub use eec::{Eec, EecAttr, EecAttrs, Rdd};
 pub use error::{PostError, Result, VerbsError};

@@ -32,7 +32,7 @@ use super::cq::Cq;
 use super::device::{give, take, Context, DeviceInner};
 use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
-use super::types::{Access, AddressVector, MigState, QpState, QpType, SpecialQp, GSI_QKEY, GSI_QPN};
+use super::types::{Access, AddressVector, Gid, MigState, QpState, QpType, SpecialQp, GSI_QKEY, GSI_QPN};
 use super::wr::{prepare_recv, prepare_send, RecvWr, SendWr, MAX_MSG_SIZE};
 use crate::transport::qp::{flush_cqe, wc_opcode_of, QpCore, QpInner};
 pub use crate::transport::qp::{AltPath, QpAttrs, QpCap};
@@ -740,6 +740,71 @@ impl Qp {
         &self.res.recv_cq
     }
 
+    /// Attach QP to Multicast Group (`ibv_attach_mcast`): UD packets addressed to `mgid` with
+    /// DestQP 0xFFFFFF reach this QP too, its own included (IBA 10.5). Only a UD QP may join
+    /// (Linux's `ib_attach_mcast`: EINVAL otherwise), and only a multicast GID; `lid` is
+    /// ignored, as on any RoCE port (the RoCE annex; Linux's `is_valid_mcast_lid`). Attaching
+    /// a member again succeeds and changes nothing. Past the device's `max_mcast_grp`,
+    /// `max_mcast_qp_attach` or `max_total_mcast_qp_attach`: insufficient resources (ENOMEM, as
+    /// rxe); on a link that carries no multicast: not supported.
+    pub fn attach_mcast(&self, mgid: Gid, lid: u16) -> Result<()> {
+        let _ = lid;
+        let dev = &self.res.dev;
+        self.check_mcast(mgid)?;
+        let a = &dev.attr;
+        let limits = crate::transport::mcast::Limits {
+            groups: a.max_mcast_grp as usize,
+            per_group: a.max_mcast_qp_attach as usize,
+            total: a.max_total_mcast_qp_attach as usize,
+        };
+        let mut groups = dev.engine.groups.write().unwrap_or_else(|e| e.into_inner());
+        // Under the table's lock: Destroy QP sets the flag before it detaches under that lock,
+        // so a QP being destroyed is never left a member.
+        if self.inner.destroyed.load(Ordering::Acquire) {
+            return Err(VerbsError::InvalidQpHandle);
+        }
+        groups.attach(mgid, self.inner.qpn, limits, || dev.group_listen(mgid, true)).map_err(|r| match r {
+            crate::transport::mcast::Refusal::Full => VerbsError::InsufficientResources,
+            crate::transport::mcast::Refusal::Link => VerbsError::NotSupported("the link cannot join this group"),
+        })
+    }
+
+    /// Detach QP from Multicast Group (`ibv_detach_mcast`); the checks of
+    /// [`Qp::attach_mcast`], and EINVAL when the QP is not attached to `mgid`.
+    pub fn detach_mcast(&self, mgid: Gid, lid: u16) -> Result<()> {
+        let _ = lid;
+        let dev = &self.res.dev;
+        self.check_mcast(mgid)?;
+        let mut groups = dev.engine.groups.write().unwrap_or_else(|e| e.into_inner());
+        if groups.detach(mgid, self.inner.qpn, || {
+            dev.group_listen(mgid, false);
+        }) {
+            Ok(())
+        } else {
+            Err(VerbsError::InvalidArgument("the QP is not attached to this group"))
+        }
+    }
+
+    /// The multicast groups the QP is attached to.
+    pub fn mcast_groups(&self) -> Vec<Gid> {
+        self.res.dev.engine.groups.read().unwrap_or_else(|e| e.into_inner()).of(self.inner.qpn)
+    }
+
+    fn check_mcast(&self, mgid: Gid) -> Result<()> {
+        self.res.dev.check_open()?;
+        drop(live_core(&self.inner)?);
+        if self.res.dev.attr.max_mcast_grp == 0 {
+            return Err(VerbsError::NotSupported("multicast on this link"));
+        }
+        if !mgid.is_multicast() {
+            return Err(VerbsError::InvalidArgument("not a multicast GID"));
+        }
+        if self.inner.qp_type != QpType::Ud {
+            return Err(VerbsError::InvalidArgument("only UD QPs join multicast groups"));
+        }
+        Ok(())
+    }
+
     /// The current state.
     pub fn state(&self) -> Result<QpState> {
         Ok(self.lock()?.attrs.qp_state)
@@ -1136,6 +1201,11 @@ impl QpResources {
         drop((rq, sq, core));
         self.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(q.qpn);
         self.dev.engine.remove_raw(q.qpn, |t, on| self.dev.raw_listen(t, on));
+        let mut groups = self.dev.engine.groups.write().unwrap_or_else(|e| e.into_inner());
+        groups.detach_all(q.qpn, |mgid| {
+            self.dev.group_listen(mgid, false);
+        });
+        drop(groups);
         self.send_cq.detach();
         self.recv_cq.detach();
         if let Some(srq) = &self.srq {

@@ -71,6 +71,18 @@ pub(super) struct Conn {
 /// loopback, where probes go).
 pub(super) const PROBE_PATIENCE: Duration = Duration::from_millis(5);
 
+/// The socket a received batch came from: it says which address the datagrams were sent to,
+/// which the rebuilt IP header (and so the ICRC) needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RxFrom {
+    /// The device's own (its 4791 socket, the response queue, or the raw socket).
+    Device,
+    /// The alternate address's.
+    Alt,
+    /// A multicast group's, bound to this group address.
+    Group(IpAddr),
+}
+
 /// The engine's sockets and per-datagram state.
 pub(super) struct Io {
     pub(super) ctx: Context,
@@ -86,13 +98,14 @@ pub(super) struct Io {
     pub(super) draining: bool,
     /// When the 4791 socket last had a backlog (ns on the engine clock).
     pub(super) backlog_at: u64,
-    /// An epoll set of both sockets, which the engine thread sleeps on; `None`: only `sock`.
-    pub(super) rx_poll: Option<OwnedFd>,
+    /// The epoll set of every socket the engine thread reads, which it sleeps on, and the
+    /// multicast groups' sockets (see `groups`).
+    pub(super) groups: Arc<super::groups::Groups>,
     pub(super) _claim: OwnedFd,
     pub(super) raw: Option<OwnedFd>,
     pub(super) alt: Option<AltAddr>,
-    /// The batch being delivered came from the alternate address's socket.
-    pub(super) rx_alt: bool,
+    /// Which socket the batch being delivered came from.
+    pub(super) rx_from: RxFrom,
     /// Raw Ethertype frames and Raw IPv6 datagrams (packet sockets), where the process may
     /// have them (see `frames`).
     pub(super) frames: Option<Arc<super::frames::PacketPort>>,
@@ -386,7 +399,7 @@ impl Io {
             bump(&self.stats.drop_malformed, 1); // an empty datagram carries no packet
             return (1, None);
         }
-        if self.raw.is_some() && !self.rx_alt {
+        if self.raw.is_some() && self.rx_from == RxFrom::Device {
             return (self.on_raw(&mut buf[headroom..headroom + m.len]), None);
         }
         let seg = gro_segment(m);
@@ -421,8 +434,9 @@ impl Io {
         let flow = SocketAddr::new(src, from.port());
         let payload = &buf[at..at + len];
         let hints = self.hints.for_datagram(flow, index);
-        let local = match &self.alt {
-            Some(alt) if self.rx_alt => alt.addr,
+        let local = match (self.rx_from, &self.alt) {
+            (RxFrom::Alt, Some(alt)) => alt.addr,
+            (RxFrom::Group(g), _) => g,
             _ => self.addr,
         };
         match verify::rebuild_with(&mut self.shifts, src, from.port(), local, payload, &hints, self.policy) {

@@ -1,7 +1,7 @@
 //! The UDP link's [`Port`] for the engine driver (`link::driver`): the I/O state of
 //! [`super::batch`] plus the receive and transmit batches, and one turn over them.
 
-use super::batch::{bump, Io, TxBufs};
+use super::batch::{bump, Io, RxFrom, TxBufs};
 use super::*;
 use crate::link::driver::Port;
 
@@ -67,7 +67,7 @@ impl Port for UdpPort {
                 }
             }
             if resume.is_none() {
-                io.rx_alt = false;
+                io.rx_from = RxFrom::Device;
                 let rx_fd = io.raw.as_ref().map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd());
                 // After a receive that found nothing or a lone datagram, ask for one message:
                 // a lone datagram (or a GRO buffer) is the common case then, and a larger vlen
@@ -98,8 +98,23 @@ impl Port for UdpPort {
                     if let Ok(1..) = rx.recv(fd, msgs, BATCH) {
                         worked = true;
                         bump(&io.stats.rx_syscalls, 1);
-                        io.rx_alt = true;
+                        io.rx_from = RxFrom::Alt;
                         (*resume, now) = take_in(io, rx, msgs, tx, (0, 0), inline, now);
+                    }
+                }
+            }
+            // The multicast groups' sockets, while there are any (see `groups`).
+            if resume.is_none() && io.groups.any() {
+                let groups = io.groups.clone();
+                for (addr, s) in groups.lock().iter() {
+                    if let Ok(1..) = rx.recv(s.as_raw_fd(), msgs, BATCH) {
+                        worked = true;
+                        bump(&io.stats.rx_syscalls, 1);
+                        io.rx_from = RxFrom::Group(*addr);
+                        (*resume, now) = take_in(io, rx, msgs, tx, (0, 0), inline, now);
+                        if resume.is_some() {
+                            break;
+                        }
                     }
                 }
             }
@@ -137,8 +152,7 @@ impl Port for UdpPort {
     }
 
     fn rx_fd(&self) -> RawFd {
-        let io = &self.io;
-        io.rx_poll.as_ref().or(io.raw.as_ref()).map_or(io.sock.as_raw_fd(), |r| r.as_raw_fd())
+        self.io.groups.poll_fd()
     }
 
     fn close(&mut self) {

@@ -128,13 +128,20 @@ pub fn raw_udp_v4(addr: std::net::Ipv4Addr, port: u16) -> io::Result<OwnedFd> {
 /// A non-blocking socket of `ty` (`SOCK_DGRAM` or `SOCK_STREAM`) bound to `addr`, with
 /// `SO_REUSEPORT` set before the bind when `reuseport`.
 pub fn bound_socket(addr: SocketAddr, ty: libc::c_int, reuseport: bool) -> io::Result<OwnedFd> {
+    let reuse = if reuseport { libc::SO_REUSEPORT } else { 0 };
+    bound_with(addr, ty, reuse)
+}
+
+/// A non-blocking socket of type `ty` bound to `addr`, with `reuse` (`SO_REUSEPORT`,
+/// `SO_REUSEADDR`, or 0 for none) set first.
+fn bound_with(addr: SocketAddr, ty: libc::c_int, reuse: libc::c_int) -> io::Result<OwnedFd> {
     let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: socket takes no pointers; a non-negative result is a new fd that we own.
     let fd = cvt(unsafe { libc::socket(family, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `fd` was just returned by socket and nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if reuseport {
-        setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    if reuse != 0 {
+        setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, reuse, 1)?;
     }
     let a = CAddr::new(addr);
     // SAFETY: `a.storage` holds a sockaddr of `a.len` bytes, alive for the call.
@@ -147,11 +154,72 @@ pub fn epoll_of(fds: &[RawFd]) -> io::Result<OwnedFd> {
     // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new fd that we own.
     let ep = unsafe { OwnedFd::from_raw_fd(cvt(libc::epoll_create1(libc::EPOLL_CLOEXEC))?) };
     for &fd in fds {
-        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
-        // SAFETY: `ev` is a valid epoll_event alive for the call; the kernel copies it.
-        cvt(unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+        epoll_add(ep.as_raw_fd(), fd)?;
     }
     Ok(ep)
+}
+
+/// Adds `fd` to epoll set `ep`, for input. (A closed fd leaves every set by itself.)
+pub fn epoll_add(ep: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
+    // SAFETY: `ev` is a valid epoll_event alive for the call; the kernel copies it.
+    cvt(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) }).map(|_| ())
+}
+
+/// A UDP socket that hears multicast group `group` on `port`, on the interface that holds
+/// `local`: bound to the group's address, so that it gets that group's datagrams and nothing
+/// else, with `SO_REUSEADDR`, so that every socket so bound (in any process) gets its own copy,
+/// and joined on the interface (`IP_ADD_MEMBERSHIP`, `IPV6_ADD_MEMBERSHIP`), so that the host
+/// takes the group's traffic there.
+pub fn group_socket(group: IpAddr, local: IpAddr, port: u16) -> io::Result<OwnedFd> {
+    let fd = bound_with(SocketAddr::new(group, port), libc::SOCK_DGRAM, libc::SO_REUSEADDR)?;
+    let r = match (group, local) {
+        (IpAddr::V4(g), IpAddr::V4(l)) => {
+            let m = libc::ip_mreq {
+                imr_multiaddr: libc::in_addr { s_addr: u32::from_ne_bytes(g.octets()) },
+                imr_interface: libc::in_addr { s_addr: u32::from_ne_bytes(l.octets()) },
+            };
+            // SAFETY: `m` is a live ip_mreq and the length passed is its size; the kernel
+            // only reads it.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::IPPROTO_IP,
+                    libc::IP_ADD_MEMBERSHIP,
+                    (&m as *const libc::ip_mreq).cast(),
+                    size_of::<libc::ip_mreq>() as libc::socklen_t,
+                )
+            }
+        }
+        (IpAddr::V6(g), IpAddr::V6(l)) => {
+            let m = libc::ipv6_mreq {
+                ipv6mr_multiaddr: libc::in6_addr { s6_addr: g.octets() },
+                ipv6mr_interface: interface_index(IpAddr::V6(l)).unwrap_or(0),
+            };
+            // SAFETY: `m` is a live ipv6_mreq and the length passed is its size; the kernel
+            // only reads it.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_ADD_MEMBERSHIP,
+                    (&m as *const libc::ipv6_mreq).cast(),
+                    size_of::<libc::ipv6_mreq>() as libc::socklen_t,
+                )
+            }
+        }
+        _ => return Err(io::Error::new(io::ErrorKind::InvalidInput, "a group of the other address family")),
+    };
+    cvt(r)?;
+    Ok(fd)
+}
+
+/// The index of the interface that holds `addr`, if there is one.
+pub fn interface_index(addr: IpAddr) -> Option<u32> {
+    let name = std::ffi::CString::new(interface_name(addr)?).ok()?;
+    // SAFETY: `name` is a NUL-terminated string alive for the call.
+    let i = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (i != 0).then_some(i)
 }
 
 /// The reuseport group's program (`SO_ATTACH_REUSEPORT_CBPF`), which the kernel runs on the
