@@ -312,6 +312,9 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
     out.max_rdd = n(a.max_rdd);
     out.max_mw = n(a.max_mw);
     out.max_ah = n(a.max_ah);
+    out.max_mcast_grp = n(a.max_mcast_grp);
+    out.max_mcast_qp_attach = n(a.max_mcast_qp_attach);
+    out.max_total_mcast_qp_attach = n(a.max_total_mcast_qp_attach);
     out.max_srq = n(a.max_srq);
     out.max_srq_wr = n(a.max_srq_wr);
     out.max_srq_sge = n(a.max_srq_sge);

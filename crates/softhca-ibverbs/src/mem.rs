@@ -377,15 +377,29 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     unsafe { ibv_create_ah(p, &mut attr) }
 }
 
-/// Multicast is not implemented.
+/// Attach QP to Multicast Group (`softhca::Qp::attach_mcast`: a UD QP and a multicast GID,
+/// EINVAL otherwise; the LID ignored, as on any RoCE port; ENOMEM past the device's limits).
+/// A member attaching again gets 0, as from uverbs. On the UDP link the attach also joins the
+/// group on the device's interface, which on Linux only rdma_cm's join does.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_attach_mcast(q: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+    if gid.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's live QP; `gid` is readable (not null).
+    let (x, g) = unsafe { (crate::qp::qp(q), Gid((*gid).raw)) };
+    x.qp.attach_mcast(g, lid).err().map_or(0, |e| errno_of(&e))
 }
 
+/// Detach QP from Multicast Group: EINVAL for a group the QP is not attached to (uverbs').
 #[no_mangle]
-pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_detach_mcast(q: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+    if gid.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's live QP; `gid` is readable (not null).
+    let (x, g) = unsafe { (crate::qp::qp(q), Gid((*gid).raw)) };
+    x.qp.detach_mcast(g, lid).err().map_or(0, |e| errno_of(&e))
 }
 
 /// Re-registration is not implemented (`IBV_REREG_MR_ERR_INPUT`).

@@ -308,6 +308,11 @@ pub(crate) fn on_destroy(hook: fn(*mut ibv_qp)) {
 pub(crate) unsafe fn destroy_qp(q: *mut ibv_qp, forget: bool) -> c_int {
     // SAFETY: a live QP.
     let x = unsafe { qp(q) };
+    // uverbs refuses to destroy a QP still attached to a multicast group; closing the context
+    // detaches it (the core's Destroy QP, which `ibv_close_device` uses, does).
+    if !x.qp.mcast_groups().is_empty() {
+        return libc::EBUSY;
+    }
     if let Err(e) = x.qp.destroy() {
         return errno_of(&e);
     }

@@ -1336,12 +1336,18 @@ impl Fuzz {
         let sig = self.rng.pick(&[0, 1, 0, 1, -1, 2]);
         let valid_type = matches!(qpt, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD);
         let mut errs = Vec::new();
+        // A Raw Packet QP exists where the process may open a packet socket (root), and is
+        // refused elsewhere: either answer (one made is destroyed at once, below).
+        let raw = qpt == IBV_QPT_RAW_PACKET;
+        if raw {
+            errs.extend_from_slice(&[EINVAL, EOPNOTSUPP]);
+        }
         let mut must_fail = false;
         let mut bad = |e: &[c_int]| {
             errs.extend_from_slice(e);
             must_fail = true;
         };
-        if !valid_type {
+        if !valid_type && !raw {
             bad(&[EINVAL, EOPNOTSUPP]);
         }
         if scq.is_null() || rcq.is_null() {
@@ -1429,6 +1435,10 @@ impl Fuzz {
             return;
         }
         ensure!(!must_fail, "{what} succeeded, expected one of {errs:?}");
+        if raw {
+            ensure!(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp of a Raw Packet QP");
+            return;
+        }
         let q = &*qp;
         ensure!(q.state == QPS_RESET && q.qp_type == qpt && q.pd == pd.p && q.context == c, "qp fields");
         ensure!(q.send_cq == scq && q.recv_cq == rcq && q.srq == srq, "qp->send_cq/recv_cq/srq");
@@ -2603,11 +2613,29 @@ impl Fuzz {
                 ensure!(r >= 0, "ibv_query_qp_data_in_order: {r}");
             }
             _ => {
-                let g = ibv_gid { raw: [0xff; 16] };
+                // A multicast GID or not; a UD QP joins (and leaves at once, so that its
+                // Destroy QP, which refuses an attached QP, stays as the harness expects).
+                let mut g = ibv_gid { raw: [0xff; 16] };
+                let multicast = self.rng.chance(70);
+                if !multicast {
+                    g.raw[0] = self.rng.below(0xff) as u8;
+                    g.raw[10..12].fill(0);
+                }
+                let joins = multicast && q.qpt == IBV_QPT_UD;
                 let r = ibv_attach_mcast(q.p, &g, self.rng.next() as u16);
-                self.expect_err("ibv_attach_mcast", r, &[EOPNOTSUPP, EINVAL]);
+                if joins {
+                    ensure!(r == 0, "ibv_attach_mcast of a UD QP: {r}");
+                } else {
+                    self.expect_err("ibv_attach_mcast", r, &[EINVAL]);
+                }
                 let r = ibv_detach_mcast(q.p, &g, self.rng.next() as u16);
-                self.expect_err("ibv_detach_mcast", r, &[EOPNOTSUPP, EINVAL]);
+                if joins {
+                    ensure!(r == 0, "ibv_detach_mcast of an attached UD QP: {r}");
+                    let r = ibv_detach_mcast(q.p, &g, 0);
+                    self.expect_err("ibv_detach_mcast again", r, &[EINVAL]);
+                } else {
+                    self.expect_err("ibv_detach_mcast", r, &[EINVAL]);
+                }
                 if let Some(m) = choose(&mut self.rng, &self.mrs, |m| m.ctx == q.ctx) {
                     let r = ibv_rereg_mr(m.p, self.rng.below(8) as c_int, q.pd, null_mut(), 0, 0);
                     ensure!(r != 0, "ibv_rereg_mr is not implemented: {r}");

@@ -274,3 +274,15 @@ fn ibv_devices_lists_the_device() {
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.lines().any(|l| l.contains("softhca0") && l.contains("02005efffe005ca0")), "{text}");
 }
+
+/// UD multicast: `ibv_attach_mcast`/`ibv_detach_mcast` with Linux's answers (EINVAL for a
+/// unicast GID, a non-UD QP, a detach of what is not attached; 0 for an attach again; EBUSY
+/// for Destroy QP while attached), rxe's limits in Query Device, and a Send to the group
+/// reaching both attached QPs of the device, the sender's own included.
+#[test]
+fn ud_multicast() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("mcast", None);
+}

@@ -1,7 +1,7 @@
 //! Debian's unmodified rdmacm-utils and perftest programs on the drop-in librdmacm.so.1, two
 //! processes each, every pair on addresses of its own: rping, rdma_server/rdma_client,
 //! ucmatose with several connections, udaddy (UD ids, SIDR), cmtime (a burst of 200
-//! connections), pyverbs.cmid, and perftest's `-R` (connection through rdma_cm) for RDMA
+//! connections), mckey (multicast), pyverbs.cmid, and perftest's `-R` (connection through rdma_cm) for RDMA
 //! Write, Send latency and RDMA Read.
 
 mod common;
@@ -63,6 +63,31 @@ fn udaddy_resolves_ud_services_with_sidr() {
     );
     assert!(s.contains("test complete") && s.contains("return status 0"), "{s}");
     assert!(c.contains("test complete") && c.contains("return status 0"), "{c}");
+}
+
+/// mckey (rdmacm-utils): a receiver joins a multicast group through rdma_cm (its QP attached
+/// on the join event), a sender in another process joins send-only and sends 20 datagrams to
+/// the group's address handle, QPN 0xFFFFFF and Q_Key the event gave; the receiver must get
+/// all 20 (it waits for ever otherwise: the hang guard kills it). The sender waits 3 s before
+/// it sends, as mckey does.
+#[test]
+fn mckey_sends_to_a_multicast_group() {
+    if !have_all(&["mckey"]) {
+        return;
+    }
+    let (r, s) = pair_when(
+        Proc { program: "mckey", args: &["-m", "239.0.0.57", "-b", "127.0.0.57", "-C", "20"], addr: [127, 0, 0, 57] },
+        Proc {
+            program: "mckey",
+            args: &["-m", "239.0.0.57", "-b", "127.0.0.58", "-C", "20", "-s", "-o"],
+            addr: [127, 0, 0, 58],
+        },
+        "MULTICAST_JOIN",
+    );
+    for out in [&r, &s] {
+        assert!(out.contains("joined dgid: ::ffff:239.0.0.57") && out.contains("test complete"), "{out}");
+    }
+    assert!(r.contains("receiving data transfers") && s.contains("initiating data transfers"), "{r}\n{s}");
 }
 
 /// cmtime (rdmacm-utils): 200 connections set up and torn down at once, each step timed. What

@@ -26,6 +26,11 @@ fn perftest(prog: &str, args: &[&str], k: u16) -> Option<String> {
 
 /// [`perftest`] with `env` set for both processes.
 fn perftest_env(prog: &str, args: &[&str], k: u16, env: &[(&str, &str)]) -> Option<String> {
+    perftest_sides(prog, args, args, k, env)
+}
+
+/// [`perftest_env`] with arguments of each side's own.
+fn perftest_sides(prog: &str, args: &[&str], client_args: &[&str], k: u16, env: &[(&str, &str)]) -> Option<String> {
     let path = format!("/usr/bin/{prog}");
     if !(tool("cc") && have(Path::new(&path).exists(), "perftest")) {
         return None;
@@ -37,7 +42,7 @@ fn perftest_env(prog: &str, args: &[&str], k: u16, env: &[(&str, &str)]) -> Opti
         c.env("LD_LIBRARY_PATH", all_libs())
             .envs(env.iter().copied())
             .args(["-x", "0", "-p", &port.to_string()])
-            .args(args);
+            .args(if client { client_args } else { args });
         if client {
             c.arg("127.0.0.1");
         }
@@ -144,6 +149,20 @@ fn ib_send_lat_with_completion_events() {
     for k in 16..19 {
         perftest("ib_send_lat", &["-e", "-n", "3000"], k);
     }
+}
+
+/// UD multicast (`--mcg`): on a RoCE port perftest attaches its QP with `ibv_attach_mcast`
+/// (no subnet manager to join) and the other side sends to QPN 0xFFFFFF and the group's
+/// address; its default MGID (ff01:…, IPv6 node-local) cannot be sent from an IPv4 GID, so
+/// each run names an IPv4-mapped one (`-M`). Bandwidth: the server attached, `-e` as in
+/// the UD case above; latency: both sides attached, each to a group of its own (with one
+/// group each side would hear its own sends, which IP multicast loops back to its host).
+#[test]
+fn ib_send_bw_and_lat_to_a_multicast_group() {
+    let mgid = |last: u8| format!("0:0:0:0:0:0:0:0:0:0:255:255:239:1:2:{last}");
+    let (g1, g2, g3) = (mgid(1), mgid(2), mgid(3));
+    perftest("ib_send_bw", &["--mcg", "-M", &g1, "-e", "-n", "2000"], 20);
+    perftest_sides("ib_send_lat", &["--mcg", "-M", &g2], &["--mcg", "-M", &g3], 21, &[]);
 }
 
 /// Every size from 2 B to 8 MiB (20 iterations each).

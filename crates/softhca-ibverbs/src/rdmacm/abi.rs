@@ -25,6 +25,22 @@ pub const RDMA_CM_EVENT_UNREACHABLE: c_int = 7;
 pub const RDMA_CM_EVENT_REJECTED: c_int = 8;
 pub const RDMA_CM_EVENT_ESTABLISHED: c_int = 9;
 pub const RDMA_CM_EVENT_DISCONNECTED: c_int = 10;
+pub const RDMA_CM_EVENT_MULTICAST_JOIN: c_int = 12;
+pub const RDMA_CM_EVENT_MULTICAST_ERROR: c_int = 13;
+
+/// `rdma_cm_join_mc_attr_ex` and its masks and flags (`rdma_join_multicast_ex`).
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut libc::sockaddr,
+}
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1 << 0;
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 1 << 2;
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
 
 /// `rdma_event_str`'s names, by event number.
 pub const EVENT_NAMES: [&std::ffi::CStr; 16] = [

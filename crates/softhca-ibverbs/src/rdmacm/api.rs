@@ -566,27 +566,128 @@ pub unsafe extern "C" fn softhca_rdma_free_devices(list: *mut *mut ibv_context) 
     unsafe { libc::free(list.cast()) };
 }
 
+/// `rdma_join_multicast`: a full-member join of the group at `addr` (see [`join`]).
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_join_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut libc::sockaddr,
-    _c: *mut c_void,
+    p: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+    context: *mut c_void,
 ) -> c_int {
-    err(libc::ENOSYS)
+    // SAFETY: the program's id and address.
+    unsafe { join(p, addr, false, context) }
 }
 
+/// `rdma_join_multicast_ex`: librdmacm's checks of the attributes (ENOTSUP for a mask bit it
+/// does not know; EINVAL without the address or the flags, or for an unknown flag), then
+/// [`join`], send-only or not.
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_join_multicast_ex(
-    _id: *mut rdma_cm_id,
-    _attr: *mut c_void,
-    _c: *mut c_void,
+    p: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
 ) -> c_int {
-    err(libc::ENOSYS)
+    if attr.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: the program's attributes, not null.
+    let a = unsafe { &*attr };
+    if a.comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED {
+        return err(libc::ENOTSUP);
+    }
+    let needed = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+    if a.comp_mask & needed != needed || a.join_flags >= RDMA_MC_JOIN_FLAG_RESERVED {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: the program's id and address.
+    unsafe { join(p, a.addr, a.join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, context) }
 }
 
+/// The kernel's ENOTSUPP (524), its answer to an IPv6 group on a RoCEv2 port.
+const ENOTSUPP: c_int = 524;
+
+/// Joins the group at `addr` as rdma_cm does on a RoCEv2 port (`cma_iboe_join_multicast`):
+/// an id with a device, bound or with its address resolved (EINVAL otherwise), of a UD port
+/// space (UDP, IPoIB); an IPv4 group, whose MGID is `::ffff:a.b.c.d` (an IPv6 one: ENOTSUPP,
+/// 524); no exchange with anyone, so the MULTICAST_JOIN event comes at once, its address
+/// handle toward the MGID (hop limit 64), QPN 0xFFFFFF, the port space's Q_Key and the
+/// program's `context` as private data. No duplicate check: a second join of one address is a
+/// second membership. The id's QP is attached as librdmacm attaches it on the event
+/// (`ucma_process_join`), unless the join is send-only; if the attach fails the event is
+/// MULTICAST_ERROR with status -1.
+///
+/// # Safety
+/// `p` is the program's id pointer (checked), `addr` null or a readable socket address.
+unsafe fn join(p: *mut rdma_cm_id, addr: *mut libc::sockaddr, send_only: bool, context: *mut c_void) -> c_int {
+    // SAFETY: the program's id and address.
+    let (id, addr) = match (unsafe { id_of(p) }, unsafe { read_sa(addr) }) {
+        (Ok(id), Some(a)) => (id, a),
+        (Err(e), _) => return err(e),
+        (_, None) => return err(libc::EINVAL),
+    };
+    {
+        let _g = global();
+        let bound = matches!(id.st.phase, Phase::AddrBound | Phase::AddrResolved);
+        if !bound || id.c.verbs.is_null() || !matches!(id.c.ps, RDMA_PS_UDP | RDMA_PS_IPOIB) {
+            return err(libc::EINVAL);
+        }
+        let mgid = match addr.ip() {
+            IpAddr::V4(v4) if !v4.is_unspecified() => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) if !v6.is_unspecified() => return err(ENOTSUPP),
+            _ => return err(libc::EINVAL),
+        };
+        id.st.mcs.push(Mc { addr, mgid, send_only });
+        let mut ev = Event::new(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0);
+        let ah_attr = ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: ibv_gid { raw: mgid },
+                flow_label: 0,
+                sgid_index: 0,
+                hop_limit: 64,
+                traffic_class: 0,
+            },
+            dlid: 0,
+            sl: 0,
+            src_path_bits: 0,
+            static_rate: 0,
+            is_global: 1,
+            port_num: id.c.port_num.max(1),
+        };
+        ev.ud(ah_attr, 0xFF_FFFF, qkey_of(id.c.ps), &[]);
+        ev.c.param.ud.private_data = context;
+        if !id.c.qp.is_null() && !send_only {
+            // SAFETY: the id's live QP and a local GID.
+            let r = unsafe { crate::mem::ibv_attach_mcast(id.c.qp, &ibv_gid { raw: mgid }, 0) };
+            if r != 0 {
+                ev.c.event = RDMA_CM_EVENT_MULTICAST_ERROR;
+                ev.c.status = -1;
+            }
+        }
+        id.queue(ev);
+    }
+    result(complete(id))
+}
+
+/// `rdma_leave_multicast`: the membership joined at `addr` (the first, if joined twice) ends,
+/// its QP detached (unless the join was send-only; the detach's answer is not looked at, as
+/// librdmacm does not); EADDRNOTAVAIL when the id has no membership at that address.
 #[no_mangle]
-pub unsafe extern "C" fn softhca_rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut libc::sockaddr) -> c_int {
-    err(libc::ENOSYS)
+pub unsafe extern "C" fn softhca_rdma_leave_multicast(p: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    // SAFETY: the program's id and address.
+    let (id, addr) = match (unsafe { id_of(p) }, unsafe { read_sa(addr) }) {
+        (Ok(id), Some(a)) => (id, a),
+        (Err(e), _) => return err(e),
+        (_, None) => return err(libc::EINVAL),
+    };
+    let _g = global();
+    let Some(at) = id.st.mcs.iter().position(|m| m.addr == addr) else {
+        return err(libc::EADDRNOTAVAIL);
+    };
+    let mc = id.st.mcs.remove(at);
+    if !id.c.qp.is_null() && !mc.send_only {
+        // SAFETY: the id's live QP and a local GID.
+        let _ = unsafe { crate::mem::ibv_detach_mcast(id.c.qp, &ibv_gid { raw: mc.mgid }, 0) };
+    }
+    0
 }
 
 #[no_mangle]

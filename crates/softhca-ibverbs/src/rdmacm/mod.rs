@@ -30,8 +30,12 @@
 //! - UD ids (`RDMA_PS_UDP`, `RDMA_PS_IPOIB`): `rdma_connect` resolves the service with a
 //!   SIDR REQ; the SIDR REP gives ESTABLISHED with the remote QPN, Q_Key and address handle.
 //!
-//! Not built: multicast (ENOSYS), alternate paths (LAP), and the rsocket API (in
-//! `softhca-rdmacm`).
+//! - Multicast (`rdma_join_multicast`): as rdma_cm on a RoCEv2 port, no exchange with anyone:
+//!   an IPv4 group's MGID is its IPv4-mapped address, the join event comes at once, and the
+//!   id's QP is attached to the group as librdmacm attaches it (the UDP link then joins the
+//!   group on the device's interface, which Linux's rdma_cm does with IGMP).
+//!
+//! Not built: alternate paths (LAP), and the rsocket API (in `softhca-rdmacm`).
 //!
 //! Here: the CM's state (ids, channels, events, the device and its agent) and the thread that
 //! drives it, the QP attributes a connection gives (`rdma_init_qp_attr`), and the helpers the
@@ -150,6 +154,16 @@ struct IdState {
     /// CQs and channels `rdma_create_qp` made (destroyed with the QP).
     own_cqs: bool,
     local_ece: crate::abi::ibv_ece,
+    /// The multicast groups joined (`rdma_join_multicast`), in join order.
+    mcs: Vec<Mc>,
+}
+
+/// A multicast group an id joined: its address as the program named it (a leave names it
+/// again), its MGID, and whether the join was send-only (no QP attached).
+struct Mc {
+    addr: SocketAddr,
+    mgid: [u8; 16],
+    send_only: bool,
 }
 
 /// An `rdma_cm_id`: the structure the program sees, then ours.
@@ -1082,6 +1096,7 @@ fn new_id(
             qp_init: None,
             own_cqs: false,
             local_ece: Default::default(),
+            mcs: Vec::new(),
         },
         acks: Mutex::new((0, 0)),
         acked: Condvar::new(),

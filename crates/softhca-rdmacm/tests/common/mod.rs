@@ -158,22 +158,28 @@ pub struct Proc<'a> {
 /// client then gives up while its server waits for ever. Such a run (the client saw REJECTED
 /// with status 8) is run again, at most 3 times; any other failure fails the test.
 pub fn pair(server: Proc, client: Proc) -> (String, String) {
-    pair_with(server, client, false)
+    pair_with(server, client, false, "listening on")
+}
+
+/// [`pair`] for a first process that does not listen: the second starts once the first's
+/// CM debug output has a line with `ready` in it (the event it waits for, say).
+pub fn pair_when(first: Proc, second: Proc, ready: &'static str) -> (String, String) {
+    pair_with(first, second, false, ready)
 }
 
 /// [`pair`] with a server that serves on after its client (cmtime's): it is stopped once the
 /// client is done, and only the client must exit 0.
 pub fn pair_serving(server: Proc, client: Proc) -> (String, String) {
-    pair_with(server, client, true)
+    pair_with(server, client, true, "listening on")
 }
 
-fn pair_with(server: Proc, client: Proc, serves_on: bool) -> (String, String) {
+fn pair_with(server: Proc, client: Proc, serves_on: bool, ready: &'static str) -> (String, String) {
     // One pair at a time: a perftest bandwidth pair floods the loopback, and UD programs
     // (udaddy) lose what the kernel drops and wait for ever, as they would on Linux.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for attempt in 1..=3 {
-        match try_pair(&server, &client, serves_on) {
+        match try_pair(&server, &client, serves_on, ready) {
             Ok(out) => return out,
             Err(ct) if attempt < 3 && ct.contains("RDMA_CM_EVENT_REJECTED (status 8)") => continue,
             Err(report) => panic!("{report}"),
@@ -182,7 +188,7 @@ fn pair_with(server: Proc, client: Proc, serves_on: bool) -> (String, String) {
     unreachable!()
 }
 
-fn try_pair(server: &Proc, client: &Proc, serves_on: bool) -> Result<(String, String), String> {
+fn try_pair(server: &Proc, client: &Proc, serves_on: bool, ready: &'static str) -> Result<(String, String), String> {
     use std::io::BufRead;
     let ip = |a: [u8; 4]| format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]);
     let mut s = command(server.program, server.args);
@@ -192,7 +198,7 @@ fn try_pair(server: &Proc, client: &Proc, serves_on: bool) -> Result<(String, St
     let reader = std::thread::spawn(move || {
         let mut all = String::new();
         for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("softhca-cm:") && line.contains("listening on") {
+            if line.contains("softhca-cm:") && line.contains(ready) {
                 let _ = tx.send(());
             }
             all.push_str(&line);
