@@ -123,7 +123,9 @@ side_cmd() {
   fi
 }
 listening() {  # listening SIDE PORT [SERVER_LOG]: with a log, an rdma_cm listener
-  if [ $# -lt 3 ]; then
+  if [ "$2" = join ]; then  # a multicast receiver (mckey) has joined its group
+    grep -q "joined dgid" "$3"
+  elif [ $# -lt 3 ]; then
     if [ "$1" = rxe ]; then ss -ltnH "sport = :$2" | grep -q .
     else ip netns exec sh ss -ltnH "sport = :$2" | grep -q .; fi
   elif [ "$1" = rxe ]; then  # the kernel's rdma_cm ids (iproute2's rdma tool)
@@ -198,9 +200,10 @@ tcase() {
 # the arguments is the server's address. softhca's side logs its CM steps (SOFTHCA_CM_DEBUG=1),
 # and the client starts once the server's rdma_cm id listens on PORT.
 cmcase() {
-  local name=$1 ss=$2 port=$3 prog=$4 sargs=$5 cargs=$6 cs sip
+  local name=$1 ss=$2 port=$3 prog=$4 sargs=$5 cargs=$6 cs sip cip
   [[ $name =~ $ONLY ]] || return 0
-  if [ "$ss" = rxe ]; then cs="sh"; sip=$A; else cs="rxe"; sip=$B; fi
+  if [ "$ss" = rxe ]; then cs="sh"; sip=$A; cip=$B; else cs="rxe"; sip=$B; cip=$A; fi
+  sargs=${sargs//@C/$cip}; cargs=${cargs//@C/$cip}
   # shellcheck disable=SC2206
   local sa=(${sargs//@S/$sip}) ca=(${cargs//@S/$sip})
   cm_cmd "$ss" "$prog"; scmd=("${CMD[@]}" "${sa[@]}")
@@ -222,6 +225,8 @@ cm_cmd() {  # cm_cmd SIDE PROG: perftest (-R) still names its device; rping & co
   if [ "$side" = rxe ]; then CMD=("$prog"); else CMD=("${SH[@]}" SOFTHCA_CM_DEBUG=1 "$prog"); fi
   case $prog in
     ib_*) if [ "$side" = rxe ]; then CMD+=(-d rxe0); else CMD+=(-d softhca0); fi ;;
+    # its "joined" line is the receiver's readiness: line-buffered into the log
+    mckey) CMD=(stdbuf -oL "${CMD[@]}") ;;
   esac
 }
 # runcase NAME SERVER_SIDE CLIENT_SIDE PORT NETEM READY: runs scmd, then ccmd once the server
@@ -275,12 +280,15 @@ cm() {
 }
 # the rdma_cm cases (issue 14): rdmacm-utils 44 and perftest's -R, each a few seconds; rping
 # and udaddy listen on port 7174, ucmatose on 7471, perftest on 18515. perftest gets -F as in
-# the verbs cases but no -x: rdma_cm picks the GID from the address. cm_matrix quick: the
-# subset of --quick (perftest only in the full matrix).
+# the verbs cases but no -x: rdma_cm picks the GID from the address. mckey's receiver joins a
+# multicast group (its "joined" line is its readiness) and its sender, bound to its own
+# address (@C), sends it 20 datagrams. cm_matrix quick: the subset of --quick (perftest only in
+# the full matrix).
 cm_matrix() {
   cm cm.rping 7174 rping "-s -a @S -C 50 -v" "-c -a @S -C 50 -v"
   cm cm.ucmatose 7471 ucmatose "-b @S -c 2" "-s @S -c 2"
   cm cm.udaddy 7174 udaddy "-b @S" "-s @S"
+  cm cm.mckey join mckey "-m 239.1.2.3 -b @S -C 20" "-m 239.1.2.3 -b @C -C 20 -s"
   [ "${1:-}" = quick ] && return 0
   cm cm.write_bw 18515 ib_write_bw "-F -R -n 200 -s 65536" "-F -R -n 200 -s 65536 @S"
   cm cm.send_lat 18515 ib_send_lat "-F -R -n 200" "-F -R -n 200 @S"

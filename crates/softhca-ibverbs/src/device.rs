@@ -499,13 +499,15 @@ pub unsafe extern "C" fn ibv_query_gid_type(
 ) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
-    // An empty slot has no type (its sysfs file cannot be read on Linux either).
-    if !c.ctx.query_gid(port_num, index).is_ok_and(|g| !g.is_zero()) {
+    // An index past the table is the kernel's EINVAL; an empty slot its ENODATA, which
+    // libibverbs answers with 0 and IBV_GID_TYPE_SYSFS_IB_ROCE_V1 ("preserve API behavior for
+    // empty GID"); a GID of softhca's is RoCE v2.
+    let Ok(g) = c.ctx.query_gid(port_num, index) else {
         crate::set_errno(libc::EINVAL);
         return -1;
-    }
+    };
     // SAFETY: the caller passes a writable enum.
-    unsafe { *gid_type = 1 }; // IBV_GID_TYPE_SYSFS_ROCE_V2
+    unsafe { *gid_type = if g.is_zero() { 0 } else { 1 } };
     0
 }
 

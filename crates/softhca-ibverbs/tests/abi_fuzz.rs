@@ -417,10 +417,14 @@ fn send_ops_of(qpt: c_int) -> u64 {
         | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
         | IBV_QP_EX_WITH_SEND
         | IBV_QP_EX_WITH_SEND_WITH_IMM
-        | IBV_QP_EX_WITH_BIND_MW;
+        | IBV_QP_EX_WITH_BIND_MW
+        | IBV_QP_EX_WITH_LOCAL_INV;
     match qpt {
         IBV_QPT_RC => {
-            uc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+            uc | IBV_QP_EX_WITH_RDMA_READ
+                | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+                | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+                | IBV_QP_EX_WITH_SEND_WITH_INV
         }
         IBV_QPT_UC => uc,
         _ => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
@@ -2498,9 +2502,13 @@ impl Fuzz {
                 let index = self.rng.pick(&[0, 0, 1, -1, 255, c_int::MAX, c_int::MIN]);
                 let mut g = ibv_gid { raw: [0; 16] };
                 let r = ibv_query_gid(c.p, port, index, &mut g);
-                let good = port == 1 && index == 0;
+                // Every index of the table answers (an empty slot with the zero GID, as
+                // libibverbs answers ENODATA), none past it.
+                let mut pa: ibv_port_attr = zeroed();
+                ensure!(ibv_query_port(c.p, 1, &mut pa) == 0, "ibv_query_port");
+                let good = port == 1 && index >= 0 && index < pa.gid_tbl_len;
                 ensure!(r == if good { 0 } else { -1 }, "ibv_query_gid({port}, {index}): {r}");
-                ensure!(!good || g.raw == c.gid, "GID 0");
+                ensure!(!good || index != 0 || g.raw == c.gid, "GID 0");
                 let mut t: c_int = -1;
                 let r = ibv_query_gid_type(c.p, port, index as u32, &mut t);
                 ensure!(r == if good { 0 } else { -1 }, "ibv_query_gid_type({port}, {index}): {r}");

@@ -103,3 +103,55 @@ fn a_group_reaches_both_devices_busy_polled() {
 fn a_group_reaches_both_devices_with_raw_receive() {
     two_devices(RxMode::Auto, false, 5);
 }
+
+/// A group's last member leaving (its socket closed) while the engine thread delivers what
+/// that socket brought: the detach holds the device's group table and then the link's list of
+/// group sockets, and delivery takes the table, so the engine must not hold the list while it
+/// delivers. It did, and the two threads waited for each other for ever (Debian's mckey
+/// against Linux rxe, sender side: a full member leaving while its own datagrams came back).
+/// Hang guard: 60 s.
+#[test]
+fn a_member_leaves_while_its_group_is_delivered() {
+    let a = end(7, RxMode::Socket, false);
+    let b = end(8, RxMode::Socket, false);
+    let ah = a.pd.create_ah(&AhAttr::roce(group(7), 0)).unwrap();
+    let src = a.pd.reg_mr(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
+    let sge = [src.sge(0..64)];
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let guard = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if Instant::now() > deadline {
+                    eprintln!("a_member_leaves_while_its_group_is_delivered: HANG");
+                    std::process::abort();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut wc = [Wc::default(); 16];
+    for round in 0..1000u64 {
+        b.qp.attach_mcast(group(7), 0).unwrap();
+        for i in 0..8 {
+            // Unsignaled: a WQE leaves the SQ once its datagram is out.
+            let wr = SendWr::send(round * 8 + i, &sge).ud(&ah, MULTICAST_QPN, QKEY);
+            while let Err(e) = a.qp.post_send(std::slice::from_ref(&wr)) {
+                assert_eq!(e.error, VerbsError::QueueFull);
+                std::thread::yield_now();
+            }
+        }
+        b.qp.detach_mcast(group(7), 0).unwrap();
+        // Keep b's receive queue stocked and a's completions drained.
+        while let Ok(n @ 1..) = b.cq.poll(&mut wc) {
+            for w in &wc[..n] {
+                let i = w.wr_id as usize;
+                b.qp.post_recv(&[RecvWr::new(w.wr_id, &[b.mr.sge(i * 256..(i + 1) * 256)])]).unwrap();
+            }
+        }
+        while let Ok(1..) = a.cq.poll(&mut wc) {}
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    guard.join().unwrap();
+}

@@ -406,6 +406,7 @@ impl UdpDevice {
                 send: SendScratch::default(),
             },
             resume: None,
+            group_socks: Vec::new(),
         };
         let engine = Running::start(ctx.clone(), cfg.busy_poll, time, port, &cfg.name)?;
         Ok(UdpDevice { ctx, addr, alt_addr, mac, gid, engine, stats, raw: raw_on, gso, gro })

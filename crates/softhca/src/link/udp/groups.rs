@@ -8,7 +8,7 @@
 //! each other's multicast as hosts on a network do. The group's socket is opened when the
 //! group gets its first attached QP and closed with its last (the device's group listener),
 //! joins the epoll set the engine thread sleeps on, and is read after the device's own sockets
-//! on every turn while there is one.
+//! on every turn while there is one (taken out of the list first: see [`Groups::snapshot`]).
 //!
 //! A group of the other address family than the device's (an IPv6 MGID on an IPv4 device) has
 //! no socket: the attach is kept, as Linux keeps it, and nothing arrives.
@@ -16,7 +16,7 @@
 use std::net::{IpAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::sys;
 use crate::types::Gid;
@@ -30,7 +30,9 @@ pub(super) struct Groups {
     local: IpAddr,
     /// `sockets` is not empty: read without the lock by every turn.
     any: AtomicBool,
-    sockets: Mutex<Vec<(IpAddr, UdpSocket)>>,
+    /// Shared with a turn that reads them (`snapshot`): a socket left while it is read
+    /// closes after the read.
+    sockets: Mutex<Vec<(IpAddr, Arc<UdpSocket>)>>,
 }
 
 impl Groups {
@@ -67,7 +69,7 @@ impl Groups {
         match opened {
             Ok(s) => {
                 let mut list = self.lock();
-                list.push((addr, s));
+                list.push((addr, Arc::new(s)));
                 self.any.store(true, Ordering::Release);
                 true
             }
@@ -91,8 +93,15 @@ impl Groups {
         self.any.load(Ordering::Acquire)
     }
 
-    /// The group sockets, by group address.
-    pub fn lock(&self) -> MutexGuard<'_, Vec<(IpAddr, UdpSocket)>> {
+    /// Fills `out` with the group sockets, by group address, for a turn to read without the
+    /// lock: delivering what it reads takes the device's group table, which an attach or a
+    /// detach holds while it calls `join` or `leave` here.
+    pub fn snapshot(&self, out: &mut Vec<(IpAddr, Arc<UdpSocket>)>) {
+        out.clear();
+        out.extend(self.lock().iter().map(|(a, s)| (*a, s.clone())));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<(IpAddr, Arc<UdpSocket>)>> {
         self.sockets.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

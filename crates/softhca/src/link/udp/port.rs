@@ -14,6 +14,8 @@ pub(super) struct UdpPort {
     /// Where delivery of the received batch resumes (message, byte offset in it), when an
     /// inline turn left its tail for the next turn.
     pub(super) resume: Option<(usize, usize)>,
+    /// The multicast groups' sockets a turn reads (see `groups`), kept to reuse its room.
+    pub(super) group_socks: Vec<(std::net::IpAddr, Arc<UdpSocket>)>,
 }
 
 /// Hands the received batch to the device from `at`, on the engine clock (the poller's `now`
@@ -42,7 +44,7 @@ impl Port for UdpPort {
     /// completion leave in one `sendmmsg`; ACKs received behind a request wait for the next
     /// turn too (see [`Io::deliver_batch`]).
     fn turn(&mut self, inline: bool, mut now: u64) -> bool {
-        let UdpPort { io, rx, msgs, tx, resume } = self;
+        let UdpPort { io, rx, msgs, tx, resume, group_socks } = self;
         let mut worked = false;
         if let Some(at) = resume.take() {
             // The rest of the last batch, held back by an inline turn (see `deliver_batch`).
@@ -103,18 +105,20 @@ impl Port for UdpPort {
                     }
                 }
             }
-            // The multicast groups' sockets, while there are any (see `groups`).
+            // The multicast groups' sockets, while there are any (see `groups`). Taken out
+            // of the list first: an attach or detach holds the device's group table and then
+            // the list, and delivery takes that table.
             if resume.is_none() && io.groups.any() {
-                let groups = io.groups.clone();
-                for (addr, s) in groups.lock().iter() {
+                io.groups.snapshot(group_socks);
+                for (addr, s) in group_socks.drain(..) {
+                    if resume.is_some() {
+                        continue;
+                    }
                     if let Ok(1..) = rx.recv(s.as_raw_fd(), msgs, BATCH) {
                         worked = true;
                         bump(&io.stats.rx_syscalls, 1);
-                        io.rx_from = RxFrom::Group(*addr);
+                        io.rx_from = RxFrom::Group(addr);
                         (*resume, now) = take_in(io, rx, msgs, tx, (0, 0), inline, now);
-                        if resume.is_some() {
-                            break;
-                        }
                     }
                 }
             }
@@ -137,7 +141,7 @@ impl Port for UdpPort {
     /// The rest of the last batch, if an inline turn held some back; no receive (a system
     /// call, most often for nothing: the peer waits for this side's answer).
     fn held_turn(&mut self, now: u64) -> bool {
-        let UdpPort { io, rx, msgs, tx, resume } = self;
+        let UdpPort { io, rx, msgs, tx, resume, .. } = self;
         let Some(at) = resume.take() else { return false };
         (*resume, _) = take_in(io, rx, msgs, tx, at, true, now);
         true
