@@ -94,7 +94,7 @@ pub unsafe extern "C" fn ibv_import_mr(p: *mut ibv_pd, mr_handle: u32) -> *mut i
         lkey: o.lkey,
         rkey: o.rkey,
     };
-    Box::into_raw(Box::new(Mr { ibv, mr: orig.mr.clone() })).cast()
+    Box::into_raw(Box::new(Mr { ibv, mr: orig.mr.clone(), imported: true })).cast()
 }
 
 /// Frees the importer's MR object; the MR stays for the others that hold it.

@@ -25,7 +25,18 @@ pub(crate) unsafe fn pd<'a>(p: *mut ibv_pd) -> &'a Pd {
 pub(crate) struct Mr {
     pub ibv: ibv_mr,
     /// Shared with the MR objects `ibv_import_mr` made of it: one region, several handles.
-    pub mr: std::sync::Arc<SoftMr>,
+    /// Written only by `ibv_rereg_mr`.
+    pub mr: std::sync::Arc<std::sync::RwLock<SoftMr>>,
+    /// Made by `ibv_import_mr` (libibverbs' `IBV_MR_TYPE_IMPORTED_MR`), which `ibv_rereg_mr`
+    /// refuses.
+    pub imported: bool,
+}
+
+impl Mr {
+    /// The region, read.
+    pub(crate) fn region(&self) -> std::sync::RwLockReadGuard<'_, SoftMr> {
+        self.mr.read().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 #[repr(C)]
@@ -193,7 +204,8 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
                 rkey: mr.rkey(),
             };
             let handle = ibv.handle;
-            let m: *mut ibv_mr = Box::into_raw(Box::new(Mr { ibv, mr: std::sync::Arc::new(mr) })).cast();
+            let mr = std::sync::Arc::new(std::sync::RwLock::new(mr));
+            let m: *mut ibv_mr = Box::into_raw(Box::new(Mr { ibv, mr, imported: false })).cast();
             // SAFETY: the PD's open context.
             let o = &unsafe { ctx(pd.ibv.context) }.objects;
             o.lock().unwrap_or_else(|e| e.into_inner()).mrs.insert(handle, m as usize);
@@ -235,7 +247,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     // SAFETY: a live MR from ibv_reg_mr.
     let mr = unsafe { &*(m as *const Mr) };
-    if let Err(e) = mr.mr.dereg() {
+    if let Err(e) = mr.region().dereg() {
         return errno_of(&e);
     }
     // SAFETY: the MR's open context.
@@ -402,18 +414,102 @@ pub unsafe extern "C" fn ibv_detach_mcast(q: *mut ibv_qp, gid: *const ibv_gid, l
     x.qp.detach_mcast(g, lid).err().map_or(0, |e| errno_of(&e))
 }
 
-/// Re-registration is not implemented (`IBV_REREG_MR_ERR_INPUT`).
+/// `ibv_rereg_mr`'s flags and answers (`enum ibv_rereg_mr_flags`, `ibv_rereg_mr_err_code`).
+const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
+const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
+/// With `IBV_REREG_MR_KEEP_VALID`: what libibverbs passes on; the kernel takes the first three.
+const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = (1 << 4) - 1;
+const IB_MR_REREG_SUPPORTED: c_int =
+    IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
+/// Reregister Memory Region (`softhca::Mr::rereg_raw`): a new PD, new rights or new memory
+/// under the same keys. libibverbs' checks first (an imported region, an unknown flag, a
+/// translation without an address or a length, rights without `IBV_REREG_MR_CHANGE_ACCESS`:
+/// `IBV_REREG_MR_ERR_INPUT`, EINVAL), then the kernel's (`ib_uverbs_rereg_mr`: no flag or
+/// `IBV_REREG_MR_KEEP_VALID`, rights as `ibv_reg_mr` checks them, a PD of another context;
+/// memory that is not mapped with the rights: EFAULT, as the kernel's pin), each failing with
+/// `IBV_REREG_MR_ERR_CMD` and errno. The translation is mlx5's: rxe answers it EOPNOTSUPP.
+/// On success the program's `ibv_mr` gets the new PD, address and length, as libibverbs
+/// writes them.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
+    m: *mut ibv_mr,
+    flags: c_int,
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
 ) -> c_int {
-    crate::set_errno(libc::EOPNOTSUPP);
-    -1
+    let input = |e| {
+        crate::set_errno(e);
+        IBV_REREG_MR_ERR_INPUT
+    };
+    let cmd = |e| {
+        crate::set_errno(e);
+        IBV_REREG_MR_ERR_CMD
+    };
+    if m.is_null() {
+        return input(libc::EINVAL);
+    }
+    // SAFETY: the caller's live MR, which no other call uses meanwhile (libibverbs' rule).
+    let x = unsafe { &mut *(m as *mut Mr) };
+    let translate = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+    if x.imported
+        || flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0
+        || (translate && (length == 0 || addr.is_null()))
+        || (access != 0 && flags & IBV_REREG_MR_CHANGE_ACCESS == 0)
+    {
+        return input(libc::EINVAL);
+    }
+    if flags & !IB_MR_REREG_SUPPORTED != 0 || flags == 0 {
+        return cmd(libc::EINVAL);
+    }
+    let new_access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+        if let Err(e) = check_access(access) {
+            return cmd(e);
+        }
+        Some(access_of(access))
+    } else {
+        None
+    };
+    let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+        // SAFETY: a non-null PD is the caller's live PD.
+        match (!p.is_null()).then(|| unsafe { pd(p) }) {
+            Some(d) if d.ibv.context == x.ibv.context => Some(&d.pd),
+            _ => return cmd(libc::EINVAL),
+        }
+    } else {
+        None
+    };
+    let mut region = x.mr.write().unwrap_or_else(|e| e.into_inner());
+    let rights = new_access.unwrap_or(region.access());
+    let (at, len) = if translate { (addr as usize, length) } else { (region.addr() as usize, region.len()) };
+    if at.checked_add(len).is_none() {
+        return cmd(libc::EINVAL);
+    }
+    // The kernel pins new memory with the rights it gets; rights that now write memory that
+    // was registered read-only must find it writable too.
+    if (translate || new_access.is_some()) && !mapped(at, len, rights.intersects(WRITABLE)) {
+        return cmd(libc::EFAULT);
+    }
+    // SAFETY: new memory is the program's, kept mapped until it deregisters or reregisters
+    // the region, as for ibv_reg_mr.
+    let r = unsafe { region.rereg_raw(new_pd, new_access, translate.then_some((addr.cast(), length))) };
+    if let Err(e) = r {
+        return cmd(errno_of(&e));
+    }
+    if new_pd.is_some() {
+        x.ibv.pd = p;
+    }
+    if translate {
+        x.ibv.addr = addr;
+        x.ibv.length = length;
+    }
+    (x.ibv.lkey, x.ibv.rkey) = (region.lkey(), region.rkey());
+    0
 }
 
 #[no_mangle]

@@ -765,7 +765,7 @@ unsafe fn bind_window(x: &Qp, m: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info
     }
     let access = Access::from_bits_truncate(info.mw_access_flags)
         & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-    let mut wr = SendWr::bind_mw(wr_id, &mw.mw, &mr.mr, info.addr, info.length, access).new_key(rkey as u8);
+    let mut wr = SendWr::bind_mw(wr_id, &mw.mw, &mr.region(), info.addr, info.length, access).new_key(rkey as u8);
     wr.send_flags = SendFlags::from_bits_truncate(flags);
     match x.qp.post_send(&[wr]) {
         Ok(()) => {

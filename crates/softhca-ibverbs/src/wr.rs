@@ -378,7 +378,7 @@ unsafe fn send_wr(p: &Pending, ud: bool) -> Result<SendWr<'_>, c_int> {
     if let Some((mw, rkey, mr, addr, length, access)) = p.bind {
         // SAFETY: a live window and region of this library, as the program promises.
         let (w, r) = unsafe { (&*(mw as *const Mw), &*mr) };
-        let mut bind = SendWr::bind_mw(p.wr_id, &w.mw, &r.mr, addr, length, access).new_key(rkey as u8);
+        let mut bind = SendWr::bind_mw(p.wr_id, &w.mw, &r.region(), addr, length, access).new_key(rkey as u8);
         bind.send_flags = p.flags;
         return Ok(bind);
     }

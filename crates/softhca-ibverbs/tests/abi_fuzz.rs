@@ -2645,8 +2645,27 @@ impl Fuzz {
                     self.expect_err("ibv_detach_mcast", r, &[EINVAL]);
                 }
                 if let Some(m) = choose(&mut self.rng, &self.mrs, |m| m.ctx == q.ctx) {
-                    let r = ibv_rereg_mr(m.p, self.rng.below(8) as c_int, q.pd, null_mut(), 0, 0);
-                    ensure!(r != 0, "ibv_rereg_mr is not implemented: {r}");
+                    // libibverbs' input errors (-1: a translation without memory, an unknown
+                    // flag, rights without their flag) and the kernel's (-4: no flag, KEEP_VALID),
+                    // then a move to the QP's PD and back, which must both work.
+                    let (flags, access, want): (c_int, c_int, c_int) = self.rng.pick(&[
+                        (0, 0, -4),
+                        (1, 0, -1),
+                        (7, 0, -1),
+                        (16, 0, -1),
+                        (2, 1, -1),
+                        (8, 0, -4),
+                        (2, 0, 0),
+                    ]);
+                    let r = ibv_rereg_mr(m.p, flags, q.pd, null_mut(), 0, access);
+                    ensure!(r == want, "ibv_rereg_mr(flags {flags}, access {access}): {r}, expected {want}");
+                    if r == 0 {
+                        ensure!((*m.p).pd == q.pd, "ibv_rereg_mr: the MR's pd field");
+                        let back = ibv_rereg_mr(m.p, 2, m.pd, null_mut(), 0, 0);
+                        ensure!(back == 0 && (*m.p).pd == m.pd, "ibv_rereg_mr back to its PD: {back}");
+                    } else {
+                        self.expect_err("ibv_rereg_mr", errno(), &[EINVAL]);
+                    }
                 }
             }
         }

@@ -286,3 +286,14 @@ fn ud_multicast() {
     }
     run("mcast", None);
 }
+
+/// `ibv_rereg_mr`: libibverbs' input errors and the kernel's command errors with errno, a new
+/// PD, new rights (a remote Write refused once they are gone), new memory under the same keys
+/// (the translation, mlx5's; rxe answers it EOPNOTSUPP), EFAULT for memory not mapped.
+#[test]
+fn rereg_mr() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("rereg", None);
+}

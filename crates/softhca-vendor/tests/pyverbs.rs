@@ -99,7 +99,6 @@ const SKIPS: &[(&str, bool)] = &[
     ("There are no huge pages of size 2M allocated", true),
     ("Parent Domain is not supported on this device", true),
     ("Allocating dmabuf is not supported", true),
-    ("Rereg MR is not supported", true),
     ("Create memory window of type 3 is not supported", true),
     ("Extended QP is not supported on this device", true),
     ("Extended CQ is not supported", true),

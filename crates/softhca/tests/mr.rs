@@ -94,3 +94,68 @@ fn region_io_and_resource_limit() {
     drop(a);
     f.pd.alloc_mr(1, Access::empty()).unwrap();
 }
+
+/// Reregister Memory Region: the PD, the rights and (raw) the memory change under the same key,
+/// and the access check follows at once; the PDs' counts move with the region (the old one
+/// can be deallocated, the new one cannot while the region is in it).
+#[test]
+fn rereg_changes_pd_rights_and_memory_under_the_same_key() {
+    let f = fixture();
+    let mut mr = f.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let (k, a) = (mr.lkey(), mr.addr());
+    let check = |pd: &Pd, addr, len, acc| f.ctx.check_access(k, pd, addr, len, acc).map(|m| m.len());
+    assert_eq!(check(&f.pd, a, 8, Access::REMOTE_WRITE), Ok(8));
+
+    mr.rereg(None, Some(Access::LOCAL_WRITE)).unwrap();
+    assert_eq!((mr.lkey(), mr.rkey(), mr.access()), (k, k, Access::LOCAL_WRITE));
+    assert_eq!(check(&f.pd, a, 8, Access::REMOTE_WRITE), Err(AccessError::MissingRight));
+    assert!(matches!(mr.rereg(None, Some(Access::REMOTE_WRITE)), Err(VerbsError::InvalidAccess(_))));
+
+    let other = f.ctx.alloc_pd().unwrap();
+    mr.rereg(Some(&other), Some(Access::LOCAL_WRITE | Access::REMOTE_READ)).unwrap();
+    assert_eq!(check(&f.pd, a, 8, Access::empty()), Err(AccessError::WrongPd));
+    assert_eq!(check(&other, a, 8, Access::REMOTE_READ), Ok(8));
+    assert!(matches!(other.dealloc(), Err(VerbsError::InUse(_))), "the region is in it now");
+    f.pd.dealloc().unwrap();
+
+    let mut buf = vec![0x77u8; 1000];
+    // SAFETY: `buf` outlives `mr` (dropped first, below) and nothing else touches it meanwhile.
+    unsafe { mr.rereg_raw(None, None, Some((buf.as_mut_ptr(), buf.len()))) }.unwrap();
+    let b = buf.as_ptr() as u64;
+    assert_eq!((mr.addr(), mr.len(), mr.lkey()), (b, 1000, k));
+    assert_eq!(check(&other, a, 8, Access::empty()), Err(AccessError::OutOfBounds), "the old memory is gone");
+    assert_eq!(check(&other, b, 1000, Access::REMOTE_READ), Ok(1000));
+    assert_eq!(mr.to_vec().unwrap(), vec![0x77; 1000]);
+    mr.dereg().unwrap();
+    assert!(matches!(mr.rereg(None, Some(Access::LOCAL_WRITE)), Err(VerbsError::InvalidMrHandle)));
+    drop(mr);
+    other.dealloc().unwrap();
+}
+
+/// A region with a bound window is not reregistered (as it is not deregistered), nor is a
+/// fast-registration region (its rights are its Fast Register's). Over the wire: a Write that
+/// the old rights allowed fails with Remote Access Error once they are taken away.
+#[test]
+fn rereg_is_refused_with_windows_bound_and_taken_at_once_by_the_wire() {
+    use common::pair::*;
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let mut region = p.b.pd.alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND).unwrap();
+    let mw = p.b.pd.alloc_mw().unwrap();
+    p.b.qp.post_send(&[SendWr::bind_mw(1, &mw, &region, region.addr(), 64, Access::REMOTE_WRITE)]).unwrap();
+    p.run(10_000_000_000);
+    assert!(matches!(region.rereg(None, Some(Access::LOCAL_WRITE)), Err(VerbsError::InUse(_))));
+    mw.dealloc().unwrap();
+    let mut fast = p.b.pd.alloc_fast_reg_mr(vec![0; 64]).unwrap();
+    assert!(matches!(fast.rereg(None, Some(Access::LOCAL_WRITE)), Err(VerbsError::InvalidArgument(_))));
+
+    let src = p.a.pd.reg_mr(vec![0x5A; 64], Access::LOCAL_WRITE).unwrap();
+    let (addr, rkey) = (region.addr(), region.rkey());
+    let write = |p: &mut Pair, id| {
+        p.a.qp.post_send(&[SendWr::rdma_write(id, &[src.sge(0..64)], addr, rkey).signaled()]).unwrap();
+        p.run(10_000_000_000);
+        poll_all(&p.a.cq).iter().map(|w| w.status).collect::<Vec<_>>()
+    };
+    assert_eq!(write(&mut p, 10), vec![WcStatus::Success]);
+    region.rereg(None, Some(Access::LOCAL_WRITE)).unwrap();
+    assert_eq!(write(&mut p, 11), vec![WcStatus::RemAccessErr]);
+}

@@ -86,6 +86,18 @@ impl KeyTable {
         Some(new)
     }
 
+    /// Puts `entry` behind `key` in its place (Reregister Memory Region: same key, new
+    /// region); false when `key` is not live.
+    pub(crate) fn replace(&mut self, key: u32, entry: KeyEntry) -> bool {
+        match self.slots.get_mut((key >> 8) as usize) {
+            Some(Some((k, e))) if *k == key => {
+                *e = entry;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn remove(&mut self, key: u32) -> Option<KeyEntry> {
         let slot = (key >> 8) as usize;
         let entry = self.slots.get_mut(slot)?;
@@ -342,6 +354,96 @@ impl Mr {
         let mut v = vec![0; self.len()];
         self.read(0, &mut v)?;
         Ok(v)
+    }
+
+    /// Reregister Memory Region (`ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_PD` and
+    /// `IBV_REREG_MR_CHANGE_ACCESS`): the region moves to PD `pd`, or takes rights `access`
+    /// (checked as Register's: remote write and atomic need local write), or both; its keys
+    /// stay, as rxe's and mlx5's do. What a key reaches is decided anew at its next use, an
+    /// access in flight included (it re-checks its key). Refused while memory windows are bound
+    /// to the region (as Deregister is), for a fast-registration region (whose rights its Fast
+    /// Register work requests give), and for a deregistered one.
+    pub fn rereg(&mut self, pd: Option<&Pd>, access: Option<Access>) -> Result<()> {
+        self.rereg_with(pd, access, None)
+    }
+
+    /// [`Mr::rereg`], and with `mem` (`IBV_REREG_MR_CHANGE_TRANSLATION`, as mlx5 has it; rxe
+    /// has not) the region's memory becomes `mem.0..mem.0 + mem.1` under the same keys.
+    ///
+    /// # Safety
+    /// `mem`, when given, is as [`Pd::reg_mr_raw`]'s memory: valid for reads and writes for as
+    /// long as the region (and any transfer using it) lives.
+    pub unsafe fn rereg_raw(
+        &mut self,
+        pd: Option<&Pd>,
+        access: Option<Access>,
+        mem: Option<(*mut u8, usize)>,
+    ) -> Result<()> {
+        let region = match mem {
+            // SAFETY: the caller's contract is `Region::borrowed`'s.
+            Some((addr, len)) => {
+                Some(unsafe { Region::borrowed(addr, len) }.ok_or(VerbsError::InvalidArgument("null address"))?)
+            }
+            None => None,
+        };
+        self.rereg_with(pd, access, region)
+    }
+
+    fn rereg_with(&mut self, pd: Option<&Pd>, access: Option<Access>, mem: Option<Region>) -> Result<()> {
+        self.dev.check_open()?;
+        if let Some(p) = pd {
+            p.inner.check()?;
+            if !Arc::ptr_eq(&p.inner.dev, &self.dev) {
+                return Err(VerbsError::InvalidPd);
+            }
+        }
+        if let Some(a) = access {
+            check_access_flags(a)?;
+        }
+        if self.inner.fast.is_some() {
+            return Err(VerbsError::InvalidArgument("a fast-registration region's rights are its Fast Register's"));
+        }
+        if mem.as_ref().is_some_and(|m| m.len() as u64 > self.dev.attr.max_mr_size) {
+            return Err(VerbsError::InvalidArgument("region larger than max_mr_size"));
+        }
+        let new_pd = pd.map(|p| p.inner.clone());
+        if let Some(p) = &new_pd {
+            p.hold()?;
+        }
+        let undo = |e| {
+            if let Some(p) = &new_pd {
+                p.release();
+            }
+            Err(e)
+        };
+        let mut keys = self.dev.keys.write().unwrap_or_else(|e| e.into_inner());
+        if self.deregistered.load(Ordering::Acquire) {
+            return undo(VerbsError::InvalidMrHandle);
+        }
+        // A bind counts its window under the table's write lock, held here.
+        if self.inner.windows.load(Ordering::Acquire) > 0 {
+            return undo(VerbsError::InUse("memory windows are bound to the region"));
+        }
+        let key = self.inner.key();
+        let next = Arc::new(MrInner {
+            key: AtomicU32::new(key),
+            fast: None,
+            windows: Default::default(),
+            revoked: Default::default(),
+            pd: new_pd.clone().unwrap_or_else(|| self.inner.pd.clone()),
+            access: access.unwrap_or(self.inner.access),
+            mem: mem.map(Arc::new).unwrap_or_else(|| self.inner.mem.clone()),
+        });
+        if !keys.replace(key, KeyEntry::Mr(next.clone())) {
+            return undo(VerbsError::InvalidMrHandle);
+        }
+        self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
+        drop(keys);
+        if new_pd.is_some() {
+            self.inner.pd.release();
+        }
+        self.inner = next;
+        Ok(())
     }
 
     /// Deregister Memory Region. In-flight accesses finish on memory that stays alive until

@@ -1307,7 +1307,7 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
     slot.bind = wr.bind.map(|b| BindRequest {
         mw: b.mw.inner.clone(),
         rkey: b.rkey,
-        mr_key: b.mr.lkey(),
+        mr_key: b.mr_key,
         addr: b.addr,
         length: b.length,
         access: b.access,

@@ -86,7 +86,8 @@ pub struct MwBind<'a> {
     pub mw: &'a super::mw::Mw,
     /// The window's current R_Key, as the consumer knows it.
     pub rkey: u32,
-    pub mr: &'a super::mr::Mr,
+    /// The region's L_Key (Reregister Memory Region keeps it).
+    pub mr_key: u32,
     pub addr: u64,
     pub length: u64,
     /// Any of REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC (WR-BIND-2).
@@ -104,7 +105,7 @@ impl<'a> SendWr<'a> {
     pub fn bind_mw(
         wr_id: u64,
         mw: &'a super::mw::Mw,
-        mr: &'a super::mr::Mr,
+        mr: &super::mr::Mr,
         addr: u64,
         length: u64,
         access: super::types::Access,
@@ -112,7 +113,7 @@ impl<'a> SendWr<'a> {
         SendWr {
             wr_id,
             opcode: WrOpcode::BindMw,
-            bind: Some(MwBind { mw, rkey: mw.rkey(), mr, addr, length, access, new_key: None }),
+            bind: Some(MwBind { mw, rkey: mw.rkey(), mr_key: mr.lkey(), addr, length, access, new_key: None }),
             ..Default::default()
         }
     }
