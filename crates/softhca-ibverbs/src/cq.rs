@@ -272,6 +272,16 @@ pub unsafe extern "C" fn ibv_resize_cq(c: *mut ibv_cq, cqe: c_int) -> c_int {
     // SAFETY: a live CQ.
     let q = unsafe { cq(c) };
     let Ok(size) = u32::try_from(cqe) else { return libc::EINVAL };
+    // Linux's rxe runs a user QP's send queue in the `ibv_post_send` system call and writes a
+    // UD or UC send's completion right after its packet: by the time a program resizes, what
+    // it posted before has completed, and counts against the new size. Here the engine thread
+    // sends; the resize first gives it the time to (10 ms at most).
+    // SAFETY: the CQ's context is open.
+    let device = &unsafe { ctx(q.ibv.base.context) }.ctx;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(10);
+    while device.unsent() && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
     match q.cq.resize(size) {
         Ok(n) => {
             // SAFETY: `cqe` is the program's to read; written in place, under the CQ's

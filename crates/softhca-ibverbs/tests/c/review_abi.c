@@ -396,6 +396,46 @@ static void reg_mr_needs_mapped_memory(void)
 	CHECK(!mr && errno == EFAULT, "PROT_NONE memory: mr %p errno %d", (void *)mr, errno);
 }
 
+/* Linux's rxe sends a user QP's work in the ibv_post_send system call and writes a UD send's
+   completion right after: a Resize CQ that follows the posts counts those completions, and
+   refuses a size below them (EINVAL). softhca's engine thread sends: the resize found the CQ
+   still empty in about half the runs of rdma-core's test_resize_cq. 100 rounds. */
+static void resize_counts_posted_ud_sends(void)
+{
+	struct end e;
+	open_end(&e, IBV_QPT_UD);
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = 0x11 };
+	CHECK(ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0, "INIT");
+	a.qp_state = IBV_QPS_RTR;
+	CHECK(ibv_modify_qp(e.qp, &a, IBV_QP_STATE) == 0, "RTR");
+	a.qp_state = IBV_QPS_RTS;
+	CHECK(ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "RTS");
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1, .grh = { .dgid = e.gid, .hop_limit = 1 } };
+	struct ibv_ah *ah = ibv_create_ah(e.pd, &aa);
+	CHECK(ah, "ibv_create_ah");
+	struct ibv_sge sg = { (uintptr_t)e.buf, 8, e.mr->lkey };
+	struct ibv_sge rs = { (uintptr_t)e.buf + 4096, 64, e.mr->lkey };
+	for (int round = 0; round < 100; round++) {
+		/* The QP sends to itself, so that the engine thread has its receives to deliver. */
+		for (int i = 0; i < 7; i++) {
+			struct ibv_recv_wr r = { .wr_id = 100 + i, .sg_list = &rs, .num_sge = 1 }, *rbad = NULL;
+			CHECK(ibv_post_recv(e.qp, &r, &rbad) == 0, "ibv_post_recv");
+		}
+		for (int i = 0; i < 7; i++) {
+			struct ibv_send_wr w = { .wr_id = i, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND,
+						 .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+			w.wr.ud.ah = ah;
+			w.wr.ud.remote_qpn = e.qp->qp_num;
+			w.wr.ud.remote_qkey = 0x11;
+			CHECK(ibv_post_send(e.qp, &w, &bad) == 0, "ibv_post_send");
+		}
+		CHECK(ibv_resize_cq(e.cq, 1) == EINVAL, "round %d: a resize below the 7 completions", round);
+		for (int i = 0; i < 14; i++)
+			CHECK(wait_one(e.cq).status == IBV_WC_SUCCESS, "the sends and the receives");
+	}
+	CHECK(ibv_resize_cq(e.cq, 1) == 0, "a resize of the empty CQ");
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: review_abi <check>");
@@ -420,6 +460,8 @@ int main(int argc, char **argv)
 		reg_mr_wrapping_range();
 	else if (!strcmp(test, "reg_mr_needs_mapped_memory"))
 		reg_mr_needs_mapped_memory();
+	else if (!strcmp(test, "resize_counts_posted_ud_sends"))
+		resize_counts_posted_ud_sends();
 	else
 		CHECK(0, "unknown check");
 	printf("%s: ok\n", test);

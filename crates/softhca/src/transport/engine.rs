@@ -355,18 +355,24 @@ impl Engine {
     /// (`Context::sent`) asks [`Engine::awaits_wire`] first, so that a flush with none opens
     /// no step; called without, it finds the list empty and completes nothing.
     pub fn sent(&self) {
-        let mut qpns = {
-            let mut awaiting = self.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner());
-            self.awaiting_any.store(false, Ordering::Relaxed);
-            std::mem::take(&mut *awaiting)
-        };
+        let mut qpns = std::mem::take(&mut *self.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner()));
         self.complete_sent(&qpns);
         // The list's allocation goes back for the next flush, unless one was pushed meanwhile.
         qpns.clear();
         let mut awaiting = self.awaiting_wire.lock().unwrap_or_else(|e| e.into_inner());
+        // Cleared once the completions are written, not before: `Context::unsent` must not
+        // find nothing pending while they are still on their way (Release: they are seen by
+        // whoever sees the flag clear).
+        self.awaiting_any.store(!awaiting.is_empty(), Ordering::Release);
         if awaiting.capacity() == 0 {
             *awaiting = qpns;
         }
+    }
+
+    /// Whether a UC or UD WQE's datagram is written and not yet sent, or sent and its
+    /// completion not yet written ([`Engine::sent`]); for threads other than the link's.
+    pub fn unsent_unreliable(&self) -> bool {
+        self.awaiting_any.load(Ordering::Acquire)
     }
 
     /// Whether a UC or UD WQE waits for [`Engine::sent`]: most flushes have none (RC, or no

@@ -754,6 +754,17 @@ impl Context {
         *self.inner.raw_listener.write().unwrap_or_else(|e| e.into_inner()) = hook;
     }
 
+    /// Whether work posted to this device has yet to leave it: a QP with something to send,
+    /// or a UC or UD send whose datagram the link has not sent yet (its completion waits for
+    /// that, see [`Context::defer_unreliable_completions`]). The drop-in's Resize CQ waits for
+    /// it to clear: Linux's rxe has completed a UD send by the time `ibv_post_send` returns.
+    pub fn unsent(&self) -> bool {
+        // The ready list first: a send WQE is marked as awaiting the wire before its QP leaves
+        // the list, so one read after the other cannot miss it in between.
+        let e = &self.inner.engine;
+        e.may_transmit() || e.unsent_unreliable()
+    }
+
     /// Installs (or with `None` removes) the hook a link that must join a multicast group to
     /// hear it wants called when a group gets its first attached QP or loses its last (see
     /// [`GroupListener`]).
