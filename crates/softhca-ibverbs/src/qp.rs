@@ -748,16 +748,13 @@ fn ibv_inc_rkey(rkey: u32) -> u32 {
 /// the program's key byte), and writes `rkey` to `m->rkey` once posted, as libibverbs does.
 ///
 /// # Safety
-/// `m` and `info.mr` are live objects of this library.
+/// `m` and `info.mr` (unless null) are live objects of this library.
 unsafe fn bind_window(x: &Qp, m: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info, wr_id: u64, flags: u32) -> c_int {
-    if info.mr.is_null() {
-        return libc::EOPNOTSUPP; // unbinding (a zero-length bind of a type 1 window)
+    if info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 || (info.mr.is_null() && info.length != 0) {
+        return libc::EINVAL; // windows are addressed by virtual address only; a bind needs a region
     }
-    if info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
-        return libc::EINVAL; // windows are addressed by virtual address only
-    }
-    // SAFETY: a live window and region, as the caller promises.
-    let (mw, mr) = unsafe { (&*(m as *const Mw), &*(info.mr as *const Mr)) };
+    // SAFETY: a live window and, if not null, region, as the caller promises.
+    let (mw, mr) = unsafe { (&*(m as *const Mw), (info.mr as *const Mr).as_ref()) };
     // SAFETY: the program's copy of the R_Key, read in place.
     let current = unsafe { std::ptr::addr_of!((*m).rkey).read() };
     if rkey >> 8 != current >> 8 {
@@ -765,7 +762,12 @@ unsafe fn bind_window(x: &Qp, m: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info
     }
     let access = Access::from_bits_truncate(info.mw_access_flags)
         & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-    let mut wr = SendWr::bind_mw(wr_id, &mw.mw, &mr.region(), info.addr, info.length, access).new_key(rkey as u8);
+    // A zero-length bind unbinds a type 1 window (libibverbs' way: no region, length 0).
+    let wr = match mr {
+        Some(mr) if info.length != 0 => SendWr::bind_mw(wr_id, &mw.mw, &mr.region(), info.addr, info.length, access),
+        _ => SendWr::unbind_mw(wr_id, &mw.mw),
+    };
+    let mut wr = wr.new_key(rkey as u8);
     wr.send_flags = SendFlags::from_bits_truncate(flags);
     match x.qp.post_send(&[wr]) {
         Ok(()) => {

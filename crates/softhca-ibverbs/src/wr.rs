@@ -216,14 +216,14 @@ unsafe extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, remote_ad
 
 /// Binds a window (type 1 or 2): `rkey` is the R_Key it is to carry afterwards (the program's
 /// `ibv_inc_rkey` of the current one), written to `mw->rkey` once the bind is posted. A
-/// zero-length bind (unbinding) and zero-based windows are not supported (EOPNOTSUPP, EINVAL
-/// at `ibv_wr_complete`).
+/// zero-length bind unbinds a type 1 window (no region needed); zero-based windows are not
+/// supported (EINVAL at `ibv_wr_complete`, as a region without one and a length).
 unsafe extern "C" fn wr_bind_mw(q: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, info: *const ibv_mw_bind_info) {
     // SAFETY: a readable bind description, as libibverbs' contract says.
     let info = unsafe { info.as_ref() };
     let err = match info {
         None => libc::EINVAL,
-        Some(i) if i.mr.is_null() || mw.is_null() => libc::EOPNOTSUPP,
+        Some(i) if mw.is_null() || (i.mr.is_null() && i.length != 0) => libc::EINVAL,
         Some(i) if i.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 => libc::EINVAL,
         Some(_) => 0,
     };
@@ -377,8 +377,12 @@ unsafe extern "C" fn wr_complete(q: *mut ibv_qp_ex) -> c_int {
 unsafe fn send_wr(p: &Pending, ud: bool) -> Result<SendWr<'_>, c_int> {
     if let Some((mw, rkey, mr, addr, length, access)) = p.bind {
         // SAFETY: a live window and region of this library, as the program promises.
-        let (w, r) = unsafe { (&*(mw as *const Mw), &*mr) };
-        let mut bind = SendWr::bind_mw(p.wr_id, &w.mw, &r.region(), addr, length, access).new_key(rkey as u8);
+        let (w, r) = unsafe { (&*(mw as *const Mw), mr.as_ref()) };
+        let bind = match r {
+            Some(r) if length != 0 => SendWr::bind_mw(p.wr_id, &w.mw, &r.region(), addr, length, access),
+            _ => SendWr::unbind_mw(p.wr_id, &w.mw),
+        };
+        let mut bind = bind.new_key(rkey as u8);
         bind.send_flags = p.flags;
         return Ok(bind);
     }

@@ -159,3 +159,32 @@ fn bind_with_a_chosen_key_byte() {
     assert_eq!(statuses(&p.b.cq), vec![(2, WcStatus::MwBindErr, WcOpcode::BindMw)]);
     assert_eq!(mw.rkey(), before);
 }
+
+/// A zero-length bind unbinds a type 1 window (IBA 10.6.7; rxe likewise): it gets a new R_Key
+/// that reaches nothing, and its region, no longer bound, can be deregistered. A type 2
+/// window is not unbound so (it is invalidated) and the bind fails.
+#[test]
+fn a_zero_length_bind_unbinds_a_type_1_window() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let region = p.b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    let mw = p.b.pd.alloc_mw().unwrap();
+    p.b.qp.post_send(&[SendWr::bind_mw(1, &mw, &region, region.addr(), 4096, Access::REMOTE_WRITE)]).unwrap();
+    p.run(RUN);
+    let bound = mw.rkey();
+    assert!(matches!(region.dereg(), Err(VerbsError::InUse(_))));
+    p.b.qp.post_send(&[SendWr::unbind_mw(2, &mw).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.b.cq), vec![(2, WcStatus::Success, WcOpcode::BindMw)]);
+    assert_ne!(mw.rkey(), bound);
+    for key in [bound, mw.rkey()] {
+        assert!(p.b.ctx.check_access(key, &p.b.pd, region.addr(), 8, Access::REMOTE_WRITE).is_err());
+    }
+    region.dereg().unwrap();
+
+    let region2 = p.b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    let mw2 = p.b.pd.alloc_mw_of(MwType::Type2).unwrap();
+    let zero = SendWr::bind_mw(3, &mw2, &region2, region2.addr(), 0, Access::REMOTE_WRITE).signaled();
+    p.b.qp.post_send(&[zero]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.b.cq)[0].1, WcStatus::MwBindErr);
+}

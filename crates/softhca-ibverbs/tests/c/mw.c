@@ -1,6 +1,7 @@
 /* Memory windows (type 1) through the C ABI: ibv_alloc_mw, ibv_bind_mw (the window carries
-   the R_Key ibv_inc_rkey gives, at once), an RDMA Write through the window, a rebind after
-   which the old R_Key is refused (Remote Access Error), ibv_dealloc_mw. Prints "mw: ok". */
+   the R_Key ibv_inc_rkey gives, at once), an RDMA Write through the window, a rebind, an
+   unbind (a zero-length bind) after which the old R_Key is refused (Remote Access Error) and
+   the region can go, ibv_dealloc_mw. Prints "mw: ok". */
 #define TEST_NAME "mw"
 #include "verbs_test.h"
 
@@ -50,9 +51,20 @@ int main(void)
 	CHECK(ibv_bind_mw(b.qp, mw, &bind) == 0, "rebind");
 	wc = wait_one(b.cq);
 	CHECK(wc.status == IBV_WC_SUCCESS && mw->rkey != old, "rebind: %s", ibv_wc_status_str(wc.status));
+	CHECK(ibv_dereg_mr(b.mr) == EBUSY, "a region with a bound window stays");
+
+	/* A zero-length bind with no region unbinds the window (libibverbs: mr NULL, addr and
+	   length 0): a new R_Key, reaching nothing, and the region is free to go. */
+	uint32_t bound = mw->rkey;
+	struct ibv_mw_bind unbind = { .wr_id = 3, .send_flags = IBV_SEND_SIGNALED };
+	CHECK(ibv_bind_mw(b.qp, mw, &unbind) == 0 && mw->rkey == ibv_inc_rkey(bound), "unbind");
+	wc = wait_one(b.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 3, "unbind: %s",
+	      ibv_wc_status_str(wc.status));
 	write_to(&a, 11, (uintptr_t)b.buf + 1024, old);
 	wc = wait_one(a.cq);
 	CHECK(wc.status == IBV_WC_REM_ACCESS_ERR, "the old R_Key: %s", ibv_wc_status_str(wc.status));
+	CHECK(ibv_dereg_mr(b.mr) == 0, "the region of an unbound window");
 
 	CHECK(ibv_dealloc_mw(mw) == 0, "ibv_dealloc_mw");
 	printf("mw: ok\n");

@@ -118,7 +118,9 @@ fn release(mw: &MwInner, dev: &DeviceInner) -> Result<()> {
 /// Executes a bind for QP `qpn` of PD `pd_handle` (WR-BIND-2..5); a failure is Memory Window
 /// Bind Error. A type 2 window must be free (invalidated since its last bind) and is then bound
 /// to `qpn`; it cannot be bound with zero length (that would be an unbind, which a type 2
-/// window does by invalidation).
+/// window does by invalidation). A type 1 window bound with zero length is unbound (IBA
+/// 10.6.7, rxe's `rxe_do_bind_mw`): a new R_Key, no region, whatever region the request
+/// names.
 pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, qpn: u32, b: &BindRequest) -> std::result::Result<(), WcStatus> {
     let fail = Err(WcStatus::MwBindErr);
     let Some(mw) = b.mw.downcast_ref::<MwInner>() else { return fail };
@@ -131,16 +133,23 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, qpn: u32, b: &BindRequest)
     }
     let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
     let mut keys = dev.keys.write().unwrap_or_else(|e| e.into_inner());
-    let Some(mr) = keys.mr(b.mr_key).cloned() else { return fail };
-    if mr.pd.handle != pd_handle || !mr.access.contains(Access::MW_BIND) {
-        return fail;
-    }
-    if b.access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !mr.access.contains(Access::LOCAL_WRITE) {
-        return fail; // WR-BIND-3, WR-BIND-4
-    }
-    if mr.range_offset(b.addr, b.length).is_none() {
-        return fail; // WR-BIND-5
-    }
+    let unbind = b.length == 0 && mw.kind == MwType::Type1;
+    let mr = if unbind {
+        None
+    } else {
+        let Some(mr) = keys.mr(b.mr_key).cloned() else { return fail };
+        if mr.pd.handle != pd_handle || !mr.access.contains(Access::MW_BIND) {
+            return fail;
+        }
+        if b.access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !mr.access.contains(Access::LOCAL_WRITE)
+        {
+            return fail; // WR-BIND-3, WR-BIND-4
+        }
+        if mr.range_offset(b.addr, b.length).is_none() {
+            return fail; // WR-BIND-5
+        }
+        Some(mr)
+    };
     let mut st = mw.state.lock().unwrap_or_else(|e| e.into_inner());
     if mw.kind == MwType::Type2 && (st.binding.is_some() || b.length == 0) {
         return fail;
@@ -154,8 +163,11 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, qpn: u32, b: &BindRequest)
     dev.key_gen.fetch_add(1, Ordering::AcqRel);
     st.key = new_key;
     st.qp = (mw.kind == MwType::Type2).then_some(qpn);
-    mr.windows.fetch_add(1, Ordering::AcqRel);
-    if let Some(old) = st.binding.replace(Binding { mr: mr.clone(), addr: b.addr, len: b.length, access: b.access }) {
+    let binding = mr.map(|mr| {
+        mr.windows.fetch_add(1, Ordering::AcqRel);
+        Binding { mr, addr: b.addr, len: b.length, access: b.access }
+    });
+    if let Some(old) = std::mem::replace(&mut st.binding, binding) {
         old.mr.windows.fetch_sub(1, Ordering::AcqRel);
     }
     Ok(())

@@ -118,6 +118,25 @@ impl<'a> SendWr<'a> {
         }
     }
 
+    /// Unbinds type 1 window `mw` (a Bind MW of length zero, IBA 10.6.7): it gets a new R_Key
+    /// and reaches no region any more, which can then be deregistered.
+    pub fn unbind_mw(wr_id: u64, mw: &'a super::mw::Mw) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::BindMw,
+            bind: Some(MwBind {
+                mw,
+                rkey: mw.rkey(),
+                mr_key: 0,
+                addr: 0,
+                length: 0,
+                access: super::types::Access::empty(),
+                new_key: None,
+            }),
+            ..Default::default()
+        }
+    }
+
     /// A Bind MW with the key byte the window's next R_Key is to carry (a consumer that
     /// chooses its R_Keys, as libibverbs' `ibv_bind_mw` does with `ibv_inc_rkey`).
     pub fn new_key(mut self, byte: u8) -> Self {
