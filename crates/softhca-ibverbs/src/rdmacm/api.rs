@@ -625,7 +625,7 @@ unsafe fn join(p: *mut rdma_cm_id, addr: *mut libc::sockaddr, send_only: bool, c
         (_, None) => return err(libc::EINVAL),
     };
     {
-        let _g = global();
+        let g = global();
         let bound = matches!(id.st.phase, Phase::AddrBound | Phase::AddrResolved);
         if !bound || id.c.verbs.is_null() || !matches!(id.c.ps, RDMA_PS_UDP | RDMA_PS_IPOIB) {
             return err(libc::EINVAL);
@@ -637,21 +637,10 @@ unsafe fn join(p: *mut rdma_cm_id, addr: *mut libc::sockaddr, send_only: bool, c
         };
         id.st.mcs.push(Mc { addr, mgid, send_only });
         let mut ev = Event::new(id, RDMA_CM_EVENT_MULTICAST_JOIN, 0);
-        let ah_attr = ibv_ah_attr {
-            grh: ibv_global_route {
-                dgid: ibv_gid { raw: mgid },
-                flow_label: 0,
-                sgid_index: 0,
-                hop_limit: 64,
-                traffic_class: 0,
-            },
-            dlid: 0,
-            sl: 0,
-            src_path_bits: 0,
-            static_rate: 0,
-            is_global: 1,
-            port_num: id.c.port_num.max(1),
-        };
+        // The id's address handle, toward the group: no flow label, traffic class 0.
+        let mut ah_attr = g.ah_attr(id);
+        ah_attr.grh.dgid = ibv_gid { raw: mgid };
+        (ah_attr.grh.flow_label, ah_attr.grh.traffic_class) = (0, 0);
         ev.ud(ah_attr, 0xFF_FFFF, qkey_of(id.c.ps), &[]);
         ev.c.param.ud.private_data = context;
         if !id.c.qp.is_null() && !send_only {

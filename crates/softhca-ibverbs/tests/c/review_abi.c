@@ -404,12 +404,7 @@ static void resize_counts_posted_ud_sends(void)
 {
 	struct end e;
 	open_end(&e, IBV_QPT_UD);
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = 0x11 };
-	CHECK(ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0, "INIT");
-	a.qp_state = IBV_QPS_RTR;
-	CHECK(ibv_modify_qp(e.qp, &a, IBV_QP_STATE) == 0, "RTR");
-	a.qp_state = IBV_QPS_RTS;
-	CHECK(ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "RTS");
+	ud_to_rts(e.qp, 0x11);
 	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1, .grh = { .dgid = e.gid, .hop_limit = 1 } };
 	struct ibv_ah *ah = ibv_create_ah(e.pd, &aa);
 	CHECK(ah, "ibv_create_ah");

@@ -16,13 +16,7 @@ enum { QKEY = 0x11111111, SIZE = 64, GRH = 40 };
 static void open_end(struct ibv_device *dev, struct end *e)
 {
 	setup_end(e, ibv_open_device(dev), IBV_QPT_UD, IBV_ACCESS_LOCAL_WRITE, 4096);
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = QKEY };
-	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0, "INIT");
-	a.qp_state = IBV_QPS_RTR;
-	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE) == 0, "RTR");
-	a.qp_state = IBV_QPS_RTS;
-	a.sq_psn = 0;
-	CHECK(ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "RTS");
+	ud_to_rts(e->qp, QKEY);
 }
 
 static void post_recv(struct end *e)

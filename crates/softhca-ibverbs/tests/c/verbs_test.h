@@ -88,6 +88,18 @@ static inline struct ibv_wc wait_one(struct ibv_cq *cq)
 	}
 }
 
+/* A UD QP through INIT (port 1, P_Key index 0, Q_Key qkey), RTR and RTS (SQ PSN 0). */
+static inline void ud_to_rts(struct ibv_qp *qp, uint32_t qkey)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = qkey };
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0, "UD to INIT");
+	a.qp_state = IBV_QPS_RTR;
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0, "UD to RTR");
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 0;
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "UD to RTS");
+}
+
 static inline void connect_rc(struct end *e, struct end *peer, int access, uint8_t rd_atomic)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
