@@ -278,10 +278,7 @@ pub unsafe extern "C" fn ibv_resize_cq(c: *mut ibv_cq, cqe: c_int) -> c_int {
     // sends; the resize first gives it the time to (10 ms at most).
     // SAFETY: the CQ's context is open.
     let device = &unsafe { ctx(q.ibv.base.context) }.ctx;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(10);
-    while device.unsent() && std::time::Instant::now() < deadline {
-        std::thread::yield_now();
-    }
+    crate::settle(|| device.unsent(), std::time::Duration::from_millis(10));
     match q.cq.resize(size) {
         Ok(n) => {
             // SAFETY: `cqe` is the program's to read; written in place, under the CQ's

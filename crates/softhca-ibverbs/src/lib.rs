@@ -53,6 +53,16 @@ fn errno_set(e: &VerbsError) -> c_int {
     code
 }
 
+/// Gives the engine thread up to `max` to finish what `pending` says is still to do: Linux's
+/// rxe does a user QP's sending in the `ibv_post_send` system call, so that a verb that
+/// follows the posts finds them done (see `softhca::Qp::unsent`, `softhca::Context::unsent`).
+fn settle(pending: impl Fn() -> bool, max: std::time::Duration) {
+    let deadline = std::time::Instant::now() + max;
+    while pending() && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+}
+
 /// Sets errno (for the verbs that return a pointer or -1).
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns the calling thread's errno slot, always valid.

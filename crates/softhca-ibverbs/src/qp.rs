@@ -313,6 +313,9 @@ pub(crate) unsafe fn destroy_qp(q: *mut ibv_qp, forget: bool) -> c_int {
     if !x.qp.mcast_groups().is_empty() {
         return libc::EBUSY;
     }
+    // What the program posted leaves first, as it would have in its ibv_post_send on Linux
+    // (50 ms at most: a QP that cannot send, its peer gone, does not hold the destroy up).
+    crate::settle(|| x.qp.unsent(), std::time::Duration::from_millis(50));
     if let Err(e) = x.qp.destroy() {
         return errno_of(&e);
     }

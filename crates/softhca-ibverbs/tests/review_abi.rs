@@ -139,3 +139,15 @@ fn resize_cq_counts_the_ud_sends_posted_before_it() {
         run("review_abi", Some("resize_counts_posted_ud_sends"));
     }
 }
+
+/// Unsignaled UD sends and then, at once, Destroy QP: the destroy discarded what the engine
+/// thread had not sent yet, where Linux's rxe has sent it in `ibv_post_send` (Debian's mckey
+/// sender, which leaves its group and exits right after posting, delivered 1 of 20 datagrams
+/// to rxe in the interop guest). The drop-in's destroy lets the QP's sends leave first (50 ms
+/// at most, `Qp::unsent`).
+#[test]
+fn destroy_qp_after_unsignaled_ud_sends_loses_none() {
+    if ready() {
+        run("review_abi", Some("destroy_after_unsignaled_ud_sends"));
+    }
+}

@@ -431,6 +431,60 @@ static void resize_counts_posted_ud_sends(void)
 	CHECK(ibv_resize_cq(e.cq, 1) == 0, "a resize of the empty CQ");
 }
 
+/* mckey's sender posts unsignaled UD sends and at once leaves its group, destroys its QP and
+   exits: on Linux's rxe, which sends in the ibv_post_send system call, every datagram is out;
+   softhca's destroy discarded what its engine thread had not sent yet (Linux rxe got 1 of
+   mckey's 20 in the interop guest). 10 rounds of 512 unsignaled sends, the sending QP
+   destroyed at once: the receiver must get them all. */
+static struct ibv_qp *big_ud_qp(struct end *e)
+{
+	struct ibv_qp_init_attr init = {
+		.send_cq = e->cq, .recv_cq = e->cq, .qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 512, .max_recv_wr = 512, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(e->pd, &init);
+	CHECK(qp, "ibv_create_qp");
+	ud_to_rts(qp, 0x11);
+	return qp;
+}
+
+static void destroy_after_unsignaled_ud_sends(void)
+{
+	enum { N = 512 };
+	struct end a, b;
+	open_end(&a, IBV_QPT_UD);
+	open_end(&b, IBV_QPT_UD);
+	struct ibv_cq *rcq = ibv_create_cq(b.ctx, N, NULL, NULL, 0);
+	CHECK(rcq, "ibv_create_cq");
+	b.cq = rcq;
+	struct ibv_qp *to = big_ud_qp(&b);
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1, .grh = { .dgid = b.gid, .hop_limit = 1 } };
+	struct ibv_ah *ah = ibv_create_ah(a.pd, &aa);
+	CHECK(ah, "ibv_create_ah");
+	struct ibv_sge sg = { (uintptr_t)a.buf, 64, a.mr->lkey };
+	for (int round = 0; round < 10; round++) {
+		for (int i = 0; i < N; i++) {
+			struct ibv_sge rs = { (uintptr_t)b.buf + 128 * i, 128, b.mr->lkey };
+			struct ibv_recv_wr r = { .wr_id = i, .sg_list = &rs, .num_sge = 1 }, *rbad = NULL;
+			CHECK(ibv_post_recv(to, &r, &rbad) == 0, "ibv_post_recv");
+		}
+		struct ibv_qp *from = big_ud_qp(&a);
+		for (int i = 0; i < N; i++) {
+			struct ibv_send_wr w = { .wr_id = i, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND },
+					   *bad = NULL;
+			w.wr.ud.ah = ah;
+			w.wr.ud.remote_qpn = to->qp_num;
+			w.wr.ud.remote_qkey = 0x11;
+			CHECK(ibv_post_send(from, &w, &bad) == 0, "ibv_post_send %d", i);
+		}
+		CHECK(ibv_destroy_qp(from) == 0, "ibv_destroy_qp at once");
+		for (int i = 0; i < N; i++) {
+			struct ibv_wc wc = wait_one(rcq);
+			CHECK(wc.status == IBV_WC_SUCCESS, "round %d: datagram %d of %d", round, i, N);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: review_abi <check>");
@@ -457,6 +511,8 @@ int main(int argc, char **argv)
 		reg_mr_needs_mapped_memory();
 	else if (!strcmp(test, "resize_counts_posted_ud_sends"))
 		resize_counts_posted_ud_sends();
+	else if (!strcmp(test, "destroy_after_unsignaled_ud_sends"))
+		destroy_after_unsignaled_ud_sends();
 	else
 		CHECK(0, "unknown check");
 	printf("%s: ok\n", test);

@@ -785,6 +785,24 @@ impl Qp {
         }
     }
 
+    /// Whether work posted to this QP has yet to leave the device: the QP is on the engine's
+    /// list of QPs with something to send, or a UC or UD send waits for its datagram to leave
+    /// (its completion goes with it). Linux's rxe sends a user QP's work in the
+    /// `ibv_post_send` system call, so that what a program posts and then destroys at once is
+    /// on the wire (Debian's mckey sends unsignaled datagrams and then leaves and exits); the
+    /// drop-in lets the engine finish before it destroys a QP.
+    pub fn unsent(&self) -> bool {
+        let q = &self.inner;
+        if q.ready.load(Ordering::Acquire) {
+            return true;
+        }
+        if !matches!(q.qp_type, QpType::Uc | QpType::Ud) {
+            return false;
+        }
+        let core = q.core.lock().unwrap_or_else(|e| e.into_inner());
+        (0..core.sq.len()).filter_map(|i| core.sq.get(i)).any(|w| w.tx.awaiting_wire)
+    }
+
     /// The multicast groups the QP is attached to.
     pub fn mcast_groups(&self) -> Vec<Gid> {
         self.res.dev.engine.groups.read().unwrap_or_else(|e| e.into_inner()).of(self.inner.qpn)
