@@ -97,6 +97,12 @@ pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>
         return Err(std::io::Error::from_raw_os_error(libc::ENODEV));
     }
     *slot = Arc::downgrade(&s);
+    // At exit, what the program posted leaves first (see `drain_at_exit`); once a process.
+    static DRAIN: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain extern "C" function with no arguments.
+    DRAIN.call_once(|| unsafe {
+        libc::atexit(drain_at_exit);
+    });
     if std::env::var("SOFTHCA_STATS").is_ok_and(|v| v == "1") {
         // Once a process: a program that opens the device again (UCX probes it first) would
         // otherwise print the last one's counters once per open.
@@ -108,6 +114,17 @@ pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>
         STATS_DEV.lock().unwrap_or_else(|e| e.into_inner()).clone_from(&Arc::downgrade(&s));
     }
     Ok(s)
+}
+
+/// At exit with the device open, its engine gets up to 50 ms to send what the program posted
+/// (and destroyed nothing of): on Linux rxe did it in `ibv_post_send`, so a program that posts
+/// unsignaled sends and exits loses none. Runs after the thread-locals are gone: a lock, the
+/// engine's atomics and a clock only.
+extern "C" fn drain_at_exit() {
+    let dev = SHARED.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
+    if let Some(s) = dev {
+        crate::settle(|| s.dev.context().unsent(), std::time::Duration::from_millis(50));
+    }
 }
 
 /// The device whose counters `SOFTHCA_STATS=1` prints at exit.

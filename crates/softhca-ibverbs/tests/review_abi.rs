@@ -151,3 +151,42 @@ fn destroy_qp_after_unsignaled_ud_sends_loses_none() {
         run("review_abi", Some("destroy_after_unsignaled_ud_sends"));
     }
 }
+
+/// A program that posts unsignaled UD sends and exits without destroying anything: Linux's rxe
+/// has sent them in `ibv_post_send`; softhca's process ended with them still queued. An exit
+/// handler now gives the engine 50 ms to send what is posted. Two processes (the drop-in has
+/// one device a process): the receiver must get all 256, five times.
+#[test]
+fn a_program_that_exits_after_posting_loses_no_send() {
+    use std::io::BufRead;
+    if !ready() {
+        return;
+    }
+    let exe = compile("exit_sends");
+    for round in 0..5u8 {
+        let mut recv = std::process::Command::new(&exe)
+            .arg("recv")
+            .env("LD_LIBRARY_PATH", library())
+            .env("SOFTHCA_ADDR", "127.0.0.91")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(recv.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert!(words.len() == 19 && words[0] == "qpn", "the receiver said {line:?}");
+        let send = std::process::Command::new(&exe)
+            .arg("send")
+            .args(std::iter::once(words[1]).chain(words[3..].iter().copied()))
+            .env("LD_LIBRARY_PATH", library())
+            .env("SOFTHCA_ADDR", "127.0.0.92")
+            .output()
+            .unwrap();
+        assert!(send.status.success(), "round {round}: the sender: {}", String::from_utf8_lossy(&send.stderr));
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        let status = recv.wait().unwrap();
+        assert!(status.success() && rest.contains("exit_sends: ok"), "round {round}: the receiver ({status}): {rest}");
+    }
+}
