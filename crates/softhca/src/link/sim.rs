@@ -751,13 +751,15 @@ impl SimFabric {
 
     fn route(&self, datagram: &[u8]) -> Route {
         let dst = match roce::raw_ipv6_dst(datagram) {
+            Some(dst) if dst.octets()[0] == 0xFF => return Route::Everyone,
             Some(dst) => Some(dst),
-            None => roce::split_ip(datagram).ok().map(|s| s.ip.dst_gid()),
+            None => match roce::split_ip(datagram) {
+                Ok(s) if s.ip.dst_is_multicast() => return Route::Everyone,
+                Ok(s) => Some(s.ip.dst_gid()),
+                Err(_) => None,
+            },
         };
-        match dst {
-            Some(d) if Gid::from_ipv6(d).is_multicast() => Route::Everyone,
-            d => Route::To(d.and_then(|d| self.id_of_addr(d))),
-        }
+        Route::To(dst.and_then(|d| self.id_of_addr(d)))
     }
 
     fn buffer_from(&mut self, bytes: &[u8]) -> Vec<u8> {
@@ -795,21 +797,26 @@ impl SimFabric {
     /// to nobody).
     /// A datagram to a multicast address goes to every device, its sender's included (as IP
     /// multicast loops back to its host): each device's group table decides who takes it.
+    #[inline]
     fn offer(&mut self, from: Option<DeviceId>, forced_to: Option<Option<DeviceId>>, data: Vec<u8>, injected: bool) {
         let to = match forced_to {
             Some(to) => to,
             None => match self.route(&data) {
                 Route::To(to) => to,
-                Route::Everyone => {
-                    for i in 0..self.nodes.len() {
-                        let copy = self.buffer_from(&data);
-                        self.offer_to(from, Some(DeviceId(i)), copy, injected, false);
-                    }
-                    return self.recycle(data);
-                }
+                Route::Everyone => return self.offer_everyone(from, data, injected),
             },
         };
         self.offer_to(from, to, data, injected, false);
+    }
+
+    /// A multicast datagram: a copy to every device.
+    #[cold]
+    fn offer_everyone(&mut self, from: Option<DeviceId>, data: Vec<u8>, injected: bool) {
+        for i in 0..self.nodes.len() {
+            let copy = self.buffer_from(&data);
+            self.offer_to(from, Some(DeviceId(i)), copy, injected, false);
+        }
+        self.recycle(data);
     }
 
     /// Puts a Raw Ethertype QP's frame on the wire: to the device with its destination MAC,

@@ -325,8 +325,9 @@ pub(crate) struct Engine {
     frames_ready: Ready,
     /// The Raw QPs, which take the inbound raw packets (`receive_raw`).
     raw: RwLock<Vec<(u32, QpType)>>,
-    /// The multicast groups and their UD QPs (`mcast`), read only for multicast packets.
-    pub groups: RwLock<Groups>,
+    /// The multicast groups and their UD QPs (`mcast`), read only for multicast packets (boxed:
+    /// the engine's hot fields keep their lines).
+    pub groups: Box<RwLock<Groups>>,
     /// How many of them are Raw Ethertype QPs and Raw IPv6 QPs: a link listens for their
     /// packets only while there are.
     frame_qps: AtomicU32,
@@ -773,21 +774,9 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     if bth.opcode.service_range() == Some(ServiceType::Rd) {
         return super::rd::deliver(dev, &qps, now, d);
     }
-    let mgid = Gid::from_ipv6(d.ip.dst_gid());
-    if bth.dest_qp == MULTICAST_QPN || mgid.is_multicast() {
-        // IBA 10.5: a multicast packet names the group in its destination GID and DestQP
-        // 0xFFFFFF; either without the other is malformed. Each QP attached to the group gets
-        // the packet as if addressed to it alone (its state, P_Key, service type and Q_Key
-        // checked), the one that sent it included, as IP multicast loops back to its host.
-        if bth.dest_qp != MULTICAST_QPN || !mgid.is_multicast() {
-            return false;
-        }
-        let groups = dev.engine().groups.read().unwrap_or_else(|e| e.into_inner());
-        let mut taken = false;
-        for qp in groups.members(mgid).iter().filter_map(|&qpn| qps.get(qpn)) {
-            taken |= deliver_to(dev, qp, now, d, datagram);
-        }
-        return taken;
+    let multicast = d.ip.dst_is_multicast();
+    if bth.dest_qp == MULTICAST_QPN || multicast {
+        return deliver_multicast(dev, &qps, now, d, datagram, multicast);
     }
     let Some(qp) = qps.get(bth.dest_qp) else {
         return false; // PKT-VAL-4
@@ -795,7 +784,33 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     deliver_to(dev, qp, now, d, datagram)
 }
 
+/// IBA 10.5: a multicast packet names the group in its destination GID and DestQP 0xFFFFFF;
+/// either without the other is malformed. Each QP attached to the group gets the packet as if
+/// addressed to it alone (its state, P_Key, service type and Q_Key checked), the one that sent
+/// it included, as IP multicast loops back to its host.
+#[cold]
+fn deliver_multicast(
+    dev: &dyn Hca,
+    qps: &QpTable,
+    now: u64,
+    d: &RoceDatagram<'_>,
+    datagram: &[u8],
+    to_group: bool,
+) -> bool {
+    if d.packet.bth.dest_qp != MULTICAST_QPN || !to_group {
+        return false;
+    }
+    let mgid = Gid::from_ipv6(d.ip.dst_gid());
+    let groups = dev.engine().groups.read().unwrap_or_else(|e| e.into_inner());
+    let mut taken = false;
+    for qp in groups.members(mgid).iter().filter_map(|&qpn| qps.get(qpn)) {
+        taken |= deliver_to(dev, qp, now, d, datagram);
+    }
+    taken
+}
+
 /// [`deliver`] of a packet to one QP, from PKT-VAL-5 on.
+#[inline(always)]
 fn deliver_to(dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
     let p = &d.packet;
     let bth = p.bth;

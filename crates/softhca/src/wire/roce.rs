@@ -383,6 +383,15 @@ impl IpRepr {
         }
     }
 
+    /// Whether the destination is a multicast address (IPv4 224.0.0.0/4, IPv6 ff00::/8): a
+    /// multicast GID (IBA 10.5), tested on the header as it is.
+    pub fn dst_is_multicast(&self) -> bool {
+        match self {
+            IpRepr::V4(r) => r.dst.is_multicast(),
+            IpRepr::V6(r) => r.dst.octets()[0] == 0xFF,
+        }
+    }
+
     /// The ones-complement sum of the UDP pseudo-header.
     fn pseudo_header_sum(&self, udp_len: usize) -> u64 {
         match self {
