@@ -354,3 +354,18 @@ fn silent_peer(busy: bool) {
     assert_eq!(c.tx_ring_waits, 1, "one wait for the silent peer, then its datagrams are dropped at once: {c:?}");
     let _ = std::fs::remove_file(format!("/dev/shm/softhca-shm-{silent}"));
 }
+
+/// The rings join two devices: no multicast. Query Device says so (no groups) and Attach QP
+/// to Multicast Group is not supported (EOPNOTSUPP through the drop-in).
+#[test]
+fn a_shared_memory_device_has_no_multicast() {
+    let dev = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 203))).unwrap();
+    let ctx = dev.context().clone();
+    let attr = ctx.query_device().unwrap();
+    assert_eq!((attr.max_mcast_grp, attr.max_mcast_qp_attach, attr.max_total_mcast_qp_attach), (0, 0, 0));
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq)).unwrap();
+    let group = Gid::from_ipv4(Ipv4Addr::new(239, 0, 0, 1));
+    assert!(matches!(qp.attach_mcast(group, 0), Err(VerbsError::NotSupported(_))));
+}
