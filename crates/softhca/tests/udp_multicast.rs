@@ -155,3 +155,94 @@ fn a_member_leaves_while_its_group_is_delivered() {
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     guard.join().unwrap();
 }
+
+/// Two devices of one host on two interfaces (the ends of a veth pair in a network namespace
+/// of the test's own thread: root; where namespaces are refused it says so and passes), an
+/// IPv4 group and an IPv6 one (an `ff0e::` MGID, joined with `IPV6_ADD_MEMBERSHIP`): both
+/// devices' QPs get each Send, and once: the sender's own device hears the looped-back copy,
+/// not also the one that came back over the wire, and the other only the wire's.
+#[test]
+fn a_group_over_two_interfaces_reaches_each_device_once() {
+    for v6 in [false, true] {
+        std::thread::spawn(move || group_over_veth(v6)).join().unwrap();
+    }
+}
+
+fn group_over_veth(v6: bool) {
+    // SAFETY: unshare takes no pointers; it moves this thread (and what it spawns: the `ip`
+    // commands, the engine threads) to a new network namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        eprintln!("udp_multicast: no network namespace here (needs root): two interfaces not tried");
+        return;
+    }
+    let ip = |args: &[&str]| {
+        let out = std::process::Command::new("ip").args(args).output().expect("ip");
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    ip(&["link", "set", "lo", "up"]);
+    ip(&["link", "add", "mca", "type", "veth", "peer", "name", "mcb"]);
+    let (addrs, prefix, group): ([IpAddr; 2], &str, Gid) = if v6 {
+        (
+            ["fd00:5ca::11".parse().unwrap(), "fd00:5ca::12".parse().unwrap()],
+            "64",
+            Gid(*b"\xff\x0e\0\0\0\0\0\0\0\0\0\0\0\x01\x02\x03"),
+        )
+    } else {
+        (["198.19.0.11".parse().unwrap(), "198.19.0.12".parse().unwrap()], "24", group(99))
+    };
+    for (a, dev) in addrs.iter().zip(["mca", "mcb"]) {
+        let family = if v6 { "-6" } else { "-4" };
+        let mut args = vec![family, "addr", "add"];
+        let spec = format!("{a}/{prefix}");
+        args.extend([spec.as_str(), "dev", dev]);
+        if v6 {
+            args.push("nodad");
+        }
+        ip(&args);
+        ip(&["link", "set", dev, "mtu", "9000", "up"]);
+    }
+    if !v6 {
+        // Both ends are this host's: IPv4 drops a datagram from one of its own addresses that
+        // arrives over an interface, unless told to take it.
+        for dev in ["all", "mca", "mcb"] {
+            let knob = format!("/proc/sys/net/ipv4/conf/{dev}/accept_local");
+            std::fs::write(&knob, "1").unwrap_or_else(|e| panic!("{knob}: {e}"));
+        }
+    }
+    let end_at = |addr: IpAddr| {
+        let dev = UdpDevice::open(UdpConfig::default().addr(addr)).unwrap();
+        let ctx = dev.context().clone();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let mr = pd.alloc_mr(256 * 16, Access::LOCAL_WRITE).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq).max_send_wr(16).max_recv_wr(16)).unwrap();
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(QKEY)).unwrap();
+        qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
+        qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
+        for i in 0..2usize {
+            qp.post_recv(&[RecvWr::new(i as u64, &[mr.sge(i * 256..(i + 1) * 256)])]).unwrap();
+        }
+        End { qp, cq, mr, pd, dev }
+    };
+    let (a, b) = (end_at(addrs[0]), end_at(addrs[1]));
+    for e in [&a, &b] {
+        e.qp.attach_mcast(group, 0).unwrap();
+    }
+    let ah = a.pd.create_ah(&AhAttr::roce(group, 0)).unwrap();
+    let src = a.pd.reg_mr(b"hello, the group".to_vec(), Access::LOCAL_WRITE).unwrap();
+    for id in 1..=2 {
+        a.qp.post_send(&[SendWr::send(id, &[src.sge(0..16)]).ud(&ah, MULTICAST_QPN, QKEY)]).unwrap();
+        for e in [&a, &b] {
+            let w = next_recv(e);
+            assert_eq!((w.status, w.src_qp, w.byte_len), (WcStatus::Success, a.qp.qp_num(), 56));
+            let got = e.mr.to_vec().unwrap();
+            let at = 256 * w.wr_id as usize;
+            let dst = if v6 { &got[at + 24..at + 40] } else { &got[at + 36..at + 40] };
+            assert_eq!(dst, if v6 { &group.0[..] } else { &group.0[12..] }, "the destination: the group");
+            assert_eq!(&got[at + 40..at + 56], b"hello, the group");
+        }
+    }
+    for e in [&a, &b] {
+        assert_eq!(e.dev.counters().rx_datagrams, 2, "one copy of each Send");
+    }
+}

@@ -254,7 +254,14 @@ fn prepare_send_socket(s: &UdpSocket, addr: IpAddr) -> io::Result<()> {
     let fd = s.as_raw_fd();
     match addr {
         IpAddr::V4(_) => sys::setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?,
-        IpAddr::V6(_) => sys::setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO)?,
+        IpAddr::V6(_) => {
+            sys::setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO)?;
+            // Multicast leaves by the address's interface: IPv4 takes it from the bound
+            // address, IPv6 from this option (else from the routing table, which may have none).
+            if let Some(index) = sys::interface_index(addr) {
+                let _ = sys::setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_IF, index as libc::c_int);
+            }
+        }
     }
     s.set_nonblocking(true)
 }

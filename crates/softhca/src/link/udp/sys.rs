@@ -17,6 +17,8 @@ pub const SOL_UDP: libc::c_int = 17;
 pub const UDP_SEGMENT: libc::c_int = 103;
 /// `UDP_GRO` (Linux 5.0): coalesce on receive; a cmsg (int) reports the segment size.
 pub const UDP_GRO: libc::c_int = 104;
+/// `IPV6_MULTICAST_ALL` (Linux 4.20; not in the libc crate).
+const IPV6_MULTICAST_ALL: libc::c_int = 29;
 
 /// Sets an `int` socket option.
 pub fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
@@ -170,9 +172,35 @@ pub fn epoll_add(ep: RawFd, fd: RawFd) -> io::Result<()> {
 /// `local`: bound to the group's address, so that it gets that group's datagrams and nothing
 /// else, with `SO_REUSEADDR`, so that every socket so bound (in any process) gets its own copy,
 /// and joined on the interface (`IP_ADD_MEMBERSHIP`, `IPV6_ADD_MEMBERSHIP`), so that the host
-/// takes the group's traffic there.
+/// takes the group's traffic there; with `IP_MULTICAST_ALL` (`IPV6_MULTICAST_ALL`) off it takes
+/// only what arrives on that interface, so that two devices of one host on two interfaces get
+/// one copy each, not the looped-back copy and the wire's both.
 pub fn group_socket(group: IpAddr, local: IpAddr, port: u16) -> io::Result<OwnedFd> {
     let fd = bound_with(SocketAddr::new(group, port), libc::SOCK_DGRAM, libc::SO_REUSEADDR)?;
+    match group {
+        IpAddr::V4(_) => {
+            let _ = setsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, 0);
+        }
+        IpAddr::V6(_) => {
+            let _ = setsockopt_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, IPV6_MULTICAST_ALL, 0);
+            // IPv6 checks a membership's group, not its interface: the socket is tied to the
+            // interface itself (where the process may: CAP_NET_RAW before Linux 5.7).
+            if let Some(name) = interface_name(local).and_then(|n| std::ffi::CString::new(n).ok()) {
+                let bytes = name.as_bytes_with_nul();
+                // SAFETY: `bytes` is a live NUL-terminated name and the length passed is its
+                // size; the kernel only reads it.
+                let _ = unsafe {
+                    libc::setsockopt(
+                        fd.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_BINDTODEVICE,
+                        bytes.as_ptr().cast(),
+                        bytes.len() as libc::socklen_t,
+                    )
+                };
+            }
+        }
+    }
     let r = match (group, local) {
         (IpAddr::V4(g), IpAddr::V4(l)) => {
             let m = libc::ip_mreq {
