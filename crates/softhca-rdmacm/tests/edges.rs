@@ -113,3 +113,16 @@ fn exit_while_connected_disconnects_the_peer() {
     assert!(s.contains("cm_exit server: ok"), "{s}");
     assert!(c.contains("cm_exit client: ok"), "{c}");
 }
+
+/// Multicast through rdma_cm (`cm_edges multicast`): the join event's address handle, QPN,
+/// Q_Key and context; the QP attached by the join and detached by the leave, a send-only join
+/// attaching nothing; the refusals of a join before the bind, an IPv6 group (524), join_ex's
+/// mask and flags, and a leave of what was not joined.
+#[test]
+fn multicast_joins_and_leaves() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("cm_edges");
+    passes(command(&exe, &["multicast"]).env("SOFTHCA_ADDR", "127.0.0.33"), "cm_edges multicast", 60);
+}

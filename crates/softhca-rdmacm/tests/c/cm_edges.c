@@ -227,6 +227,82 @@ static void get_event_interrupted(void)
 	exit(0);
 }
 
+/* rdma_join_multicast as rdma_cm on a RoCEv2 port: a UD id of the UDP port space, bound to
+ * the device's address; MULTICAST_JOIN at once with the AH toward ::ffff:239.1.2.3, QPN
+ * 0xFFFFFF, RDMA_UDP_QKEY and the context; the id's QP attached on the event (a send-only
+ * join does not attach: a leave of it detaches nothing). Refusals: a join before the bind,
+ * an IPv6 group (the kernel's ENOTSUPP, 524), join_ex with an unknown mask bit (ENOTSUP),
+ * without its flags (EINVAL) or an unknown flag (EINVAL); a leave of what was not joined
+ * (EADDRNOTAVAIL). */
+static void multicast(void)
+{
+	struct rdma_cm_id *id;
+	struct rdma_cm_event *e;
+	struct sockaddr_in me = sin4("127.0.0.33", 0), group = sin4("239.1.2.3", 0), other = sin4("239.1.2.4", 0);
+	struct sockaddr_in6 g6;
+	struct rdma_cm_join_mc_attr_ex ex;
+	struct ibv_qp_init_attr qa;
+	int ctx_tag = 7;
+
+	CHECK((ch = rdma_create_event_channel()) != NULL);
+	CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_UDP) == 0);
+	CHECK(rdma_join_multicast(id, (struct sockaddr *)&group, NULL) == -1 && errno == EINVAL);
+	CHECK(rdma_bind_addr(id, (struct sockaddr *)&me) == 0);
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_UD;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	CHECK(rdma_create_qp(id, NULL, &qa) == 0);
+
+	CHECK(rdma_join_multicast(id, (struct sockaddr *)&group, &ctx_tag) == 0);
+	e = next(RDMA_CM_EVENT_MULTICAST_JOIN);
+	CHECK(e->status == 0 && e->param.ud.private_data == &ctx_tag);
+	CHECK(e->param.ud.qp_num == 0xFFFFFF && e->param.ud.qkey == 0x01234567);
+	CHECK(e->param.ud.ah_attr.is_global && e->param.ud.ah_attr.grh.hop_limit == 64);
+	{
+		static const uint8_t mgid[16] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3 };
+		CHECK(memcmp(e->param.ud.ah_attr.grh.dgid.raw, mgid, 16) == 0);
+		/* Attached by the join: a detach finds it (EINVAL otherwise); attached again. */
+		CHECK(ibv_detach_mcast(id->qp, (union ibv_gid *)mgid, 0) == 0);
+		CHECK(ibv_attach_mcast(id->qp, (union ibv_gid *)mgid, 0) == 0);
+	}
+	CHECK(rdma_ack_cm_event(e) == 0);
+
+	memset(&g6, 0, sizeof g6);
+	g6.sin6_family = AF_INET6;
+	inet_pton(AF_INET6, "ff0e::1", &g6.sin6_addr);
+	CHECK(rdma_join_multicast(id, (struct sockaddr *)&g6, NULL) == -1 && errno == 524);
+	memset(&ex, 0, sizeof ex);
+	ex.addr = (struct sockaddr *)&other;
+	ex.comp_mask = RDMA_CM_JOIN_MC_ATTR_RESERVED;
+	CHECK(rdma_join_multicast_ex(id, &ex, NULL) == -1 && errno == ENOTSUP);
+	ex.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS;
+	CHECK(rdma_join_multicast_ex(id, &ex, NULL) == -1 && errno == EINVAL);
+	ex.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+	ex.join_flags = RDMA_MC_JOIN_FLAG_RESERVED;
+	CHECK(rdma_join_multicast_ex(id, &ex, NULL) == -1 && errno == EINVAL);
+	ex.join_flags = RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+	CHECK(rdma_join_multicast_ex(id, &ex, NULL) == 0);
+	CHECK(rdma_ack_cm_event(next(RDMA_CM_EVENT_MULTICAST_JOIN)) == 0);
+	{
+		static const uint8_t mgid4[16] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 4 };
+		CHECK(ibv_detach_mcast(id->qp, (union ibv_gid *)mgid4, 0) == EINVAL); /* send-only: not attached */
+	}
+	CHECK(rdma_leave_multicast(id, (struct sockaddr *)&other) == 0);
+	CHECK(rdma_leave_multicast(id, (struct sockaddr *)&other) == -1 && errno == EADDRNOTAVAIL);
+	CHECK(rdma_leave_multicast(id, (struct sockaddr *)&group) == 0);
+	{
+		static const uint8_t mgid[16] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3 };
+		CHECK(ibv_detach_mcast(id->qp, (union ibv_gid *)mgid, 0) == EINVAL); /* the leave detached */
+	}
+	rdma_destroy_qp(id);
+	CHECK(id->qp == NULL);
+	CHECK(rdma_destroy_id(id) == 0);
+	rdma_destroy_event_channel(ch);
+	printf("cm_edges multicast: ok\n");
+	exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	struct rdma_cm_id *listener, *other, *c, *s;
@@ -250,6 +326,8 @@ int main(int argc, char **argv)
 		qp_destroyed();
 	if (argc > 1 && strcmp(argv[1], "get_event_interrupted") == 0)
 		get_event_interrupted();
+	if (argc > 1 && strcmp(argv[1], "multicast") == 0)
+		multicast();
 	if (argc > 2 && strcmp(argv[1], "placement") == 0)
 		placement(getenv("SOFTHCA_ADDR"), argv[2]);
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
