@@ -23,7 +23,12 @@ struct End {
 
 fn end(last: u8, mode: RxMode, busy_poll: bool) -> End {
     let addr = IpAddr::V4(Ipv4Addr::new(127, 31, 0, last));
-    let dev = UdpDevice::open(UdpConfig::default().addr(addr).rx_mode(mode).busy_poll(busy_poll)).unwrap();
+    end_on(UdpConfig::default().addr(addr).rx_mode(mode).busy_poll(busy_poll), 16)
+}
+
+/// [`end`] on a device of `cfg`, with `recvs` receives posted.
+fn end_on(cfg: UdpConfig, recvs: usize) -> End {
+    let dev = UdpDevice::open(cfg).unwrap();
     let ctx = dev.context().clone();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64).unwrap();
@@ -32,7 +37,7 @@ fn end(last: u8, mode: RxMode, busy_poll: bool) -> End {
     qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(QKEY)).unwrap();
     qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
     qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
-    for i in 0..16usize {
+    for i in 0..recvs {
         qp.post_recv(&[RecvWr::new(i as u64, &[mr.sge(i * 256..(i + 1) * 256)])]).unwrap();
     }
     End { qp, cq, mr, pd, dev }
@@ -209,22 +214,7 @@ fn group_over_veth(v6: bool) {
             std::fs::write(&knob, "1").unwrap_or_else(|e| panic!("{knob}: {e}"));
         }
     }
-    let end_at = |addr: IpAddr| {
-        let dev = UdpDevice::open(UdpConfig::default().addr(addr)).unwrap();
-        let ctx = dev.context().clone();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(64).unwrap();
-        let mr = pd.alloc_mr(256 * 16, Access::LOCAL_WRITE).unwrap();
-        let qp = pd.create_qp(&QpInitAttr::ud(&cq, &cq).max_send_wr(16).max_recv_wr(16)).unwrap();
-        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(QKEY)).unwrap();
-        qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
-        qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
-        for i in 0..2usize {
-            qp.post_recv(&[RecvWr::new(i as u64, &[mr.sge(i * 256..(i + 1) * 256)])]).unwrap();
-        }
-        End { qp, cq, mr, pd, dev }
-    };
-    let (a, b) = (end_at(addrs[0]), end_at(addrs[1]));
+    let (a, b) = (end_on(UdpConfig::default().addr(addrs[0]), 2), end_on(UdpConfig::default().addr(addrs[1]), 2));
     for e in [&a, &b] {
         e.qp.attach_mcast(group, 0).unwrap();
     }

@@ -83,8 +83,7 @@ impl Groups {
         if self.attached == 0 {
             return;
         }
-        let of: Vec<Gid> = self.members.iter().filter(|(_, m)| m.contains(&qpn)).map(|(g, _)| *g).collect();
-        for g in of {
+        for g in self.of(qpn) {
             self.detach(g, qpn, || leave(g));
         }
     }

@@ -22,16 +22,17 @@ const IPV6_MULTICAST_ALL: libc::c_int = 29;
 
 /// Sets an `int` socket option.
 pub fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: `value` is a live c_int for the duration of the call and the length passed is its
-    // size; the kernel only reads it. An invalid fd yields EBADF, not UB.
+    setsockopt(fd, level, name, &value)
+}
+
+/// Sets a socket option whose value is `value`, a C structure of the option's type (or its
+/// bytes): the kernel reads `size_of_val(value)` bytes from it and never writes. A structure
+/// with padding must spell it out (see `Fprog`): the kernel would read those bytes too.
+fn setsockopt<T: ?Sized>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: `value` is live for the call and the length passed is its size; the kernel only
+    // reads it. An invalid fd yields EBADF, not UB.
     let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
+        libc::setsockopt(fd, level, name, (value as *const T).cast(), std::mem::size_of_val(value) as libc::socklen_t)
     };
     cvt(r).map(|_| ())
 }
@@ -186,59 +187,27 @@ pub fn group_socket(group: IpAddr, local: IpAddr, port: u16) -> io::Result<Owned
             // IPv6 checks a membership's group, not its interface: the socket is tied to the
             // interface itself (where the process may: CAP_NET_RAW before Linux 5.7).
             if let Some(name) = interface_name(local).and_then(|n| std::ffi::CString::new(n).ok()) {
-                let bytes = name.as_bytes_with_nul();
-                // SAFETY: `bytes` is a live NUL-terminated name and the length passed is its
-                // size; the kernel only reads it.
-                let _ = unsafe {
-                    libc::setsockopt(
-                        fd.as_raw_fd(),
-                        libc::SOL_SOCKET,
-                        libc::SO_BINDTODEVICE,
-                        bytes.as_ptr().cast(),
-                        bytes.len() as libc::socklen_t,
-                    )
-                };
+                let _ = setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_BINDTODEVICE, name.as_bytes_with_nul());
             }
         }
     }
-    let r = match (group, local) {
+    match (group, local) {
         (IpAddr::V4(g), IpAddr::V4(l)) => {
             let m = libc::ip_mreq {
                 imr_multiaddr: libc::in_addr { s_addr: u32::from_ne_bytes(g.octets()) },
                 imr_interface: libc::in_addr { s_addr: u32::from_ne_bytes(l.octets()) },
             };
-            // SAFETY: `m` is a live ip_mreq and the length passed is its size; the kernel
-            // only reads it.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::IPPROTO_IP,
-                    libc::IP_ADD_MEMBERSHIP,
-                    (&m as *const libc::ip_mreq).cast(),
-                    size_of::<libc::ip_mreq>() as libc::socklen_t,
-                )
-            }
+            setsockopt(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &m)?;
         }
         (IpAddr::V6(g), IpAddr::V6(l)) => {
             let m = libc::ipv6_mreq {
                 ipv6mr_multiaddr: libc::in6_addr { s6_addr: g.octets() },
                 ipv6mr_interface: interface_index(IpAddr::V6(l)).unwrap_or(0),
             };
-            // SAFETY: `m` is a live ipv6_mreq and the length passed is its size; the kernel
-            // only reads it.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_ADD_MEMBERSHIP,
-                    (&m as *const libc::ipv6_mreq).cast(),
-                    size_of::<libc::ipv6_mreq>() as libc::socklen_t,
-                )
-            }
+            setsockopt(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP, &m)?;
         }
         _ => return Err(io::Error::new(io::ErrorKind::InvalidInput, "a group of the other address family")),
-    };
-    cvt(r)?;
+    }
     Ok(fd)
 }
 
@@ -307,20 +276,10 @@ const _: () = assert!(
 /// Hands the kernel a classic BPF program through the socket option `opt` (a socket filter,
 /// or a reuseport group's selector).
 fn attach_program(fd: RawFd, opt: libc::c_int, prog: &[libc::sock_filter]) -> io::Result<()> {
+    // `sock_fprog` with its padding spelled out (checked above), pointing at `prog`, which
+    // outlives the call; the kernel copies the program and never writes through the pointer.
     let fprog = Fprog { len: prog.len() as u16, _pad: [0; 3], filter: prog.as_ptr() };
-    // SAFETY: `fprog` is `sock_fprog` with its padding spelled out (checked above) and points
-    // at `prog`, which outlives the call; the kernel copies the program and never writes
-    // through the pointer.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&fprog as *const Fprog).cast(),
-            size_of::<Fprog>() as libc::socklen_t,
-        )
-    };
-    cvt(r).map(|_| ())
+    setsockopt(fd, libc::SOL_SOCKET, opt, &fprog)
 }
 
 /// A filter that drops everything: the 4791 socket in raw receive mode only holds the port.
