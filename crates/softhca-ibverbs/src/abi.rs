@@ -793,7 +793,12 @@ pub const IBV_WR_SEND_WITH_INV: c_int = 9;
 // enum ibv_wc_opcode
 pub const IBV_WC_RECV: c_int = 1 << 7;
 
+pub const IBV_ACCESS_LOCAL_WRITE: c_uint = 1 << 0;
+pub const IBV_ACCESS_REMOTE_WRITE: c_uint = 1 << 1;
 pub const IBV_ACCESS_ZERO_BASED: c_uint = 1 << 5;
+
+// enum ibv_send_flags
+pub const IBV_SEND_INLINE: c_uint = 1 << 3;
 
 pub const IBV_NODE_CA: c_int = 1;
 pub const IBV_TRANSPORT_IB: c_int = 0;

@@ -28,6 +28,7 @@ pub mod modify_mask;
 mod qp;
 mod rate;
 pub mod rdmacm;
+mod rsocket;
 mod wr;
 
 use std::ffi::c_int;

@@ -9,8 +9,9 @@
 //! linker (`SOFTHCA_RDMACM_PRIVATE` in `libibverbs.so.1`). See `softhca-ibverbs`'s `rdmacm`
 //! module for what the calls do.
 //!
-//! The rsocket API (`rsocket`, `rsend`, …: sockets emulated over RDMA) is exported, as
-//! programs link against it, and every call fails with ENOSYS: it is not built.
+//! The rsocket API (`rsocket`, `rsend`, …: sockets over RDMA) likewise forwards to
+//! `softhca_rs_*`, built on the same CM and device; its I/O map (`riomap`, `riounmap`,
+//! `riowrite`) is not built: those fail with ENOSYS.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -80,53 +81,81 @@ forward! {
     rdma_freeaddrinfo => softhca_rdma_freeaddrinfo(res: Ptr) -> ();
 }
 
-/// -1 with errno ENOSYS: the rsocket API is not built.
-fn no_rsockets() -> c_int {
+forward! {
+    rsocket => softhca_rs_socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
+    rbind => softhca_rs_bind(socket: c_int, addr: Ptr, len: u32) -> c_int;
+    rlisten => softhca_rs_listen(socket: c_int, backlog: c_int) -> c_int;
+    raccept => softhca_rs_accept(socket: c_int, addr: Ptr, len: Ptr) -> c_int;
+    rconnect => softhca_rs_connect(socket: c_int, addr: Ptr, len: u32) -> c_int;
+    rshutdown => softhca_rs_shutdown(socket: c_int, how: c_int) -> c_int;
+    rclose => softhca_rs_close(socket: c_int) -> c_int;
+    rrecv => softhca_rs_recv(socket: c_int, buf: Ptr, len: usize, flags: c_int) -> isize;
+    rrecvfrom => softhca_rs_recvfrom(socket: c_int, buf: Ptr, len: usize, flags: c_int, src: Ptr, src_len: Ptr) -> isize;
+    rrecvmsg => softhca_rs_recvmsg(socket: c_int, msg: Ptr, flags: c_int) -> isize;
+    rsend => softhca_rs_send(socket: c_int, buf: Ptr, len: usize, flags: c_int) -> isize;
+    rsendto => softhca_rs_sendto(socket: c_int, buf: Ptr, len: usize, flags: c_int, dst: Ptr, dst_len: u32) -> isize;
+    rsendmsg => softhca_rs_sendmsg(socket: c_int, msg: Ptr, flags: c_int) -> isize;
+    rpoll => softhca_rs_poll(fds: Ptr, nfds: u64, timeout: c_int) -> c_int;
+    rselect => softhca_rs_select(nfds: c_int, read: Ptr, write: Ptr, except: Ptr, timeout: Ptr) -> c_int;
+    rgetpeername => softhca_rs_getpeername(socket: c_int, addr: Ptr, len: Ptr) -> c_int;
+    rgetsockname => softhca_rs_getsockname(socket: c_int, addr: Ptr, len: Ptr) -> c_int;
+    rsetsockopt => softhca_rs_setsockopt(socket: c_int, level: c_int, name: c_int, val: Ptr, len: u32) -> c_int;
+    rgetsockopt => softhca_rs_getsockopt(socket: c_int, level: c_int, name: c_int, val: Ptr, len: Ptr) -> c_int;
+    // Variadic in C (`int rfcntl(int socket, int cmd, ... )`): an int third argument, where
+    // there is one, is passed where a third int parameter is (see `softhca_rs_fcntl`).
+    rfcntl => softhca_rs_fcntl(socket: c_int, cmd: c_int, arg: c_int) -> c_int;
+}
+
+extern "C" {
+    fn softhca_rs_recvv(socket: c_int, iov: Ptr, n: c_int, flags: c_int) -> isize;
+    fn softhca_rs_sendv(socket: c_int, iov: Ptr, n: c_int, flags: c_int) -> isize;
+}
+
+/// `rread` is `rrecv` without flags, as in librdmacm.
+#[no_mangle]
+pub unsafe extern "C" fn rread(socket: c_int, buf: Ptr, count: usize) -> isize {
+    // SAFETY: the same contract as rrecv's.
+    unsafe { softhca_rs_recv(socket, buf, count, 0) }
+}
+
+/// `rreadv` fills the first iovec only, as librdmacm's does.
+#[no_mangle]
+pub unsafe extern "C" fn rreadv(socket: c_int, iov: Ptr, n: c_int) -> isize {
+    // SAFETY: the same contract as librdmacm's.
+    unsafe { softhca_rs_recvv(socket, iov, n, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rwrite(socket: c_int, buf: Ptr, count: usize) -> isize {
+    // SAFETY: the same contract as rsend's.
+    unsafe { softhca_rs_send(socket, buf, count, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rwritev(socket: c_int, iov: Ptr, n: c_int) -> isize {
+    // SAFETY: the same contract as librdmacm's.
+    unsafe { softhca_rs_sendv(socket, iov, n, 0) }
+}
+
+/// -1 with errno ENOSYS: the rsocket I/O map is not built.
+fn no_iomap() -> c_int {
     // SAFETY: the calling thread's errno slot.
     unsafe { *libc::__errno_location() = libc::ENOSYS };
     -1
 }
 
-/// Defines rsocket functions that fail with ENOSYS (their arguments as `<rdma/rsocket.h>`
-/// declares them, unread).
-macro_rules! unsupported {
-    ($($name:ident($($ty:ty),*) -> $ret:ty;)*) => {
-        $(
-            #[no_mangle]
-            pub extern "C" fn $name($(_: $ty),*) -> $ret {
-                no_rsockets() as $ret
-            }
-        )*
-    };
+#[no_mangle]
+pub extern "C" fn riomap(_: c_int, _: Ptr, _: usize, _: c_int, _: c_int, _: i64) -> i64 {
+    i64::from(no_iomap())
 }
 
-unsupported! {
-    rsocket(c_int, c_int, c_int) -> c_int;
-    rbind(c_int, Ptr, u32) -> c_int;
-    rlisten(c_int, c_int) -> c_int;
-    raccept(c_int, Ptr, Ptr) -> c_int;
-    rconnect(c_int, Ptr, u32) -> c_int;
-    rshutdown(c_int, c_int) -> c_int;
-    rclose(c_int) -> c_int;
-    rrecv(c_int, Ptr, usize, c_int) -> isize;
-    rrecvfrom(c_int, Ptr, usize, c_int, Ptr, Ptr) -> isize;
-    rrecvmsg(c_int, Ptr, c_int) -> isize;
-    rsend(c_int, Ptr, usize, c_int) -> isize;
-    rsendto(c_int, Ptr, usize, c_int, Ptr, u32) -> isize;
-    rsendmsg(c_int, Ptr, c_int) -> isize;
-    rread(c_int, Ptr, usize) -> isize;
-    rreadv(c_int, Ptr, c_int) -> isize;
-    rwrite(c_int, Ptr, usize) -> isize;
-    rwritev(c_int, Ptr, c_int) -> isize;
-    rpoll(Ptr, u64, c_int) -> c_int;
-    rselect(c_int, Ptr, Ptr, Ptr, Ptr) -> c_int;
-    rgetpeername(c_int, Ptr, Ptr) -> c_int;
-    rgetsockname(c_int, Ptr, Ptr) -> c_int;
-    rsetsockopt(c_int, c_int, c_int, Ptr, u32) -> c_int;
-    rgetsockopt(c_int, c_int, c_int, Ptr, Ptr) -> c_int;
-    // Variadic in C (`int rfcntl(int socket, int cmd, ... )`): the extra argument is unread.
-    rfcntl(c_int, c_int) -> c_int;
-    riomap(c_int, Ptr, usize, c_int, c_int, i64) -> i64;
-    riounmap(c_int, Ptr, usize) -> c_int;
-    riowrite(c_int, Ptr, usize, i64, c_int) -> usize;
+#[no_mangle]
+pub extern "C" fn riounmap(_: c_int, _: Ptr, _: usize) -> c_int {
+    no_iomap()
+}
+
+/// Returns a `size_t`: librdmacm's failures are (size_t) -1 too.
+#[no_mangle]
+pub extern "C" fn riowrite(_: c_int, _: Ptr, _: usize, _: i64, _: c_int) -> usize {
+    no_iomap() as usize
 }

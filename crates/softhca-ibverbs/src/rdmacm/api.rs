@@ -328,6 +328,16 @@ pub(super) fn complete(id: &mut Id) -> Result<(), c_int> {
     }
 }
 
+/// librdmacm's `ucma_complete` for the rsocket layer: a synchronous id takes the event its
+/// last call started (EAGAIN while it has not come, on a non-blocking channel).
+///
+/// # Safety
+/// `p` is an id of this library, not destroyed meanwhile.
+pub(crate) unsafe fn complete_id(p: *mut rdma_cm_id) -> Result<(), c_int> {
+    // SAFETY: the caller's contract.
+    complete(unsafe { id_of(p) }?)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_listen(p: *mut rdma_cm_id, _backlog: c_int) -> c_int {
     // SAFETY: the program's id.

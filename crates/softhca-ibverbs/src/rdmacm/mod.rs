@@ -35,7 +35,7 @@
 //!   id's QP is attached to the group as librdmacm attaches it (the UDP link then joins the
 //!   group on the device's interface, which Linux's rdma_cm does with IGMP).
 //!
-//! Not built: alternate paths (LAP), and the rsocket API (in `softhca-rdmacm`).
+//! Not built: alternate paths (LAP). The rsocket API built on this CM is `crate::rsocket`.
 //!
 //! Here: the CM's state (ids, channels, events, the device and its agent) and the thread that
 //! drives it, the QP attributes a connection gives (`rdma_init_qp_attr`), and the helpers the
@@ -48,8 +48,8 @@
 pub mod abi;
 mod addrinfo;
 pub mod api;
-mod conn;
-mod qp;
+pub(crate) mod conn;
+pub(crate) mod qp;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::{c_int, c_void};
@@ -151,8 +151,6 @@ struct IdState {
     ack_timeout: Option<u8>,
     /// A listener made by `rdma_create_ep` with QP attributes: each request gets a QP.
     qp_init: Option<ibv_qp_init_attr>,
-    /// CQs and channels `rdma_create_qp` made (destroyed with the QP).
-    own_cqs: bool,
     local_ece: crate::abi::ibv_ece,
     /// The multicast groups joined (`rdma_join_multicast`), in join order.
     mcs: Vec<Mc>,
@@ -1094,7 +1092,6 @@ fn new_id(
             tos: 0,
             ack_timeout: None,
             qp_init: None,
-            own_cqs: false,
             local_ece: Default::default(),
             mcs: Vec::new(),
         },

@@ -34,22 +34,26 @@ pub(super) unsafe fn create_cqs(id: &mut Id, send: u32, recv: u32) -> Result<(),
     Ok(())
 }
 
-/// librdmacm's `ucma_destroy_cqs`.
+/// librdmacm's `ucma_destroy_cqs`: the CQs and channels in the id's fields, whoever put them
+/// there (librdmacm's `rdma_create_qp`, or a program such as the rsocket layer), each once.
 pub(super) unsafe fn destroy_cqs(id: &mut Id) {
-    for (channel, cq) in
-        [(&mut id.c.recv_cq_channel, &mut id.c.recv_cq), (&mut id.c.send_cq_channel, &mut id.c.send_cq)]
-    {
-        if !cq.is_null() {
-            // SAFETY: a CQ this module made for the id.
-            unsafe { crate::cq::ibv_destroy_cq(*cq) };
-            *cq = null_mut();
+    let c = &mut id.c;
+    // SAFETY: CQs and channels of this library that the id holds.
+    unsafe {
+        if !c.recv_cq.is_null() {
+            crate::cq::ibv_destroy_cq(c.recv_cq);
         }
-        if !channel.is_null() {
-            // SAFETY: as above.
-            unsafe { crate::cq::ibv_destroy_comp_channel(*channel) };
-            *channel = null_mut();
+        if !c.send_cq.is_null() && c.send_cq != c.recv_cq {
+            crate::cq::ibv_destroy_cq(c.send_cq);
+        }
+        if !c.recv_cq_channel.is_null() {
+            crate::cq::ibv_destroy_comp_channel(c.recv_cq_channel);
+        }
+        if !c.send_cq_channel.is_null() && c.send_cq_channel != c.recv_cq_channel {
+            crate::cq::ibv_destroy_comp_channel(c.send_cq_channel);
         }
     }
+    (c.recv_cq, c.send_cq, c.recv_cq_channel, c.send_cq_channel) = (null_mut(), null_mut(), null_mut(), null_mut());
 }
 
 #[no_mangle]
@@ -142,7 +146,6 @@ pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mu
     crate::qp::on_destroy(super::forget_qp);
     id.c.qp = qp;
     id.c.pd = a.pd;
-    id.st.own_cqs = made;
     // librdmacm's ucma_init_conn_qp / ucma_init_ud_qp.
     let states: &[c_int] =
         if a.qp_type == IBV_QPT_UD { &[IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS] } else { &[IBV_QPS_INIT] };
@@ -176,11 +179,8 @@ pub unsafe extern "C" fn softhca_rdma_destroy_qp(p: *mut rdma_cm_id) {
         unsafe { crate::qp::destroy_qp(id.c.qp, false) };
         id.c.qp = null_mut();
     }
-    if id.st.own_cqs {
-        // SAFETY: the CQs rdma_create_qp made.
-        unsafe { destroy_cqs(id) };
-        id.st.own_cqs = false;
-    }
+    // SAFETY: the CQs the id holds.
+    unsafe { destroy_cqs(id) };
 }
 
 #[no_mangle]
