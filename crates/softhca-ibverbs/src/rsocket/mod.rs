@@ -226,6 +226,10 @@ impl Rs {
             if nonblock {
                 break Err(libc::EWOULDBLOCK);
             }
+            if g.cq().is_null() {
+                // Nothing will ever complete (no QP was made): the test decides alone.
+                break Err(libc::ENOTCONN);
+            }
             if !self.armed.load(Ordering::Acquire) {
                 // SAFETY: the socket's CQ.
                 unsafe { crate::cq::req_notify_cq(g.cq(), 0) };

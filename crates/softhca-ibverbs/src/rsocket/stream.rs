@@ -311,17 +311,18 @@ impl Stream {
     }
 
     /// Entry `i` of this end's target SGL, which the peer writes.
+    /// (Empty before the connection has its buffers.)
     fn target(&self, i: usize) -> RsSge {
-        let t = self.target.as_ref().map_or(null_mut(), |t| t.ptr.cast::<RsSge>());
+        let Some(t) = &self.target else { return RsSge::default() };
         // SAFETY: `i` < SGL_SIZE entries of the registered target region; read volatile, as
         // the peer's writes land there without this thread.
-        unsafe { std::ptr::read_volatile(t.add(i)) }
+        unsafe { std::ptr::read_volatile(t.ptr.cast::<RsSge>().add(i)) }
     }
 
     fn set_target(&mut self, i: usize, s: RsSge) {
-        let t = self.target.as_ref().map_or(null_mut(), |t| t.ptr.cast::<RsSge>());
+        let Some(t) = &self.target else { return };
         // SAFETY: as in `target`.
-        unsafe { std::ptr::write_volatile(t.add(i), s) };
+        unsafe { std::ptr::write_volatile(t.ptr.cast::<RsSge>().add(i), s) };
     }
 
     pub fn can_send(&self) -> bool {
@@ -529,6 +530,9 @@ impl Stream {
         // SAFETY: an all-zero work completion is valid.
         let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
         let mut received = 0u32;
+        if self.id.is_null() || self.cq().is_null() {
+            return Ok(()); // no connection yet, or one that never got its QP
+        }
         loop {
             // SAFETY: the socket's CQ and one writable completion.
             let n = unsafe { crate::cq::poll_cq(self.cq(), 1, &mut wc) };
@@ -664,9 +668,8 @@ impl Stream {
             if !cq.is_null() && unacked > 0 {
                 crate::cq::ibv_ack_cq_events(cq, unacked);
             }
-            if !(*self.id).qp.is_null() {
-                crate::rdmacm::qp::softhca_rdma_destroy_qp(self.id);
-            }
+            // The QP, and the CQ and channel in the id's fields (made before a QP that failed).
+            crate::rdmacm::qp::softhca_rdma_destroy_qp(self.id);
         }
     }
 }

@@ -1,0 +1,87 @@
+//! rsockets (`<rdma/rsocket.h>`) on the drop-in librdmacm.so.1: the C API's answers in one
+//! process (`tests/c/rsocket_edges.c`), and Debian's rdmacm-utils programs built on it, two
+//! processes each: rstream in its modes (blocking, non-blocking, verified data, keep-alive,
+//! `rdma_getaddrinfo`) and rcopy copying a file.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn rsocket_edges() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("rsocket_edges");
+    let out = finish(command(&exe, &[]).env("SOFTHCA_ADDR", "127.0.0.71").spawn().unwrap(), 60, "rsocket_edges");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("rsocket_edges: ok"), "{}:\n{text}", out.status);
+}
+
+/// rstream's server and client (`-b`/`-s`) with `extra` options on both: both must finish,
+/// the client printing its figures for `name`.
+fn rstream(addr: [u8; 2], extra: &[&str], name: &str) {
+    if !(ready() && tool("rstream")) {
+        return;
+    }
+    let a = |i: usize| format!("127.0.0.{}", addr[i]);
+    let (sa, ca) = (a(0), a(1));
+    let mut sargs = vec!["-b", &sa];
+    sargs.extend_from_slice(extra);
+    let mut cargs = vec!["-s", &sa];
+    cargs.extend_from_slice(extra);
+    let (s, c) = pair(
+        Proc { program: "rstream", args: &sargs, addr: [127, 0, 0, addr[0]] },
+        Proc { program: "rstream", args: &cargs, addr: [127, 0, 0, addr[1]] },
+    );
+    assert!(c.lines().any(|l| l.starts_with(name)), "client:\n{c}\nserver:\n{s}");
+    assert!(s.lines().any(|l| l.starts_with(name)), "client:\n{c}\nserver:\n{s}");
+}
+
+/// rstream's default run: latency and bandwidth tests from 64 bytes to 1 MiB, each way.
+#[test]
+fn rstream_all_sizes() {
+    rstream([72, 73], &[], "1m_bw");
+}
+
+/// Every byte checked (`-T v`), in transfers of 100,000 bytes: larger than half the receive
+/// buffer, so each spans buffer offers and wraps.
+#[test]
+fn rstream_verifies_data() {
+    rstream([74, 75], &["-T", "v", "-S", "100000", "-C", "100"], "custom");
+}
+
+/// Blocking calls with MSG_WAITALL (`-T b`), and rsockets made by rdma_getaddrinfo (`-T r`).
+#[test]
+fn rstream_blocking_and_resolved() {
+    rstream([76, 77], &["-T", "b", "-S", "10000", "-C", "200"], "custom");
+    rstream([76, 77], &["-T", "r", "-S", "4096", "-C", "200"], "custom");
+}
+
+/// Non-blocking sockets (`-T n`: rfcntl O_NONBLOCK, EAGAIN retried) and keep-alive (`-k`:
+/// SO_KEEPALIVE, TCP_KEEPIDLE set and read back).
+#[test]
+fn rstream_nonblocking_and_keepalive() {
+    rstream([78, 79], &["-T", "n", "-S", "65536", "-C", "200"], "custom");
+    rstream([78, 79], &["-k", "-S", "1000", "-C", "100"], "custom");
+}
+
+/// rcopy: a client sends a 3 MB file to the server's rcopy, which writes it where told.
+#[test]
+fn rcopy_copies_a_file() {
+    if !(ready() && tool("rcopy")) {
+        return;
+    }
+    let dir = scratch();
+    let (src, dst) = (dir.join("rcopy.src"), dir.join("rcopy.dst"));
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+    let _ = std::fs::remove_file(&dst);
+    let target = format!("127.0.0.80:{}", dst.display());
+    let (_, c) = pair_serving(
+        Proc { program: "rcopy", args: &["-p", "7481"], addr: [127, 0, 0, 80] },
+        Proc { program: "rcopy", args: &[src.to_str().unwrap(), &target, "-p", "7481"], addr: [127, 0, 0, 81] },
+    );
+    assert!(c.contains("done"), "{c}");
+    assert!(std::fs::read(&dst).unwrap() == data, "the copy differs");
+}
