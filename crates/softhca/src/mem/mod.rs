@@ -153,32 +153,48 @@ fn streaming_pays() -> bool {
     })
 }
 
-/// Copies `src` to `dst`, with `stream` as an HCA's DMA engine writes host memory: a long run
-/// with non-temporal stores, so that the destination's lines are written without first being
-/// read into the cache (on the two-process Write benchmark, where the landing buffers are
-/// far larger than the cache, those reads were half of the receiving engine's time).
+/// The bytes at the end of a copy into registered memory that [`copy_in`] writes last, each
+/// once, lowest address first.
+const TAIL: usize = 64;
+
+/// Copies `src` to `dst` as an HCA's DMA engine writes host memory: every byte of the last
+/// [`TAIL`] once, in ascending order, after all the others; and with `stream`, a long run
+/// before them with non-temporal stores, so that the destination's lines are written without
+/// first being read into the cache (on the two-process Write benchmark, where the landing
+/// buffers are far larger than the cache, those reads were half of the receiving engine's
+/// time).
 ///
-/// Streaming stores are weakly ordered, among themselves and against ordinary ones. A store
-/// fence follows the streamed run, and the last 16 to 31 bytes are written after it with
-/// ordinary stores: a program that polls the last byte of a buffer for a Write's arrival
-/// (perftest's `ib_write_lat`, eager protocols) sees it only once every byte before it is
-/// there, as with the plain copy; and everything the transport publishes after the copy (a
-/// completion, an ACK, an unlocked mutex) is ordered behind all of it.
+/// Why the tail: a program that polls the last byte of its buffer for a Write's arrival and
+/// then writes that byte itself (perftest's `ib_write_lat`, librdmacm's `riostream`, both
+/// sending from the buffer they poll) must not have its store overwritten by the copy. glibc's
+/// `memcpy` stores some bytes twice (a 64-byte copy's head and tail vectors are the same 64
+/// bytes): once a Write's engine thread was preempted between the two, the program saw the
+/// byte, stored its answer, and the second store put the old value back (riostream hung after
+/// a few hundred to a few thousand round trips). The rest goes through `memcpy`, whose
+/// repeated stores land before the tail's.
+///
+/// Streaming stores are weakly ordered, among themselves and against ordinary ones: a store
+/// fence follows the streamed run, so the tail's stores come after it, and everything the
+/// transport publishes after the copy (a completion, an ACK, an unlocked mutex) is ordered
+/// behind all of it.
 ///
 /// # Safety
 /// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
 #[inline]
 unsafe fn copy_in(dst: *mut u8, src: &[u8], stream: bool) {
+    let tail_at = src.len().saturating_sub(TAIL);
+    #[allow(unused_mut)]
+    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if stream && src.len() >= STREAM_MIN {
+    if stream && tail_at >= STREAM_MIN {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
         // A head up to the first 16-byte boundary (ordinary stores), 16-byte streaming
-        // stores that stop at least 16 bytes short of the end, the fence, the rest.
-        let head = dst.align_offset(16).min(src.len());
-        let body = src.len().saturating_sub(head + 16) / 16 * 16;
-        // SAFETY (of every call below): all offsets stay below `src.len()`, inside both
-        // buffers (the caller's contract); `dst + head` is 16-byte aligned, as
-        // `_mm_stream_si128` needs; SSE2 is part of x86_64.
+        // stores up to the tail, the fence.
+        let head = dst.align_offset(16).min(tail_at);
+        let body = (tail_at - head) / 16 * 16;
+        // SAFETY (of every call below): all offsets stay below `tail_at`, inside both buffers
+        // (the caller's contract); `dst + head` is 16-byte aligned, as `_mm_stream_si128`
+        // needs; SSE2 is part of x86_64.
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
             for at in (head..head + body).step_by(16) {
@@ -186,13 +202,52 @@ unsafe fn copy_in(dst: *mut u8, src: &[u8], stream: bool) {
                 _mm_stream_si128(dst.add(at).cast::<__m128i>(), v);
             }
             _mm_sfence();
-            let done = head + body;
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(done), dst.add(done), src.len() - done);
         }
-        return;
+        done = head + body;
     }
-    // SAFETY: the caller's contract.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+    // SAFETY: the caller's contract; `done` ≤ `tail_at` ≤ the length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr().add(done), dst.add(done), tail_at - done);
+        copy_ascending(dst.add(tail_at), &src[tail_at..]);
+    }
+}
+
+/// Copies `src` to `dst` with volatile stores of 16, 8, 4, 2 and 1 bytes, lowest address
+/// first: each byte stored once, in that order (volatile stores are neither merged nor
+/// reordered by the compiler; x86 makes ordinary stores visible in program order).
+///
+/// # Safety
+/// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
+#[inline]
+unsafe fn copy_ascending(dst: *mut u8, src: &[u8]) {
+    let mut at = 0;
+    // SAFETY (of every access): `at + n` ≤ `src.len()`; unaligned reads, and volatile writes of
+    // byte arrays, whose alignment is 1.
+    unsafe {
+        while src.len() - at >= 16 {
+            let v = std::ptr::read_unaligned(src.as_ptr().add(at).cast::<[u8; 16]>());
+            std::ptr::write_volatile(dst.add(at).cast::<[u8; 16]>(), v);
+            at += 16;
+        }
+        if src.len() - at >= 8 {
+            let v = std::ptr::read_unaligned(src.as_ptr().add(at).cast::<[u8; 8]>());
+            std::ptr::write_volatile(dst.add(at).cast::<[u8; 8]>(), v);
+            at += 8;
+        }
+        if src.len() - at >= 4 {
+            let v = std::ptr::read_unaligned(src.as_ptr().add(at).cast::<[u8; 4]>());
+            std::ptr::write_volatile(dst.add(at).cast::<[u8; 4]>(), v);
+            at += 4;
+        }
+        if src.len() - at >= 2 {
+            let v = std::ptr::read_unaligned(src.as_ptr().add(at).cast::<[u8; 2]>());
+            std::ptr::write_volatile(dst.add(at).cast::<[u8; 2]>(), v);
+            at += 2;
+        }
+        if src.len() > at {
+            std::ptr::write_volatile(dst.add(at), src[at]);
+        }
+    }
 }
 
 /// Copies `len` bytes from `src` to `dst` and returns the CRC-32 (the ICRC's polynomial) of
