@@ -487,8 +487,16 @@ fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
     if !ring.valid() || !alive(ring.header().owner_pid.load(Ordering::Acquire)) {
         return Err(io::Error::new(io::ErrorKind::NotFound, "no live device there"));
     }
-    let bell =
-        OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(bell_path(addr)).ok();
+    // Opened for reading too, though only written: a FIFO with no reader left (its owner died
+    // while it slept) answers a write with SIGPIPE, which kills a C program (Rust's runtime
+    // ignores the signal; libc's default ends the process). With this end a reader, a dead
+    // owner's bell fills and then refuses with EAGAIN, which the ring is told apart by anyway.
+    let bell = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(bell_path(addr))
+        .ok();
     Ok(Peer { ring, bell, stalled: false })
 }
 
@@ -1095,6 +1103,25 @@ mod tests {
         f.set_len(ring_len(slots) as u64).unwrap();
         let _ = std::fs::remove_file(&path);
         f
+    }
+
+    /// A sender's doorbell to an owner whose end of the FIFO is gone (the process died while
+    /// its engine thread slept) fails quietly: a FIFO with no reader answers a write with
+    /// SIGPIPE, which ends a C program that has not ignored it (Rust's runtime ignores it, so
+    /// here the write would fail with EPIPE). The sender holds a reader end of its own.
+    #[test]
+    fn a_bell_whose_owner_is_gone_raises_no_sigpipe() {
+        let addr = Ipv4Addr::new(127, 0, 77, (std::process::id() % 200) as u8 + 20);
+        let (_ring, owner_bell) = create_ring(addr).unwrap();
+        let peer = open_peer(addr).unwrap();
+        drop(owner_bell);
+        let bell = peer.bell.as_ref().unwrap();
+        // SAFETY: one byte from a live buffer to an open descriptor.
+        let r = unsafe { libc::write(bell.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        let err = io::Error::last_os_error().raw_os_error();
+        let _ = std::fs::remove_file(ring_path(addr));
+        let _ = std::fs::remove_file(bell_path(addr));
+        assert!(r == 1 || err == Some(libc::EAGAIN), "write: {r}, {err:?}");
     }
 
     /// Datagrams come out in order and whole; a full ring refuses more; freed slots take more.
