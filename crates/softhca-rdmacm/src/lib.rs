@@ -9,9 +9,8 @@
 //! linker (`SOFTHCA_RDMACM_PRIVATE` in `libibverbs.so.1`). See `softhca-ibverbs`'s `rdmacm`
 //! module for what the calls do.
 //!
-//! The rsocket API (`rsocket`, `rsend`, …: sockets over RDMA) likewise forwards to
-//! `softhca_rs_*`, built on the same CM and device; its I/O map (`riomap`, `riounmap`,
-//! `riowrite`) is not built: those fail with ENOSYS.
+//! The rsocket API (`rsocket`, `rsend`, `riomap`, …: sockets over RDMA) likewise forwards to
+//! `softhca_rs_*`, built on the same CM and device.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -137,25 +136,27 @@ pub unsafe extern "C" fn rwritev(socket: c_int, iov: Ptr, n: c_int) -> isize {
     unsafe { softhca_rs_sendv(socket, iov, n, 0) }
 }
 
-/// -1 with errno ENOSYS: the rsocket I/O map is not built.
-fn no_iomap() -> c_int {
-    // SAFETY: the calling thread's errno slot.
-    unsafe { *libc::__errno_location() = libc::ENOSYS };
-    -1
+extern "C" {
+    fn softhca_rs_iomap(socket: c_int, buf: Ptr, len: usize, prot: c_int, flags: c_int, offset: i64) -> i64;
+    fn softhca_rs_iounmap(socket: c_int, buf: Ptr, len: usize) -> c_int;
+    fn softhca_rs_iowrite(socket: c_int, buf: Ptr, count: usize, offset: i64, flags: c_int) -> usize;
 }
 
 #[no_mangle]
-pub extern "C" fn riomap(_: c_int, _: Ptr, _: usize, _: c_int, _: c_int, _: i64) -> i64 {
-    i64::from(no_iomap())
+pub unsafe extern "C" fn riomap(socket: c_int, buf: Ptr, len: usize, prot: c_int, flags: c_int, offset: i64) -> i64 {
+    // SAFETY: the same contract as librdmacm's.
+    unsafe { softhca_rs_iomap(socket, buf, len, prot, flags, offset) }
 }
 
 #[no_mangle]
-pub extern "C" fn riounmap(_: c_int, _: Ptr, _: usize) -> c_int {
-    no_iomap()
+pub unsafe extern "C" fn riounmap(socket: c_int, buf: Ptr, len: usize) -> c_int {
+    // SAFETY: the same contract as librdmacm's.
+    unsafe { softhca_rs_iounmap(socket, buf, len) }
 }
 
 /// Returns a `size_t`: librdmacm's failures are (size_t) -1 too.
 #[no_mangle]
-pub extern "C" fn riowrite(_: c_int, _: Ptr, _: usize, _: i64, _: c_int) -> usize {
-    no_iomap() as usize
+pub unsafe extern "C" fn riowrite(socket: c_int, buf: Ptr, count: usize, offset: i64, flags: c_int) -> usize {
+    // SAFETY: the same contract as librdmacm's.
+    unsafe { softhca_rs_iowrite(socket, buf, count, offset, flags) }
 }

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use self::stream::{errno, st, Sizes, Stream};
+use self::stream::{errno, st, Dest, Sizes, Stream};
 use self::wire::{ctrl, ConnData};
 use crate::abi::*;
 use crate::rdmacm::abi::*;
@@ -693,6 +693,30 @@ fn moved(done: usize, ret: Result<(), c_int>) -> isize {
     }
 }
 
+/// Waits for room to send (`rsend`'s wait): ECONNRESET once the socket cannot write.
+fn wait_send<'a>(rs: &'a Rs, g: Guard<'a>, flags: c_int) -> (Guard<'a>, Result<(), c_int>) {
+    if g.can_send() {
+        return (g, Ok(()));
+    }
+    let (g, r) = rs.get_comp(g, rs.nonblocking(flags), conn_can_send);
+    match r {
+        Ok(()) if g.state & st::WRITABLE == 0 => (g, Err(libc::ECONNRESET)),
+        r => (g, r),
+    }
+}
+
+/// Tells the peer of the program's new writable mappings (`rs_send_iomaps`), before data.
+fn send_iomaps<'a>(rs: &'a Rs, mut g: Guard<'a>, flags: c_int) -> (Guard<'a>, Result<(), c_int>) {
+    while g.iomap_pending() {
+        let r;
+        (g, r) = wait_send(rs, g, flags);
+        if let Err(e) = r.and_then(|()| g.send_next_iomap()) {
+            return (g, Err(e));
+        }
+    }
+    (g, Ok(()))
+}
+
 /// Sends `len` bytes that `fill(dst, offset)` copies (`rsend` and `rsendv`). Small pieces
 /// of one contiguous buffer go inline from it (`direct`).
 fn send_with(
@@ -706,20 +730,17 @@ fn send_with(
         return fail(e) as isize;
     }
     let _one = lock(&rs.send);
-    let mut g = lock(&rs.s);
+    let (mut g, r) = send_iomaps(rs, lock(&rs.s), flags);
+    if let Err(e) = r {
+        return fail(e) as isize;
+    }
     let (mut done, mut olen, mut ret) = (0usize, OLAP_START_SIZE, Ok(()));
     while done < len {
-        if !g.can_send() {
-            let r;
-            (g, r) = rs.get_comp(g, rs.nonblocking(flags), conn_can_send);
-            if let Err(e) = r {
-                ret = Err(e);
-                break;
-            }
-            if g.state & st::WRITABLE == 0 {
-                ret = Err(libc::ECONNRESET);
-                break;
-            }
+        let r;
+        (g, r) = wait_send(rs, g, flags);
+        if let Err(e) = r {
+            ret = Err(e);
+            break;
         }
         let left = (len - done).min(u32::MAX as usize) as u32;
         let chunk = if olen < left {
@@ -731,14 +752,15 @@ fn send_with(
         } else {
             left
         };
+        let xfer = g.fit(chunk);
         let r = match direct {
-            Some(buf) => g.send_some(&buf[done..done + chunk as usize]),
+            Some(buf) => g.send_some(Dest::Data, &buf[done..done + xfer as usize]),
             None => {
-                let xfer = g.fit(chunk);
                 let inline = if xfer <= u32::from(g.sizes.inline) { IBV_SEND_INLINE } else { 0 };
-                g.copy_and_write(|dst, at| fill(dst, done + at), xfer, inline).map(|()| xfer)
+                g.copy_and_write(Dest::Data, |dst, at| fill(dst, done + at), xfer, inline)
             }
-        };
+        }
+        .map(|()| xfer);
         match r {
             Ok(n) => done += n as usize,
             Err(e) => {
@@ -1349,4 +1371,86 @@ pub unsafe extern "C" fn softhca_rs_select(
 ) -> c_int {
     // SAFETY: the program's sets and timeout.
     unsafe { poll::rselect(nfds, read, write, except, timeout) }
+}
+
+/// `riomap`: maps the program's memory for the peer's `riowrite` (PROT_WRITE), or only
+/// registers it (PROT_NONE); the peer learns of a writable one before this end's next data.
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rs_iomap(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    prot: c_int,
+    _flags: c_int,
+    offset: i64,
+) -> i64 {
+    let Some(rs) = lookup(fd) else { return fail(libc::EBADF).into() };
+    let mut g = lock(&rs.s);
+    if rs.cm().pd.is_null() || prot & !(libc::PROT_WRITE | libc::PROT_NONE) != 0 {
+        return fail(libc::EINVAL).into();
+    }
+    match g.map(buf, len, prot & libc::PROT_WRITE != 0, offset) {
+        Ok(o) => o,
+        Err(e) => fail(e).into(),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rs_iounmap(fd: c_int, buf: *mut c_void, len: usize) -> c_int {
+    let Some(rs) = lookup(fd) else { return fail(libc::EBADF) };
+    let r = lock(&rs.s).unmap(buf, len);
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
+}
+
+/// `riowrite`: writes into what the peer mapped at `offset` (no message: the peer learns of
+/// it from a message sent after). Stops at the end of the peer's mapping.
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rs_iowrite(
+    fd: c_int,
+    buf: *const c_void,
+    count: usize,
+    offset: i64,
+    flags: c_int,
+) -> usize {
+    let Some(rs) = lookup(fd) else { return fail(libc::EBADF) as usize };
+    // SAFETY: the program's buffer of `count` bytes.
+    let src = unsafe { stream::bytes(buf, count) };
+    let _one = lock(&rs.send);
+    let (mut g, r) = send_iomaps(&rs, lock(&rs.s), flags);
+    if let Err(e) = r {
+        return fail(e) as usize;
+    }
+    let (mut done, mut olen, mut ret) = (0usize, OLAP_START_SIZE, Ok(()));
+    while done < src.len() {
+        let at = offset as u64 + done as u64;
+        let Some(e) = g.find_iomap(at) else { break };
+        let r;
+        (g, r) = wait_send(&rs, g, flags);
+        if let Err(e) = r {
+            ret = Err(e);
+            break;
+        }
+        let left = (src.len() - done).min(u32::MAX as usize) as u32;
+        let chunk = if olen < left {
+            let c = olen;
+            if olen < MAX_TRANSFER {
+                olen <<= 1;
+            }
+            c
+        } else {
+            left
+        };
+        match g.write_direct(&e, at, &src[done..], chunk) {
+            Ok(n) => done += n as usize,
+            Err(e) => {
+                ret = Err(e);
+                break;
+            }
+        }
+    }
+    drop(g);
+    moved(done, ret) as usize
 }

@@ -152,6 +152,29 @@ pub(super) struct Stream {
     rmsg_head: usize,
     rmsg_tail: usize,
     pub sqe_avail: u32,
+    /// The peer's I/O map: where the entries for this end's writable mappings go.
+    remote_iomap: RsSge,
+    /// The program's mappings (`riomap`).
+    iomaps: Vec<IoMap>,
+}
+
+/// Where a write goes.
+pub(super) enum Dest {
+    /// The peer's receive buffer, as a message.
+    Data,
+    /// A region the peer mapped (`riowrite`): no message.
+    Direct { addr: u64, rkey: u32 },
+    /// Entry `index` of the peer's I/O map.
+    Iomap { index: u32 },
+}
+
+/// A mapping of the program's memory (`riomap`); `index`, the slot in the peer's I/O map of
+/// a writable one, which is told to the peer once (`sent`).
+pub(super) struct IoMap {
+    mr: *mut ibv_mr,
+    offset: u64,
+    index: Option<usize>,
+    sent: bool,
 }
 
 // SAFETY: the raw pointers name objects of this library (the id, its QP and CQ, the
@@ -187,6 +210,8 @@ impl Stream {
             rmsg_head: 0,
             rmsg_tail: 0,
             sqe_avail: 0,
+            remote_iomap: RsSge::default(),
+            iomaps: Vec::new(),
         }
     }
 
@@ -273,7 +298,7 @@ impl Stream {
         self.rmsg = vec![(0, 0); usize::from(s.rq) + 1];
         let ctrl = if u32::from(s.inline) < MAX_CTRL_MSG { MAX_CTRL_MSG * QP_CTRL_SIZE } else { 0 };
         self.sbuf = Some(Region::new(pd, (s.sbuf + ctrl) as usize, local)?);
-        let tlen = std::mem::size_of::<RsSge>() * (wire::SGL_SIZE as usize + usize::from(s.iomap));
+        let tlen = std::mem::size_of::<RsSge>() * wire::SGL_SIZE as usize + wire::IOMAP_LEN * usize::from(s.iomap);
         self.target = Some(Region::new(pd, tlen, write)?);
         self.rbuf = Some(Region::new(pd, s.rbuf as usize, write)?);
         self.sbuf_head = 0;
@@ -305,6 +330,13 @@ impl Stream {
         let net = cfg!(target_endian = "big");
         if net != (c.flags & wire::CONN_FLAG_NET != 0) {
             self.opts = OPT_SWAP_SGL;
+        }
+        if c.flags & wire::CONN_FLAG_IOMAP != 0 {
+            self.remote_iomap = RsSge {
+                addr: c.target_sgl.addr + std::mem::size_of::<RsSge>() as u64 * u64::from(c.target_sgl.length),
+                key: c.target_sgl.key,
+                length: wire::scale_to_value(u32::from(c.target_iomap_size), 8),
+            };
         }
         self.set_target(0, c.data_buf);
         self.sseq_comp = c.credits;
@@ -407,20 +439,32 @@ impl Stream {
         self.post_write(&mut [], msg(op::CTRL, ctrl::KEEPALIVE), 0, 0, 0, false)
     }
 
-    /// Writes `len` bytes (`sgl`) into the peer's current target buffer (`rs_write_data`).
-    fn write_data(&mut self, sgl: &mut [ibv_sge], len: u32, flags: u32) -> Result<(), c_int> {
-        self.sseq_no = self.sseq_no.wrapping_add(1);
+    /// Writes `len` bytes (`sgl`) to `dest` (`rs_write_data`, `rs_write_direct`,
+    /// `rs_write_iomap`), counting them against the send queue, the send buffer and, for a
+    /// message, the peer's credits.
+    fn write(&mut self, dest: Dest, sgl: &mut [ibv_sge], len: u32, flags: u32) -> Result<(), c_int> {
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= len;
-        let mut t = self.target(self.target_sge);
-        let (addr, rkey) = (t.addr, t.key);
-        t.addr += u64::from(len);
-        t.length -= len;
-        self.set_target(self.target_sge, t);
-        if t.length == 0 {
-            self.target_sge = (self.target_sge + 1) % wire::SGL_SIZE as usize;
+        match dest {
+            Dest::Data => {
+                self.sseq_no = self.sseq_no.wrapping_add(1);
+                let mut t = self.target(self.target_sge);
+                let (addr, rkey) = (t.addr, t.key);
+                t.addr += u64::from(len);
+                t.length -= len;
+                self.set_target(self.target_sge, t);
+                if t.length == 0 {
+                    self.target_sge = (self.target_sge + 1) % wire::SGL_SIZE as usize;
+                }
+                self.post_write(sgl, msg(op::DATA, len), flags, addr, rkey, true)
+            }
+            Dest::Direct { addr, rkey } => self.post_write(sgl, msg(op::WRITE, len), flags, addr, rkey, false),
+            Dest::Iomap { index } => {
+                self.sseq_no = self.sseq_no.wrapping_add(1);
+                let at = self.remote_iomap.addr + u64::from(index) * wire::IOMAP_LEN as u64;
+                self.post_write(sgl, msg(op::IOMAP_SGL, index), flags, at, self.remote_iomap.key, true)
+            }
         }
-        self.post_write(sgl, msg(op::DATA, len), flags, addr, rkey, true)
     }
 
     /// How much of a `chunk` fits in the send buffer and the peer's current target buffer.
@@ -428,25 +472,23 @@ impl Stream {
         chunk.min(self.sbuf_bytes_avail).min(self.target(self.target_sge).length)
     }
 
-    /// Sends as much of `src` (one chunk of the program's buffer) as fits, as one message:
-    /// inline from the program's memory when small enough, else through the send buffer.
-    /// Returns how many bytes.
-    pub fn send_some(&mut self, src: &[u8]) -> Result<u32, c_int> {
-        let xfer = self.fit(src.len().min(u32::MAX as usize) as u32);
-        let src = &src[..xfer as usize];
+    /// Sends `src` (at most what fits: the caller has cut it) to `dest` as one write: inline
+    /// from the program's memory when small enough, else through the send buffer.
+    pub fn send_some(&mut self, dest: Dest, src: &[u8]) -> Result<(), c_int> {
+        let xfer = src.len() as u32;
         if xfer <= u32::from(self.sizes.inline) {
             let mut sge = ibv_sge { addr: src.as_ptr() as u64, length: xfer, lkey: 0 };
-            self.write_data(std::slice::from_mut(&mut sge), xfer, IBV_SEND_INLINE)?;
+            self.write(dest, std::slice::from_mut(&mut sge), xfer, IBV_SEND_INLINE)
         } else {
-            self.copy_and_write(|dst, at| dst.copy_from_slice(&src[at..at + dst.len()]), xfer, 0)?;
+            self.copy_and_write(dest, |dst, at| dst.copy_from_slice(&src[at..at + dst.len()]), xfer, 0)
         }
-        Ok(xfer)
     }
 
     /// Copies `xfer` bytes into the send buffer with `fill(slice, offset into the message)`
-    /// (wrapping at its end: then two SGEs) and writes them.
+    /// (wrapping at its end: then two SGEs) and writes them to `dest`.
     pub fn copy_and_write(
         &mut self,
+        dest: Dest,
         mut fill: impl FnMut(&mut [u8], usize),
         xfer: u32,
         flags: u32,
@@ -470,7 +512,82 @@ impl Stream {
             1
         };
         self.sbuf_head = (head + xfer) % size;
-        self.write_data(&mut sgl[..n], xfer, flags)
+        self.write(dest, &mut sgl[..n], xfer, flags)
+    }
+
+    /// Whether a mapping the program made waits to be told to the peer (`iomap_pending`).
+    pub fn iomap_pending(&self) -> bool {
+        self.iomaps.iter().any(|m| m.index.is_some() && !m.sent)
+    }
+
+    /// Tells the peer of the next mapping that waits (`rs_send_iomaps`' loop body); the
+    /// caller has checked `can_send`.
+    pub fn send_next_iomap(&mut self) -> Result<(), c_int> {
+        let Some(k) = self.iomaps.iter().position(|m| m.index.is_some() && !m.sent) else { return Ok(()) };
+        let m = &mut self.iomaps[k];
+        m.sent = true;
+        let index = m.index.unwrap_or(0) as u32;
+        // SAFETY: the mapping's live MR.
+        let (addr, length, key) = unsafe { ((*m.mr).addr as u64, (*m.mr).length as u32, (*m.mr).rkey) };
+        let mut e = wire::RsIomap { offset: m.offset, sge: RsSge { addr, key, length } };
+        if self.opts & OPT_SWAP_SGL != 0 {
+            e = e.swapped();
+        }
+        let bytes = e.to_bytes();
+        self.send_some(Dest::Iomap { index }, &bytes)
+    }
+
+    /// `riomap`: registers the program's `len` bytes at `buf` (for the peer to write, with
+    /// `writable`, into a slot of its I/O map), under `offset` (-1: the address).
+    pub fn map(&mut self, buf: *mut c_void, len: usize, writable: bool, offset: i64) -> Result<i64, c_int> {
+        let index = if writable {
+            let n = self.remote_iomap.length as usize;
+            let free = (0..n).find(|i| !self.iomaps.iter().any(|m| m.index == Some(*i)));
+            Some(free.ok_or(libc::ENOMEM)?)
+        } else {
+            None
+        };
+        let access = IBV_ACCESS_LOCAL_WRITE | if writable { IBV_ACCESS_REMOTE_WRITE } else { 0 };
+        // SAFETY: the id's PD; the program's memory, which the registration checks.
+        let mr = unsafe { crate::mem::ibv_reg_mr(self.cm().pd, buf, len, access as c_int) };
+        if mr.is_null() {
+            return Err(errno());
+        }
+        let offset = if offset == -1 { buf as i64 } else { offset };
+        self.iomaps.push(IoMap { mr, offset: offset as u64, index, sent: false });
+        Ok(offset)
+    }
+
+    /// `riounmap`: the mapping of exactly that memory, deregistered.
+    pub fn unmap(&mut self, buf: *mut c_void, len: usize) -> Result<(), c_int> {
+        // SAFETY: the mappings' live MRs.
+        let k = self.iomaps.iter().position(|m| unsafe { (*m.mr).addr == buf && (*m.mr).length == len });
+        let m = self.iomaps.remove(k.ok_or(libc::EINVAL)?);
+        // SAFETY: its MR, deregistered once.
+        unsafe { crate::mem::ibv_dereg_mr(m.mr) };
+        Ok(())
+    }
+
+    /// The entry of this end's I/O map (written by the peer) that covers `offset`.
+    pub fn find_iomap(&self, offset: u64) -> Option<wire::RsIomap> {
+        let t = self.target.as_ref()?;
+        (0..usize::from(self.sizes.iomap)).find_map(|i| {
+            let at = wire::SGL_SIZE as usize * std::mem::size_of::<RsSge>() + i * wire::IOMAP_LEN;
+            // SAFETY: entry `i` of the I/O map after the SGL in the target region (sized for
+            // `iomap` entries in init_bufs); read volatile: the peer writes it.
+            let e = unsafe { std::ptr::read_volatile(t.ptr.add(at).cast::<wire::RsIomap>()) };
+            (offset >= e.offset && offset < e.offset + u64::from(e.sge.length)).then_some(e)
+        })
+    }
+
+    /// Sends up to `chunk` bytes of `src` into the peer's mapped region `e` at `offset`
+    /// (`riowrite`'s loop body); returns how many.
+    pub fn write_direct(&mut self, e: &wire::RsIomap, offset: u64, src: &[u8], chunk: u32) -> Result<u32, c_int> {
+        let room = (e.offset + u64::from(e.sge.length) - offset).min(u64::from(u32::MAX)) as u32;
+        let xfer = chunk.min(self.sbuf_bytes_avail).min(room).min(src.len() as u32);
+        let dest = Dest::Direct { addr: e.sge.addr + offset - e.offset, rkey: e.sge.key };
+        self.send_some(dest, &src[..xfer as usize])?;
+        Ok(xfer)
     }
 
     /// Gives the peer a buffer half, or credits alone (`rs_send_credits`).
@@ -575,6 +692,10 @@ impl Stream {
                             self.state = st::DISCONNECTED;
                         }
                     }
+                    op::IOMAP_SGL => {
+                        self.sqe_avail += 1;
+                        self.sbuf_bytes_avail += wire::IOMAP_LEN as u32;
+                    }
                     _ => {
                         self.sqe_avail += 1;
                         self.sbuf_bytes_avail += msg_data(m);
@@ -658,6 +779,10 @@ impl Stream {
     pub fn free_ep(&mut self, unacked: u32) {
         if self.id.is_null() {
             return;
+        }
+        for m in self.iomaps.drain(..) {
+            // SAFETY: a mapping's MR, deregistered once.
+            unsafe { crate::mem::ibv_dereg_mr(m.mr) };
         }
         self.sbuf = None;
         self.rbuf = None;

@@ -13,6 +13,38 @@ pub(super) struct RsSge {
     pub length: u32,
 }
 
+/// `struct rs_iomap` (24 bytes): a region mapped for the peer to write (`riomap`), at the
+/// offset the program chose; written into the peer's I/O map, in its byte order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct RsIomap {
+    pub offset: u64,
+    pub sge: RsSge,
+}
+
+pub(super) const IOMAP_LEN: usize = 24;
+
+impl RsIomap {
+    /// The bytes as this host lays the structure out.
+    pub fn to_bytes(self) -> [u8; IOMAP_LEN] {
+        let mut b = [0u8; IOMAP_LEN];
+        b[..8].copy_from_slice(&self.offset.to_ne_bytes());
+        b[8..16].copy_from_slice(&self.sge.addr.to_ne_bytes());
+        b[16..20].copy_from_slice(&self.sge.key.to_ne_bytes());
+        b[20..].copy_from_slice(&self.sge.length.to_ne_bytes());
+        b
+    }
+
+    /// For a peer of the other byte order.
+    pub fn swapped(self) -> RsIomap {
+        let s = self.sge;
+        RsIomap {
+            offset: self.offset.swap_bytes(),
+            sge: RsSge { addr: s.addr.swap_bytes(), key: s.key.swap_bytes(), length: s.length.swap_bytes() },
+        }
+    }
+}
+
 /// The connection data's version and flags (`RS_CONN_FLAG_*`).
 pub(super) const CONN_VERSION: u8 = 1;
 /// The sender's host order is network order (big-endian).
