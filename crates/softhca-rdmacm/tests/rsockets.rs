@@ -135,3 +135,35 @@ fn riostream_over_shared_memory() {
 fn riostream_verifies_large_transfers() {
     riostream([86, 87], "udp", &["-S", "100000", "-C", "100", "-T", "v"]);
 }
+
+/// librdmacm's `librspreload.so` (Debian's librdmacm1), preloaded into a plain TCP program
+/// (`tests/c/tcp_echo.c`: socket, bind, listen, accept, connect, send, recv, poll): its
+/// sockets are rsockets on the drop-in, 4 MB echoed and checked, and the device's counters
+/// show the bytes went as RoCE packets. softhca's own UDP sockets are made with the system
+/// call itself, not libc's `socket`, which the preload library takes over: before that,
+/// opening the device for the first rsocket waited for itself.
+#[test]
+fn a_tcp_program_runs_over_rsockets_with_librspreload() {
+    let preload = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
+    if !(ready() && have(std::path::Path::new(preload).exists(), "librspreload.so (librdmacm1)")) {
+        return;
+    }
+    let exe = compile("tcp_echo");
+    let exe = exe.to_str().unwrap();
+    let pre = format!("LD_PRELOAD={preload}");
+    let (s, c) = pair(
+        Proc { program: "env", args: &[&pre, exe, "s", "127.0.0.88", "7688"], addr: [127, 0, 0, 88] },
+        Proc {
+            program: "env",
+            args: &[&pre, "SOFTHCA_STATS=1", exe, "c", "127.0.0.88", "7688", "4000000"],
+            addr: [127, 0, 0, 89],
+        },
+    );
+    assert!(c.contains("tcp_echo: ok") && s.contains("echoed 4000000 bytes"), "client:\n{c}\nserver:\n{s}");
+    let sent = c
+        .split("tx_packets: ")
+        .nth(1)
+        .and_then(|t| t.split(|ch: char| !ch.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(sent.is_some_and(|n| n > 1000), "the client's device sent {sent:?} packets:\n{c}");
+}

@@ -8,7 +8,7 @@
 //! `mod.rs`.
 
 use std::ffi::{c_char, c_int, c_void};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ptr::null_mut;
 
 use super::abi::*;
@@ -206,7 +206,7 @@ pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), 
 
 /// Whether `ip` is an address of this host (a UDP socket can bind it).
 pub(super) fn is_local(ip: IpAddr) -> bool {
-    UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+    softhca::link::udp::sys::udp_bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
 #[no_mangle]
@@ -258,7 +258,8 @@ pub unsafe extern "C" fn softhca_rdma_resolve_addr(
             dst.set_ip(addr); // the kernel resolves the any address to this host
         }
         // The kernel's route to the destination: unreachable is the event's status.
-        let reach = UdpSocket::bind(SocketAddr::new(addr, 0)).and_then(|s| s.connect(SocketAddr::new(dst.ip(), 4791)));
+        let reach = softhca::link::udp::sys::udp_bind(SocketAddr::new(addr, 0))
+            .and_then(|s| s.connect(SocketAddr::new(dst.ip(), 4791)));
         if let Err(e) = reach {
             id.queue(Event::new(id, RDMA_CM_EVENT_ADDR_ERROR, -e.raw_os_error().unwrap_or(libc::EHOSTUNREACH)));
         } else {

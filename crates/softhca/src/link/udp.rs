@@ -241,7 +241,7 @@ fn open_alt(cfg: &UdpConfig, addr: IpAddr) -> io::Result<Option<batch::AltAddr>>
         let why = format!("the alternate address {alt} must be another address of {addr}'s family");
         return Err(io::Error::new(io::ErrorKind::InvalidInput, why));
     }
-    let sock = UdpSocket::bind(SocketAddr::new(alt, ROCE_V2_PORT))?;
+    let sock = sys::udp_bind(SocketAddr::new(alt, ROCE_V2_PORT))?;
     prepare_send_socket(&sock, alt)?;
     let _ = sys::set_buffer(sock.as_raw_fd(), libc::SO_RCVBUF, 8 << 20);
     if cfg.gro {
@@ -497,7 +497,7 @@ fn active_mtu(iface: u32, ipv6: bool) -> crate::verbs::Mtu {
 /// Whether the kernel accepts UDP_SEGMENT for this family.
 fn gso_available(addr: IpAddr) -> bool {
     let any = SocketAddr::new(if addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { IpAddr::V6(0.into()) }, 0);
-    UdpSocket::bind(any).is_ok_and(|s| sys::setsockopt_int(s.as_raw_fd(), sys::SOL_UDP, sys::UDP_SEGMENT, 1400).is_ok())
+    sys::udp_bind(any).is_ok_and(|s| sys::setsockopt_int(s.as_raw_fd(), sys::SOL_UDP, sys::UDP_SEGMENT, 1400).is_ok())
 }
 
 #[cfg(test)]

@@ -601,7 +601,7 @@ impl Io {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(_) if full => return None,
             Entry::Vacant(v) => {
-                let s = UdpSocket::bind(SocketAddr::new(self.addr, port)).ok().filter(|s| {
+                let s = sys::udp_bind(SocketAddr::new(self.addr, port)).ok().filter(|s| {
                     prepare_send_socket(s, self.addr).is_ok()
                         && sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20).is_ok()
                         && sys::setsockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096).is_ok()
@@ -849,7 +849,7 @@ impl Io {
 /// Opens the socket Identification probes go to: bound to the device's address with a filter
 /// that drops everything (so that nothing queues and no ICMP answers a probe).
 pub(super) fn open_sink(addr: IpAddr) -> Option<UdpSocket> {
-    let s = UdpSocket::bind(SocketAddr::new(addr, 0)).ok()?;
+    let s = sys::udp_bind(SocketAddr::new(addr, 0)).ok()?;
     sys::drop_all(s.as_raw_fd()).ok()?;
     Some(s)
 }

@@ -24,7 +24,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv6Addr};
 use std::ops::Range;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::sys::{self, bpf};
@@ -60,13 +60,7 @@ pub(super) struct PacketPort {
 }
 
 fn socket(domain: libc::c_int, ty: libc::c_int, protocol: libc::c_int) -> io::Result<OwnedFd> {
-    // SAFETY: socket takes no pointers; a non-negative result is a new fd that we own.
-    let fd = unsafe { libc::socket(domain, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, protocol) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by socket and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    sys::socket(domain, ty | libc::SOCK_NONBLOCK, protocol)
 }
 
 /// `ldh [12]; jeq IPv4 / IPv6 / ARP -> drop; accept`.

@@ -103,15 +103,36 @@ impl CAddr {
     }
 }
 
+/// A new socket (close-on-exec), made with the `socket` system call itself rather than libc's
+/// wrapper. A library interposed on `socket` sees softhca's own sockets otherwise: librdmacm's
+/// `librspreload.so` (`LD_PRELOAD`, which turns a program's TCP and UDP sockets into rsockets)
+/// took the device's UDP socket, opened while an rsocket bound its address, for one of the
+/// program's and made it an rsocket on the very device being opened, which waited for
+/// itself. Every socket of softhca's is made here.
+pub fn socket(domain: libc::c_int, ty: libc::c_int, protocol: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) takes no pointers; a non-negative result is a new fd that we own.
+    let fd = unsafe { libc::syscall(libc::SYS_socket, domain, ty | libc::SOCK_CLOEXEC, protocol) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just returned by socket(2), owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A (blocking) UDP socket bound to `addr`: `UdpSocket::bind`, made through [`socket`].
+pub fn udp_bind(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let fd = socket(family, libc::SOCK_DGRAM, 0)?;
+    let a = CAddr::new(addr);
+    // SAFETY: `a.storage` holds a sockaddr of `a.len` bytes, alive for the call.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&a.storage as *const libc::sockaddr_storage).cast(), a.len) })?;
+    Ok(std::net::UdpSocket::from(fd))
+}
+
 /// A raw IPv4 socket for UDP bound to `addr`, with a BPF filter that keeps only datagrams to
 /// UDP port `port`: it receives them from the IP header on (privileged: CAP_NET_RAW).
 pub fn raw_udp_v4(addr: std::net::Ipv4Addr, port: u16) -> io::Result<OwnedFd> {
-    // SAFETY: socket takes no pointers; a non-negative result is a new fd that we own.
-    let fd = cvt(unsafe {
-        libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_UDP)
-    })?;
-    // SAFETY: `fd` was just returned by socket and nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_NONBLOCK, libc::IPPROTO_UDP)?;
     let a = CAddr::new(SocketAddr::V4(SocketAddrV4::new(addr, 0)));
     // SAFETY: `a.storage` holds a sockaddr_in of `a.len` bytes, alive for the call.
     cvt(unsafe { libc::bind(fd.as_raw_fd(), (&a.storage as *const libc::sockaddr_storage).cast(), a.len) })?;
@@ -139,10 +160,7 @@ pub fn bound_socket(addr: SocketAddr, ty: libc::c_int, reuseport: bool) -> io::R
 /// `SO_REUSEADDR`, or 0 for none) set first.
 fn bound_with(addr: SocketAddr, ty: libc::c_int, reuse: libc::c_int) -> io::Result<OwnedFd> {
     let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    // SAFETY: socket takes no pointers; a non-negative result is a new fd that we own.
-    let fd = cvt(unsafe { libc::socket(family, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: `fd` was just returned by socket and nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = socket(family, ty | libc::SOCK_NONBLOCK, 0)?;
     if reuse != 0 {
         setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, reuse, 1)?;
     }
