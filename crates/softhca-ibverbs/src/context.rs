@@ -146,11 +146,15 @@ impl Shared {
         if self.stats_printed.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        eprintln!("softhca stats: {:?}", self.dev.context().counters());
-        match &self.dev {
-            LinkDevice::Udp(d) => eprintln!("softhca stats: {:?}", d.counters()),
-            LinkDevice::Shm(d) => eprintln!("softhca stats: {:?}", d.counters()),
-        }
+        let link = match &self.dev {
+            LinkDevice::Udp(d) => format!("{:?}", d.counters()),
+            LinkDevice::Shm(d) => format!("{:?}", d.counters()),
+        };
+        // One write for both lines: stderr is unbuffered, and `eprintln!` writes a formatted
+        // line piece by piece, so the lines of processes sharing a stderr (MPI ranks under
+        // mpirun) came out interleaved mid-line, unreadable to whoever parses them.
+        let text = format!("softhca stats: {:?}\nsofthca stats: {link}\n", self.dev.context().counters());
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), text.as_bytes());
     }
 }
 
