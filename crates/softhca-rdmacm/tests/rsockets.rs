@@ -18,21 +18,32 @@ fn rsocket_edges() {
     assert!(out.status.success() && text.contains("rsocket_edges: ok"), "{}:\n{text}", out.status);
 }
 
-/// rstream's server and client (`-b`/`-s`) with `extra` options on both: both must finish,
-/// the client printing its figures for `name`.
-fn rstream(addr: [u8; 2], extra: &[&str], name: &str) {
-    if !(ready() && tool("rstream")) {
-        return;
+/// `program`'s server and client (rdmacm-utils' `-b ADDR` / `-s ADDR`) with `extra` options
+/// on both, over `link` (through `env`: `pair` sets only the address); both must finish.
+/// Returns (server output, client output), or None if the program is not installed.
+fn both_sides(program: &str, addr: [u8; 2], link: &str, extra: &[&str]) -> Option<(String, String)> {
+    if !(ready() && tool(program)) {
+        return None;
     }
     let sa = format!("127.0.0.{}", addr[0]);
-    let mut sargs = vec!["-b", &sa];
-    sargs.extend_from_slice(extra);
-    let mut cargs = vec!["-s", &sa];
-    cargs.extend_from_slice(extra);
-    let (s, c) = pair(
-        Proc { program: "rstream", args: &sargs, addr: [127, 0, 0, addr[0]] },
-        Proc { program: "rstream", args: &cargs, addr: [127, 0, 0, addr[1]] },
-    );
+    let args = |side: &str| -> Vec<String> {
+        [format!("SOFTHCA_LINK={link}"), program.to_string(), side.to_string(), sa.clone()]
+            .into_iter()
+            .chain(extra.iter().map(|a| a.to_string()))
+            .collect()
+    };
+    let (s, c) = (args("-b"), args("-s"));
+    let s: Vec<&str> = s.iter().map(String::as_str).collect();
+    let c: Vec<&str> = c.iter().map(String::as_str).collect();
+    Some(pair(
+        Proc { program: "env", args: &s, addr: [127, 0, 0, addr[0]] },
+        Proc { program: "env", args: &c, addr: [127, 0, 0, addr[1]] },
+    ))
+}
+
+/// rstream with `extra` on both sides: both print their figures for `name`.
+fn rstream(addr: [u8; 2], extra: &[&str], name: &str) {
+    let Some((s, c)) = both_sides("rstream", addr, "udp", extra) else { return };
     assert!(c.lines().any(|l| l.starts_with(name)), "client:\n{c}\nserver:\n{s}");
     assert!(s.lines().any(|l| l.starts_with(name)), "client:\n{c}\nserver:\n{s}");
 }
@@ -89,26 +100,8 @@ fn rcopy_copies_a_file() {
 /// `riowrite` (RDMA Writes, no message), then polls the buffer's last byte for the peer's
 /// marker and answers by writing its own into that same byte. `extra` on both sides.
 fn riostream(addr: [u8; 2], link: &str, extra: &[&str]) {
-    if !(ready() && tool("riostream")) {
-        return;
-    }
-    let sa = format!("127.0.0.{}", addr[0]);
-    let mut sargs = vec!["-b", &sa];
-    sargs.extend_from_slice(extra);
-    let mut cargs = vec!["-s", &sa];
-    cargs.extend_from_slice(extra);
-    // Through `env`, which sets the link for both programs (`pair` sets only the address).
-    let mut s = vec![format!("SOFTHCA_LINK={link}"), "riostream".to_string()];
-    s.extend(sargs.iter().map(|a| a.to_string()));
-    let mut c = vec![format!("SOFTHCA_LINK={link}"), "riostream".to_string()];
-    c.extend(cargs.iter().map(|a| a.to_string()));
-    let s: Vec<&str> = s.iter().map(String::as_str).collect();
-    let c: Vec<&str> = c.iter().map(String::as_str).collect();
-    let (so, co) = pair(
-        Proc { program: "env", args: &s, addr: [127, 0, 0, addr[0]] },
-        Proc { program: "env", args: &c, addr: [127, 0, 0, addr[1]] },
-    );
-    assert!(co.lines().any(|l| l.starts_with("custom")), "client:\n{co}\nserver:\n{so}");
+    let Some((s, c)) = both_sides("riostream", addr, link, extra) else { return };
+    assert!(c.lines().any(|l| l.starts_with("custom")), "client:\n{c}\nserver:\n{s}");
 }
 
 /// 2,000 round trips of a 64-byte buffer, each side polling the last byte the other wrote:

@@ -339,7 +339,18 @@ impl Rs {
             _ => return Err(libc::EINVAL),
         };
         let id = self.id;
-        let again = |e: c_int| e == libc::EAGAIN || e == libc::EWOULDBLOCK;
+        // A call's answer: on to `next`, or, where the call waits for its event on a
+        // non-blocking channel, EAGAIN in the `waiting` state (the next call takes the event).
+        fn advance(g: &mut Stream, rc: c_int, next: Step, waiting: u32) -> Result<Step, c_int> {
+            match rc {
+                0 => Ok(next),
+                _ if errno() == libc::EAGAIN || errno() == libc::EWOULDBLOCK => {
+                    g.state = waiting;
+                    Err(libc::EAGAIN)
+                }
+                _ => Err(errno()),
+            }
+        }
         loop {
             step = match step {
                 Step::ResolveAddr => {
@@ -349,14 +360,7 @@ impl Rs {
                         let dst = std::ptr::addr_of_mut!((*id).route.addr.dst).cast();
                         cm::softhca_rdma_resolve_addr(id, null_mut(), dst, to)
                     };
-                    match rc {
-                        0 => Step::ResolveRoute,
-                        _ if again(errno()) => {
-                            g.state = st::RESOLVING_ADDR;
-                            return Err(libc::EAGAIN);
-                        }
-                        _ => return Err(errno()),
-                    }
+                    advance(g, rc, Step::ResolveRoute, st::RESOLVING_ADDR)?
                 }
                 // SAFETY: the socket's id.
                 Step::WaitAddr => match unsafe { cm::complete_id(id) } {
@@ -383,18 +387,13 @@ impl Rs {
                             None => cm::softhca_rdma_resolve_route(id, to),
                         }
                     };
-                    match rc {
-                        0 if route.is_some() => {
-                            g.state = st::RESOLVING_ROUTE;
-                            Step::WaitRoute
-                        }
-                        0 => Step::Connect,
-                        _ if again(errno()) => {
-                            g.state = st::RESOLVING_ROUTE;
-                            return Err(libc::EAGAIN);
-                        }
-                        _ => return Err(errno()),
+                    // Path records given (RDMA_ROUTE): their event comes as a resolution's.
+                    let next = if route.is_some() { Step::WaitRoute } else { Step::Connect };
+                    let step = advance(g, rc, next, st::RESOLVING_ROUTE)?;
+                    if matches!(step, Step::WaitRoute) {
+                        g.state = st::RESOLVING_ROUTE;
                     }
+                    step
                 }
                 // SAFETY: the socket's id.
                 Step::WaitRoute => match unsafe { cm::complete_id(id) } {
@@ -418,14 +417,8 @@ impl Rs {
                     };
                     lock(&self.opts).retries = 0;
                     // SAFETY: the socket's id with its QP; parameters that outlive the call.
-                    match unsafe { crate::rdmacm::conn::softhca_rdma_connect(id, &mut p) } {
-                        0 => Step::Connected,
-                        _ if again(errno()) => {
-                            g.state = st::CONNECTING;
-                            return Err(libc::EAGAIN);
-                        }
-                        _ => return Err(errno()),
-                    }
+                    let rc = unsafe { crate::rdmacm::conn::softhca_rdma_connect(id, &mut p) };
+                    advance(g, rc, Step::Connected, st::CONNECTING)?
                 }
                 // SAFETY: the socket's id.
                 Step::WaitConnect => match unsafe { cm::complete_id(id) } {
@@ -1353,24 +1346,6 @@ fn handle_cm_event(rs: &Rs) {
     if lock(&rs.s).state & st::OPENING == 0 {
         poll::signal();
     }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn softhca_rs_poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
-    // SAFETY: the program's pollfds.
-    unsafe { poll::rpoll(fds, nfds, timeout) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn softhca_rs_select(
-    nfds: c_int,
-    read: *mut libc::fd_set,
-    write: *mut libc::fd_set,
-    except: *mut libc::fd_set,
-    timeout: *mut libc::timeval,
-) -> c_int {
-    // SAFETY: the program's sets and timeout.
-    unsafe { poll::rselect(nfds, read, write, except, timeout) }
 }
 
 /// `riomap`: maps the program's memory for the peer's `riowrite` (PROT_WRITE), or only

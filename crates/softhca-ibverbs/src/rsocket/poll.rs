@@ -216,7 +216,8 @@ fn events(rfds: &[libc::pollfd], fds: &mut [libc::pollfd]) -> c_int {
 ///
 /// # Safety
 /// `fds` points to `nfds` pollfds of the program.
-pub(super) unsafe fn rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rs_poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
     let fds: &mut [libc::pollfd] = if fds.is_null() || nfds == 0 {
         &mut []
     } else {
@@ -274,7 +275,8 @@ pub(super) unsafe fn rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: 
 ///
 /// # Safety
 /// The sets are null or the program's `fd_set`s; `timeout` is null or its timeval.
-pub(super) unsafe fn rselect(
+#[no_mangle]
+pub unsafe extern "C" fn softhca_rs_select(
     nfds: c_int,
     read: *mut libc::fd_set,
     write: *mut libc::fd_set,
@@ -309,7 +311,7 @@ pub(super) unsafe fn rselect(
         (t.tv_sec * 1000 + t.tv_usec / 1000).clamp(0, c_int::MAX as i64) as c_int
     };
     // SAFETY: a local array.
-    let n = unsafe { rpoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    let n = unsafe { softhca_rs_poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     for set in [read, write, except] {
         if !set.is_null() {
             // SAFETY: the program's set.
