@@ -839,18 +839,28 @@ pub unsafe extern "C" fn softhca_rs_sendto(
     unsafe { softhca_rs_send(fd, buf, len, flags) }
 }
 
+/// A message header's iovecs: EFAULT for none, ENOTSUP with control data (rsockets have no
+/// ancillary data, as librdmacm's).
+///
+/// # Safety
+/// `m` is null or the program's message header.
+unsafe fn msg_iovs<'a>(m: *const libc::msghdr) -> Result<&'a libc::msghdr, c_int> {
+    // SAFETY: the caller's contract.
+    let m = unsafe { m.as_ref() }.ok_or(libc::EFAULT)?;
+    if !m.msg_control.is_null() && m.msg_controllen != 0 {
+        return Err(libc::ENOTSUP);
+    }
+    Ok(m)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rs_sendmsg(fd: c_int, m: *const libc::msghdr, flags: c_int) -> isize {
-    if m.is_null() {
-        return fail(libc::EFAULT) as isize;
-    }
     // SAFETY: the program's message header.
-    let m = unsafe { &*m };
-    if !m.msg_control.is_null() && m.msg_controllen != 0 {
-        return fail(libc::ENOTSUP) as isize;
+    match unsafe { msg_iovs(m) } {
+        // SAFETY: its iovecs.
+        Ok(m) => unsafe { softhca_rs_sendv(fd, m.msg_iov, m.msg_iovlen as c_int, flags) },
+        Err(e) => fail(e) as isize,
     }
-    // SAFETY: its iovecs.
-    unsafe { softhca_rs_sendv(fd, m.msg_iov, m.msg_iovlen as c_int, flags) }
 }
 
 #[no_mangle]
@@ -917,17 +927,13 @@ pub unsafe extern "C" fn softhca_rs_recvv(fd: c_int, iov: *const libc::iovec, n:
 
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rs_recvmsg(fd: c_int, m: *mut libc::msghdr, _flags: c_int) -> isize {
-    if m.is_null() {
-        return fail(libc::EFAULT) as isize;
-    }
-    // SAFETY: the program's message header.
-    let m = unsafe { &*m };
-    if !m.msg_control.is_null() && m.msg_controllen != 0 {
-        return fail(libc::ENOTSUP) as isize;
-    }
     // librdmacm 44 passes the header's `msg_flags`, not the call's.
-    // SAFETY: its iovecs.
-    unsafe { softhca_rs_recvv(fd, m.msg_iov, m.msg_iovlen as c_int, m.msg_flags) }
+    // SAFETY: the program's message header.
+    match unsafe { msg_iovs(m) } {
+        // SAFETY: its iovecs.
+        Ok(m) => unsafe { softhca_rs_recvv(fd, m.msg_iov, m.msg_iovlen as c_int, m.msg_flags) },
+        Err(e) => fail(e) as isize,
+    }
 }
 
 #[no_mangle]
