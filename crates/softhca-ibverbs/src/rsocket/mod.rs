@@ -53,6 +53,11 @@ struct Config {
 const OLAP_START_SIZE: u32 = 2048;
 const MAX_TRANSFER: u32 = 65536;
 const CONN_RETRIES: u32 = 6;
+/// How long `rclose` waits for the socket's sends to complete (librdmacm's waits as long as
+/// they take): a peer whose program stopped calling in has stopped reposting its receives,
+/// and the sends of its RNR-NAKed Writes are retried for ever (RNR retry 7), so the close
+/// would never return. After this the QP is destroyed with them.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
 const CONF_DIR: &str = "/etc/rdma/rsocket";
 
 fn config() -> &'static Config {
@@ -119,6 +124,8 @@ pub(crate) struct Rs {
     opts: Mutex<Opts>,
     /// A listener's queue of accepted sockets: the service thread writes their numbers.
     accept_queue: OnceLock<(OwnedFd, OwnedFd)>,
+    /// Set by `rclose`: until when its wait for the socket's sends may last.
+    closing: Mutex<Option<Instant>>,
 }
 
 // SAFETY: the id is this library's, live until the socket is freed; everything else is
@@ -176,6 +183,7 @@ impl Rs {
             fd_flags: AtomicI32::new(0),
             opts: Mutex::new(Opts::default()),
             accept_queue: OnceLock::new(),
+            closing: Mutex::new(None),
         }
     }
 
@@ -240,11 +248,15 @@ impl Rs {
             let (cq, channel, sizes) = (g.cq(), g.comp_channel(), u32::from(g.sizes.sq) + u32::from(g.sizes.rq));
             let mut w = lock(&self.wait);
             drop(g);
-            let got = self.get_cq_event(&mut w, cq, channel, sizes);
+            let got = match *lock(&self.closing) {
+                // rclose's wait for the sends is bounded (see `CLOSE_LINGER`).
+                Some(by) if !readable_by(channel, by) => Err(libc::ETIMEDOUT),
+                _ => self.get_cq_event(&mut w, cq, channel, sizes),
+            };
             drop(w);
             g = lock(&self.s);
             if let Err(e) = got {
-                if e != libc::EAGAIN && e != libc::EINTR {
+                if e != libc::EAGAIN && e != libc::EINTR && e != libc::ETIMEDOUT {
                     g.state = st::ERROR;
                 }
                 break Err(e);
@@ -468,6 +480,15 @@ impl Rs {
     }
 }
 
+/// Whether the completion channel becomes readable before `by`.
+fn readable_by(channel: *mut ibv_comp_channel, by: Instant) -> bool {
+    let ms = by.saturating_duration_since(Instant::now()).as_millis().min(c_int::MAX as u128) as c_int;
+    // SAFETY: the socket's live completion channel; one local pollfd.
+    let mut p = libc::pollfd { fd: unsafe { (*channel).fd }, events: libc::POLLIN, revents: 0 };
+    // SAFETY: as above.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
+}
+
 /// Tests a blocking call waits for (librdmacm's `rs_conn_*`).
 fn conn_can_send(_: &Rs, s: &Stream) -> bool {
     s.can_send() || s.state & st::WRITABLE == 0
@@ -527,6 +548,11 @@ pub extern "C" fn softhca_rs_socket(domain: c_int, ty: c_int, protocol: c_int) -
     rs.fd_flags.store(if ty & libc::SOCK_CLOEXEC != 0 { libc::FD_CLOEXEC } else { 0 }, Ordering::Relaxed);
     rs.fs_flags.store(if ty & libc::SOCK_NONBLOCK != 0 { libc::O_NONBLOCK } else { 0 }, Ordering::Relaxed);
     let fd = rs.fd;
+    if ty & libc::SOCK_NONBLOCK != 0 {
+        // As `rfcntl(F_SETFL, O_NONBLOCK)` would: librdmacm 44 records SOCK_NONBLOCK but
+        // leaves the id's channel blocking, so its rconnect waited for the connection.
+        set_fd_nonblock(fd, true);
+    }
     table().insert(fd, rs);
     fd
 }
@@ -991,7 +1017,9 @@ fn shutdown(rs: &Arc<Rs>, how: c_int) -> Result<(), c_int> {
             g = rs.process_cq(g, false, conn_all_sends_done).0;
         }
     }
-    if nonblock && g.state & st::CONNECTED != 0 {
+    // librdmacm 44 restores the program's non-blocking mode only while connected, so an
+    // rshutdown of a non-blocking listener left its raccept blocking: restored always here.
+    if nonblock {
         rs.set_nonblocking(&g, true);
     }
     if g.state & st::DISCONNECTED != 0 {
@@ -1010,6 +1038,7 @@ pub extern "C" fn softhca_rs_close(fd: c_int) -> c_int {
         return libc::EBADF;
     };
     if lock(&rs.s).state & st::CONNECTED != 0 {
+        *lock(&rs.closing) = Some(Instant::now() + CLOSE_LINGER);
         let _ = shutdown(&rs, libc::SHUT_RDWR);
     }
     for w in [svc::What::Keepalive, svc::What::Listen, svc::What::Cm] {
