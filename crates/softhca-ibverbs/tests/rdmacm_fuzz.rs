@@ -19,6 +19,10 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+#[path = "common/fuzz.rs"]
+mod fuzz;
+use fuzz::{errno, Rng};
+
 use softhca_ibverbs::abi::*;
 use softhca_ibverbs::rdmacm::abi::*;
 
@@ -85,30 +89,6 @@ const ALLOWED: &[c_int] = &[
     libc::ETIMEDOUT,
     libc::EBUSY,
 ];
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> Option<T> {
-        (!v.is_empty()).then(|| v[self.below(v.len() as u64) as usize])
-    }
-}
-
-fn errno() -> c_int {
-    // SAFETY: the calling thread's errno.
-    unsafe { *libc::__errno_location() }
-}
 
 fn sin(ip: [u8; 4], port: u16) -> libc::sockaddr_in {
     // SAFETY: an all-zero sockaddr_in is valid.
