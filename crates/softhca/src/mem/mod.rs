@@ -212,40 +212,46 @@ unsafe fn copy_in(dst: *mut u8, src: &[u8], stream: bool) {
     }
 }
 
-/// Copies `src` to `dst` with volatile stores of 16, 8, 4, 2 and 1 bytes, lowest address
-/// first: each byte stored once, in that order (volatile stores are neither merged nor
-/// reordered by the compiler; x86 makes ordinary stores visible in program order).
+/// Copies `src` to `dst` with volatile stores of 16 bytes, then one each of 8, 4, 2 and 1 as
+/// the rest needs, lowest address first: each byte stored once, in that order (volatile stores
+/// are neither merged nor reordered by the compiler; x86 makes ordinary stores visible in
+/// program order).
 ///
 /// # Safety
 /// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
 #[inline]
 unsafe fn copy_ascending(dst: *mut u8, src: &[u8]) {
+    /// Stores `N` bytes at `at` and moves `at` past them.
+    ///
+    /// # Safety
+    /// As `copy_ascending`'s, with `at + N` ≤ `src.len()`.
+    #[inline(always)]
+    unsafe fn store<const N: usize>(dst: *mut u8, src: &[u8], at: &mut usize) {
+        // SAFETY: the caller's contract; an unaligned read, and a volatile write of a byte
+        // array, whose alignment is 1.
+        unsafe {
+            let v = std::ptr::read_unaligned(src.as_ptr().add(*at).cast::<[u8; N]>());
+            std::ptr::write_volatile(dst.add(*at).cast::<[u8; N]>(), v);
+        }
+        *at += N;
+    }
     let mut at = 0;
-    // SAFETY (of every access): `at + n` ≤ `src.len()`; unaligned reads, and volatile writes of
-    // byte arrays, whose alignment is 1.
+    // SAFETY (of every store): each is taken only while its width fits in what is left.
     unsafe {
         while src.len() - at >= 16 {
-            let v = std::ptr::read_unaligned(src.as_ptr().add(at).cast::<[u8; 16]>());
-            std::ptr::write_volatile(dst.add(at).cast::<[u8; 16]>(), v);
-            at += 16;
+            store::<16>(dst, src, &mut at);
         }
         if src.len() - at >= 8 {
-            let v = std::ptr::read_unaligned(src.as_ptr().add(at).cast::<[u8; 8]>());
-            std::ptr::write_volatile(dst.add(at).cast::<[u8; 8]>(), v);
-            at += 8;
+            store::<8>(dst, src, &mut at);
         }
         if src.len() - at >= 4 {
-            let v = std::ptr::read_unaligned(src.as_ptr().add(at).cast::<[u8; 4]>());
-            std::ptr::write_volatile(dst.add(at).cast::<[u8; 4]>(), v);
-            at += 4;
+            store::<4>(dst, src, &mut at);
         }
         if src.len() - at >= 2 {
-            let v = std::ptr::read_unaligned(src.as_ptr().add(at).cast::<[u8; 2]>());
-            std::ptr::write_volatile(dst.add(at).cast::<[u8; 2]>(), v);
-            at += 2;
+            store::<2>(dst, src, &mut at);
         }
         if src.len() > at {
-            std::ptr::write_volatile(dst.add(at), src[at]);
+            store::<1>(dst, src, &mut at);
         }
     }
 }
