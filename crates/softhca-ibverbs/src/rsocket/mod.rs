@@ -549,9 +549,9 @@ pub extern "C" fn softhca_rs_socket(domain: c_int, ty: c_int, protocol: c_int) -
     rs.fs_flags.store(if ty & libc::SOCK_NONBLOCK != 0 { libc::O_NONBLOCK } else { 0 }, Ordering::Relaxed);
     let fd = rs.fd;
     if ty & libc::SOCK_NONBLOCK != 0 {
-        // As `rfcntl(F_SETFL, O_NONBLOCK)` would: librdmacm 44 records SOCK_NONBLOCK but
+        // As `rfcntl(F_SETFL, O_NONBLOCK)` does: librdmacm 44 records SOCK_NONBLOCK but
         // leaves the id's channel blocking, so its rconnect waited for the connection.
-        set_fd_nonblock(fd, true);
+        rs.set_nonblocking(&lock(&rs.s), true);
     }
     table().insert(fd, rs);
     fd

@@ -24,7 +24,7 @@ use crate::abi::*;
 use crate::rdmacm::abi::rdma_cm_id;
 
 pub(super) const SNDLOWAT: u32 = 2048;
-pub(super) const QP_CTRL_SIZE: u32 = 4;
+const QP_CTRL_SIZE: u32 = 4;
 const QP_MIN_SIZE: u16 = 16;
 pub(super) const QP_MAX_SIZE: u16 = 0xFFFE;
 /// A control message's largest payload (an `rs_sge`), and the send buffer's room for four.
