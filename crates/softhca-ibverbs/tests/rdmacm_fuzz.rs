@@ -16,12 +16,10 @@
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 #[path = "common/fuzz.rs"]
 mod fuzz;
-use fuzz::{errno, Rng};
+use fuzz::{errno, run_params, Rng, Watchdog};
 
 use softhca_ibverbs::abi::*;
 use softhca_ibverbs::rdmacm::abi::*;
@@ -431,19 +429,8 @@ impl Fuzz {
 fn rdma_cm_c_abi_under_random_calls() {
     // The process's device on an address of its own (the CM binds it at first use).
     std::env::set_var("SOFTHCA_ADDR", "127.0.0.177");
-    let seed =
-        std::env::var("SOFTHCA_FUZZ_SEED").ok().and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok());
-    let iters = std::env::var("SOFTHCA_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_ITERS);
-    let seed = seed.unwrap_or(DEFAULT_SEED);
-    // A hang guard only: a hang fails the test instead of stalling the suite.
-    static DONE: AtomicBool = AtomicBool::new(false);
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(120));
-        if !DONE.load(Ordering::SeqCst) {
-            eprintln!("rdmacm_fuzz: hung (SOFTHCA_FUZZ_SEED={seed:#x})");
-            std::process::abort();
-        }
-    });
+    let (seed, iters) = run_params(DEFAULT_SEED, DEFAULT_ITERS);
+    let watchdog = Watchdog::start("rdmacm_fuzz", seed);
     let mut f = Fuzz { rng: Rng(seed), channels: Vec::new(), ids: Vec::new(), ops: 0, events: [0; 16] };
     for _ in 0..iters {
         f.step();
@@ -463,7 +450,7 @@ fn rdma_cm_c_abi_under_random_calls() {
         // SAFETY: live channels of this run, their ids gone.
         unsafe { softhca_rdma_destroy_event_channel(ch) };
     }
-    DONE.store(true, Ordering::SeqCst);
+    drop(watchdog);
     eprintln!("rdmacm_fuzz: {} operations, seed {seed:#x}, events by type {:?}", f.ops, f.events);
     // The run reached every step of a connection: requests, establishment, rejections.
     assert!(f.events[RDMA_CM_EVENT_ADDR_RESOLVED as usize] > 0 && f.events[RDMA_CM_EVENT_ROUTE_RESOLVED as usize] > 0);

@@ -15,12 +15,10 @@
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 #[path = "common/fuzz.rs"]
 mod fuzz;
-use fuzz::{errno, Rng};
+use fuzz::{errno, run_params, Rng, Watchdog};
 
 // The library whose exported functions the declarations below name.
 use softhca_ibverbs as _;
@@ -376,19 +374,8 @@ impl Fuzz {
 #[test]
 fn rsocket_c_abi_under_random_calls() {
     std::env::set_var("SOFTHCA_ADDR", "127.0.0.178");
-    let seed =
-        std::env::var("SOFTHCA_FUZZ_SEED").ok().and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok());
-    let iters = std::env::var("SOFTHCA_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_ITERS);
-    let seed = seed.unwrap_or(DEFAULT_SEED);
-    // A hang guard only: a hang fails the test instead of stalling the suite.
-    static DONE: AtomicBool = AtomicBool::new(false);
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(120));
-        if !DONE.load(Ordering::SeqCst) {
-            eprintln!("rsocket_fuzz: hung (SOFTHCA_FUZZ_SEED={seed:#x})");
-            std::process::abort();
-        }
-    });
+    let (seed, iters) = run_params(DEFAULT_SEED, DEFAULT_ITERS);
+    let watchdog = Watchdog::start("rsocket_fuzz", seed);
     let mut f = Fuzz {
         rng: Rng(seed),
         socks: Vec::new(),
@@ -405,7 +392,7 @@ fn rsocket_c_abi_under_random_calls() {
         // SAFETY: the run's open rsockets.
         assert_eq!(unsafe { softhca_rs_close(s) }, 0);
     }
-    DONE.store(true, Ordering::SeqCst);
+    drop(watchdog);
     eprintln!("rsocket_fuzz: seed {seed:#x}, {} accepted, {} bytes received", f.accepted, f.received);
     assert!(f.accepted > 0 && f.received > 0, "the run reached no connection or no data");
 }
