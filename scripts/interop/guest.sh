@@ -284,7 +284,9 @@ cm() {
 # multicast group (its "joined" line is its readiness) and its sender, bound to its own
 # address (@C), sends it 20 datagrams. rstream runs rsockets (librdmacm's socket API over RC:
 # RDMA Writes with Immediate into buffers the peer offers), every byte verified (-T v), in
-# transfers of 100,000 bytes, larger than half the default 128 KiB receive buffer; riostream
+# transfers of 100,000 bytes, larger than half the default 128 KiB receive buffer, and again
+# with -T a (rpoll with a timeout of 0 before each call: a POLLHUP beside its last data is an
+# error to rstream); riostream
 # the same through riomap/riowrite (RDMA Writes into a buffer the peer mapped, each side
 # polling its buffer's last byte). cm_matrix quick: the subset of --quick (perftest only in
 # the full matrix).
@@ -294,6 +296,7 @@ cm_matrix() {
   cm cm.udaddy 7174 udaddy "-b @S" "-s @S"
   cm cm.mckey join mckey "-m 239.1.2.3 -b @S -C 20" "-m 239.1.2.3 -b @C -C 20 -s"
   cm cm.rstream 7471 rstream "-b @S -T v -S 100000 -C 50" "-s @S -T v -S 100000 -C 50"
+  cm cm.rstream-async 7471 rstream "-b @S -T a -S 100000 -C 50" "-s @S -T a -S 100000 -C 50"
   cm cm.riostream 7471 riostream "-b @S -T v -S 100000 -C 20" "-s @S -T v -S 100000 -C 20"
   [ "${1:-}" = quick ] && return 0
   cm cm.write_bw 18515 ib_write_bw "-F -R -n 200 -s 65536" "-F -R -n 200 -s 65536 @S"

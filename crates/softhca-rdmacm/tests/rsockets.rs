@@ -1,6 +1,6 @@
 //! rsockets (`<rdma/rsocket.h>`) on the drop-in librdmacm.so.1: the C API's answers in one
 //! process (`tests/c/rsocket_edges.c`), and Debian's rdmacm-utils programs built on it, two
-//! processes each: rstream in its modes (blocking, non-blocking, verified data, keep-alive,
+//! processes each: rstream in its modes (blocking, non-blocking, asynchronous, verified data, keep-alive,
 //! `rdma_getaddrinfo`) and rcopy copying a file.
 
 mod common;
@@ -74,6 +74,14 @@ fn rstream_blocking_and_resolved() {
 fn rstream_nonblocking_and_keepalive() {
     rstream([78, 79], &["-T", "n", "-S", "65536", "-C", "200"], "custom");
     rstream([78, 79], &["-k", "-S", "1000", "-C", "100"], "custom");
+}
+
+/// Asynchronous calls (`-T a`: rpoll with a timeout of 0 before each call, non-blocking
+/// sockets). rstream takes POLLHUP for an error: the server's last transfer and its
+/// disconnect arrive in one engine turn, and the hang-up must wait until that data is read.
+#[test]
+fn rstream_async() {
+    rstream([90, 91], &["-T", "a", "-S", "100000", "-C", "50"], "custom");
 }
 
 /// rcopy: a client sends a 3 MB file to the server's rcopy, which writes it where told.
