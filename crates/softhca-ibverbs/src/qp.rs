@@ -86,6 +86,21 @@ fn cap_of(c: &ibv_qp_cap) -> QpCap {
     }
 }
 
+/// Linux rxe sizes a send WQE for the larger of the SGEs and the inline bytes asked for, and
+/// reports what that size holds of both: `max(16 x max_send_sge, max_inline_data)` inline
+/// bytes and a sixteenth of it in SGEs (1 SGE gives 16 inline bytes; 64 inline bytes give 4
+/// SGEs). Programs count on it: rdma_xclient posts 16 inline bytes on a QP that asked for
+/// none. A request beyond the device's limits is left for Create QP to refuse.
+fn send_wqe_caps(c: &mut QpCap, max_sge: u32, max_inline: u32) {
+    const SGE_BYTES: u32 = 16; // struct ibv_sge
+    if c.max_send_sge > max_sge || c.max_inline_data > max_inline {
+        return;
+    }
+    let wqe = (c.max_send_sge * SGE_BYTES).max(c.max_inline_data);
+    c.max_send_sge = wqe / SGE_BYTES;
+    c.max_inline_data = wqe;
+}
+
 fn c_cap(c: &QpCap) -> ibv_qp_cap {
     ibv_qp_cap {
         max_send_wr: c.max_send_wr,
@@ -159,6 +174,10 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
     }
     let mut init = QpInitAttr::new(qp_type, &scq.cq, &rcq.cq);
     init.cap = cap_of(a.cap);
+    // SAFETY: the PD's context is open.
+    if let Ok(d) = unsafe { ctx(here) }.ctx.query_device() {
+        send_wqe_caps(&mut init.cap, d.max_sge, d.max_inline_data);
+    }
     init.sq_sig_all = a.sq_sig_all != 0;
     if !a.srq.is_null() {
         // SAFETY: a live SRQ.

@@ -73,3 +73,14 @@ fn queries_zero_what_they_do_not_fill() {
         run("review3_ext", Some("query_zeroes"));
     }
 }
+
+/// Create QP wrote back exactly the capacities asked for, where Linux rxe sizes a send WQE for
+/// the larger of the SGEs and inline bytes and reports what it holds of both (1 SGE: 16 inline
+/// bytes; 64 inline bytes: 4 SGEs), so rdma_xclient's 16-byte inline Send on a QP that asked for
+/// no inline data failed with EINVAL. The table is what rxe wrote back in the guest.
+#[test]
+fn create_qp_reports_the_send_capacities_rxe_reports() {
+    if ready() {
+        run("review3_ext", Some("qp_caps"));
+    }
+}

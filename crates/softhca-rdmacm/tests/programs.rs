@@ -1,5 +1,6 @@
 //! Debian's unmodified rdmacm-utils and perftest programs on the drop-in librdmacm.so.1, two
 //! processes each, every pair on addresses of its own: rping, rdma_server/rdma_client,
+//! rdma_xserver/rdma_xclient,
 //! ucmatose with several connections, udaddy (UD ids, SIDR), cmtime (a burst of 200
 //! connections), mckey (multicast), pyverbs.cmid, and perftest's `-R` (connection through rdma_cm) for RDMA
 //! Write, Send latency and RDMA Read.
@@ -37,6 +38,22 @@ fn rdma_server_and_rdma_client_synchronous_endpoints() {
     );
     assert!(s.contains("rdma_server: end 0"), "{s}");
     assert!(c.contains("rdma_client: end 0"), "{c}");
+}
+
+/// rdma_xserver/rdma_xclient in their RC mode (`-c r`, the default): the client's one Send is
+/// inline on a QP that asked for no inline data, which Linux rxe's sizing allows (16 bytes
+/// with one SGE). Their XRC mode needs XRC, which softhca (and rxe) has not.
+#[test]
+fn rdma_xserver_and_rdma_xclient_rc() {
+    if !have_all(&["rdma_xserver", "rdma_xclient"]) {
+        return;
+    }
+    let (s, c) = pair(
+        Proc { program: "rdma_xserver", args: &["-p", "7472"], addr: [127, 0, 0, 27] },
+        Proc { program: "rdma_xclient", args: &["-s", "127.0.0.27", "-p", "7472"], addr: [127, 0, 0, 28] },
+    );
+    assert!(s.contains("rdma_xserver: end 0"), "{s}");
+    assert!(c.contains("rdma_xclient: end 0"), "{c}");
 }
 
 #[test]

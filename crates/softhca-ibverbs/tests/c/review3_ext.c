@@ -325,6 +325,94 @@ static void query_zeroes(void)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 }
 
+/* ---- qp_caps ---- */
+
+/* The capacities Create QP writes back, as Linux rxe (6.1) wrote them in the rxe-vm guest
+   (2026-11-29) for RC and UD alike: a send WQE sized for the larger of the SGEs and the inline
+   bytes asked for, reported as max(16 x max_send_sge, max_inline_data) inline bytes and a
+   sixteenth of that in send SGEs; the receive side as asked; 513 inline bytes refused. And a
+   QP that asked for no inline data posts 16 inline bytes (rdma_xclient does). */
+static void qp_caps(void)
+{
+	static const struct { unsigned sge, inl, out_sge, out_inl; } t[] = {
+		{ 1, 0, 1, 16 },   { 1, 16, 1, 16 },   { 1, 17, 1, 17 },   { 1, 64, 4, 64 },
+		{ 2, 0, 2, 32 },   { 4, 0, 4, 64 },    { 0, 0, 0, 0 },     { 3, 40, 3, 48 },
+		{ 1, 200, 12, 200 }, { 1, 512, 32, 512 }, { 32, 0, 32, 512 }, { 30, 490, 30, 490 },
+		{ 1, 513, 0, 0 },
+	};
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	CHECK(pd && cq, "pd, cq");
+	const int types[] = { IBV_QPT_RC, IBV_QPT_UD };
+	for (int k = 0; k < 2; k++)
+		for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+			struct ibv_qp_init_attr a = { .send_cq = cq, .recv_cq = cq, .qp_type = types[k] };
+			a.cap = (struct ibv_qp_cap){ .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = t[i].sge,
+						     .max_recv_sge = t[i].sge, .max_inline_data = t[i].inl };
+			struct ibv_qp *qp = ibv_create_qp(pd, &a);
+			if (t[i].inl > 512) {
+				CHECK(!qp && errno == EINVAL, "type %d inline %u: %p errno %d", types[k], t[i].inl,
+				      (void *)qp, errno);
+				continue;
+			}
+			CHECK(qp, "type %d sge %u inline %u: errno %d", types[k], t[i].sge, t[i].inl, errno);
+			CHECK(a.cap.max_send_sge == t[i].out_sge && a.cap.max_inline_data == t[i].out_inl &&
+				      a.cap.max_recv_sge == t[i].sge,
+			      "type %d sge %u inline %u: sge %u/%u inline %u, rxe %u/%u inline %u", types[k], t[i].sge,
+			      t[i].inl, a.cap.max_send_sge, a.cap.max_recv_sge, a.cap.max_inline_data, t[i].out_sge,
+			      t[i].sge, t[i].out_inl);
+			struct ibv_qp_attr qa;
+			struct ibv_qp_init_attr qi;
+			CHECK(ibv_query_qp(qp, &qa, IBV_QP_CAP, &qi) == 0, "ibv_query_qp");
+			CHECK(qa.cap.max_send_sge == t[i].out_sge && qa.cap.max_inline_data == t[i].out_inl,
+			      "query: sge %u inline %u", qa.cap.max_send_sge, qa.cap.max_inline_data);
+			CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
+		}
+
+	/* 16 inline bytes on an RC QP that asked for none, connected to itself. */
+	struct ibv_qp_init_attr a = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1 };
+	a.cap = (struct ibv_qp_cap){ .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 };
+	struct ibv_qp *qp = ibv_create_qp(pd, &a);
+	CHECK(qp, "ibv_create_qp");
+	static char buf[16] = "sixteen bytes..", got[16];
+	struct ibv_mr *mr = ibv_reg_mr(pd, got, sizeof got, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr, "ibv_reg_mr");
+	struct ibv_port_attr port;
+	union ibv_gid gid;
+	CHECK(ibv_query_port(ctx, 1, &port) == 0 && ibv_query_gid(ctx, 1, 0, &gid) == 0, "port, gid");
+	struct ibv_qp_attr m = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+	CHECK(!ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), "INIT");
+	m = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = qp->qp_num,
+				  .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+				  .ah_attr = { .is_global = 1, .grh = { .dgid = gid, .hop_limit = 64 }, .port_num = 1 } };
+	CHECK(!ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+	      "RTR");
+	m = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1 };
+	CHECK(!ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+					      IBV_QP_MAX_QP_RD_ATOMIC),
+	      "RTS");
+	struct ibv_sge rs = { .addr = (uintptr_t)got, .length = sizeof got, .lkey = mr->lkey };
+	struct ibv_recv_wr rw = { .wr_id = 1, .sg_list = &rs, .num_sge = 1 }, *rbad;
+	CHECK(ibv_post_recv(qp, &rw, &rbad) == 0, "ibv_post_recv");
+	struct ibv_sge ss = { .addr = (uintptr_t)buf, .length = sizeof buf, .lkey = 0 };
+	struct ibv_send_wr sw = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_INLINE }, *sbad;
+	CHECK(ibv_post_send(qp, &sw, &sbad) == 0, "16 inline bytes on a QP that asked for none: errno %d", errno);
+	int seen = 0;
+	for (int spins = 0; seen < 2 && spins < 10000000; spins++) {
+		struct ibv_wc wc;
+		if (ibv_poll_cq(cq, 1, &wc) == 1) {
+			CHECK(wc.status == IBV_WC_SUCCESS, "wc %llu status %d", (unsigned long long)wc.wr_id, wc.status);
+			seen++;
+		}
+	}
+	CHECK(seen == 2 && !memcmp(buf, got, sizeof got), "the inline Send arrived (%d completions)", seen);
+	CHECK(!ibv_destroy_qp(qp) && !ibv_dereg_mr(mr) && !ibv_destroy_cq(cq) && !ibv_dealloc_pd(pd), "teardown");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: review3_ext <case>");
@@ -342,6 +430,8 @@ int main(int argc, char **argv)
 		modify_unknown_bits();
 	else if (!strcmp(c, "query_zeroes"))
 		query_zeroes();
+	else if (!strcmp(c, "qp_caps"))
+		qp_caps();
 	else
 		CHECK(0, "unknown case %s", c);
 	printf("%s: ok\n", c);
