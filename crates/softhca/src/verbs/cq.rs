@@ -146,28 +146,26 @@ impl CompChannel {
     }
 }
 
-/// The ring's size for a request: the next power of two, at most `max` (never below the
-/// request, which the caller has checked against `max`).
-fn actual_size(requested: u32, max: u32) -> u32 {
-    requested.max(1).checked_next_power_of_two().unwrap_or(u32::MAX).min(max)
+/// A CQ's size for a request, as Linux's rxe and mlx5 report it: a ring of the next power of
+/// two above the request with one slot kept free, so `2^k - 1` CQEs (5 gives 7, 64 gives
+/// 127), at most `max` (never below the request, which the caller has checked against `max`).
+/// Returns the ring's length and the CQ's size.
+fn actual_size(requested: u32, max: u32) -> (u64, u32) {
+    let ring = (u64::from(requested.max(1)) + 1).next_power_of_two();
+    (ring, (ring - 1).min(u64::from(max)) as u32)
 }
 
-/// The slot of CQE number `i` in a ring of `len` slots. Sizes are powers of two (see
-/// [`actual_size`]) unless the device's `max_cqe` is not: then a division (under emulation a
-/// helper call, and a message takes a slot at each end).
+/// The slot of CQE number `i` in a ring of `len` slots, a power of two ([`actual_size`]).
 fn slot_of(i: usize, len: usize) -> usize {
-    if len.is_power_of_two() {
-        i & (len - 1)
-    } else {
-        i % len
-    }
+    i & (len - 1)
 }
 
 /// `size` empty slots, or `InsufficientResources` when the memory is not there (a caller may
 /// ask for up to `max_cqe`, and a failed allocation must not abort the process).
-fn new_slots(size: u32) -> Result<Box<[UnsafeCell<Wc>]>> {
+fn new_slots(size: u64) -> Result<Box<[UnsafeCell<Wc>]>> {
+    let size = usize::try_from(size).map_err(|_| VerbsError::InsufficientResources)?;
     let mut v: Vec<UnsafeCell<Wc>> = Vec::new();
-    v.try_reserve_exact(size as usize).map_err(|_| VerbsError::InsufficientResources)?;
+    v.try_reserve_exact(size).map_err(|_| VerbsError::InsufficientResources)?;
     v.extend((0..size).map(|_| UnsafeCell::new(Wc::default())));
     Ok(v.into_boxed_slice())
 }
@@ -197,8 +195,8 @@ impl Context {
             return Err(VerbsError::CqSizeTooLarge);
         }
         take(&self.inner.counts.cq, self.inner.attr.max_cq)?;
-        let size = actual_size(cqe, self.inner.attr.max_cqe);
-        let slots = match new_slots(size) {
+        let (ring, size) = actual_size(cqe, self.inner.attr.max_cqe);
+        let slots = match new_slots(ring) {
             Ok(s) => s,
             Err(e) => {
                 give(&self.inner.counts.cq);
@@ -290,10 +288,10 @@ impl Cq {
         (h..t).map(|i| unsafe { *slots[slot_of(i, slots.len())].get() }).collect()
     }
 
-    /// Refills the ring (both locks held) with `wcs`, oldest first, in a ring of `size` slots.
-    fn refill(&self, wcs: &[Wc], mut fresh: Box<[UnsafeCell<Wc>]>) {
+    /// Refills the ring (both locks held) with `wcs`, oldest first, in the slots `fresh`, for
+    /// a CQ of `size` CQEs.
+    fn refill(&self, wcs: &[Wc], mut fresh: Box<[UnsafeCell<Wc>]>, size: u32) {
         let r = &self.inner.ring;
-        let size = fresh.len() as u32;
         for (slot, wc) in fresh.iter_mut().zip(wcs) {
             *slot.get_mut() = *wc;
         }
@@ -318,10 +316,10 @@ impl Cq {
         if cqe == 0 || (cqe as usize) < self.held() {
             return Err(VerbsError::InvalidCqSize("smaller than the CQEs it holds"));
         }
-        let fresh = new_slots(actual_size(cqe, dev.attr.max_cqe))?;
-        let size = fresh.len() as u32;
+        let (ring, size) = actual_size(cqe, dev.attr.max_cqe);
+        let fresh = new_slots(ring)?;
         let held = self.drain_all();
-        self.refill(&held, fresh);
+        self.refill(&held, fresh, size);
         Ok(size)
     }
 
@@ -332,7 +330,7 @@ impl Cq {
             return Err(VerbsError::CqInUse);
         }
         self.inner.destroyed.store(true, Ordering::Release);
-        self.refill(&[], Box::new([UnsafeCell::new(Wc::default())]));
+        self.refill(&[], Box::new([UnsafeCell::new(Wc::default())]), 1);
         drop(both);
         // Its unread completion events and asynchronous events go with it, as the kernel
         // drops them: they would name a CQ that no longer exists.
