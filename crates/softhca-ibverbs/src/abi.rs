@@ -773,10 +773,15 @@ pub const IBV_QP_CAP: c_int = 1 << 19;
 pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
 
 // enum ibv_qp_type
+pub const IBV_PORT_CM_SUP: u32 = 1 << 16;
+pub const IBV_QPF_GRH_REQUIRED: u8 = 1;
 pub const IBV_QPT_RC: c_int = 2;
 pub const IBV_QPT_UC: c_int = 3;
 pub const IBV_QPT_UD: c_int = 4;
 pub const IBV_QPT_RAW_PACKET: c_int = 8;
+pub const IBV_QPT_XRC_SEND: c_int = 9;
+pub const IBV_QPT_XRC_RECV: c_int = 10;
+pub const IBV_QPT_DRIVER: c_int = 0xff;
 
 // enum ibv_wr_opcode
 pub const IBV_WR_RDMA_WRITE: c_int = 0;

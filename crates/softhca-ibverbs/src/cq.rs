@@ -12,7 +12,7 @@ use softhca::{CompChannel, Cq as SoftCq, NotifyKind, Wc, WcOpcode, WcStatus};
 
 use crate::abi::*;
 use crate::context::{acknowledge, ctx, wait_for_acks, wait_until};
-use crate::{errno_of, fail, set_errno};
+use crate::{command, errno_of, fail, set_errno};
 
 #[repr(C)]
 struct Channel {
@@ -223,76 +223,82 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
-    // SAFETY: a live CQ; only its Rust half and fields no other thread writes are read
-    // through this reference (the counters and pthread objects are used in place below).
-    let q = unsafe { cq(c) };
-    if let Err(e) = q.cq.destroy() {
-        return errno_of(&e);
-    }
-    let (handle, channel, context) = (q.ibv.base.handle, q.ibv.base.channel, q.ibv.base.context);
-    if !channel.is_null() {
-        // SAFETY: the channel outlives its CQs (destroying it is refused while it has any).
-        let ch = unsafe { &*(channel as *const Channel) };
-        ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle);
-        // As libibverbs: wait until every event handed out for this CQ was acknowledged, so
-        // that no thread still holds it from ibv_get_cq_event when it is freed. (No event
-        // can be handed out any more: the CQ left the channel's map above.)
-        // SAFETY: the atomic counter of a live CQ, reached without a reference to the rest.
-        let delivered = unsafe { &*std::ptr::addr_of!((*(c as *const Cq)).delivered) }.load(Ordering::SeqCst);
-        // SAFETY: the CQ's own mutex, condition variable and counter, used in place.
+    command(|| {
+        // SAFETY: a live CQ; only its Rust half and fields no other thread writes are read
+        // through this reference (the counters and pthread objects are used in place below).
+        let q = unsafe { cq(c) };
+        if let Err(e) = q.cq.destroy() {
+            return errno_of(&e);
+        }
+        let (handle, channel, context) = (q.ibv.base.handle, q.ibv.base.channel, q.ibv.base.context);
+        if !channel.is_null() {
+            // SAFETY: the channel outlives its CQs (destroying it is refused while it has any).
+            let ch = unsafe { &*(channel as *const Channel) };
+            ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle);
+            // As libibverbs: wait until every event handed out for this CQ was acknowledged, so
+            // that no thread still holds it from ibv_get_cq_event when it is freed. (No event
+            // can be handed out any more: the CQ left the channel's map above.)
+            // SAFETY: the atomic counter of a live CQ, reached without a reference to the rest.
+            let delivered = unsafe { &*std::ptr::addr_of!((*(c as *const Cq)).delivered) }.load(Ordering::SeqCst);
+            // SAFETY: the CQ's own mutex, condition variable and counter, used in place.
+            unsafe {
+                wait_until(
+                    std::ptr::addr_of_mut!((*c).mutex),
+                    std::ptr::addr_of_mut!((*c).cond),
+                    std::ptr::addr_of!((*c).comp_events_completed),
+                    delivered,
+                )
+            };
+        }
+        // SAFETY: the CQ's context is open.
+        let cx = unsafe { ctx(context) };
+        cx.forget(softhca::EventElement::Cq(handle));
+        // SAFETY: the CQ's own fields.
         unsafe {
-            wait_until(
+            wait_for_acks(
+                cx,
+                c as usize,
                 std::ptr::addr_of_mut!((*c).mutex),
                 std::ptr::addr_of_mut!((*c).cond),
-                std::ptr::addr_of!((*c).comp_events_completed),
-                delivered,
+                std::ptr::addr_of!((*c).async_events_completed),
             )
         };
-    }
-    // SAFETY: the CQ's context is open.
-    let cx = unsafe { ctx(context) };
-    cx.forget(softhca::EventElement::Cq(handle));
-    // SAFETY: the CQ's own fields.
-    unsafe {
-        wait_for_acks(
-            cx,
-            c as usize,
-            std::ptr::addr_of_mut!((*c).mutex),
-            std::ptr::addr_of_mut!((*c).cond),
-            std::ptr::addr_of!((*c).async_events_completed),
-        )
-    };
-    // SAFETY: from ibv_create_cq's Box::into_raw, freed once.
-    drop(unsafe { Box::from_raw(c as *mut Cq) });
-    0
+        // SAFETY: from ibv_create_cq's Box::into_raw, freed once.
+        drop(unsafe { Box::from_raw(c as *mut Cq) });
+        0
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(c: *mut ibv_cq, cqe: c_int) -> c_int {
-    // SAFETY: a live CQ.
-    let q = unsafe { cq(c) };
-    let Ok(size) = u32::try_from(cqe) else { return libc::EINVAL };
-    // Linux's rxe runs a user QP's send queue in the `ibv_post_send` system call and writes a
-    // UD or UC send's completion right after its packet: by the time a program resizes, what
-    // it posted before has completed, and counts against the new size. Here the engine thread
-    // sends; the resize first gives it the time to (10 ms at most).
-    // SAFETY: the CQ's context is open.
-    let device = &unsafe { ctx(q.ibv.base.context) }.ctx;
-    crate::settle(|| device.unsent(), std::time::Duration::from_millis(10));
-    match q.cq.resize(size) {
-        Ok(n) => {
-            // SAFETY: `cqe` is the program's to read; written in place, under the CQ's
-            // mutex as libibverbs does, without a reference to the shared object.
-            unsafe {
-                let m = std::ptr::addr_of_mut!((*c).mutex);
-                libc::pthread_mutex_lock(m);
-                std::ptr::addr_of_mut!((*c).cqe).write(n.min(i32::MAX as u32) as c_int);
-                libc::pthread_mutex_unlock(m);
+    command(|| {
+        // SAFETY: a live CQ.
+        let q = unsafe { cq(c) };
+        let Ok(size) = u32::try_from(cqe) else { return libc::EINVAL };
+        // Linux's rxe runs a user QP's send queue in the `ibv_post_send` system call and writes a
+        // UD or UC send's completion right after its packet: by the time a program resizes, what
+        // it posted before has completed, and counts against the new size. Here the engine thread
+        // sends; the resize first gives it the time to (10 ms at most).
+        // SAFETY: the CQ's context is open.
+        let device = &unsafe { ctx(q.ibv.base.context) }.ctx;
+        crate::settle(|| device.unsent(), std::time::Duration::from_millis(10));
+        match q.cq.resize(size) {
+            Ok(n) => {
+                // SAFETY: `cqe` is the program's to read; written in place, under the CQ's
+                // mutex as libibverbs does, without a reference to the shared object.
+                unsafe {
+                    let m = std::ptr::addr_of_mut!((*c).mutex);
+                    libc::pthread_mutex_lock(m);
+                    std::ptr::addr_of_mut!((*c).cqe).write(n.min(i32::MAX as u32) as c_int);
+                    libc::pthread_mutex_unlock(m);
+                }
+                0
             }
-            0
+            // Past the device's max_cqe: the kernel's EINVAL (Create CQ's too).
+            Err(softhca::VerbsError::CqSizeTooLarge) => libc::EINVAL,
+            Err(e) => errno_of(&e),
         }
-        Err(e) => errno_of(&e),
-    }
+    })
 }
 
 /// Waits for the next completion event of `channel` (a blocking read of its descriptor,
@@ -354,10 +360,12 @@ pub unsafe extern "C" fn ibv_ack_cq_events(c: *mut ibv_cq, nevents: c_uint) {
 }
 
 pub(crate) unsafe extern "C" fn req_notify_cq(c: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    // SAFETY: a live CQ.
-    let q = unsafe { cq(c) };
-    let kind = if solicited_only != 0 { NotifyKind::Solicited } else { NotifyKind::NextCompletion };
-    q.cq.req_notify(kind).map_or_else(|e| errno_of(&e), |_| 0)
+    command(|| {
+        // SAFETY: a live CQ.
+        let q = unsafe { cq(c) };
+        let kind = if solicited_only != 0 { NotifyKind::Solicited } else { NotifyKind::NextCompletion };
+        q.cq.req_notify(kind).map_or_else(|e| errno_of(&e), |_| 0)
+    })
 }
 
 fn wc_opcode(o: WcOpcode) -> c_int {

@@ -20,7 +20,7 @@ use softhca::{AsyncEventType, EventElement, Mtu};
 
 use crate::abi::*;
 use crate::context::{acknowledge, cmd_file, ctx, shared_device, Ctx, EventQueue, Objects, DEVICE_NAME};
-use crate::{errno_of, fail};
+use crate::{command, errno_of, fail, set_errno};
 
 /// The one device softhca shows; every Open Device gives a new UDP device (a new address).
 struct Device {
@@ -264,64 +264,66 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
-    // SAFETY: an open context.
-    let c = unsafe { ctx(context) };
-    let a = match c.ctx.query_device() {
-        Ok(a) => a,
-        Err(e) => return errno_of(&e),
-    };
-    let n = |v: u32| v.min(i32::MAX as u32) as c_int;
-    // SAFETY: the caller passes a writable ibv_device_attr; every byte is written.
-    let out = unsafe { &mut *attr };
-    // SAFETY: ibv_device_attr is plain old data; all-zero is valid.
-    *out = unsafe { std::mem::zeroed() };
-    copy_name(&mut out.fw_ver, &a.fw_ver);
-    out.node_guid = NODE_GUID.to_be();
-    out.sys_image_guid = NODE_GUID.to_be();
-    out.max_mr_size = a.max_mr_size;
-    out.page_size_cap = a.page_size_cap;
-    out.vendor_id = a.vendor_id;
-    out.vendor_part_id = a.vendor_part_id;
-    out.hw_ver = a.hw_ver;
-    out.max_qp = n(a.max_qp);
-    out.max_qp_wr = n(a.max_qp_wr);
-    // RESIZE_MAX_WR, AUTO_PATH_MIG (a device with a second address, SOFTHCA_ALT_ADDR),
-    // SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE, N_NOTIFY_CQ, MEM_WINDOW, MEM_WINDOW_TYPE_2B
-    // (type 2 windows bound to a QP, as rxe's).
-    out.device_cap_flags = if a.resize_wq { 1 } else { 0 }
-        | if a.auto_path_mig { 1 << 4 } else { 0 }
-        | 1 << 11
-        | 1 << 12
-        | 1 << 13
-        | 1 << 14
-        | 1 << 17
-        | 1 << 24;
-    out.max_sge = n(a.max_sge);
-    out.max_sge_rd = n(a.max_sge_rd);
-    out.max_cq = n(a.max_cq);
-    out.max_cqe = n(a.max_cqe);
-    out.max_mr = n(a.max_mr);
-    out.max_pd = n(a.max_pd);
-    out.max_qp_rd_atom = n(a.max_qp_rd_atom);
-    out.max_res_rd_atom = n(a.max_res_rd_atom);
-    out.max_qp_init_rd_atom = n(a.max_qp_init_rd_atom);
-    out.atomic_cap = IBV_ATOMIC_GLOB;
-    out.max_ee = n(a.max_ee);
-    // libibverbs has Raw Packet QPs (Raw Ethertype) and no Raw IPv6 ones.
-    out.max_raw_ethy_qp = n(a.max_raw_ethy_qp);
-    out.max_rdd = n(a.max_rdd);
-    out.max_mw = n(a.max_mw);
-    out.max_ah = n(a.max_ah);
-    out.max_mcast_grp = n(a.max_mcast_grp);
-    out.max_mcast_qp_attach = n(a.max_mcast_qp_attach);
-    out.max_total_mcast_qp_attach = n(a.max_total_mcast_qp_attach);
-    out.max_srq = n(a.max_srq);
-    out.max_srq_wr = n(a.max_srq_wr);
-    out.max_srq_sge = n(a.max_srq_sge);
-    out.max_pkeys = a.max_pkeys;
-    out.local_ca_ack_delay = 15;
-    out.phys_port_cnt = a.phys_port_cnt;
-    0
+    command(|| {
+        // SAFETY: an open context.
+        let c = unsafe { ctx(context) };
+        let a = match c.ctx.query_device() {
+            Ok(a) => a,
+            Err(e) => return errno_of(&e),
+        };
+        let n = |v: u32| v.min(i32::MAX as u32) as c_int;
+        // SAFETY: the caller passes a writable ibv_device_attr; every byte is written.
+        let out = unsafe { &mut *attr };
+        // SAFETY: ibv_device_attr is plain old data; all-zero is valid.
+        *out = unsafe { std::mem::zeroed() };
+        copy_name(&mut out.fw_ver, &a.fw_ver);
+        out.node_guid = NODE_GUID.to_be();
+        out.sys_image_guid = NODE_GUID.to_be();
+        out.max_mr_size = a.max_mr_size;
+        out.page_size_cap = a.page_size_cap;
+        out.vendor_id = a.vendor_id;
+        out.vendor_part_id = a.vendor_part_id;
+        out.hw_ver = a.hw_ver;
+        out.max_qp = n(a.max_qp);
+        out.max_qp_wr = n(a.max_qp_wr);
+        // RESIZE_MAX_WR, AUTO_PATH_MIG (a device with a second address, SOFTHCA_ALT_ADDR),
+        // SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE, N_NOTIFY_CQ, MEM_WINDOW, MEM_WINDOW_TYPE_2B
+        // (type 2 windows bound to a QP, as rxe's).
+        out.device_cap_flags = if a.resize_wq { 1 } else { 0 }
+            | if a.auto_path_mig { 1 << 4 } else { 0 }
+            | 1 << 11
+            | 1 << 12
+            | 1 << 13
+            | 1 << 14
+            | 1 << 17
+            | 1 << 24;
+        out.max_sge = n(a.max_sge);
+        out.max_sge_rd = n(a.max_sge_rd);
+        out.max_cq = n(a.max_cq);
+        out.max_cqe = n(a.max_cqe);
+        out.max_mr = n(a.max_mr);
+        out.max_pd = n(a.max_pd);
+        out.max_qp_rd_atom = n(a.max_qp_rd_atom);
+        out.max_res_rd_atom = n(a.max_res_rd_atom);
+        out.max_qp_init_rd_atom = n(a.max_qp_init_rd_atom);
+        out.atomic_cap = IBV_ATOMIC_GLOB;
+        out.max_ee = n(a.max_ee);
+        // libibverbs has Raw Packet QPs (Raw Ethertype) and no Raw IPv6 ones.
+        out.max_raw_ethy_qp = n(a.max_raw_ethy_qp);
+        out.max_rdd = n(a.max_rdd);
+        out.max_mw = n(a.max_mw);
+        out.max_ah = n(a.max_ah);
+        out.max_mcast_grp = n(a.max_mcast_grp);
+        out.max_mcast_qp_attach = n(a.max_mcast_qp_attach);
+        out.max_total_mcast_qp_attach = n(a.max_total_mcast_qp_attach);
+        out.max_srq = n(a.max_srq);
+        out.max_srq_wr = n(a.max_srq_wr);
+        out.max_srq_sge = n(a.max_srq_sge);
+        out.max_pkeys = a.max_pkeys;
+        out.local_ca_ack_delay = 15;
+        out.phys_port_cnt = a.phys_port_cnt;
+        0
+    })
 }
 
 /// `verbs_context.query_device_ex`: the basic attributes and the extended ones softhca has
@@ -334,27 +336,29 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     attr: *mut ibv_device_attr_ex,
     attr_size: usize,
 ) -> c_int {
-    // SAFETY: a readable input or null.
-    if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
-        return libc::EINVAL;
-    }
-    if attr_size < size_of::<ibv_device_attr>() {
-        return libc::EINVAL;
-    }
-    // SAFETY: ibv_device_attr_ex is plain old data; all-zero is valid.
-    let mut a: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
-    // SAFETY: an open context and a writable structure.
-    let r = unsafe { ibv_query_device(context, &mut a.orig_attr) };
-    if r != 0 {
-        return r;
-    }
-    a.completion_timestamp_mask = u64::MAX;
-    a.hca_core_clock = 1_000_000; // kHz: timestamps count nanoseconds
-    a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
-    a.pci_atomic_caps = ibv_pci_atomic_caps::default();
-    // SAFETY: the caller passes `attr_size` writable bytes.
-    unsafe { write_zero_padded(attr, &a, attr_size) };
-    0
+    command(|| {
+        // SAFETY: a readable input or null.
+        if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+            return libc::EINVAL;
+        }
+        if attr_size < size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        // SAFETY: ibv_device_attr_ex is plain old data; all-zero is valid.
+        let mut a: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: an open context and a writable structure.
+        let r = unsafe { ibv_query_device(context, &mut a.orig_attr) };
+        if r != 0 {
+            return r;
+        }
+        a.completion_timestamp_mask = u64::MAX;
+        a.hca_core_clock = 1_000_000; // kHz: timestamps count nanoseconds
+        a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
+        a.pci_atomic_caps = ibv_pci_atomic_caps::default();
+        // SAFETY: the caller passes `attr_size` writable bytes.
+        unsafe { write_zero_padded(attr, &a, attr_size) };
+        0
+    })
 }
 
 fn mtu_code(m: Mtu) -> c_int {
@@ -369,7 +373,8 @@ fn port_attr(c: &Ctx, port_num: u8) -> Result<ibv_port_attr, c_int> {
         max_mtu: mtu_code(p.max_mtu),
         active_mtu: mtu_code(p.active_mtu),
         gid_tbl_len: p.gid_tbl_len as c_int,
-        port_cap_flags: 0,
+        // Connection management is supported (the CM answers on QP1), as rxe reports.
+        port_cap_flags: IBV_PORT_CM_SUP,
         max_msg_sz: p.max_msg_sz,
         bad_pkey_cntr: 0,
         qkey_viol_cntr: 0,
@@ -385,7 +390,8 @@ fn port_attr(c: &Ctx, port_num: u8) -> Result<ibv_port_attr, c_int> {
         active_speed: 32, // EDR, 25 Gb/s per lane: informational (the link is a UDP socket)
         phys_state: 5,    // LinkUp
         link_layer: if p.link_layer_ethernet { IBV_LINK_LAYER_ETHERNET } else { 1 },
-        flags: 0,
+        // A RoCE port's addresses need the GRH (rxe and mlx5 say so; UCX and others read it).
+        flags: if p.link_layer_ethernet { IBV_QPF_GRH_REQUIRED } else { 0 },
         port_cap_flags2: 0,
     })
 }
@@ -418,14 +424,16 @@ unsafe fn write_zero_padded<T>(out: *mut T, a: &T, len: usize) {
 /// before the provider fills them).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(context: *mut ibv_context, port_num: u8, attr: *mut ibv_port_attr) -> c_int {
-    // SAFETY: an open context.
-    let c = unsafe { ctx(context) };
-    match port_attr(c, port_num) {
-        // SAFETY: the caller passes a port attribute structure at least as large as the old one.
-        Ok(a) => unsafe { write_prefix(attr, &a, std::mem::offset_of!(ibv_port_attr, flags) + 1) },
-        Err(e) => return e,
-    }
-    0
+    command(|| {
+        // SAFETY: an open context.
+        let c = unsafe { ctx(context) };
+        match port_attr(c, port_num) {
+            // SAFETY: the caller passes a port attribute structure at least as large as the old one.
+            Ok(a) => unsafe { write_prefix(attr, &a, std::mem::offset_of!(ibv_port_attr, flags) + 1) },
+            Err(e) => return e,
+        }
+        0
+    })
 }
 
 /// `verbs_context.query_port`: the whole structure, as much of it as the program's
@@ -436,14 +444,16 @@ pub(crate) unsafe extern "C" fn query_port_ex(
     attr: *mut ibv_port_attr,
     port_attr_len: usize,
 ) -> c_int {
-    // SAFETY: an open context.
-    let c = unsafe { ctx(context) };
-    match port_attr(c, port_num) {
-        // SAFETY: the caller passes `port_attr_len` writable bytes.
-        Ok(a) => unsafe { write_zero_padded(attr, &a, port_attr_len) },
-        Err(e) => return e,
-    }
-    0
+    command(|| {
+        // SAFETY: an open context.
+        let c = unsafe { ctx(context) };
+        match port_attr(c, port_num) {
+            // SAFETY: the caller passes `port_attr_len` writable bytes.
+            Ok(a) => unsafe { write_zero_padded(attr, &a, port_attr_len) },
+            Err(e) => return e,
+        }
+        0
+    })
 }
 
 #[no_mangle]
@@ -478,15 +488,16 @@ pub unsafe extern "C" fn ibv_query_pkey(
 ) -> c_int {
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
-    let Ok(index) = u16::try_from(index) else { return -1 };
-    match c.ctx.query_pkey(port_num, index) {
-        Ok(p) => {
-            // SAFETY: the caller passes a writable u16.
-            unsafe { *pkey = p.to_be() };
-            0
-        }
-        Err(_) => -1,
-    }
+    // libibverbs reads the key from sysfs (`ports/<port>/pkeys/<index>`): a port or index
+    // past the table is a file that is not there, ENOENT.
+    let found = u16::try_from(index).ok().and_then(|i| c.ctx.query_pkey(port_num, i).ok());
+    let Some(p) = found else {
+        set_errno(libc::ENOENT);
+        return -1;
+    };
+    // SAFETY: the caller passes a writable u16.
+    unsafe { *pkey = p.to_be() };
+    0
 }
 
 /// rdma-core's private `ibv_query_gid_type` (ibv_devinfo calls it): every GID is RoCE v2.

@@ -107,6 +107,17 @@ fn make_blocking(fd: c_int) {
     }
 }
 
+/// The answer of a verb that libibverbs makes a kernel command of (a `write` or `ioctl` on
+/// the device's command file): a failure's code, also left in errno as the failed system
+/// call leaves it on Linux, where programs `perror` after `ibv_modify_qp` and the like.
+fn command(verb: impl FnOnce() -> c_int) -> c_int {
+    let r = verb();
+    if r > 0 {
+        set_errno(r);
+    }
+    r
+}
+
 /// A null pointer after setting errno.
 fn fail<T>(e: c_int) -> *mut T {
     set_errno(e);

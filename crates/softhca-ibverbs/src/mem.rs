@@ -6,7 +6,7 @@ use softhca::{Access, Ah as SoftAh, AhAttr, Gid, GlobalRoute, Mr as SoftMr, Mw a
 
 use crate::abi::*;
 use crate::context::ctx;
-use crate::{errno_of, fail};
+use crate::{command, errno_of, fail};
 
 #[repr(C)]
 pub(crate) struct Pd {
@@ -65,14 +65,16 @@ pub(crate) unsafe extern "C" fn alloc_mw(p: *mut ibv_pd, mw_type: c_int) -> *mut
 
 /// `ops.dealloc_mw`.
 pub(crate) unsafe extern "C" fn dealloc_mw(m: *mut ibv_mw) -> c_int {
-    // SAFETY: a live window from alloc_mw.
-    let w = unsafe { &*(m as *const Mw) };
-    if let Err(e) = w.mw.dealloc() {
-        return crate::errno_set(&e);
-    }
-    // SAFETY: from alloc_mw's Box::into_raw, freed once.
-    drop(unsafe { Box::from_raw(m as *mut Mw) });
-    0
+    command(|| {
+        // SAFETY: a live window from alloc_mw.
+        let w = unsafe { &*(m as *const Mw) };
+        if let Err(e) = w.mw.dealloc() {
+            return crate::errno_set(&e);
+        }
+        // SAFETY: from alloc_mw's Box::into_raw, freed once.
+        drop(unsafe { Box::from_raw(m as *mut Mw) });
+        0
+    })
 }
 
 #[repr(C)]
@@ -98,17 +100,19 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
-    // SAFETY: a live PD.
-    let d = unsafe { pd(p) };
-    if let Err(e) = d.pd.dealloc() {
-        return errno_of(&e);
-    }
-    // SAFETY: the PD's open context.
-    let o = &unsafe { ctx(d.ibv.context) }.objects;
-    o.lock().unwrap_or_else(|e| e.into_inner()).pds.remove(&d.ibv.handle);
-    // SAFETY: from ibv_alloc_pd's Box::into_raw, freed once (the dealloc above succeeded).
-    drop(unsafe { Box::from_raw(p as *mut Pd) });
-    0
+    command(|| {
+        // SAFETY: a live PD.
+        let d = unsafe { pd(p) };
+        if let Err(e) = d.pd.dealloc() {
+            return errno_of(&e);
+        }
+        // SAFETY: the PD's open context.
+        let o = &unsafe { ctx(d.ibv.context) }.objects;
+        o.lock().unwrap_or_else(|e| e.into_inner()).pds.remove(&d.ibv.handle);
+        // SAFETY: from ibv_alloc_pd's Box::into_raw, freed once (the dealloc above succeeded).
+        drop(unsafe { Box::from_raw(p as *mut Pd) });
+        0
+    })
 }
 
 fn access_of(flags: c_int) -> Access {
@@ -245,17 +249,19 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
-    // SAFETY: a live MR from ibv_reg_mr.
-    let mr = unsafe { &*(m as *const Mr) };
-    if let Err(e) = mr.region().dereg() {
-        return errno_of(&e);
-    }
-    // SAFETY: the MR's open context.
-    let o = &unsafe { ctx(mr.ibv.context) }.objects;
-    o.lock().unwrap_or_else(|e| e.into_inner()).mrs.remove(&mr.ibv.handle);
-    // SAFETY: from ibv_reg_mr's Box::into_raw, freed once.
-    drop(unsafe { Box::from_raw(m as *mut Mr) });
-    0
+    command(|| {
+        // SAFETY: a live MR from ibv_reg_mr.
+        let mr = unsafe { &*(m as *const Mr) };
+        if let Err(e) = mr.region().dereg() {
+            return errno_of(&e);
+        }
+        // SAFETY: the MR's open context.
+        let o = &unsafe { ctx(mr.ibv.context) }.objects;
+        o.lock().unwrap_or_else(|e| e.into_inner()).mrs.remove(&mr.ibv.handle);
+        // SAFETY: from ibv_reg_mr's Box::into_raw, freed once.
+        drop(unsafe { Box::from_raw(m as *mut Mr) });
+        0
+    })
 }
 
 /// softhca's address from an `ibv_ah_attr`.
@@ -279,7 +285,8 @@ pub(crate) fn ah_attr_of(a: &ibv_ah_attr) -> AhAttr {
 }
 
 /// Whether `a` sends from an empty slot of the GID table: Linux refuses such an address
-/// (EINVAL), there being no source address to send from.
+/// with ENODATA (`rdma_get_gid_attr`), there being no source address to send from; an index
+/// past the table is EINVAL there, as here.
 pub(crate) fn empty_source(ctx: &softhca::Context, a: &ibv_ah_attr) -> bool {
     a.is_global != 0 && ctx.query_gid(a.port_num, u32::from(a.grh.sgid_index)).is_ok_and(|g| g.is_zero())
 }
@@ -310,7 +317,7 @@ pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -
     let (pd, attr) = unsafe { (pd(p), &*attr) };
     // SAFETY: the PD's context is open.
     if empty_source(&unsafe { ctx(pd.ibv.context) }.ctx, attr) {
-        return fail(libc::EINVAL);
+        return fail(libc::ENODATA);
     }
     match pd.pd.create_ah(&ah_attr_of(attr)) {
         Ok(ah) => {
@@ -395,23 +402,27 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
 /// group on the device's interface, which on Linux only rdma_cm's join does.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_attach_mcast(q: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
-    if gid.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: the caller's live QP; `gid` is readable (not null).
-    let (x, g) = unsafe { (crate::qp::qp(q), Gid((*gid).raw)) };
-    x.qp.attach_mcast(g, lid).err().map_or(0, |e| errno_of(&e))
+    command(|| {
+        if gid.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller's live QP; `gid` is readable (not null).
+        let (x, g) = unsafe { (crate::qp::qp(q), Gid((*gid).raw)) };
+        x.qp.attach_mcast(g, lid).err().map_or(0, |e| errno_of(&e))
+    })
 }
 
 /// Detach QP from Multicast Group: EINVAL for a group the QP is not attached to (uverbs').
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(q: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
-    if gid.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: the caller's live QP; `gid` is readable (not null).
-    let (x, g) = unsafe { (crate::qp::qp(q), Gid((*gid).raw)) };
-    x.qp.detach_mcast(g, lid).err().map_or(0, |e| errno_of(&e))
+    command(|| {
+        if gid.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller's live QP; `gid` is readable (not null).
+        let (x, g) = unsafe { (crate::qp::qp(q), Gid((*gid).raw)) };
+        x.qp.detach_mcast(g, lid).err().map_or(0, |e| errno_of(&e))
+    })
 }
 
 /// `ibv_rereg_mr`'s flags and answers (`enum ibv_rereg_mr_flags`, `ibv_rereg_mr_err_code`).
@@ -514,12 +525,14 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(a: *mut ibv_ah) -> c_int {
-    // SAFETY: a live AH from ibv_create_ah.
-    let ah = unsafe { &*(a as *const Ah) };
-    if let Err(e) = ah.ah.destroy() {
-        return errno_of(&e);
-    }
-    // SAFETY: from ibv_create_ah's Box::into_raw, freed once.
-    drop(unsafe { Box::from_raw(a as *mut Ah) });
-    0
+    command(|| {
+        // SAFETY: a live AH from ibv_create_ah.
+        let ah = unsafe { &*(a as *const Ah) };
+        if let Err(e) = ah.ah.destroy() {
+            return errno_of(&e);
+        }
+        // SAFETY: from ibv_create_ah's Box::into_raw, freed once.
+        drop(unsafe { Box::from_raw(a as *mut Ah) });
+        0
+    })
 }

@@ -16,7 +16,7 @@ use crate::abi::*;
 use crate::context::{ctx, wait_for_acks};
 use crate::cq::cq;
 use crate::mem::{ah_attr_of, c_ah_attr, pd, Ah, Mr, Mw};
-use crate::{errno_of, fail};
+use crate::{command, errno_of, fail};
 
 #[repr(C)]
 pub(crate) struct Qp {
@@ -155,7 +155,12 @@ fn send_ops_of(qp_type: QpType) -> u64 {
 unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
     // SAFETY: a live PD.
     let pd = unsafe { pd(p) };
-    let Some(qp_type) = qp_type_of(a.qp_type) else { return fail(libc::EOPNOTSUPP) };
+    // The kernel's Create QP knows the XRC and driver types (EOPNOTSUPP from a device
+    // without them) and refuses any other number with EINVAL.
+    let Some(qp_type) = qp_type_of(a.qp_type) else {
+        let known = [IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV, IBV_QPT_DRIVER].contains(&a.qp_type);
+        return fail(if known { libc::EOPNOTSUPP } else { libc::EINVAL });
+    };
     if a.send_cq.is_null() || a.recv_cq.is_null() {
         return fail(libc::EINVAL);
     }
@@ -303,8 +308,10 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(q: *mut ibv_qp) -> *mut ibv_qp_ex {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
-    // SAFETY: the caller's live QP.
-    unsafe { destroy_qp(q, true) }
+    command(|| {
+        // SAFETY: the caller's live QP.
+        unsafe { destroy_qp(q, true) }
+    })
 }
 
 /// What runs with a QP that Destroy QP has destroyed and is about to free: the connection
@@ -368,136 +375,142 @@ fn mtu_of(code: c_int) -> Option<Mtu> {
 /// the Read and Atomic enables, which Linux ignores there, are accepted and ignored.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
-    // A bit past IBV_QP_DEST_QPN is refused before anything else: libibverbs' legacy Modify QP
-    // command refuses IBV_QP_RATE_LIMIT and above, the kernel's the bits between, both with
-    // EOPNOTSUPP.
-    if mask & !((IBV_QP_DEST_QPN << 1) - 1) != 0 {
-        return libc::EOPNOTSUPP;
-    }
-    // SAFETY: a live QP and readable attributes.
-    let (x, a) = unsafe { (qp(q), &*attr) };
-    let has = |bit: c_int| mask & bit != 0;
-    let current = match x.qp.state() {
-        Ok(s) => s,
-        Err(e) => return errno_of(&e),
-    };
-    if has(IBV_QP_CUR_STATE) && qp_state_of(a.cur_qp_state) != Some(current) {
-        return libc::EINVAL;
-    }
-    let target = if has(IBV_QP_STATE) {
-        match qp_state_of(a.qp_state) {
-            Some(s) => s,
-            None => return libc::EINVAL,
+    command(|| {
+        // A bit past IBV_QP_DEST_QPN is refused before anything else: libibverbs' legacy Modify QP
+        // command refuses IBV_QP_RATE_LIMIT and above, the kernel's the bits between, both with
+        // EOPNOTSUPP.
+        if mask & !((IBV_QP_DEST_QPN << 1) - 1) != 0 {
+            return libc::EOPNOTSUPP;
         }
-    } else {
-        current
-    };
-    if let Err(e) = crate::modify_mask::check(x.qp.qp_type(), current, target, mask) {
-        return e;
-    }
-    let mut m = QpAttr::new(target);
-    if has(IBV_QP_ACCESS_FLAGS) {
-        let mut access = Access::from_bits_truncate(a.qp_access_flags)
-            & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
-        if x.qp.qp_type() == QpType::Uc {
-            access &= Access::REMOTE_WRITE;
+        // SAFETY: a live QP and readable attributes.
+        let (x, a) = unsafe { (qp(q), &*attr) };
+        let has = |bit: c_int| mask & bit != 0;
+        let current = match x.qp.state() {
+            Ok(s) => s,
+            Err(e) => return errno_of(&e),
+        };
+        if has(IBV_QP_CUR_STATE) && qp_state_of(a.cur_qp_state) != Some(current) {
+            return libc::EINVAL;
         }
-        m.access = Some(access);
-    }
-    if has(IBV_QP_PKEY_INDEX) {
-        m.pkey_index = Some(a.pkey_index);
-    }
-    if has(IBV_QP_PORT) {
-        m.port_num = Some(a.port_num);
-    }
-    if has(IBV_QP_QKEY) {
-        m.qkey = Some(a.qkey);
-    }
-    if has(IBV_QP_AV) || has(IBV_QP_PATH_MTU) {
-        let old = x.qp.query().ok().and_then(|q| q.av);
-        let mtu = if has(IBV_QP_PATH_MTU) {
-            match mtu_of(a.path_mtu) {
-                Some(m) => m,
+        let target = if has(IBV_QP_STATE) {
+            match qp_state_of(a.qp_state) {
+                Some(s) => s,
                 None => return libc::EINVAL,
             }
         } else {
-            old.map_or(Mtu::Mtu1024, |av| av.path_mtu)
+            current
         };
-        // SAFETY: the QP's context is open.
-        if has(IBV_QP_AV) && crate::mem::empty_source(&unsafe { ctx(x.ibv.qp_base.context) }.ctx, &a.ah_attr) {
-            return libc::EINVAL;
+        if let Err(e) = crate::modify_mask::check(x.qp.qp_type(), current, target, mask) {
+            return e;
         }
-        let ah = if has(IBV_QP_AV) { Some(ah_attr_of(&a.ah_attr)) } else { old.map(|av| av.ah) };
-        if let Some(ah) = ah {
-            m.av = Some(AddressVector::new(ah, mtu));
+        let mut m = QpAttr::new(target);
+        if has(IBV_QP_ACCESS_FLAGS) {
+            let mut access = Access::from_bits_truncate(a.qp_access_flags)
+                & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+            if x.qp.qp_type() == QpType::Uc {
+                access &= Access::REMOTE_WRITE;
+            }
+            m.access = Some(access);
         }
-    }
-    if has(IBV_QP_TIMEOUT) {
-        m.timeout = Some(a.timeout);
-    }
-    if has(IBV_QP_RETRY_CNT) {
-        m.retry_cnt = Some(a.retry_cnt);
-    }
-    if has(IBV_QP_RNR_RETRY) {
-        m.rnr_retry = Some(a.rnr_retry);
-    }
-    if has(IBV_QP_RQ_PSN) {
-        m.rq_psn = Some(a.rq_psn);
-    }
-    if has(IBV_QP_SQ_PSN) {
-        m.sq_psn = Some(a.sq_psn);
-    }
-    if has(IBV_QP_MAX_QP_RD_ATOMIC) {
-        m.max_rd_atomic = Some(a.max_rd_atomic);
-    }
-    if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
-        m.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
-    }
-    if has(IBV_QP_MIN_RNR_TIMER) {
-        m.min_rnr_timer = Some(a.min_rnr_timer);
-    }
-    if has(IBV_QP_DEST_QPN) {
-        m.dest_qp_num = Some(a.dest_qp_num);
-    }
-    if has(IBV_QP_EN_SQD_ASYNC_NOTIFY) {
-        m.en_sqd_async_notify = Some(a.en_sqd_async_notify != 0);
-    }
-    if has(IBV_QP_PATH_MIG_STATE) {
-        m.path_mig_state = Some(match a.path_mig_state {
-            0 => MigState::Migrated,
-            1 => MigState::Rearm,
-            _ => MigState::Armed,
-        });
-    }
-    if has(IBV_QP_CAP) {
-        m.cap = Some(WqSizes { max_send_wr: a.cap.max_send_wr, max_recv_wr: a.cap.max_recv_wr });
-    }
-    if has(IBV_QP_ALT_PATH) {
-        // SAFETY: the QP's context is open.
-        let dev = &unsafe { ctx(x.ibv.qp_base.context) }.ctx;
-        // Without a second address there is no Automatic Path Migration (MOD-GEN-9): EINVAL,
-        // as the kernel answers for a RoCE device without it.
-        if !dev.query_device().is_ok_and(|d| d.auto_path_mig) || crate::mem::empty_source(dev, &a.alt_ah_attr) {
-            return libc::EINVAL;
+        if has(IBV_QP_PKEY_INDEX) {
+            m.pkey_index = Some(a.pkey_index);
         }
-        // One path MTU serves both paths (ibv_qp_attr has one).
-        let mtu = m.av.map(|av| av.path_mtu).or_else(|| x.qp.query().ok()?.av.map(|av| av.path_mtu));
-        m.alt_path = Some(AltPath {
-            av: AddressVector::new(ah_attr_of(&a.alt_ah_attr), mtu.unwrap_or(Mtu::Mtu1024)),
-            pkey_index: a.alt_pkey_index,
-            port_num: a.alt_port_num,
-            timeout: a.alt_timeout,
-        });
-    }
-    match x.qp.modify(&m) {
-        Ok(()) => {
-            // SAFETY: the program's copy of the state, written in place (as libibverbs does
-            // after a successful Modify QP) without a reference to the shared object.
-            unsafe { set_state(q, x.qp.state().unwrap_or(target)) };
-            0
+        if has(IBV_QP_PORT) {
+            m.port_num = Some(a.port_num);
         }
-        Err(e) => errno_of(&e),
-    }
+        if has(IBV_QP_QKEY) {
+            m.qkey = Some(a.qkey);
+        }
+        if has(IBV_QP_AV) || has(IBV_QP_PATH_MTU) {
+            let old = x.qp.query().ok().and_then(|q| q.av);
+            let mtu = if has(IBV_QP_PATH_MTU) {
+                match mtu_of(a.path_mtu) {
+                    Some(m) => m,
+                    None => return libc::EINVAL,
+                }
+            } else {
+                old.map_or(Mtu::Mtu1024, |av| av.path_mtu)
+            };
+            // SAFETY: the QP's context is open.
+            if has(IBV_QP_AV) && crate::mem::empty_source(&unsafe { ctx(x.ibv.qp_base.context) }.ctx, &a.ah_attr) {
+                return libc::ENODATA;
+            }
+            let ah = if has(IBV_QP_AV) { Some(ah_attr_of(&a.ah_attr)) } else { old.map(|av| av.ah) };
+            if let Some(ah) = ah {
+                m.av = Some(AddressVector::new(ah, mtu));
+            }
+        }
+        if has(IBV_QP_TIMEOUT) {
+            m.timeout = Some(a.timeout);
+        }
+        if has(IBV_QP_RETRY_CNT) {
+            m.retry_cnt = Some(a.retry_cnt);
+        }
+        if has(IBV_QP_RNR_RETRY) {
+            m.rnr_retry = Some(a.rnr_retry);
+        }
+        if has(IBV_QP_RQ_PSN) {
+            m.rq_psn = Some(a.rq_psn);
+        }
+        if has(IBV_QP_SQ_PSN) {
+            m.sq_psn = Some(a.sq_psn);
+        }
+        if has(IBV_QP_MAX_QP_RD_ATOMIC) {
+            m.max_rd_atomic = Some(a.max_rd_atomic);
+        }
+        if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
+            m.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
+        }
+        if has(IBV_QP_MIN_RNR_TIMER) {
+            m.min_rnr_timer = Some(a.min_rnr_timer);
+        }
+        if has(IBV_QP_DEST_QPN) {
+            m.dest_qp_num = Some(a.dest_qp_num);
+        }
+        if has(IBV_QP_EN_SQD_ASYNC_NOTIFY) {
+            m.en_sqd_async_notify = Some(a.en_sqd_async_notify != 0);
+        }
+        if has(IBV_QP_PATH_MIG_STATE) {
+            m.path_mig_state = Some(match a.path_mig_state {
+                0 => MigState::Migrated,
+                1 => MigState::Rearm,
+                _ => MigState::Armed,
+            });
+        }
+        if has(IBV_QP_CAP) {
+            m.cap = Some(WqSizes { max_send_wr: a.cap.max_send_wr, max_recv_wr: a.cap.max_recv_wr });
+        }
+        if has(IBV_QP_ALT_PATH) {
+            // SAFETY: the QP's context is open.
+            let dev = &unsafe { ctx(x.ibv.qp_base.context) }.ctx;
+            // The kernel looks the source GID up first (ENODATA for an empty slot); without a
+            // second address there is no Automatic Path Migration (MOD-GEN-9): EINVAL, as the
+            // kernel answers for a RoCE device without it.
+            if crate::mem::empty_source(dev, &a.alt_ah_attr) {
+                return libc::ENODATA;
+            }
+            if !dev.query_device().is_ok_and(|d| d.auto_path_mig) {
+                return libc::EINVAL;
+            }
+            // One path MTU serves both paths (ibv_qp_attr has one).
+            let mtu = m.av.map(|av| av.path_mtu).or_else(|| x.qp.query().ok()?.av.map(|av| av.path_mtu));
+            m.alt_path = Some(AltPath {
+                av: AddressVector::new(ah_attr_of(&a.alt_ah_attr), mtu.unwrap_or(Mtu::Mtu1024)),
+                pkey_index: a.alt_pkey_index,
+                port_num: a.alt_port_num,
+                timeout: a.alt_timeout,
+            });
+        }
+        match x.qp.modify(&m) {
+            Ok(()) => {
+                // SAFETY: the program's copy of the state, written in place (as libibverbs does
+                // after a successful Modify QP) without a reference to the shared object.
+                unsafe { set_state(q, x.qp.state().unwrap_or(target)) };
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
 }
 
 /// Writes `qp->state` under the QP's mutex.
@@ -521,69 +534,71 @@ pub unsafe extern "C" fn ibv_query_qp(
     _mask: c_int,
     init_attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    // SAFETY: a live QP; writable output structures.
-    let x = unsafe { qp(q) };
-    let s = match x.qp.query() {
-        Ok(s) => s,
-        Err(e) => return errno_of(&e),
-    };
-    // SAFETY: a live QP (libibverbs refreshes `qp->state` on every query).
-    unsafe { set_state(q, s.qp_state) };
-    let ah = s.av.map(|av| c_ah_attr(&av.ah));
-    // SAFETY: ibv_qp_attr is plain old data; all-zero is valid.
-    let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
-    out.qp_state = qp_state_code(s.qp_state);
-    out.cur_qp_state = out.qp_state;
-    out.path_mtu = s.av.map_or(3, |av| av.path_mtu as c_int);
-    out.path_mig_state = match s.path_mig_state {
-        MigState::Migrated => 0,
-        MigState::Rearm => 1,
-        MigState::Armed => 2,
-    };
-    out.qkey = s.qkey;
-    out.rq_psn = s.rq_psn;
-    out.sq_psn = s.sq_psn;
-    out.dest_qp_num = s.dest_qp_num;
-    out.qp_access_flags = s.qp_access_flags.bits();
-    out.cap = c_cap(&s.cap);
-    if let Some(ah) = ah {
-        out.ah_attr = ah;
-    }
-    if let Some(alt) = s.alt {
-        out.alt_ah_attr = c_ah_attr(&alt.av.ah);
-        out.alt_pkey_index = alt.pkey_index;
-        out.alt_port_num = alt.port_num;
-        out.alt_timeout = alt.timeout;
-    }
-    out.pkey_index = s.pkey_index;
-    out.en_sqd_async_notify = s.en_sqd_async_notify as u8;
-    out.sq_draining = s.sq_draining as u8;
-    out.max_rd_atomic = s.max_rd_atomic;
-    out.max_dest_rd_atomic = s.max_dest_rd_atomic;
-    out.min_rnr_timer = s.min_rnr_timer;
-    out.port_num = s.port_num;
-    out.timeout = s.timeout;
-    out.retry_cnt = s.retry_cnt;
-    out.rnr_retry = s.rnr_retry;
-    // SAFETY: writable outputs, as the caller promises.
-    unsafe {
-        std::ptr::write(attr, out);
-        if !init_attr.is_null() {
-            std::ptr::write(
-                init_attr,
-                ibv_qp_init_attr {
-                    qp_context: x.ibv.qp_base.qp_context,
-                    send_cq: x.ibv.qp_base.send_cq,
-                    recv_cq: x.ibv.qp_base.recv_cq,
-                    srq: x.ibv.qp_base.srq,
-                    cap: c_cap(&s.cap),
-                    qp_type: x.ibv.qp_base.qp_type,
-                    sq_sig_all: x.sq_sig_all as c_int,
-                },
-            );
+    command(|| {
+        // SAFETY: a live QP; writable output structures.
+        let x = unsafe { qp(q) };
+        let s = match x.qp.query() {
+            Ok(s) => s,
+            Err(e) => return errno_of(&e),
+        };
+        // SAFETY: a live QP (libibverbs refreshes `qp->state` on every query).
+        unsafe { set_state(q, s.qp_state) };
+        let ah = s.av.map(|av| c_ah_attr(&av.ah));
+        // SAFETY: ibv_qp_attr is plain old data; all-zero is valid.
+        let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        out.qp_state = qp_state_code(s.qp_state);
+        out.cur_qp_state = out.qp_state;
+        out.path_mtu = s.av.map_or(3, |av| av.path_mtu as c_int);
+        out.path_mig_state = match s.path_mig_state {
+            MigState::Migrated => 0,
+            MigState::Rearm => 1,
+            MigState::Armed => 2,
+        };
+        out.qkey = s.qkey;
+        out.rq_psn = s.rq_psn;
+        out.sq_psn = s.sq_psn;
+        out.dest_qp_num = s.dest_qp_num;
+        out.qp_access_flags = s.qp_access_flags.bits();
+        out.cap = c_cap(&s.cap);
+        if let Some(ah) = ah {
+            out.ah_attr = ah;
         }
-    }
-    0
+        if let Some(alt) = s.alt {
+            out.alt_ah_attr = c_ah_attr(&alt.av.ah);
+            out.alt_pkey_index = alt.pkey_index;
+            out.alt_port_num = alt.port_num;
+            out.alt_timeout = alt.timeout;
+        }
+        out.pkey_index = s.pkey_index;
+        out.en_sqd_async_notify = s.en_sqd_async_notify as u8;
+        out.sq_draining = s.sq_draining as u8;
+        out.max_rd_atomic = s.max_rd_atomic;
+        out.max_dest_rd_atomic = s.max_dest_rd_atomic;
+        out.min_rnr_timer = s.min_rnr_timer;
+        out.port_num = s.port_num;
+        out.timeout = s.timeout;
+        out.retry_cnt = s.retry_cnt;
+        out.rnr_retry = s.rnr_retry;
+        // SAFETY: writable outputs, as the caller promises.
+        unsafe {
+            std::ptr::write(attr, out);
+            if !init_attr.is_null() {
+                std::ptr::write(
+                    init_attr,
+                    ibv_qp_init_attr {
+                        qp_context: x.ibv.qp_base.qp_context,
+                        send_cq: x.ibv.qp_base.send_cq,
+                        recv_cq: x.ibv.qp_base.recv_cq,
+                        srq: x.ibv.qp_base.srq,
+                        cap: c_cap(&s.cap),
+                        qp_type: x.ibv.qp_base.qp_type,
+                        sq_sig_all: x.sq_sig_all as c_int,
+                    },
+                );
+            }
+        }
+        0
+    })
 }
 
 /// The most SGEs one work request may carry here (softhca's max_sge).
@@ -744,21 +759,23 @@ unsafe fn post_bind(x: &Qp, w: &ibv_send_wr) -> c_int {
 /// `ops.bind_mw` (`ibv_bind_mw`, type 1 only, as libibverbs has it): the new R_Key is the
 /// window's current one with its low byte incremented (`ibv_inc_rkey`).
 pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut ibv_mw_bind) -> c_int {
-    // SAFETY: a live QP, a live window and a readable bind description, as verbs.h's inline
-    // ibv_bind_mw passes them.
-    let (x, w, b) = unsafe { (qp(q), &*(m as *const Mw), &*b) };
-    let r = if w.ibv.mw_type != 1 {
-        libc::EINVAL // type 2 windows are bound by IBV_WR_BIND_MW work requests
-    } else {
-        // SAFETY: the program's copy of the R_Key, read in place.
-        let next = ibv_inc_rkey(unsafe { std::ptr::addr_of!((*m).rkey).read() });
-        // SAFETY: as this function's callers promise.
-        unsafe { bind_window(x, m, next, &b.bind_info, b.wr_id, b.send_flags) }
-    };
-    if r != 0 {
-        crate::set_errno(r);
-    }
-    r
+    command(|| {
+        // SAFETY: a live QP, a live window and a readable bind description, as verbs.h's inline
+        // ibv_bind_mw passes them.
+        let (x, w, b) = unsafe { (qp(q), &*(m as *const Mw), &*b) };
+        let r = if w.ibv.mw_type != 1 {
+            libc::EINVAL // type 2 windows are bound by IBV_WR_BIND_MW work requests
+        } else {
+            // SAFETY: the program's copy of the R_Key, read in place.
+            let next = ibv_inc_rkey(unsafe { std::ptr::addr_of!((*m).rkey).read() });
+            // SAFETY: as this function's callers promise.
+            unsafe { bind_window(x, m, next, &b.bind_info, b.wr_id, b.send_flags) }
+        };
+        if r != 0 {
+            crate::set_errno(r);
+        }
+        r
+    })
 }
 
 /// `ibv_inc_rkey`: the next key byte, the index unchanged.
@@ -888,52 +905,58 @@ pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
-    // SAFETY: a live SRQ and readable attributes.
-    let (x, a) = unsafe { (&*(s as *const Srq), &*attr) };
-    const IBV_SRQ_MAX_WR: c_int = 1;
-    const IBV_SRQ_LIMIT: c_int = 2;
-    let max_wr = (mask & IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
-    let limit = (mask & IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
-    x.srq.modify(max_wr, limit).map_or_else(|e| errno_of(&e), |_| 0)
+    command(|| {
+        // SAFETY: a live SRQ and readable attributes.
+        let (x, a) = unsafe { (&*(s as *const Srq), &*attr) };
+        const IBV_SRQ_MAX_WR: c_int = 1;
+        const IBV_SRQ_LIMIT: c_int = 2;
+        let max_wr = (mask & IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
+        let limit = (mask & IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
+        x.srq.modify(max_wr, limit).map_or_else(|e| errno_of(&e), |_| 0)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_srq(s: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
-    // SAFETY: a live SRQ and a writable output.
-    let x = unsafe { &*(s as *const Srq) };
-    match x.srq.query() {
-        Ok(q) => {
-            // SAFETY: as above.
-            unsafe {
-                std::ptr::write(attr, ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit })
-            };
-            0
+    command(|| {
+        // SAFETY: a live SRQ and a writable output.
+        let x = unsafe { &*(s as *const Srq) };
+        match x.srq.query() {
+            Ok(q) => {
+                // SAFETY: as above.
+                unsafe {
+                    std::ptr::write(attr, ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit })
+                };
+                0
+            }
+            Err(e) => errno_of(&e),
         }
-        Err(e) => errno_of(&e),
-    }
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(s: *mut ibv_srq) -> c_int {
-    // SAFETY: a live SRQ.
-    let x = unsafe { &*(s as *const Srq) };
-    if let Err(e) = x.srq.destroy() {
-        return errno_of(&e);
-    }
-    // SAFETY: the SRQ's context is open.
-    let cx = unsafe { ctx(x.ibv.context) };
-    cx.forget(softhca::EventElement::Srq(x.ibv.handle));
-    // SAFETY: the SRQ's own fields.
-    unsafe {
-        wait_for_acks(
-            cx,
-            s as usize,
-            std::ptr::addr_of_mut!((*s).mutex),
-            std::ptr::addr_of_mut!((*s).cond),
-            std::ptr::addr_of!((*s).events_completed),
-        )
-    };
-    // SAFETY: from ibv_create_srq's Box::into_raw, freed once.
-    drop(unsafe { Box::from_raw(s as *mut Srq) });
-    0
+    command(|| {
+        // SAFETY: a live SRQ.
+        let x = unsafe { &*(s as *const Srq) };
+        if let Err(e) = x.srq.destroy() {
+            return errno_of(&e);
+        }
+        // SAFETY: the SRQ's context is open.
+        let cx = unsafe { ctx(x.ibv.context) };
+        cx.forget(softhca::EventElement::Srq(x.ibv.handle));
+        // SAFETY: the SRQ's own fields.
+        unsafe {
+            wait_for_acks(
+                cx,
+                s as usize,
+                std::ptr::addr_of_mut!((*s).mutex),
+                std::ptr::addr_of_mut!((*s).cond),
+                std::ptr::addr_of!((*s).events_completed),
+            )
+        };
+        // SAFETY: from ibv_create_srq's Box::into_raw, freed once.
+        drop(unsafe { Box::from_raw(s as *mut Srq) });
+        0
+    })
 }

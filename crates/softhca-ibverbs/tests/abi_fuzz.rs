@@ -410,6 +410,9 @@ const SUPPORTED_WC_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
     | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 /// The only errors a post, modify or create may give besides the specific ones.
 const USUAL: &[c_int] = &[EINVAL, ENOMEM, EOPNOTSUPP];
+/// The same, where an address is taken: a source GID index of an empty slot is ENODATA, as the
+/// kernel's `rdma_get_gid_attr` answers.
+const WITH_AV: &[c_int] = &[EINVAL, ENOMEM, EOPNOTSUPP, ENODATA];
 
 /// The `IBV_QP_EX_WITH_*` a provider of RC, UC and UD offers here.
 fn send_ops_of(qpt: c_int) -> u64 {
@@ -1637,7 +1640,7 @@ impl Fuzz {
         let ret = ibv_modify_qp(q.p, &mut a, mask);
         ensure!(ret != 0 || refuse.is_empty(), "ibv_modify_qp with {refuse:?} succeeded");
         if ret != 0 {
-            self.expect_err("ibv_modify_qp", ret, USUAL);
+            self.expect_err("ibv_modify_qp", ret, WITH_AV);
         } else if mask & IBV_QP_STATE != 0 {
             let s = (*q.p).state;
             ensure!(
@@ -2376,7 +2379,7 @@ impl Fuzz {
         let ah = ibv_create_ah(pd.p, &mut attr);
         if ah.is_null() {
             ensure!(!good, "ibv_create_ah with a good address: NULL, errno {}", errno());
-            self.expect_err("ibv_create_ah", errno(), USUAL);
+            self.expect_err("ibv_create_ah", errno(), WITH_AV);
             self.stat("create_ah", false);
             return;
         }

@@ -63,7 +63,8 @@ fn modify_qp_refuses_unknown_mask_bits_with_eopnotsupp() {
 }
 
 /// The queries left bytes libibverbs zeroes: the compatibility `ibv_query_port` did not write
-/// `flags` (the old layout's last byte, which `__lib_query_port` zeroes with the rest), and
+/// `flags` (the old layout's last byte, which `__lib_query_port` copies from the provider's
+/// answer), and
 /// the extended `query_port` and `query_device_ex` wrote nothing past their own structure when
 /// a program built against a newer header passed a larger one (libibverbs zeroes the caller's
 /// whole `port_attr_len` / `attr_size` first).
@@ -82,5 +83,19 @@ fn queries_zero_what_they_do_not_fill() {
 fn create_qp_reports_the_send_capacities_rxe_reports() {
     if ready() {
         run("review3_ext", Some("qp_caps"));
+    }
+}
+
+/// Answers compared with Linux rxe's in the guest (a probe of each verb's failure, run on both):
+/// a failed kernel-command verb (`ibv_modify_qp`, `ibv_destroy_cq`, `ibv_query_port`, …) left
+/// errno alone, where the failed system call sets it on Linux and programs `perror` after it;
+/// a CQ held a power of two where rxe and mlx5 give the next power of two above the request,
+/// less one; an empty source GID slot was EINVAL (the kernel's ENODATA), an unknown QP type
+/// EOPNOTSUPP (EINVAL), a P_Key past the table -1 without errno (ENOENT); the port reported
+/// neither connection management nor that its addresses need the GRH.
+#[test]
+fn failures_and_sizes_answer_as_rxe() {
+    if ready() {
+        run("review3_ext", Some("as_rxe"));
     }
 }

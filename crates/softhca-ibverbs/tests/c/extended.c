@@ -116,7 +116,8 @@ static void queries(struct ibv_context *ctx)
 	struct ibv_port_attr p;
 	memset(&p, 0xff, sizeof p);
 	CHECK(ibv_query_port(ctx, 1, &p) == 0, "ibv_query_port");
-	CHECK(p.state == IBV_PORT_ACTIVE && p.flags == 0 && p.port_cap_flags2 == 0, "extended port fields");
+	CHECK(p.state == IBV_PORT_ACTIVE && p.flags == IBV_QPF_GRH_REQUIRED && p.port_cap_flags2 == 0,
+	      "extended port fields: flags %#x (rxe: GRH_REQUIRED)", p.flags);
 	CHECK(ibv_query_port(ctx, 2, &p) != 0, "port 2");
 }
 

@@ -294,7 +294,8 @@ static void modify_unknown_bits(void)
 /* ---- query_zeroes ---- */
 
 /* What libibverbs zeroes before a query fills it: the compatibility ibv_query_port
-   (__lib_query_port: memset of the old layout's 48 bytes, `flags` included), the extended
+   (__lib_query_port: the old layout's 48 bytes copied from a zeroed structure the provider
+   filled, `flags` included: GRH_REQUIRED on a RoCE port, as rxe's), the extended
    query_port and query_device_ex (memset of the caller's whole port_attr_len / attr_size, so
    a program built against a newer, larger structure reads zeros past what this one knows). */
 #undef ibv_query_port
@@ -304,7 +305,8 @@ static void query_zeroes(void)
 	struct ibv_port_attr p;
 	memset(&p, 0xff, sizeof p);
 	CHECK(ibv_query_port(ctx, 1, (struct _compat_ibv_port_attr *)&p) == 0, "compat ibv_query_port");
-	CHECK(p.state == IBV_PORT_ACTIVE && p.flags == 0, "compat ibv_query_port: state %d flags %#x", p.state, p.flags);
+	CHECK(p.state == IBV_PORT_ACTIVE && p.flags == IBV_QPF_GRH_REQUIRED, "compat ibv_query_port: state %d flags %#x",
+	      p.state, p.flags);
 
 	struct verbs_context *v = verbs_get_ctx_op(ctx, query_port);
 	CHECK(v, "query_port op");
@@ -413,6 +415,115 @@ static void qp_caps(void)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 }
 
+/* ---- as_rxe ---- */
+
+#define ANSWER(what, call, want_r, want_errno)                                                     \
+	do {                                                                                       \
+		errno = 0;                                                                         \
+		int r_ = (call);                                                                   \
+		int e_ = errno;                                                                    \
+		CHECK(r_ == (want_r) && e_ == (want_errno), "%s: %d errno %d, rxe %d errno %d", what, r_, \
+		      e_, want_r, want_errno);                                                    \
+	} while (0)
+#define REFUSED(what, call, want_errno)                                                            \
+	do {                                                                                       \
+		errno = 0;                                                                         \
+		void *p_ = (void *)(call);                                                         \
+		int e_ = errno;                                                                    \
+		CHECK(!p_ && e_ == (want_errno), "%s: %p errno %d, rxe NULL errno %d", what, p_, e_,     \
+		      want_errno);                                                                 \
+	} while (0)
+
+/* Answers as Linux rxe (6.1, libibverbs 44) gave them in the rxe-vm guest, 2026-11-29: a verb
+   libibverbs makes a kernel command of leaves its failure in errno too (the failed write or
+   ioctl), a user-space check does not (ibv_destroy_comp_channel, ibv_post_recv); a CQ holds
+   2^k - 1 CQEs, the next power of two above the request less one (rxe and mlx5); an address
+   from an empty GID slot is ENODATA; an unknown QP type EINVAL, a known one the device has not
+   EOPNOTSUPP; a P_Key index past the table ENOENT (libibverbs reads sysfs); the port reports
+   connection management and that its addresses need the GRH. */
+static void as_rxe(void)
+{
+	struct ibv_context *ctx = open_ctx();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	static const int cqe[][3] = { { 1, 1, 15 }, { 2, 3, 15 }, { 5, 7, 15 }, { 63, 63, 127 },
+				      { 64, 127, 127 }, { 100, 127, 127 }, { 4096, 8191, 8191 } };
+	for (size_t i = 0; i < sizeof cqe / sizeof cqe[0]; i++) {
+		struct ibv_cq *c = ibv_create_cq(ctx, cqe[i][0], NULL, NULL, 0);
+		CHECK(c && c->cqe == cqe[i][1], "ibv_create_cq(%d): cqe %d, rxe %d", cqe[i][0], c ? c->cqe : -1,
+		      cqe[i][1]);
+		CHECK(ibv_resize_cq(c, cqe[i][0] + 10) == 0 && c->cqe == cqe[i][2],
+		      "ibv_resize_cq(%d): cqe %d, rxe %d", cqe[i][0] + 10, c->cqe, cqe[i][2]);
+		CHECK(ibv_destroy_cq(c) == 0, "ibv_destroy_cq");
+	}
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, ch, 0);
+	CHECK(pd && ch && cq, "pd, channel, cq");
+	struct ibv_qp_init_attr qi = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC };
+	qi.cap = (struct ibv_qp_cap){ .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 };
+	struct ibv_qp *qp = ibv_create_qp(pd, &qi);
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	CHECK(qp && srq, "qp, srq");
+
+	struct ibv_qp_attr m = { .qp_state = IBV_QPS_RTS };
+	ANSWER("ibv_modify_qp Reset to RTS", ibv_modify_qp(qp, &m, IBV_QP_STATE), EINVAL, EINVAL);
+	m = (struct ibv_qp_attr){ .qp_state = IBV_QPS_INIT, .port_num = 7 };
+	ANSWER("ibv_modify_qp port 7",
+	       ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), EINVAL,
+	       EINVAL);
+	struct ibv_srq_attr sa = { .srq_limit = 100 };
+	ANSWER("ibv_modify_srq limit above max_wr", ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), EINVAL, EINVAL);
+	ANSWER("ibv_destroy_cq in use", ibv_destroy_cq(cq), EBUSY, EBUSY);
+	ANSWER("ibv_dealloc_pd in use", ibv_dealloc_pd(pd), EBUSY, EBUSY);
+	ANSWER("ibv_destroy_comp_channel in use", ibv_destroy_comp_channel(ch), EBUSY, 0);
+	ANSWER("ibv_resize_cq 0", ibv_resize_cq(cq, 0), EINVAL, EINVAL);
+	ANSWER("ibv_resize_cq past max_cqe", ibv_resize_cq(cq, 1 << 30), EINVAL, EINVAL);
+	struct ibv_port_attr pa;
+	ANSWER("ibv_query_port 9", ibv_query_port(ctx, 9, &pa), EINVAL, EINVAL);
+	uint16_t pkey;
+	ANSWER("ibv_query_pkey index 5", ibv_query_pkey(ctx, 1, 5, &pkey), -1, ENOENT);
+	ANSWER("ibv_query_pkey port 3", ibv_query_pkey(ctx, 3, 0, &pkey), -1, ENOENT);
+	union ibv_gid gid0;
+	CHECK(ibv_query_gid(ctx, 1, 0, &gid0) == 0, "ibv_query_gid");
+	ANSWER("ibv_attach_mcast on an RC QP", ibv_attach_mcast(qp, &gid0, 0), EINVAL, EINVAL);
+	static struct ibv_sge sg[8];
+	struct ibv_recv_wr rw = { .num_sge = 5, .sg_list = sg }, *rbad;
+	ANSWER("ibv_post_recv with 5 SGEs", ibv_post_recv(qp, &rw, &rbad), EINVAL, 0);
+	qi.qp_type = 7;
+	REFUSED("ibv_create_qp type 7", ibv_create_qp(pd, &qi), EINVAL);
+	qi.qp_type = IBV_QPT_XRC_SEND;
+	REFUSED("ibv_create_qp XRC_SEND", ibv_create_qp(pd, &qi), EOPNOTSUPP);
+
+	CHECK(ibv_query_port(ctx, 1, &pa) == 0, "ibv_query_port");
+	CHECK((pa.port_cap_flags & IBV_PORT_CM_SUP) && pa.flags == IBV_QPF_GRH_REQUIRED,
+	      "port_cap_flags %#x flags %#x, rxe CM_SUP and GRH_REQUIRED", pa.port_cap_flags, pa.flags);
+	/* An empty GID slot as the source, where the table has one. */
+	int empty = -1;
+	for (int i = 1; i < pa.gid_tbl_len && empty < 0; i++) {
+		union ibv_gid g;
+		static const union ibv_gid zero;
+		if (ibv_query_gid(ctx, 1, i, &g) == 0 && !memcmp(&g, &zero, sizeof g))
+			empty = i;
+	}
+	if (empty > 0) {
+		struct ibv_ah_attr aa = { .is_global = 1, .grh = { .dgid = gid0, .sgid_index = empty, .hop_limit = 1 },
+					  .port_num = 1 };
+		REFUSED("ibv_create_ah from an empty GID slot", ibv_create_ah(pd, &aa), ENODATA);
+		m = (struct ibv_qp_attr){ .qp_state = IBV_QPS_INIT, .port_num = 1 };
+		CHECK(!ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+		      "to Init");
+		m = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = 1,
+					  .max_dest_rd_atomic = 1, .min_rnr_timer = 12, .ah_attr = aa };
+		ANSWER("ibv_modify_qp to RTR from an empty GID slot",
+		       ibv_modify_qp(qp, &m,
+				     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+		       ENODATA, ENODATA);
+	}
+	CHECK(!ibv_destroy_qp(qp) && !ibv_destroy_srq(srq) && !ibv_destroy_cq(cq), "teardown");
+	CHECK(!ibv_destroy_comp_channel(ch) && !ibv_dealloc_pd(pd) && !ibv_close_device(ctx), "teardown");
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: review3_ext <case>");
@@ -432,6 +543,8 @@ int main(int argc, char **argv)
 		query_zeroes();
 	else if (!strcmp(c, "qp_caps"))
 		qp_caps();
+	else if (!strcmp(c, "as_rxe"))
+		as_rxe();
 	else
 		CHECK(0, "unknown case %s", c);
 	printf("%s: ok\n", c);
