@@ -287,15 +287,19 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
         out.max_qp = n(a.max_qp);
         out.max_qp_wr = n(a.max_qp_wr);
         // RESIZE_MAX_WR, AUTO_PATH_MIG (a device with a second address, SOFTHCA_ALT_ADDR),
-        // SYS_IMAGE_GUID, RC_RNR_NAK_GEN, SRQ_RESIZE, N_NOTIFY_CQ, MEM_WINDOW, MEM_WINDOW_TYPE_2B
-        // (type 2 windows bound to a QP, as rxe's).
+        // UD_AV_PORT_ENFORCE (an address handle of another port is refused), SYS_IMAGE_GUID,
+        // RC_RNR_NAK_GEN, SRQ_RESIZE, N_NOTIFY_CQ, MEM_WINDOW, MEM_MGT_EXTENSIONS (Local
+        // Invalidate, Send with Invalidate, type 2 windows; rxe says so with the same three),
+        // MEM_WINDOW_TYPE_2B (type 2 windows bound to a QP, as rxe's).
         out.device_cap_flags = if a.resize_wq { 1 } else { 0 }
             | if a.auto_path_mig { 1 << 4 } else { 0 }
+            | 1 << 6
             | 1 << 11
             | 1 << 12
             | 1 << 13
             | 1 << 14
             | 1 << 17
+            | 1 << 21
             | 1 << 24;
         out.max_sge = n(a.max_sge);
         out.max_sge_rd = n(a.max_sge_rd);
@@ -354,6 +358,8 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         a.completion_timestamp_mask = u64::MAX;
         a.hca_core_clock = 1_000_000; // kHz: timestamps count nanoseconds
         a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
+        // The kernel's 64-bit flags, whose low half is `device_cap_flags` (none above it here).
+        a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags);
         a.pci_atomic_caps = ibv_pci_atomic_caps::default();
         // SAFETY: the caller passes `attr_size` writable bytes.
         unsafe { write_zero_padded(attr, &a, attr_size) };

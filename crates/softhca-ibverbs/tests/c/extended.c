@@ -108,6 +108,15 @@ static void queries(struct ibv_context *ctx)
 	CHECK(ibv_query_device(ctx, &a) == 0, "ibv_query_device");
 	CHECK(ax.orig_attr.max_qp == a.max_qp && ax.orig_attr.vendor_part_id == a.vendor_part_id, "orig_attr");
 	CHECK(ax.phys_port_cnt_ex == 1, "phys_port_cnt_ex %u", ax.phys_port_cnt_ex);
+	/* The kernel's 64-bit flags: the 32 of device_cap_flags (it was 0), among them what rxe
+	   also reports for the same verbs (Local Invalidate, Send with Invalidate, type 2B
+	   windows; an AH's port checked). */
+	CHECK(ax.device_cap_flags_ex == ax.orig_attr.device_cap_flags, "device_cap_flags_ex %#llx",
+	      (unsigned long long)ax.device_cap_flags_ex);
+	CHECK((ax.orig_attr.device_cap_flags & (IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_UD_AV_PORT_ENFORCE |
+						IBV_DEVICE_MEM_WINDOW_TYPE_2B)) ==
+		      (IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_UD_AV_PORT_ENFORCE | IBV_DEVICE_MEM_WINDOW_TYPE_2B),
+	      "device_cap_flags %#x", ax.orig_attr.device_cap_flags);
 	CHECK(ax.hca_core_clock > 0 && ax.completion_timestamp_mask != 0, "timestamps advertised");
 	CHECK(ax.odp_caps.general_caps == 0 && ax.tso_caps.max_tso == 0 && ax.max_dm_size == 0, "no ODP/TSO/DM");
 	struct ibv_query_device_ex_input in = { .comp_mask = 1 };
