@@ -124,5 +124,5 @@ fn multicast_joins_and_leaves() {
         return;
     }
     let exe = compile("cm_edges");
-    passes(command(&exe, &["multicast"]).env("SOFTHCA_ADDR", "127.0.0.33"), "cm_edges multicast", 60);
+    passes(command(&exe, &["multicast"]).env("SOFTHCA_ADDR", "127.0.0.42"), "cm_edges multicast", 60);
 }

@@ -99,14 +99,23 @@ fn pump(a: &mut Cm, b: &mut Cm, now: u64) -> (Vec<CmEvent>, Vec<CmEvent>) {
             busy = true;
             a.handle_mad(now, B, &m[..]);
         }
+        // b accepts every request; each side answers the peer's DREQ with its disconnect (the
+        // DREP), as a program calls rdma_disconnect on DISCONNECTED.
         while let Some(e) = b.poll_event() {
             busy = true;
-            if let CmEvent::ConnectRequest { id, .. } = e {
-                assert!(b.accept(now, id, 0x22, 0xDEF));
+            match e {
+                CmEvent::ConnectRequest { id, .. } => assert!(b.accept(now, id, 0x22, 0xDEF)),
+                CmEvent::Disconnected { id } => _ = b.disconnect(now, id),
+                _ => {}
             }
             eb.push(e);
         }
-        ea.extend(std::iter::from_fn(|| a.poll_event()));
+        while let Some(e) = a.poll_event() {
+            if let CmEvent::Disconnected { id } = e {
+                busy |= a.disconnect(now, id);
+            }
+            ea.push(e);
+        }
         if !busy {
             return (ea, eb);
         }
@@ -364,8 +373,14 @@ fn time_wait_expires_and_the_remote_index_does_not_leak() {
             assert!(b.disconnect(0, *ib));
         }
     }
+    // Each connection ends in one Disconnected and, once its time wait is over, one
+    // TimewaitExit at each end (Linux's RDMA_CM_EVENT_TIMEWAIT_EXIT).
     let (_, ea, eb) = settle(&mut a, &mut b, 0);
-    assert_eq!((ea.len(), eb.len()), (200, 200));
+    for ev in [&ea, &eb] {
+        let disconnected = ev.iter().filter(|e| matches!(e, CmEvent::Disconnected { .. })).count();
+        let exits = ev.iter().filter(|e| matches!(e, CmEvent::TimewaitExit { .. })).count();
+        assert_eq!((disconnected, exits, ev.len()), (200, 200, 400));
+    }
     assert_eq!((a.connections(), b.connections(), a.remote_ids(), b.remote_ids()), (0, 0, 0, 0));
     // Rejected by the consumer, and given up (b vanished after the REQ arrived).
     a.connect(0, B, &ConnectParams { local_qpn: 0x13, ..params() });
@@ -536,4 +551,93 @@ fn answers_from_the_wrong_peer_or_ids_do_not_move_a_waiting_connection() {
     assert!(ea.iter().any(|e| matches!(e, CmEvent::Established { id, .. } if *id == i3)), "{ea:?}");
     assert!(eb.contains(&CmEvent::Disconnected { id: ib }), "{eb:?}");
     assert!(eb.iter().any(|e| matches!(e, CmEvent::Established { id, .. } if *id == j2)), "{eb:?}");
+}
+
+/// Linux's CM (cm_dreq_handler: DREQ_RCVD; the DREP goes at ib_send_cm_drep, which
+/// rdma_disconnect or the id's destruction calls), checked against Linux rxe in the guest
+/// (2026-11-29: the passive side's DISCONNECTED at once, the active side's only after the
+/// passive program's rdma_disconnect, then TIMEWAIT_EXIT at both): the side a DREQ reaches
+/// reports Disconnected and answers nothing until its consumer disconnects; a repeated DREQ
+/// meanwhile is a duplicate, unanswered; the consumer's disconnect sends the DREP, which ends
+/// the requester's wait; a DREQ repeated after that gets the DREP again; each side's time
+/// wait then ends in TimewaitExit. Destroying instead of disconnecting sends the DREP too.
+#[test]
+fn the_drep_waits_for_the_consumer_that_received_the_dreq() {
+    let (mut a, mut b) = (Cm::new(0xA11CE), listener());
+    a.set_time_wait_ns(5_000_000);
+    b.set_time_wait_ns(7_000_000);
+    let (ia, ib) = established(&mut a, &mut b);
+    assert!(a.disconnect(0, ia));
+    let (out, _) = drain(&mut a);
+    let dreq = &out[0].1;
+    b.handle_mad(0, A, dreq);
+    let (out, ev) = drain(&mut b);
+    assert_eq!((out.len(), ev), (0, vec![CmEvent::Disconnected { id: ib }]), "no DREP before the consumer");
+    b.handle_mad(1, A, dreq);
+    quiet(&mut b, "a repeated DREQ while the consumer decides");
+    assert_eq!(b.counters().duplicates, 1);
+    quiet(&mut a, "a, waiting for the DREP");
+    assert!(b.disconnect(2, ib), "the consumer's disconnect answers the DREQ");
+    assert!(!b.disconnect(2, ib), "once");
+    let (out, _) = drain(&mut b);
+    assert_eq!(out.len(), 1);
+    let drep = out[0].1.clone();
+    a.handle_mad(3, B, &drep);
+    let (_, ev) = drain(&mut a);
+    assert_eq!(ev, vec![CmEvent::Disconnected { id: ia }]);
+    b.handle_mad(4, A, dreq);
+    let (out, _) = drain(&mut b);
+    assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), vec![&drep], "the DREP again in TimeWait");
+    a.handle_timeout(3 + 5_000_000);
+    b.handle_timeout(2 + 7_000_000);
+    assert_eq!(drain(&mut a).1, vec![CmEvent::TimewaitExit { id: ia }]);
+    assert_eq!(drain(&mut b).1, vec![CmEvent::TimewaitExit { id: ib }]);
+    assert_eq!((a.connections(), b.connections()), (0, 0));
+
+    // Destroyed instead: the DREP goes with it.
+    let (ia, ib) = established(&mut a, &mut b);
+    assert!(a.disconnect(0, ia));
+    let (out, _) = drain(&mut a);
+    b.handle_mad(0, A, &out[0].1);
+    assert_eq!(drain(&mut b), (vec![], vec![CmEvent::Disconnected { id: ib }]));
+    b.destroy(ib);
+    let (out, _) = drain(&mut b);
+    assert_eq!(out.len(), 1);
+    a.handle_mad(1, B, &out[0].1);
+    assert_eq!(drain(&mut a).1, vec![CmEvent::Disconnected { id: ia }]);
+}
+
+/// Linux's cm_dreq_handler in DREQ_SENT (the DREQ's resends cancelled, DREQ_RCVD, the consumer
+/// told): both sides disconnect at once and the peer exits right after its DREQ (perftest's
+/// server did, its exit handler sending the DREQ): this side's Disconnected comes with the
+/// peer's DREQ, and its own DREQ is not resent to a peer that is gone.
+#[test]
+fn a_dreq_that_crosses_this_sides_dreq_ends_the_wait() {
+    let (mut a, mut b) = (Cm::new(0xA11CE), listener());
+    let (ia, ib) = established(&mut a, &mut b);
+    assert!(a.disconnect(0, ia) && b.disconnect(0, ib));
+    drain(&mut a); // a's DREQ: lost with b
+    let (from_b, _) = drain(&mut b);
+    // b is gone; a gets b's DREQ.
+    a.handle_mad(1, B, &from_b[0].1);
+    assert_eq!(drain(&mut a), (vec![], vec![CmEvent::Disconnected { id: ia }]));
+    assert_eq!(a.poll_timeout(), None, "no DREQ resent, no timer until the consumer answers");
+    // a's consumer answers (rdma_disconnect, or destroying the id): the DREP, then TimeWait.
+    assert!(a.disconnect(2, ia));
+    assert_eq!(drain(&mut a).0.len(), 1);
+    a.handle_timeout(a.poll_timeout().expect("the time wait"));
+    assert_eq!(drain(&mut a).1, vec![CmEvent::TimewaitExit { id: ia }]);
+    // Had b lived: its DREP (for a's DREQ) ends a's DREQ Rcvd as well.
+    let (ia, ib) = established(&mut a, &mut b);
+    assert!(a.disconnect(0, ia) && b.disconnect(0, ib));
+    let (from_a, _) = drain(&mut a);
+    let (from_b, _) = drain(&mut b);
+    a.handle_mad(1, B, &from_b[0].1);
+    b.handle_mad(1, A, &from_a[0].1);
+    assert_eq!(drain(&mut b).1, vec![CmEvent::Disconnected { id: ib }]);
+    assert!(b.disconnect(2, ib));
+    let (drep, _) = drain(&mut b);
+    a.handle_mad(3, B, &drep[0].1);
+    assert_eq!(drain(&mut a).1, vec![CmEvent::Disconnected { id: ia }], "once");
+    assert!(!a.disconnect(4, ia), "nothing left to answer: a is in TimeWait");
 }

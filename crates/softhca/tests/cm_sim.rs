@@ -173,9 +173,14 @@ fn rc_qps_connect_through_the_cm_on_qp1_over_a_lossy_fabric() {
             &mut fab,
             &mut a,
             &mut b,
-            |is_a, _, ev, _| match ev {
-                CmEvent::Disconnected { .. } if is_a => ga.set(ga.get() + 1),
-                CmEvent::Disconnected { .. } => gb.set(gb.get() + 1),
+            |is_a, e, ev, now| match ev {
+                // The side the DREQ reached answers with its disconnect (rdma_disconnect).
+                CmEvent::Disconnected { id } => {
+                    let n = if is_a { &ga } else { &gb };
+                    n.set(n.get() + 1);
+                    e.agent.cm().disconnect(now, id);
+                }
+                CmEvent::TimewaitExit { .. } => {}
                 other => panic!("unexpected {other:?}"),
             },
             |_, _| (ga.get(), gb.get()) == (1, 1),
@@ -238,7 +243,11 @@ fn consumer<'s>(seen: &'s RefCell<(Seen, Seen)>, qa_num: u32) -> impl FnMut(bool
                     to_rts(qp, 0x200);
                 }
             }
-            CmEvent::Disconnected { .. } => s.disconnected += 1,
+            CmEvent::Disconnected { id } => {
+                s.disconnected += 1;
+                e.agent.cm().disconnect(now, id); // the DREP, when the peer's DREQ came
+            }
+            CmEvent::TimewaitExit { .. } => {}
             CmEvent::Rejected { reason, .. } => s.rejected.push(reason),
             CmEvent::SidrRequest { .. } | CmEvent::SidrReply { .. } => panic!("no SIDR here: {ev:?}"),
         }

@@ -88,11 +88,19 @@ impl Net {
                         }
                     }
                 }
+                // Each consumer answers the peer's DREQ with its own disconnect (the DREP), as
+                // a program calls rdma_disconnect on DISCONNECTED.
                 while let Some(e) = self.a.poll_event() {
+                    if let CmEvent::Disconnected { id } = e {
+                        busy |= self.a.disconnect(self.now, id);
+                    }
                     self.ev_a.push(e);
                 }
                 while let Some(e) = self.b.poll_event() {
                     busy = true;
+                    if let CmEvent::Disconnected { id } = e {
+                        self.b.disconnect(self.now, id);
+                    }
                     b_policy(&mut self.b, self.now, &e);
                     self.ev_b.push(e);
                 }
@@ -432,10 +440,12 @@ fn vanished_peer_dreq_is_retried_max_cm_retries_times_then_disconnected() {
         }
         n.run(t0 + 600_000_000_000, accept);
         let (cm, evs, id) = if a_disconnects { (&n.a, &n.ev_a, id) } else { (&n.b, &n.ev_b, id_b) };
-        assert_eq!(evs.last(), Some(&CmEvent::Disconnected { id }));
+        // Disconnected when the retries ran out, then the time wait (1 s), as Linux's
+        // DREQ_ERROR and TIMEWAIT_EXIT.
+        assert_eq!(evs[evs.len() - 2..], [CmEvent::Disconnected { id }, CmEvent::TimewaitExit { id }]);
         assert_eq!(sent(&n, a_disconnects, CmDreq::ATTRIBUTE_ID), 1 + 4, "a disconnects: {a_disconnects}");
         assert_eq!((cm.counters().resent, cm.counters().timeouts), (4, 1));
-        assert_eq!(n.now, t0 + 5 * cm_timeout_ns(11));
+        assert_eq!(n.now, t0 + 5 * cm_timeout_ns(11) + 1_000_000_000);
         assert_eq!((cm.connections(), cm.remote_ids()), (0, 0));
     }
 }
@@ -452,7 +462,9 @@ fn rej_timeout_reaches_a_requester_whose_rtus_were_lost() {
     let id = n.a.connect(0, B, &p);
     n.run(600_000_000_000, accept);
     let est = CmEvent::Established { id, remote_qpn: 0x22, remote_psn: 0xDEF };
-    assert_eq!(n.ev_a, vec![est, CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: vec![0; 148] }]);
+    let rej = CmEvent::Rejected { id, reason: reason::TIMEOUT, private_data: vec![0; 148] };
+    // The REJ of an established connection enters the time wait, as Linux's.
+    assert_eq!(n.ev_a, vec![est, rej, CmEvent::TimewaitExit { id }]);
     assert!(
         matches!(n.ev_b[..], [CmEvent::ConnectRequest { .. }, CmEvent::Rejected { reason: 4, .. }]),
         "{:?}",
@@ -476,8 +488,15 @@ fn a_dreq_reaches_a_responder_still_waiting_for_the_rtu() {
     assert!(matches!(n.ev_a[..], [CmEvent::Established { .. }]), "{:?}", n.ev_a);
     assert!(n.a.disconnect(n.now, id));
     n.run(600_000_000_000, accept);
-    assert_eq!(n.ev_a[1..], [CmEvent::Disconnected { id }]);
-    assert!(matches!(n.ev_b[..], [CmEvent::ConnectRequest { .. }, CmEvent::Disconnected { .. }]), "{:?}", n.ev_b);
+    assert_eq!(n.ev_a[1..], [CmEvent::Disconnected { id }, CmEvent::TimewaitExit { id }]);
+    assert!(
+        matches!(
+            n.ev_b[..],
+            [CmEvent::ConnectRequest { .. }, CmEvent::Disconnected { .. }, CmEvent::TimewaitExit { .. }]
+        ),
+        "{:?}",
+        n.ev_b
+    );
     assert_eq!(sent(&n, false, CmRep::ATTRIBUTE_ID), 1, "the DREQ stopped b's REP retries");
     no_state_left(&n);
 }

@@ -26,6 +26,7 @@ pub const RDMA_CM_EVENT_REJECTED: c_int = 8;
 pub const RDMA_CM_EVENT_ESTABLISHED: c_int = 9;
 pub const RDMA_CM_EVENT_DISCONNECTED: c_int = 10;
 pub const RDMA_CM_EVENT_MULTICAST_JOIN: c_int = 12;
+pub const RDMA_CM_EVENT_TIMEWAIT_EXIT: c_int = 15;
 pub const RDMA_CM_EVENT_MULTICAST_ERROR: c_int = 13;
 
 /// `rdma_cm_join_mc_attr_ex` and its masks and flags (`rdma_join_multicast_ex`).

@@ -283,9 +283,15 @@ pub unsafe extern "C" fn softhca_rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
                 }
                 id.st.phase = Phase::Disconnected;
             }
-            // The peer disconnected first: its DREQ was answered (a synchronous id still
-            // takes its DISCONNECTED event below, as librdmacm's ucma_complete does).
-            Phase::Disconnected => {}
+            // The peer disconnected first: its DREQ is answered now, as Linux's rdma_cm sends
+            // the DREP at rdma_disconnect (a synchronous id still takes its DISCONNECTED event
+            // below, as librdmacm's ucma_complete does).
+            Phase::Disconnected => {
+                if let (Some(comm), Some(dev)) = (id.st.comm, g.dev.as_mut()) {
+                    dev.agent.cm().disconnect(now(), comm);
+                    dev.agent.transmit();
+                }
+            }
             // A connection that was tried and is gone (rejected, unreachable) or still under
             // way: the kernel has a CM id for it and answers 0; only an id that never
             // connected is EINVAL.

@@ -607,6 +607,7 @@ impl Global {
                 CmEvent::Established { id, .. } => self.on_established(id),
                 CmEvent::Rejected { id, reason, private_data } => self.on_rejected(id, reason, &private_data),
                 CmEvent::Disconnected { id } => self.on_disconnected(id),
+                CmEvent::TimewaitExit { id } => self.on_timewait_exit(id),
                 CmEvent::SidrRequest { id, peer, req } => self.on_sidr_request(id, peer, req),
                 CmEvent::SidrReply { id, rep } => self.on_sidr_reply(id, rep),
             }
@@ -816,10 +817,11 @@ impl Global {
         }
     }
 
+    /// The connection is over: the id keeps its CM connection through the time wait (its
+    /// DREP, when the peer disconnected, goes at the program's `rdma_disconnect` or
+    /// `rdma_destroy_id`; then TIMEWAIT_EXIT).
     fn on_disconnected(&mut self, comm: CommId) {
-        let Some(serial) = self.conns.remove(&comm) else { return };
-        let Some(id) = self.id(serial) else { return };
-        id.st.comm = None;
+        let Some(id) = self.conns.get(&comm).and_then(|&s| self.id(s)) else { return };
         // A DREQ can also end a connection whose RTU this side is still waiting for: rdma_cm
         // reports it as disconnected all the same.
         if matches!(id.st.phase, Phase::Connected | Phase::Accepting | Phase::Disconnected) {
@@ -828,6 +830,15 @@ impl Global {
             let _ = modify_err(id);
             id.queue(Event::new(id, RDMA_CM_EVENT_DISCONNECTED, 0));
         }
+    }
+
+    /// The connection's time wait is over: RDMA_CM_EVENT_TIMEWAIT_EXIT, as Linux's rdma_cm
+    /// reports it, and the id has no CM connection any more.
+    fn on_timewait_exit(&mut self, comm: CommId) {
+        let Some(serial) = self.conns.remove(&comm) else { return };
+        let Some(id) = self.id(serial) else { return };
+        id.st.comm = None;
+        id.queue(Event::new(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0));
     }
 
     /// Moves an id's QP to RTS for its connection, as librdmacm does on a REP (INIT again for
@@ -1040,7 +1051,8 @@ fn fill_path(id: &mut Id, mtu: u8, flow_label: u32) {
         flow_label: flow_label.to_be(),
         hop_limit: 64,
         traffic_class: id.st.tos,
-        reversible: 1u32.to_be() as c_int,
+        // An int in host order (the kernel copies its 1 as it is: rxe's path shows 1).
+        reversible: 1,
         numb_path: 1,
         pkey: 0xFFFFu16.to_be(),
         sl: 0,

@@ -2,7 +2,8 @@
  * own address): errors of bind and get_cm_event, a REQ to a port nobody listens on, a
  * consumer's reject with private data, accept with private data in both directions, the
  * addresses and ports of both ends, the route's flow label on both, a Send over the
- * connection, and a disconnect that reaches the other side and flushes its QP. Prints
+ * connection, and a disconnect that reaches the other side and flushes its QP, the DREP
+ * left to the other side's rdma_disconnect, then both time waits ending. Prints
  * "cm_edges: ok". */
 #include <errno.h>
 #include <signal.h>
@@ -11,12 +12,14 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <rdma/rdma_cma.h>
+#include <poll.h>
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: %s (errno %d)\n", __FILE__, __LINE__, #c, errno); exit(1); } } while (0)
 
@@ -141,8 +144,9 @@ static void ipv6(void)
 	CHECK(memcmp(&((struct sockaddr_in6 *)rdma_get_peer_addr(s))->sin6_addr, &in6addr_loopback, 16) == 0);
 	CHECK(rdma_get_dst_port(s) == rdma_get_src_port(c) && rdma_get_src_port(s) == htons(7190));
 	CHECK(rdma_disconnect(c) == 0);
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED)); /* s: the DREQ */
+	CHECK(rdma_disconnect(s) == 0);                      /* its DREP */
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED)); /* c */
 	rdma_destroy_qp(s);
 	rdma_destroy_qp(c);
 	CHECK(rdma_destroy_id(s) == 0 && rdma_destroy_id(c) == 0 && rdma_destroy_id(l) == 0);
@@ -162,9 +166,9 @@ static void qp_destroyed(void)
 	CHECK(ibv_destroy_qp(c->qp) == 0);
 	CHECK(c->qp == NULL);
 	CHECK(rdma_disconnect(s) == 0);
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
-	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
-	CHECK(rdma_disconnect(c) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED)); /* c: the DREQ */
+	CHECK(rdma_disconnect(c) == 0);                      /* its DREP */
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED)); /* s */
 	rdma_destroy_qp(c); /* nothing left to destroy but the CQs it made */
 	rdma_destroy_qp(s);
 	CHECK(rdma_destroy_id(s) == 0 && rdma_destroy_id(c) == 0 && rdma_destroy_id(l) == 0);
@@ -238,7 +242,7 @@ static void multicast(void)
 {
 	struct rdma_cm_id *id;
 	struct rdma_cm_event *e;
-	struct sockaddr_in me = sin4("127.0.0.33", 0), group = sin4("239.1.2.3", 0), other = sin4("239.1.2.4", 0);
+	struct sockaddr_in me = sin4("127.0.0.42", 0), group = sin4("239.1.2.3", 0), other = sin4("239.1.2.4", 0);
 	struct sockaddr_in6 g6;
 	struct rdma_cm_join_mc_attr_ex ex;
 	struct ibv_qp_init_attr qa;
@@ -554,19 +558,28 @@ int main(int argc, char **argv)
 		;
 	CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 13 && strcmp(rbuf, "over rdma_cm") == 0);
 
-	/* The client disconnects: DISCONNECTED on both sides, the server's QP flushed (its
-	 * other receive completes in error). */
+	/* The client disconnects: DISCONNECTED at the server at once, its QP flushed (its other
+	 * receive completes in error); the client's only once the server disconnects too (its
+	 * DREP), as on Linux; then both time waits end (TIMEWAIT_EXIT, rxe's 2026-11-29). */
 	CHECK(rdma_disconnect(c) == 0);
 	e = next(RDMA_CM_EVENT_DISCONNECTED);
 	CHECK(e->id == s);
 	rdma_ack_cm_event(e);
-	e = next(RDMA_CM_EVENT_DISCONNECTED);
-	CHECK(e->id == c);
-	rdma_ack_cm_event(e);
 	while ((n = ibv_poll_cq(s->recv_cq, 1, &wc)) == 0)
 		;
 	CHECK(n == 1 && wc.status == IBV_WC_WR_FLUSH_ERR && wc.wr_id == 1);
+	struct pollfd pf = { .fd = ch->fd, .events = POLLIN };
+	CHECK(poll(&pf, 1, 300) == 0); /* the client waits for the DREP */
 	CHECK(rdma_disconnect(s) == 0);
+	e = next(RDMA_CM_EVENT_DISCONNECTED);
+	CHECK(e->id == c);
+	rdma_ack_cm_event(e);
+	e = next(RDMA_CM_EVENT_TIMEWAIT_EXIT);
+	struct rdma_cm_id *first = e->id;
+	rdma_ack_cm_event(e);
+	e = next(RDMA_CM_EVENT_TIMEWAIT_EXIT);
+	CHECK((first == s && e->id == c) || (first == c && e->id == s));
+	rdma_ack_cm_event(e);
 
 	ibv_dereg_mr(smr);
 	ibv_dereg_mr(rmr);

@@ -76,8 +76,13 @@ pub enum CmEvent {
     Rejected { id: CommId, reason: u16, private_data: Vec<u8> },
     /// A DREQ / DREP exchange ended the connection (or its retries ran out). A responder whose
     /// REP was not yet answered by an RTU can get this without Established before it: the
-    /// requester disconnected while the RTU was lost.
+    /// requester disconnected while the RTU was lost. The side that received the DREQ gets
+    /// this at once and answers with its DREP when the consumer calls [`Cm::disconnect`] (or
+    /// [`Cm::destroy`]), as Linux's CM leaves the DREP to `rdma_disconnect`.
     Disconnected { id: CommId },
+    /// The connection's time wait is over (after a disconnection, or a REJ of an established
+    /// connection): Linux's `RDMA_CM_EVENT_TIMEWAIT_EXIT`, the QP free for another.
+    TimewaitExit { id: CommId },
     /// A SIDR REQ for a listened service (UD service resolution): answer it with
     /// [`Cm::sidr_reply`].
     SidrRequest { id: CommId, peer: Peer, req: Box<CmSidrReq> },
@@ -145,6 +150,8 @@ enum State {
     RepSent,
     Established,
     DreqSent,
+    /// The peer's DREQ came; the DREP waits for the consumer's disconnect (or destroy).
+    DreqRcvd,
     /// Disconnected; kept a while to answer a repeated DREQ.
     TimeWait,
 }
@@ -261,6 +268,11 @@ pub struct Cm {
 /// `cm_acquire_rejected_id` finds the connection a REJ Timeout ends by this GUID and the REJ's
 /// Local Communication ID (`cm_find_remote_id`): without it the REJ is dropped, and the peer
 /// waits out its own retries instead.
+/// The DREP that answers the peer's DREQ for connection `id`.
+fn drep_for(id: CommId, conn: &Conn) -> CmDrep {
+    CmDrep { local_comm_id: id, remote_comm_id: conn.remote_comm_id, ..Default::default() }
+}
+
 fn set_timeout_ari(rej: &mut CmRej, ca_guid: u64) {
     rej.rejected_info_length = 8;
     rej.ari[..8].copy_from_slice(&ca_guid.to_be_bytes());
@@ -545,6 +557,11 @@ impl Cm {
                 self.send_once(peer, tid, CmMessage::Dreq(Box::new(dreq)));
                 self.forget(id);
             }
+            State::DreqRcvd => {
+                let (peer, tid, drep) = (conn.peer, conn.tid, drep_for(id, conn));
+                self.send_once(peer, tid, CmMessage::Drep(Box::new(drep)));
+                self.forget(id);
+            }
             State::DreqSent | State::TimeWait => self.forget(id),
         }
     }
@@ -555,10 +572,25 @@ impl Cm {
         }
     }
 
-    /// Starts disconnecting an established connection: sends the DREQ.
+    /// Disconnects: sends the DREQ of an established connection, or the DREP that answers the
+    /// peer's DREQ (the connection then waits out its time wait). False when there is neither.
     pub fn disconnect(&mut self, now: u64, id: CommId) -> bool {
-        if self.conns.get(&id).map(|c| c.state) != Some(State::Established) {
-            return false;
+        match self.conns.get(&id).map(|c| c.state) {
+            Some(State::Established) => {}
+            Some(State::DreqRcvd) => {
+                let Some(conn) = self.conns.get(&id) else { return false };
+                let drep = drep_for(id, conn);
+                let mad = self.build(conn.tid, &CmMessage::Drep(Box::new(drep)));
+                self.out.push_back((conn.peer, mad.clone()));
+                let time_wait = self.time_wait_ns;
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.state = State::TimeWait;
+                    conn.last = mad;
+                    conn.deadline = Some(now + time_wait);
+                }
+                return true;
+            }
+            _ => return false,
         }
         let Some(mut conn) = self.take(id) else { return false };
         let dreq = CmDreq {
@@ -593,7 +625,7 @@ impl Cm {
             CmMessage::Rtu(rtu) => self.on_rtu(peer, &rtu),
             CmMessage::Rej(rej) => self.on_rej(now, peer, &rej),
             CmMessage::Mra(mra) => self.on_mra(now, peer, &mra),
-            CmMessage::Dreq(dreq) => self.on_dreq(now, peer, h.transaction_id, &dreq),
+            CmMessage::Dreq(dreq) => self.on_dreq(peer, h.transaction_id, &dreq),
             CmMessage::Drep(drep) => self.on_drep(now, peer, &drep),
             CmMessage::SidrReq(req) => self.on_sidr_req(now, peer, h.transaction_id, req),
             CmMessage::SidrRep(rep) => self.on_sidr_rep(peer, rep),
@@ -633,6 +665,7 @@ impl Cm {
             let Some(mut conn) = self.take(id) else { continue };
             if conn.state == State::TimeWait {
                 self.unlink(id, &conn);
+                self.events.push_back(CmEvent::TimewaitExit { id });
                 continue;
             }
             if conn.retries_left > 0 {
@@ -645,10 +678,17 @@ impl Cm {
             }
             // Out of retries.
             self.counters.timeouts += 1;
-            self.unlink(id, &conn);
             match conn.state {
-                State::DreqSent => self.events.push_back(CmEvent::Disconnected { id }),
+                // A DREQ nobody answered: disconnected all the same, and the time wait follows
+                // (Linux's DREQ_ERROR, then TIMEWAIT_EXIT).
+                State::DreqSent => {
+                    conn.state = State::TimeWait;
+                    conn.deadline = Some(now + self.time_wait_ns);
+                    self.put(id, conn);
+                    self.events.push_back(CmEvent::Disconnected { id });
+                }
                 _ => {
+                    self.unlink(id, &conn);
                     let mut rej = CmRej {
                         local_comm_id: id,
                         remote_comm_id: conn.remote_comm_id,
@@ -805,8 +845,8 @@ impl Cm {
                 self.counters.duplicates += 1;
                 true
             }
-            // A REP still repeating after this side disconnected: the DREQ says enough.
-            State::DreqSent | State::TimeWait if conn.requester => {
+            // A REP still repeating after a side disconnected: the DREQ says enough.
+            State::DreqSent | State::DreqRcvd | State::TimeWait if conn.requester => {
                 self.counters.duplicates += 1;
                 true
             }
@@ -827,7 +867,7 @@ impl Cm {
                 self.events.push_back(CmEvent::Established { id, remote_qpn, remote_psn });
                 true
             }
-            State::Established | State::DreqSent | State::TimeWait if !conn.requester => {
+            State::Established | State::DreqSent | State::DreqRcvd | State::TimeWait if !conn.requester => {
                 self.counters.duplicates += 1;
                 true
             }
@@ -868,6 +908,8 @@ impl Cm {
                 });
             }
             State::TimeWait => self.counters.duplicates += 1,
+            // Linux's CM takes no REJ once the peer's DREQ came.
+            State::DreqRcvd => return false,
         }
         true
     }
@@ -890,7 +932,7 @@ impl Cm {
         true
     }
 
-    fn on_dreq(&mut self, now: u64, peer: Peer, tid: u64, dreq: &CmDreq) -> bool {
+    fn on_dreq(&mut self, peer: Peer, tid: u64, dreq: &CmDreq) -> bool {
         let id = dreq.remote_comm_id;
         let Some(conn) = self.matching(id, peer, dreq.local_comm_id).filter(|c| c.state != State::ReqSent) else {
             // No such connection (any more): a DREP all the same, so the peer stops
@@ -903,23 +945,28 @@ impl Cm {
         if dreq.remote_qpn_eecn != (conn.local_qpn & 0xFF_FFFF) {
             return false;
         }
-        let state = conn.state;
-        match state {
-            State::Established | State::DreqSent | State::RepSent => {}
-            State::TimeWait => self.counters.duplicates += 1,
-            State::ReqSent | State::ReqRcvd => return false,
-        }
-        let drep = CmDrep { local_comm_id: id, remote_comm_id: dreq.local_comm_id, ..Default::default() };
-        let mad = self.build(tid, &CmMessage::Drep(Box::new(drep)));
-        self.out.push_back((peer, mad.clone()));
-        if state != State::TimeWait {
-            self.events.push_back(CmEvent::Disconnected { id });
-            let time_wait = self.time_wait_ns;
-            if let Some(conn) = self.conns.get_mut(&id) {
-                conn.state = State::TimeWait;
-                conn.last = mad;
-                conn.deadline = Some(now + time_wait);
+        match conn.state {
+            // The consumer hears of it now and answers with its disconnect (or destroy), as
+            // Linux's CM leaves the DREP to rdma_disconnect: until then no timer runs. Both
+            // sides disconnecting at once (DREQ Sent) is the same: this side's own DREQ is
+            // sent no more, as Linux's cm_dreq_handler cancels it, and the peer that is gone
+            // by then (a program that exited) is not waited for.
+            State::Established | State::RepSent | State::DreqSent => {
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.state = State::DreqRcvd;
+                    conn.tid = tid;
+                    conn.deadline = None;
+                }
+                self.events.push_back(CmEvent::Disconnected { id });
             }
+            // A repeated DREQ: the DREP again once it went; none while the consumer decides.
+            State::TimeWait => {
+                self.counters.duplicates += 1;
+                let drep = CmDrep { local_comm_id: id, remote_comm_id: dreq.local_comm_id, ..Default::default() };
+                self.send_once(peer, tid, CmMessage::Drep(Box::new(drep)));
+            }
+            State::DreqRcvd => self.counters.duplicates += 1,
+            State::ReqSent | State::ReqRcvd => return false,
         }
         true
     }
@@ -935,6 +982,16 @@ impl Cm {
                     conn.deadline = Some(now + time_wait);
                 }
                 self.events.push_back(CmEvent::Disconnected { id });
+                true
+            }
+            // Both sides disconnected at once and the peer's DREQ came first: its DREP ends
+            // this side's DREQ too (Linux enters TimeWait; Disconnected was already told).
+            State::DreqRcvd => {
+                let time_wait = self.time_wait_ns;
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.state = State::TimeWait;
+                    conn.deadline = Some(now + time_wait);
+                }
                 true
             }
             State::TimeWait => {
