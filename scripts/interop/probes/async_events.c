@@ -76,7 +76,13 @@ int main(int argc, char **argv) {
   conn(x, y->qp_num); conn(y, x->qp_num); rts(x); rts(y);
   w = (struct ibv_send_wr){ .wr_id = 3, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
   ibv_post_send(x, &w, &bad); drain(cq, 2);
-  events("srq below limit", 300);
+  events("srq at its limit", 300);
+  w.wr_id = 5;
+  ibv_post_send(x, &w, &bad); drain(cq, 2);
+  events("srq below its limit", 300);
+  w.wr_id = 6;
+  ibv_post_send(x, &w, &bad); drain(cq, 2);
+  events("srq below, not re-armed", 300);
   struct ibv_qp_attr m = { .qp_state = IBV_QPS_ERR };
   ibv_modify_qp(y, &m, IBV_QP_STATE);
   events("srq qp to error", 300);
