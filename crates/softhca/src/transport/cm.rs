@@ -10,7 +10,10 @@
 //! connection fails with REJ Timeout (4), whose ARI is this side's CA GUID (Linux's CM finds
 //! the connection by it). Duplicates are answered, never taken twice: a REQ again gets the
 //! REP again (or, while the consumer decides, an MRA), a REP again the RTU again, a DREQ
-//! again the DREP again. A REQ from a QP already connected here is refused as stale (REJ 10).
+//! again the DREP again once the DREP went. As Linux's CM, a DREQ is answered when the
+//! consumer disconnects (or destroys) in turn, not before, and a connection's time wait ends
+//! in an event of its own (TIMEWAIT_EXIT). A REQ from a QP already connected here is refused
+//! as stale (REJ 10).
 //!
 //! What it takes: a MAD of the CM class (0x07), base version 1, class version 2, method Send,
 //! with an attribute it defines; and then only a message that names one of its connections by
@@ -263,16 +266,16 @@ pub struct Cm {
     sidr_by_remote: BTreeMap<(Peer, u32), CommId>,
 }
 
-/// A REJ Timeout's Additional Rejection Information: the rejecting side's CA GUID, the one
-/// its REQ or REP carried (IBA Table 109; Linux's CM sends its node GUID). Linux's
-/// `cm_acquire_rejected_id` finds the connection a REJ Timeout ends by this GUID and the REJ's
-/// Local Communication ID (`cm_find_remote_id`): without it the REJ is dropped, and the peer
-/// waits out its own retries instead.
 /// The DREP that answers the peer's DREQ for connection `id`.
 fn drep_for(id: CommId, conn: &Conn) -> CmDrep {
     CmDrep { local_comm_id: id, remote_comm_id: conn.remote_comm_id, ..Default::default() }
 }
 
+/// A REJ Timeout's Additional Rejection Information: the rejecting side's CA GUID, the one
+/// its REQ or REP carried (IBA Table 109; Linux's CM sends its node GUID). Linux's
+/// `cm_acquire_rejected_id` finds the connection a REJ Timeout ends by this GUID and the REJ's
+/// Local Communication ID (`cm_find_remote_id`): without it the REJ is dropped, and the peer
+/// waits out its own retries instead.
 fn set_timeout_ari(rej: &mut CmRej, ca_guid: u64) {
     rej.rejected_info_length = 8;
     rej.ari[..8].copy_from_slice(&ca_guid.to_be_bytes());
