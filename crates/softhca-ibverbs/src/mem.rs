@@ -191,6 +191,14 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
     if (addr as usize).checked_add(length).is_none() {
         return fail(libc::EINVAL); // a range past the top of the address space
     }
+    // The kernel pins the pages the range touches (`ib_umem_get`): no bytes at a page boundary
+    // touch none, which the driver refuses (EINVAL on rxe); no bytes inside a page touch that
+    // page and register.
+    // SAFETY: sysconf reads a constant of the system.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    if length == 0 && (addr as usize) % page == 0 {
+        return fail(libc::EINVAL);
+    }
     if !mapped(addr as usize, length, access_of(access).intersects(WRITABLE)) {
         return fail(libc::EFAULT);
     }
