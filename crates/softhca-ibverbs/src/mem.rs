@@ -196,7 +196,7 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
     // page and register.
     // SAFETY: sysconf reads a constant of the system.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
-    if length == 0 && (addr as usize) % page == 0 {
+    if length == 0 && (addr as usize).is_multiple_of(page) {
         return fail(libc::EINVAL);
     }
     if !mapped(addr as usize, length, access_of(access).intersects(WRITABLE)) {
