@@ -78,7 +78,9 @@ fn queries_zero_what_they_do_not_fill() {
 /// Create QP wrote back exactly the capacities asked for, where Linux rxe sizes a send WQE for
 /// the larger of the SGEs and inline bytes and reports what it holds of both (1 SGE: 16 inline
 /// bytes; 64 inline bytes: 4 SGEs), so rdma_xclient's 16-byte inline Send on a QP that asked for
-/// no inline data failed with EINVAL. The table is what rxe wrote back in the guest.
+/// no inline data failed with EINVAL. The table is what rxe wrote back in the guest. The Send
+/// also checks the completion flags rxe sets outside the digest's fields (GRH on an RC receive,
+/// WITH_IMM on the sender's completion), which softhca did not set.
 #[test]
 fn create_qp_reports_the_send_capacities_rxe_reports() {
     if ready() {

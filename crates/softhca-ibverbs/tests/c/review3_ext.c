@@ -4,6 +4,7 @@
    Alarms and deadlines are hang guards only. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <arpa/inet.h>
 #define TEST_NAME "review3_ext"
 #include "verbs_test.h"
 
@@ -398,14 +399,19 @@ static void qp_caps(void)
 	struct ibv_recv_wr rw = { .wr_id = 1, .sg_list = &rs, .num_sge = 1 }, *rbad;
 	CHECK(ibv_post_recv(qp, &rw, &rbad) == 0, "ibv_post_recv");
 	struct ibv_sge ss = { .addr = (uintptr_t)buf, .length = sizeof buf, .lkey = 0 };
-	struct ibv_send_wr sw = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
-				  .send_flags = IBV_SEND_INLINE }, *sbad;
+	struct ibv_send_wr sw = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND_WITH_IMM,
+				  .send_flags = IBV_SEND_INLINE, .imm_data = htonl(5) }, *sbad;
 	CHECK(ibv_post_send(qp, &sw, &sbad) == 0, "16 inline bytes on a QP that asked for none: errno %d", errno);
+	/* The flags rxe sets (and ConnectX): GRH on an RC receive (every RoCE packet has network
+	   headers), WITH_IMM on both ends of a request with immediate data. */
 	int seen = 0;
 	for (int spins = 0; seen < 2 && spins < 10000000; spins++) {
 		struct ibv_wc wc;
 		if (ibv_poll_cq(cq, 1, &wc) == 1) {
 			CHECK(wc.status == IBV_WC_SUCCESS, "wc %llu status %d", (unsigned long long)wc.wr_id, wc.status);
+			unsigned want = wc.wr_id == 1 ? IBV_WC_GRH | IBV_WC_WITH_IMM : IBV_WC_WITH_IMM;
+			CHECK(wc.wc_flags == want, "wc %llu wc_flags %#x, rxe %#x", (unsigned long long)wc.wr_id, wc.wc_flags,
+			      want);
 			seen++;
 		}
 	}

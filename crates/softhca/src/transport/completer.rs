@@ -3,7 +3,7 @@
 
 use crate::transport::qp::{wc_opcode_of, QpCore, QpInner};
 use crate::transport::wqe::WrOpcode;
-use crate::types::{QpType, Wc, WcStatus};
+use crate::types::{QpType, Wc, WcFlags, WcStatus};
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;
@@ -310,12 +310,16 @@ pub(crate) fn retire(q: &QpInner, core: &mut QpCore) {
 /// (CQ-OVF-2). True when the QP carries on as it was. One place for RC, UC, UD and RD.
 pub(crate) fn retire_head(q: &QpInner, core: &mut QpCore, status: WcStatus, popped: impl FnOnce(&mut QpCore)) -> bool {
     let Some(w) = core.sq.get(0) else { return true };
+    // A request with immediate data says so in its own completion too (outside the digest's
+    // fields, CQE-9 being the receiver's): Linux's rxe and ConnectX do.
+    let with_imm = matches!(w.opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
     let wc = Wc {
         wr_id: w.wr_id,
         status,
         opcode: wc_opcode_of(w.opcode),
         byte_len: if w.opcode.is_atomic() { 8 } else { w.length as u32 },
         qp_num: q.qpn,
+        wc_flags: if with_imm && status == WcStatus::Success { WcFlags::WITH_IMM } else { WcFlags::empty() },
         ..Default::default()
     };
     let failed = status != WcStatus::Success;

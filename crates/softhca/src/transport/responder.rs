@@ -500,9 +500,12 @@ fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64
         wc.imm_data = rkey;
         wc.wc_flags |= WcFlags::WITH_INV;
     }
+    // PKT-ROCE-11: every RoCEv2 packet has network headers, so the GRH present flag is set
+    // for UD (CQE-13) and, where the digest leaves it undefined (RC, UC), as Linux's rxe and
+    // ConnectX's RoCE set it there too.
+    wc.wc_flags |= WcFlags::GRH;
     if q.qp_type == QpType::Ud {
         wc.src_qp = r.src_qp;
-        wc.wc_flags |= WcFlags::GRH; // PKT-ROCE-11: every RoCEv2 packet has network headers
         wc.network_hdr_type = match r.grh {
             Some(g) if crate::wire::roce::ud_grh_is_ipv6(&g) => NetworkHdrType::Ipv6,
             Some(_) => NetworkHdrType::Ipv4,
