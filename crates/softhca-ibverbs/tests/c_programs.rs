@@ -10,9 +10,11 @@ use std::process::{Command, Output, Stdio};
 
 use common::*;
 
-/// A TCP port for one pingpong: distinct per test process and per call.
+/// A TCP port for one pingpong: distinct per test process and per call, and below the
+/// ephemeral range (32768-60999), where another program's connection could take it as its
+/// source port at any moment.
 fn port(k: u16) -> u16 {
-    20000 + (std::process::id() % 2000) as u16 * 10 + k
+    20000 + (std::process::id() % 1200) as u16 * 10 + k
 }
 
 /// Runs `prog` as server and client (two processes) with `args`; both must report their

@@ -56,7 +56,7 @@ fn fi_pingpong_datagram_endpoints() {
         return;
     }
     let args = ["-p", "verbs", "-e", "dgram", "-I", "100", "-c"];
-    for (server, client, port) in [(Some("127.0.0.71"), Some("127.0.0.72"), "47611"), (None, None, "47612")] {
+    for (server, client, port) in [(Some("127.0.0.71"), Some("127.0.0.72"), "29611"), (None, None, "29612")] {
         let mut s = pingpong(&[], server, &[&args[..], &["-B", port]].concat()).spawn().unwrap();
         await_listening(&mut s, port.parse().unwrap(), 30, "fi_pingpong dgram");
         let mut c = pingpong(&[], client, &[&args[..], &["-P", port, server.unwrap_or("127.0.0.1")]].concat());

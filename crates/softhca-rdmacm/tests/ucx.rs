@@ -106,7 +106,10 @@ fn ucx_perftest_and_io_demo_over_rc_and_ud_verbs() {
     }
     let Some(_entry) = turn_with_entry() else { return };
     let (sa, ca) = ("127.0.0.81", "127.0.0.82");
-    let mut port = 47621u16;
+    // Below the ephemeral range (32768-60999): a port there can be taken at any moment as
+    // the source port of another program's connection (ucx_perftest's bind failed once so,
+    // with Open MPI running beside it).
+    let mut port = 29621u16;
     for link in ["udp", "shm"] {
         // ucx_perftest: the UD transport alone (every packet through the GRH-area check), then
         // RC for the data with UD for the wire-up: tag matching, RMA put, and RMA get and
