@@ -60,6 +60,21 @@ const CONN_RETRIES: u32 = 6;
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 const CONF_DIR: &str = "/etc/rdma/rsocket";
 
+/// The next transfer of a send with `left` bytes to go (librdmacm's `olen`): the overlap size,
+/// which starts at OLAP_START_SIZE and doubles each transfer up to MAX_TRANSFER, or what is
+/// left when that is less.
+fn next_chunk(olen: &mut u32, left: usize) -> u32 {
+    let left = left.min(u32::MAX as usize) as u32;
+    if *olen >= left {
+        return left;
+    }
+    let c = *olen;
+    if *olen < MAX_TRANSFER {
+        *olen <<= 1;
+    }
+    c
+}
+
 fn config() -> &'static Config {
     static C: OnceLock<Config> = OnceLock::new();
     C.get_or_init(|| {
@@ -761,17 +776,7 @@ fn send_with(
             ret = Err(e);
             break;
         }
-        let left = (len - done).min(u32::MAX as usize) as u32;
-        let chunk = if olen < left {
-            let c = olen;
-            if olen < MAX_TRANSFER {
-                olen <<= 1;
-            }
-            c
-        } else {
-            left
-        };
-        let xfer = g.fit(chunk);
+        let xfer = g.fit(next_chunk(&mut olen, len - done));
         let r = match direct {
             Some(buf) => g.send_some(Dest::Data, &buf[done..done + xfer as usize]),
             None => {
@@ -1443,16 +1448,7 @@ pub unsafe extern "C" fn softhca_rs_iowrite(
             ret = Err(e);
             break;
         }
-        let left = (src.len() - done).min(u32::MAX as usize) as u32;
-        let chunk = if olen < left {
-            let c = olen;
-            if olen < MAX_TRANSFER {
-                olen <<= 1;
-            }
-            c
-        } else {
-            left
-        };
+        let chunk = next_chunk(&mut olen, src.len() - done);
         match g.write_direct(&e, at, &src[done..], chunk) {
             Ok(n) => done += n as usize,
             Err(e) => {
