@@ -581,16 +581,11 @@ impl Cm {
         match self.conns.get(&id).map(|c| c.state) {
             Some(State::Established) => {}
             Some(State::DreqRcvd) => {
-                let Some(conn) = self.conns.get(&id) else { return false };
-                let drep = drep_for(id, conn);
-                let mad = self.build(conn.tid, &CmMessage::Drep(Box::new(drep)));
-                self.out.push_back((conn.peer, mad.clone()));
-                let time_wait = self.time_wait_ns;
-                if let Some(conn) = self.conns.get_mut(&id) {
-                    conn.state = State::TimeWait;
-                    conn.last = mad;
-                    conn.deadline = Some(now + time_wait);
-                }
+                let Some(conn) = self.conns.get_mut(&id) else { return false };
+                conn.state = State::TimeWait;
+                conn.deadline = Some(now + self.time_wait_ns);
+                let (peer, tid, drep) = (conn.peer, conn.tid, drep_for(id, conn));
+                self.send_once(peer, tid, CmMessage::Drep(Box::new(drep)));
                 return true;
             }
             _ => return false,
@@ -937,10 +932,10 @@ impl Cm {
 
     fn on_dreq(&mut self, peer: Peer, tid: u64, dreq: &CmDreq) -> bool {
         let id = dreq.remote_comm_id;
+        let drep = CmDrep { local_comm_id: id, remote_comm_id: dreq.local_comm_id, ..Default::default() };
         let Some(conn) = self.matching(id, peer, dreq.local_comm_id).filter(|c| c.state != State::ReqSent) else {
             // No such connection (any more): a DREP all the same, so the peer stops
             // (Linux's cm_issue_drep). Counted as dropped: it changed nothing here.
-            let drep = CmDrep { local_comm_id: id, remote_comm_id: dreq.local_comm_id, ..Default::default() };
             self.send_once(peer, tid, CmMessage::Drep(Box::new(drep)));
             return false;
         };
@@ -965,7 +960,6 @@ impl Cm {
             // A repeated DREQ: the DREP again once it went; none while the consumer decides.
             State::TimeWait => {
                 self.counters.duplicates += 1;
-                let drep = CmDrep { local_comm_id: id, remote_comm_id: dreq.local_comm_id, ..Default::default() };
                 self.send_once(peer, tid, CmMessage::Drep(Box::new(drep)));
             }
             State::DreqRcvd => self.counters.duplicates += 1,
