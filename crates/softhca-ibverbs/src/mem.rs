@@ -145,6 +145,12 @@ fn check_access(flags: c_int) -> Result<(), c_int> {
 const WRITABLE: Access =
     Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_ATOMIC).union(Access::MW_BIND);
 
+/// The system's page size (the kernel pins regions page by page).
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
+}
+
 /// Whether every page of `[addr, addr + len)` is mapped readable, and writable if `write`:
 /// what the kernel's pin of a user region (`ib_umem_get`) demands of it, EFAULT otherwise.
 /// softhca pins nothing: memory that fails this would be a crash at the first access to it (a
@@ -156,8 +162,7 @@ fn mapped(addr: usize, len: usize, write: bool) -> bool {
         return true;
     }
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return true };
-    // SAFETY: sysconf reads a constant of the system.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let page = page_size();
     let (mut at, end) = (addr - addr % page, addr.saturating_add(len));
     for line in maps.lines() {
         let mut fields = line.split_ascii_whitespace();
@@ -194,9 +199,7 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
     // The kernel pins the pages the range touches (`ib_umem_get`): no bytes at a page boundary
     // touch none, which the driver refuses (EINVAL on rxe); no bytes inside a page touch that
     // page and register.
-    // SAFETY: sysconf reads a constant of the system.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
-    if length == 0 && (addr as usize).is_multiple_of(page) {
+    if length == 0 && (addr as usize).is_multiple_of(page_size()) {
         return fail(libc::EINVAL);
     }
     if !mapped(addr as usize, length, access_of(access).intersects(WRITABLE)) {
