@@ -97,6 +97,7 @@ pub type CreateCqEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_at
 pub type QueryDeviceEx =
     unsafe extern "C" fn(*mut ibv_context, *const ibv_query_device_ex_input, *mut ibv_device_attr_ex, usize) -> c_int;
 pub type CreateQpEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+pub type CreateSrqEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
 
 /// `struct verbs_context` up to (not including) its last member, the `ibv_context`: the
 /// extended ops, in the header's order ("grows up": new members come first).
@@ -137,7 +138,7 @@ pub struct verbs_context_ops {
     pub open_qp: Slot,
     pub create_qp_ex: Option<CreateQpEx>,
     pub get_srq_num: Slot,
-    pub create_srq_ex: Slot,
+    pub create_srq_ex: Option<CreateSrqEx>,
     pub open_xrcd: Slot,
     pub close_xrcd: Slot,
     pub abi_placeholder3: u64,
@@ -353,7 +354,6 @@ pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
 pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
 pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
-pub const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 1 << 1;
 
 /// `struct ibv_qp_ex`: an `ibv_qp` followed by the work-request builder (`ibv_wr_*`).
 #[repr(C)]
@@ -741,6 +741,31 @@ pub struct ibv_srq_init_attr {
     pub srq_context: *mut c_void,
     pub attr: ibv_srq_attr,
 }
+
+/// `struct ibv_srq_init_attr_ex`: an `ibv_srq_init_attr`, then what `comp_mask` names.
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: c_int,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub cq: *mut ibv_cq,
+    /// `struct ibv_tm_cap`: max_num_tags, max_ops.
+    pub tm_cap: [u32; 2],
+}
+
+pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
+pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+pub const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
+/// The first `comp_mask` bit libibverbs 44 does not know.
+pub const IBV_SRQ_INIT_ATTR_RESERVED: u32 = 1 << 5;
+pub const IBV_SRQT_BASIC: c_int = 0;
+pub const IBV_SRQT_XRC: c_int = 1;
+pub const IBV_SRQT_TM: c_int = 2;
 
 #[repr(C)]
 pub struct ibv_async_event {

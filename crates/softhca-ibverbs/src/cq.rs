@@ -192,8 +192,10 @@ const SUPPORTED_WC_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
     | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 
 /// `verbs_context.create_cq_ex`: unknown `comp_mask` bits are EINVAL (libibverbs' command
-/// check); the flags a provider may ignore (single-threaded use, overrun) are accepted; a
-/// parent domain does not exist here (EOPNOTSUPP), nor do fields softhca cannot fill.
+/// check); single-threaded use, a hint, is accepted; a CQ that ignores overrun (no error
+/// state, the entry written over) is EOPNOTSUPP, as on Linux rxe: softhca's CQ always checks
+/// (CQ Error, its QPs to Error). A parent domain does not exist here (EOPNOTSUPP), nor do
+/// fields softhca cannot fill.
 pub(crate) unsafe extern "C" fn create_cq_ex(
     context: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -209,8 +211,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     if a.wc_flags & !SUPPORTED_WC_FLAGS != 0 || a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
         return fail(libc::EOPNOTSUPP);
     }
-    let known = IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
-    if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !known != 0 {
+    if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !IBV_CREATE_CQ_ATTR_SINGLE_THREADED != 0 {
         return fail(libc::EOPNOTSUPP);
     }
     // SAFETY: an open context (verbs.h found the op in it).

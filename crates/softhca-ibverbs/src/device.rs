@@ -203,7 +203,7 @@ pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>, cmd: O
         open_qp: null_mut(),
         create_qp_ex: Some(crate::qp::create_qp_ex),
         get_srq_num: null_mut(),
-        create_srq_ex: null_mut(),
+        create_srq_ex: Some(crate::qp::create_srq_ex),
         open_xrcd: null_mut(),
         close_xrcd: null_mut(),
         abi_placeholder3: 0,

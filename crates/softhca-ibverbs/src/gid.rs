@@ -61,7 +61,9 @@ unsafe fn gid_entry(context: *mut ibv_context, port_num: u32, gid_index: u32) ->
     })
 }
 
-/// What `ibv_query_gid_ex` calls. `entry_size` must hold the whole entry; flags are reserved.
+/// What `ibv_query_gid_ex` calls. `entry_size` must hold the whole entry; flags are reserved
+/// (EINVAL, as the kernel's GID query answers). A failure is returned and left in errno, as
+/// libibverbs leaves the failed ioctl's.
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_ex(
     context: *mut ibv_context,
@@ -71,11 +73,8 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
-    if flags != 0 {
-        return libc::EOPNOTSUPP;
-    }
-    if context.is_null() || entry.is_null() || entry_size < size_of::<ibv_gid_entry>() {
-        return libc::EINVAL;
+    if flags != 0 || context.is_null() || entry.is_null() || entry_size < size_of::<ibv_gid_entry>() {
+        return failed(libc::EINVAL);
     }
     // SAFETY: an open context (libibverbs' contract).
     match unsafe { gid_entry(context, port_num, gid_index) } {
@@ -84,12 +83,19 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
             unsafe { entry.write_unaligned(e) };
             0
         }
-        Err(errno) => errno,
+        Err(errno) => failed(errno),
     }
 }
 
+/// `errno` set to `e`, and `e` returned.
+fn failed(e: c_int) -> c_int {
+    crate::set_errno(e);
+    e
+}
+
 /// What `ibv_query_gid_table` calls: every valid entry of every port, `entry_size` apart; the
-/// count, or a negative errno (`-EINVAL` when `max_entries` cannot hold them all).
+/// count, or a negative errno, also left in errno (`-EINVAL` when `max_entries` cannot hold
+/// them all, or for flags, which are reserved).
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_table(
     context: *mut ibv_context,
@@ -98,15 +104,12 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     flags: u32,
     entry_size: usize,
 ) -> isize {
-    if flags != 0 {
-        return -(libc::EOPNOTSUPP as isize);
-    }
-    if context.is_null() || entry_size < size_of::<ibv_gid_entry>() {
-        return -(libc::EINVAL as isize);
+    if flags != 0 || context.is_null() || entry_size < size_of::<ibv_gid_entry>() {
+        return -(failed(libc::EINVAL) as isize);
     }
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
-    let Ok(dev) = c.ctx.query_device() else { return -(libc::EIO as isize) };
+    let Ok(dev) = c.ctx.query_device() else { return -(failed(libc::EIO) as isize) };
     let mut valid = Vec::new();
     for port in 1..=u32::from(dev.phys_port_cnt) {
         let len = c.ctx.query_port(port as u8).map_or(0, |p| p.gid_tbl_len);
@@ -114,7 +117,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         valid.extend((0..len).filter_map(|i| unsafe { gid_entry(context, port, i) }.ok()));
     }
     if valid.len() > max_entries || (!valid.is_empty() && entries.is_null()) {
-        return -(libc::EINVAL as isize);
+        return -(failed(libc::EINVAL) as isize);
     }
     for (i, e) in valid.iter().enumerate() {
         // SAFETY: the caller passes `max_entries` slots of `entry_size` bytes; i < max_entries.

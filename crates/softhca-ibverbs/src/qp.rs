@@ -757,7 +757,8 @@ unsafe fn post_bind(x: &Qp, w: &ibv_send_wr) -> c_int {
 }
 
 /// `ops.bind_mw` (`ibv_bind_mw`, type 1 only, as libibverbs has it): the new R_Key is the
-/// window's current one with its low byte incremented (`ibv_inc_rkey`).
+/// window's current one with its low byte incremented (`ibv_inc_rkey`), written to
+/// `mw->rkey` once posted, as rxe's and mlx5's providers do.
 pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut ibv_mw_bind) -> c_int {
     command(|| {
         // SAFETY: a live QP, a live window and a readable bind description, as verbs.h's inline
@@ -769,7 +770,12 @@ pub(crate) unsafe extern "C" fn bind_mw(q: *mut ibv_qp, m: *mut ibv_mw, b: *mut 
             // SAFETY: the program's copy of the R_Key, read in place.
             let next = ibv_inc_rkey(unsafe { std::ptr::addr_of!((*m).rkey).read() });
             // SAFETY: as this function's callers promise.
-            unsafe { bind_window(x, m, next, &b.bind_info, b.wr_id, b.send_flags) }
+            let r = unsafe { bind_window(x, m, next, &b.bind_info, b.wr_id, b.send_flags) };
+            if r == 0 {
+                // SAFETY: as above, written in place.
+                unsafe { std::ptr::addr_of_mut!((*m).rkey).write(next) };
+            }
+            r
         };
         if r != 0 {
             crate::set_errno(r);
@@ -784,7 +790,8 @@ fn ibv_inc_rkey(rkey: u32) -> u32 {
 }
 
 /// Posts a Bind MW of window `m` over `info` that gives it R_Key `rkey` (the window's index,
-/// the program's key byte), and writes `rkey` to `m->rkey` once posted, as libibverbs does.
+/// the program's key byte). `m->rkey` is left as it is: a type 2 window's key is the
+/// program's to keep (rxe's and mlx5's providers leave it too; only `ibv_bind_mw` writes it).
 ///
 /// # Safety
 /// `m` and `info.mr` (unless null) are live objects of this library.
@@ -808,14 +815,7 @@ unsafe fn bind_window(x: &Qp, m: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info
     };
     let mut wr = wr.new_key(rkey as u8);
     wr.send_flags = SendFlags::from_bits_truncate(flags);
-    match x.qp.post_send(&[wr]) {
-        Ok(()) => {
-            // SAFETY: as above, written in place.
-            unsafe { std::ptr::addr_of_mut!((*m).rkey).write(rkey) };
-            0
-        }
-        Err(PostError { error, .. }) => errno_of(&error),
-    }
+    x.qp.post_send(&[wr]).map_or_else(|PostError { error, .. }| errno_of(&error), |()| 0)
 }
 
 /// Posts a C receive list through `post` (a QP's RQ or an SRQ), one WR at a time.
@@ -901,6 +901,43 @@ pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_
     let cx = unsafe { ctx(pd.ibv.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.insert(handle, s as usize);
     s.cast()
+}
+
+/// `ibv_create_srq_ex`, which verbs.h calls when the attributes name more than a PD and the
+/// basic type (a CQ, say). The checks are libibverbs' `ibv_cmd_create_srq_ex`'s, in its
+/// order: an unknown `comp_mask` bit EOPNOTSUPP, no PD EINVAL, an XRC SRQ without its XRC
+/// domain and CQ or a tag-matching one without its CQ and tags EINVAL. A basic SRQ is made as
+/// `ibv_create_srq` makes one (the kernel ignores a basic SRQ's CQ); XRC and tag matching are
+/// not built here (EOPNOTSUPP; Linux rxe has neither).
+pub(crate) unsafe extern "C" fn create_srq_ex(_c: *mut ibv_context, attr: *mut ibv_srq_init_attr_ex) -> *mut ibv_srq {
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the program's attributes (verbs.h's contract).
+    let a = unsafe { &*attr };
+    let has = |bits: u32| a.comp_mask & bits == bits;
+    if a.comp_mask >= IBV_SRQ_INIT_ATTR_RESERVED {
+        return fail(libc::EOPNOTSUPP);
+    }
+    if !has(IBV_SRQ_INIT_ATTR_PD) || a.pd.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let srq_type = if has(IBV_SRQ_INIT_ATTR_TYPE) { a.srq_type } else { IBV_SRQT_BASIC };
+    let complete = match srq_type {
+        IBV_SRQT_BASIC => true,
+        IBV_SRQT_XRC => has(IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ),
+        IBV_SRQT_TM => has(IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM) && a.tm_cap[0] != 0,
+        _ => false,
+    };
+    if !complete {
+        return fail(libc::EINVAL);
+    }
+    if srq_type != IBV_SRQT_BASIC {
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: a PD of the program's (checked non-null above); the extended structure starts
+    // with the basic one, whose sizes ibv_create_srq writes back.
+    unsafe { ibv_create_srq(a.pd, attr.cast::<ibv_srq_init_attr>()) }
 }
 
 #[no_mangle]

@@ -215,7 +215,8 @@ unsafe extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, remote_ad
 }
 
 /// Binds a window (type 1 or 2): `rkey` is the R_Key it is to carry afterwards (the program's
-/// `ibv_inc_rkey` of the current one), written to `mw->rkey` once the bind is posted. A
+/// `ibv_inc_rkey` of the one it had); `mw->rkey` is left as it is, as rxe's and mlx5's
+/// providers leave it (the program keeps the key it chose). A
 /// zero-length bind unbinds a type 1 window (no region needed); zero-based windows are not
 /// supported (EINVAL at `ibv_wr_complete`, as a region without one and a length).
 unsafe extern "C" fn wr_bind_mw(q: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, info: *const ibv_mw_bind_info) {
@@ -452,18 +453,7 @@ unsafe fn post_batch(x: &crate::qp::Qp) -> c_int {
         };
         &heap
     };
-    match x.qp.post_send(wrs) {
-        Ok(()) => {
-            for p in pending {
-                if let Some((mw, rkey, ..)) = p.bind {
-                    // SAFETY: the program's window, its R_Key written in place.
-                    unsafe { std::ptr::addr_of_mut!((*mw).rkey).write(rkey) };
-                }
-            }
-            0
-        }
-        Err(PostError { error, .. }) => crate::errno_of(&error),
-    }
+    x.qp.post_send(wrs).map_or_else(|PostError { error, .. }| crate::errno_of(&error), |()| 0)
 }
 
 /// The `ibv_qp_ex` of a new QP: `qp_base` and the builder entries for its service type

@@ -7,6 +7,7 @@ use std::mem::offset_of;
 use std::process::Command;
 
 use common::*;
+use softhca_ibverbs::abi::ibv_srq_init_attr_ex;
 use softhca_ibverbs::rdmacm::abi::*;
 
 #[test]

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 pub use crate::abi::ibv_sa_path_rec;
-use crate::abi::{ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, ibv_qp, ibv_srq, ibv_srq_attr};
+use crate::abi::{ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, ibv_qp, ibv_srq};
 
 pub const RDMA_PS_IPOIB: c_int = 0x0002;
 pub const RDMA_PS_TCP: c_int = 0x0106;
@@ -77,25 +77,6 @@ pub const RDMA_OPTION_IB_PATH: c_int = 1;
 /// In `rdma_conn_param`: "as many as the device allows".
 pub const RDMA_MAX_RESP_RES: u8 = 0xFF;
 pub const RDMA_MAX_INIT_DEPTH: u8 = 0xFF;
-
-/// `struct ibv_srq_init_attr_ex` (`<infiniband/verbs.h>`), what `rdma_create_srq_ex` takes;
-/// its first two fields are an `ibv_srq_init_attr`.
-#[repr(C)]
-pub struct ibv_srq_init_attr_ex {
-    pub srq_context: *mut c_void,
-    pub attr: ibv_srq_attr,
-    pub comp_mask: u32,
-    pub srq_type: c_int,
-    pub pd: *mut ibv_pd,
-    pub xrcd: *mut c_void,
-    pub cq: *mut ibv_cq,
-    /// `struct ibv_tm_cap`: max_num_tags, max_ops.
-    pub tm_cap: [u32; 2],
-}
-
-pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1 << 0;
-pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
-pub const IBV_SRQT_BASIC: c_int = 0;
 
 #[repr(C)]
 pub struct rdma_event_channel {

@@ -212,8 +212,9 @@ pub unsafe extern "C" fn softhca_rdma_create_srq(
 }
 
 /// librdmacm's `rdma_create_srq_ex`: the SRQ type must be given (EINVAL), the id's PD by
-/// default; a basic SRQ is made as `ibv_create_srq_ex` makes one (through `ibv_create_srq`),
-/// XRC and tag-matching SRQs are not built (EOPNOTSUPP, as the drop-in's libibverbs answers).
+/// default; then `ibv_create_srq_ex` makes it (a basic SRQ; a tag-matching one is
+/// EOPNOTSUPP, as the drop-in's libibverbs answers). An XRC SRQ is EOPNOTSUPP before that:
+/// librdmacm first opens an XRC domain for it, which the drop-in does not have.
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_create_srq_ex(p: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
     // SAFETY: the program's id.
@@ -233,14 +234,11 @@ pub unsafe extern "C" fn softhca_rdma_create_srq_ex(p: *mut rdma_cm_id, attr: *m
         a.pd = id.c.pd;
         a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
     }
-    if a.srq_type != IBV_SRQT_BASIC {
-        return err(libc::EOPNOTSUPP);
+    if a.srq_type == IBV_SRQT_XRC {
+        return err(libc::EOPNOTSUPP); // ibv_open_xrcd's answer
     }
-    if a.pd.is_null() {
-        return err(libc::EINVAL);
-    }
-    // SAFETY: a PD of the id's context; the extended structure starts with the basic one.
-    let srq = unsafe { crate::qp::ibv_create_srq(a.pd, attr.cast::<ibv_srq_init_attr>()) };
+    // SAFETY: the id's open context and the program's attributes.
+    let srq = unsafe { crate::qp::create_srq_ex(id.c.verbs, attr) };
     if srq.is_null() {
         return -1;
     }
