@@ -25,7 +25,8 @@ fn cm_edges() {
 
 /// A REQ nobody answers: after the CM's retries (shortened here with SOFTHCA_CM_RESPONSE_TIMEOUT
 /// 8, about 1 ms, and SOFTHCA_CM_MAX_RETRIES 3), UNREACHABLE with -ETIMEDOUT, as rdma_cm
-/// reports IB_CM_REQ_ERROR.
+/// reports IB_CM_REQ_ERROR; and a DREQ nobody answers, DISCONNECTED with -ETIMEDOUT, as it
+/// reports IB_CM_DREQ_ERROR.
 #[test]
 fn a_peer_that_is_not_there_is_unreachable() {
     if !ready() {

@@ -105,13 +105,13 @@ fn pump(a: &mut Cm, b: &mut Cm, now: u64) -> (Vec<CmEvent>, Vec<CmEvent>) {
             busy = true;
             match e {
                 CmEvent::ConnectRequest { id, .. } => assert!(b.accept(now, id, 0x22, 0xDEF)),
-                CmEvent::Disconnected { id } => _ = b.disconnect(now, id),
+                CmEvent::Disconnected { id, .. } => _ = b.disconnect(now, id),
                 _ => {}
             }
             eb.push(e);
         }
         while let Some(e) = a.poll_event() {
-            if let CmEvent::Disconnected { id } = e {
+            if let CmEvent::Disconnected { id, .. } = e {
                 busy |= a.disconnect(now, id);
             }
             ea.push(e);
@@ -234,7 +234,13 @@ fn short_buffers_of_every_length_are_dropped() {
     // b's connection is untouched: a disconnects it cleanly.
     assert!(a.disconnect(0, ia));
     let (ea, eb) = pump(&mut a, &mut b, 0);
-    assert_eq!((ea, eb), (vec![CmEvent::Disconnected { id: ia }], vec![CmEvent::Disconnected { id: ib }]));
+    assert_eq!(
+        (ea, eb),
+        (
+            vec![CmEvent::Disconnected { id: ia, timed_out: false }],
+            vec![CmEvent::Disconnected { id: ib, timed_out: false }]
+        )
+    );
 }
 
 /// IBA 12.9 (a message is taken only by the connection it names, in a state that expects it;
@@ -287,7 +293,10 @@ fn messages_for_unknown_connections_are_dropped() {
     }
     assert!(a.disconnect(2, ia));
     let (ea, eb) = pump(&mut a, &mut b, 2);
-    assert!(ea.contains(&CmEvent::Disconnected { id: ia }) && eb.contains(&CmEvent::Disconnected { id: ib }));
+    assert!(
+        ea.contains(&CmEvent::Disconnected { id: ia, timed_out: false })
+            && eb.contains(&CmEvent::Disconnected { id: ib, timed_out: false })
+    );
     assert!(ea.iter().any(|e| matches!(e, CmEvent::Established { id, .. } if *id == waiting)), "{ea:?}");
 }
 
@@ -546,10 +555,10 @@ fn answers_from_the_wrong_peer_or_ids_do_not_move_a_waiting_connection() {
         b.handle_mad(2, A, &m);
     }
     let (ea, eb) = pump(&mut a, &mut b, 2);
-    assert!(ea.contains(&CmEvent::Disconnected { id: ia }), "{ea:?}");
+    assert!(ea.contains(&CmEvent::Disconnected { id: ia, timed_out: false }), "{ea:?}");
     assert!(ea.contains(&CmEvent::Established { id: i2, remote_qpn: 0x55, remote_psn: 0x66 }), "{ea:?}");
     assert!(ea.iter().any(|e| matches!(e, CmEvent::Established { id, .. } if *id == i3)), "{ea:?}");
-    assert!(eb.contains(&CmEvent::Disconnected { id: ib }), "{eb:?}");
+    assert!(eb.contains(&CmEvent::Disconnected { id: ib, timed_out: false }), "{eb:?}");
     assert!(eb.iter().any(|e| matches!(e, CmEvent::Established { id, .. } if *id == j2)), "{eb:?}");
 }
 
@@ -572,7 +581,11 @@ fn the_drep_waits_for_the_consumer_that_received_the_dreq() {
     let dreq = &out[0].1;
     b.handle_mad(0, A, dreq);
     let (out, ev) = drain(&mut b);
-    assert_eq!((out.len(), ev), (0, vec![CmEvent::Disconnected { id: ib }]), "no DREP before the consumer");
+    assert_eq!(
+        (out.len(), ev),
+        (0, vec![CmEvent::Disconnected { id: ib, timed_out: false }]),
+        "no DREP before the consumer"
+    );
     b.handle_mad(1, A, dreq);
     quiet(&mut b, "a repeated DREQ while the consumer decides");
     assert_eq!(b.counters().duplicates, 1);
@@ -584,7 +597,7 @@ fn the_drep_waits_for_the_consumer_that_received_the_dreq() {
     let drep = out[0].1.clone();
     a.handle_mad(3, B, &drep);
     let (_, ev) = drain(&mut a);
-    assert_eq!(ev, vec![CmEvent::Disconnected { id: ia }]);
+    assert_eq!(ev, vec![CmEvent::Disconnected { id: ia, timed_out: false }]);
     b.handle_mad(4, A, dreq);
     let (out, _) = drain(&mut b);
     assert_eq!(out.iter().map(|o| &o.1).collect::<Vec<_>>(), vec![&drep], "the DREP again in TimeWait");
@@ -599,12 +612,12 @@ fn the_drep_waits_for_the_consumer_that_received_the_dreq() {
     assert!(a.disconnect(0, ia));
     let (out, _) = drain(&mut a);
     b.handle_mad(0, A, &out[0].1);
-    assert_eq!(drain(&mut b), (vec![], vec![CmEvent::Disconnected { id: ib }]));
+    assert_eq!(drain(&mut b), (vec![], vec![CmEvent::Disconnected { id: ib, timed_out: false }]));
     b.destroy(ib);
     let (out, _) = drain(&mut b);
     assert_eq!(out.len(), 1);
     a.handle_mad(1, B, &out[0].1);
-    assert_eq!(drain(&mut a).1, vec![CmEvent::Disconnected { id: ia }]);
+    assert_eq!(drain(&mut a).1, vec![CmEvent::Disconnected { id: ia, timed_out: false }]);
 }
 
 /// Linux's cm_dreq_handler in DREQ_SENT (the DREQ's resends cancelled, DREQ_RCVD, the consumer
@@ -620,7 +633,7 @@ fn a_dreq_that_crosses_this_sides_dreq_ends_the_wait() {
     let (from_b, _) = drain(&mut b);
     // b is gone; a gets b's DREQ.
     a.handle_mad(1, B, &from_b[0].1);
-    assert_eq!(drain(&mut a), (vec![], vec![CmEvent::Disconnected { id: ia }]));
+    assert_eq!(drain(&mut a), (vec![], vec![CmEvent::Disconnected { id: ia, timed_out: false }]));
     assert_eq!(a.poll_timeout(), None, "no DREQ resent, no timer until the consumer answers");
     // a's consumer answers (rdma_disconnect, or destroying the id): the DREP, then TimeWait.
     assert!(a.disconnect(2, ia));
@@ -634,10 +647,10 @@ fn a_dreq_that_crosses_this_sides_dreq_ends_the_wait() {
     let (from_b, _) = drain(&mut b);
     a.handle_mad(1, B, &from_b[0].1);
     b.handle_mad(1, A, &from_a[0].1);
-    assert_eq!(drain(&mut b).1, vec![CmEvent::Disconnected { id: ib }]);
+    assert_eq!(drain(&mut b).1, vec![CmEvent::Disconnected { id: ib, timed_out: false }]);
     assert!(b.disconnect(2, ib));
     let (drep, _) = drain(&mut b);
     a.handle_mad(3, B, &drep[0].1);
-    assert_eq!(drain(&mut a).1, vec![CmEvent::Disconnected { id: ia }], "once");
+    assert_eq!(drain(&mut a).1, vec![CmEvent::Disconnected { id: ia, timed_out: false }], "once");
     assert!(!a.disconnect(4, ia), "nothing left to answer: a is in TimeWait");
 }

@@ -175,7 +175,7 @@ fn rc_qps_connect_through_the_cm_on_qp1_over_a_lossy_fabric() {
             &mut b,
             |is_a, e, ev, now| match ev {
                 // The side the DREQ reached answers with its disconnect (rdma_disconnect).
-                CmEvent::Disconnected { id } => {
+                CmEvent::Disconnected { id, .. } => {
                     let n = if is_a { &ga } else { &gb };
                     n.set(n.get() + 1);
                     e.agent.cm().disconnect(now, id);
@@ -243,7 +243,7 @@ fn consumer<'s>(seen: &'s RefCell<(Seen, Seen)>, qa_num: u32) -> impl FnMut(bool
                     to_rts(qp, 0x200);
                 }
             }
-            CmEvent::Disconnected { id } => {
+            CmEvent::Disconnected { id, .. } => {
                 s.disconnected += 1;
                 e.agent.cm().disconnect(now, id); // the DREP, when the peer's DREQ came
             }

@@ -91,14 +91,14 @@ impl Net {
                 // Each consumer answers the peer's DREQ with its own disconnect (the DREP), as
                 // a program calls rdma_disconnect on DISCONNECTED.
                 while let Some(e) = self.a.poll_event() {
-                    if let CmEvent::Disconnected { id } = e {
+                    if let CmEvent::Disconnected { id, .. } = e {
                         busy |= self.a.disconnect(self.now, id);
                     }
                     self.ev_a.push(e);
                 }
                 while let Some(e) = self.b.poll_event() {
                     busy = true;
-                    if let CmEvent::Disconnected { id } = e {
+                    if let CmEvent::Disconnected { id, .. } = e {
                         self.b.disconnect(self.now, id);
                     }
                     b_policy(&mut self.b, self.now, &e);
@@ -274,8 +274,8 @@ fn ten_percent_loss_connects_and_either_side_disconnects() {
             assert!(n.b.disconnect(n.now, id_b));
         }
         n.run(n.now + 60_000_000_000, accept);
-        assert!(n.ev_a.contains(&CmEvent::Disconnected { id }), "seed {seed}: {:?}", n.ev_a);
-        assert!(n.ev_b.contains(&CmEvent::Disconnected { id: id_b }), "seed {seed}: {:?}", n.ev_b);
+        assert!(n.ev_a.contains(&CmEvent::Disconnected { id, timed_out: false }), "seed {seed}: {:?}", n.ev_a);
+        assert!(n.ev_b.contains(&CmEvent::Disconnected { id: id_b, timed_out: false }), "seed {seed}: {:?}", n.ev_b);
         let disc = |e: &CmEvent| matches!(e, CmEvent::Disconnected { .. });
         assert_eq!((count(&n.ev_a, disc), count(&n.ev_b, disc)), (1, 1), "seed {seed}");
         assert!(!n.ev_a.iter().chain(&n.ev_b).any(|e| matches!(e, CmEvent::Rejected { .. })), "seed {seed}");
@@ -440,9 +440,9 @@ fn vanished_peer_dreq_is_retried_max_cm_retries_times_then_disconnected() {
         }
         n.run(t0 + 600_000_000_000, accept);
         let (cm, evs, id) = if a_disconnects { (&n.a, &n.ev_a, id) } else { (&n.b, &n.ev_b, id_b) };
-        // Disconnected when the retries ran out, then the time wait (1 s), as Linux's
-        // DREQ_ERROR and TIMEWAIT_EXIT.
-        assert_eq!(evs[evs.len() - 2..], [CmEvent::Disconnected { id }, CmEvent::TimewaitExit { id }]);
+        // Disconnected (timed out) when the retries ran out, then the time wait (1 s), as
+        // Linux's DREQ_ERROR and TIMEWAIT_EXIT.
+        assert_eq!(evs[evs.len() - 2..], [CmEvent::Disconnected { id, timed_out: true }, CmEvent::TimewaitExit { id }]);
         assert_eq!(sent(&n, a_disconnects, CmDreq::ATTRIBUTE_ID), 1 + 4, "a disconnects: {a_disconnects}");
         assert_eq!((cm.counters().resent, cm.counters().timeouts), (4, 1));
         assert_eq!(n.now, t0 + 5 * cm_timeout_ns(11) + 1_000_000_000);
@@ -488,7 +488,7 @@ fn a_dreq_reaches_a_responder_still_waiting_for_the_rtu() {
     assert!(matches!(n.ev_a[..], [CmEvent::Established { .. }]), "{:?}", n.ev_a);
     assert!(n.a.disconnect(n.now, id));
     n.run(600_000_000_000, accept);
-    assert_eq!(n.ev_a[1..], [CmEvent::Disconnected { id }, CmEvent::TimewaitExit { id }]);
+    assert_eq!(n.ev_a[1..], [CmEvent::Disconnected { id, timed_out: false }, CmEvent::TimewaitExit { id }]);
     assert!(
         matches!(
             n.ev_b[..],
@@ -619,7 +619,7 @@ fn a_req_from_a_connected_qp_is_rejected_as_stale() {
     // The first connection is still established on both sides: it disconnects normally.
     assert!(n.a.disconnect(n.now, first));
     n.run(n.now + 10_000_000_000, accept);
-    assert!(n.ev_a.contains(&CmEvent::Disconnected { id: first }));
+    assert!(n.ev_a.contains(&CmEvent::Disconnected { id: first, timed_out: false }));
 }
 
 /// IBA 12.6.6 (MRA), as Linux's CM does for rdma_cm: a REQ repeated while the consumer has

@@ -606,7 +606,7 @@ impl Global {
                 CmEvent::ConnectRequest { id, peer, req } => self.on_request(id, peer, req),
                 CmEvent::Established { id, .. } => self.on_established(id),
                 CmEvent::Rejected { id, reason, private_data } => self.on_rejected(id, reason, &private_data),
-                CmEvent::Disconnected { id } => self.on_disconnected(id),
+                CmEvent::Disconnected { id, timed_out } => self.on_disconnected(id, timed_out),
                 CmEvent::TimewaitExit { id } => self.on_timewait_exit(id),
                 CmEvent::SidrRequest { id, peer, req } => self.on_sidr_request(id, peer, req),
                 CmEvent::SidrReply { id, rep } => self.on_sidr_reply(id, rep),
@@ -819,8 +819,9 @@ impl Global {
 
     /// The connection is over: the id keeps its CM connection through the time wait (its
     /// DREP, when the peer disconnected, goes at the program's `rdma_disconnect` or
-    /// `rdma_destroy_id`; then TIMEWAIT_EXIT).
-    fn on_disconnected(&mut self, comm: CommId) {
+    /// `rdma_destroy_id`; then TIMEWAIT_EXIT). A DREQ of this side's that nobody answered
+    /// (`timed_out`) is DISCONNECTED with -ETIMEDOUT, as rdma_cm reports `IB_CM_DREQ_ERROR`.
+    fn on_disconnected(&mut self, comm: CommId, timed_out: bool) {
         let Some(id) = self.conns.get(&comm).and_then(|&s| self.id(s)) else { return };
         // A DREQ can also end a connection whose RTU this side is still waiting for: rdma_cm
         // reports it as disconnected all the same.
@@ -828,7 +829,7 @@ impl Global {
             id.st.phase = Phase::Disconnected;
             // The connection is gone: its QP flushes (rdma_disconnect does the same).
             let _ = modify_err(id);
-            id.queue(Event::new(id, RDMA_CM_EVENT_DISCONNECTED, 0));
+            id.queue(Event::new(id, RDMA_CM_EVENT_DISCONNECTED, if timed_out { -ETIMEDOUT } else { 0 }));
         }
     }
 

@@ -102,7 +102,8 @@ static struct rdma_cm_id *client(int port)
 }
 
 /* A REQ to an address where nobody answers (127.0.0.99: no device): after the CM's
- * retries, UNREACHABLE with -ETIMEDOUT (run with short SOFTHCA_CM_* timings). */
+ * retries, UNREACHABLE with -ETIMEDOUT; then a DREQ nobody answers (run with short
+ * SOFTHCA_CM_* timings). */
 static void unreachable_peer(void)
 {
 	struct sockaddr_in dst = sin4("127.0.0.99", 7174);
@@ -123,6 +124,25 @@ static void unreachable_peer(void)
 	rdma_ack_cm_event(e);
 	rdma_destroy_qp(id);
 	CHECK(rdma_destroy_id(id) == 0);
+
+	/* A DREQ nobody answers: the server hears DISCONNECTED and never disconnects (its DREP
+	 * goes only then), so the client's DREQ runs out of retries: DISCONNECTED with
+	 * -ETIMEDOUT, as rdma_cm reports IB_CM_DREQ_ERROR, then TIMEWAIT_EXIT. */
+	{
+		struct sockaddr_in a = sin4("127.0.0.41", 7175);
+		struct rdma_cm_id *l, *c, *s;
+		connect_pair((struct sockaddr *)&a, &l, &c, &s);
+		CHECK(rdma_disconnect(c) == 0);
+		e = next(RDMA_CM_EVENT_DISCONNECTED);
+		CHECK(e->id == s && e->status == 0);
+		rdma_ack_cm_event(e);
+		e = next(RDMA_CM_EVENT_DISCONNECTED);
+		CHECK(e->id == c && e->status == -ETIMEDOUT);
+		rdma_ack_cm_event(e);
+		e = next(RDMA_CM_EVENT_TIMEWAIT_EXIT);
+		CHECK(e->id == c && e->status == 0);
+		rdma_ack_cm_event(e);
+	}
 	printf("cm_edges unreachable: ok\n");
 	exit(0);
 }

@@ -81,8 +81,10 @@ pub enum CmEvent {
     /// REP was not yet answered by an RTU can get this without Established before it: the
     /// requester disconnected while the RTU was lost. The side that received the DREQ gets
     /// this at once and answers with its DREP when the consumer calls [`Cm::disconnect`] (or
-    /// [`Cm::destroy`]), as Linux's CM leaves the DREP to `rdma_disconnect`.
-    Disconnected { id: CommId },
+    /// [`Cm::destroy`]), as Linux's CM leaves the DREP to `rdma_disconnect`. `timed_out`: this
+    /// side's DREQ went unanswered through its retries (Linux's `IB_CM_DREQ_ERROR`, which
+    /// rdma_cm reports as DISCONNECTED with -ETIMEDOUT).
+    Disconnected { id: CommId, timed_out: bool },
     /// The connection's time wait is over (after a disconnection, or a REJ of an established
     /// connection): Linux's `RDMA_CM_EVENT_TIMEWAIT_EXIT`, the QP free for another.
     TimewaitExit { id: CommId },
@@ -683,7 +685,7 @@ impl Cm {
                     conn.state = State::TimeWait;
                     conn.deadline = Some(now + self.time_wait_ns);
                     self.put(id, conn);
-                    self.events.push_back(CmEvent::Disconnected { id });
+                    self.events.push_back(CmEvent::Disconnected { id, timed_out: true });
                 }
                 _ => {
                     self.unlink(id, &conn);
@@ -900,7 +902,7 @@ impl Cm {
                     conn.deadline = Some(now + self.time_wait_ns);
                 }
                 self.events.push_back(if state == State::DreqSent {
-                    CmEvent::Disconnected { id }
+                    CmEvent::Disconnected { id, timed_out: false }
                 } else {
                     CmEvent::Rejected { id, reason: rej.reason, private_data }
                 });
@@ -955,7 +957,7 @@ impl Cm {
                     conn.tid = tid;
                     conn.deadline = None;
                 }
-                self.events.push_back(CmEvent::Disconnected { id });
+                self.events.push_back(CmEvent::Disconnected { id, timed_out: false });
             }
             // A repeated DREQ: the DREP again once it went; none while the consumer decides.
             State::TimeWait => {
@@ -978,7 +980,7 @@ impl Cm {
                     conn.state = State::TimeWait;
                     conn.deadline = Some(now + time_wait);
                 }
-                self.events.push_back(CmEvent::Disconnected { id });
+                self.events.push_back(CmEvent::Disconnected { id, timed_out: false });
                 true
             }
             // Both sides disconnected at once and the peer's DREQ came first: its DREP ends
