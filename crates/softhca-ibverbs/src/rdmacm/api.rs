@@ -257,25 +257,27 @@ pub unsafe extern "C" fn softhca_rdma_resolve_addr(
         if dst.ip().is_unspecified() {
             dst.set_ip(addr); // the kernel resolves the any address to this host
         }
-        // The kernel's route to the destination: unreachable is the event's status.
+        // The kernel's route from the device's address to the destination. As Linux's
+        // rdma_resolve_ip, a route lookup that fails fails the call (ENETUNREACH for no
+        // route; the id stays bound); ADDR_ERROR is for what fails later, which over UDP
+        // (no neighbour to wait for) nothing does.
         let reach = softhca::link::udp::sys::udp_bind(SocketAddr::new(addr, 0))
             .and_then(|s| s.connect(SocketAddr::new(dst.ip(), 4791)));
         if let Err(e) = reach {
-            id.queue(Event::new(id, RDMA_CM_EVENT_ADDR_ERROR, -e.raw_os_error().unwrap_or(libc::EHOSTUNREACH)));
-        } else {
-            id.c.verbs = ctx;
-            if id.c.pd.is_null() {
-                id.c.pd = pd;
-            }
-            id.c.port_num = 1;
-            write_sa(&mut id.c.route.addr.src, SocketAddr::new(addr, id.st.port));
-            write_sa(&mut id.c.route.addr.dst, dst);
-            id.c.route.addr.ibaddr =
-                rdma_ib_addr { sgid: ibv_gid { raw: gid }, dgid: ibv_gid { raw: gid_of(dst.ip()) }, pkey: 0xFFFF };
-            id.path.mtu = mtu;
-            id.st.phase = Phase::AddrResolved;
-            id.queue(Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
+            return err(e.raw_os_error().unwrap_or(libc::ENETUNREACH));
         }
+        id.c.verbs = ctx;
+        if id.c.pd.is_null() {
+            id.c.pd = pd;
+        }
+        id.c.port_num = 1;
+        write_sa(&mut id.c.route.addr.src, SocketAddr::new(addr, id.st.port));
+        write_sa(&mut id.c.route.addr.dst, dst);
+        id.c.route.addr.ibaddr =
+            rdma_ib_addr { sgid: ibv_gid { raw: gid }, dgid: ibv_gid { raw: gid_of(dst.ip()) }, pkey: 0xFFFF };
+        id.path.mtu = mtu;
+        id.st.phase = Phase::AddrResolved;
+        id.queue(Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
     }
     result(complete(id))
 }

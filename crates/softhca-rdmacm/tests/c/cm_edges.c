@@ -384,6 +384,21 @@ int main(int argc, char **argv)
 	flags = fcntl(ch->fd, F_GETFL);
 	CHECK(fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) == 0);
 	CHECK(rdma_get_cm_event(ch, &e) == -1 && errno == EAGAIN);
+
+	/* A destination the kernel routes nowhere from the device's address (10.99.99.99 from a
+	 * loopback one: EINVAL where a route leaves through another interface, ENETUNREACH where
+	 * there is none): the call fails, as Linux's rdma_resolve_ip fails it, and no event
+	 * comes (rxe in the guest: -1, ENETUNREACH). */
+	{
+		struct rdma_cm_id *x;
+		struct sockaddr_in far = sin4("10.99.99.99", 7174);
+		CHECK(rdma_create_id(ch, &x, NULL, RDMA_PS_TCP) == 0);
+		errno = 0;
+		CHECK(rdma_resolve_addr(x, NULL, (struct sockaddr *)&far, 500) == -1 &&
+		      (errno == EINVAL || errno == ENETUNREACH));
+		CHECK(rdma_get_cm_event(ch, &e) == -1 && errno == EAGAIN);
+		CHECK(rdma_destroy_id(x) == 0);
+	}
 	CHECK(fcntl(ch->fd, F_SETFL, flags) == 0);
 
 	/* Binding the device's address (127.0.0.33, SOFTHCA_ADDR) and a port. */
