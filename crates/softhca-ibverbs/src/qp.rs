@@ -560,6 +560,10 @@ pub unsafe extern "C" fn ibv_query_qp(
         out.dest_qp_num = s.dest_qp_num;
         out.qp_access_flags = s.qp_access_flags.bits();
         out.cap = c_cap(&s.cap);
+        // A RoCE port's address vector always has a GRH: before one is set, the zeroed one
+        // still says so (rxe reports is_global 1 in Reset too).
+        out.ah_attr.is_global = 1;
+        out.alt_ah_attr.is_global = 1;
         if let Some(ah) = ah {
             out.ah_attr = ah;
         }

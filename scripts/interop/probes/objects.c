@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <infiniband/verbs.h>
 #define P(...) printf(__VA_ARGS__)
 static void qattr(struct ibv_qp *qp, const char *tag) {
@@ -45,7 +46,7 @@ int main(int argc, char **argv) {
     P("qp wr %d -> %s %u/%u errno %d\n", wrs[k], q ? "ok" : "FAIL", a.cap.max_send_wr, a.cap.max_recv_wr, errno);
     if (q) ibv_destroy_qp(q);
   }
-  union ibv_gid gid; int gi = argc > 1 ? 1 : 0; ibv_query_gid(c, 1, gi, &gid);
+  union ibv_gid gid; int gi = argc > 1 ? atoi(argv[1]) : 0; ibv_query_gid(c, 1, gi, &gid);
   struct ibv_qp_init_attr a = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1 };
   a.cap.max_send_wr = 8; a.cap.max_recv_wr = 8; a.cap.max_send_sge = 2; a.cap.max_recv_sge = 2; a.cap.max_inline_data = 0;
   struct ibv_qp *qp = ibv_create_qp(pd, &a);

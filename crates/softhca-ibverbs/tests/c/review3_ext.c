@@ -471,6 +471,14 @@ static void as_rxe(void)
 	struct ibv_srq *srq = ibv_create_srq(pd, &si);
 	CHECK(qp && srq, "qp, srq");
 
+	/* Query QP in Reset: the address vectors have their GRH, as every RoCE one does. */
+	struct ibv_qp_attr q;
+	struct ibv_qp_init_attr qia;
+	memset(&q, 0, sizeof q);
+	CHECK(ibv_query_qp(qp, &q, IBV_QP_AV | IBV_QP_ALT_PATH, &qia) == 0 && q.ah_attr.is_global == 1 &&
+		      q.alt_ah_attr.is_global == 1,
+	      "is_global in Reset: %d/%d, rxe 1/1", q.ah_attr.is_global, q.alt_ah_attr.is_global);
+
 	struct ibv_qp_attr m = { .qp_state = IBV_QPS_RTS };
 	ANSWER("ibv_modify_qp Reset to RTS", ibv_modify_qp(qp, &m, IBV_QP_STATE), EINVAL, EINVAL);
 	m = (struct ibv_qp_attr){ .qp_state = IBV_QPS_INIT, .port_num = 7 };
