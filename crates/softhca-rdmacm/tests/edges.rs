@@ -39,6 +39,19 @@ fn a_peer_that_is_not_there_is_unreachable() {
     passes(c, "cm_edges unreachable", 60);
 }
 
+/// rdma_cm's UDP port space: service ID resolution as Linux reports it (the SIDR request
+/// with its private data only, the REP's QPN, Q_Key and private data, a consumer's reject
+/// UNREACHABLE with status 2), a datagram through the resolved address, and rdma_disconnect of
+/// a UD id (0, its QP in Error).
+#[test]
+fn sidr_events_as_linux_reports_them() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("cm_edges");
+    passes(command(&exe, &["sidr"]).env("SOFTHCA_ADDR", "127.0.0.43"), "cm_edges sidr", 60);
+}
+
 /// rdma_cm over IPv6: a device on ::1, a listener and a client of one process connect
 /// through [::1] (the cma header's IPv6 form, IPv6 addresses in the request's id).
 #[test]

@@ -698,8 +698,10 @@ impl Global {
         listener.queue(ev);
     }
 
-    /// A SIDR REQ (a UD id's `rdma_connect`) for a listener: CONNECT_REQUEST with the UD
-    /// parameters (the private data after the cma header).
+    /// A SIDR REQ (a UD id's `rdma_connect`) for a listener: CONNECT_REQUEST with the private
+    /// data after the cma header and nothing else, as Linux's cma_ib_req_handler fills a SIDR
+    /// request's UD parameters (no address handle attributes, QPN or Q_Key: the requester's
+    /// address comes with its first datagram).
     fn on_sidr_request(&mut self, comm: CommId, peer: [u8; 16], req: Box<CmSidrReq>) {
         let mtu = self.dev.as_ref().map_or(0, |d| d.active_mtu);
         let Some((id, listener)) = self.incoming(comm, peer, req.service_id, &req.private_data, IBV_QPT_UD, mtu) else {
@@ -711,23 +713,30 @@ impl Global {
         let mut ev = Event::new(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
         ev.c.listen_id = &mut listener.c;
         ev.listen_serial = listener.serial;
-        ev.ud(self.ah_attr(id), 0, 0, &req.private_data[CmaHeader::LEN..]);
+        // SAFETY: ibv_ah_attr is plain old data; all-zero is valid.
+        ev.ud(unsafe { std::mem::zeroed() }, 0, 0, &req.private_data[CmaHeader::LEN..]);
         listener.queue(ev);
     }
 
     /// The SIDR REP for a UD id's `rdma_connect`: ESTABLISHED with the address handle
     /// attributes, QPN and Q_Key of the remote QP, or UNREACHABLE with the REP's status (or
-    /// -EINVAL for another Q_Key than the port space's), as Linux's cma_sidr_rep_handler.
+    /// ADDR_ERROR -EINVAL for another Q_Key than the port space's), each with the REP's
+    /// private data, as Linux's cma_sidr_rep_handler.
     fn on_sidr_reply(&mut self, comm: CommId, rep: Box<CmSidrRep>) {
         let Some(serial) = self.conns.remove(&comm) else { return };
         let Some(id) = self.id(serial) else { return };
         id.st.comm = None;
+        let failed = |id: &mut Id, event, status| {
+            id.st.phase = Phase::Failed;
+            let mut ev = Event::new(id, event, status);
+            // SAFETY: ibv_ah_attr is plain old data; all-zero is valid.
+            ev.ud(unsafe { std::mem::zeroed() }, 0, 0, &rep.private_data);
+            ev
+        };
         let ev = if rep.status != sidr_status::SUCCESS {
-            id.st.phase = Phase::Failed;
-            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, c_int::from(rep.status))
+            failed(id, RDMA_CM_EVENT_UNREACHABLE, c_int::from(rep.status))
         } else if rep.qkey != qkey_of(id.c.ps) {
-            id.st.phase = Phase::Failed;
-            Event::new(id, RDMA_CM_EVENT_UNREACHABLE, -libc::EINVAL)
+            failed(id, RDMA_CM_EVENT_ADDR_ERROR, -libc::EINVAL)
         } else {
             id.st.phase = Phase::Connected;
             let mut ev = Event::new(id, RDMA_CM_EVENT_ESTABLISHED, 0);

@@ -147,6 +147,87 @@ static void unreachable_peer(void)
 	exit(0);
 }
 
+/* The UDP port space's service ID resolution in one process, as Linux's rdma_cm reports it
+ * (cma_ib_req_handler, cma_sidr_rep_handler; rxe in the guest, scripts/interop/probes/
+ * rdma_cm_ud.c): the SIDR request carries only its private data (no address handle
+ * attributes, QPN or Q_Key); the requester's ESTABLISHED has the responder's QPN, the port
+ * space's Q_Key and the REP's 136 bytes; a datagram goes through the resolved address;
+ * rdma_disconnect of the UD id answers 0 and leaves its QP in Error; a consumer's reject is
+ * UNREACHABLE with status 2 (SIDR reject) and the REP's private data. */
+static void sidr(void)
+{
+	struct sockaddr_in a = sin4("127.0.0.43", 7176);
+	struct rdma_cm_id *l, *c, *s, *c2;
+	struct rdma_cm_event *e;
+	struct ibv_qp_init_attr qa;
+	static char cbuf[256], sbuf[256];
+	char pdata[20];
+	memset(pdata, 9, sizeof pdata);
+	struct rdma_conn_param cp = { .private_data = pdata, .private_data_len = sizeof pdata };
+	CHECK((ch = rdma_create_event_channel()) != NULL);
+	CHECK(rdma_create_id(ch, &l, NULL, RDMA_PS_UDP) == 0);
+	CHECK(rdma_bind_addr(l, (struct sockaddr *)&a) == 0 && rdma_listen(l, 2) == 0);
+	for (int i = 0; i < 2; i++) {
+		struct rdma_cm_id **id = i ? &c2 : &c;
+		CHECK(rdma_create_id(ch, id, NULL, RDMA_PS_UDP) == 0);
+		CHECK(rdma_resolve_addr(*id, NULL, (struct sockaddr *)&a, 1000) == 0);
+		rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
+		CHECK(rdma_resolve_route(*id, 1000) == 0);
+		rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	}
+	memset(&qa, 0, sizeof qa);
+	qa.qp_type = IBV_QPT_UD;
+	qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	CHECK(rdma_create_qp(c, NULL, &qa) == 0);
+	CHECK(rdma_connect(c, &cp) == 0);
+	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
+	s = e->id;
+	CHECK(e->param.ud.private_data_len == 180 && ((unsigned char *)e->param.ud.private_data)[0] == 9);
+	CHECK(!e->param.ud.ah_attr.is_global && !e->param.ud.ah_attr.port_num && !e->param.ud.qp_num && !e->param.ud.qkey);
+	rdma_ack_cm_event(e);
+	qa.send_cq = qa.recv_cq = NULL;
+	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
+	struct ibv_mr *smr = ibv_reg_mr(s->pd, sbuf, sizeof sbuf, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_sge rs = { (uintptr_t)sbuf, sizeof sbuf, smr->lkey };
+	struct ibv_recv_wr rw = { .wr_id = 1, .sg_list = &rs, .num_sge = 1 }, *rbad;
+	CHECK(smr && ibv_post_recv(s->qp, &rw, &rbad) == 0);
+	CHECK(rdma_accept(s, NULL) == 0);
+	e = next(RDMA_CM_EVENT_ESTABLISHED);
+	CHECK(e->id == c && e->param.ud.qp_num == s->qp->qp_num && e->param.ud.qkey == 0x01234567);
+	CHECK(e->param.ud.private_data_len == 136 && e->param.ud.ah_attr.is_global);
+	struct ibv_ah *ah = ibv_create_ah(c->pd, &e->param.ud.ah_attr);
+	uint32_t qpn = e->param.ud.qp_num, qkey = e->param.ud.qkey;
+	rdma_ack_cm_event(e);
+	struct ibv_mr *cmr = ibv_reg_mr(c->pd, cbuf, sizeof cbuf, IBV_ACCESS_LOCAL_WRITE);
+	strcpy(cbuf, "over sidr");
+	struct ibv_sge ss = { (uintptr_t)cbuf, 10, cmr->lkey };
+	struct ibv_send_wr sw = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED, .wr.ud = { .ah = ah, .remote_qpn = qpn, .remote_qkey = qkey } },
+			   *sbad;
+	CHECK(ah && cmr && ibv_post_send(c->qp, &sw, &sbad) == 0);
+	struct ibv_wc wc;
+	while (ibv_poll_cq(s->recv_cq, 1, &wc) == 0)
+		;
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.byte_len == 40 + 10 && !strcmp(sbuf + 40, "over sidr"));
+	CHECK(rdma_disconnect(c) == 0);
+	struct ibv_qp_attr qs;
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(c->qp, &qs, IBV_QP_STATE, &qi) == 0 && qs.qp_state == IBV_QPS_ERR);
+
+	CHECK(rdma_connect(c2, &cp) == 0);
+	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
+	struct rdma_cm_id *s2 = e->id;
+	rdma_ack_cm_event(e);
+	CHECK(rdma_reject(s2, "no", 3) == 0);
+	e = next(RDMA_CM_EVENT_UNREACHABLE);
+	CHECK(e->id == c2 && e->status == 2 && e->param.ud.private_data_len == 136 &&
+	      !memcmp(e->param.ud.private_data, "no", 3));
+	rdma_ack_cm_event(e);
+	printf("cm_edges sidr: ok\n");
+	exit(0);
+}
+
 /* rdma_cm over IPv6 (the device on ::1, SOFTHCA_ADDR): a listener and a client of one
  * process connect through [::1]; the request's addresses are IPv6 ones (the cma header's
  * IPv6 form), the connection carries a Send. */
@@ -346,6 +427,8 @@ int main(int argc, char **argv)
 		unreachable_peer();
 	if (argc > 1 && strcmp(argv[1], "ipv6") == 0)
 		ipv6();
+	if (argc > 1 && strcmp(argv[1], "sidr") == 0)
+		sidr();
 	if (argc > 1 && strcmp(argv[1], "qp_destroyed") == 0)
 		qp_destroyed();
 	if (argc > 1 && strcmp(argv[1], "get_event_interrupted") == 0)
