@@ -101,7 +101,9 @@ static void tables(struct ibv_context *ctx)
 	errno = 0;
 	CHECK(ibv_query_gid_ex(ctx, 1, 0, &e, 1) == EINVAL && errno == EINVAL, "unknown flags");
 	errno = 0;
-	CHECK(ibv_query_gid_ex(ctx, 1, 1000, &e, 0) == EINVAL && errno == EINVAL, "an index past the table");
+	CHECK(ibv_query_gid_ex(ctx, 1, 1024, &e, 0) == EINVAL && errno == EINVAL, "an index past the table");
+	errno = 0;
+	CHECK(ibv_query_gid_ex(ctx, 1, 1000, &e, 0) == ENODATA, "an empty slot near its end");
 	errno = 0;
 	CHECK(ibv_query_gid_ex(ctx, 1, 1, &e, 0) == ENODATA && errno == ENODATA, "an empty slot");
 

@@ -148,8 +148,10 @@ pub use verify::{IcrcPolicy, Refused, Verified};
 
 /// GID table slots of a UDP port: GID 0 is the device's address; the rest stay empty (as a
 /// RoCE port's table has room for addresses its interface does not have), so that a program
-/// probing an unused index gets the empty-entry answer (ENODATA through libibverbs).
-pub const GID_TABLE_LEN: u32 = 16;
+/// probing an unused index gets the empty-entry answer (ENODATA through libibverbs). As many
+/// as Linux rxe's port has (`RXE_PORT_GID_TBL_LEN`), so that an index answers as there:
+/// ENODATA below 1024, EINVAL from it. The table is read by index only.
+pub const GID_TABLE_LEN: u32 = 1024;
 /// At most this many flows send from sockets of their own (see the module docs); the others
 /// share the device's 4791 socket, so that one `sendmmsg` (and GSO) carries the datagrams of
 /// many QPs: with 100 QPs of 8-byte Sends on loopback, 0.76 Mpps through the shared socket
