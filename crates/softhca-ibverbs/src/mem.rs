@@ -295,6 +295,39 @@ pub(crate) fn ah_attr_of(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
+/// `ah_attr_of(a)` with the hop limit Linux's RoCE core puts there for a unicast address: the
+/// route's (`ib_resolve_unicast_gid_dmac` takes it from `ip4_dst_hoplimit`/`ip6_dst_hoplimit`:
+/// the host's default TTL or hop limit, 64 unless configured), whatever the program asked for;
+/// a multicast address keeps its own. Linux does it for Create AH and a connected QP's primary
+/// address vector, so Query QP reports it and the IP header carries it.
+pub(crate) fn routed_ah_attr_of(a: &ibv_ah_attr) -> AhAttr {
+    let mut ah = ah_attr_of(a);
+    let dgid = std::net::Ipv6Addr::from(a.grh.dgid.raw);
+    let multicast = match dgid.to_ipv4_mapped() {
+        Some(v4) => v4.is_multicast(),
+        None => dgid.is_multicast(),
+    };
+    if a.is_global != 0 && !multicast {
+        ah.grh.hop_limit = Some(route_hop_limit(dgid.to_ipv4_mapped().is_some()));
+    }
+    ah
+}
+
+/// The host's default IPv4 TTL or IPv6 hop limit (read once; 64, Linux's default, if unreadable).
+fn route_hop_limit(ipv4: bool) -> u8 {
+    static LIMITS: std::sync::OnceLock<(u8, u8)> = std::sync::OnceLock::new();
+    let read = |path: &str| {
+        std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<u8>().ok()).filter(|&h| h > 0).unwrap_or(64)
+    };
+    let (v4, v6) = *LIMITS
+        .get_or_init(|| (read("/proc/sys/net/ipv4/ip_default_ttl"), read("/proc/sys/net/ipv6/conf/all/hop_limit")));
+    if ipv4 {
+        v4
+    } else {
+        v6
+    }
+}
+
 /// Whether `a` sends from an empty slot of the GID table: Linux refuses such an address
 /// with ENODATA (`rdma_get_gid_attr`), there being no source address to send from; an index
 /// past the table is EINVAL there, as here.
@@ -330,7 +363,7 @@ pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -
     if empty_source(&unsafe { ctx(pd.ibv.context) }.ctx, attr) {
         return fail(libc::ENODATA);
     }
-    match pd.pd.create_ah(&ah_attr_of(attr)) {
+    match pd.pd.create_ah(&routed_ah_attr_of(attr)) {
         Ok(ah) => {
             let ibv = ibv_ah { context: pd.ibv.context, pd: p, handle: 0 };
             Box::into_raw(Box::new(Ah { ibv, ah })).cast()

@@ -15,7 +15,7 @@ use softhca::{
 use crate::abi::*;
 use crate::context::{ctx, wait_for_acks};
 use crate::cq::cq;
-use crate::mem::{ah_attr_of, c_ah_attr, pd, Ah, Mr, Mw};
+use crate::mem::{ah_attr_of, c_ah_attr, pd, routed_ah_attr_of, Ah, Mr, Mw};
 use crate::{command, errno_of, fail};
 
 #[repr(C)]
@@ -435,7 +435,7 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
             if has(IBV_QP_AV) && crate::mem::empty_source(&unsafe { ctx(x.ibv.qp_base.context) }.ctx, &a.ah_attr) {
                 return libc::ENODATA;
             }
-            let ah = if has(IBV_QP_AV) { Some(ah_attr_of(&a.ah_attr)) } else { old.map(|av| av.ah) };
+            let ah = if has(IBV_QP_AV) { Some(routed_ah_attr_of(&a.ah_attr)) } else { old.map(|av| av.ah) };
             if let Some(ah) = ah {
                 m.av = Some(AddressVector::new(ah, mtu));
             }

@@ -479,6 +479,41 @@ static void as_rxe(void)
 		      q.alt_ah_attr.is_global == 1,
 	      "is_global in Reset: %d/%d, rxe 1/1", q.ah_attr.is_global, q.alt_ah_attr.is_global);
 
+	/* A connected QP's address vector: the route's hop limit (the host's default TTL) for a
+	   unicast destination, whatever was asked, as Linux's RoCE core sets it
+	   (ib_resolve_unicast_gid_dmac); a multicast destination keeps its own. */
+	{
+		int ttl = 64;
+		FILE *f = fopen("/proc/sys/net/ipv4/ip_default_ttl", "r");
+		if (f) {
+			CHECK(fscanf(f, "%d", &ttl) == 1, "ip_default_ttl");
+			fclose(f);
+		}
+		union ibv_gid own;
+		CHECK(ibv_query_gid(ctx, 1, 0, &own) == 0, "GID 0");
+		uint8_t mcast[16] = { [10] = 0xff, [11] = 0xff, [12] = 239, [13] = 1, [14] = 2, [15] = 3 };
+		for (int i = 0; i < 2; i++) {
+			struct ibv_qp *h = ibv_create_qp(pd, &qi);
+			struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+			CHECK(h && ibv_modify_qp(h, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+			      "INIT");
+			a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = 7,
+						  .max_dest_rd_atomic = 1, .min_rnr_timer = 1,
+						  .ah_attr = { .is_global = 1, .grh = { .dgid = own, .hop_limit = 9 }, .port_num = 1 } };
+			if (i)
+				memcpy(a.ah_attr.grh.dgid.raw, mcast, 16);
+			CHECK(ibv_modify_qp(h, &a,
+					    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
+			      "RTR");
+			memset(&q, 0, sizeof q);
+			CHECK(ibv_query_qp(h, &q, IBV_QP_AV, &qia) == 0 && q.ah_attr.grh.hop_limit == (i ? 9 : ttl),
+			      "hop limit %d for a %s destination, Linux %d", q.ah_attr.grh.hop_limit, i ? "multicast" : "unicast",
+			      i ? 9 : ttl);
+			CHECK(ibv_destroy_qp(h) == 0, "destroy");
+		}
+	}
+
 	struct ibv_qp_attr m = { .qp_state = IBV_QPS_RTS };
 	ANSWER("ibv_modify_qp Reset to RTS", ibv_modify_qp(qp, &m, IBV_QP_STATE), EINVAL, EINVAL);
 	m = (struct ibv_qp_attr){ .qp_state = IBV_QPS_INIT, .port_num = 7 };
