@@ -455,11 +455,15 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         if has(IBV_QP_SQ_PSN) {
             m.sq_psn = Some(a.sq_psn);
         }
+        // Both depths to the next power of two, as rxe (roundup_pow_of_two) and mlx5 (which
+        // keeps their logarithms) do: Query QP reports 4 for 3 on either. A value past the
+        // device's maximum stays as given, for the core to refuse.
+        let pow2 = |v: u8| if v == 0 { 0 } else { v.checked_next_power_of_two().unwrap_or(v) };
         if has(IBV_QP_MAX_QP_RD_ATOMIC) {
-            m.max_rd_atomic = Some(a.max_rd_atomic);
+            m.max_rd_atomic = Some(pow2(a.max_rd_atomic));
         }
         if has(IBV_QP_MAX_DEST_RD_ATOMIC) {
-            m.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
+            m.max_dest_rd_atomic = Some(pow2(a.max_dest_rd_atomic));
         }
         if has(IBV_QP_MIN_RNR_TIMER) {
             m.min_rnr_timer = Some(a.min_rnr_timer);

@@ -498,7 +498,7 @@ static void as_rxe(void)
 			CHECK(h && ibv_modify_qp(h, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
 			      "INIT");
 			a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = 7,
-						  .max_dest_rd_atomic = 1, .min_rnr_timer = 1,
+						  .max_dest_rd_atomic = 3, .min_rnr_timer = 1,
 						  .ah_attr = { .is_global = 1, .grh = { .dgid = own, .hop_limit = 9 }, .port_num = 1 } };
 			if (i)
 				memcpy(a.ah_attr.grh.dgid.raw, mcast, 16);
@@ -506,6 +506,19 @@ static void as_rxe(void)
 					    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 						    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
 			      "RTR");
+			if (!i) {
+				/* The depths to powers of two, as rxe and mlx5 keep them: 3 reads back 4. */
+				struct ibv_qp_attr r = { .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
+							 .rnr_retry = 7, .max_rd_atomic = 3 };
+				CHECK(ibv_modify_qp(h, &r,
+						    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+							    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0,
+				      "RTS");
+				memset(&q, 0, sizeof q);
+				CHECK(ibv_query_qp(h, &q, IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC, &qia) == 0 &&
+					      q.max_rd_atomic == 4 && q.max_dest_rd_atomic == 4,
+				      "depths %d/%d for 3/3, rxe 4/4", q.max_rd_atomic, q.max_dest_rd_atomic);
+			}
 			memset(&q, 0, sizeof q);
 			CHECK(ibv_query_qp(h, &q, IBV_QP_AV, &qia) == 0 && q.ah_attr.grh.hop_limit == (i ? 9 : ttl),
 			      "hop limit %d for a %s destination, Linux %d", q.ah_attr.grh.hop_limit, i ? "multicast" : "unicast",
