@@ -295,12 +295,16 @@ pub(crate) fn ah_attr_of(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
-/// `ah_attr_of(a)` with the hop limit Linux's RoCE core puts there for a unicast address: the
-/// route's (`ib_resolve_unicast_gid_dmac` takes it from `ip4_dst_hoplimit`/`ip6_dst_hoplimit`:
-/// the host's default TTL or hop limit, 64 unless configured), whatever the program asked for;
-/// a multicast address keeps its own. Linux does it for Create AH and a connected QP's primary
-/// address vector, so Query QP reports it and the IP header carries it.
-pub(crate) fn routed_ah_attr_of(a: &ibv_ah_attr) -> AhAttr {
+/// A program's address as Linux's RoCE core takes it where it resolves one (Create AH, a
+/// connected QP's primary address vector): an empty source GID slot is ENODATA
+/// ([`empty_source`]); then a unicast destination gets the route's hop limit
+/// (`ib_resolve_unicast_gid_dmac` takes it from `ip4_dst_hoplimit`/`ip6_dst_hoplimit`: the
+/// host's default TTL or hop limit, 64 unless configured), whatever the program asked for, so
+/// Query QP reports it and the IP header carries it; a multicast one keeps its own.
+pub(crate) fn resolve_ah_attr(ctx: &softhca::Context, a: &ibv_ah_attr) -> Result<AhAttr, c_int> {
+    if empty_source(ctx, a) {
+        return Err(libc::ENODATA);
+    }
     let mut ah = ah_attr_of(a);
     let dgid = std::net::Ipv6Addr::from(a.grh.dgid.raw);
     let multicast = match dgid.to_ipv4_mapped() {
@@ -310,7 +314,7 @@ pub(crate) fn routed_ah_attr_of(a: &ibv_ah_attr) -> AhAttr {
     if a.is_global != 0 && !multicast {
         ah.grh.hop_limit = Some(route_hop_limit(dgid.to_ipv4_mapped().is_some()));
     }
-    ah
+    Ok(ah)
 }
 
 /// The host's default IPv4 TTL or IPv6 hop limit (read once; 64, Linux's default, if unreadable).
@@ -360,10 +364,11 @@ pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -
     // SAFETY: a live PD and a readable attribute structure.
     let (pd, attr) = unsafe { (pd(p), &*attr) };
     // SAFETY: the PD's context is open.
-    if empty_source(&unsafe { ctx(pd.ibv.context) }.ctx, attr) {
-        return fail(libc::ENODATA);
-    }
-    match pd.pd.create_ah(&routed_ah_attr_of(attr)) {
+    let ah = match resolve_ah_attr(&unsafe { ctx(pd.ibv.context) }.ctx, attr) {
+        Ok(ah) => ah,
+        Err(e) => return fail(e),
+    };
+    match pd.pd.create_ah(&ah) {
         Ok(ah) => {
             let ibv = ibv_ah { context: pd.ibv.context, pd: p, handle: 0 };
             Box::into_raw(Box::new(Ah { ibv, ah })).cast()

@@ -15,7 +15,7 @@ use softhca::{
 use crate::abi::*;
 use crate::context::{ctx, wait_for_acks};
 use crate::cq::cq;
-use crate::mem::{ah_attr_of, c_ah_attr, pd, routed_ah_attr_of, Ah, Mr, Mw};
+use crate::mem::{ah_attr_of, c_ah_attr, pd, resolve_ah_attr, Ah, Mr, Mw};
 use crate::{command, errno_of, fail};
 
 #[repr(C)]
@@ -431,11 +431,15 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
             } else {
                 old.map_or(Mtu::Mtu1024, |av| av.path_mtu)
             };
-            // SAFETY: the QP's context is open.
-            if has(IBV_QP_AV) && crate::mem::empty_source(&unsafe { ctx(x.ibv.qp_base.context) }.ctx, &a.ah_attr) {
-                return libc::ENODATA;
-            }
-            let ah = if has(IBV_QP_AV) { Some(routed_ah_attr_of(&a.ah_attr)) } else { old.map(|av| av.ah) };
+            let ah = if has(IBV_QP_AV) {
+                // SAFETY: the QP's context is open.
+                match resolve_ah_attr(&unsafe { ctx(x.ibv.qp_base.context) }.ctx, &a.ah_attr) {
+                    Ok(ah) => Some(ah),
+                    Err(e) => return e,
+                }
+            } else {
+                old.map(|av| av.ah)
+            };
             if let Some(ah) = ah {
                 m.av = Some(AddressVector::new(ah, mtu));
             }
