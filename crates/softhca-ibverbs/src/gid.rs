@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use softhca::link::udp::sys::interface_name;
 
 use crate::abi::{ibv_ah_attr, ibv_context, ibv_gid};
+use crate::command;
 use crate::context::ctx;
 use crate::device::{ibv_query_gid, ibv_query_pkey};
 
@@ -63,7 +64,7 @@ unsafe fn gid_entry(context: *mut ibv_context, port_num: u32, gid_index: u32) ->
 
 /// What `ibv_query_gid_ex` calls. `entry_size` must hold the whole entry; flags are reserved
 /// (EINVAL, as the kernel's GID query answers). A failure is returned and left in errno, as
-/// libibverbs leaves the failed ioctl's.
+/// libibverbs leaves the failed ioctl's (`crate::command`).
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_ex(
     context: *mut ibv_context,
@@ -73,24 +74,26 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
-    if flags != 0 || context.is_null() || entry.is_null() || entry_size < size_of::<ibv_gid_entry>() {
-        return failed(libc::EINVAL);
-    }
-    // SAFETY: an open context (libibverbs' contract).
-    match unsafe { gid_entry(context, port_num, gid_index) } {
-        Ok(e) => {
-            // SAFETY: the caller passes `entry_size` writable bytes, checked above to hold one.
-            unsafe { entry.write_unaligned(e) };
-            0
+    command(|| {
+        if flags != 0 || context.is_null() || entry.is_null() || entry_size < size_of::<ibv_gid_entry>() {
+            return libc::EINVAL;
         }
-        Err(errno) => failed(errno),
-    }
+        // SAFETY: an open context (libibverbs' contract).
+        match unsafe { gid_entry(context, port_num, gid_index) } {
+            Ok(e) => {
+                // SAFETY: the caller passes `entry_size` writable bytes, checked above to hold one.
+                unsafe { entry.write_unaligned(e) };
+                0
+            }
+            Err(errno) => errno,
+        }
+    })
 }
 
-/// `errno` set to `e`, and `e` returned.
-fn failed(e: c_int) -> c_int {
+/// `ibv_query_gid_table`'s answer to failure `e`: `-e`, with `e` left in errno.
+fn table_error(e: c_int) -> isize {
     crate::set_errno(e);
-    e
+    -(e as isize)
 }
 
 /// What `ibv_query_gid_table` calls: every valid entry of every port, `entry_size` apart; the
@@ -105,11 +108,11 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     entry_size: usize,
 ) -> isize {
     if flags != 0 || context.is_null() || entry_size < size_of::<ibv_gid_entry>() {
-        return -(failed(libc::EINVAL) as isize);
+        return table_error(libc::EINVAL);
     }
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
-    let Ok(dev) = c.ctx.query_device() else { return -(failed(libc::EIO) as isize) };
+    let Ok(dev) = c.ctx.query_device() else { return table_error(libc::EIO) };
     let mut valid = Vec::new();
     for port in 1..=u32::from(dev.phys_port_cnt) {
         let len = c.ctx.query_port(port as u8).map_or(0, |p| p.gid_tbl_len);
@@ -117,7 +120,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         valid.extend((0..len).filter_map(|i| unsafe { gid_entry(context, port, i) }.ok()));
     }
     if valid.len() > max_entries || (!valid.is_empty() && entries.is_null()) {
-        return -(failed(libc::EINVAL) as isize);
+        return table_error(libc::EINVAL);
     }
     for (i, e) in valid.iter().enumerate() {
         // SAFETY: the caller passes `max_entries` slots of `entry_size` bytes; i < max_entries.
