@@ -190,6 +190,14 @@ struct Conn {
     local_ca_guid: u64,
 }
 
+impl Conn {
+    /// Enters the time wait, which ends at `until` (then TIMEWAIT_EXIT, IBA 12.9.8.7).
+    fn enter_time_wait(&mut self, until: u64) {
+        self.state = State::TimeWait;
+        self.deadline = Some(until);
+    }
+}
+
 /// A SIDR exchange (IBA 12.11): a requester's SIDR REQ waiting for its REP, or a responder's
 /// request kept (until its deadline) to answer a repeated REQ with the same REP.
 struct Sidr {
@@ -584,8 +592,7 @@ impl Cm {
             Some(State::Established) => {}
             Some(State::DreqRcvd) => {
                 let Some(conn) = self.conns.get_mut(&id) else { return false };
-                conn.state = State::TimeWait;
-                conn.deadline = Some(now + self.time_wait_ns);
+                conn.enter_time_wait(now + self.time_wait_ns);
                 let (peer, tid, drep) = (conn.peer, conn.tid, drep_for(id, conn));
                 self.send_once(peer, tid, CmMessage::Drep(Box::new(drep)));
                 return true;
@@ -682,8 +689,7 @@ impl Cm {
                 // A DREQ nobody answered: disconnected all the same, and the time wait follows
                 // (Linux's DREQ_ERROR, then TIMEWAIT_EXIT).
                 State::DreqSent => {
-                    conn.state = State::TimeWait;
-                    conn.deadline = Some(now + self.time_wait_ns);
+                    conn.enter_time_wait(now + self.time_wait_ns);
                     self.put(id, conn);
                     self.events.push_back(CmEvent::Disconnected { id, timed_out: true });
                 }
@@ -898,8 +904,7 @@ impl Cm {
             // or is taking apart: Linux enters TimeWait and reports the REJ.
             State::Established | State::DreqSent => {
                 if let Some(conn) = self.conns.get_mut(&id) {
-                    conn.state = State::TimeWait;
-                    conn.deadline = Some(now + self.time_wait_ns);
+                    conn.enter_time_wait(now + self.time_wait_ns);
                 }
                 self.events.push_back(if state == State::DreqSent {
                     CmEvent::Disconnected { id, timed_out: false }
@@ -973,23 +978,17 @@ impl Cm {
     fn on_drep(&mut self, now: u64, peer: Peer, drep: &CmDrep) -> bool {
         let id = drep.remote_comm_id;
         let Some(conn) = self.matching(id, peer, drep.local_comm_id) else { return false };
-        match conn.state {
-            State::DreqSent => {
-                let time_wait = self.time_wait_ns;
+        let state = conn.state;
+        match state {
+            // The DREP ends this side's DREQ: the time wait. When both sides disconnected at
+            // once and the peer's DREQ came first (DREQ Rcvd), Disconnected was already told.
+            State::DreqSent | State::DreqRcvd => {
+                let until = now + self.time_wait_ns;
                 if let Some(conn) = self.conns.get_mut(&id) {
-                    conn.state = State::TimeWait;
-                    conn.deadline = Some(now + time_wait);
+                    conn.enter_time_wait(until);
                 }
-                self.events.push_back(CmEvent::Disconnected { id, timed_out: false });
-                true
-            }
-            // Both sides disconnected at once and the peer's DREQ came first: its DREP ends
-            // this side's DREQ too (Linux enters TimeWait; Disconnected was already told).
-            State::DreqRcvd => {
-                let time_wait = self.time_wait_ns;
-                if let Some(conn) = self.conns.get_mut(&id) {
-                    conn.state = State::TimeWait;
-                    conn.deadline = Some(now + time_wait);
+                if state == State::DreqSent {
+                    self.events.push_back(CmEvent::Disconnected { id, timed_out: false });
                 }
                 true
             }
