@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
 use common::pair::*;
@@ -140,6 +141,39 @@ fn failed_read_validation_stops_later_requests() {
     p.run(RUN);
     assert_eq!(remote.to_vec().unwrap(), vec![0; 4096]);
     assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
+}
+
+/// An address vector supplied at SQD→RTS is the one the next request packet goes by: its
+/// destination, hop limit and traffic class (the engine caches a connected QP's IP header,
+/// and a Modify QP must not leave the old one in use).
+/// Rule MOD-SQD-RTS-2, MOD-AV-2
+#[test]
+fn a_new_av_at_sqd_to_rts_moves_the_next_packet() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let g = [src.sge(0..64)];
+    let ipv4 = |d: &[u8]| (Ipv4Addr::new(d[16], d[17], d[18], d[19]), d[8], d[1]);
+    let land = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.b.qp.post_recv(&[RecvWr::new(1, &[land.sge(0..64)])]).unwrap();
+    p.a.qp.post_send(&[SendWr::send(1, &g).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::Success)]);
+    let before: Vec<_> = p.trace.iter().filter(|(from_a, _)| *from_a).map(|(_, d)| ipv4(d).0).collect();
+    assert_eq!(before, vec![p.b.gid.to_ipv4().unwrap()]);
+    p.a.qp.modify(&QpAttr::to_sqd()).unwrap();
+    let elsewhere = Ipv4Addr::new(10, 9, 8, 7);
+    let mut ah = AhAttr::roce(Gid::from_ipv4(elsewhere), 0);
+    ah.grh.hop_limit = Some(9);
+    ah.grh.traffic_class = Some(0x48);
+    p.a.qp.modify(&QpAttr::to_rts().av(AddressVector::new(ah, Mtu::Mtu1024))).unwrap();
+    p.a.qp.post_send(&[SendWr::send(2, &g)]).unwrap();
+    let after = drain(&p.a.ctx, p.now);
+    assert!(!after.is_empty());
+    assert!(
+        after.iter().all(|d| ipv4(d) == (elsewhere, 9, 0x48)),
+        "{:?}",
+        after.iter().map(|d| ipv4(d)).collect::<Vec<_>>()
+    );
 }
 
 /// SQD: the message in progress finishes (its remaining packets, its ACK, its CQE), nothing

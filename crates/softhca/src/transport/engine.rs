@@ -920,17 +920,17 @@ pub(crate) fn ip_for(dev: &dyn Hca, ah: &AhAttr) -> Option<IpRepr> {
     })
 }
 
-/// The connected QP's route, from its cache while the AV and the GID table are unchanged.
+/// The connected QP's route, from its cache while the AV and the GID table are unchanged
+/// (see `QpCore::route`).
 fn route(q: &QpInner, core: &mut QpCore) -> Option<IpRepr> {
-    let ah = core.attrs.av?.ah;
     let gen = q.dev.gid_generation();
-    if let Some((g, cached_ah, ip)) = &core.route {
-        if *g == gen && *cached_ah == ah {
-            return Some(*ip);
+    if let Some((g, ip)) = core.route {
+        if g == gen {
+            return Some(ip);
         }
     }
-    let ip = ip_for(&*q.dev, &ah)?;
-    core.route = Some((gen, ah, ip));
+    let ip = ip_for(&*q.dev, &core.attrs.av?.ah)?;
+    core.route = Some((gen, ip));
     Some(ip)
 }
 

@@ -879,7 +879,7 @@ impl Qp {
                 self.res.send_cq.purge_qp(q.qpn);
                 self.res.recv_cq.purge_qp(q.qpn);
                 let cap = core.attrs.cap;
-                core.attrs = QpAttrs::reset(cap);
+                core.set_attrs(QpAttrs::reset(cap));
                 q.mirror_state(&core);
             }
             // QPT-SW-9: Error → Error changes nothing (no second flush, no second Last WQE
@@ -887,7 +887,7 @@ impl Qp {
             QpState::Error if from == QpState::Error => {}
             QpState::Error => {
                 next.sq_draining = false;
-                core.attrs = next;
+                core.set_attrs(next);
                 q.mirror_state(&core);
                 core.sqd_event_pending = false;
                 // The ACKs already owed still leave (PKT-ACK-13): the application may have
@@ -912,7 +912,7 @@ impl Qp {
                     next.sq_draining = false;
                 }
                 let (rq_psn, sq_psn) = (next.rq_psn, next.sq_psn);
-                core.attrs = next;
+                core.set_attrs(next);
                 match (from, to) {
                     (QpState::Init, QpState::Rtr) => core.start_receiving(rq_psn),
                     (QpState::Rtr, QpState::Rts) => core.start_sending(sq_psn),
