@@ -38,6 +38,9 @@ pub(super) struct Pending {
     pub(super) one_peer: bool,
     /// From the alternate address (see [`AltAddr`]).
     pub(super) alt: bool,
+    /// The IPv4 TOS or IPv6 Traffic Class the core wrote (the address vector's Traffic
+    /// Class, PKT-ROCE-3): the kernel writes the header, and is told it per message.
+    pub(super) tos: u8,
 }
 
 /// The device's second address, GID 1: where its QPs' alternate paths start (Automatic Path
@@ -548,7 +551,7 @@ impl Io {
     /// Checks a datagram the core emitted and finds its UDP payload; fixes the header fields
     /// the kernel will write differently (it should never need to).
     pub(super) fn prepare(&mut self, slot: usize, d: &mut [u8]) -> Option<Pending> {
-        let (hl, dst, src) = match d.first().map(|b| b >> 4) {
+        let (hl, dst, src, tos) = match d.first().map(|b| b >> 4) {
             Some(4) if d.len() >= 20 => {
                 let mut h = Ipv4Header::new_unchecked(&mut d[..]);
                 if h.identification() != 0 || h.flags_fragment() != IPV4_DONT_FRAGMENT {
@@ -558,11 +561,12 @@ impl Io {
                     let _ = crate::wire::icrc::fill_datagram(d);
                 }
                 let h = Ipv4Header::new_unchecked(&d[..]);
-                (20, IpAddr::V4(h.dst_addr()), IpAddr::V4(h.src_addr()))
+                (20, IpAddr::V4(h.dst_addr()), IpAddr::V4(h.src_addr()), d[1])
             }
             Some(6) if d.len() >= 40 => {
                 let h = Ipv6Header::new_unchecked(&d[..]);
-                (40, verify::unmap(IpAddr::V6(h.dst_addr())), verify::unmap(IpAddr::V6(h.src_addr())))
+                let tclass = (d[0] << 4) | (d[1] >> 4);
+                (40, verify::unmap(IpAddr::V6(h.dst_addr())), verify::unmap(IpAddr::V6(h.src_addr())), tclass)
             }
             _ => {
                 bump(&self.stats.tx_errors, 1);
@@ -586,6 +590,7 @@ impl Io {
             response: is_response(op),
             one_peer,
             alt,
+            tos,
         })
     }
 
@@ -723,6 +728,7 @@ impl Io {
                 while k + n < run.len()
                     && n < GSO_MAX_SEGS
                     && run[k + n].dst == run[k].dst
+                    && run[k + n].tos == run[k].tos
                     && (mix || run[k + n].response == run[k].response)
                     && segs[k + n - 1].len() == size
                     && segs[k + n].len() <= size
@@ -733,7 +739,8 @@ impl Io {
                 }
             }
             let to = destination(conn, run[k].dst);
-            msgs.push(sys::TxMsg { to, first: k, count: n, gso: (n > 1).then_some(size as u16) });
+            let tos = sys::Tos::of(run[k].dst, run[k].tos);
+            msgs.push(sys::TxMsg { to, first: k, count: n, gso: (n > 1).then_some(size as u16), tos });
             k += n;
         }
         stamp_identifications(&mut self.shifts, tx, run, msgs, conn.map(|c| c.next_id));
@@ -797,8 +804,7 @@ impl Io {
                     tracing::warn!(error = %e, "UDP GSO refused; disabled");
                     self.gso = false;
                     let m = msgs[done];
-                    let singles =
-                        (0..m.count).map(|i| sys::TxMsg { to: m.to, first: m.first + i, count: 1, gso: None });
+                    let singles = (0..m.count).map(|i| sys::TxMsg { first: m.first + i, count: 1, gso: None, ..m });
                     msgs.splice(done..done + 1, singles);
                     // The refusal came after the datagram was built: whether it used an
                     // Identification is unknown, so a connected flow goes on unconnected.
@@ -943,7 +949,7 @@ mod tests {
 
     fn pending(slot: usize, port: u16, response: bool) -> Pending {
         let dst = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 9));
-        Pending { slot, start: 0, end: 0, dst, port, response, one_peer: true, alt: false }
+        Pending { slot, start: 0, end: 0, dst, port, response, one_peer: true, alt: false, tos: 0 }
     }
 
     /// Rule PKT-ACK-13: an answer goes before the ACK its QP owes, but never before what

@@ -445,13 +445,41 @@ impl RxBatch {
 
 /// One message to send: the datagrams `segs[first..first + count]` (one datagram, or a GSO
 /// run of equal-size segments but the last when `gso` is set) to `to`, or with `to` = None to
-/// the socket's connected peer.
+/// the socket's connected peer, with the IP header's `tos`.
 #[derive(Clone, Copy)]
 pub struct TxMsg {
     pub to: Option<CAddr>,
     pub first: usize,
     pub count: usize,
     pub gso: Option<u16>,
+    pub tos: Tos,
+}
+
+/// The IPv4 TOS byte or the IPv6 Traffic Class a message's datagrams carry: a cmsg
+/// (`IP_TOS`, `IPV6_TCLASS`) unless it is 0, the sockets' own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tos {
+    V4(u8),
+    V6(u8),
+}
+
+impl Tos {
+    /// The value toward `dst` (its family says which header carries it).
+    pub fn of(dst: IpAddr, value: u8) -> Tos {
+        match dst {
+            IpAddr::V4(_) => Tos::V4(value),
+            IpAddr::V6(_) => Tos::V6(value),
+        }
+    }
+
+    /// The cmsg's level and type, and its value; `None` for 0 (the default, no cmsg).
+    fn cmsg(self) -> Option<(libc::c_int, libc::c_int, libc::c_int)> {
+        match self {
+            Tos::V4(0) | Tos::V6(0) => None,
+            Tos::V4(v) => Some((libc::IPPROTO_IP, libc::IP_TOS, v.into())),
+            Tos::V6(v) => Some((libc::IPPROTO_IPV6, libc::IPV6_TCLASS, v.into())),
+        }
+    }
 }
 
 /// The C-side arrays [`sendmmsg`] fills, kept between calls so that sending allocates
@@ -460,7 +488,7 @@ pub struct TxMsg {
 pub struct TxScratch {
     iovs: Vec<libc::iovec>,
     names: Vec<libc::sockaddr_storage>,
-    ctrl: Vec<[u64; 4]>,
+    ctrl: Vec<[u64; 8]>,
     hdrs: Vec<libc::mmsghdr>,
 }
 
@@ -491,7 +519,7 @@ pub fn sendmmsg(
         }
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid (and unused when unnamed).
         names.push(m.to.map_or(unsafe { zeroed() }, |a| a.storage));
-        ctrl.push([0u64; 4]);
+        ctrl.push([0u64; 8]);
         // SAFETY: mmsghdr is plain old data; all-zero is valid, and every field used is set
         // below once the vectors stop growing.
         hdrs.push(unsafe { zeroed() });
@@ -507,18 +535,34 @@ pub fn sendmmsg(
         h.msg_iov = unsafe { iovs.as_mut_ptr().add(at) };
         h.msg_iovlen = m.count as _;
         at += m.count;
-        if let Some(size) = m.gso {
+        // The control area: UDP_SEGMENT for a GSO run, the TOS where it is not 0.
+        let tos = m.tos.cmsg();
+        if m.gso.is_some() || tos.is_some() {
             h.msg_control = ctrl[i].as_mut_ptr().cast();
             // SAFETY: CMSG_SPACE is a pure size computation.
-            h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
-            // SAFETY: the control area is 4 * 8 = 32 bytes, more than CMSG_SPACE(2) (24 on
-            // 64-bit Linux), so the header and its u16 fit; the write is unaligned-safe.
+            h.msg_controllen = unsafe {
+                m.gso.map_or(0, |_| libc::CMSG_SPACE(size_of::<u16>() as u32))
+                    + tos.map_or(0, |_| libc::CMSG_SPACE(size_of::<libc::c_int>() as u32))
+            } as _;
+            // SAFETY: the control area is 8 * 8 = 64 bytes, more than CMSG_SPACE(2) +
+            // CMSG_SPACE(4) (48 on 64-bit Linux), and msg_controllen covers exactly the cmsgs
+            // written, so CMSG_FIRSTHDR/CMSG_NXTHDR return headers inside it with room for
+            // their data; the writes are unaligned-safe.
             unsafe {
-                let c = libc::CMSG_FIRSTHDR(h);
-                (*c).cmsg_level = SOL_UDP;
-                (*c).cmsg_type = UDP_SEGMENT;
-                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
+                let mut c = libc::CMSG_FIRSTHDR(h);
+                if let Some(size) = m.gso {
+                    (*c).cmsg_level = SOL_UDP;
+                    (*c).cmsg_type = UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
+                    c = libc::CMSG_NXTHDR(h, c);
+                }
+                if let Some((level, kind, v)) = tos {
+                    (*c).cmsg_level = level;
+                    (*c).cmsg_type = kind;
+                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), v);
+                }
             }
         }
     }
