@@ -261,9 +261,7 @@ impl Ring {
         {
             let p = self.slot(t).cast::<u8>();
             for off in (0..std::mem::size_of::<Slot>()).step_by(64) {
-                // SAFETY: a prefetch is a hint that never faults or changes memory; the
-                // address lies inside the mapped slot.
-                unsafe { prefetch_w(p.wrapping_add(off)) };
+                prefetch_w(p.wrapping_add(off));
             }
         }
     }
@@ -407,15 +405,13 @@ impl Ring {
     }
 }
 
-/// `prefetchw`: the line into this core's cache, owned for writing. Every x86-64 CPU decodes
-/// it (those before Intel's Broadwell as a no-op), so it needs no feature check.
-///
-/// # Safety
-/// None beyond a prefetch's: it never faults, whatever the address.
+/// `prefetchw`: the line at `p` into this core's cache, owned for writing. Every x86-64 CPU
+/// decodes it (those before Intel's Broadwell as a no-op), so it needs no feature check.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-unsafe fn prefetch_w(p: *const u8) {
-    // SAFETY: a hint that neither faults nor changes memory, registers or flags.
+fn prefetch_w(p: *const u8) {
+    // SAFETY: a prefetch is a hint: it never faults, whatever the address, and changes no
+    // memory, register or flag.
     unsafe { std::arch::asm!("prefetchw [{}]", in(reg) p, options(nostack, preserves_flags, readonly)) };
 }
 
