@@ -283,9 +283,13 @@ fn a_peer_that_goes_away_fails_the_transfer_cleanly() {
 fn peer_goes_away(busy: bool) {
     let a = end(ShmConfig::default().busy_poll(busy));
     let b = end(ShmConfig::default().busy_poll(busy));
-    // A short ACK timeout (about 4 ms) and one retry, so the failure comes quickly.
-    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), 10, 1);
-    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), 10, 1);
+    // An ACK timeout of about 67 ms (14) and one retry: the failure comes within a few
+    // hundred ms, and a loaded machine does not fail the first Write (with about 4 ms, the
+    // receiving engine of a machine running four busy loops beside the test sometimes
+    // answered too late, and the Writes behind sometimes ran out of retries before the peer
+    // was gone).
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), 14, 1);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), 14, 1);
     let n = 1 << 20;
     let src = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
     let dst = b.pd.alloc_mr(n, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
@@ -302,10 +306,12 @@ fn peer_goes_away(busy: bool) {
         b.dev.context().counters()
     );
     let whole = [src.sge(0..n)];
-    a.qp.post_send(&(2..34).map(|i| SendWr::rdma_write(i, &whole, addr, rkey).signaled()).collect::<Vec<_>>()).unwrap();
+    // 128 MiB: more than moves before the peer's device is gone, however the threads run.
+    a.qp.post_send(&(2..130).map(|i| SendWr::rdma_write(i, &whole, addr, rkey).signaled()).collect::<Vec<_>>())
+        .unwrap();
     let End { dev, .. } = b;
     drop(dev);
-    let w = wait(&a.cq, 32, 20);
+    let w = wait(&a.cq, 128, 20);
     assert!(w.iter().any(|w| w.status == WcStatus::RetryExcErr), "{w:?}");
     assert!(w.iter().all(|w| matches!(w.status, WcStatus::Success | WcStatus::RetryExcErr | WcStatus::WrFlushErr)));
     assert!(a.dev.counters().tx_no_peer > 0);
@@ -331,7 +337,10 @@ fn silent_peer(busy: bool) {
     let silent = Ipv4Addr::new(127, 0, 0, 204);
     write_private(&format!("/dev/shm/softhca-shm-{silent}"), &bytes);
     let a = end(ShmConfig::default().busy_poll(busy));
-    connect(&a.qp, Gid::from_ipv6(silent.to_ipv6_mapped()), 0x99, 10, 1);
+    // An ACK timeout of about 67 ms (14) and one retry: the ring's 256 slots fill long before
+    // the first timer fires, however slowly the sender runs (with about 4 ms, a sender slowed
+    // by a loaded machine sent 193 datagrams before its retries ran out, and never waited).
+    connect(&a.qp, Gid::from_ipv6(silent.to_ipv6_mapped()), 0x99, 14, 1);
     let n = 4 << 20;
     let src = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
     a.qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..n)], 0x1000, 0x1234).signaled()]).unwrap();
