@@ -63,6 +63,18 @@ fn ipv6_addresses_connect() {
     passes(command(&exe, &["ipv6"]).env("SOFTHCA_ADDR", "::1"), "cm_edges ipv6", 60);
 }
 
+/// A type of service set on the client before its route resolves (`rdma_set_option` TOS) is
+/// the traffic class of the route, the REQ and both QPs' address vectors: the server's side
+/// takes it from the REQ (`cm_edges tos`).
+#[test]
+fn the_clients_type_of_service_reaches_both_address_vectors() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("cm_edges");
+    passes(command(&exe, &["tos"]).env("SOFTHCA_ADDR", "127.0.0.53"), "cm_edges tos", 60);
+}
+
 /// A signal ends a blocking `rdma_get_cm_event` as it ends librdmacm's (a system call on the
 /// kernel's rdma_cm file): -1/EINTR where the handler lacks SA_RESTART. The drop-in read its
 /// descriptor again after EINTR.

@@ -79,7 +79,7 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
             primary_local_gid: id.c.route.addr.ibaddr.sgid.raw,
             primary_remote_gid: id.c.route.addr.ibaddr.dgid.raw,
             primary_flow_label: u32::from_be(id.path.flow_label),
-            primary_traffic_class: id.st.tos,
+            primary_traffic_class: id.path.traffic_class,
             primary_hop_limit: 64,
             primary_local_ack_timeout: LOCAL_ACK_TIMEOUT,
             ..Default::default()

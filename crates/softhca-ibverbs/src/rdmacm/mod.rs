@@ -672,9 +672,10 @@ impl Global {
             }
             return;
         };
-        // The REQ's path is this side's path too, its flow label included (Linux's
-        // cm_format_paths_from_req): the QP's address vector sends with it.
+        // The REQ's path is this side's path too, its flow label and traffic class included
+        // (Linux's cm_format_paths_from_req): the QP's address vector sends with them.
         id.path.flow_label = req.primary_flow_label.to_be();
+        id.path.traffic_class = req.primary_traffic_class;
         // The requester's resources seen from this side (Linux's cm_format_req_event): what
         // it can have outstanding toward us is our responder resources, and the other way.
         id.st.responder_resources = req.initiator_depth;
@@ -958,7 +959,9 @@ impl Global {
                 flow_label: u32::from_be(id.path.flow_label),
                 sgid_index: 0,
                 hop_limit: 64,
-                traffic_class: id.st.tos,
+                // The path's (the id's type of service when its route resolved, or the REQ's
+                // on the passive side), as Linux builds the address vector from the path.
+                traffic_class: id.path.traffic_class,
             },
             dlid: 0,
             sl: 0,

@@ -408,6 +408,53 @@ static void multicast(void)
 	exit(0);
 }
 
+/* The type of service set on a client before its route resolves (rdma_set_option's TOS, as
+ * perftest's --tos sets it): the route's path carries it as its traffic class, so do the REQ
+ * and the client QP's address vector, and the server's side takes it from the REQ (Linux's
+ * cm_format_paths_from_req), though the server set none: its path and its QP's address
+ * vector, whose Traffic Class its ACKs and responses carry. */
+static void tos(void)
+{
+	struct sockaddr_in a = sin4("127.0.0.53", 7193);
+	struct rdma_cm_id *l, *c, *s;
+	struct rdma_cm_event *e;
+	struct ibv_qp_init_attr qa = rc_qp(2), init;
+	struct ibv_qp_attr attr;
+	uint8_t t = 0x60;
+	CHECK((ch = rdma_create_event_channel()) != NULL);
+	CHECK(rdma_create_id(ch, &l, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(l, (struct sockaddr *)&a) == 0 && rdma_listen(l, 1) == 0);
+	CHECK(rdma_create_id(ch, &c, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_set_option(c, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &t, sizeof t) == 0);
+	CHECK(rdma_resolve_addr(c, NULL, (struct sockaddr *)&a, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ADDR_RESOLVED));
+	CHECK(rdma_resolve_route(c, 1000) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ROUTE_RESOLVED));
+	CHECK(c->route.path_rec->traffic_class == 0x60);
+	CHECK(rdma_create_qp(c, NULL, &qa) == 0);
+	CHECK(rdma_connect(c, NULL) == 0);
+	e = next(RDMA_CM_EVENT_CONNECT_REQUEST);
+	s = e->id;
+	rdma_ack_cm_event(e);
+	CHECK(s->route.path_rec->traffic_class == 0x60);
+	CHECK(rdma_create_qp(s, NULL, &qa) == 0);
+	CHECK(rdma_accept(s, NULL) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_ESTABLISHED));
+	CHECK(ibv_query_qp(c->qp, &attr, IBV_QP_AV, &init) == 0 && attr.ah_attr.grh.traffic_class == 0x60);
+	CHECK(ibv_query_qp(s->qp, &attr, IBV_QP_AV, &init) == 0 && attr.ah_attr.grh.traffic_class == 0x60);
+	CHECK(rdma_disconnect(c) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
+	CHECK(rdma_disconnect(s) == 0);
+	rdma_ack_cm_event(next(RDMA_CM_EVENT_DISCONNECTED));
+	rdma_destroy_qp(c);
+	rdma_destroy_qp(s);
+	CHECK(rdma_destroy_id(s) == 0 && rdma_destroy_id(c) == 0 && rdma_destroy_id(l) == 0);
+	rdma_destroy_event_channel(ch);
+	printf("cm_edges tos: ok\n");
+	exit(0);
+}
+
 int main(int argc, char **argv)
 {
 	struct rdma_cm_id *listener, *other, *c, *s;
@@ -435,6 +482,8 @@ int main(int argc, char **argv)
 		get_event_interrupted();
 	if (argc > 1 && strcmp(argv[1], "multicast") == 0)
 		multicast();
+	if (argc > 1 && strcmp(argv[1], "tos") == 0)
+		tos();
 	if (argc > 2 && strcmp(argv[1], "placement") == 0)
 		placement(getenv("SOFTHCA_ADDR"), argv[2]);
 	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
