@@ -38,9 +38,9 @@ pub(super) struct Pending {
     pub(super) one_peer: bool,
     /// From the alternate address (see [`AltAddr`]).
     pub(super) alt: bool,
-    /// The IPv4 TOS or IPv6 Traffic Class the core wrote (the address vector's Traffic
-    /// Class, PKT-ROCE-3): the kernel writes the header, and is told it per message.
-    pub(super) tos: u8,
+    /// The header fields the core wrote that the kernel, which writes the header, is told
+    /// per message (the TOS, a multicast datagram's hop limit).
+    pub(super) ip: sys::IpFields,
 }
 
 /// The device's second address, GID 1: where its QPs' alternate paths start (Automatic Path
@@ -551,7 +551,7 @@ impl Io {
     /// Checks a datagram the core emitted and finds its UDP payload; fixes the header fields
     /// the kernel will write differently (it should never need to).
     pub(super) fn prepare(&mut self, slot: usize, d: &mut [u8]) -> Option<Pending> {
-        let (hl, dst, src, tos) = match d.first().map(|b| b >> 4) {
+        let (hl, dst, src, tos, hops) = match d.first().map(|b| b >> 4) {
             Some(4) if d.len() >= 20 => {
                 let mut h = Ipv4Header::new_unchecked(&mut d[..]);
                 if h.identification() != 0 || h.flags_fragment() != IPV4_DONT_FRAGMENT {
@@ -561,12 +561,12 @@ impl Io {
                     let _ = crate::wire::icrc::fill_datagram(d);
                 }
                 let h = Ipv4Header::new_unchecked(&d[..]);
-                (20, IpAddr::V4(h.dst_addr()), IpAddr::V4(h.src_addr()), d[1])
+                (20, IpAddr::V4(h.dst_addr()), IpAddr::V4(h.src_addr()), d[1], d[8])
             }
             Some(6) if d.len() >= 40 => {
                 let h = Ipv6Header::new_unchecked(&d[..]);
                 let tclass = (d[0] << 4) | (d[1] >> 4);
-                (40, verify::unmap(IpAddr::V6(h.dst_addr())), verify::unmap(IpAddr::V6(h.src_addr())), tclass)
+                (40, verify::unmap(IpAddr::V6(h.dst_addr())), verify::unmap(IpAddr::V6(h.src_addr())), tclass, d[7])
             }
             _ => {
                 bump(&self.stats.tx_errors, 1);
@@ -590,7 +590,7 @@ impl Io {
             response: is_response(op),
             one_peer,
             alt,
-            tos,
+            ip: sys::IpFields { v6: dst.is_ipv6(), tos, hop_limit: dst.is_multicast().then_some(hops) },
         })
     }
 
@@ -728,7 +728,7 @@ impl Io {
                 while k + n < run.len()
                     && n < GSO_MAX_SEGS
                     && run[k + n].dst == run[k].dst
-                    && run[k + n].tos == run[k].tos
+                    && run[k + n].ip == run[k].ip
                     && (mix || run[k + n].response == run[k].response)
                     && segs[k + n - 1].len() == size
                     && segs[k + n].len() <= size
@@ -739,8 +739,7 @@ impl Io {
                 }
             }
             let to = destination(conn, run[k].dst);
-            let tos = sys::Tos::of(run[k].dst, run[k].tos);
-            msgs.push(sys::TxMsg { to, first: k, count: n, gso: (n > 1).then_some(size as u16), tos });
+            msgs.push(sys::TxMsg { to, first: k, count: n, gso: (n > 1).then_some(size as u16), ip: run[k].ip });
             k += n;
         }
         stamp_identifications(&mut self.shifts, tx, run, msgs, conn.map(|c| c.next_id));
@@ -949,7 +948,7 @@ mod tests {
 
     fn pending(slot: usize, port: u16, response: bool) -> Pending {
         let dst = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 9));
-        Pending { slot, start: 0, end: 0, dst, port, response, one_peer: true, alt: false, tos: 0 }
+        Pending { slot, start: 0, end: 0, dst, port, response, one_peer: true, alt: false, ip: Default::default() }
     }
 
     /// Rule PKT-ACK-13: an answer goes before the ACK its QP owes, but never before what

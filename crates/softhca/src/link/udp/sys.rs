@@ -445,40 +445,40 @@ impl RxBatch {
 
 /// One message to send: the datagrams `segs[first..first + count]` (one datagram, or a GSO
 /// run of equal-size segments but the last when `gso` is set) to `to`, or with `to` = None to
-/// the socket's connected peer, with the IP header's `tos`.
+/// the socket's connected peer, with the IP header fields `ip`.
 #[derive(Clone, Copy)]
 pub struct TxMsg {
     pub to: Option<CAddr>,
     pub first: usize,
     pub count: usize,
     pub gso: Option<u16>,
-    pub tos: Tos,
+    pub ip: IpFields,
 }
 
-/// The IPv4 TOS byte or the IPv6 Traffic Class a message's datagrams carry: a cmsg
-/// (`IP_TOS`, `IPV6_TCLASS`) unless it is 0, the sockets' own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tos {
-    V4(u8),
-    V6(u8),
+/// What a message's IP header is to carry that the socket would not put there itself
+/// (PKT-ROCE-3), each as a cmsg: the IPv4 TOS or IPv6 Traffic Class where it is not 0
+/// (`IP_TOS`, `IPV6_TCLASS`), and the hop limit of a multicast datagram (`IP_TTL`,
+/// `IPV6_HOPLIMIT`: a socket's own multicast hop limit is 1). A unicast datagram takes the
+/// route's hop limit, as Linux's RoCE core gives it (the drop-in's `resolve_ah_attr`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IpFields {
+    pub v6: bool,
+    pub tos: u8,
+    pub hop_limit: Option<u8>,
 }
 
-impl Tos {
-    /// The value toward `dst` (its family says which header carries it).
-    pub fn of(dst: IpAddr, value: u8) -> Tos {
-        match dst {
-            IpAddr::V4(_) => Tos::V4(value),
-            IpAddr::V6(_) => Tos::V6(value),
-        }
-    }
-
-    /// The cmsg's level and type, and its value; `None` for 0 (the default, no cmsg).
-    fn cmsg(self) -> Option<(libc::c_int, libc::c_int, libc::c_int)> {
-        match self {
-            Tos::V4(0) | Tos::V6(0) => None,
-            Tos::V4(v) => Some((libc::IPPROTO_IP, libc::IP_TOS, v.into())),
-            Tos::V6(v) => Some((libc::IPPROTO_IPV6, libc::IPV6_TCLASS, v.into())),
-        }
+impl IpFields {
+    /// The cmsgs (level, type, int value): none for a datagram the socket's defaults fit.
+    fn cmsgs(self) -> impl Iterator<Item = (libc::c_int, libc::c_int, libc::c_int)> {
+        let (level, tos, hops) = if self.v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS, libc::IPV6_HOPLIMIT)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_TOS, libc::IP_TTL)
+        };
+        let t = (self.tos != 0).then_some((level, tos, self.tos.into()));
+        // 0 is not a hop limit a cmsg takes (IP_TTL wants 1..=255): the socket's then.
+        let h = self.hop_limit.filter(|&h| h != 0).map(|h| (level, hops, h.into()));
+        t.into_iter().chain(h)
     }
 }
 
@@ -488,7 +488,7 @@ impl Tos {
 pub struct TxScratch {
     iovs: Vec<libc::iovec>,
     names: Vec<libc::sockaddr_storage>,
-    ctrl: Vec<[u64; 8]>,
+    ctrl: Vec<[u64; 12]>,
     hdrs: Vec<libc::mmsghdr>,
 }
 
@@ -519,7 +519,7 @@ pub fn sendmmsg(
         }
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid (and unused when unnamed).
         names.push(m.to.map_or(unsafe { zeroed() }, |a| a.storage));
-        ctrl.push([0u64; 8]);
+        ctrl.push([0u64; 12]);
         // SAFETY: mmsghdr is plain old data; all-zero is valid, and every field used is set
         // below once the vectors stop growing.
         hdrs.push(unsafe { zeroed() });
@@ -535,17 +535,18 @@ pub fn sendmmsg(
         h.msg_iov = unsafe { iovs.as_mut_ptr().add(at) };
         h.msg_iovlen = m.count as _;
         at += m.count;
-        // The control area: UDP_SEGMENT for a GSO run, the TOS where it is not 0.
-        let tos = m.tos.cmsg();
-        if m.gso.is_some() || tos.is_some() {
+        // The control area: UDP_SEGMENT for a GSO run, then the IP header's fields.
+        let int = size_of::<libc::c_int>() as u32;
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        let len = unsafe {
+            m.gso.map_or(0, |_| libc::CMSG_SPACE(size_of::<u16>() as u32))
+                + m.ip.cmsgs().map(|_| libc::CMSG_SPACE(int)).sum::<u32>()
+        };
+        if len > 0 {
             h.msg_control = ctrl[i].as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE is a pure size computation.
-            h.msg_controllen = unsafe {
-                m.gso.map_or(0, |_| libc::CMSG_SPACE(size_of::<u16>() as u32))
-                    + tos.map_or(0, |_| libc::CMSG_SPACE(size_of::<libc::c_int>() as u32))
-            } as _;
-            // SAFETY: the control area is 8 * 8 = 64 bytes, more than CMSG_SPACE(2) +
-            // CMSG_SPACE(4) (48 on 64-bit Linux), and msg_controllen covers exactly the cmsgs
+            h.msg_controllen = len as _;
+            // SAFETY: the control area is 12 * 8 = 96 bytes, more than CMSG_SPACE(2) + 2 *
+            // CMSG_SPACE(4) (72 on 64-bit Linux), and msg_controllen covers exactly the cmsgs
             // written, so CMSG_FIRSTHDR/CMSG_NXTHDR return headers inside it with room for
             // their data; the writes are unaligned-safe.
             unsafe {
@@ -557,11 +558,12 @@ pub fn sendmmsg(
                     std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), size);
                     c = libc::CMSG_NXTHDR(h, c);
                 }
-                if let Some((level, kind, v)) = tos {
+                for (level, kind, v) in m.ip.cmsgs() {
                     (*c).cmsg_level = level;
                     (*c).cmsg_type = kind;
-                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::c_int>() as u32) as _;
+                    (*c).cmsg_len = libc::CMSG_LEN(int) as _;
                     std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), v);
+                    c = libc::CMSG_NXTHDR(h, c);
                 }
             }
         }
