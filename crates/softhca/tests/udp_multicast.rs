@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use softhca::link::udp::{RxMode, UdpConfig, UdpDevice};
 use softhca::*;
 
+mod udp_common;
+
 const MULTICAST_QPN: u32 = 0xFF_FFFF;
 const QKEY: u32 = 0x0123_4567;
 
@@ -242,61 +244,19 @@ fn group_over_veth(v6: bool) {
 /// a plain socket joined to the group reads them (`IP_RECVTTL`, `IP_RECVTOS`).
 #[test]
 fn a_multicast_datagram_carries_the_address_handles_hop_limit() {
-    use std::os::fd::AsRawFd;
     let grp = Ipv4Addr::new(239, 31, 0, 41);
     let a = end(41, RxMode::Socket, false);
     let plain = std::net::UdpSocket::bind((grp, 4791)).unwrap();
     plain.join_multicast_v4(&grp, &Ipv4Addr::new(127, 31, 0, 41)).unwrap();
     plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    for opt in [libc::IP_RECVTTL, libc::IP_RECVTOS] {
-        let on: libc::c_int = 1;
-        // SAFETY: an int option from a live local, its size given.
-        let r = unsafe {
-            libc::setsockopt(
-                plain.as_raw_fd(),
-                libc::IPPROTO_IP,
-                opt,
-                (&on as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0);
-    }
+    udp_common::plain::report(&plain, &[libc::IP_RECVTTL, libc::IP_RECVTOS]);
     let mut attr = AhAttr::roce(Gid::from_ipv4(grp), 0);
     attr.grh.hop_limit = Some(5);
     attr.grh.traffic_class = Some(0x28);
     let ah = a.pd.create_ah(&attr).unwrap();
     let src = a.pd.reg_mr(b"hello, group".to_vec(), Access::LOCAL_WRITE).unwrap();
     a.qp.post_send(&[SendWr::send(1, &[src.sge(0..12)]).ud(&ah, MULTICAST_QPN, QKEY)]).unwrap();
-
-    let mut data = vec![0u8; 2048];
-    let mut ctrl = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    // SAFETY: msghdr is plain old data; every pointer set below is to a live local buffer of
-    // the length given, which the kernel fills for the call only.
-    let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-    h.msg_iov = &mut iov;
-    h.msg_iovlen = 1;
-    h.msg_control = ctrl.as_mut_ptr().cast();
-    h.msg_controllen = std::mem::size_of_val(&ctrl) as _;
-    // SAFETY: as above.
-    let n = unsafe { libc::recvmsg(plain.as_raw_fd(), &mut h, 0) };
-    assert_eq!(n, 12 + 8 + 12 + 4, "the datagram (BTH, DETH, payload, ICRC)");
-    let (mut ttl, mut tos) = (None, None);
-    // SAFETY: the CMSG_* macros walk the control area the kernel filled, bounded by
-    // msg_controllen; IP_TTL carries an int, IP_TOS a byte.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&h);
-        while !c.is_null() {
-            match ((*c).cmsg_level, (*c).cmsg_type) {
-                (libc::IPPROTO_IP, libc::IP_TTL) => {
-                    ttl = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>()))
-                }
-                (libc::IPPROTO_IP, libc::IP_TOS) => tos = Some(*libc::CMSG_DATA(c)),
-                _ => {}
-            }
-            c = libc::CMSG_NXTHDR(&h, c);
-        }
-    }
-    assert_eq!((ttl, tos), (Some(5), Some(0x28)));
+    let r = udp_common::plain::recv(&plain).expect("the datagram");
+    // BTH, DETH, payload, ICRC.
+    assert_eq!((r.len, r.ttl, r.tos), (12 + 8 + 12 + 4, Some(5), Some(0x28)));
 }

@@ -303,40 +303,6 @@ fn a_deferred_ack_leaves_before_a_later_request_of_another_qp() {
     }
 }
 
-/// Receives one datagram on `s` (which has `IP_RECVTOS` on) and returns its length and the
-/// TOS byte the kernel reported with it; `None` after the socket's read timeout.
-fn recv_with_tos(s: &std::net::UdpSocket) -> Option<(usize, u8)> {
-    use std::os::fd::AsRawFd;
-    let mut data = vec![0u8; 9000];
-    let mut ctrl = [0u64; 8];
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    // SAFETY: msghdr is plain old data; every pointer set below is to a live local buffer of
-    // the length given, which the kernel fills for the call only.
-    let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-    h.msg_iov = &mut iov;
-    h.msg_iovlen = 1;
-    h.msg_control = ctrl.as_mut_ptr().cast();
-    h.msg_controllen = std::mem::size_of_val(&ctrl) as _;
-    // SAFETY: as above.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut h, 0) };
-    if n < 0 {
-        return None;
-    }
-    let mut tos = None;
-    // SAFETY: the CMSG_* macros walk the control area the kernel filled, bounded by
-    // msg_controllen; IP_TOS carries one byte.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&h);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TOS {
-                tos = Some(*libc::CMSG_DATA(c));
-            }
-            c = libc::CMSG_NXTHDR(&h, c);
-        }
-    }
-    Some((n as usize, tos.expect("an IP_TOS cmsg")))
-}
-
 /// Rule PKT-ROCE-3: the address vector's Traffic Class is the TOS byte of the datagrams on the
 /// wire, though the UDP link's IP headers are the kernel's (it is told per message): an RC
 /// QP's Send, the three datagrams of a long one (one GSO message), and a UD datagram through
@@ -348,21 +314,7 @@ fn the_traffic_class_is_the_datagrams_tos() {
         .map(|x| std::net::Ipv4Addr::new(127, 0, 0, x))
         .find_map(|ip| std::net::UdpSocket::bind((ip, 4791)).ok().map(|s| (s, ip)))
         .expect("a free 127.0.0.x:4791");
-    {
-        use std::os::fd::AsRawFd;
-        let on: libc::c_int = 1;
-        // SAFETY: an int option from a live local, its size given.
-        let r = unsafe {
-            libc::setsockopt(
-                hole.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_RECVTOS,
-                (&on as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0);
-    }
+    plain::report(&hole, &[libc::IP_RECVTOS]);
     hole.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
     let a = end(UdpConfig::default());
     let mut ah = AhAttr::roce(Gid::from_ipv4(ip), 0);
@@ -374,12 +326,12 @@ fn the_traffic_class_is_the_datagrams_tos() {
     a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(20).retry_cnt(1).rnr_retry(0).max_rd_atomic(1)).unwrap();
     let buf = a.pd.alloc_mr(10_000, Access::LOCAL_WRITE).unwrap();
     a.qp.post_send(&[SendWr::send(1, &[buf.sge(0..64)])]).unwrap();
-    let (n, tos) = recv_with_tos(&hole).expect("the Send");
-    assert_eq!((n, tos), (12 + 64 + 4, 0x6a));
+    let r = plain::recv(&hole).expect("the Send");
+    assert_eq!((r.len, r.tos), (12 + 64 + 4, Some(0x6a)));
     a.qp.post_send(&[SendWr::send(2, &[buf.sge(0..10_000)])]).unwrap();
     for k in 0..3 {
-        let (n, tos) = recv_with_tos(&hole).expect("the long Send's packets");
-        assert_eq!(tos, 0x6a, "packet {k} of {n} bytes");
+        let r = plain::recv(&hole).expect("the long Send's packets");
+        assert_eq!(r.tos, Some(0x6a), "packet {k}: {r:?}");
     }
 
     let ud = a.pd.create_qp(&QpInitAttr::ud(&a.cq, &a.cq)).unwrap();
@@ -390,6 +342,6 @@ fn the_traffic_class_is_the_datagrams_tos() {
     uah.grh.traffic_class = Some(0xb8);
     let uah = a.pd.create_ah(&uah).unwrap();
     ud.post_send(&[SendWr::send(3, &[buf.sge(0..32)]).ud(&uah, 0x77, 7)]).unwrap();
-    let (n, tos) = recv_with_tos(&hole).expect("the UD datagram");
-    assert_eq!((n, tos), (12 + 8 + 32 + 4, 0xb8));
+    let r = plain::recv(&hole).expect("the UD datagram");
+    assert_eq!((r.len, r.tos), (12 + 8 + 32 + 4, Some(0xb8)));
 }

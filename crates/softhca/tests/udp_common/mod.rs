@@ -122,4 +122,5 @@ pub fn impatient_pair(a: &End, b: &End) -> Mr {
 }
 
 pub mod netns;
+pub mod plain;
 pub mod procs;
