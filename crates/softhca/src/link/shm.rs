@@ -32,7 +32,10 @@
 //!
 //! A sender writes most long datagrams straight into the peer's slot: after two long ones in
 //! a row to one peer it reserves a slot there and lets the device build the next datagram in
-//! it, since a message's packets come in runs. A datagram that turns out to be for another
+//! it, since a message's packets come in runs. A slot's datagram starts where a middle
+//! packet's payload falls on a cache line (`DATA_AT`), and a sender asks for the next slot's
+//! lines (`prefetchw`) as it takes one: what bounds this link is the drain of a packet's
+//! stores into lines the owner's core read on the lap before. A datagram that turns out to be for another
 //! peer goes there by copy, and the reserved slot is published empty (a void, which the owner
 //! skips), as is one reserved when the device had nothing more to send.
 //!

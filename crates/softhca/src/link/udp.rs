@@ -53,6 +53,13 @@
 //!   counter itself moves by one per message); the link re-seals segment k's ICRC for its
 //!   Identification (cheaply: the ICRC is affine in those bits, see [`verify`]).
 //!
+//! The fields the ICRC masks still say something on the wire (PKT-ROCE-3): the address
+//! vector's Traffic Class goes with each message as the IPv4 TOS or IPv6 Traffic Class, and a
+//! multicast datagram's hop limit as its TTL (a socket's own multicast TTL is 1), each as a
+//! cmsg where the socket's default would not do (`sys::IpFields`). A unicast datagram takes
+//! the route's TTL, as Linux's RoCE core puts the route's hop limit in its address vectors. An
+//! IPv6 flow label is the kernel's: a socket sends its own only with a leased label.
+//!
 //! The pcap records each datagram as it leaves, Identification and ICRC included. A receiver
 //! that verifies IPv4 ICRCs without the real header under [`IcrcPolicy::Exact`] cannot follow
 //! a connected flow's random start: its peers should send with `connected(false)`.
