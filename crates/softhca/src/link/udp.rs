@@ -410,6 +410,7 @@ impl UdpDevice {
             shifts: verify::Shifts::default(),
             clock: 0,
             rx_idle: false,
+            rx_ip_fields: false,
             tx_backlog: false,
         };
         let port = UdpPort {

@@ -332,6 +332,9 @@ pub(crate) struct Engine {
     /// packets only while there are.
     frame_qps: AtomicU32,
     ipv6_qps: AtomicU32,
+    /// How many UD QPs a consumer made (the GSI not counted): a link that rebuilds inbound IP
+    /// headers asks the kernel for their TOS and TTL only while there are (`has_ud_qps`).
+    ud_qps: AtomicU32,
     pub stats: Stats,
     /// Every armed ACK and RNR timer of the device's QPs and EECs.
     pub timers: TimerQueue,
@@ -551,6 +554,20 @@ impl Engine {
             QpType::RawIpv6 => Some(&self.ipv6_qps),
             _ => None,
         }
+    }
+
+    /// A consumer's UD QP was made (`true`) or destroyed (see `ud_qps`).
+    pub fn count_ud(&self, made: bool) {
+        if made {
+            self.ud_qps.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.ud_qps.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the device has a consumer's UD QP, whose receives show the IP header.
+    pub fn has_ud_qps(&self) -> bool {
+        self.ud_qps.load(Ordering::Relaxed) > 0
     }
 
     /// Whether the device has a Raw QP of `qp_type` (whose packets a link must carry).

@@ -845,6 +845,13 @@ impl Context {
         self.inner.engine.has_raw_qps(qp_type)
     }
 
+    /// Whether the device has a UD QP of a consumer's (the GSI not counted): the 40 bytes in
+    /// front of a UD message show the IP header it came with (PKT-ROCE-11), so a link that
+    /// rebuilds inbound headers has the kernel report their TOS and TTL only while this holds.
+    pub fn has_ud_qps(&self) -> bool {
+        self.inner.engine.has_ud_qps()
+    }
+
     /// Feeds one inbound Ethernet frame (destination MAC on) that is not a RoCE datagram for
     /// this device to its Raw Ethertype QPs; dropped and counted when none takes it.
     pub fn receive_frame(&self, frame: &[u8]) {

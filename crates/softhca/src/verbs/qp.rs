@@ -483,6 +483,9 @@ impl Context {
                 return Err(e);
             }
             qps.insert(inner.clone());
+            if init.qp_type == QpType::Ud && qpn != 1 {
+                self.inner.engine.count_ud(true);
+            }
         }
         tracing::debug!(device = %self.inner.name, qpn, qp_type = ?init.qp_type, "QP created");
         let res = QpResources {
@@ -1218,6 +1221,9 @@ impl QpResources {
         core.rq.discard();
         drop((rq, sq, core));
         self.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(q.qpn);
+        if q.qp_type == QpType::Ud && q.qpn != 1 {
+            self.dev.engine.count_ud(false);
+        }
         self.dev.engine.remove_raw(q.qpn, |t, on| self.dev.raw_listen(t, on));
         let mut groups = self.dev.engine.groups.write().unwrap_or_else(|e| e.into_inner());
         groups.detach_all(q.qpn, |mgid| {

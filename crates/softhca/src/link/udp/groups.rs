@@ -64,6 +64,8 @@ impl Groups {
         let opened = sys::group_socket(addr, self.local, ROCE_V2_PORT).and_then(|fd| {
             let s = UdpSocket::from(fd);
             let _ = sys::set_buffer(s.as_raw_fd(), libc::SO_RCVBUF, 8 << 20);
+            // Only UD QPs attach to groups: their receives show the header's TOS and TTL.
+            let _ = sys::report_ip_fields(s.as_raw_fd(), addr.is_ipv6(), true);
             sys::epoll_add(self.poll.as_raw_fd(), s.as_raw_fd()).map(|()| s)
         });
         match opened {

@@ -45,6 +45,7 @@ impl Port for UdpPort {
     /// turn too (see [`Io::deliver_batch`]).
     fn turn(&mut self, inline: bool, mut now: u64) -> bool {
         let UdpPort { io, rx, msgs, tx, resume, group_socks } = self;
+        io.follow_ud_qps();
         let mut worked = false;
         if let Some(at) = resume.take() {
             // The rest of the last batch, held back by an inline turn (see `deliver_batch`).

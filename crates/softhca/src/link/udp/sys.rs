@@ -300,6 +300,20 @@ fn attach_program(fd: RawFd, opt: libc::c_int, prog: &[libc::sock_filter]) -> io
     setsockopt(fd, libc::SOL_SOCKET, opt, &fprog)
 }
 
+/// Has the kernel report each datagram's TOS and TTL (IPv6: Traffic Class and Hop Limit) with
+/// it (`on`), or stop: a report costs every datagram its cmsgs (0.07 µs of a small Send's
+/// one-way latency on loopback).
+pub fn report_ip_fields(fd: RawFd, v6: bool, on: bool) -> io::Result<()> {
+    let v = libc::c_int::from(on);
+    if v6 {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, v)?;
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, v)
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, v)?;
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, v)
+    }
+}
+
 /// A filter that drops everything: the 4791 socket in raw receive mode only holds the port.
 pub fn drop_all(fd: RawFd) -> io::Result<()> {
     attach_filter(fd, &[bpf(0x06, 0, 0, 0)])
@@ -313,7 +327,7 @@ pub struct RxBatch {
     pub headroom: usize,
     bufs: Vec<u8>,
     names: Vec<libc::sockaddr_storage>,
-    ctrl: Vec<[u64; 8]>,
+    ctrl: Vec<[u64; 12]>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     /// Headers the last `recvmmsg` filled in (they need resetting before the next).
@@ -332,6 +346,10 @@ pub struct RxMsg {
     pub len: usize,
     /// The GRO segment size, when the kernel coalesced several datagrams into this one.
     pub gro_size: Option<usize>,
+    /// The IPv4 TOS (IPv6 Traffic Class) and TTL (Hop Limit) it came with, where the socket
+    /// reports them ([`report_ip_fields`]).
+    pub tos: Option<u8>,
+    pub ttl: Option<u8>,
     pub truncated: bool,
 }
 
@@ -349,7 +367,7 @@ impl RxBatch {
             headroom,
             bufs: vec![0u8; n * stride],
             names: vec![zero_name; n],
-            ctrl: vec![[0u64; 8]; n],
+            ctrl: vec![[0u64; 12]; n],
             iovs: vec![zero_iov; n],
             hdrs: vec![zero_hdr; n],
             used: n,
@@ -378,7 +396,7 @@ impl RxBatch {
         // Only the headers the kernel wrote last time need their in/out fields reset.
         for h in &mut self.hdrs[..self.used] {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_controllen = size_of::<[u64; 8]>() as _;
+            h.msg_hdr.msg_controllen = size_of::<[u64; 12]>() as _;
             h.msg_hdr.msg_flags = 0;
             h.msg_len = 0;
         }
@@ -410,18 +428,23 @@ impl RxBatch {
         self.used = r as usize;
         for i in 0..r as usize {
             let h = &self.hdrs[i].msg_hdr;
-            let mut gro_size = None;
+            let (mut gro_size, mut tos, mut ttl) = (None, None, None);
             // SAFETY: the CMSG_* macros walk the control area the kernel filled in, bounded
             // by msg_controllen (which the kernel set to what it wrote); each cmsg's data is
-            // read with an unaligned read of the size the option defines.
+            // read with an unaligned read of the size the option defines (IP_TOS: a byte; the
+            // others an int).
             unsafe {
                 let mut c = libc::CMSG_FIRSTHDR(h);
                 while !c.is_null() {
-                    if (*c).cmsg_level == SOL_UDP && (*c).cmsg_type == UDP_GRO {
-                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
-                        if v > 0 {
-                            gro_size = Some(v as usize);
+                    let int = || std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                    match ((*c).cmsg_level, (*c).cmsg_type) {
+                        (SOL_UDP, UDP_GRO) => gro_size = usize::try_from(int()).ok().filter(|&v| v > 0),
+                        (libc::IPPROTO_IP, libc::IP_TOS) => tos = Some(*libc::CMSG_DATA(c)),
+                        (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                            ttl = u8::try_from(int()).ok()
                         }
+                        (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => tos = u8::try_from(int()).ok(),
+                        _ => {}
                     }
                     c = libc::CMSG_NXTHDR(h, c);
                 }
@@ -430,6 +453,8 @@ impl RxBatch {
                 from: CAddr::decode(&self.names[i], h.msg_namelen),
                 len: (self.hdrs[i].msg_len as usize).min(self.cap),
                 gro_size,
+                tos,
+                ttl,
                 truncated: h.msg_flags & libc::MSG_TRUNC != 0,
             });
         }

@@ -29,6 +29,7 @@
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::wire::icrc;
+use crate::wire::ip::IPV4_HEADER_LEN;
 use crate::wire::packet::{Packet, BTH_LEN, ICRC_LEN};
 use crate::wire::roce::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpChecksum, UdpRepr, ROCE_V2_PORT};
 use crate::wire::WireError;
@@ -71,6 +72,31 @@ pub struct Rebuilt {
 impl Rebuilt {
     pub fn header(&self) -> &[u8] {
         &self.bytes[..self.len]
+    }
+
+    /// Writes the TOS (Traffic Class) and TTL (Hop Limit) the datagram arrived with, where the
+    /// socket reported them, into the rebuilt header: a UD receive shows that header
+    /// (PKT-ROCE-11). The ICRC masks both fields, so the check made stands.
+    pub fn set_received(&mut self, tos: Option<u8>, ttl: Option<u8>) {
+        if tos.is_none() && ttl.is_none() {
+            return;
+        }
+        let b = &mut self.bytes;
+        match b[0] >> 4 {
+            4 => {
+                b[1] = tos.unwrap_or(b[1]);
+                b[8] = ttl.unwrap_or(b[8]);
+                crate::wire::roce::Ipv4Header::new_unchecked(&mut b[..IPV4_HEADER_LEN]).fill_checksum();
+            }
+            6 => {
+                if let Some(t) = tos {
+                    b[0] = 0x60 | (t >> 4);
+                    b[1] = (t << 4) | (b[1] & 0x0f);
+                }
+                b[7] = ttl.unwrap_or(b[7]);
+            }
+            _ => {}
+        }
     }
 }
 
