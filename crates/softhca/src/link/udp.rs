@@ -71,7 +71,10 @@
 //!   source address. The link rebuilds the IP + UDP header and verifies the ICRC over it: exact
 //!   for IPv6; for IPv4 the Identification and DF are unknown and are found by hypotheses
 //!   (0, the GRO segment index, and what the source sent last, see `hints`) or, under [`IcrcPolicy::Solve`], solved
-//!   for by linear algebra over GF(2) — the trade-off is explained in [`verify`].
+//!   for by linear algebra over GF(2) — the trade-off is explained in [`verify`]. The TOS
+//!   and TTL the ICRC masks are the received ones while the device has a UD QP of the
+//!   program's, whose receives show the header (the kernel reports them then:
+//!   `Io::follow_ud_qps`), else 0 and 64.
 //! - [`RxMode::Raw`] (CAP_NET_RAW, e.g. root in CI): a raw IPv4 socket bound to the address
 //!   with a BPF filter for port 4791 sees the real IP header, so every ICRC is checked exactly
 //!   against the header that was on the wire; the 4791 socket stays bound (so the port is
