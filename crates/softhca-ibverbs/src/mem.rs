@@ -306,13 +306,9 @@ pub(crate) fn resolve_ah_attr(ctx: &softhca::Context, a: &ibv_ah_attr) -> Result
         return Err(libc::ENODATA);
     }
     let mut ah = ah_attr_of(a);
-    let dgid = std::net::Ipv6Addr::from(a.grh.dgid.raw);
-    let multicast = match dgid.to_ipv4_mapped() {
-        Some(v4) => v4.is_multicast(),
-        None => dgid.is_multicast(),
-    };
-    if a.is_global != 0 && !multicast {
-        ah.grh.hop_limit = Some(route_hop_limit(dgid.to_ipv4_mapped().is_some()));
+    let dgid = Gid(a.grh.dgid.raw);
+    if a.is_global != 0 && !dgid.is_multicast() {
+        ah.grh.hop_limit = Some(route_hop_limit(dgid.to_ipv4().is_some()));
     }
     Ok(ah)
 }
