@@ -249,7 +249,7 @@ fn a_multicast_datagram_carries_the_address_handles_hop_limit() {
     let plain = std::net::UdpSocket::bind((grp, 4791)).unwrap();
     plain.join_multicast_v4(&grp, &Ipv4Addr::new(127, 31, 0, 41)).unwrap();
     plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    udp_common::plain::report(&plain, &[libc::IP_RECVTTL, libc::IP_RECVTOS]);
+    softhca::link::udp::sys::report_ip_fields(std::os::fd::AsRawFd::as_raw_fd(&plain), false, true).unwrap();
     let mut attr = AhAttr::roce(Gid::from_ipv4(grp), 0);
     attr.grh.hop_limit = Some(5);
     attr.grh.traffic_class = Some(0x28);

@@ -314,7 +314,7 @@ fn the_traffic_class_is_the_datagrams_tos() {
         .map(|x| std::net::Ipv4Addr::new(127, 0, 0, x))
         .find_map(|ip| std::net::UdpSocket::bind((ip, 4791)).ok().map(|s| (s, ip)))
         .expect("a free 127.0.0.x:4791");
-    plain::report(&hole, &[libc::IP_RECVTOS]);
+    softhca::link::udp::sys::report_ip_fields(std::os::fd::AsRawFd::as_raw_fd(&hole), false, true).unwrap();
     hole.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
     let a = end(UdpConfig::default());
     let mut ah = AhAttr::roce(Gid::from_ipv4(ip), 0);

@@ -1,26 +1,9 @@
 //! A plain UDP socket as a test's peer on the wire: the IP header fields the kernel reports
-//! with each datagram it receives (the UDP link's headers are the kernel's to write).
+//! with each datagram it receives (the UDP link's headers are the kernel's to write), once
+//! `softhca::link::udp::sys::report_ip_fields` asked it to.
 
 use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
-
-/// Asks the kernel to report `opts` (`IP_RECVTOS`, `IP_RECVTTL`) with each datagram `s` gets.
-pub fn report(s: &UdpSocket, opts: &[libc::c_int]) {
-    for &opt in opts {
-        let on: libc::c_int = 1;
-        // SAFETY: an int option from a live local, its size given.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::IPPROTO_IP,
-                opt,
-                (&on as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "setsockopt {opt}");
-    }
-}
 
 /// A datagram's length and the header fields reported with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
