@@ -60,6 +60,12 @@ impl Clock {
     }
 }
 
+/// Whether this process counts the TSC: its kernel clock is a system call, the mark of an
+/// emulated machine (qemu TCG), where every wait worth guessing is tens of times longer.
+pub(crate) fn counts_tsc() -> bool {
+    matches!(source(), Source::Tsc(_))
+}
+
 /// The process-wide source, chosen at first use.
 fn source() -> &'static Source {
     static SOURCE: OnceLock<Source> = OnceLock::new();

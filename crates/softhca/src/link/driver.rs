@@ -11,8 +11,12 @@
 //! descriptor, the doorbell eventfd, the next deadline) when idle. In busy-poll mode the
 //! application's CQ polls and posts run turns on their own thread; the engine thread stands in
 //! while nobody spins on a CQ ([`POLL_WINDOW`]: a progress thread's occasional poll is no
-//! spin). In both modes the engine thread keeps turning for [`IDLE_SPIN`] after its last work
-//! before it sleeps, so that a passive side (the target of Reads, whose program does not
+//! spin), and naps while one does. A nap ends early when the poller has run no turn and
+//! posted nothing for [`POLLER_QUIET`] (a program that spins on memory between its CQ polls,
+//! waiting for a Write only its device can take in), and, on a link whose senders can see
+//! the poller leave their datagrams untaken (shared memory), when one of them rings
+//! ([`Port::napper`]). In both modes the engine thread keeps turning for [`IDLE_SPIN`] after
+//! its last work (unless it stands in for a poller that spins on memory) before it sleeps, so that a passive side (the target of Reads, whose program does not
 //! poll) answers at a spinner's pace. A blocking device whose application spins on its CQ anyway
 //! (perftest, the pingpongs, `softhca perf`: most RDMA programs poll) is driven the busy-poll
 //! way while it spins: [`SPIN_POLLS`] polls in a row, each within [`SPIN_GAP`] of the last
@@ -83,6 +87,36 @@ pub(crate) trait Port: Send + 'static {
     fn prepare_sleep(&mut self) -> bool {
         true
     }
+    /// What the engine thread naps with while a poller drives ([`Driver::background`]): a
+    /// port whose senders can tell that the poller has left their datagrams untaken, and ring
+    /// [`Port::rx_fd`] then, gives a [`Napper`]. Without one the engine thread naps blind (the
+    /// UDP link: its descriptor becomes readable with every datagram, the poller's too).
+    fn napper(&self) -> Option<Box<dyn Napper>> {
+        None
+    }
+}
+
+/// The engine thread's side of a port's naps, used without the port's lock: taking the lock
+/// to begin a nap waited for the poller's turn, and a doorbell rung meanwhile found the port
+/// taken and was never honoured (a busy-poll Write over shm lost a quarter).
+pub(crate) trait Napper: Send {
+    /// A nap begins: the port's senders are told where they look, and are to ring
+    /// [`Port::rx_fd`] should the poller leave their datagrams untaken. The port's next
+    /// engine-thread turn takes the word back.
+    fn prepare(&mut self) -> Nap;
+    /// The nap ended because [`Port::rx_fd`] became readable: drain it.
+    fn end(&mut self);
+}
+
+/// How the engine thread naps ([`Napper::prepare`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nap {
+    /// On [`Port::rx_fd`], which the port's peers make readable when the poller leaves their
+    /// datagrams untaken; for no longer than `check` if datagrams already wait that nobody
+    /// watches (the next nap asks again).
+    OnBell { check: Option<Duration> },
+    /// The poller has left datagrams untaken: no nap, the engine thread takes over.
+    TakeOver,
 }
 
 /// The driver's own counters: engine thread sleeps and doorbell system calls.
@@ -92,6 +126,9 @@ pub(crate) struct Wakes {
     pub doorbells: AtomicU64,
     /// Whole turns the application's polls ran.
     pub poller_turns: AtomicU64,
+    /// Naps cut short to stand in for a poller that left datagrams untaken: a peer rang, or
+    /// the port saw it itself (see [`Port::napper`]).
+    pub naps_cut: AtomicU64,
 }
 
 /// Flags shared by the engine thread, the doorbell and inline callers.
@@ -102,8 +139,9 @@ pub(crate) struct Shared {
     sleeping: AtomicBool,
     /// Until when it sleeps (ns since the epoch); 0 while it is still deciding.
     sleep_until: AtomicU64,
-    /// Doorbells rung (posts, Modify QP).
+    /// Doorbells rung (posts, Modify QP), and when the last was (ns since the epoch).
     rings: AtomicU64,
+    rung_at: AtomicU64,
     /// When an application thread last ran a whole engine turn inline (busy-poll), ns since
     /// the epoch; 0: never.
     last_inline: AtomicU64,
@@ -250,6 +288,17 @@ const DEFERRED_CHECK: Duration = Duration::from_millis(1);
 /// The engine thread wakes at least this often even with no deadline, so that a deadline an
 /// inline transmit sets later than this needs no wake-up call.
 const IDLE_WAKE: Duration = Duration::from_millis(50);
+/// A poller that has run no turn for this long is not spinning on a CQ now, whatever its
+/// rate of polls was: the engine thread ends its nap and turns. A program may spin on
+/// memory instead, waiting for an RDMA Write that only this device can take in (perftest's
+/// `ib_write_lat` polls the last byte of its buffer between its CQ polls); the engine thread
+/// napped on for the rest of [`POLL_WINDOW`] or [`INLINE_GRACE`] and each hop waited for
+/// it: 1.4-2 ms typical over shm, 2 ms for 64 KiB over UDP (2026-11-29, the Intel Xeon).
+/// Longer than a spinner's gap between two polls (its turn holds the port, which the engine
+/// thread then finds taken and naps on).
+const POLLER_QUIET: Duration = Duration::from_micros(50);
+/// The shortest nap: a wake-up costs a core's time beside a spinning poller.
+const MIN_NAP: Duration = Duration::from_micros(200);
 
 /// Busy-poll mode: whether the application spins, from its polls (inline turns and polls that
 /// found the port taken) counted over [`POLL_WINDOW`]s.
@@ -472,7 +521,9 @@ impl<P: Port> Driver<P> {
     /// deadline that the new work set.
     pub fn ring(&self) {
         self.shared.rings.fetch_add(1, Ordering::SeqCst);
-        if self.batches && !self.shared.sleeping.load(Ordering::SeqCst) && self.poller_spinning() {
+        let now = self.now();
+        self.shared.rung_at.store(now, Ordering::Relaxed);
+        if self.batches && !self.shared.sleeping.load(Ordering::SeqCst) && self.poller_spinning_at(now) {
             // The poller's next turn starts by transmitting: leave the work to it, so that
             // several posts (and a pending ACK) go out in one system call. Where a flush is
             // no system call (shared memory), the post sends at once: one clock read, not a
@@ -482,7 +533,7 @@ impl<P: Port> Driver<P> {
             // trip).
             return;
         }
-        if self.drive_inline(false) {
+        if self.drive_inline_at(false, Some(now)) {
             self.wake_for_leftovers(); // more than one flush sends: the engine thread goes on
             return;
         }
@@ -503,8 +554,12 @@ impl<P: Port> Driver<P> {
 
     /// Whether a poller ran a turn within [`DOORBELL_DEFER`] (it is spinning on its CQ).
     fn poller_spinning(&self) -> bool {
+        self.poller_spinning_at(self.now())
+    }
+
+    fn poller_spinning_at(&self, now: u64) -> bool {
         let last = self.shared.last_inline.load(Ordering::Relaxed);
-        self.pollers_drive() && last != 0 && self.now().saturating_sub(last) < DOORBELL_DEFER.as_nanos() as u64
+        self.pollers_drive() && last != 0 && now.saturating_sub(last) < DOORBELL_DEFER.as_nanos() as u64
     }
 
     /// Whether an application thread is driving the engine inline (busy-poll, or a spinning
@@ -517,6 +572,46 @@ impl<P: Port> Driver<P> {
         (self.pollers_drive() && last != 0 && idle < grace).then(|| grace - idle)
     }
 
+    /// Whether the poller has run no turn and posted nothing for [`POLLER_QUIET`] (see
+    /// there). A program busy posting (perftest's `ib_write_bw` posts a queue's worth between
+    /// polls) is not quiet: standing in beside it cost a busy-poll Write over shm a tenth.
+    fn poller_quiet(&self, now: u64) -> bool {
+        let last = self.shared.last_inline.load(Ordering::Relaxed).max(self.shared.rung_at.load(Ordering::Relaxed));
+        now.saturating_sub(last) >= POLLER_QUIET.as_nanos() as u64
+    }
+
+    /// The engine thread naps for `d` while a poller drives: on [`Port::rx_fd`] where the
+    /// port's peers can tell the poller has stopped taking their datagrams in
+    /// ([`Port::napper`]), blind otherwise. Returns whether the poller left datagrams
+    /// untaken (a peer rang, or the port saw it before the nap began): the engine thread
+    /// takes over.
+    fn nap(&self, napper: &mut Option<Box<dyn Napper>>, d: Duration) -> bool {
+        let Some(napper) = napper else {
+            std::thread::sleep(d);
+            return false;
+        };
+        let d = match napper.prepare() {
+            Nap::TakeOver => return true,
+            Nap::OnBell { check } => check.map_or(d, |c| c.min(d)),
+        };
+        let mut fds = [
+            libc::pollfd { fd: self.rx_fd, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: self.efd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        if let Err(e) = os::ppoll(&mut fds, Some(d)) {
+            tracing::warn!(error = %e, "ppoll failed");
+            return false;
+        }
+        if fds[1].revents != 0 {
+            os::eventfd_drain(self.efd.as_raw_fd());
+        }
+        let rang = fds[0].revents != 0;
+        if rang {
+            napper.end();
+        }
+        rang
+    }
+
     /// The engine thread. In blocking mode it runs every turn and sleeps in `ppoll` (port,
     /// doorbell eventfd, next deadline) when idle, [`IDLE_SPIN`] after its last work. In
     /// busy-poll mode it does the same only while no application thread spins on a CQ; while
@@ -527,6 +622,7 @@ impl<P: Port> Driver<P> {
         // When this thread's last turn did some work (see IDLE_SPIN).
         let mut worked_at = 0;
         let mut rate = PollRate::default();
+        let mut napper = self.lock_port().napper();
         while !self.shared.stop.load(Ordering::Acquire) {
             let now = self.now();
             let idle = self.shared.idle_polls.load(Ordering::Relaxed);
@@ -535,6 +631,9 @@ impl<P: Port> Driver<P> {
             }
             let polls = self.wakes.poller_turns.load(Ordering::Relaxed).wrapping_add(idle);
             let spins = !self.busy() || rate.spins(now, polls);
+            // The poller drives, but has stopped turning for now (or a peer rang): this thread
+            // takes a turn in its place, and naps again once the poller is back.
+            let mut standing_in = false;
             if let Some(nap) = self.inline_active(now, idle_at).filter(|_| spins) {
                 // A doorbell left to a poller that stopped polling right after it (the
                 // application posted its last request and went to sleep), or ACKs its last
@@ -545,13 +644,24 @@ impl<P: Port> Driver<P> {
                 if deferred && !self.poller_spinning() && self.drive_inline(false) {
                     continue;
                 }
-                std::thread::sleep(nap.min(DEFERRED_CHECK).max(Duration::from_micros(200)));
-                continue;
+                if !self.poller_quiet(now) {
+                    if !self.nap(&mut napper, nap.min(DEFERRED_CHECK).max(MIN_NAP)) {
+                        continue;
+                    }
+                    // The poller left datagrams untaken.
+                    bump_shared(&self.wakes.naps_cut, 1);
+                }
+                standing_in = true;
             }
             let seen = self.shared.rings.load(Ordering::SeqCst);
-            let worked = if self.busy() {
+            let worked = if self.busy() || standing_in {
                 match self.try_port() {
                     Some(mut p) => p.turn(false, self.now()),
+                    // Standing in for a quiet poller that is back (or in a long turn): nap.
+                    None if standing_in => {
+                        self.nap(&mut napper, MIN_NAP);
+                        continue;
+                    }
                     None => {
                         std::thread::yield_now();
                         continue;
@@ -565,7 +675,12 @@ impl<P: Port> Driver<P> {
                 worked_at = now;
                 continue;
             }
-            if now.saturating_sub(worked_at) < IDLE_SPIN.as_nanos() as u64 {
+            // Not while standing in for a quiet poller: that application thread spins on
+            // something else (memory) on a core this thread would share by turns, and a
+            // yield hands the core to the spinner for the rest of its slice (`ib_write_lat`
+            // over shm, busy-poll, 2026-11-29: 8 B average 62 -> 23 µs, 99th percentile
+            // 1.1-1.8 ms -> 75-520 µs); asleep, it is woken at once, and the spinner preempted.
+            if now.saturating_sub(worked_at) < IDLE_SPIN.as_nanos() as u64 && !standing_in {
                 std::thread::yield_now();
                 continue;
             }
@@ -612,6 +727,16 @@ mod tests {
         flushes: Arc<AtomicU64>,
         batches: bool,
         efd: OwnedFd,
+    }
+
+    /// A napper that answers as told.
+    struct MockNapper(Nap);
+
+    impl Napper for MockNapper {
+        fn prepare(&mut self) -> Nap {
+            self.0
+        }
+        fn end(&mut self) {}
     }
 
     impl Port for MockPort {
@@ -687,6 +812,37 @@ mod tests {
         assert!(r.spins(2 * w, 500), "497 polls in a window");
         assert!(!r.spins(3 * w, 500 + WINDOW_POLLS - 1));
         assert!(r.spins(4 * w + 7, 500 + 2 * WINDOW_POLLS - 1));
+    }
+
+    /// A nap is cut short when the port says the poller left datagrams untaken, before it
+    /// begins or (on a port whose peers ring) when its descriptor becomes readable; a blind
+    /// nap, or one nobody rings, runs its course.
+    #[test]
+    fn a_nap_ends_when_the_poller_leaves_datagrams_untaken() {
+        let r = rig(false);
+        let d = &r.driver;
+        let napper = |n: Nap| Some(Box::new(MockNapper(n)) as Box<dyn Napper>);
+        assert!(!d.nap(&mut None, Duration::ZERO), "blind");
+        assert!(d.nap(&mut napper(Nap::TakeOver), Duration::from_secs(60)), "no nap at all");
+        assert!(!d.nap(&mut napper(Nap::OnBell { check: None }), Duration::ZERO), "nobody rang");
+        os::eventfd_signal(d.rx_fd);
+        assert!(d.nap(&mut napper(Nap::OnBell { check: None }), Duration::from_secs(60)), "a peer rang");
+        os::eventfd_drain(d.rx_fd);
+        let bounded = napper(Nap::OnBell { check: Some(Duration::ZERO) });
+        assert!(!d.nap(&mut { bounded }, Duration::from_secs(60)), "the port's own check bounds the nap");
+    }
+
+    /// A poller that has run no turn for POLLER_QUIET is quiet, whatever its rate before: the
+    /// engine thread stands in for it.
+    #[test]
+    fn a_poller_that_stopped_turning_is_quiet() {
+        let r = rig(false);
+        let d = &r.driver;
+        assert!(!d.drive_inline(true));
+        let at = d.shared.last_inline.load(Ordering::Relaxed);
+        let quiet = POLLER_QUIET.as_nanos() as u64;
+        assert!(!d.poller_quiet(at + quiet - 1));
+        assert!(d.poller_quiet(at + quiet));
     }
 
     /// A poll that finds the port taken runs no turn but counts as a sign of life, which the

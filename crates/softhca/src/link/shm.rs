@@ -48,9 +48,24 @@
 //! # Waking a sleeping owner
 //!
 //! In blocking mode the owner's engine thread sleeps in `ppoll` on its FIFO. Before it sleeps
-//! it sets the ring's `sleeping` word and looks at the ring once more; a sender that published
-//! into a ring whose word is set writes one byte into the FIFO (Dekker-style, as the driver's
-//! own doorbell). Busy-poll needs none of it.
+//! it sets the ring's `sleeping` word to `ASLEEP` and looks at the ring once more; a sender
+//! that published into a ring whose word says so writes one byte into the FIFO
+//! (Dekker-style, as the driver's own doorbell).
+//!
+//! While the owner's application spins on a CQ, its polls take the datagrams in and the
+//! engine thread naps (`NAPPING`). A program may stop polling to spin on memory instead,
+//! waiting for the Write that only its device can land (perftest's `ib_write_lat`, which
+//! waited 1.4-2 ms a hop for the nap to end). A sender that published into a napping owner's
+//! ring looks `Untaken`'s time later whether the owner's head has passed the datagram: if
+//! not, and no application thread of the owner is at its port (the `beat`, counted up as
+//! each poller's turn and each post's flush begins and ends, is even), the poller has
+//! stopped, and the sender rings, so that the engine thread takes over (`Watch::look`). A
+//! poller still polling takes the datagram in long before, one in a long turn (a batch of
+//! sends) shows an odd beat, and neither costs anybody a system call. The sender reads the
+//! owner's lines only when a watch is due: reading them at every turn made the owner's next
+//! stores into them misses (an 8 B Send's hop, 0.93 -> 1.08 µs). The engine thread's
+//! `ShmNapper` closes the gap of a nap's start, when datagrams published before the word
+//! was set have no watcher.
 
 use std::collections::hash_map::Entry;
 use std::ffi::CString;
@@ -65,7 +80,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use super::clock::Clock;
-use super::driver::{Port, Running};
+use super::driver::{Nap, Napper, Port, Running};
 use super::{TapHandle, Taps};
 use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
@@ -100,9 +115,33 @@ pub const PATIENCE_NS: u64 = 50_000_000;
 const CREATE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// A peer whose ring could not be opened is tried again after this long.
 const PEER_RETRY_NS: u64 = 10_000_000;
+/// The owner's engine thread is awake (the ring header's `sleeping` word).
+const AWAKE: u32 = 0;
+/// It sleeps in `ppoll` on the FIFO: a sender rings after publishing.
+const ASLEEP: u32 = 1;
+/// It naps while the owner's poller takes the datagrams in: a sender that finds the owner has
+/// taken none for [`Untaken`]'s time rings (see the module docs).
+const NAPPING: u32 = 2;
+
+/// How long after publishing into a napping owner's ring a sender looks whether the owner's
+/// poller has stopped (see the module docs): longer than a spinning poller's gap between two
+/// turns (natively mostly under a microsecond, tens of microseconds under emulation), short
+/// beside the 1.4 ms hop of a program that spins on memory while the engine thread naps on.
+/// 10 µs rang 4,000 times in a 2 s busy-poll `ib_write_bw` (the client's poller comes back
+/// later than that now and then; each ring costs a system call and a wake-up), 30 µs 160
+/// times; `ib_write_lat` 8 B over shm is 21-27 µs typical with 30 (2026-11-29, the Xeon).
+#[derive(Debug, Clone, Copy)]
+struct Untaken(u64);
+
+impl Untaken {
+    fn here() -> Untaken {
+        Untaken(if super::clock::counts_tsc() { 500_000 } else { 30_000 })
+    }
+}
+
 /// The ring format's mark and version (the last byte): a process that maps a ring of another
 /// layout finds it not valid.
-const MAGIC: u64 = 0x736f_6674_6863_6132; // "softhca2": `DATA_AT` added
+const MAGIC: u64 = 0x736f_6674_6863_6133; // "softhca3": `beat` added
 
 /// The ring's header, at the start of the mapping; the counters on cache lines of their own.
 #[repr(C, align(64))]
@@ -110,11 +149,15 @@ struct Header {
     magic: AtomicU64,
     slots: AtomicU64,
     owner_pid: AtomicU32,
-    /// The owner's engine thread is (about to be) asleep: ring its FIFO after publishing.
+    /// What the owner's engine thread does: [`AWAKE`], [`ASLEEP`] (ring its FIFO after
+    /// publishing) or [`NAPPING`] (ring it if the owner leaves the ring untaken).
     sleeping: AtomicU32,
     _pad: [u8; 40],
     tail: Padded,
     head: Padded,
+    /// The owner's application threads' times at the port (a poller's turn, a post's flush),
+    /// counted up as each starts and ends (odd: one is there).
+    beat: Padded,
 }
 
 #[repr(C, align(64))]
@@ -161,6 +204,11 @@ struct Ring {
 // pointer stays valid until `Drop` unmaps it, and nothing hands out references tied to a
 // thread.
 unsafe impl Send for Ring {}
+// SAFETY: through `&Ring` a thread reaches only atomics and copies of slot bytes, whose order
+// the slot protocol gives; bytes another thread or process may write meanwhile are only ever
+// copied, never referenced, as between processes (`pop`, `next_opcode`). The owner's ring is
+// shared by its port and the engine thread's napper, which touches atomics alone.
+unsafe impl Sync for Ring {}
 
 impl Ring {
     /// Maps `file` (already `ring_len(slots)` bytes long). `slots` is a power of two, so
@@ -213,7 +261,8 @@ impl Ring {
         let h = self.header();
         h.tail.0.store(0, Ordering::Relaxed);
         h.head.0.store(0, Ordering::Relaxed);
-        h.sleeping.store(0, Ordering::Relaxed);
+        h.beat.0.store(0, Ordering::Relaxed);
+        h.sleeping.store(AWAKE, Ordering::Relaxed);
         h.slots.store(self.slots as u64, Ordering::Relaxed);
         for t in 0..self.slots as u64 {
             self.seq(t).store(t, Ordering::Relaxed);
@@ -297,16 +346,16 @@ impl Ring {
         self.seq(t).compare_exchange(t, t + 1, Ordering::Release, Ordering::Relaxed).is_ok()
     }
 
-    /// A producer's side, by copy: false when the ring is full, `d` is longer than a slot
-    /// or the slot was taken from under a stalled producer.
-    fn push(&self, d: &[u8]) -> bool {
+    /// A producer's side, by copy: the ticket published, `None` when the ring is full, `d`
+    /// is longer than a slot or the slot was taken from under a stalled producer.
+    fn push(&self, d: &[u8]) -> Option<u64> {
         if d.len() > SLOT_BYTES || d.is_empty() {
-            return false;
+            return None;
         }
-        let Some(t) = self.reserve() else { return false };
+        let t = self.reserve()?;
         // SAFETY: `t` was just reserved and is committed below, after the slice is gone.
         unsafe { self.slot_data(t)[..d.len()].copy_from_slice(d) };
-        self.commit(t, d.len())
+        self.commit(t, d.len()).then_some(t)
     }
 
     /// The owner's side: copies the next datagram into `out` and returns its length and
@@ -517,6 +566,16 @@ struct Peer {
     /// datagrams that find it full are dropped at once, so a peer that stopped draining costs
     /// the other flows one wait, not one per datagram.
     stalled: bool,
+    /// Datagrams were published while its owner napped (see the module docs).
+    watch: Option<Watch>,
+    /// The first and the last ticket this flush published here.
+    flushed: Option<(u64, u64)>,
+}
+
+impl Peer {
+    fn published(&mut self, t: u64) {
+        self.flushed = Some((self.flushed.map_or(t, |(first, _)| first), t));
+    }
 }
 
 fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
@@ -541,7 +600,7 @@ fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(bell_path(addr))
         .ok();
-    Ok(Peer { ring, bell, stalled: false })
+    Ok(Peer { ring, bell, stalled: false, watch: None, flushed: None })
 }
 
 /// How to open a [`ShmDevice`].
@@ -600,6 +659,9 @@ pub struct ShmCounters {
     pub tx_in_place: u64,
     pub tx_in_place_missed: u64,
     pub bells_rung: u64,
+    /// The engine thread's naps cut short because the application's poller left datagrams
+    /// untaken (see "Waking a sleeping owner").
+    pub naps_cut: u64,
 }
 
 #[derive(Default)]
@@ -651,7 +713,8 @@ fn find_peer<'a>(
 
 struct ShmPort {
     ctx: Context,
-    ring: Ring,
+    /// Shared with the engine thread's [`ShmNapper`].
+    ring: Arc<Ring>,
     bell: File,
     /// Looked up per datagram: hashed with FxHash, not SipHash (a quarter of a short
     /// datagram's publication).
@@ -674,6 +737,13 @@ struct ShmPort {
     /// waits; its bytes are in `held_buf`. Nothing else leaves before it (datagram order).
     held: Option<(usize, Ipv4Addr, u64)>,
     held_buf: Vec<u8>,
+    /// The peers whose napping owners are watched (see [`Peer::watch`]), and the earliest
+    /// time one is due.
+    watched: Vec<Ipv4Addr>,
+    watch_due: u64,
+    untaken: Untaken,
+    /// This owner's poller's turns, as `Header::beat` shows them.
+    beat: u64,
 }
 
 impl ShmPort {
@@ -731,8 +801,9 @@ impl ShmPort {
             return Ok(());
         }
         let d = if held { &self.held_buf[..n] } else { &self.buf[..n] };
-        if peer.ring.push(d) {
+        if let Some(t) = peer.ring.push(d) {
             peer.stalled = false;
+            peer.published(t);
             bump(&self.stats.tx);
             if !self.rung.contains(&dst) {
                 self.rung.push(dst);
@@ -827,20 +898,86 @@ impl ShmPort {
             }
         }
         // One bell per peer per flush, only for an owner that sleeps (after publishing: the
-        // owner sets its word before its last look at the ring).
+        // owner sets its word before its last look at the ring); a napping owner is watched.
         for dst in &self.rung {
-            if let Some(Peer { ring, bell: Some(bell), .. }) = self.peers.get(dst) {
-                if ring.header().sleeping.load(Ordering::SeqCst) != 0 {
-                    bump(&self.stats.bells);
-                    // SAFETY: writes one byte from a live buffer to an open descriptor.
-                    let _ = unsafe { libc::write(bell.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
-                }
+            let Some(peer) = self.peers.get_mut(dst) else { continue };
+            let flushed = peer.flushed.take();
+            match peer.ring.header().sleeping.load(Ordering::SeqCst) {
+                ASLEEP => ring_bell(peer, &self.stats),
+                NAPPING => match (&mut peer.watch, flushed) {
+                    (Some(w), Some((_, last))) => w.last = (last, now),
+                    (None, Some((first, last))) => {
+                        let w = Watch::begin(first, last, now, self.untaken.0);
+                        peer.watch = Some(w);
+                        self.watched.push(*dst);
+                        self.watch_due = self.watch_due.min(w.due);
+                    }
+                    _ => {}
+                },
+                _ => {}
             }
         }
         if sent {
             self.ctx.sent();
         }
         sent
+    }
+}
+
+/// A sender's watch on a napping owner: the first datagram it published since the watch
+/// began and the last (ticket and when), and when to look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Watch {
+    first: (u64, u64),
+    last: (u64, u64),
+    due: u64,
+}
+
+/// What a due [`Watch`] decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// Look again then.
+    Again(u64),
+    /// Everything watched was taken: the watch ends.
+    Taken,
+    /// The owner's poller has stopped: ring, and the watch ends.
+    Ring,
+}
+
+impl Watch {
+    fn begin(first: u64, last: u64, now: u64, untaken: u64) -> Watch {
+        Watch { first: (first, now), last: (last, now), due: now + untaken }
+    }
+
+    /// The watch at `now` (due), with the owner's `head` and `beat` as read now. The first
+    /// datagram watched was taken and the last one was not: the watch moves on to the last
+    /// one. The one watched has waited `untaken`: the owner's poller has stopped, unless
+    /// one of its threads is at the port (an odd beat), which is given as long again.
+    fn look(&mut self, head: u64, beat: u64, now: u64, untaken: u64) -> Look {
+        if head > self.last.0 {
+            return Look::Taken;
+        }
+        if head > self.first.0 {
+            self.first = self.last;
+            self.due = self.last.1 + untaken;
+        }
+        if now < self.due {
+            return Look::Again(self.due);
+        }
+        if beat.is_multiple_of(2) {
+            return Look::Ring;
+        }
+        self.due = now + untaken;
+        Look::Again(self.due)
+    }
+}
+
+/// Writes one byte into `peer`'s FIFO.
+fn ring_bell(peer: &Peer, stats: &Stats) {
+    if let Some(bell) = &peer.bell {
+        bump(&stats.bells);
+        // SAFETY: writes one byte from a live buffer to an open descriptor.
+        let _ = unsafe { libc::write(bell.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
     }
 }
 
@@ -934,6 +1071,7 @@ impl ShmPort {
         if Ipv4Header::new_checked(d).is_ok_and(|h| h.dst_addr() == dst) {
             if slot.commit(n) {
                 peer.stalled = false;
+                peer.published(ticket);
                 bump(&self.stats.tx);
                 bump(&self.stats.in_place);
             } else {
@@ -950,8 +1088,21 @@ impl ShmPort {
 
 impl Port for ShmPort {
     fn turn(&mut self, inline: bool, now: u64) -> bool {
-        if self.ring.header().sleeping.load(Ordering::Relaxed) != 0 {
-            self.awake(); // the first turn after a sleep
+        // The engine thread's first turn after a sleep or a nap. A poller's turn leaves a
+        // nap's word to the senders that watch it, and turns a sleep's into a nap's: the
+        // poller takes the datagrams in from now on, and should it stop (to spin on memory),
+        // the sleeping engine thread must still be rung.
+        match self.ring.header().sleeping.load(Ordering::Relaxed) {
+            AWAKE => {}
+            NAPPING if inline => {}
+            ASLEEP if inline => self.awake_as(NAPPING),
+            _ => self.awake_as(AWAKE),
+        }
+        if inline {
+            self.beat();
+        }
+        if now >= self.watch_due {
+            self.check_watches(now);
         }
         let now = if inline { now } else { self.now() };
         let mut worked = self.receive(now, inline);
@@ -963,12 +1114,19 @@ impl Port for ShmPort {
         }
         if !inline {
             worked |= self.flush_tx(now);
+        } else {
+            self.beat();
         }
         worked
     }
 
     fn flush(&mut self, now: u64) -> bool {
-        self.flush_tx(now)
+        // An application thread's flush (a post's) is as long as a turn's, and its next
+        // poll takes in what waits.
+        self.beat();
+        let sent = self.flush_tx(now);
+        self.beat();
+        sent
     }
 
     fn leftovers(&self) -> bool {
@@ -985,22 +1143,114 @@ impl Port for ShmPort {
     }
 
     fn prepare_sleep(&mut self) -> bool {
-        self.ring.header().sleeping.store(1, Ordering::SeqCst);
+        self.ring.header().sleeping.store(ASLEEP, Ordering::SeqCst);
         if self.ring.has_data() {
-            self.ring.header().sleeping.store(0, Ordering::SeqCst);
+            self.ring.header().sleeping.store(AWAKE, Ordering::SeqCst);
             return false;
         }
         true
     }
+
+    fn napper(&self) -> Option<Box<dyn Napper>> {
+        let bell = self.bell.try_clone().ok()?;
+        Some(Box::new(ShmNapper { ring: Arc::clone(&self.ring), bell, untaken: self.untaken, check: None }))
+    }
+}
+
+/// The engine thread's side of the owner's naps ([`Napper`]): the `sleeping` word, and the
+/// FIFO drained when a sender rang.
+struct ShmNapper {
+    ring: Arc<Ring>,
+    bell: File,
+    untaken: Untaken,
+    /// A nap began with datagrams waiting: the head and the beat then (see `prepare`).
+    check: Option<(u64, u64)>,
+}
+
+impl Napper for ShmNapper {
+    /// A nap that begins finds the datagrams published before its word was set unwatched:
+    /// if some wait, the first nap is as short as a sender's watch, and the next one begins
+    /// by asking what a sender would (the head and the beat where they were, and even).
+    fn prepare(&mut self) -> Nap {
+        let h = self.ring.header();
+        let was = h.sleeping.swap(NAPPING, Ordering::SeqCst);
+        if let Some((head, beat)) = self.check.take() {
+            if self.ring.has_data()
+                && h.head.0.load(Ordering::Relaxed) == head
+                && h.beat.0.load(Ordering::Relaxed) == beat
+                && beat.is_multiple_of(2)
+            {
+                return Nap::TakeOver;
+            }
+        }
+        if was == NAPPING || !self.ring.has_data() {
+            return Nap::OnBell { check: None };
+        }
+        self.check = Some((h.head.0.load(Ordering::Relaxed), h.beat.0.load(Ordering::Relaxed)));
+        Nap::OnBell { check: Some(std::time::Duration::from_nanos(self.untaken.0)) }
+    }
+
+    fn end(&mut self) {
+        self.ring.header().sleeping.store(AWAKE, Ordering::SeqCst);
+        drain_bell(&self.bell);
+    }
+}
+
+/// Empties a FIFO opened non-blocking.
+fn drain_bell(bell: &File) {
+    let mut b = [0u8; 64];
+    // SAFETY: reads at most 64 bytes into a live buffer from the FIFO (non-blocking).
+    while unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
 }
 
 impl ShmPort {
-    /// The engine thread is awake again: senders stop ringing, and the bell is drained.
-    fn awake(&mut self) {
-        self.ring.header().sleeping.store(0, Ordering::SeqCst);
-        let mut b = [0u8; 64];
-        // SAFETY: reads at most 64 bytes into a live buffer from the FIFO (non-blocking).
-        while unsafe { libc::read(self.bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
+    /// A thread of this process begins or ends its time at the port, a poller's turn or a
+    /// flush (see `Header::beat`).
+    fn beat(&mut self) {
+        self.beat += 1;
+        self.ring.header().beat.0.store(self.beat, Ordering::Relaxed);
+    }
+
+    /// The napping owners this device published to whose watch is due ([`Watch::look`]).
+    /// One whose poller has stopped is rung, once (the word goes back to [`AWAKE`], which its
+    /// engine thread's turn confirms). A watch also ends when the owner stops napping. The
+    /// owner's lines are read only here, when a watch is due.
+    fn check_watches(&mut self, now: u64) {
+        let (peers, stats, untaken) = (&mut self.peers, &self.stats, self.untaken.0);
+        let mut next = u64::MAX;
+        self.watched.retain(|dst| {
+            let Some(peer) = peers.get_mut(dst) else { return false };
+            let Some(mut w) = peer.watch.take() else { return false };
+            if now >= w.due {
+                let h = peer.ring.header();
+                if h.sleeping.load(Ordering::Relaxed) != NAPPING {
+                    return false;
+                }
+                let (head, beat) = (h.head.0.load(Ordering::Relaxed), h.beat.0.load(Ordering::Relaxed));
+                match w.look(head, beat, now, untaken) {
+                    Look::Again(_) => {}
+                    Look::Taken => return false,
+                    Look::Ring => {
+                        if h.sleeping.compare_exchange(NAPPING, AWAKE, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+                            ring_bell(peer, stats);
+                        }
+                        return false;
+                    }
+                }
+            }
+            next = next.min(w.due);
+            peer.watch = Some(w);
+            true
+        });
+        self.watch_due = next;
+    }
+
+    /// The engine thread is awake again (`word` [`AWAKE`]), or a poller takes the datagrams
+    /// in while it sleeps ([`NAPPING`]): senders stop ringing at every publication, and the
+    /// bell is drained.
+    fn awake_as(&mut self, word: u32) {
+        self.ring.header().sleeping.store(word, Ordering::SeqCst);
+        drain_bell(&self.bell);
     }
 }
 
@@ -1049,7 +1299,7 @@ impl ShmDevice {
         let clock = Clock::start();
         let port = ShmPort {
             ctx: ctx.clone(),
-            ring,
+            ring: Arc::new(ring),
             bell,
             peers: FxHashMap::default(),
             missing: FxHashMap::default(),
@@ -1063,6 +1313,10 @@ impl ShmDevice {
             rung: Vec::with_capacity(8),
             held: None,
             held_buf: vec![0u8; MAX_DATAGRAM],
+            watched: Vec::with_capacity(8),
+            watch_due: u64::MAX,
+            untaken: Untaken::here(),
+            beat: 0,
         };
         let engine = match Running::start(ctx.clone(), cfg.busy_poll, clock, port, &cfg.name) {
             Ok(e) => e,
@@ -1106,6 +1360,7 @@ impl ShmDevice {
             tx_in_place: l(&s.in_place),
             tx_in_place_missed: l(&s.missed),
             bells_rung: l(&s.bells),
+            naps_cut: l(&self.engine.link.wakes.naps_cut),
         }
     }
 }
@@ -1170,25 +1425,48 @@ mod tests {
     }
 
     /// Datagrams come out in order and whole; a full ring refuses more; freed slots take more.
+    /// A sender's watch on a napping owner rings only once the datagram it watches has waited
+    /// the whole time and no application thread of the owner is at its port; a datagram taken
+    /// in moves the watch on to the last one published, or ends it.
+    #[test]
+    fn a_watch_rings_only_an_owner_that_left_its_datagrams() {
+        let u = 10;
+        // (head, beat, now) -> what the watch on tickets 5..=7, published at 100 and 104, says.
+        let cases: [((u64, u64, u64), Look); 7] = [
+            ((5, 2, 110), Look::Ring),       // ticket 5 waited 10, nobody at the port
+            ((5, 3, 110), Look::Again(120)), // a poller's turn is on: give it as long again
+            ((6, 2, 110), Look::Again(114)), // 5 taken: watch 7, published at 104
+            ((6, 2, 114), Look::Ring),       // 7 waited 10 too
+            ((8, 2, 110), Look::Taken),      // all taken
+            ((5, 2, 109), Look::Again(110)), // not due yet
+            ((7, 3, 114), Look::Again(124)),
+        ];
+        for ((head, beat, now), want) in cases {
+            let mut w = Watch::begin(5, 5, 100, u);
+            w.last = (7, 104);
+            assert_eq!(w.look(head, beat, now, u), want, "head {head} beat {beat} at {now}");
+        }
+    }
+
     #[test]
     fn the_ring_is_a_bounded_fifo() {
         let (_f, r) = scratch(4);
         let mut out = vec![0u8; SLOT_BYTES];
         let mut st = StallWatch::default();
         for i in 0..4u8 {
-            assert!(r.push(&[i; 100]));
+            assert!(r.push(&[i; 100]).is_some());
         }
-        assert!(!r.push(&[9; 100]), "full");
+        assert!(r.push(&[9; 100]).is_none(), "full");
         for i in 0..4u8 {
             let n = r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n).unwrap();
             assert_eq!(&out[..n], &[i; 100][..]);
         }
         assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), None);
         for round in 0..10u8 {
-            assert!(r.push(&[round; 7]));
+            assert!(r.push(&[round; 7]).is_some());
             assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(7));
         }
-        assert!(!r.push(&vec![0; SLOT_BYTES + 1]), "too long for a slot");
+        assert!(r.push(&vec![0; SLOT_BYTES + 1]).is_none(), "too long for a slot");
     }
 
     /// A ring's slot count is a power of two (a ticket's slot is a mask away): any other is
@@ -1212,7 +1490,7 @@ mod tests {
         assert!(r.commit(t, 3));
         let void = r.reserve().unwrap();
         assert!(r.commit(void, 0));
-        assert!(r.push(b"xyz!"));
+        assert!(r.push(b"xyz!").is_some());
         assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(3));
         assert_eq!(&out[..3], b"abc");
         assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(4), "the void is skipped");
@@ -1221,10 +1499,10 @@ mod tests {
         assert!(!r.has_data());
         // The void's slot is free again: the ring takes four more.
         for i in 0..4u8 {
-            assert!(r.push(&[i; 9]));
+            assert!(r.push(&[i; 9]).is_some());
         }
         assert!(r.reserve().is_none(), "full");
-        assert!(!r.push(&[]), "an empty datagram is never pushed (it would read as a void)");
+        assert!(r.push(&[]).is_none(), "an empty datagram is never pushed (it would read as a void)");
     }
 
     /// The owner reads the next datagram's opcode without taking it: what the inline receive
@@ -1241,8 +1519,8 @@ mod tests {
             d
         };
         assert_eq!(r.next_opcode(), None, "empty");
-        assert!(r.push(&datagram(0x04))); // RC Send Only
-        assert!(r.push(&datagram(0x11))); // RC Acknowledge
+        assert!(r.push(&datagram(0x04)).is_some()); // RC Send Only
+        assert!(r.push(&datagram(0x11)).is_some()); // RC Acknowledge
         let op = r.next_opcode().unwrap();
         assert!(!op.is_response(), "{op:?}");
         assert_eq!(r.next_opcode(), Some(op), "still there");
@@ -1261,7 +1539,7 @@ mod tests {
         let mut st = StallWatch::default();
         // A producer takes ticket 0 and dies: the tail moves, the slot stays unpublished.
         r.header().tail.0.store(1, Ordering::SeqCst);
-        assert!(r.push(b"after"));
+        assert!(r.push(b"after").is_some());
         let mut skipped = 0;
         assert_eq!(r.pop_fresh(&mut out, 1_000, &mut st, &mut skipped).map(|(n, _)| n), None, "waits for ticket 0");
         assert_eq!(r.pop_fresh(&mut out, 1_000 + STALL_NS / 2, &mut st, &mut skipped).map(|(n, _)| n), None);
@@ -1281,7 +1559,7 @@ mod tests {
         let t0 = 10 * STALL_NS;
         assert_eq!(r.pop_fresh(&mut out, t0, &mut st, &mut skipped).map(|(n, _)| n), None, "empty: a look");
         r.header().tail.0.fetch_add(1, Ordering::SeqCst); // ticket 2 taken, never published
-        assert!(r.push(b"later"));
+        assert!(r.push(b"later").is_some());
         assert_eq!(r.pop_fresh(&mut out, t0 + STALL_LOOK_NS / 2, &mut st, &mut skipped).map(|(n, _)| n), None);
         assert_eq!(st.since, None, "not looked at again yet");
         assert_eq!(r.pop_fresh(&mut out, t0 + STALL_LOOK_NS, &mut st, &mut skipped).map(|(n, _)| n), None);
