@@ -12,7 +12,7 @@
 //! application's CQ polls and posts run turns on their own thread; the engine thread stands in
 //! while nobody spins on a CQ ([`POLL_WINDOW`]: a progress thread's occasional poll is no
 //! spin), and naps while one does. A nap ends early when the poller has run no turn and
-//! posted nothing for [`POLLER_QUIET`] (a program that spins on memory between its CQ polls,
+//! posted nothing for [`poller_quiet_ns`] (a program that spins on memory between its CQ polls,
 //! waiting for a Write only its device can take in), and, on a link whose senders can see
 //! the poller leave their datagrams untaken (shared memory), when one of them rings
 //! ([`Port::napper`]). In both modes the engine thread keeps turning for [`IDLE_SPIN`] after
@@ -288,15 +288,23 @@ const DEFERRED_CHECK: Duration = Duration::from_millis(1);
 /// The engine thread wakes at least this often even with no deadline, so that a deadline an
 /// inline transmit sets later than this needs no wake-up call.
 const IDLE_WAKE: Duration = Duration::from_millis(50);
-/// A poller that has run no turn for this long is not spinning on a CQ now, whatever its
-/// rate of polls was: the engine thread ends its nap and turns. A program may spin on
-/// memory instead, waiting for an RDMA Write that only this device can take in (perftest's
-/// `ib_write_lat` polls the last byte of its buffer between its CQ polls); the engine thread
-/// napped on for the rest of [`POLL_WINDOW`] or [`INLINE_GRACE`] and each hop waited for
-/// it: 1.4-2 ms typical over shm, 2 ms for 64 KiB over UDP (2026-11-29, the Intel Xeon).
-/// Longer than a spinner's gap between two polls (its turn holds the port, which the engine
-/// thread then finds taken and naps on).
-const POLLER_QUIET: Duration = Duration::from_micros(50);
+/// A poller that has run no turn and posted nothing for this long is not spinning on a CQ
+/// now, whatever its rate of polls was: the engine thread ends its nap and stands in. A
+/// program may spin on memory instead, waiting for an RDMA Write that only this device can
+/// take in (perftest's `ib_write_lat` polls the last byte of its buffer between its CQ
+/// polls); the engine thread napped on for the rest of [`POLL_WINDOW`] or [`INLINE_GRACE`]
+/// and each hop waited for it: 1.4-2 ms typical over shm, 2 ms for 64 KiB over UDP
+/// (2026-11-29, the Intel Xeon). Longer than a spinner's gap between two polls (its turn
+/// holds the port, which the engine thread then finds taken and naps on); under emulation
+/// (the rxe guest, TCG) those gaps are hundreds of microseconds: 50 µs there had the engine
+/// thread stand in beside a spinning `ib_send_lat` over UDP, 88 -> 222 µs typical.
+fn poller_quiet_ns() -> u64 {
+    if super::clock::counts_tsc() {
+        2_000_000
+    } else {
+        100_000
+    }
+}
 /// The shortest nap: a wake-up costs a core's time beside a spinning poller.
 const MIN_NAP: Duration = Duration::from_micros(200);
 
@@ -572,12 +580,12 @@ impl<P: Port> Driver<P> {
         (self.pollers_drive() && last != 0 && idle < grace).then(|| grace - idle)
     }
 
-    /// Whether the poller has run no turn and posted nothing for [`POLLER_QUIET`] (see
+    /// Whether the poller has run no turn and posted nothing for [`poller_quiet_ns`] (see
     /// there). A program busy posting (perftest's `ib_write_bw` posts a queue's worth between
     /// polls) is not quiet: standing in beside it cost a busy-poll Write over shm a tenth.
     fn poller_quiet(&self, now: u64) -> bool {
         let last = self.shared.last_inline.load(Ordering::Relaxed).max(self.shared.rung_at.load(Ordering::Relaxed));
-        now.saturating_sub(last) >= POLLER_QUIET.as_nanos() as u64
+        now.saturating_sub(last) >= poller_quiet_ns()
     }
 
     /// The engine thread naps for `d` while a poller drives: on [`Port::rx_fd`] where the
@@ -832,7 +840,7 @@ mod tests {
         assert!(!d.nap(&mut { bounded }, Duration::from_secs(60)), "the port's own check bounds the nap");
     }
 
-    /// A poller that has run no turn for POLLER_QUIET is quiet, whatever its rate before: the
+    /// A poller that has run no turn for `poller_quiet_ns` is quiet, whatever its rate before: the
     /// engine thread stands in for it.
     #[test]
     fn a_poller_that_stopped_turning_is_quiet() {
@@ -840,7 +848,7 @@ mod tests {
         let d = &r.driver;
         assert!(!d.drive_inline(true));
         let at = d.shared.last_inline.load(Ordering::Relaxed);
-        let quiet = POLLER_QUIET.as_nanos() as u64;
+        let quiet = poller_quiet_ns();
         assert!(!d.poller_quiet(at + quiet - 1));
         assert!(d.poller_quiet(at + quiet));
     }
