@@ -602,22 +602,28 @@ impl<P: Port> Driver<P> {
             Nap::TakeOver => return true,
             Nap::OnBell { check } => check.map_or(d, |c| c.min(d)),
         };
+        let (rang, doorbell) = self.wait(d);
+        if doorbell {
+            os::eventfd_drain(self.efd.as_raw_fd());
+        }
+        if rang {
+            napper.end();
+        }
+        rang
+    }
+
+    /// Waits up to `d` in `ppoll` on the port's descriptor and the doorbell eventfd; returns
+    /// which became readable (the port's, the doorbell's). The caller drains the doorbell.
+    fn wait(&self, d: Duration) -> (bool, bool) {
         let mut fds = [
             libc::pollfd { fd: self.rx_fd, events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: self.efd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
         ];
         if let Err(e) = os::ppoll(&mut fds, Some(d)) {
             tracing::warn!(error = %e, "ppoll failed");
-            return false;
+            return (false, false);
         }
-        if fds[1].revents != 0 {
-            os::eventfd_drain(self.efd.as_raw_fd());
-        }
-        let rang = fds[0].revents != 0;
-        if rang {
-            napper.end();
-        }
-        rang
+        (fds[0].revents != 0, fds[1].revents != 0)
     }
 
     /// The engine thread. In blocking mode it runs every turn and sleeps in `ppoll` (port,
@@ -708,16 +714,10 @@ impl<P: Port> Driver<P> {
             let now = self.now();
             let until = self.ctx.poll_timeout().unwrap_or(u64::MAX).min(now + IDLE_WAKE.as_nanos() as u64).max(1);
             self.shared.sleep_until.store(until, Ordering::SeqCst);
-            let mut fds = [
-                libc::pollfd { fd: self.rx_fd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: self.efd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            ];
             bump_shared(&self.wakes.sleeps, 1);
-            if let Err(e) = os::ppoll(&mut fds, Some(Duration::from_nanos(until.saturating_sub(now)))) {
-                tracing::warn!(error = %e, "ppoll failed");
-            }
+            let (_, doorbell) = self.wait(Duration::from_nanos(until.saturating_sub(now)));
             self.shared.sleeping.store(false, Ordering::SeqCst);
-            if fds[1].revents != 0 {
+            if doorbell {
                 os::eventfd_drain(self.efd.as_raw_fd());
             }
         }

@@ -1095,8 +1095,8 @@ impl Port for ShmPort {
         match self.ring.header().sleeping.load(Ordering::Relaxed) {
             AWAKE => {}
             NAPPING if inline => {}
-            ASLEEP if inline => self.awake_as(NAPPING),
-            _ => self.awake_as(AWAKE),
+            ASLEEP if inline => set_awake(&self.ring, &self.bell, NAPPING),
+            _ => set_awake(&self.ring, &self.bell, AWAKE),
         }
         if inline {
             self.beat();
@@ -1191,13 +1191,15 @@ impl Napper for ShmNapper {
     }
 
     fn end(&mut self) {
-        self.ring.header().sleeping.store(AWAKE, Ordering::SeqCst);
-        drain_bell(&self.bell);
+        set_awake(&self.ring, &self.bell, AWAKE);
     }
 }
 
-/// Empties a FIFO opened non-blocking.
-fn drain_bell(bell: &File) {
+/// The owner's engine thread is awake again (`word` [`AWAKE`]), or a poller takes the
+/// datagrams in while it sleeps ([`NAPPING`]): senders stop ringing at every publication,
+/// and the bell is drained.
+fn set_awake(ring: &Ring, bell: &File, word: u32) {
+    ring.header().sleeping.store(word, Ordering::SeqCst);
     let mut b = [0u8; 64];
     // SAFETY: reads at most 64 bytes into a live buffer from the FIFO (non-blocking).
     while unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
@@ -1243,14 +1245,6 @@ impl ShmPort {
             true
         });
         self.watch_due = next;
-    }
-
-    /// The engine thread is awake again (`word` [`AWAKE`]), or a poller takes the datagrams
-    /// in while it sleeps ([`NAPPING`]): senders stop ringing at every publication, and the
-    /// bell is drained.
-    fn awake_as(&mut self, word: u32) {
-        self.ring.header().sleeping.store(word, Ordering::SeqCst);
-        drain_bell(&self.bell);
     }
 }
 

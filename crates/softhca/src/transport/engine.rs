@@ -556,8 +556,12 @@ impl Engine {
         }
     }
 
-    /// A consumer's UD QP was made (`true`) or destroyed (see `ud_qps`).
-    pub fn count_ud(&self, made: bool) {
+    /// QP `qpn` of `qp_type` was made (`true`) or destroyed: counted if it is a consumer's UD
+    /// QP (see `ud_qps`; the GSI is the device's own).
+    pub fn count_ud(&self, qp_type: QpType, qpn: u32, made: bool) {
+        if qp_type != QpType::Ud || qpn == GSI_QPN {
+            return;
+        }
         if made {
             self.ud_qps.fetch_add(1, Ordering::Relaxed);
         } else {

@@ -483,9 +483,7 @@ impl Context {
                 return Err(e);
             }
             qps.insert(inner.clone());
-            if init.qp_type == QpType::Ud && qpn != 1 {
-                self.inner.engine.count_ud(true);
-            }
+            self.inner.engine.count_ud(init.qp_type, qpn, true);
         }
         tracing::debug!(device = %self.inner.name, qpn, qp_type = ?init.qp_type, "QP created");
         let res = QpResources {
@@ -1221,9 +1219,7 @@ impl QpResources {
         core.rq.discard();
         drop((rq, sq, core));
         self.dev.engine.qps.write().unwrap_or_else(|e| e.into_inner()).remove(q.qpn);
-        if q.qp_type == QpType::Ud && q.qpn != 1 {
-            self.dev.engine.count_ud(false);
-        }
+        self.dev.engine.count_ud(q.qp_type, q.qpn, false);
         self.dev.engine.remove_raw(q.qpn, |t, on| self.dev.raw_listen(t, on));
         let mut groups = self.dev.engine.groups.write().unwrap_or_else(|e| e.into_inner());
         groups.detach_all(q.qpn, |mgid| {

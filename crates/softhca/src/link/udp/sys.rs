@@ -319,6 +319,11 @@ pub fn drop_all(fd: RawFd) -> io::Result<()> {
     attach_filter(fd, &[bpf(0x06, 0, 0, 0)])
 }
 
+/// One message's control area, 8-byte aligned as cmsg headers want: 96 bytes, room for the
+/// most either direction carries (received: UDP_GRO, the TOS and the TTL; sent: UDP_SEGMENT
+/// and two IP header fields), so that a received cmsg is never cut off.
+type Ctrl = [u64; 12];
+
 /// Batched receive buffers for `recvmmsg`, each with `headroom` bytes in front of the data so
 /// that the link can write the rebuilt IP + UDP header in place. Holds raw pointers into its
 /// own heap allocations, which never move (the vectors are never resized).
@@ -327,7 +332,7 @@ pub struct RxBatch {
     pub headroom: usize,
     bufs: Vec<u8>,
     names: Vec<libc::sockaddr_storage>,
-    ctrl: Vec<[u64; 12]>,
+    ctrl: Vec<Ctrl>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
     /// Headers the last `recvmmsg` filled in (they need resetting before the next).
@@ -367,7 +372,7 @@ impl RxBatch {
             headroom,
             bufs: vec![0u8; n * stride],
             names: vec![zero_name; n],
-            ctrl: vec![[0u64; 12]; n],
+            ctrl: vec![Ctrl::default(); n],
             iovs: vec![zero_iov; n],
             hdrs: vec![zero_hdr; n],
             used: n,
@@ -396,7 +401,7 @@ impl RxBatch {
         // Only the headers the kernel wrote last time need their in/out fields reset.
         for h in &mut self.hdrs[..self.used] {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_controllen = size_of::<[u64; 12]>() as _;
+            h.msg_hdr.msg_controllen = size_of::<Ctrl>() as _;
             h.msg_hdr.msg_flags = 0;
             h.msg_len = 0;
         }
@@ -513,7 +518,7 @@ impl IpFields {
 pub struct TxScratch {
     iovs: Vec<libc::iovec>,
     names: Vec<libc::sockaddr_storage>,
-    ctrl: Vec<[u64; 12]>,
+    ctrl: Vec<Ctrl>,
     hdrs: Vec<libc::mmsghdr>,
 }
 
@@ -544,7 +549,7 @@ pub fn sendmmsg(
         }
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid (and unused when unnamed).
         names.push(m.to.map_or(unsafe { zeroed() }, |a| a.storage));
-        ctrl.push([0u64; 12]);
+        ctrl.push(Ctrl::default());
         // SAFETY: mmsghdr is plain old data; all-zero is valid, and every field used is set
         // below once the vectors stop growing.
         hdrs.push(unsafe { zeroed() });
@@ -570,7 +575,7 @@ pub fn sendmmsg(
         if len > 0 {
             h.msg_control = ctrl[i].as_mut_ptr().cast();
             h.msg_controllen = len as _;
-            // SAFETY: the control area is 12 * 8 = 96 bytes, more than CMSG_SPACE(2) + 2 *
+            // SAFETY: the control area (`Ctrl`) is 96 bytes, more than CMSG_SPACE(2) + 2 *
             // CMSG_SPACE(4) (72 on 64-bit Linux), and msg_controllen covers exactly the cmsgs
             // written, so CMSG_FIRSTHDR/CMSG_NXTHDR return headers inside it with room for
             // their data; the writes are unaligned-safe.
