@@ -14,6 +14,12 @@ fn passes(c: &mut std::process::Command, what: &str, secs: u64) {
     assert!(out.status.success() && text.contains(&format!("{what}: ok")), "{what}: {}:\n{text}", out.status);
 }
 
+/// Runs `cm_edges <case>` with its device on `addr`; it must pass (see [`passes`]).
+fn case(name: &str, addr: &str) {
+    let exe = compile("cm_edges");
+    passes(command(&exe, &[name]).env("SOFTHCA_ADDR", addr), &format!("cm_edges {name}"), 60);
+}
+
 #[test]
 fn cm_edges() {
     if !ready() {
@@ -48,8 +54,7 @@ fn sidr_events_as_linux_reports_them() {
     if !ready() {
         return;
     }
-    let exe = compile("cm_edges");
-    passes(command(&exe, &["sidr"]).env("SOFTHCA_ADDR", "127.0.0.43"), "cm_edges sidr", 60);
+    case("sidr", "127.0.0.43");
 }
 
 /// rdma_cm over IPv6: a device on ::1, a listener and a client of one process connect
@@ -59,8 +64,7 @@ fn ipv6_addresses_connect() {
     if !(ready() && have(std::net::UdpSocket::bind("[::1]:0").is_ok(), "an IPv6 loopback (::1)")) {
         return;
     }
-    let exe = compile("cm_edges");
-    passes(command(&exe, &["ipv6"]).env("SOFTHCA_ADDR", "::1"), "cm_edges ipv6", 60);
+    case("ipv6", "::1");
 }
 
 /// A type of service set on the client before its route resolves (`rdma_set_option` TOS) is
@@ -71,8 +75,7 @@ fn the_clients_type_of_service_reaches_both_address_vectors() {
     if !ready() {
         return;
     }
-    let exe = compile("cm_edges");
-    passes(command(&exe, &["tos"]).env("SOFTHCA_ADDR", "127.0.0.53"), "cm_edges tos", 60);
+    case("tos", "127.0.0.53");
 }
 
 /// A signal ends a blocking `rdma_get_cm_event` as it ends librdmacm's (a system call on the
@@ -149,6 +152,5 @@ fn multicast_joins_and_leaves() {
     if !ready() {
         return;
     }
-    let exe = compile("cm_edges");
-    passes(command(&exe, &["multicast"]).env("SOFTHCA_ADDR", "127.0.0.42"), "cm_edges multicast", 60);
+    case("multicast", "127.0.0.42");
 }
