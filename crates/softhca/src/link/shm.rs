@@ -56,12 +56,13 @@
 //! engine thread naps (`NAPPING`). A program may stop polling to spin on memory instead,
 //! waiting for the Write that only its device can land (perftest's `ib_write_lat`, which
 //! waited 1.4-2 ms a hop for the nap to end). A sender that published into a napping owner's
-//! ring looks `Untaken`'s time later whether the owner's head has passed the datagram: if
-//! not, and no application thread of the owner is at its port (the `beat`, counted up as
-//! each poller's turn and each post's flush begins and ends, is even), the poller has
-//! stopped, and the sender rings, so that the engine thread takes over (`Watch::look`). A
-//! poller still polling takes the datagram in long before, one in a long turn (a batch of
-//! sends) shows an odd beat, and neither costs anybody a system call. The sender reads the
+//! ring looks, three quarters of `Untaken`'s time later and again at its end, whether the
+//! owner's head has passed the datagram: if not, and no application thread of the owner was
+//! at its port at either look nor between them (the `beat`, counted up as each poller's turn
+//! and each post's flush begins and ends, even and unchanged), the poller has stopped, and
+//! the sender rings, so that the engine thread takes over (`Watch::look`). A poller still
+//! polling takes the datagram in long before, one in a long turn or posting (a batch of
+//! sends) shows an odd beat or a moved one, and neither costs anybody a system call. The sender reads the
 //! owner's lines only when a watch is due: reading them at every turn made the owner's next
 //! stores into them misses (an 8 B Send's hop, 0.93 -> 1.08 µs). The engine thread's
 //! `ShmNapper` closes the gap of a nap's start, when datagrams published before the word
@@ -123,8 +124,8 @@ const ASLEEP: u32 = 1;
 /// taken none for [`Untaken`]'s time rings (see the module docs).
 const NAPPING: u32 = 2;
 
-/// How long after publishing into a napping owner's ring a sender looks whether the owner's
-/// poller has stopped (see the module docs): longer than a spinning poller's gap between two
+/// How long after publishing into a napping owner's ring a sender rings at the earliest if
+/// the owner's poller has stopped (see the module docs and [`Watch::look`]): longer than a spinning poller's gap between two
 /// turns (natively mostly under a microsecond, tens of microseconds under emulation), short
 /// beside the 1.4 ms hop of a program that spins on memory while the engine thread naps on.
 /// 10 µs rang 4,000 times in a 2 s busy-poll `ib_write_bw` (the client's poller comes back
@@ -925,12 +926,14 @@ impl ShmPort {
 }
 
 /// A sender's watch on a napping owner: the first datagram it published since the watch
-/// began and the last (ticket and when), and when to look.
+/// began and the last (ticket and when), when to look, and the owner's beat at the last look
+/// if it was even (nobody at the port then).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Watch {
     first: (u64, u64),
     last: (u64, u64),
     due: u64,
+    idle_beat: Option<u64>,
 }
 
 /// What a due [`Watch`] decides.
@@ -946,28 +949,48 @@ enum Look {
 
 impl Watch {
     fn begin(first: u64, last: u64, now: u64, untaken: u64) -> Watch {
-        Watch { first: (first, now), last: (last, now), due: now + untaken }
+        Watch { first: (first, now), last: (last, now), due: now + Watch::first_look(untaken), idle_beat: None }
+    }
+
+    /// When the first look is due after a datagram's publication: the second, which may ring,
+    /// comes a quarter of `untaken` later, at `untaken`.
+    fn first_look(untaken: u64) -> u64 {
+        untaken - untaken / 4
     }
 
     /// The watch at `now` (due), with the owner's `head` and `beat` as read now. The first
     /// datagram watched was taken and the last one was not: the watch moves on to the last
-    /// one. The one watched has waited `untaken`: the owner's poller has stopped, unless
-    /// one of its threads is at the port (an odd beat), which is given as long again.
+    /// one. The owner's poller has stopped if nobody is at the port (an even beat) at two
+    /// looks in a row with the beat unchanged between them, the first when the datagram
+    /// watched has waited three quarters of `untaken`, the second when it has waited all of
+    /// it. One look alone catches a
+    /// poster between two flushes: `softhca perf write --link shm --busy-poll`'s client,
+    /// whose 64 KiB posts keep its poller from the ACKs for tens of microseconds, was rung
+    /// 5,000 times in 2 s and lost 5-10% to its engine thread standing in.
     fn look(&mut self, head: u64, beat: u64, now: u64, untaken: u64) -> Look {
         if head > self.last.0 {
             return Look::Taken;
         }
         if head > self.first.0 {
             self.first = self.last;
-            self.due = self.last.1 + untaken;
+            self.due = self.last.1 + Watch::first_look(untaken);
+            self.idle_beat = None;
         }
         if now < self.due {
             return Look::Again(self.due);
         }
-        if beat.is_multiple_of(2) {
+        if !beat.is_multiple_of(2) {
+            // A thread is at the port: give it as long again.
+            self.idle_beat = None;
+            self.due = now + untaken;
+        } else if self.idle_beat == Some(beat) {
             return Look::Ring;
+        } else {
+            // Nobody at the port now, and either this is the first look or somebody came
+            // since the last: look again shortly.
+            self.idle_beat = Some(beat);
+            self.due = now + untaken / 4;
         }
-        self.due = now + untaken;
         Look::Again(self.due)
     }
 }
@@ -1418,30 +1441,43 @@ mod tests {
         assert!(r == 1 || err == Some(libc::EAGAIN), "write: {r}, {err:?}");
     }
 
-    /// Datagrams come out in order and whole; a full ring refuses more; freed slots take more.
     /// A sender's watch on a napping owner rings only once the datagram it watches has waited
-    /// the whole time and no application thread of the owner is at its port; a datagram taken
-    /// in moves the watch on to the last one published, or ends it.
+    /// the whole time and no application thread of the owner was at its port at two looks
+    /// in a row, nor between them; a datagram taken in moves the watch on to the last one
+    /// published, or ends it.
     #[test]
     fn a_watch_rings_only_an_owner_that_left_its_datagrams() {
-        let u = 10;
-        // (head, beat, now) -> what the watch on tickets 5..=7, published at 100 and 104, says.
-        let cases: [((u64, u64, u64), Look); 7] = [
-            ((5, 2, 110), Look::Ring),       // ticket 5 waited 10, nobody at the port
-            ((5, 3, 110), Look::Again(120)), // a poller's turn is on: give it as long again
-            ((6, 2, 110), Look::Again(114)), // 5 taken: watch 7, published at 104
-            ((6, 2, 114), Look::Ring),       // 7 waited 10 too
-            ((8, 2, 110), Look::Taken),      // all taken
-            ((5, 2, 109), Look::Again(110)), // not due yet
-            ((7, 3, 114), Look::Again(124)),
+        let u = 12;
+        // Looks at (head, beat, now), in turn, on tickets 5..=7 published at 100 and 104,
+        // and what each says.
+        // (head, beat, now) at a look, and what it says.
+        type Seen = ((u64, u64, u64), Look);
+        let cases: [(&str, &[Seen]); 8] = [
+            ("nobody at the port twice: ring", &[((5, 2, 109), Look::Again(112)), ((5, 2, 112), Look::Ring)]),
+            (
+                "a poller's turn is on: as long again",
+                &[((5, 3, 109), Look::Again(121)), ((5, 4, 121), Look::Again(124))],
+            ),
+            (
+                "between two flushes, then nobody",
+                &[((5, 2, 109), Look::Again(112)), ((5, 6, 112), Look::Again(115)), ((5, 6, 115), Look::Ring)],
+            ),
+            ("at the port at the second look", &[((5, 2, 109), Look::Again(112)), ((5, 3, 112), Look::Again(124))]),
+            ("5 taken: watch 7, published at 104", &[((6, 2, 109), Look::Again(113))]),
+            ("7 waited too", &[((6, 2, 113), Look::Again(116)), ((6, 2, 116), Look::Ring)]),
+            ("all taken", &[((5, 2, 109), Look::Again(112)), ((8, 2, 112), Look::Taken)]),
+            ("not due yet", &[((5, 2, 108), Look::Again(109))]),
         ];
-        for ((head, beat, now), want) in cases {
+        for (what, looks) in cases {
             let mut w = Watch::begin(5, 5, 100, u);
             w.last = (7, 104);
-            assert_eq!(w.look(head, beat, now, u), want, "head {head} beat {beat} at {now}");
+            for &((head, beat, now), want) in looks {
+                assert_eq!(w.look(head, beat, now, u), want, "{what}: head {head} beat {beat} at {now}");
+            }
         }
     }
 
+    /// Datagrams come out in order and whole; a full ring refuses more; freed slots take more.
     #[test]
     fn the_ring_is_a_bounded_fifo() {
         let (_f, r) = scratch(4);
