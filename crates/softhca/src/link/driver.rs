@@ -15,7 +15,8 @@
 //! posted nothing for [`poller_quiet_ns`] (a program that spins on memory between its CQ polls,
 //! waiting for a Write only its device can take in), and, on a link whose senders can see
 //! the poller leave their datagrams untaken (shared memory), when one of them rings
-//! ([`Port::napper`]). In both modes the engine thread keeps turning for [`IDLE_SPIN`] after
+//! ([`Port::napper`]); its turns standing in may leave the ACKs they owe for the program's
+//! next post ([`Port::stand_in`]). In both modes the engine thread keeps turning for [`IDLE_SPIN`] after
 //! its last work (unless it stands in for a poller that spins on memory) before it sleeps, so that a passive side (the target of Reads, whose program does not
 //! poll) answers at a spinner's pace. A blocking device whose application spins on its CQ anyway
 //! (perftest, the pingpongs, `softhca perf`: most RDMA programs poll) is driven the busy-poll
@@ -94,6 +95,16 @@ pub(crate) trait Port: Send + 'static {
     fn napper(&self) -> Option<Box<dyn Napper>> {
         None
     }
+    /// The engine thread's turn while it stands in for a poller that has stopped (a program
+    /// that spins on memory): as an engine turn, but where the port lets it, what it takes
+    /// in produces (the ACK of a Write that landed) is left for the application's next post
+    /// or poll, for up to [`stand_in_hold_ns`] (see there). Ports whose engine-thread turn
+    /// must flush (the UDP link: its pollers' own turns carry the ACK with the answer
+    /// already) keep this default. Returns whether anything happened, and whether what it
+    /// produced was left unsent.
+    fn stand_in(&mut self, now: u64) -> (bool, bool) {
+        (self.turn(false, now), false)
+    }
 }
 
 /// The engine thread's side of a port's naps, used without the port's lock: taking the lock
@@ -154,6 +165,9 @@ pub(crate) struct Shared {
     owed: AtomicBool,
     /// Poller turns in a row that have left what was owed in place (see [`ACK_HOLD_TURNS`]).
     held: AtomicU64,
+    /// When the engine thread, standing in, left what its turn owes for the application's
+    /// next post (ns since the epoch; 0: nothing so left). See [`Port::stand_in`].
+    left_at: AtomicU64,
     /// Blocking mode's spin detector: when a CQ was last polled (ns since the epoch), how
     /// many polls in a row came within [`SPIN_GAP`] of the one before, and the device's
     /// count of CQ arms the streak started after.
@@ -303,6 +317,20 @@ fn poller_quiet_ns() -> u64 {
         2_000_000
     } else {
         100_000
+    }
+}
+/// How long what the engine thread's turn standing in owes waits for the application's next
+/// post or poll ([`Port::stand_in`]). A program that spins on memory answers the Write it
+/// waited for within a microsecond or two, and its post's flush then takes the ACK along: the
+/// peer, polling its CQ for that ACK, finds the answer beside it and takes both in, so that
+/// the next Write does not wait for the peer's napping engine thread (`ib_write_lat` over shm,
+/// where the ACK sent at once left every hop to a sender's watch). A program that does not
+/// answer delays its peer's completion by this much.
+fn stand_in_hold_ns() -> u64 {
+    if super::clock::counts_tsc() {
+        200_000
+    } else {
+        10_000
     }
 }
 /// The shortest nap: a wake-up costs a core's time beside a spinning poller.
@@ -498,12 +526,14 @@ impl<P: Port> Driver<P> {
                         p.held_turn(now);
                     } else {
                         self.shared.held.store(0, Ordering::Relaxed);
+                        self.shared.left_at.store(0, Ordering::Relaxed);
                         let flushed = p.flush(now);
                         let worked = p.turn(true, now) || flushed;
                         self.shared.owed.store(worked, Ordering::Relaxed);
                     }
                 } else {
                     p.flush(now);
+                    self.shared.left_at.store(0, Ordering::Relaxed);
                     self.shared.owed.store(false, Ordering::Relaxed);
                     self.shared.held.store(0, Ordering::Relaxed);
                 }
@@ -580,6 +610,36 @@ impl<P: Port> Driver<P> {
         (self.pollers_drive() && last != 0 && idle < grace).then(|| grace - idle)
     }
 
+    /// Whether what the engine thread's turn standing in owes still waits for the
+    /// application's next post ([`Port::stand_in`]).
+    fn leaves(&self, now: u64) -> bool {
+        let at = self.shared.left_at.load(Ordering::Relaxed);
+        at != 0 && now < at + stand_in_hold_ns()
+    }
+
+    /// What the engine thread, napping beside a poller, would flush for it: doorbells rung
+    /// since the last flush, or what a turn owes, unless the engine thread's own turn
+    /// standing in left it for the application's next post and [`stand_in_hold_ns`] has not
+    /// passed.
+    fn deferred(&self, now: u64) -> bool {
+        let posted = self.shared.rings.load(Ordering::SeqCst) != self.shared.rings_flushed.load(Ordering::Relaxed);
+        posted || (self.shared.owed.load(Ordering::Relaxed) && !self.leaves(now))
+    }
+
+    /// The engine thread's turn standing in for a quiet poller ([`Port::stand_in`]): whether
+    /// it did anything, and whether it left what that produced for the application's next
+    /// post (which [`Driver::deferred`] then holds back).
+    fn stand_in(&self, p: &mut P, now: u64) -> (bool, bool) {
+        let (worked, left) = p.stand_in(now);
+        if left {
+            self.shared.owed.store(true, Ordering::Relaxed);
+            if self.shared.left_at.load(Ordering::Relaxed) == 0 {
+                self.shared.left_at.store(now, Ordering::Relaxed);
+            }
+        }
+        (worked, left)
+    }
+
     /// Whether the poller has run no turn and posted nothing for [`poller_quiet_ns`] (see
     /// there). A program busy posting (perftest's `ib_write_bw` posts a queue's worth between
     /// polls) is not quiet: standing in beside it cost a busy-poll Write over shm a tenth.
@@ -652,10 +712,7 @@ impl<P: Port> Driver<P> {
                 // A doorbell left to a poller that stopped polling right after it (the
                 // application posted its last request and went to sleep), or ACKs its last
                 // turn left for the next, are flushed here.
-                let deferred = self.shared.rings.load(Ordering::SeqCst)
-                    != self.shared.rings_flushed.load(Ordering::Relaxed)
-                    || self.shared.owed.load(Ordering::Relaxed);
-                if deferred && !self.poller_spinning() && self.drive_inline(false) {
+                if self.deferred(now) && !self.poller_spinning() && self.drive_inline(false) {
                     continue;
                 }
                 if !self.poller_quiet(now) {
@@ -668,14 +725,27 @@ impl<P: Port> Driver<P> {
                 standing_in = true;
             }
             let seen = self.shared.rings.load(Ordering::SeqCst);
-            let worked = if self.busy() || standing_in {
+            let worked = if standing_in {
                 match self.try_port() {
-                    Some(mut p) => p.turn(false, self.now()),
+                    Some(mut p) => {
+                        let now = self.now();
+                        let (worked, left) = self.stand_in(&mut p, now);
+                        if left {
+                            // Nothing was flushed: `rings_flushed` stays.
+                            worked_at = now;
+                            continue;
+                        }
+                        worked
+                    }
                     // Standing in for a quiet poller that is back (or in a long turn): nap.
-                    None if standing_in => {
+                    None => {
                         self.nap(&mut napper, MIN_NAP);
                         continue;
                     }
+                }
+            } else if self.busy() {
+                match self.try_port() {
+                    Some(mut p) => p.turn(false, self.now()),
                     None => {
                         std::thread::yield_now();
                         continue;
@@ -712,7 +782,12 @@ impl<P: Port> Driver<P> {
                 continue;
             }
             let now = self.now();
-            let until = self.ctx.poll_timeout().unwrap_or(u64::MAX).min(now + IDLE_WAKE.as_nanos() as u64).max(1);
+            let left = match self.shared.left_at.load(Ordering::Relaxed) {
+                0 => u64::MAX,
+                at => at + stand_in_hold_ns(),
+            };
+            let until =
+                self.ctx.poll_timeout().unwrap_or(u64::MAX).min(now + IDLE_WAKE.as_nanos() as u64).min(left).max(1);
             self.shared.sleep_until.store(until, Ordering::SeqCst);
             bump_shared(&self.wakes.sleeps, 1);
             let (_, doorbell) = self.wait(Duration::from_nanos(until.saturating_sub(now)));
@@ -735,6 +810,28 @@ mod tests {
         flushes: Arc<AtomicU64>,
         batches: bool,
         efd: OwnedFd,
+    }
+
+    /// A port whose turns standing in take a Write in and leave its ACK.
+    struct LeavingPort(MockPort);
+
+    impl Port for LeavingPort {
+        fn turn(&mut self, inline: bool, now: u64) -> bool {
+            self.0.turn(inline, now)
+        }
+        fn flush(&mut self, now: u64) -> bool {
+            self.0.flush(now)
+        }
+        fn leftovers(&self) -> bool {
+            false
+        }
+        fn rx_fd(&self) -> RawFd {
+            self.0.rx_fd()
+        }
+        fn close(&mut self) {}
+        fn stand_in(&mut self, _now: u64) -> (bool, bool) {
+            (true, true)
+        }
     }
 
     /// A napper that answers as told.
@@ -774,11 +871,39 @@ mod tests {
 
     /// A busy-poll driver (no engine thread: the test plays its part) over a mock port.
     fn rig(batches: bool) -> Rig {
-        let ctx = Context::create(DeviceConfig::default()).unwrap();
-        let flushes = Arc::default();
-        let port = MockPort { flushes: Arc::clone(&flushes), batches, efd: os::eventfd().unwrap() };
-        let driver = Driver::new(ctx, true, Clock::start(), port).unwrap();
+        let (port, flushes) = mock(batches);
+        let driver =
+            Driver::new(Context::create(DeviceConfig::default()).unwrap(), true, Clock::start(), port).unwrap();
         Rig { driver, flushes }
+    }
+
+    fn mock(batches: bool) -> (MockPort, Arc<AtomicU64>) {
+        let flushes = Arc::default();
+        (MockPort { flushes: Arc::clone(&flushes), batches, efd: os::eventfd().unwrap() }, flushes)
+    }
+
+    /// What the engine thread's turn standing in for a quiet poller left (the ACK of a Write
+    /// a program spinning on memory waited for) waits for that program's next post, which
+    /// takes it along, for `stand_in_hold_ns` at most; a post meanwhile is not held back.
+    #[test]
+    fn what_a_turn_standing_in_left_waits_for_the_next_post() {
+        let (port, flushes) = mock(false);
+        let d = Driver::new(Context::create(DeviceConfig::default()).unwrap(), true, Clock::start(), LeavingPort(port));
+        let d = d.unwrap();
+        let hold = stand_in_hold_ns();
+        let at = d.now();
+        assert!(!d.deferred(at), "nothing owed yet");
+        assert_eq!(d.stand_in(&mut d.lock_port(), at), (true, true));
+        assert!(!d.deferred(at + hold - 1), "left for the next post");
+        assert!(d.deferred(at + hold), "the program did not answer: the engine thread flushes it");
+        let before = flushes.load(Ordering::Relaxed);
+        d.ring(); // the program's answer: its flush takes what was left along
+        assert_eq!(flushes.load(Ordering::Relaxed), before + 1);
+        assert!(!d.deferred(at + hold), "nothing left");
+        assert_eq!(d.shared.left_at.load(Ordering::Relaxed), 0);
+        assert_eq!(d.stand_in(&mut d.lock_port(), at), (true, true));
+        d.shared.rings.fetch_add(1, Ordering::SeqCst); // a post the engine thread must send
+        assert!(d.deferred(at), "a post is not held back");
     }
 
     /// A doorbell leaves its flush to a poller that just ran a turn (busy-poll, a link whose

@@ -67,6 +67,13 @@
 //! stores into them misses (an 8 B Send's hop, 0.93 -> 1.08 µs). The engine thread's
 //! `ShmNapper` closes the gap of a nap's start, when datagrams published before the word
 //! was set have no watcher.
+//!
+//! A program that spins on memory and answers the Write it waited for with a Write of its
+//! own (`ib_write_lat`) needs no ring at all once the ACKs travel with the answers: the
+//! engine thread that stood in leaves the ACK for the program's post (the driver's
+//! `Port::stand_in`), and a flush that begins with a response publishes it with the Write
+//! behind it (`Pair`), so that the peer, polling its CQ for that ACK, takes its next Write
+//! in with it before it turns to spin on memory (20-75 -> 1.1 µs a hop).
 
 use std::collections::hash_map::Entry;
 use std::ffi::CString;
@@ -87,7 +94,7 @@ use crate::transport::MAX_DATAGRAM;
 use crate::verbs::{Context, DeviceConfig, Gid};
 use crate::wire::icrc::{self, HeadMemo};
 use crate::wire::ip::{IPV4_HEADER_LEN, UDP_HEADER_LEN};
-use crate::wire::opcode::Opcode;
+use crate::wire::opcode::{Opcode, Operation};
 use crate::wire::packet::BTH_LEN;
 use crate::wire::roce::{self, Ipv4Header};
 
@@ -350,13 +357,20 @@ impl Ring {
     /// A producer's side, by copy: the ticket published, `None` when the ring is full, `d`
     /// is longer than a slot or the slot was taken from under a stalled producer.
     fn push(&self, d: &[u8]) -> Option<u64> {
+        let t = self.write(d)?;
+        self.commit(t, d.len()).then_some(t)
+    }
+
+    /// [`Ring::push`] but for the commit, which the caller owes ticket `t` (soon: the owner
+    /// waits at it for up to [`STALL_NS`], and then skips it).
+    fn write(&self, d: &[u8]) -> Option<u64> {
         if d.len() > SLOT_BYTES || d.is_empty() {
             return None;
         }
         let t = self.reserve()?;
-        // SAFETY: `t` was just reserved and is committed below, after the slice is gone.
+        // SAFETY: `t` was just reserved and is committed by the caller, after the slice is gone.
         unsafe { self.slot_data(t)[..d.len()].copy_from_slice(d) };
-        self.commit(t, d.len()).then_some(t)
+        Some(t)
     }
 
     /// The owner's side: copies the next datagram into `out` and returns its length and
@@ -571,6 +585,9 @@ struct Peer {
     watch: Option<Watch>,
     /// The first and the last ticket this flush published here.
     flushed: Option<(u64, u64)>,
+    /// The last flush here that began with a response went on with an RDMA Write: the next
+    /// such response is held for what follows it (the bet of [`Pair`]).
+    pairs: bool,
 }
 
 impl Peer {
@@ -601,7 +618,7 @@ fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(bell_path(addr))
         .ok();
-    Ok(Peer { ring, bell, stalled: false, watch: None, flushed: None })
+    Ok(Peer { ring, bell, stalled: false, watch: None, flushed: None, pairs: false })
 }
 
 /// How to open a [`ShmDevice`].
@@ -790,35 +807,71 @@ impl ShmPort {
     }
 
     /// Publishes `d` (in `self.buf` or `self.held_buf`) to `dst`'s ring. `Err(())` when the
-    /// ring is full and its owner alive: the caller holds the datagram.
-    fn publish(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64) -> Result<(), ()> {
+    /// ring is full and its owner alive: the caller holds the datagram. `pair` keeps the
+    /// flush's leading response, whose commit waits for an RDMA Write behind it where the peer
+    /// pairs (see [`Pair`]).
+    fn publish(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64, pair: &mut Pair) -> Result<(), ()> {
+        let op = roce::peek_opcode(if held { &self.held_buf[..n] } else { &self.buf[..n] });
+        let write = op.and_then(Opcode::info).is_some_and(|i| i.operation == Operation::RdmaWrite);
+        let leads = matches!(pair, Pair::Open) && op.is_some_and(Opcode::is_response);
+        // The leading response's commit: after this datagram if this is the Write it was held
+        // for, else now.
+        let mut after = None;
+        if let Pair::Led { dst: led, pending } = std::mem::replace(pair, Pair::Closed) {
+            if led == dst {
+                if let Some(p) = self.peers.get_mut(&led) {
+                    p.pairs = write;
+                }
+            }
+            match pending {
+                Some(p) if led == dst && write => after = Some(p),
+                Some((t, len)) => commit_held(&self.peers, led, t, len),
+                None => {}
+            }
+        }
+        let hold = leads && self.peers.get(&dst).is_some_and(|p| p.pairs);
+        let r = self.publish_one(dst, held, n, now, hold);
+        if let Some((t, len)) = after {
+            commit_held(&self.peers, dst, t, len);
+        }
+        let t = r?;
+        if leads {
+            *pair = Pair::Led { dst, pending: t.filter(|_| hold).map(|t| (t, n)) };
+        }
+        Ok(())
+    }
+
+    /// [`ShmPort::publish`] of one datagram: the ticket it took, if any. With `hold` it is
+    /// written but not committed.
+    fn publish_one(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64, hold: bool) -> Result<Option<u64>, ()> {
         let Some(peer) = find_peer(&mut self.peers, &mut self.missing, dst, now) else {
             bump(&self.stats.no_peer);
-            return Ok(());
+            return Ok(None);
         };
         if !peer.ring.valid() {
             self.peers.remove(&dst); // its owner closed it: look for a new one later
             bump(&self.stats.no_peer);
-            return Ok(());
+            return Ok(None);
         }
         let d = if held { &self.held_buf[..n] } else { &self.buf[..n] };
-        if let Some(t) = peer.ring.push(d) {
+        let written = if hold { peer.ring.write(d) } else { peer.ring.push(d) };
+        if let Some(t) = written {
             peer.stalled = false;
             peer.published(t);
             bump(&self.stats.tx);
             if !self.rung.contains(&dst) {
                 self.rung.push(dst);
             }
-            return Ok(());
+            return Ok(Some(t));
         }
         if !alive(peer.ring.header().owner_pid.load(Ordering::Relaxed)) {
             self.peers.remove(&dst); // its owner died: look for a new one later
             bump(&self.stats.no_peer);
-            return Ok(());
+            return Ok(None);
         }
         if peer.stalled {
             bump(&self.stats.full);
-            return Ok(());
+            return Ok(None);
         }
         Err(())
     }
@@ -833,8 +886,9 @@ impl ShmPort {
         }
         let mut sent = false;
         self.rung.clear();
+        let mut pair = Pair::Closed;
         if let Some((n, dst, since)) = self.held {
-            match self.publish(dst, true, n, now) {
+            match self.publish(dst, true, n, now, &mut pair) {
                 Ok(()) => self.held = None,
                 Err(()) if now.saturating_sub(since) >= PATIENCE_NS => {
                     bump(&self.stats.full);
@@ -851,11 +905,16 @@ impl ShmPort {
             sent = true;
         }
         // After two long datagrams in a row to one peer the next one is built in that peer's
-        // ring (see `transmit_in_place`); the others in `buf`.
+        // ring (see `transmit_in_place`); the others in `buf`. A response that comes first
+        // is published with what follows it (`Pair`).
         let mut streak = Streak::default();
+        if self.held.is_none() {
+            pair = Pair::Open;
+        }
         for i in 0..BATCH {
             let mut built = None;
             if let Some(dst) = streak.bet() {
+                pair.close(&self.peers);
                 match self.transmit_in_place(dst, now) {
                     InPlace::Sent(n) => {
                         sent = true;
@@ -890,7 +949,7 @@ impl ShmPort {
             };
             let dst = h.dst_addr();
             streak.sent(dst, n);
-            if self.publish(dst, false, n, now).is_err() {
+            if self.publish(dst, false, n, now, &mut pair).is_err() {
                 bump(&self.stats.waits);
                 self.held_buf[..n].copy_from_slice(&self.buf[..n]);
                 self.held = Some((n, dst, now));
@@ -898,6 +957,7 @@ impl ShmPort {
                 break;
             }
         }
+        pair.close(&self.peers);
         // One bell per peer per flush, only for an owner that sleeps (after publishing: the
         // owner sets its word before its last look at the ring); a napping owner is watched.
         for dst in &self.rung {
@@ -1001,6 +1061,44 @@ fn ring_bell(peer: &Peer, stats: &Stats) {
         bump(&stats.bells);
         // SAFETY: writes one byte from a live buffer to an open descriptor.
         let _ = unsafe { libc::write(bell.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+    }
+}
+
+/// A flush's first datagram when it is a response (the ACK a poller's turn left for the
+/// application's answer). An owner polling its CQ for that ACK, which then spins on memory for
+/// an RDMA Write (perftest's `ib_write_lat`: a Write makes no CQE at its target), took the
+/// ACK alone whenever the Write behind it was not yet published, and the Write waited,
+/// untaken, for a sender's watch to ring the owner's engine thread (20-75 µs a hop). Where the
+/// last such response to this peer was followed by a Write (`Peer::pairs`, a bet), the
+/// response is written but committed only after the Write, so that the owner, which takes a
+/// ring's datagrams in ticket order, finds the two together. Not before other requests: the
+/// owner would then take the response in only after the request was built and published,
+/// where it could have done so meanwhile (a Send, which makes a CQE the owner polls for
+/// anyway: `ib_send_lat` over shm 1.02-1.16 -> 1.21-1.27 µs, holding before every request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pair {
+    /// The flush has published nothing yet.
+    Open,
+    /// It began with a response to `dst`, written but not committed if `pending` (ticket and
+    /// length).
+    Led { dst: Ipv4Addr, pending: Option<(u64, usize)> },
+    /// Nothing is held.
+    Closed,
+}
+
+impl Pair {
+    /// Commits what is held; nothing more will be.
+    fn close(&mut self, peers: &FxHashMap<Ipv4Addr, Peer>) {
+        if let Pair::Led { dst, pending: Some((t, len)) } = std::mem::replace(self, Pair::Closed) {
+            commit_held(peers, dst, t, len);
+        }
+    }
+}
+
+/// Commits ticket `t` of `dst`'s ring, a response [`Pair`] held.
+fn commit_held(peers: &FxHashMap<Ipv4Addr, Peer>, dst: Ipv4Addr, t: u64, len: usize) {
+    if let Some(peer) = peers.get(&dst) {
+        peer.ring.commit(t, len);
     }
 }
 
@@ -1141,6 +1239,27 @@ impl Port for ShmPort {
             self.beat();
         }
         worked
+    }
+
+    /// The engine thread's turn for a poller that spins on memory: all of an engine turn but
+    /// the flush, so that the ACK of the Write the program waited for leaves with its answer
+    /// (see [`Port::stand_in`]). Datagrams a full ring held back (`backlog`) do not wait.
+    fn stand_in(&mut self, now: u64) -> (bool, bool) {
+        if self.backlog {
+            return (self.turn(false, now), false);
+        }
+        if self.ring.header().sleeping.load(Ordering::Relaxed) != AWAKE {
+            set_awake(&self.ring, &self.bell, AWAKE);
+        }
+        if now >= self.watch_due {
+            self.check_watches(now);
+        }
+        let mut worked = self.receive(now, false);
+        if self.ctx.poll_timeout().is_some_and(|t| t <= now) {
+            self.ctx.handle_timeout(now);
+            worked = true;
+        }
+        (worked, worked && self.ctx.may_transmit())
     }
 
     fn flush(&mut self, now: u64) -> bool {
@@ -1558,6 +1677,58 @@ mod tests {
         assert!(r.next_opcode().unwrap().is_response());
         assert!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).is_some());
         assert_eq!(r.next_opcode(), None);
+    }
+
+    /// A flush's leading response (an ACK) is committed after the RDMA Write behind it where
+    /// the last such flush to the peer went on with a Write (the bet), so that the owner
+    /// finds the two together; before anything else, and where the bet is off, at once; held
+    /// and then alone, at the flush's end.
+    #[test]
+    fn a_leading_response_is_published_with_the_write_behind_it() {
+        const ACK: u8 = 0x11;
+        const WRITE: u8 = 0x0A; // RC RDMA Write Only
+        const SEND: u8 = 0x04; // RC Send Only
+        let dev = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 214))).unwrap();
+        let mut port = dev.engine.link.lock_port();
+        let (_f, ring) = scratch(16);
+        let dst = Ipv4Addr::new(127, 0, 0, 215);
+        port.peers.insert(dst, Peer { ring, bell: None, stalled: false, watch: None, flushed: None, pairs: false });
+        let mut out = vec![0u8; SLOT_BYTES];
+        // One flush of datagrams with these opcodes; after each, the opcode the owner would
+        // find next (None: nothing published yet), and at the end what it takes in, in order.
+        let mut flush = |ops: &[u8]| -> (Vec<Option<u8>>, Vec<u8>) {
+            let mut pair = Pair::Open;
+            let mut seen = Vec::new();
+            for &op in ops {
+                port.buf[..44].fill(0);
+                port.buf[0] = 0x45;
+                port.buf[28] = op;
+                port.publish(dst, false, 44, 0, &mut pair).unwrap();
+                seen.push(port.peers[&dst].ring.next_opcode().map(Opcode::value));
+            }
+            pair.close(&port.peers);
+            let ring = &port.peers[&dst].ring;
+            let mut taken = Vec::new();
+            while let Some((n, _)) = ring.pop_fresh(&mut out, 0, &mut StallWatch::default(), &mut 0) {
+                taken.push(out[..n][28]);
+            }
+            (seen, taken)
+        };
+        // What happens, the flush's opcodes, and what the owner would find next after each.
+        type Case<'a> = (&'a str, &'a [u8], &'a [Option<u8>]);
+        let cases: [Case; 6] = [
+            ("no bet yet: at once", &[ACK, WRITE], &[Some(ACK), Some(ACK)]),
+            ("the bet: held for the Write", &[ACK, WRITE], &[None, Some(ACK)]),
+            ("held, then a Send: committed before it", &[ACK, SEND], &[None, Some(ACK)]),
+            ("the bet is off", &[ACK, WRITE], &[Some(ACK), Some(ACK)]),
+            ("held, and alone", &[ACK], &[None]),
+            ("a request leads: nothing held", &[WRITE, ACK], &[Some(WRITE), Some(WRITE)]),
+        ];
+        for (what, ops, want) in cases {
+            let (seen, taken) = flush(ops);
+            assert_eq!(seen, want, "{what}");
+            assert_eq!(taken, ops, "{what}: all taken, in order");
+        }
     }
 
     /// A producer that took a ticket and never published stalls the owner for STALL_NS only;
