@@ -371,6 +371,24 @@ fn mtu_code(m: Mtu) -> c_int {
     m as c_int
 }
 
+/// A port's `active_width` and `active_speed` codes for its speed in Gb/s, as Linux reports an
+/// Ethernet port's to RoCE (`ib_get_eth_speed`: up to that many Gb/s, width, speed): the
+/// device's 100 Gb/s is 4X EDR, as a 100 Gb/s RoCE NIC's. Programs size their protocols by it:
+/// UCX on softhca over shm, told 1X EDR (25 Gb/s), sent `tag_bw`'s 64 KiB messages at 2.8
+/// GB/s, told 4X EDR, 5.9-6.2 (2026-11-29).
+const ETH_SPEEDS: [(u32, u8, u8); 6] = [
+    (1, 1, 1),         // 1X SDR
+    (10, 1, 8),        // 1X FDR10
+    (20, 2, 2),        // 4X DDR
+    (25, 1, 32),       // 1X EDR
+    (40, 2, 8),        // 4X FDR10
+    (u32::MAX, 2, 32), // 4X EDR
+];
+
+fn width_and_speed(gbps: u32) -> (u8, u8) {
+    ETH_SPEEDS.iter().find(|&&(max, ..)| gbps <= max).map_or((2, 32), |&(_, w, s)| (w, s))
+}
+
 /// The port's attributes in the current layout.
 fn port_attr(c: &Ctx, port_num: u8) -> Result<ibv_port_attr, c_int> {
     let p = c.ctx.query_port(port_num).map_err(|e| errno_of(&e))?;
@@ -392,9 +410,9 @@ fn port_attr(c: &Ctx, port_num: u8) -> Result<ibv_port_attr, c_int> {
         sm_sl: 0,
         subnet_timeout: 0,
         init_type_reply: 0,
-        active_width: 1,  // 1X
-        active_speed: 32, // EDR, 25 Gb/s per lane: informational (the link is a UDP socket)
-        phys_state: 5,    // LinkUp
+        active_width: width_and_speed(p.active_speed_gbps).0,
+        active_speed: width_and_speed(p.active_speed_gbps).1,
+        phys_state: 5, // LinkUp
         link_layer: if p.link_layer_ethernet { IBV_LINK_LAYER_ETHERNET } else { 1 },
         // A RoCE port's addresses need the GRH (rxe and mlx5 say so; UCX and others read it).
         flags: if p.link_layer_ethernet { IBV_QPF_GRH_REQUIRED } else { 0 },
@@ -740,4 +758,19 @@ pub unsafe extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
         "GID table change",
     );
     c_str(&S, event, "unknown\0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The width and speed codes of a port, as Linux gives a RoCE port of that Ethernet speed.
+    #[test]
+    fn a_port_reports_its_speed_as_linux_reports_an_ethernet_port() {
+        for (gbps, want) in
+            [(1, (1, 1)), (10, (1, 8)), (20, (2, 2)), (25, (1, 32)), (40, (2, 8)), (100, (2, 32)), (400, (2, 32))]
+        {
+            assert_eq!(width_and_speed(gbps), want, "{gbps} Gb/s");
+        }
+    }
 }
