@@ -417,10 +417,7 @@ fn write_pingpong(me: &End, landing: &Mr, src: &Mr, peer: (u64, u32), first: boo
 #[test]
 fn a_program_that_spins_on_memory_is_not_left_waiting() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-    let a = end(ShmConfig::default().busy_poll(true));
-    let b = end(ShmConfig::default().busy_poll(true));
-    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), 14, 7);
-    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), 14, 7);
+    let (a, b) = busy_pair();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let (land, src) = (b.pd.alloc_mr(8, all).unwrap(), a.pd.alloc_mr(8, all).unwrap());
     // The round B's program waits for next, told A by memory of this process; whether A
@@ -457,6 +454,15 @@ fn a_program_that_spins_on_memory_is_not_left_waiting() {
     assert!(b.dev.counters().naps_cut > 0, "no nap was cut short in {rounds} rounds: {:?}", b.dev.counters());
 }
 
+/// Two busy-poll ends, connected.
+fn busy_pair() -> (End, End) {
+    let a = end(ShmConfig::default().busy_poll(true));
+    let b = end(ShmConfig::default().busy_poll(true));
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), 14, 7);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), 14, 7);
+    (a, b)
+}
+
 /// The 8 bytes at the start of `mr`.
 fn got(mr: &Mr) -> [u8; 8] {
     let mut b = [0u8; 8];
@@ -484,10 +490,7 @@ fn spin_until(cond: impl Fn() -> bool) -> bool {
 #[test]
 fn a_write_pingpong_that_spins_on_memory_runs() {
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-    let a = end(ShmConfig::default().busy_poll(true));
-    let b = end(ShmConfig::default().busy_poll(true));
-    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), 14, 7);
-    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), 14, 7);
+    let (a, b) = busy_pair();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let (a_land, b_land) = (a.pd.alloc_mr(8, all).unwrap(), b.pd.alloc_mr(8, all).unwrap());
     let (a_src, b_src) = (a.pd.alloc_mr(8, all).unwrap(), b.pd.alloc_mr(8, all).unwrap());
