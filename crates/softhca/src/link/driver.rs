@@ -101,7 +101,8 @@ pub(crate) trait Port: Send + 'static {
     /// or poll, for up to [`stand_in_hold_ns`] (see there). Ports whose engine-thread turn
     /// must flush (the UDP link: its pollers' own turns carry the ACK with the answer
     /// already) keep this default. Returns whether anything happened, and whether what it
-    /// produced was left unsent.
+    /// produced was left unsent; if it was not, the turn flushed (the driver then counts the
+    /// doorbells rung before it as sent).
     fn stand_in(&mut self, now: u64) -> (bool, bool) {
         (self.turn(false, now), false)
     }

@@ -1241,9 +1241,11 @@ impl Port for ShmPort {
         worked
     }
 
-    /// The engine thread's turn for a poller that spins on memory: all of an engine turn but
-    /// the flush, so that the ACK of the Write the program waited for leaves with its answer
-    /// (see [`Port::stand_in`]). Datagrams a full ring held back (`backlog`) do not wait.
+    /// The engine thread's turn for a poller that spins on memory: an engine turn, but what
+    /// the datagrams it took in produced is left unsent, so that the ACK of the Write the
+    /// program waited for leaves with its answer (see [`Port::stand_in`]). With nothing so
+    /// left it flushes as an engine turn does: a post whose own flush found the port taken
+    /// is sent here. Datagrams a full ring held back (`backlog`) do not wait.
     fn stand_in(&mut self, now: u64) -> (bool, bool) {
         if self.backlog {
             return (self.turn(false, now), false);
@@ -1259,7 +1261,10 @@ impl Port for ShmPort {
             self.ctx.handle_timeout(now);
             worked = true;
         }
-        (worked, worked && self.ctx.may_transmit())
+        if worked && self.ctx.may_transmit() {
+            return (true, true);
+        }
+        (self.flush_tx(now) || worked, false)
     }
 
     fn flush(&mut self, now: u64) -> bool {
