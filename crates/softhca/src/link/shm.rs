@@ -1684,6 +1684,36 @@ mod tests {
         assert_eq!(r.next_opcode(), None);
     }
 
+    /// The engine thread's turn standing in for a quiet poller, with nothing to leave for the
+    /// program's next post, sends what a post left it: the driver counts the doorbells rung
+    /// before such a turn as sent. The post here finds the port taken (the test holds it, as
+    /// the engine thread in its turn would), so its own flush sends nothing.
+    #[test]
+    fn a_stand_in_that_leaves_nothing_sends_what_was_posted() {
+        use crate::types::{QpState, QpType};
+        use crate::verbs::{AhAttr, QpAttr, QpInitAttr, SendWr};
+        const QKEY: u32 = 0x1111;
+        let dev = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 216))).unwrap();
+        let ctx = dev.context().clone();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::Ud, &cq, &cq).max_send_wr(4).max_recv_wr(4)).unwrap();
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(QKEY)).unwrap();
+        qp.modify(&QpAttr::new(QpState::Rtr)).unwrap();
+        qp.modify(&QpAttr::to_rts().sq_psn(0)).unwrap();
+        let dst = Ipv4Addr::new(127, 0, 0, 217);
+        let ah = pd.create_ah(&AhAttr::roce(crate::types::Gid::from_ipv4(dst), 0)).unwrap();
+        let mr = pd.alloc_mr(8, crate::types::Access::LOCAL_WRITE).unwrap();
+        let (_f, ring) = scratch(16);
+        let mut port = dev.engine.link.lock_port();
+        port.peers.insert(dst, Peer { ring, bell: None, stalled: false, watch: None, flushed: None, pairs: false });
+        qp.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).ud(&ah, 7, QKEY)]).unwrap();
+        assert_eq!(port.peers[&dst].ring.next_opcode(), None, "the post's own flush found the port taken");
+        let now = port.now();
+        assert_eq!(port.stand_in(now), (true, false), "nothing received, nothing left: a flush");
+        assert_eq!(port.peers[&dst].ring.next_opcode().map(Opcode::value), Some(0x64), "UD Send Only");
+    }
+
     /// A flush's leading response (an ACK) is committed after the RDMA Write behind it where
     /// the last such flush to the peer went on with a Write (the bet), so that the owner
     /// finds the two together; before anything else, and where the bet is off, at once; held
