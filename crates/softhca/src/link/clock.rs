@@ -66,6 +66,16 @@ pub(crate) fn counts_tsc() -> bool {
     matches!(source(), Source::Tsc(_))
 }
 
+/// A guessed wait in ns for this host: `native`, or `emulated` where this process counts the
+/// TSC ([`counts_tsc`]).
+pub(crate) fn on_this_host(native: u64, emulated: u64) -> u64 {
+    if counts_tsc() {
+        emulated
+    } else {
+        native
+    }
+}
+
 /// The process-wide source, chosen at first use.
 fn source() -> &'static Source {
     static SOURCE: OnceLock<Source> = OnceLock::new();

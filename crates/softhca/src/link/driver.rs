@@ -314,11 +314,7 @@ const IDLE_WAKE: Duration = Duration::from_millis(50);
 /// (the rxe guest, TCG) those gaps are hundreds of microseconds: 50 µs there had the engine
 /// thread stand in beside a spinning `ib_send_lat` over UDP, 88 -> 222 µs typical.
 fn poller_quiet_ns() -> u64 {
-    if super::clock::counts_tsc() {
-        2_000_000
-    } else {
-        100_000
-    }
+    super::clock::on_this_host(100_000, 2_000_000)
 }
 /// How long what the engine thread's turn standing in owes waits for the application's next
 /// post or poll ([`Port::stand_in`]). A program that spins on memory answers the Write it
@@ -328,11 +324,7 @@ fn poller_quiet_ns() -> u64 {
 /// where the ACK sent at once left every hop to a sender's watch). A program that does not
 /// answer delays its peer's completion by this much.
 fn stand_in_hold_ns() -> u64 {
-    if super::clock::counts_tsc() {
-        200_000
-    } else {
-        10_000
-    }
+    super::clock::on_this_host(10_000, 200_000)
 }
 /// The shortest nap: a wake-up costs a core's time beside a spinning poller.
 const MIN_NAP: Duration = Duration::from_micros(200);
@@ -611,11 +603,17 @@ impl<P: Port> Driver<P> {
         (self.pollers_drive() && last != 0 && idle < grace).then(|| grace - idle)
     }
 
-    /// Whether what the engine thread's turn standing in owes still waits for the
-    /// application's next post ([`Port::stand_in`]).
-    fn leaves(&self, now: u64) -> bool {
+    /// Until when what the engine thread's turn standing in owes waits for the application's
+    /// next post ([`Port::stand_in`]), if it left anything.
+    fn left_until(&self) -> Option<u64> {
         let at = self.shared.left_at.load(Ordering::Relaxed);
-        at != 0 && now < at + stand_in_hold_ns()
+        (at != 0).then(|| at + stand_in_hold_ns())
+    }
+
+    /// Whether what the engine thread's turn standing in owes still waits for the
+    /// application's next post.
+    fn leaves(&self, now: u64) -> bool {
+        self.left_until().is_some_and(|until| now < until)
     }
 
     /// What the engine thread, napping beside a poller, would flush for it: doorbells rung
@@ -783,10 +781,7 @@ impl<P: Port> Driver<P> {
                 continue;
             }
             let now = self.now();
-            let left = match self.shared.left_at.load(Ordering::Relaxed) {
-                0 => u64::MAX,
-                at => at + stand_in_hold_ns(),
-            };
+            let left = self.left_until().unwrap_or(u64::MAX);
             let until =
                 self.ctx.poll_timeout().unwrap_or(u64::MAX).min(now + IDLE_WAKE.as_nanos() as u64).min(left).max(1);
             self.shared.sleep_until.store(until, Ordering::SeqCst);
@@ -806,33 +801,13 @@ mod tests {
     use super::*;
     use crate::verbs::DeviceConfig;
 
-    /// A port that counts its flushes.
+    /// A port that counts its flushes; with `leaves`, its turns standing in take a Write in
+    /// and leave its ACK.
     struct MockPort {
         flushes: Arc<AtomicU64>,
         batches: bool,
+        leaves: bool,
         efd: OwnedFd,
-    }
-
-    /// A port whose turns standing in take a Write in and leave its ACK.
-    struct LeavingPort(MockPort);
-
-    impl Port for LeavingPort {
-        fn turn(&mut self, inline: bool, now: u64) -> bool {
-            self.0.turn(inline, now)
-        }
-        fn flush(&mut self, now: u64) -> bool {
-            self.0.flush(now)
-        }
-        fn leftovers(&self) -> bool {
-            false
-        }
-        fn rx_fd(&self) -> RawFd {
-            self.0.rx_fd()
-        }
-        fn close(&mut self) {}
-        fn stand_in(&mut self, _now: u64) -> (bool, bool) {
-            (true, true)
-        }
     }
 
     /// A napper that answers as told.
@@ -863,6 +838,9 @@ mod tests {
             self.efd.as_raw_fd()
         }
         fn close(&mut self) {}
+        fn stand_in(&mut self, now: u64) -> (bool, bool) {
+            (self.leaves || self.turn(false, now), self.leaves)
+        }
     }
 
     struct Rig {
@@ -880,7 +858,7 @@ mod tests {
 
     fn mock(batches: bool) -> (MockPort, Arc<AtomicU64>) {
         let flushes = Arc::default();
-        (MockPort { flushes: Arc::clone(&flushes), batches, efd: os::eventfd().unwrap() }, flushes)
+        (MockPort { flushes: Arc::clone(&flushes), batches, leaves: false, efd: os::eventfd().unwrap() }, flushes)
     }
 
     /// What the engine thread's turn standing in for a quiet poller left (the ACK of a Write
@@ -889,8 +867,8 @@ mod tests {
     #[test]
     fn what_a_turn_standing_in_left_waits_for_the_next_post() {
         let (port, flushes) = mock(false);
-        let d = Driver::new(Context::create(DeviceConfig::default()).unwrap(), true, Clock::start(), LeavingPort(port));
-        let d = d.unwrap();
+        let port = MockPort { leaves: true, ..port };
+        let d = Driver::new(Context::create(DeviceConfig::default()).unwrap(), true, Clock::start(), port).unwrap();
         let hold = stand_in_hold_ns();
         let at = d.now();
         assert!(!d.deferred(at), "nothing owed yet");
