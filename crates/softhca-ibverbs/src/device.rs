@@ -392,6 +392,7 @@ fn width_and_speed(gbps: u32) -> (u8, u8) {
 /// The port's attributes in the current layout.
 fn port_attr(c: &Ctx, port_num: u8) -> Result<ibv_port_attr, c_int> {
     let p = c.ctx.query_port(port_num).map_err(|e| errno_of(&e))?;
+    let (active_width, active_speed) = width_and_speed(p.active_speed_gbps);
     Ok(ibv_port_attr {
         state: p.state as c_int + 1, // IBV_PORT_DOWN = 1 … IBV_PORT_ACTIVE = 4
         max_mtu: mtu_code(p.max_mtu),
@@ -410,8 +411,8 @@ fn port_attr(c: &Ctx, port_num: u8) -> Result<ibv_port_attr, c_int> {
         sm_sl: 0,
         subnet_timeout: 0,
         init_type_reply: 0,
-        active_width: width_and_speed(p.active_speed_gbps).0,
-        active_speed: width_and_speed(p.active_speed_gbps).1,
+        active_width,
+        active_speed,
         phys_state: 5, // LinkUp
         link_layer: if p.link_layer_ethernet { IBV_LINK_LAYER_ETHERNET } else { 1 },
         // A RoCE port's addresses need the GRH (rxe and mlx5 say so; UCX and others read it).
