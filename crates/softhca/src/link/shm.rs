@@ -811,7 +811,11 @@ impl ShmPort {
     /// flush's leading response, whose commit waits for an RDMA Write behind it where the peer
     /// pairs (see [`Pair`]).
     fn publish(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64, pair: &mut Pair) -> Result<(), ()> {
-        let op = roce::peek_opcode(if held { &self.held_buf[..n] } else { &self.buf[..n] });
+        // Only a flush's first two datagrams are looked at: most of a flush is `Closed`.
+        let op = match pair {
+            Pair::Closed => None,
+            _ => roce::peek_opcode(if held { &self.held_buf[..n] } else { &self.buf[..n] }),
+        };
         let write = op.and_then(Opcode::info).is_some_and(|i| i.operation == Operation::RdmaWrite);
         let leads = matches!(pair, Pair::Open) && op.is_some_and(Opcode::is_response);
         // The leading response's commit: after this datagram if this is the Write it was held
