@@ -143,3 +143,61 @@ fn a_spinning_poller_drives_a_blocking_device() {
     assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
     assert_eq!(wait(&b.cq, 1, 10)[0].wr_id, 7);
 }
+
+/// Busy-poll, a Write ping-pong of 64 KiB whose programs wait for the peer's Write by
+/// spinning on its last bytes once their own Write has completed (perftest's
+/// `ib_write_lat`): the peer's Write lands behind the ACK the program took, while nobody
+/// polls. The engine thread, at its nap's end or woken by the datagrams, sees the program's
+/// last act was taking a completion and nothing since, and stands in (a nap cut short).
+/// Before, it stood in only once the program had been quiet for 100 µs, and each round
+/// waited for a blind nap's end: 0.5-2 ms. Rounds run until a take-over was seen on either
+/// device, for at most 2,000 rounds.
+#[test]
+fn a_write_pingpong_that_spins_on_memory_is_taken_in_by_the_engine_thread() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let cfg = |last| UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, last)).busy_poll(true);
+    let (a, b) = (end(cfg(5)), end(cfg(6)));
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
+    const N: usize = 64 << 10;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let landing = |e: &End| e.pd.alloc_mr(N, all).unwrap();
+    let (a_land, b_land) = (landing(&a), landing(&b));
+    let (a_src, b_src) = (landing(&a), landing(&b));
+    let seen = || a.dev.counters().naps_cut + b.dev.counters().naps_cut > 0;
+    let done = AtomicBool::new(false);
+    // One side of the ping-pong: wait for round r's Write (unless it opens), answer with one.
+    let side = |me: &End, land: &Mr, src: &Mr, peer: &Mr, opens: bool| {
+        for r in 1..=2_000u64 {
+            if !(opens && r == 1) {
+                let deadline = Instant::now() + std::time::Duration::from_secs(20);
+                let mut tail = [0u8; 8];
+                loop {
+                    land.read(N - 8, &mut tail).unwrap();
+                    if u64::from_le_bytes(tail) == r || done.load(SeqCst) {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "round {r}'s Write never landed");
+                    std::hint::spin_loop();
+                }
+            }
+            if done.load(SeqCst) {
+                return;
+            }
+            let r = if opens { r } else { r + 1 };
+            src.write(N - 8, &r.to_le_bytes()).unwrap();
+            me.qp.post_send(&[SendWr::rdma_write(r, &[src.sge(0..N)], peer.addr(), peer.rkey()).signaled()]).unwrap();
+            assert_eq!(wait(&me.cq, 1, 20)[0].status, WcStatus::Success);
+            if seen() {
+                done.store(true, SeqCst);
+                return;
+            }
+        }
+        done.store(true, SeqCst);
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| side(&b, &b_land, &b_src, &a_land, false));
+        side(&a, &a_land, &a_src, &b_land, true);
+    });
+    assert!(seen(), "no nap was cut short: {:?} {:?}", a.dev.counters(), b.dev.counters());
+}

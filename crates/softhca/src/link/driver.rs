@@ -15,9 +15,12 @@
 //! posted nothing for [`poller_quiet_ns`] (a program that spins on memory between its CQ polls,
 //! waiting for a Write only its device can take in), and, on a link whose senders can see
 //! the poller leave their datagrams untaken (shared memory), when one of them rings
-//! ([`Port::napper`]); its turns standing in may leave the ACKs they owe for the program's
-//! next post ([`Port::stand_in`]). In both modes the engine thread keeps turning for [`IDLE_SPIN`] after
-//! its last work (unless it stands in for a poller that spins on memory) before it sleeps, so that a passive side (the target of Reads, whose program does not
+//! ([`Port::napper`]); on a link whose descriptor is readable with any datagram (UDP), when
+//! datagrams wait at the nap's end, or arrive during a watching nap, and the program, whose
+//! last act was taking completions, does not come back for them ([`ReadyWatch`]). Its turns standing in may leave the ACKs they owe for the
+//! program's next post ([`Port::stand_in`]). In both modes the engine thread keeps turning for
+//! [`IDLE_SPIN`] after its last work (unless it stands in for a poller that spins on memory)
+//! before it sleeps, so that a passive side (the target of Reads, whose program does not
 //! poll) answers at a spinner's pace. A blocking device whose application spins on its CQ anyway
 //! (perftest, the pingpongs, `softhca perf`: most RDMA programs poll) is driven the busy-poll
 //! way while it spins: [`SPIN_POLLS`] polls in a row, each within [`SPIN_GAP`] of the last
@@ -42,7 +45,7 @@
 //! Imports: the verbs `Context` (the sans-IO interface) and `os`; nothing of any one link.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -90,8 +93,9 @@ pub(crate) trait Port: Send + 'static {
     }
     /// What the engine thread naps with while a poller drives ([`Driver::background`]): a
     /// port whose senders can tell that the poller has left their datagrams untaken, and ring
-    /// [`Port::rx_fd`] then, gives a [`Napper`]. Without one the engine thread naps blind (the
-    /// UDP link: its descriptor becomes readable with every datagram, the poller's too).
+    /// [`Port::rx_fd`] then, gives a [`Napper`]. Without one the engine thread watches the
+    /// descriptor itself (the UDP link: it becomes readable with every datagram, the
+    /// poller's too; see [`ReadyWatch`]).
     fn napper(&self) -> Option<Box<dyn Napper>> {
         None
     }
@@ -129,6 +133,91 @@ pub(crate) enum Nap {
     OnBell { check: Option<Duration> },
     /// The poller has left datagrams untaken: no nap, the engine thread takes over.
     TakeOver,
+}
+
+/// How the engine thread naps while a poller drives: with the port's [`Napper`], or watching
+/// the port's descriptor itself ([`ReadyWatch`]).
+enum Naps {
+    Port(Box<dyn Napper>),
+    Watch(ReadyWatch),
+}
+
+/// The engine thread's naps beside a poller on a port with no [`Napper`] (the UDP link). Its
+/// descriptor is readable while any datagram waits, those the poller is about to take
+/// included, so a wake-up on it only asks the question, and the poller's signs of life answer
+/// it: a poller that spins on its CQ polls again within a microsecond or so. One that has
+/// gone (perftest's `ib_write_lat` spins on memory once its send has completed, and the
+/// peer's Write lands behind that ACK) leaves the datagrams to this thread, which stands in
+/// at once instead of at the end of a blind nap: `ib_write_lat` 64 KiB over UDP took 0.5-2 ms
+/// a round trip with blind naps (2026-11-30, an AMD EPYC), and 8 B fell into 2 ms rounds
+/// now and then, in blocking mode too.
+///
+/// Watching costs a wake-up of this thread in the kernel for every datagram a poller at work
+/// takes first (the descriptor was readable a moment), beside that poller on a machine of
+/// two cores: `ib_read_lat` over UDP, whose program never leaves its CQ, 7 -> 9 µs a round
+/// trip. So the naps watch only for [`WATCHFUL`] after the thread last took over; before,
+/// they are blind, and one that finds on waking that the program took completions last,
+/// did nothing since and left datagrams waiting takes over, as a watch would have at once.
+#[derive(Debug, Default)]
+struct ReadyWatch {
+    /// The poller's count of signs of life when it was found gone: while the count stays,
+    /// the poller is away and a readable descriptor means datagrams nobody takes.
+    gone: Option<u64>,
+    /// When the thread last took over (ns since the epoch; 0: never).
+    took_at: u64,
+}
+
+/// How long after the engine thread last took over from a poller its naps watch the port's
+/// descriptor ([`ReadyWatch`]): a program that left its CQ for memory once does so again.
+const WATCHFUL: Duration = Duration::from_millis(100);
+
+/// How long the engine thread, woken by a datagram, watches for a sign of life of the poller
+/// before it takes the datagram for gone unattended ([`ReadyWatch`]): many times a spinning
+/// poller's gap between polls, which under emulation (the rxe guest, TCG) is hundreds of
+/// microseconds.
+fn watch_ns() -> u64 {
+    super::clock::on_this_host(10_000, 400_000)
+}
+
+impl ReadyWatch {
+    /// Whether a nap that begins at `now`, the poller's count at `polls`, watches the
+    /// descriptor: while the poller is still gone, and for [`WATCHFUL`] after a take-over.
+    fn watches(&mut self, polls: u64, now: u64) -> bool {
+        if self.gone.is_some_and(|g| g != polls) {
+            self.gone = None; // the poller is back
+        }
+        self.gone.is_some() || (self.took_at != 0 && now.saturating_sub(self.took_at) < WATCHFUL.as_nanos() as u64)
+    }
+
+    /// A datagram woke the thread on the poller's core, the poller's count at `polls`:
+    /// whether it gives the core back a while before it decides (a sleep of [`watch_ns`]).
+    /// Not if the poller took completions last and has had its core since (it did not come
+    /// back for these datagrams); always if this thread stood in and took the core again.
+    fn gives_back_first(&self, polls: u64, just_handed: bool) -> bool {
+        self.gone == Some(polls) || !just_handed
+    }
+
+    /// Datagrams wait, the poller's count at `polls`; `moved`: whether the count moved while
+    /// the thread watched (on another core), gave the poller's core back, or napped blind,
+    /// or the datagrams were taken meanwhile; `just_handed`: whether the program's last act
+    /// was taking completions. Returns whether the thread takes over. A poller that did not
+    /// move and took completions last has what it waited for, and may spin on memory now;
+    /// one that posted or polled for nothing last is only kept from its core a while (by a
+    /// busy thread of a peer, on a machine of two cores), and comes back: standing in beside
+    /// it, on such a machine, cost `ib_write_bw` a fifth. While the count stays where the
+    /// poller was found gone, it is still away, and what arrives is taken in without a watch
+    /// (but for this thread on its core: see [`ReadyWatch::gives_back_first`]).
+    fn takes_over(&mut self, polls: u64, on_its_core: bool, moved: bool, just_handed: bool, now: u64) -> bool {
+        let still_gone = self.gone == Some(polls) && !on_its_core;
+        let take = still_gone || (!moved && just_handed);
+        if take {
+            self.gone = Some(polls);
+            self.took_at = now.max(1);
+        } else {
+            self.gone = None;
+        }
+        take
+    }
 }
 
 /// The driver's own counters: engine thread sleeps and doorbell system calls.
@@ -175,6 +264,12 @@ pub(crate) struct Shared {
     last_poll: AtomicU64,
     poll_streak: AtomicU64,
     arms_seen: AtomicU64,
+    /// The device's count of polls that handed completions ([`Context::handed`]) as the
+    /// application's last poll or post began: if the count has moved since, the last thing
+    /// the application did was take completions.
+    handed_seen: AtomicU64,
+    /// The CPU the last poller's turn ran on ([`os::current_cpu`]).
+    poller_cpu: AtomicU32,
     /// Polls that ran no turn because they found the port taken (by the engine thread, or
     /// another poller). The engine thread counts them as the pollers' signs of life.
     idle_polls: AtomicU64,
@@ -393,6 +488,7 @@ impl<P: Port> Driver<P> {
             // Work the poller's turn left (the rest of a batch, more to send) must not wait
             // for the engine thread's idle wake if the poller stops here.
             if let Some(l) = weak.upgrade() {
+                l.shared.handed_seen.store(l.ctx.handed(), Ordering::Relaxed);
                 if let (true, now) = l.polled() {
                     if l.drive_inline_at(true, now) {
                         l.wake_for_leftovers();
@@ -505,6 +601,7 @@ impl<P: Port> Driver<P> {
                     let turns = &self.wakes.poller_turns;
                     turns.store(turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
+                    self.shared.poller_cpu.store(os::current_cpu(), Ordering::Relaxed);
                     // A poller's turn leaves the ACKs it owes for the next poll or post, so
                     // that they leave with the reply in one send, in busy-poll mode and for a
                     // spinning poller in blocking mode alike; if the poller stops, the engine
@@ -552,6 +649,7 @@ impl<P: Port> Driver<P> {
     /// deadline that the new work set.
     pub fn ring(&self) {
         self.shared.rings.fetch_add(1, Ordering::SeqCst);
+        self.shared.handed_seen.store(self.ctx.handed(), Ordering::Relaxed);
         let now = self.now();
         self.shared.rung_at.store(now, Ordering::Relaxed);
         if self.batches && !self.shared.sleeping.load(Ordering::SeqCst) && self.poller_spinning_at(now) {
@@ -647,15 +745,15 @@ impl<P: Port> Driver<P> {
         now.saturating_sub(last) >= poller_quiet_ns()
     }
 
-    /// The engine thread naps for `d` while a poller drives: on [`Port::rx_fd`] where the
-    /// port's peers can tell the poller has stopped taking their datagrams in
-    /// ([`Port::napper`]), blind otherwise. Returns whether the poller left datagrams
-    /// untaken (a peer rang, or the port saw it before the nap began): the engine thread
-    /// takes over.
-    fn nap(&self, napper: &mut Option<Box<dyn Napper>>, d: Duration) -> bool {
-        let Some(napper) = napper else {
-            std::thread::sleep(d);
-            return false;
+    /// The engine thread naps for `d` while a poller drives: on [`Port::rx_fd`], where the
+    /// port's peers ring it when the poller has stopped taking their datagrams in
+    /// ([`Port::napper`]), or, on a port without one, watching it ([`ReadyWatch`]). Returns
+    /// whether the poller left datagrams untaken (a peer rang, the port saw it before the nap
+    /// began, or the watch found the poller gone): the engine thread takes over.
+    fn nap(&self, naps: &mut Naps, d: Duration) -> bool {
+        let napper = match naps {
+            Naps::Port(napper) => napper,
+            Naps::Watch(watch) => return self.nap_watching(watch, d),
         };
         let d = match napper.prepare() {
             Nap::TakeOver => return true,
@@ -669,6 +767,73 @@ impl<P: Port> Driver<P> {
             napper.end();
         }
         rang
+    }
+
+    /// A nap on a port without a [`Napper`] (see [`ReadyWatch`]).
+    fn nap_watching(&self, watch: &mut ReadyWatch, d: Duration) -> bool {
+        let polls = self.signs_of_life();
+        if !watch.watches(polls, self.now()) {
+            std::thread::sleep(d);
+            let moved = self.signs_of_life() != polls || !self.datagrams_wait();
+            return watch.takes_over(polls, false, moved, self.just_handed(), self.now());
+        }
+        let (readable, doorbell) = self.wait(d);
+        if doorbell {
+            os::eventfd_drain(self.efd.as_raw_fd());
+        }
+        if !readable {
+            return false;
+        }
+        let polls = self.signs_of_life();
+        let on_its_core = self.shared.poller_cpu.load(Ordering::Relaxed) == os::current_cpu();
+        let moved = if on_its_core {
+            // This thread has the poller's core, which the poller needs to move at all.
+            if watch.gives_back_first(polls, self.just_handed()) {
+                std::thread::sleep(Duration::from_nanos(watch_ns()));
+            }
+            self.signs_of_life() != polls
+        } else {
+            watch.gone != Some(polls) && self.poller_moves(polls, watch_ns())
+        };
+        // What woke this thread may be gone already, into the poll that handed the program
+        // its completion (a Read's response): then the poller took it, and it is at work.
+        let moved = moved || !self.datagrams_wait();
+        watch.takes_over(polls, on_its_core, moved, self.just_handed(), self.now())
+    }
+
+    /// Whether datagrams wait on the port's descriptor now (a look, no wait).
+    fn datagrams_wait(&self) -> bool {
+        let mut fds = [libc::pollfd { fd: self.rx_fd, events: libc::POLLIN, revents: 0 }];
+        matches!(os::ppoll(&mut fds, Some(Duration::ZERO)), Ok(1..))
+    }
+
+    /// The application's signs of life: the turns its polls ran, its polls that found the
+    /// port taken, and its posts (a program busy posting, `ib_write_bw`'s, polls again after).
+    fn signs_of_life(&self) -> u64 {
+        let turns = self.wakes.poller_turns.load(Ordering::Relaxed);
+        let posts = self.shared.rings.load(Ordering::Relaxed);
+        turns.wrapping_add(self.shared.idle_polls.load(Ordering::Relaxed)).wrapping_add(posts)
+    }
+
+    /// Whether the last thing the application did was take completions from a CQ poll (see
+    /// `Shared::handed_seen`).
+    fn just_handed(&self) -> bool {
+        self.ctx.handed() != self.shared.handed_seen.load(Ordering::Relaxed)
+    }
+
+    /// Whether the poller's signs of life move past `polls` within `within` ns: this thread
+    /// spins that long at most, already woken (a sleep would cost another wake-up).
+    fn poller_moves(&self, polls: u64, within: u64) -> bool {
+        let until = self.now() + within;
+        loop {
+            if self.signs_of_life() != polls {
+                return true;
+            }
+            if self.now() >= until {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Waits up to `d` in `ppoll` on the port's descriptor and the doorbell eventfd; returns
@@ -695,7 +860,7 @@ impl<P: Port> Driver<P> {
         // When this thread's last turn did some work (see IDLE_SPIN).
         let mut worked_at = 0;
         let mut rate = PollRate::default();
-        let mut napper = self.lock_port().napper();
+        let mut naps = self.lock_port().napper().map_or_else(|| Naps::Watch(ReadyWatch::default()), Naps::Port);
         while !self.shared.stop.load(Ordering::Acquire) {
             let now = self.now();
             let idle = self.shared.idle_polls.load(Ordering::Relaxed);
@@ -715,7 +880,7 @@ impl<P: Port> Driver<P> {
                     continue;
                 }
                 if !self.poller_quiet(now) {
-                    if !self.nap(&mut napper, nap.min(DEFERRED_CHECK).max(MIN_NAP)) {
+                    if !self.nap(&mut naps, nap.min(DEFERRED_CHECK).max(MIN_NAP)) {
                         continue;
                     }
                     // The poller left datagrams untaken.
@@ -738,7 +903,7 @@ impl<P: Port> Driver<P> {
                     }
                     // Standing in for a quiet poller that is back (or in a long turn): nap.
                     None => {
-                        self.nap(&mut napper, MIN_NAP);
+                        self.nap(&mut naps, MIN_NAP);
                         continue;
                     }
                 }
@@ -933,8 +1098,8 @@ mod tests {
     fn a_nap_ends_when_the_poller_leaves_datagrams_untaken() {
         let r = rig(false);
         let d = &r.driver;
-        let napper = |n: Nap| Some(Box::new(MockNapper(n)) as Box<dyn Napper>);
-        assert!(!d.nap(&mut None, Duration::ZERO), "blind");
+        let napper = |n: Nap| Naps::Port(Box::new(MockNapper(n)));
+        assert!(!d.nap(&mut Naps::Watch(ReadyWatch::default()), Duration::ZERO), "nothing to watch");
         assert!(d.nap(&mut napper(Nap::TakeOver), Duration::from_secs(60)), "no nap at all");
         assert!(!d.nap(&mut napper(Nap::OnBell { check: None }), Duration::ZERO), "nobody rang");
         os::eventfd_signal(d.rx_fd);
@@ -942,6 +1107,72 @@ mod tests {
         os::eventfd_drain(d.rx_fd);
         let bounded = napper(Nap::OnBell { check: Some(Duration::ZERO) });
         assert!(!d.nap(&mut { bounded }, Duration::from_secs(60)), "the port's own check bounds the nap");
+    }
+
+    /// The watch's verdicts (`ReadyWatch`): the engine thread takes over from a poller that
+    /// did not move and took completions last, and from one still gone since; not from one
+    /// that moved, nor from one that posted or polled for nothing last (only kept from its
+    /// core), nor, on the poller's own core, before it gave the core back once more.
+    #[test]
+    fn the_watch_takes_over_from_a_poller_that_has_what_it_waited_for() {
+        // (gone at, polls, on its core, moved, just handed) -> takes over
+        let table = [
+            (None, 7, false, false, true, true),
+            (None, 7, false, true, true, false),
+            (None, 7, false, false, false, false),
+            (None, 7, true, false, true, true),
+            (None, 7, true, true, true, false),
+            (Some(7), 7, false, false, false, true), // still gone: no watch
+            (Some(7), 7, true, false, false, false), // on its core, after giving it back
+            (Some(7), 7, true, false, true, true),
+            (Some(6), 7, false, false, false, false),
+        ];
+        for (gone, polls, core, moved, handed, take) in table {
+            let mut w = ReadyWatch { gone, ..ReadyWatch::default() };
+            assert_eq!(w.takes_over(polls, core, moved, handed, 1), take, "{gone:?} {polls} {core} {moved} {handed}");
+            assert_eq!(w.gone, take.then_some(polls));
+        }
+        let w = ReadyWatch { gone: Some(7), ..ReadyWatch::default() };
+        assert!(w.gives_back_first(7, true), "it stood in and took the core again");
+        assert!(!ReadyWatch::default().gives_back_first(7, true), "it has had its core since");
+        assert!(ReadyWatch::default().gives_back_first(7, false));
+    }
+
+    /// Naps are blind until the thread takes over; then they watch while the poller is still
+    /// gone, and for `WATCHFUL` after.
+    #[test]
+    fn naps_watch_for_a_while_after_a_take_over() {
+        let mut w = ReadyWatch::default();
+        assert!(!w.watches(0, 5), "blind before any take-over");
+        let at = 1_000_000;
+        assert!(w.takes_over(0, false, false, true, at));
+        assert!(w.watches(0, at + WATCHFUL.as_nanos() as u64 * 2), "the poller is still gone");
+        assert!(w.watches(1, at), "back, and watched");
+        assert_eq!(w.gone, None);
+        let later = at + WATCHFUL.as_nanos() as u64;
+        assert!(w.watches(1, later - 1));
+        assert!(!w.watches(1, later));
+    }
+
+    /// A nap on a readable descriptor, blind or watching: the engine thread takes over from
+    /// a poller that took completions last and does not move, not from one that posted last.
+    #[test]
+    fn a_nap_takes_over_only_from_a_poller_that_took_completions_last() {
+        let r = rig(true);
+        let d = &r.driver;
+        let mut naps = Naps::Watch(ReadyWatch::default());
+        os::eventfd_signal(d.rx_fd); // a datagram waits
+                                     // Ran on a CPU no thread has: this thread is never on the poller's core.
+        d.shared.poller_cpu.store(u32::MAX, Ordering::Relaxed);
+        let blind = Duration::from_millis(1);
+        d.ring();
+        assert!(!d.nap(&mut naps, blind), "it posted last");
+        d.ctx.inner.handed.fetch_add(1, Ordering::Relaxed); // a poll handed it completions
+        assert!(d.nap(&mut naps, blind), "it took completions last");
+        // Watching now: these naps end as soon as they begin, the descriptor being readable.
+        assert!(d.nap(&mut naps, Duration::from_secs(60)), "and is still away");
+        d.ring();
+        assert!(!d.nap(&mut naps, Duration::from_secs(60)), "back");
     }
 
     /// A poller that has run no turn for `poller_quiet_ns` is quiet, whatever its rate before: the

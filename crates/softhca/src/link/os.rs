@@ -1,5 +1,5 @@
-//! The system calls any OS-facing link's driver needs beyond std: an eventfd (the doorbell)
-//! and `ppoll` (the engine thread's sleep), as thin `libc` wrappers. Every `unsafe` block says
+//! The system calls any OS-facing link's driver needs beyond std: an eventfd (the doorbell),
+//! `ppoll` (the engine thread's sleep) and the CPU a thread runs on, as thin `libc` wrappers. Every `unsafe` block says
 //! why it is sound.
 
 use std::io;
@@ -53,4 +53,12 @@ pub fn ppoll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<
         Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
         Err(e) => Err(e),
     }
+}
+
+/// The CPU the calling thread runs on, `u32::MAX` if unknown. glibc reads it from the
+/// thread's rseq area where the kernel keeps it (no system call).
+pub fn current_cpu() -> u32 {
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).unwrap_or(u32::MAX)
 }

@@ -490,6 +490,7 @@ fn with_wakes(mut c: UdpCounters, w: &crate::link::driver::Wakes) -> UdpCounters
     c.sleeps = w.sleeps.load(Ordering::Relaxed);
     c.doorbells = w.doorbells.load(Ordering::Relaxed);
     c.poller_turns = w.poller_turns.load(Ordering::Relaxed);
+    c.naps_cut = w.naps_cut.load(Ordering::Relaxed);
     c
 }
 

@@ -390,6 +390,10 @@ impl Cq {
             take(k, unsafe { &*slots[slot_of(h + k, slots.len())].get() });
         }
         r.head.store(h.wrapping_add(n), Ordering::Release);
+        // A load and a store, no locked add: pollers of two CQs racing may lose a count,
+        // which a driver reads only as "moved or not" (see `Context::handed`).
+        let handed = &self.inner.dev.handed;
+        handed.store(handed.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         Ok(n)
     }
 

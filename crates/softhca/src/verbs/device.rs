@@ -362,6 +362,10 @@ pub(crate) struct DeviceInner {
     /// Bumped by every Request Completion Notification: a driver tells a program that waits
     /// for completion events (it arms its CQs) from one that spins on them.
     pub notify_requests: AtomicU64,
+    /// Bumped by every CQ poll that hands the program completions: a driver tells a program
+    /// that has what it waited for (and may turn to other work, spinning on memory) from one
+    /// still waiting on its CQ.
+    pub handed: AtomicU64,
     pub rng: Mutex<StdRng>,
     pub next_eecn: AtomicU32,
     next_qpn: Mutex<u32>,
@@ -594,6 +598,7 @@ impl Context {
             keys: RwLock::new(KeyTable::default()),
             key_gen: std::sync::atomic::AtomicU64::new(0),
             notify_requests: AtomicU64::new(0),
+            handed: AtomicU64::new(0),
             rng: Mutex::new(rng),
             next_eecn: AtomicU32::new(first_eecn),
             next_qpn: Mutex::new(first_qpn),
@@ -876,6 +881,11 @@ impl Context {
     /// How many times a CQ of this device was armed (Request Completion Notification).
     pub fn notify_requests(&self) -> u64 {
         self.inner.notify_requests.load(Ordering::Relaxed)
+    }
+
+    /// How many CQ polls of this device handed the program completions.
+    pub fn handed(&self) -> u64 {
+        self.inner.handed.load(Ordering::Relaxed)
     }
 
     /// The earliest time at which [`Context::handle_timeout`] has work, if any.

@@ -195,4 +195,7 @@ counters! {
     doorbells,
     /// Engine turns the application's CQ polls ran (busy-poll, or a spinning application).
     poller_turns,
+    /// Naps of the engine thread cut short to stand in for a poller that left datagrams
+    /// untaken (its watch found the poller gone, see `link::driver`).
+    naps_cut,
 }
