@@ -803,8 +803,7 @@ impl<P: Port> Driver<P> {
 
     /// Whether datagrams wait on the port's descriptor now (a look, no wait).
     fn datagrams_wait(&self) -> bool {
-        let mut fds = [libc::pollfd { fd: self.rx_fd, events: libc::POLLIN, revents: 0 }];
-        matches!(os::ppoll(&mut fds, Some(Duration::ZERO)), Ok(1..))
+        self.wait(Duration::ZERO).0
     }
 
     /// The application's signs of life: the turns its polls ran, its polls that found the
