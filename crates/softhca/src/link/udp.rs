@@ -533,6 +533,45 @@ mod tests {
         assert_eq!(active_mtu(0, false), Mtu::Mtu256);
     }
 
+    /// The engine thread standing in for a program that spins on memory takes the peer's
+    /// Write in and leaves its ACK for the program's next post (the driver's hold), so that
+    /// the two leave together; nothing of it is lost: the next flush sends it. The port is
+    /// held here, so that the engine thread cannot take the Write first.
+    #[test]
+    fn a_turn_standing_in_leaves_the_ack_for_the_next_post() {
+        use crate::link::driver::Port;
+        use crate::verbs::{Access, AddressVector, AhAttr, QpAttr, QpInitAttr, SendWr};
+        let open = |last| UdpDevice::open(UdpConfig::default().addr(Ipv4Addr::new(127, 0, 3, last))).unwrap();
+        let (a, b) = (open(7), open(8));
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let side = |d: &UdpDevice| {
+            let pd = d.context().alloc_pd().unwrap();
+            let cq = d.context().create_cq(16).unwrap();
+            let qp = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+            (pd, cq, qp)
+        };
+        let ((a_pd, _a_cq, a_qp), (b_pd, _b_cq, b_qp)) = (side(&a), side(&b));
+        for (qp, to, qpn) in [(&a_qp, b.gid(), b_qp.qp_num()), (&b_qp, a.gid(), a_qp.qp_num())] {
+            let av = AddressVector::new(AhAttr::roce(to, 0), Mtu::Mtu1024);
+            qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+            qp.modify(&QpAttr::to_rtr(av, qpn).rq_psn(0).max_dest_rd_atomic(1).min_rnr_timer(1)).unwrap();
+            qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(14).retry_cnt(7).rnr_retry(7).max_rd_atomic(1)).unwrap();
+        }
+        let land = a_pd.alloc_mr(64, all).unwrap();
+        let src = b_pd.alloc_mr(64, all).unwrap();
+        let mut port = a.engine.link.lock_port();
+        let before = a.counters();
+        b_qp.post_send(&[SendWr::rdma_write(1, &[src.sge(0..8)], land.addr(), land.rkey()).signaled()]).unwrap();
+        let mut fds = [libc::pollfd { fd: port.rx_fd(), events: libc::POLLIN, revents: 0 }];
+        assert_eq!(crate::link::os::ppoll(&mut fds, Some(Duration::from_secs(10))).unwrap(), 1, "no Write came");
+        let now = a.engine.link.now();
+        assert_eq!(port.stand_in(now), (true, true), "taken in, its ACK left");
+        assert_eq!(a.counters().rx_datagrams, before.rx_datagrams + 1);
+        assert_eq!(a.counters().tx_datagrams, before.tx_datagrams, "the ACK waits");
+        assert!(port.flush(now), "the next flush sends it");
+        assert_eq!(a.counters().tx_datagrams, before.tx_datagrams + 1);
+    }
+
     /// A device socket bound on the first free 127.0.0.x from .2 on (.1 is the usual
     /// default of a device; SOFTHCA_ADDR is not consulted).
     fn bound_on_a_free_address() -> Bound {
