@@ -100,15 +100,12 @@ pub(crate) trait Port: Send + 'static {
         None
     }
     /// The engine thread's turn while it stands in for a poller that has stopped (a program
-    /// that spins on memory): as an engine turn, but where the port lets it, what it takes
-    /// in produces (the ACK of a Write that landed) is left for the application's next post
-    /// or poll, for up to [`stand_in_hold_ns`] (see there); the shared-memory and UDP links
-    /// do, a port that keeps this default flushes. Returns whether anything happened, and
-    /// whether what it produced was left unsent; if it was not, the turn flushed (the driver
-    /// then counts the doorbells rung before it as sent).
-    fn stand_in(&mut self, now: u64) -> (bool, bool) {
-        (self.turn(false, now), false)
-    }
+    /// that spins on memory): as an engine turn, but what it takes in produces (the ACK of a
+    /// Write that landed) is left for the application's next post or poll, for up to
+    /// [`stand_in_hold_ns`] (see there). Returns whether anything happened, and whether what
+    /// it produced was left unsent; if it was not, the turn flushed (the driver then counts
+    /// the doorbells rung before it as sent).
+    fn stand_in(&mut self, now: u64) -> (bool, bool);
 }
 
 /// The engine thread's side of a port's naps, used without the port's lock: taking the lock

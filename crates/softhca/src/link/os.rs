@@ -1,6 +1,6 @@
 //! The system calls any OS-facing link's driver needs beyond std: an eventfd (the doorbell),
-//! `ppoll` (the engine thread's sleep) and the CPU a thread runs on, as thin `libc` wrappers. Every `unsafe` block says
-//! why it is sound.
+//! `ppoll` (the engine thread's sleep) and the CPU a thread runs on, as thin `libc` wrappers.
+//! Every `unsafe` block says why it is sound.
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
