@@ -61,3 +61,51 @@ fn send_write_read_atomic() {
     dst.read(8, &mut v).unwrap();
     assert_eq!(u64::from_ne_bytes(v), 7);
 }
+
+/// On a link that asks for it (UDP: `Context::acks_after_requests`), a QP's ACK lets up to 16
+/// of the QP's own request packets go first, so that the answer it rides with reaches the peer
+/// before it; on other links, and after 16 packets, it goes first. Either way it is sent in
+/// the same flush as the packet that earned it is answered, waiting for nothing not yet
+/// received, and both messages complete.
+/// Rule PKT-ACK-3, PKT-ACK-13
+#[test]
+fn an_ack_waits_behind_its_qps_own_requests_only_where_the_link_asks() {
+    use softhca::transport::MAX_DATAGRAM;
+    use softhca::wire::Opcode;
+    for asks in [false, true] {
+        let mut p = Pair::new(QpType::Rc, Mtu::Mtu256);
+        if asks {
+            p.b.ctx.acks_after_requests();
+        }
+        let land_b = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        let land_a = p.a.pd.alloc_mr(20 * 256, Access::LOCAL_WRITE).unwrap();
+        p.b.qp.post_recv(&[RecvWr::new(1, &[land_b.sge(0..64)])]).unwrap();
+        p.a.qp.post_recv(&[RecvWr::new(2, &[land_a.sge(0..20 * 256)])]).unwrap();
+        let ask = p.a.pd.reg_mr(vec![7u8; 8], Access::LOCAL_WRITE).unwrap();
+        let answer = p.b.pd.reg_mr(vec![9u8; 20 * 256], Access::LOCAL_WRITE).unwrap();
+        // a's one-packet Send reaches b, which owes it an ACK; b answers with a 20-packet Send.
+        p.a.qp.post_send(&[SendWr::send(3, &[ask.sge(0..8)]).signaled()]).unwrap();
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let n = p.a.ctx.transmit(p.now, &mut buf).unwrap();
+        p.b.ctx.receive(p.now, &buf[..n]);
+        assert_eq!(poll_all(&p.b.cq).len(), 1);
+        p.b.qp.post_send(&[SendWr::send(4, &[answer.sge(0..20 * 256)]).signaled()]).unwrap();
+        let mut order = Vec::new();
+        while let Some(n) = p.b.ctx.transmit(p.now, &mut buf) {
+            order.push(Pkt::parse(&buf[..n]).opcode);
+            p.a.ctx.receive(p.now, &buf[..n]);
+        }
+        let ack_at = order.iter().position(|&op| op == Opcode::RcAcknowledge);
+        assert_eq!(ack_at, Some(if asks { 16 } else { 0 }), "asks {asks}: {order:?}");
+        assert_eq!(order.len(), 21, "{order:?}");
+        p.run(1_000_000_000);
+        let (wa, wb) = (poll_all(&p.a.cq), poll_all(&p.b.cq));
+        let ok = |w: &[Wc], ids: &[u64]| {
+            let mut got: Vec<u64> = w.iter().filter(|c| c.status == WcStatus::Success).map(|c| c.wr_id).collect();
+            got.sort();
+            got == ids
+        };
+        assert!(ok(&wa, &[2, 3]), "asks {asks}: {wa:?}");
+        assert!(ok(&wb, &[4]), "asks {asks}: {wb:?}");
+    }
+}

@@ -349,6 +349,8 @@ impl UdpDevice {
         }
         // The driver sends in batches after transmit: UC/UD completions wait for the send.
         ctx.defer_unreliable_completions();
+        // The peer's poller takes datagrams in as they arrive: an ACK goes behind the answer.
+        ctx.acks_after_requests();
         if frames.is_some() || ipv6.is_some() {
             // Create QP starts the packet socket hearing, before it returns (the link's next
             // turn may come after a peer's first frame). Held weakly: the device must not keep

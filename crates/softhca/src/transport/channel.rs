@@ -337,16 +337,23 @@ pub(crate) struct Outbox<A> {
     resources: VecDeque<Resource>,
     /// Responses sent in a row (see [`RESPONSE_BURST`]).
     streak: u8,
+    /// Request packets sent while a plain ACK waited at the head (see [`ACK_WAIT`]).
+    ack_waited: u8,
 }
 
 impl<A> Default for Outbox<A> {
     fn default() -> Self {
-        Outbox { jobs: VecDeque::new(), resources: VecDeque::new(), streak: 0 }
+        Outbox { jobs: VecDeque::new(), resources: VecDeque::new(), streak: 0, ack_waited: 0 }
     }
 }
 
 /// Responses a channel sends in a row, while it has requests waiting, before one of those goes.
 pub(crate) const RESPONSE_BURST: u8 = 8;
+
+/// Request packets a plain ACK at the head of the outbox lets go first, on a link that asks
+/// (`Engine::acks_after_requests`): a 64 KiB message at a 4096-byte MTU. Bounded, so that a
+/// QP streaming requests still acknowledges what it receives.
+pub(crate) const ACK_WAIT: u8 = 16;
 
 /// Whom an inbound request is for: the QP (its number and PD, whose keys it may use), where
 /// its responses go, and the inbound Read/Atomic depth that applies (RC: the QP's; RD: the
@@ -527,8 +534,23 @@ impl<A: Copy + PartialEq> Outbox<A> {
         self.streak < RESPONSE_BURST
     }
 
+    /// Whether the owner's requests may go before the head response: a plain ACK waits behind
+    /// up to [`ACK_WAIT`] request packets.
+    pub fn ack_may_wait(&self) -> bool {
+        self.ack_waited < ACK_WAIT
+            && matches!(self.jobs.front(), Some((_, RespJob::Ack { syndrome, .. })) if syndrome.is_ack())
+    }
+
+    /// A request packet went while the head ACK waited.
+    pub fn ack_waits(&mut self) {
+        self.ack_waited += 1;
+    }
+
     /// Counts the packet the owner's turn sent.
     pub fn took_turn(&mut self, response: bool, after_request_declined: bool) {
+        if response {
+            self.ack_waited = 0;
+        }
         self.streak = match (response, after_request_declined) {
             (false, _) => 0,
             (true, false) => self.streak.saturating_add(1),
@@ -672,5 +694,33 @@ pub(crate) fn take_atomic_ack(local: &[MemRef], orig: u64) -> WcStatus {
     match local.first() {
         Some(m) => m.write(0, &orig.to_ne_bytes()).map_or(WcStatus::LocProtErr, |_| WcStatus::Success),
         None => WcStatus::LocProtErr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::NakCode;
+
+    /// A plain ACK at the head may wait behind ACK_WAIT request packets, then not until a
+    /// response has gone; a NAK (or RNR NAK) never waits, nor does a queue with none.
+    #[test]
+    fn only_a_plain_ack_waits_and_only_for_so_many_requests() {
+        let mut out: Outbox<()> = Outbox::default();
+        assert!(!out.ack_may_wait(), "nothing queued");
+        out.push_ack((), 5, Syndrome::ACK_NO_CREDITS);
+        for _ in 0..ACK_WAIT {
+            assert!(out.ack_may_wait());
+            out.ack_waits();
+            out.took_turn(false, false);
+        }
+        assert!(!out.ack_may_wait(), "waited long enough");
+        out.took_turn(true, false); // the ACK went
+        assert!(out.ack_may_wait(), "the next ACK waits afresh");
+        for syndrome in [Syndrome::Nak(NakCode::PsnSeqErr), Syndrome::RnrNak { timer_code: 3 }] {
+            let mut out: Outbox<()> = Outbox::default();
+            out.push_ack((), 5, syndrome);
+            assert!(!out.ack_may_wait(), "{syndrome:?}");
+        }
     }
 }

@@ -345,6 +345,11 @@ pub(crate) struct Engine {
     /// UD send WQE completes then, never before its datagram left (a program that exits on
     /// the completion must not lose it). Off: it completes as its last packet is written.
     pub defer_unreliable: AtomicBool,
+    /// A QP's ACK lets its own requests go first (up to `channel::ACK_WAIT` packets): for a
+    /// link whose receiver takes datagrams in as they arrive, one by one (see
+    /// [`Context::acks_after_requests`](crate::verbs::Context::acks_after_requests)). Off: a
+    /// QP's responses go before its requests.
+    pub acks_after_requests: AtomicBool,
     /// QPs with a UC/UD WQE awaiting the link's `sent`.
     awaiting_wire: Mutex<Vec<u32>>,
     /// `awaiting_wire` is not empty: written under its lock, read without it by `sent`, which
@@ -1089,8 +1094,16 @@ fn emit_one(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [u8]) -> Op
     if q.qp_type == QpType::Rd {
         return super::rd::qp_turn(q, core, now, buf);
     }
-    // Responses go first, but not for ever (`Outbox::response_first`).
+    // Responses go first, but not for ever (`Outbox::response_first`); on a link that asks, a
+    // plain ACK lets a few of the QP's request packets go ahead of it (`acks_after_requests`).
     if core.chan.out.response_first() {
+        if core.chan.out.ack_may_wait() && q.dev.engine().acks_after_requests.load(Ordering::Relaxed) {
+            if let Some(len) = emit_request_packet(q, core, now, buf) {
+                core.chan.out.ack_waits();
+                core.chan.out.took_turn(false, false);
+                return Some(len);
+            }
+        }
         if let Some(len) = emit_response(q, core, buf) {
             core.chan.out.took_turn(true, false);
             return Some(len);
