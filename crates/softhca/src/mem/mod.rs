@@ -14,7 +14,7 @@ pub mod crc32;
 
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// Why an access was refused; the transport maps each to its completion status or NAK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -115,54 +115,12 @@ impl std::fmt::Debug for MemRef {
     }
 }
 
-/// Writes into registered memory of at least this many bytes may bypass the cache (see
-/// [`STREAM_REGION_MIN`]); shorter ones (headers, small Sends, what the application reads at
-/// once) go through it as usual.
-pub const STREAM_MIN: usize = 1024;
-
-/// Only a region at least this large is written with non-temporal stores (and only where
-/// that pays: [`streams`]): one whose lines a stream of writes is unlikely to find in the
-/// cache. Measured on the 2-vCPU AMD EPYC development machine of 2026-11-2x (`softhca perf
-/// write --link shm --busy-poll`, the landing region 2 × depth × 64 KiB, five pairs each):
-/// streaming loses at 2 MiB (0.80x) and 4 MiB (0.76x) and wins at 8 MiB (1.11x) and 16 MiB
-/// (1.09–1.40x); perftest's `ib_write_bw` (a 64 KiB buffer written over and over) ran 1.6x
-/// faster without it.
-pub const STREAM_REGION_MIN: usize = 8 << 20;
-
-/// Whether writes into a region of `len` bytes go around the cache. Only on AMD: on the Intel
-/// Xeon CI runs on since 2026-11-29 streaming lost at every size (the same command, four
-/// interleaved pairs: 3.6–3.8 against 5.9–6.2 GB/s with an 8 MiB landing region, 3.6 against
-/// 4.7–4.8 at 32 MiB, 3.6 against 5.0–5.1 at 128 MiB), and an Intel HCA's DMA writes allocate
-/// in the last-level cache (DDIO), which ordinary stores come closer to.
-pub fn streams(len: usize) -> bool {
-    len >= STREAM_REGION_MIN && streaming_pays()
-}
-
-fn streaming_pays() -> bool {
-    static AMD: OnceLock<bool> = OnceLock::new();
-    *AMD.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // The vendor string, "AuthenticAMD", in EBX, EDX, ECX of leaf 0.
-            let v = std::arch::x86_64::__cpuid(0);
-            (v.ebx, v.edx, v.ecx)
-                == (u32::from_le_bytes(*b"Auth"), u32::from_le_bytes(*b"enti"), u32::from_le_bytes(*b"cAMD"))
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    })
-}
-
 /// The bytes at the end of a copy into registered memory that [`copy_in`] writes last, each
 /// once, lowest address first.
 const TAIL: usize = 64;
 
 /// Copies `src` to `dst` as an HCA's DMA engine writes host memory: every byte of the last
-/// [`TAIL`] once, in ascending order, after all the others; and with `stream`, a long run
-/// before them with non-temporal stores, so that the destination's lines are written without
-/// first being read into the cache (on the two-process Write benchmark, where the landing
-/// buffers are far larger than the cache, those reads were half of the receiving engine's
-/// time).
+/// [`TAIL`] once, in ascending order, after all the others.
 ///
 /// Why the tail: a program that polls the last byte of its buffer for a Write's arrival and
 /// then writes that byte itself (perftest's `ib_write_lat`, librdmacm's `riostream`, both
@@ -173,41 +131,27 @@ const TAIL: usize = 64;
 /// a few hundred to a few thousand round trips). The rest goes through `memcpy`, whose
 /// repeated stores land before the tail's.
 ///
-/// Streaming stores are weakly ordered, among themselves and against ordinary ones: a store
-/// fence follows the streamed run, so the tail's stores come after it, and everything the
-/// transport publishes after the copy (a completion, an ACK, an unlocked mutex) is ordered
-/// behind all of it.
+/// Ordinary stores throughout, as rxe's `memcpy` does and as DDIO places an Intel NIC's writes
+/// in the last-level cache. Non-temporal stores into large regions (on AMD, regions of 8 MiB
+/// or more, from a21f29a to 2026-11-30) won only where the two processes' cores share no
+/// cache. On the 2-vCPU AMD EPYC, whose host moves the two vCPUs between cores that share a
+/// cache and cores that do not, `softhca perf write --busy-poll` 64 KiB with depth 63 (a
+/// 7.9 MiB landing region, ordinary stores) against depth 64 (8 MiB, streamed), alternating:
+/// sharing a cache (26 pairs), shm 11.3-13.0 against 5.3-6.6 GB/s and UDP 4.4-5.1 against
+/// 3.6-4.0; apart, shm 3.6-3.9 against 5.1-5.2 (and 11.2 against 5.5 once) and UDP 3.7-3.9
+/// against 3.4-3.5. The default depth (16 MiB) apart, four pairs: shm 3.5-4.6 against 5.4-5.7,
+/// UDP 3.2-3.7 against 3.2-3.5. perftest's `ib_write_bw`, whose 64 KiB buffer never streamed,
+/// moves the same way with the placement (15.4 and 3.7 GB/s over shm). On the Intel Xeon
+/// streaming had lost at every size.
 ///
 /// # Safety
 /// `dst` must be valid for `src.len()` bytes of writes and not overlap `src`.
 #[inline]
-unsafe fn copy_in(dst: *mut u8, src: &[u8], stream: bool) {
+unsafe fn copy_in(dst: *mut u8, src: &[u8]) {
     let tail_at = src.len().saturating_sub(TAIL);
-    #[allow(unused_mut)]
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if stream && tail_at >= STREAM_MIN {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        // A head up to the first 16-byte boundary (ordinary stores), 16-byte streaming
-        // stores up to the tail, the fence.
-        let head = dst.align_offset(16).min(tail_at);
-        let body = (tail_at - head) / 16 * 16;
-        // SAFETY (of every call below): all offsets stay below `tail_at`, inside both buffers
-        // (the caller's contract); `dst + head` is 16-byte aligned, as `_mm_stream_si128`
-        // needs; SSE2 is part of x86_64.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
-            for at in (head..head + body).step_by(16) {
-                let v = _mm_loadu_si128(src.as_ptr().add(at).cast::<__m128i>());
-                _mm_stream_si128(dst.add(at).cast::<__m128i>(), v);
-            }
-            _mm_sfence();
-        }
-        done = head + body;
-    }
-    // SAFETY: the caller's contract; `done` ≤ `tail_at` ≤ the length.
+    // SAFETY: the caller's contract; `tail_at` ≤ the length.
     unsafe {
-        std::ptr::copy_nonoverlapping(src.as_ptr().add(done), dst.add(done), tail_at - done);
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, tail_at);
         copy_ascending(dst.add(tail_at), &src[tail_at..]);
     }
 }
@@ -438,7 +382,7 @@ impl MemRef {
         // SAFETY: `bytes_at` put the destination inside the live allocation, which `self.mem`
         // keeps alive; `src` is a caller's slice, which cannot overlap registered memory that
         // softhca never lends out as a slice.
-        unsafe { copy_in(dst, src, streams(self.mem.len)) };
+        unsafe { copy_in(dst, src) };
         Ok(())
     }
 
@@ -488,43 +432,37 @@ impl MemRef {
 mod tests {
     use super::*;
 
-    /// Every alignment of the destination and every length around the streaming threshold
-    /// lands exactly the source bytes, and nothing outside the window, written through the
-    /// cache and around it.
+    /// Every alignment of the destination and every length around the tail lands exactly the
+    /// source bytes, and nothing outside the window.
     #[test]
     fn writes_land_exactly_at_every_alignment_and_length() {
         let src: Vec<u8> = (0..6000u32).map(|i| (i * 7 + 3) as u8).collect();
-        for stream in [false, true] {
-            for at in [0usize, 1, 7, 15, 16, 33, 64, 1000] {
-                for len in [0usize, 1, 15, 16, 17, STREAM_MIN - 1, STREAM_MIN, STREAM_MIN + 1, 4096, 4111, 6000] {
-                    if at + len > 8192 {
-                        continue;
-                    }
-                    let mut back = vec![0xEEu8; 8192];
-                    // SAFETY: `at + len` is inside `back`, a buffer of its own.
-                    unsafe { copy_in(back.as_mut_ptr().add(at), &src[..len], stream) };
-                    let what = format!("at {at} len {len} stream {stream}");
-                    assert!(back[..at].iter().all(|&b| b == 0xEE), "before the window: {what}");
-                    assert_eq!(&back[at..at + len], &src[..len], "{what}");
-                    assert!(back[at + len..].iter().all(|&b| b == 0xEE), "after the window: {what}");
+        for at in [0usize, 1, 7, 15, 16, 33, 64, 1000] {
+            for len in [0usize, 1, 15, 16, 17, TAIL - 1, TAIL, TAIL + 1, 1024, 4096, 4111, 6000] {
+                if at + len > 8192 {
+                    continue;
                 }
+                let mut back = vec![0xEEu8; 8192];
+                // SAFETY: `at + len` is inside `back`, a buffer of its own.
+                unsafe { copy_in(back.as_mut_ptr().add(at), &src[..len]) };
+                let what = format!("at {at} len {len}");
+                assert!(back[..at].iter().all(|&b| b == 0xEE), "before the window: {what}");
+                assert_eq!(&back[at..at + len], &src[..len], "{what}");
+                assert!(back[at + len..].iter().all(|&b| b == 0xEE), "after the window: {what}");
             }
         }
     }
 
-    /// A window's write lands inside the window only, in a small region and in one large
-    /// enough to stream where streaming pays.
+    /// A window's write lands inside the window only.
     #[test]
     fn window_writes_stay_in_the_window() {
-        for size in [8192, STREAM_REGION_MIN] {
-            let m = MemRef::new(&Arc::new(Region::owned(vec![0xEE; size])), 1, 4096, 2048);
-            m.write(100, &[7; 1500]).unwrap();
-            assert!(m.write(1000, &[7; 1049]).is_err());
-            let mut back = vec![0u8; 2048];
-            m.read(0, &mut back).unwrap();
-            assert!(back[..100].iter().all(|&b| b == 0xEE) && back[100..1600].iter().all(|&b| b == 7));
-            assert!(back[1600..].iter().all(|&b| b == 0xEE));
-        }
+        let m = MemRef::new(&Arc::new(Region::owned(vec![0xEE; 8192])), 1, 4096, 2048);
+        m.write(100, &[7; 1500]).unwrap();
+        assert!(m.write(1000, &[7; 1049]).is_err());
+        let mut back = vec![0u8; 2048];
+        m.read(0, &mut back).unwrap();
+        assert!(back[..100].iter().all(|&b| b == 0xEE) && back[100..1600].iter().all(|&b| b == 7));
+        assert!(back[1600..].iter().all(|&b| b == 0xEE));
     }
 
     /// The folding multipliers come out as the published ones (Gopal et al.; crc32fast's
