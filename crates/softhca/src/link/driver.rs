@@ -1026,14 +1026,20 @@ mod tests {
         (MockPort { flushes: Arc::clone(&flushes), batches, leaves: false, efd: os::eventfd().unwrap() }, flushes)
     }
 
+    /// A busy-poll driver over a mock port whose turn standing in leaves something owed, and
+    /// the port's flush count.
+    fn leaving_rig() -> (Driver<MockPort>, Arc<AtomicU64>) {
+        let (port, flushes) = mock(false);
+        let port = MockPort { leaves: true, ..port };
+        (Driver::new(Context::create(DeviceConfig::default()).unwrap(), true, Clock::start(), port).unwrap(), flushes)
+    }
+
     /// What the engine thread's turn standing in for a quiet poller left (the ACK of a Write
     /// a program spinning on memory waited for) waits for that program's next post, which
     /// takes it along, for `stand_in_hold_ns` at most; a post meanwhile is not held back.
     #[test]
     fn what_a_turn_standing_in_left_waits_for_the_next_post() {
-        let (port, flushes) = mock(false);
-        let port = MockPort { leaves: true, ..port };
-        let d = Driver::new(Context::create(DeviceConfig::default()).unwrap(), true, Clock::start(), port).unwrap();
+        let (d, flushes) = leaving_rig();
         let hold = stand_in_hold_ns();
         assert!(!d.deferred(d.now()), "nothing owed yet");
         assert_eq!(d.stand_in(&mut d.lock_port(), d.now()), (true, true));
@@ -1056,9 +1062,7 @@ mod tests {
     /// for (`ib_write_lat` 64 KiB over UDP, seen in a trace of the engine thread's sends).
     #[test]
     fn the_hold_on_what_a_turn_standing_in_left_starts_when_the_turn_ends() {
-        let (port, _) = mock(false);
-        let port = MockPort { leaves: true, ..port };
-        let d = Driver::new(Context::create(DeviceConfig::default()).unwrap(), true, Clock::start(), port).unwrap();
+        let (d, _) = leaving_rig();
         let hold = stand_in_hold_ns();
         let ended = d.now();
         // The turn began two holds before it ended (the time it was handed is its start).
