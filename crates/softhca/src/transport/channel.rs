@@ -414,6 +414,7 @@ impl<A: Copy + PartialEq> Outbox<A> {
     /// longer pending.
     pub fn clear(&mut self) {
         self.jobs.clear();
+        self.ack_waited = 0; // it counted for an ACK now gone
         for r in &mut self.resources {
             r.pending = false;
         }
@@ -717,6 +718,13 @@ mod tests {
         assert!(!out.ack_may_wait(), "waited long enough");
         out.took_turn(true, false); // the ACK went
         assert!(out.ack_may_wait(), "the next ACK waits afresh");
+        out.ack_waits();
+        out.clear(); // the QP went to Error: the count went with the ACK it was for
+        out.push_ack((), 6, Syndrome::ACK_NO_CREDITS);
+        for _ in 0..ACK_WAIT {
+            assert!(out.ack_may_wait(), "a fresh ACK waits its whole count");
+            out.ack_waits();
+        }
         for syndrome in [Syndrome::Nak(NakCode::PsnSeqErr), Syndrome::RnrNak { timer_code: 3 }] {
             let mut out: Outbox<()> = Outbox::default();
             out.push_ack((), 5, syndrome);
