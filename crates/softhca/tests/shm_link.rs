@@ -7,7 +7,7 @@ mod udp_common;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use softhca::link::shm::{ShmConfig, ShmDevice};
+use softhca::link::shm::{Cores, ShmConfig, ShmDevice};
 use softhca::link::{PcapTap, SharedBuf, TapHandle};
 use softhca::*;
 use udp_common::wait;
@@ -68,12 +68,18 @@ fn traffic(a: &End, b: &End) {
 /// Sends, 200 KB Writes and Reads and atomics through the rings, blocking and busy-poll; the
 /// device checked every datagram's ICRC (none failed) and a capture tap saw them all.
 /// Rule PKT-ROCE-10
+///
+/// With the peers' cores pinned near or far the datagrams built in place take the fused pass
+/// or the CRC first and the copy after (`Cores`); the bytes and the ICRCs are the same.
 #[test]
 fn rc_traffic_over_shared_memory() {
-    for busy in [false, true] {
+    for (busy, cores) in [(false, Cores::Measure), (true, Cores::Measure), (true, Cores::Near), (false, Cores::Far)] {
         let capture = SharedBuf::new();
-        let a = end(ShmConfig::default().busy_poll(busy).tap(TapHandle::new(PcapTap::new(capture.clone()).unwrap())));
-        let b = end(ShmConfig::default().busy_poll(busy));
+        let a = end(ShmConfig::default()
+            .busy_poll(busy)
+            .cores(cores)
+            .tap(TapHandle::new(PcapTap::new(capture.clone()).unwrap())));
+        let b = end(ShmConfig::default().busy_poll(busy).cores(cores));
         assert_ne!(a.dev.addr(), b.dev.addr());
         assert_eq!(a.dev.context().query_gid(1, 0).unwrap(), a.dev.gid());
         traffic(&a, &b);
@@ -82,6 +88,11 @@ fn rc_traffic_over_shared_memory() {
             assert!(c.rx_datagrams > 0 && c.tx_datagrams > 0, "{c:?}");
             assert_eq!((c.tx_no_peer, c.rx_stalled_slots), (0, 0), "{c:?}");
             assert!(c.tx_in_place > 0, "the 200 KB Writes and Read responses were built in place: {c:?}");
+            match cores {
+                Cores::Far => assert_eq!(c.tx_in_place_far, c.tx_in_place, "{c:?}"),
+                Cores::Near => assert_eq!(c.tx_in_place_far, 0, "{c:?}"),
+                Cores::Measure => assert!(c.tx_in_place_far <= c.tx_in_place, "{c:?}"),
+            }
             assert_eq!(d.context().counters().rx_bad_icrc, 0);
         }
         assert!(capture.len() > 24, "the capture tap saw the datagrams");

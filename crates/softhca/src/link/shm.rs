@@ -310,6 +310,16 @@ impl Ring {
         None
     }
 
+    /// Reads `head` between two clock reads: its value and how long the read took (see
+    /// [`Distance`]).
+    fn time_head(&self, clock: &Clock) -> (u64, u64) {
+        let t0 = clock.now();
+        let head = self.header().head.0.load(Ordering::Relaxed);
+        // The clock's read of the TSC is ordered after the load (the vDSO's `rdtsc_ordered`).
+        let t1 = clock.now();
+        (head, t1.saturating_sub(t0))
+    }
+
     /// Asks for ticket `t`'s slot in this core's cache, writable, if its owner has emptied
     /// it: the next datagram built in place goes there, and without this its stores wait at
     /// the next locked instruction for each of the slot's lines to come from the owner's core.
@@ -588,6 +598,75 @@ struct Peer {
     /// The last flush here that began with a response went on with an RDMA Write: the next
     /// such response is held for what follows it (the bet of [`Pair`]).
     pairs: bool,
+    /// How far the owner's core is, for the order of the copies into its slots.
+    distance: Distance,
+}
+
+/// How far the core of a peer ring's owner is from this one, told from the time a read of the
+/// ring's `head` takes when the owner has moved it since the last read (its line then comes
+/// from the owner's core): a sample every [`PROBE_EVERY`] datagrams built in its slots, the
+/// median of the last [`DISTANCE_SAMPLES`] against [`FAR_NS`]. Where the two cores share no
+/// cache (two CCDs of an AMD host; the 2-vCPU EPYC's host moves its vCPUs between such cores
+/// and cores that share one), the sender's datagrams built in place take the CRC first and
+/// the copy after (`mem::to_far_lines`), which stores whole lines without fetching them from
+/// the owner's core first; near, the fused pass, which wins there. Not under emulation, whose
+/// clock reads are too coarse to tell; [`Cores`] pins it.
+#[derive(Default)]
+struct Distance {
+    /// Pinned by the user ([`Cores`]): no samples taken.
+    pinned: bool,
+    /// Reservations since the last sample.
+    since: u32,
+    /// `head` as the last sample read it.
+    head: u64,
+    samples: [u32; DISTANCE_SAMPLES],
+    /// Where the next sample goes, and how many there are.
+    next: usize,
+    filled: usize,
+    far: bool,
+}
+
+/// See [`Distance`].
+const PROBE_EVERY: u32 = 64;
+const DISTANCE_SAMPLES: usize = 7;
+/// A median read of a line the owner moved at least this long means a far core. On the 2-vCPU
+/// AMD EPYC (clock reads included), during `softhca perf write --link shm --busy-poll`: 30-40
+/// ns where the vCPUs share a cache (10th to 90th percentile), 140-150 where they do not.
+const FAR_NS: u64 = 90;
+
+impl Distance {
+    fn new(cores: Cores) -> Distance {
+        Distance { pinned: cores != Cores::Measure, far: cores == Cores::Far, ..Distance::default() }
+    }
+
+    /// Counts a reservation; whether a sample is due.
+    fn due(&mut self) -> bool {
+        if self.pinned {
+            return false;
+        }
+        self.since += 1;
+        if self.since < PROBE_EVERY {
+            return false;
+        }
+        self.since = 0;
+        !super::clock::counts_tsc()
+    }
+
+    /// A read of `head` that took `ns`: a sample if the owner moved it since the last one.
+    fn sample(&mut self, head: u64, ns: u64) {
+        if head == self.head {
+            return; // unmoved: its line may have been in this core's cache all along
+        }
+        self.head = head;
+        self.samples[self.next] = u32::try_from(ns).unwrap_or(u32::MAX);
+        self.next = (self.next + 1) % DISTANCE_SAMPLES;
+        self.filled = (self.filled + 1).min(DISTANCE_SAMPLES);
+        if self.filled == DISTANCE_SAMPLES {
+            let mut sorted = self.samples;
+            sorted.sort_unstable();
+            self.far = u64::from(sorted[DISTANCE_SAMPLES / 2]) >= FAR_NS;
+        }
+    }
 }
 
 impl Peer {
@@ -596,7 +675,7 @@ impl Peer {
     }
 }
 
-fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
+fn open_peer(addr: Ipv4Addr, cores: Cores) -> io::Result<Peer> {
     let file = OpenOptions::new().read(true).write(true).open(ring_path(addr))?;
     let meta = file.metadata()?;
     // SAFETY: geteuid has no preconditions.
@@ -618,7 +697,7 @@ fn open_peer(addr: Ipv4Addr) -> io::Result<Peer> {
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(bell_path(addr))
         .ok();
-    Ok(Peer { ring, bell, stalled: false, watch: None, flushed: None, pairs: false })
+    Ok(Peer { ring, bell, stalled: false, watch: None, flushed: None, pairs: false, distance: Distance::new(cores) })
 }
 
 /// How to open a [`ShmDevice`].
@@ -630,11 +709,38 @@ pub struct ShmConfig {
     /// Spin instead of sleeping (see the UDP link's option of the same name).
     pub busy_poll: bool,
     pub taps: Taps,
+    /// How far the peers' cores are; `None`: `SOFTHCA_SHM_CORES` (`near`, `far`), else
+    /// measured.
+    pub cores: Option<Cores>,
+}
+
+/// How far the cores of a device's peers are from its own, for the order of the copies of the
+/// datagrams it builds in their rings (see `Distance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Cores {
+    /// Told per peer from the time its ring's lines take to come over.
+    #[default]
+    Measure,
+    /// Sharing a cache: the copy and the CRC in one pass.
+    Near,
+    /// Sharing none: the CRC first, then the copy (whole lines, not fetched first).
+    Far,
+}
+
+impl Cores {
+    /// `SOFTHCA_SHM_CORES`: `near` or `far`; anything else measures.
+    fn from_env() -> Cores {
+        match std::env::var("SOFTHCA_SHM_CORES").as_deref().map(str::trim) {
+            Ok("near") => Cores::Near,
+            Ok("far") => Cores::Far,
+            _ => Cores::Measure,
+        }
+    }
 }
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        ShmConfig { addr: None, name: "softhca_shm".into(), busy_poll: false, taps: Taps::default() }
+        ShmConfig { addr: None, name: "softhca_shm".into(), busy_poll: false, taps: Taps::default(), cores: None }
     }
 }
 
@@ -653,6 +759,10 @@ impl ShmConfig {
     }
     pub fn tap(mut self, tap: TapHandle) -> Self {
         self.taps.push(tap);
+        self
+    }
+    pub fn cores(mut self, cores: Cores) -> Self {
+        self.cores = Some(cores);
         self
     }
 }
@@ -676,6 +786,9 @@ pub struct ShmCounters {
     /// lost (the datagram went to another peer by copy, its slot void).
     pub tx_in_place: u64,
     pub tx_in_place_missed: u64,
+    /// Of `tx_in_place`, those built with the CRC first and the copy after, the peer's core
+    /// being far (see `Distance`).
+    pub tx_in_place_far: u64,
     pub bells_rung: u64,
     /// The engine thread's naps cut short because the application's poller left datagrams
     /// untaken (see "Waking a sleeping owner").
@@ -692,6 +805,7 @@ struct Stats {
     stalled: AtomicU64,
     in_place: AtomicU64,
     missed: AtomicU64,
+    far: AtomicU64,
     bells: AtomicU64,
 }
 
@@ -708,6 +822,7 @@ fn find_peer<'a>(
     missing: &mut FxHashMap<Ipv4Addr, u64>,
     dst: Ipv4Addr,
     now: u64,
+    cores: Cores,
 ) -> Option<&'a mut Peer> {
     match peers.entry(dst) {
         Entry::Occupied(e) => Some(e.into_mut()),
@@ -715,7 +830,7 @@ fn find_peer<'a>(
             if missing.get(&dst).is_some_and(|&t| now.saturating_sub(t) < PEER_RETRY_NS) {
                 return None;
             }
-            match open_peer(dst) {
+            match open_peer(dst, cores) {
                 Ok(p) => {
                     missing.remove(&dst);
                     Some(v.insert(p))
@@ -745,6 +860,8 @@ struct ShmPort {
     rx_memo: HeadMemo,
     taps: Taps,
     stats: Arc<Stats>,
+    /// The peers' distance, as configured (see [`Cores`]).
+    cores: Cores,
     clock: Clock,
     buf: Vec<u8>,
     /// The last flush stopped at its batch limit.
@@ -848,7 +965,7 @@ impl ShmPort {
     /// [`ShmPort::publish`] of one datagram: the ticket it took, if any. With `hold` it is
     /// written but not committed.
     fn publish_one(&mut self, dst: Ipv4Addr, held: bool, n: usize, now: u64, hold: bool) -> Result<Option<u64>, ()> {
-        let Some(peer) = find_peer(&mut self.peers, &mut self.missing, dst, now) else {
+        let Some(peer) = find_peer(&mut self.peers, &mut self.missing, dst, now, self.cores) else {
             bump(&self.stats.no_peer);
             return Ok(None);
         };
@@ -1185,7 +1302,10 @@ impl ShmPort {
         // SAFETY: `ticket` was just reserved and is committed (by `slot`) only after the
         // slice's last use below.
         let data = unsafe { peer.ring.slot_data(ticket) };
-        let Some(n) = self.ctx.transmit(now, data) else {
+        let far = peer.distance.far;
+        let built =
+            if far { crate::mem::to_far_lines(|| self.ctx.transmit(now, data)) } else { self.ctx.transmit(now, data) };
+        let Some(n) = built else {
             slot.commit(0);
             return InPlace::Nothing;
         };
@@ -1199,6 +1319,16 @@ impl ShmPort {
                 peer.published(ticket);
                 bump(&self.stats.tx);
                 bump(&self.stats.in_place);
+                if far {
+                    bump(&self.stats.far);
+                }
+                // Sampled here, where the commit's locked instruction has just drained this
+                // core's stores: a read beside the next slot's prefetches or a packet's
+                // stores in flight waits for them too (near cores read far that way).
+                if peer.distance.due() {
+                    let (head, ns) = peer.ring.time_head(&self.clock);
+                    peer.distance.sample(head, ns);
+                }
             } else {
                 bump(&self.stats.full);
             }
@@ -1453,6 +1583,7 @@ impl ShmDevice {
             rx_memo: HeadMemo::default(),
             taps: cfg.taps.clone(),
             stats: stats.clone(),
+            cores: cfg.cores.unwrap_or_else(Cores::from_env),
             clock,
             buf: vec![0u8; MAX_DATAGRAM],
             backlog: false,
@@ -1505,6 +1636,7 @@ impl ShmDevice {
             rx_stalled_slots: l(&s.stalled),
             tx_in_place: l(&s.in_place),
             tx_in_place_missed: l(&s.missed),
+            tx_in_place_far: l(&s.far),
             bells_rung: l(&s.bells),
             naps_cut: l(&self.engine.link.wakes.naps_cut),
         }
@@ -1559,7 +1691,7 @@ mod tests {
     fn a_bell_whose_owner_is_gone_raises_no_sigpipe() {
         let addr = Ipv4Addr::new(127, 0, 77, (std::process::id() % 200) as u8 + 20);
         let (_ring, owner_bell) = create_ring(addr).unwrap();
-        let peer = open_peer(addr).unwrap();
+        let peer = open_peer(addr, Cores::Measure).unwrap();
         drop(owner_bell);
         let bell = peer.bell.as_ref().unwrap();
         // SAFETY: one byte from a live buffer to an open descriptor.
@@ -1630,6 +1762,38 @@ mod tests {
 
     /// A ring's slot count is a power of two (a ticket's slot is a mask away): any other is
     /// refused rather than mapped with a wrong index.
+    /// A peer's core is far once the median of the last seven reads of a `head` its owner
+    /// had moved took `FAR_NS` or more; a read of an unmoved `head` is no sample, and no
+    /// verdict comes before seven samples. A pinned distance takes no samples.
+    #[test]
+    fn the_peers_distance_is_the_median_of_moved_reads() {
+        fn feed(d: &mut Distance, ns: u64) {
+            let moved = d.head + 1;
+            d.sample(moved, ns);
+        }
+        let mut d = Distance::default();
+        for _ in 0..6 {
+            feed(&mut d, 400);
+        }
+        assert!(!d.far, "six samples are no verdict");
+        d.sample(d.head, 10_000);
+        assert!(!d.far, "an unmoved head is no sample");
+        feed(&mut d, 50);
+        assert!(d.far, "median of 400 x 6 and 50");
+        for _ in 0..2 {
+            feed(&mut d, 50);
+        }
+        assert!(d.far, "three near of seven");
+        feed(&mut d, FAR_NS - 1);
+        assert!(!d.far, "four near of seven");
+        let mut pinned = Distance::new(Cores::Far);
+        assert!(pinned.far && (0..2 * PROBE_EVERY).all(|_| !pinned.due()));
+        let mut near = Distance::new(Cores::Near);
+        assert!(!near.far && (0..2 * PROBE_EVERY).all(|_| !near.due()));
+        let mut measured = Distance::new(Cores::Measure);
+        assert_eq!((0..PROBE_EVERY).filter(|_| measured.due()).count(), usize::from(!crate::link::clock::counts_tsc()));
+    }
+
     #[test]
     fn ring_slots_are_a_power_of_two() {
         assert_eq!(Ring::map(&tempfile_in_shm(3), 3).err().map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
@@ -1711,7 +1875,18 @@ mod tests {
         let mr = pd.alloc_mr(8, crate::types::Access::LOCAL_WRITE).unwrap();
         let (_f, ring) = scratch(16);
         let mut port = dev.engine.link.lock_port();
-        port.peers.insert(dst, Peer { ring, bell: None, stalled: false, watch: None, flushed: None, pairs: false });
+        port.peers.insert(
+            dst,
+            Peer {
+                ring,
+                bell: None,
+                stalled: false,
+                watch: None,
+                flushed: None,
+                pairs: false,
+                distance: Distance::default(),
+            },
+        );
         qp.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).ud(&ah, 7, QKEY)]).unwrap();
         assert_eq!(port.peers[&dst].ring.next_opcode(), None, "the post's own flush found the port taken");
         let now = port.now();
@@ -1732,7 +1907,18 @@ mod tests {
         let mut port = dev.engine.link.lock_port();
         let (_f, ring) = scratch(16);
         let dst = Ipv4Addr::new(127, 0, 0, 215);
-        port.peers.insert(dst, Peer { ring, bell: None, stalled: false, watch: None, flushed: None, pairs: false });
+        port.peers.insert(
+            dst,
+            Peer {
+                ring,
+                bell: None,
+                stalled: false,
+                watch: None,
+                flushed: None,
+                pairs: false,
+                distance: Distance::default(),
+            },
+        );
         let mut out = vec![0u8; SLOT_BYTES];
         // One flush of datagrams with these opcodes; after each, the opcode the owner would
         // find next (None: nothing published yet), and at the end what it takes in, in order.
