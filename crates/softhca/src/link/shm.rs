@@ -35,7 +35,10 @@
 //! it, since a message's packets come in runs. A slot's datagram starts where a middle
 //! packet's payload falls on a cache line (`DATA_AT`), and a sender asks for the next slot's
 //! lines (`prefetchw`) as it takes one: what bounds this link is the drain of a packet's
-//! stores into lines the owner's core read on the lap before. A datagram that turns out to be for another
+//! stores into lines the owner's core read on the lap before. Where the owner's core shares
+//! no cache with the sender's (told from how long a read of the ring's `head` takes:
+//! `Distance`), the sender takes a datagram's CRC over its source first and then copies it in
+//! whole lines (`mem::to_far_lines`). A datagram that turns out to be for another
 //! peer goes there by copy, and the reserved slot is published empty (a void, which the owner
 //! skips), as is one reserved when the device had nothing more to send.
 //!

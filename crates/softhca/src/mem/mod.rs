@@ -303,11 +303,11 @@ thread_local! {
 /// short `rep movsb` (glibc takes it from 2112 bytes) writes whole lines without first
 /// fetching them from the far core; the fused pass's vector stores each wait for their line
 /// to come over. On the 2-vCPU AMD EPYC, perftest's `ib_write_bw` 64 KiB over shm, busy-poll,
-/// alternating with the fused pass everywhere (2026-11-30): apart 4.7-5.5 against 3.6-4.1
-/// GB/s; where the two cores share a cache the same order lost 9.2-10.2 against 15.0-15.7,
-/// hence the measured distance. What is checksummed is then what was read before the copy, not
-/// the copy: a source the application changes under a send in flight (which the verbs forbid)
-/// gives a datagram whose ICRC fails, which the receiver drops.
+/// against the fused pass, alternating (2026-11-30): apart 4.90-5.89 against 3.46-4.45 GB/s;
+/// where the two cores share a cache this order loses a third (7.75-10.43 against
+/// 16.03-16.56), hence the measured distance. What is checksummed is then what was read
+/// before the copy, not the copy: a source the application changes under a send in flight
+/// (which the verbs forbid) gives a datagram whose ICRC fails, which the receiver drops.
 pub(crate) fn to_far_lines<R>(f: impl FnOnce() -> R) -> R {
     struct Reset(bool);
     impl Drop for Reset {
