@@ -1763,8 +1763,6 @@ mod tests {
         assert!(r.push(&vec![0; SLOT_BYTES + 1]).is_none(), "too long for a slot");
     }
 
-    /// A ring's slot count is a power of two (a ticket's slot is a mask away): any other is
-    /// refused rather than mapped with a wrong index.
     /// A peer's core is far once the median of the last seven reads of a `head` its owner
     /// had moved took `FAR_NS` or more; a read of an unmoved `head` is no sample, and no
     /// verdict comes before seven samples. A pinned distance takes no samples.
@@ -1797,6 +1795,8 @@ mod tests {
         assert_eq!((0..PROBE_EVERY).filter(|_| measured.due()).count(), usize::from(!crate::link::clock::counts_tsc()));
     }
 
+    /// A ring's slot count is a power of two (a ticket's slot is a mask away): any other is
+    /// refused rather than mapped with a wrong index.
     #[test]
     fn ring_slots_are_a_power_of_two() {
         assert_eq!(Ring::map(&tempfile_in_shm(3), 3).err().map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
