@@ -17,9 +17,10 @@
 //! # The ring
 //!
 //! A bounded many-producer, one-consumer queue of fixed slots (each a sequence number, a
-//! length and one datagram), producers from any process: a producer takes a ticket from
-//! the tail, writes its slot and publishes it by moving the slot's sequence number; the owner
-//! takes slots in ticket order. A full ring holds the datagram up to [`PATIENCE_NS`] (flow
+//! length and one datagram; a short one, an ACK or a small Send, in the line of the sequence
+//! number, which the owner reads first), producers from any process: a producer takes a
+//! ticket from the tail, writes its slot and publishes it by moving the slot's sequence
+//! number; the owner takes slots in ticket order. A full ring holds the datagram up to [`PATIENCE_NS`] (flow
 //! control), then drops it (the transport's retries take over) and drops the next ones that
 //! find it full at once, so a peer that stops draining never blocks its senders. A producer that dies between
 //! its ticket and its publication would stall the consumer at that slot: after
@@ -152,7 +153,7 @@ impl Untaken {
 
 /// The ring format's mark and version (the last byte): a process that maps a ring of another
 /// layout finds it not valid.
-const MAGIC: u64 = 0x736f_6674_6863_6133; // "softhca3": `beat` added
+const MAGIC: u64 = 0x736f_6674_6863_6134; // "softhca4": short datagrams in a slot's first line
 
 /// The ring's header, at the start of the mapping; the counters on cache lines of their own.
 #[repr(C, align(64))]
@@ -175,13 +176,33 @@ struct Header {
 struct Padded(AtomicU64);
 
 /// One slot: its sequence number (ticket `t` may write it when it equals `t`; it holds a
-/// datagram for ticket `t` when it equals `t + 1`), the length, the bytes.
+/// datagram for ticket `t` when it equals `t + 1`), the length (with [`SHORT`]: where the
+/// datagram starts), the bytes.
 #[repr(C, align(64))]
 struct Slot {
     seq: AtomicU64,
     len: AtomicU32,
-    _pad: [u8; DATA_AT - 12], // after the 8 + 4 bytes above
-    data: [u8; SLOT_BYTES],
+    /// A short datagram copied in starts here, in the line of the sequence number, so that the
+    /// owner's read of the one brings the other (an 8 B Send's datagram, 52 bytes, and an ACK's,
+    /// 48, fit); every other one at [`DATA_AT`].
+    bytes: [u8; DATA_AT - 12 + SLOT_BYTES],
+}
+
+/// The datagrams that fit in a slot's first line after its sequence number and length.
+const SHORT_MAX: usize = 64 - 12;
+/// The length's mark of a datagram that starts right after it (see [`Slot::bytes`]).
+const SHORT: u32 = 1 << 31;
+
+impl Slot {
+    /// Where a datagram of the published length word `len` starts, and its length (bounded by
+    /// the slot: the word is the producer's, not to be trusted).
+    fn datagram(s: *const Slot, len: u32) -> (*const u8, usize) {
+        let n = ((len & !SHORT) as usize).min(SLOT_BYTES);
+        let at = if len & SHORT != 0 { 0 } else { DATA_AT - 12 };
+        // SAFETY: `at + n` <= the size of `bytes` (`n` <= SLOT_BYTES); only the address is
+        // computed here.
+        (unsafe { std::ptr::addr_of!((*s).bytes).cast::<u8>().add(at) }, n)
+    }
 }
 
 /// Where a slot's datagram starts in its 64-byte-aligned slot: so that the payload of a
@@ -192,7 +213,7 @@ struct Slot {
 /// -> 8082 MiB/s, `softhca perf write --link shm` 5.95 -> 6.31 GB/s (four interleaved rounds
 /// each, 2026-11-29, the Intel Xeon).
 const DATA_AT: usize = 64 - (IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN);
-const _: () = assert!(std::mem::offset_of!(Slot, data) == DATA_AT);
+const _: () = assert!(std::mem::offset_of!(Slot, bytes) == 12 && DATA_AT >= 12);
 
 const SLOT_BYTES: usize = MAX_DATAGRAM;
 
@@ -355,15 +376,29 @@ impl Ring {
     unsafe fn slot_data(&self, t: u64) -> &mut [u8] {
         // SAFETY: the slot lies inside the mapping, which lives as long as `self`; exclusive
         // by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(std::ptr::addr_of_mut!((*self.slot(t)).data).cast::<u8>(), SLOT_BYTES) }
+        unsafe {
+            let bytes = std::ptr::addr_of_mut!((*self.slot(t)).bytes).cast::<u8>();
+            std::slice::from_raw_parts_mut(bytes.add(DATA_AT - 12), SLOT_BYTES)
+        }
     }
 
-    /// Publishes ticket `t`'s slot holding `len` bytes (0: a void the owner skips: a
-    /// reservation that found nothing to send). False if the slot was taken from under a
-    /// producer that stalled (see the module docs).
+    /// Publishes ticket `t`'s slot holding `len` bytes built in place, at [`DATA_AT`] (0: a
+    /// void the owner skips: a reservation that found nothing to send). False if the slot was
+    /// taken from under a producer that stalled (see the module docs).
     fn commit(&self, t: u64, len: usize) -> bool {
-        // SAFETY: ticket `t` owns the slot until this publication; `len` is a plain store.
-        unsafe { (*self.slot(t)).len.store(len.min(SLOT_BYTES) as u32, Ordering::Relaxed) };
+        self.publish_len(t, len.min(SLOT_BYTES) as u32)
+    }
+
+    /// [`Ring::commit`] for a datagram of `len` bytes copied in by [`Ring::write`], which put
+    /// a short one right after the length.
+    fn commit_copy(&self, t: u64, len: usize) -> bool {
+        let short = if len <= SHORT_MAX { SHORT } else { 0 };
+        self.publish_len(t, len.min(SLOT_BYTES) as u32 | short)
+    }
+
+    fn publish_len(&self, t: u64, word: u32) -> bool {
+        // SAFETY: ticket `t` owns the slot until this publication; `word` is a plain store.
+        unsafe { (*self.slot(t)).len.store(word, Ordering::Relaxed) };
         self.seq(t).compare_exchange(t, t + 1, Ordering::Release, Ordering::Relaxed).is_ok()
     }
 
@@ -371,18 +406,23 @@ impl Ring {
     /// is longer than a slot or the slot was taken from under a stalled producer.
     fn push(&self, d: &[u8]) -> Option<u64> {
         let t = self.write(d)?;
-        self.commit(t, d.len()).then_some(t)
+        self.commit_copy(t, d.len()).then_some(t)
     }
 
-    /// [`Ring::push`] but for the commit, which the caller owes ticket `t` (soon: the owner
-    /// waits at it for up to [`STALL_NS`], and then skips it).
+    /// [`Ring::push`] but for the commit ([`Ring::commit_copy`]), which the caller owes
+    /// ticket `t` (soon: the owner waits at it for up to [`STALL_NS`], and then skips it).
     fn write(&self, d: &[u8]) -> Option<u64> {
         if d.len() > SLOT_BYTES || d.is_empty() {
             return None;
         }
         let t = self.reserve()?;
-        // SAFETY: `t` was just reserved and is committed by the caller, after the slice is gone.
-        unsafe { self.slot_data(t)[..d.len()].copy_from_slice(d) };
+        let at = if d.len() <= SHORT_MAX { 0 } else { DATA_AT - 12 };
+        // SAFETY: `t` was just reserved and is committed by the caller; `at + d.len()` stays
+        // inside the slot's bytes, which the ring's protocol gives this producer until then.
+        unsafe {
+            let bytes = std::ptr::addr_of_mut!((*self.slot(t)).bytes).cast::<u8>();
+            std::ptr::copy_nonoverlapping(d.as_ptr(), bytes.add(at), d.len());
+        }
         Some(t)
     }
 
@@ -409,8 +449,9 @@ impl Ring {
                 // SAFETY: the slot was published for ticket `t` (Acquire above); the length is
                 // bounded before the copy, which stays inside the slot and `out`.
                 let (n, checked) = unsafe {
-                    let n = ((*s).len.load(Ordering::Relaxed) as usize).min(SLOT_BYTES).min(out.len());
-                    (n, icrc::copy_checked(&mut out[..n], std::ptr::addr_of!((*s).data).cast::<u8>(), memo))
+                    let (src, n) = Slot::datagram(s, (*s).len.load(Ordering::Relaxed));
+                    let n = n.min(out.len());
+                    (n, icrc::copy_checked(&mut out[..n], src, memo))
                 };
                 self.seq(t).store(t + self.slots as u64, Ordering::Release);
                 h.head.0.store(t + 1, Ordering::Relaxed);
@@ -467,8 +508,9 @@ impl Ring {
         // copy is bounded by the slot's data and `head`. A producer writing the slot meanwhile
         // (a dishonest one) only makes the hint wrong.
         let n = unsafe {
-            let n = ((*s).len.load(Ordering::Relaxed) as usize).min(PEEK_BYTES);
-            std::ptr::copy_nonoverlapping(std::ptr::addr_of!((*s).data).cast::<u8>(), head.as_mut_ptr(), n);
+            let (src, n) = Slot::datagram(s, (*s).len.load(Ordering::Relaxed));
+            let n = n.min(PEEK_BYTES);
+            std::ptr::copy_nonoverlapping(src, head.as_mut_ptr(), n);
             n
         };
         roce::peek_opcode(&head[..n])
@@ -1222,7 +1264,7 @@ impl Pair {
 /// Commits ticket `t` of `dst`'s ring, a response [`Pair`] held.
 fn commit_held(peers: &FxHashMap<Ipv4Addr, Peer>, dst: Ipv4Addr, t: u64, len: usize) {
     if let Some(peer) = peers.get(&dst) {
-        peer.ring.commit(t, len);
+        peer.ring.commit_copy(t, len);
     }
 }
 
@@ -1793,6 +1835,30 @@ mod tests {
         assert!(!near.far && (0..2 * PROBE_EVERY).all(|_| !near.due()));
         let mut measured = Distance::new(Cores::Measure);
         assert_eq!((0..PROBE_EVERY).filter(|_| measured.due()).count(), usize::from(!crate::link::clock::counts_tsc()));
+    }
+
+    /// A short datagram copied in lies in its slot's first line, beside the sequence number
+    /// (the owner's read of the one brings the other), a longer one at `DATA_AT`; both come
+    /// out whole. A length word a producer broke (the short mark with the longest length) is
+    /// bounded by the slot.
+    #[test]
+    fn a_short_datagram_shares_its_slots_first_line() {
+        let (_f, r) = scratch(4);
+        let mut out = vec![0u8; SLOT_BYTES + 64];
+        let mut st = StallWatch::default();
+        for (len, at) in [(SHORT_MAX, 12), (SHORT_MAX + 1, DATA_AT), (1, 12), (4000, DATA_AT)] {
+            let d: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            let t = r.push(&d).unwrap();
+            // SAFETY: the slot is published and nothing writes it meanwhile; read only, inside
+            // the slot.
+            let slot = unsafe { std::slice::from_raw_parts(r.slot(t).cast::<u8>(), at + len) };
+            assert_eq!(&slot[at..], &d[..], "len {len}");
+            assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(len));
+            assert_eq!(&out[..len], &d[..]);
+        }
+        let t = r.reserve().unwrap();
+        assert!(r.publish_len(t, u32::MAX));
+        assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(SLOT_BYTES));
     }
 
     /// A ring's slot count is a power of two (a ticket's slot is a mask away): any other is
