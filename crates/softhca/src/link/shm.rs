@@ -20,16 +20,16 @@
 //! length and one datagram; a short one, an ACK or a small Send, in the line of the sequence
 //! number, which the owner reads first), producers from any process: a producer takes a
 //! ticket from the tail, writes its slot and publishes it by moving the slot's sequence
-//! number; the owner takes slots in ticket order. A full ring holds the datagram up to [`PATIENCE_NS`] (flow
-//! control), then drops it (the transport's retries take over) and drops the next ones that
-//! find it full at once, so a peer that stops draining never blocks its senders. A producer that dies between
-//! its ticket and its publication would stall the consumer at that slot: after
-//! [`STALL_NS`] the owner skips it (by compare-and-swap, so a late producer cannot publish
-//! over it). Whether a ticket was taken is asked of the tail at most once per
-//! `STALL_LOOK_NS`: the tail's cache line is the producers'. Nothing read from the ring is
-//! trusted: a datagram is copied out (so that nothing the device checks can change under it),
-//! its length bounded, and the device verifies it like any other (PKT-VAL-*); a torn one
-//! fails its ICRC.
+//! number; the owner takes slots in ticket order. A full ring holds the datagram up to
+//! [`PATIENCE_NS`] (flow control), then drops it (the transport's retries take over) and
+//! drops the next ones that find it full at once, so a peer that stops draining never blocks
+//! its senders. A producer that dies between its ticket and its publication would stall the
+//! consumer at that slot: after [`STALL_NS`] the owner skips it (by compare-and-swap, so a
+//! late producer cannot publish over it). Whether a ticket was taken is asked of the tail at
+//! most once per `STALL_LOOK_NS`: the tail's cache line is the producers'. Nothing read from
+//! the ring is trusted: a datagram is copied out (so that nothing the device checks can
+//! change under it), its length bounded, and the device verifies it like any other
+//! (PKT-VAL-*); a torn one fails its ICRC.
 //!
 //! A sender writes most long datagrams straight into the peer's slot: after two long ones in
 //! a row to one peer it reserves a slot there and lets the device build the next datagram in
@@ -660,7 +660,7 @@ struct Peer {
 struct Distance {
     /// Pinned by the user ([`Cores`]): no samples taken.
     pinned: bool,
-    /// Reservations since the last sample.
+    /// Datagrams built in place since the last sample.
     since: u32,
     /// `head` as the last sample read it.
     head: u64,
@@ -684,7 +684,7 @@ impl Distance {
         Distance { pinned: cores != Cores::Measure, far: cores == Cores::Far, ..Distance::default() }
     }
 
-    /// Counts a reservation; whether a sample is due.
+    /// Counts a datagram built in place; whether a sample is due.
     fn due(&mut self) -> bool {
         if self.pinned {
             return false;
