@@ -1861,6 +1861,12 @@ mod tests {
         assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut 0).map(|(n, _)| n), Some(SLOT_BYTES));
     }
 
+    /// A peer on `ring`, as `open_peer` makes one, with no FIFO to ring.
+    fn peer_on(ring: Ring) -> Peer {
+        let distance = Distance::default();
+        Peer { ring, bell: None, stalled: false, watch: None, flushed: None, pairs: false, distance }
+    }
+
     /// A ring's slot count is a power of two (a ticket's slot is a mask away): any other is
     /// refused rather than mapped with a wrong index.
     #[test]
@@ -1944,18 +1950,7 @@ mod tests {
         let mr = pd.alloc_mr(8, crate::types::Access::LOCAL_WRITE).unwrap();
         let (_f, ring) = scratch(16);
         let mut port = dev.engine.link.lock_port();
-        port.peers.insert(
-            dst,
-            Peer {
-                ring,
-                bell: None,
-                stalled: false,
-                watch: None,
-                flushed: None,
-                pairs: false,
-                distance: Distance::default(),
-            },
-        );
+        port.peers.insert(dst, peer_on(ring));
         qp.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).ud(&ah, 7, QKEY)]).unwrap();
         assert_eq!(port.peers[&dst].ring.next_opcode(), None, "the post's own flush found the port taken");
         let now = port.now();
@@ -1976,18 +1971,7 @@ mod tests {
         let mut port = dev.engine.link.lock_port();
         let (_f, ring) = scratch(16);
         let dst = Ipv4Addr::new(127, 0, 0, 215);
-        port.peers.insert(
-            dst,
-            Peer {
-                ring,
-                bell: None,
-                stalled: false,
-                watch: None,
-                flushed: None,
-                pairs: false,
-                distance: Distance::default(),
-            },
-        );
+        port.peers.insert(dst, peer_on(ring));
         let mut out = vec![0u8; SLOT_BYTES];
         // One flush of datagrams with these opcodes; after each, the opcode the owner would
         // find next (None: nothing published yet), and at the end what it takes in, in order.
