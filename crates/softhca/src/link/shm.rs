@@ -654,8 +654,9 @@ struct Peer {
 /// cache (two CCDs of an AMD host; the 2-vCPU EPYC's host moves its vCPUs between such cores
 /// and cores that share one), the sender's datagrams built in place take the CRC first and
 /// the copy after (`mem::to_far_lines`), which stores whole lines without fetching them from
-/// the owner's core first; near, the fused pass, which wins there. Not under emulation, whose
-/// clock reads are too coarse to tell; [`Cores`] pins it.
+/// the owner's core first; near, the fused pass, which wins there. No samples where the link
+/// clock counts the TSC itself (under emulation, or `SOFTHCA_CLOCK=tsc`): its reads are not
+/// ordered after the load, and under emulation too slow to tell; [`Cores`] pins it.
 #[derive(Default)]
 struct Distance {
     /// Pinned by the user ([`Cores`]): no samples taken.
