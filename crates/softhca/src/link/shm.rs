@@ -389,24 +389,22 @@ impl Ring {
         self.publish_len(t, len.min(SLOT_BYTES) as u32)
     }
 
-    /// [`Ring::commit`] for a datagram of `len` bytes copied in by [`Ring::write`], which put
-    /// a short one right after the length.
-    fn commit_copy(&self, t: u64, len: usize) -> bool {
-        let short = if len <= SHORT_MAX { SHORT } else { 0 };
-        self.publish_len(t, len.min(SLOT_BYTES) as u32 | short)
+    /// [`Ring::commit`] for a datagram copied in by [`Ring::write`], which wrote its length.
+    fn commit_copy(&self, t: u64) -> bool {
+        self.seq(t).compare_exchange(t, t + 1, Ordering::Release, Ordering::Relaxed).is_ok()
     }
 
     fn publish_len(&self, t: u64, word: u32) -> bool {
         // SAFETY: ticket `t` owns the slot until this publication; `word` is a plain store.
         unsafe { (*self.slot(t)).len.store(word, Ordering::Relaxed) };
-        self.seq(t).compare_exchange(t, t + 1, Ordering::Release, Ordering::Relaxed).is_ok()
+        self.commit_copy(t)
     }
 
     /// A producer's side, by copy: the ticket published, `None` when the ring is full, `d`
     /// is longer than a slot or the slot was taken from under a stalled producer.
     fn push(&self, d: &[u8]) -> Option<u64> {
         let t = self.write(d)?;
-        self.commit_copy(t, d.len()).then_some(t)
+        self.commit_copy(t).then_some(t)
     }
 
     /// [`Ring::push`] but for the commit ([`Ring::commit_copy`]), which the caller owes
@@ -416,12 +414,16 @@ impl Ring {
             return None;
         }
         let t = self.reserve()?;
-        let at = if d.len() <= SHORT_MAX { 0 } else { DATA_AT - 12 };
+        // A short one right after its length, in the line of the sequence number.
+        let (at, mark) = if d.len() <= SHORT_MAX { (0, SHORT) } else { (DATA_AT - 12, 0) };
         // SAFETY: `t` was just reserved and is committed by the caller; `at + d.len()` stays
-        // inside the slot's bytes, which the ring's protocol gives this producer until then.
+        // inside the slot's bytes, which the ring's protocol gives this producer until then;
+        // the length is a plain store, published with the bytes by the commit.
         unsafe {
-            let bytes = std::ptr::addr_of_mut!((*self.slot(t)).bytes).cast::<u8>();
+            let s = self.slot(t);
+            let bytes = std::ptr::addr_of_mut!((*s).bytes).cast::<u8>();
             std::ptr::copy_nonoverlapping(d.as_ptr(), bytes.add(at), d.len());
+            (*s).len.store(d.len() as u32 | mark, Ordering::Relaxed);
         }
         Some(t)
     }
@@ -992,18 +994,18 @@ impl ShmPort {
             }
             match pending {
                 Some(p) if led == dst && write => after = Some(p),
-                Some((t, len)) => commit_held(&self.peers, led, t, len),
+                Some(t) => commit_held(&self.peers, led, t),
                 None => {}
             }
         }
         let hold = leads && self.peers.get(&dst).is_some_and(|p| p.pairs);
         let r = self.publish_one(dst, held, n, now, hold);
-        if let Some((t, len)) = after {
-            commit_held(&self.peers, dst, t, len);
+        if let Some(t) = after {
+            commit_held(&self.peers, dst, t);
         }
         let t = r?;
         if leads {
-            *pair = Pair::Led { dst, pending: t.filter(|_| hold).map(|t| (t, n)) };
+            *pair = Pair::Led { dst, pending: t.filter(|_| hold) };
         }
         Ok(())
     }
@@ -1246,9 +1248,9 @@ fn ring_bell(peer: &Peer, stats: &Stats) {
 enum Pair {
     /// The flush has published nothing yet.
     Open,
-    /// It began with a response to `dst`, written but not committed if `pending` (ticket and
-    /// length).
-    Led { dst: Ipv4Addr, pending: Option<(u64, usize)> },
+    /// It began with a response to `dst`, written but not committed if `pending` (its
+    /// ticket).
+    Led { dst: Ipv4Addr, pending: Option<u64> },
     /// Nothing is held.
     Closed,
 }
@@ -1256,16 +1258,16 @@ enum Pair {
 impl Pair {
     /// Commits what is held; nothing more will be.
     fn close(&mut self, peers: &FxHashMap<Ipv4Addr, Peer>) {
-        if let Pair::Led { dst, pending: Some((t, len)) } = std::mem::replace(self, Pair::Closed) {
-            commit_held(peers, dst, t, len);
+        if let Pair::Led { dst, pending: Some(t) } = std::mem::replace(self, Pair::Closed) {
+            commit_held(peers, dst, t);
         }
     }
 }
 
 /// Commits ticket `t` of `dst`'s ring, a response [`Pair`] held.
-fn commit_held(peers: &FxHashMap<Ipv4Addr, Peer>, dst: Ipv4Addr, t: u64, len: usize) {
+fn commit_held(peers: &FxHashMap<Ipv4Addr, Peer>, dst: Ipv4Addr, t: u64) {
     if let Some(peer) = peers.get(&dst) {
-        peer.ring.commit_copy(t, len);
+        peer.ring.commit_copy(t);
     }
 }
 
