@@ -855,6 +855,10 @@ impl<P: Port> Driver<P> {
     /// busy-poll mode it does the same only while no application thread spins on a CQ; while
     /// one does, it naps and leaves the port, the timers and the core to the poller.
     pub fn background(&self) {
+        // Its sleeps are short and timed (a watch of microseconds, the hold of an ACK, naps
+        // of a fraction of a millisecond): the default slack of 50 µs made each of them
+        // 50 µs longer.
+        os::precise_timers();
         // The count of idle polls last seen and when it was seen to move.
         let (mut idle_seen, mut idle_at) = (0, 0);
         // When this thread's last turn did some work (see IDLE_SPIN).
