@@ -17,8 +17,13 @@ pub(super) const SEND_PATIENCE: Duration = Duration::from_millis(50);
 /// Response steering stays on this long (ns) after the 4791 socket last had a backlog.
 pub(super) const STEER_HOLD: u64 = 10_000_000;
 /// While receiving, flush the transmit side (ACKs, responses, newly opened windows) after
-/// this many datagrams, so that a peer's window does not wait for a whole receive batch.
-pub(super) const FLUSH_EVERY: usize = 16;
+/// this many datagrams, so that a peer's window does not wait for a whole receive batch (up
+/// to [`BATCH`](super::BATCH) messages, each a GRO buffer of up to 64 KiB). More than a
+/// 64 KiB message's 16: at 16 the flush came right after such a Write's last datagram,
+/// before the ACK its peer sent behind it in the same batch was taken in, and sent this
+/// side's ACK alone, ahead of the answer the program was about to post (see the driver's
+/// `ack_wait_ns`).
+pub(super) const FLUSH_EVERY: usize = 64;
 /// A transmit batch with at most this many requests sends them before its responses.
 pub(super) const REQUESTS_FIRST: usize = 4;
 /// At most this many transmit batches per flush, so that receiving keeps its turn.
