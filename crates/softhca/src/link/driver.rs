@@ -40,7 +40,10 @@
 //! (ACKs) for the next one; on the UDP link, while nothing is posted, the next
 //! [`ACK_HOLD_TURNS`] turns leave it too, so that an ACK leaves with the answer the
 //! application posts on seeing the completion, in one system call, though the application
-//! polls again in between.
+//! polls again in between. While the program has taken no completion since, the turns go on
+//! taking datagrams in and leaving what is owed, for [`ack_wait_ns`]: a program that waits
+//! for its own request's ACK answers once that ACK is in, and the peer sends it right behind
+//! the request just taken in.
 //!
 //! Imports: the verbs `Context` (the sans-IO interface) and `os`; nothing of any one link.
 
@@ -254,6 +257,12 @@ pub(crate) struct Shared {
     owed: AtomicBool,
     /// Poller turns in a row that have left what was owed in place (see [`ACK_HOLD_TURNS`]).
     held: AtomicU64,
+    /// When the turn that left `owed` ran and when a turn holding it last took something in
+    /// (ns since the epoch), and the program's count of polls that took completions as that
+    /// first turn's poll began (`handed_seen` then): see [`ack_wait_ns`].
+    owed_at: AtomicU64,
+    owed_last: AtomicU64,
+    handed_owed: AtomicU64,
     /// When the engine thread, standing in, left what its turn owes for the application's
     /// next post (ns since the epoch; 0: nothing so left). See [`Port::stand_in`].
     left_at: AtomicU64,
@@ -389,7 +398,8 @@ const DOORBELL_DEFER: Duration = Duration::from_micros(50);
 /// link, where the reply would have taken it along. The next post's flush, or the turn after
 /// these, sends it; a poller that stops leaves it to the engine thread, as before. None of
 /// these turns takes a packet in without its ACK leaving at the next flush (PKT-ACK-13 asks
-/// that nothing waits for packets not yet received).
+/// that nothing waits for packets not yet received). Before these turns count, while the
+/// program has taken no completion since the ACK was owed, [`ack_wait_ns`] holds it.
 const ACK_HOLD_TURNS: u64 = 2;
 /// While a poller drives the engine, the engine thread looks this often for a doorbell left
 /// to a poller that has stopped since.
@@ -418,6 +428,23 @@ fn poller_quiet_ns() -> u64 {
 /// where the ACK sent at once left every hop to a sender's watch). A program that does not
 /// answer delays its peer's completion by this much.
 fn stand_in_hold_ns() -> u64 {
+    super::clock::on_this_host(10_000, 200_000)
+}
+/// How long a poller's turns go on taking datagrams in while what an earlier turn owes (the
+/// ACK of a peer's request) stays held, as long as the program has polled and taken no
+/// completion since: this long after the last datagram such a turn took in, and four times
+/// this after the ACK was first owed. Such a program waits for something, most often the
+/// ACK of its own request, which the peer sends right behind the request just taken in
+/// (`Context::acks_after_requests`), and answers once it has it: its post's flush then
+/// takes the held ACK along, behind the answer, and the peer, polling for that ACK, takes
+/// the answer in with it. Sent at once instead, the ACK completed the peer's request alone,
+/// the peer's program turned to memory (perftest's `ib_write_lat` spins on its buffer for
+/// the next Write), and the answer had to wait for the peer's engine thread: 64 KiB
+/// `ib_write_lat` over UDP, whose ACK comes about 10 µs after the Write's first datagram,
+/// took 40-55 µs a round in most runs (2026-11-30). More requests taken in meanwhile are
+/// covered by the same ACK (PKT-ACK-4); a peer whose Local ACK Timeout is shorter than the
+/// hold (timeout 3 or less, 33 µs) may retransmit in vain.
+fn ack_wait_ns() -> u64 {
     super::clock::on_this_host(10_000, 200_000)
 }
 /// The shortest nap: a wake-up costs a core's time beside a spinning poller.
@@ -588,13 +615,20 @@ impl<P: Port> Driver<P> {
                     return false;
                 };
                 let now = known.take().unwrap_or_else(|| self.now());
-                // Held: something is owed, nothing was posted since the last flush, and the
-                // turns in a row that have held it are fewer than ACK_HOLD_TURNS.
-                let hold = full
+                // Held: something is owed, nothing was posted since the last flush, and
+                // either the program has taken no completion since (`waiting`, within
+                // `ack_wait_ns`: such turns take datagrams in) or the turns in a row that
+                // have held it are fewer than ACK_HOLD_TURNS.
+                let owed = full
                     && p.holds_acks()
                     && self.shared.owed.load(Ordering::Relaxed)
-                    && self.shared.rings_flushed.load(Ordering::Relaxed) == seen
-                    && self.shared.held.load(Ordering::Relaxed) < ACK_HOLD_TURNS;
+                    && self.shared.rings_flushed.load(Ordering::Relaxed) == seen;
+                let waiting = owed
+                    && self.shared.handed_seen.load(Ordering::Relaxed)
+                        == self.shared.handed_owed.load(Ordering::Relaxed)
+                    && now.saturating_sub(self.shared.owed_last.load(Ordering::Relaxed)) < ack_wait_ns()
+                    && now.saturating_sub(self.shared.owed_at.load(Ordering::Relaxed)) < 4 * ack_wait_ns();
+                let hold = waiting || (owed && self.shared.held.load(Ordering::Relaxed) < ACK_HOLD_TURNS);
                 if full {
                     // Only the port's holder writes it: no locked add.
                     let turns = &self.wakes.poller_turns;
@@ -608,7 +642,11 @@ impl<P: Port> Driver<P> {
                     // a flush takes QPs in the order they became ready, and a request goes
                     // ahead only of its own flow's responses (the DREQ of a disconnect that
                     // answers the last completion leaves after that completion's ACK).
-                    if hold {
+                    if waiting {
+                        if p.turn(true, now) {
+                            self.shared.owed_last.store(now, Ordering::Relaxed);
+                        }
+                    } else if hold {
                         // Only the port's holder writes it: no locked add.
                         let held = self.shared.held.load(Ordering::Relaxed);
                         self.shared.held.store(held + 1, Ordering::Relaxed);
@@ -617,8 +655,15 @@ impl<P: Port> Driver<P> {
                         self.shared.held.store(0, Ordering::Relaxed);
                         self.shared.left_at.store(0, Ordering::Relaxed);
                         let flushed = p.flush(now);
-                        let worked = p.turn(true, now) || flushed;
-                        self.shared.owed.store(worked, Ordering::Relaxed);
+                        let took = p.turn(true, now);
+                        self.shared.owed.store(took || flushed, Ordering::Relaxed);
+                        // Only what a turn took in can be waited on (`ack_wait_ns`); 0: nothing.
+                        self.shared.owed_last.store(if took { now } else { 0 }, Ordering::Relaxed);
+                        if took {
+                            self.shared.owed_at.store(now, Ordering::Relaxed);
+                            let handed = self.shared.handed_seen.load(Ordering::Relaxed);
+                            self.shared.handed_owed.store(handed, Ordering::Relaxed);
+                        }
                     }
                 } else {
                     p.flush(now);
@@ -976,6 +1021,9 @@ mod tests {
         flushes: Arc<AtomicU64>,
         batches: bool,
         leaves: bool,
+        /// Whether its turns take something in (a datagram arrived), and how many ran.
+        takes: Arc<AtomicBool>,
+        turns: Arc<AtomicU64>,
         efd: OwnedFd,
     }
 
@@ -991,7 +1039,8 @@ mod tests {
 
     impl Port for MockPort {
         fn turn(&mut self, _inline: bool, _now: u64) -> bool {
-            false
+            self.turns.fetch_add(1, Ordering::Relaxed);
+            self.takes.load(Ordering::Relaxed)
         }
         fn holds_acks(&self) -> bool {
             self.batches
@@ -1027,7 +1076,15 @@ mod tests {
 
     fn mock(batches: bool) -> (MockPort, Arc<AtomicU64>) {
         let flushes = Arc::default();
-        (MockPort { flushes: Arc::clone(&flushes), batches, leaves: false, efd: os::eventfd().unwrap() }, flushes)
+        let port = MockPort {
+            flushes: Arc::clone(&flushes),
+            batches,
+            leaves: false,
+            takes: Arc::default(),
+            turns: Arc::default(),
+            efd: os::eventfd().unwrap(),
+        };
+        (port, flushes)
     }
 
     /// A busy-poll driver over a mock port whose turn standing in leaves something owed, and
@@ -1091,6 +1148,63 @@ mod tests {
         d.shared.sleeping.store(true, Ordering::SeqCst);
         d.ring();
         assert_eq!(r.flushes.load(Ordering::Relaxed), before + 1, "sent by the doorbell itself");
+    }
+
+    /// A poller's turns that owe the ACK of a request they took in keep it, and go on taking
+    /// datagrams in, while the program has taken no completion since: for `ack_wait_ns`
+    /// after the last datagram taken in, four times that in all. Once the program takes a
+    /// completion, ACK_HOLD_TURNS more turns hold it; a post's flush takes it along.
+    /// Rule PKT-ACK-13
+    #[test]
+    fn a_poller_waiting_for_its_own_ack_holds_the_ack_it_owes_while_taking_datagrams_in() {
+        let (port, flushes) = mock(true);
+        let (takes, turns) = (Arc::clone(&port.takes), Arc::clone(&port.turns));
+        let d = Driver::new(Context::create(DeviceConfig::default()).unwrap(), true, Clock::start(), port).unwrap();
+        let wait = ack_wait_ns();
+        let poll = |t: u64| {
+            d.drive_inline_at(true, Some(t));
+            (flushes.load(Ordering::Relaxed), turns.load(Ordering::Relaxed))
+        };
+        let t0 = 1_000_000_000;
+        takes.store(true, Ordering::Relaxed);
+        assert_eq!(poll(t0), (1, 1), "a turn flushes, then takes a Write in");
+        // The peer's ACK of our own request is still on its way: nothing is flushed, and
+        // each turn takes in what came (here, more of the Write).
+        assert_eq!(poll(t0 + wait / 2), (1, 2));
+        assert_eq!(poll(t0 + wait / 2 + wait - 1), (1, 3), "within the wait after the last datagram");
+        takes.store(false, Ordering::Relaxed);
+        assert_eq!(poll(t0 + 2 * wait - 1), (1, 4), "nothing more came");
+        // The program took a completion (the ACK came): ACK_HOLD_TURNS turns for its answer.
+        d.shared.handed_seen.fetch_add(1, Ordering::Relaxed);
+        for k in 1..=ACK_HOLD_TURNS {
+            assert_eq!(poll(t0 + 2 * wait), (1, 4 + k), "held for the answer");
+        }
+        assert_eq!(poll(t0 + 2 * wait), (2, 5 + ACK_HOLD_TURNS), "no answer: the ACK leaves");
+
+        // A wait that nothing ends: the ACK leaves once the wait after the last datagram
+        // has passed, or once four waits have passed since it was first owed.
+        let t1 = t0 + 10 * wait;
+        takes.store(true, Ordering::Relaxed);
+        let (f, _) = poll(t1);
+        takes.store(false, Ordering::Relaxed);
+        assert_eq!(poll(t1 + wait - 1).0, f, "held");
+        d.shared.held.store(ACK_HOLD_TURNS, Ordering::Relaxed); // past the turns' hold too
+        assert_eq!(poll(t1 + wait).0, f + 1, "the wait after the last datagram is over");
+        let t2 = t1 + 10 * wait;
+        takes.store(true, Ordering::Relaxed);
+        let (f, _) = poll(t2);
+        for k in 1..4 {
+            assert_eq!(poll(t2 + k * wait - 1).0, f, "datagrams keep coming: held");
+        }
+        d.shared.held.store(ACK_HOLD_TURNS, Ordering::Relaxed);
+        assert_eq!(poll(t2 + 4 * wait).0, f + 1, "four waits since it was owed: it leaves");
+
+        // After a post (its doorbell rung), the next turn flushes, whatever the wait.
+        let t3 = t2 + 10 * wait;
+        let (f, _) = poll(t3);
+        assert_eq!(poll(t3 + 1).0, f, "held");
+        d.shared.rings.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(poll(t3 + 2).0, f + 1);
     }
 
     /// Where a flush is no system call (shared memory), a doorbell sends at once.
