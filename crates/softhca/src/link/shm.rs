@@ -185,11 +185,16 @@ struct Slot {
     /// A short datagram copied in starts here, in the line of the sequence number, so that the
     /// owner's read of the one brings the other (an 8 B Send's datagram, 52 bytes, and an ACK's,
     /// 48, fit); every other one at [`DATA_AT`].
-    bytes: [u8; DATA_AT - 12 + SLOT_BYTES],
+    bytes: [u8; LONG_AT + SLOT_BYTES],
 }
 
+/// Where a slot's bytes begin: after its sequence number (8 bytes) and length (4).
+const BYTES_AT: usize = 12;
+/// Where a datagram that is not short starts in a slot's bytes: at [`DATA_AT`] in the slot.
+const LONG_AT: usize = DATA_AT - BYTES_AT;
+
 /// The datagrams that fit in a slot's first line after its sequence number and length.
-const SHORT_MAX: usize = 64 - 12;
+const SHORT_MAX: usize = 64 - BYTES_AT;
 /// The length's mark of a datagram that starts right after it (see [`Slot::bytes`]).
 const SHORT: u32 = 1 << 31;
 
@@ -198,7 +203,7 @@ impl Slot {
     /// the slot: the word is the producer's, not to be trusted).
     fn datagram(s: *const Slot, len: u32) -> (*const u8, usize) {
         let n = ((len & !SHORT) as usize).min(SLOT_BYTES);
-        let at = if len & SHORT != 0 { 0 } else { DATA_AT - 12 };
+        let at = if len & SHORT != 0 { 0 } else { LONG_AT };
         // SAFETY: `at + n` <= the size of `bytes` (`n` <= SLOT_BYTES); only the address is
         // computed here.
         (unsafe { std::ptr::addr_of!((*s).bytes).cast::<u8>().add(at) }, n)
@@ -213,7 +218,7 @@ impl Slot {
 /// -> 8082 MiB/s, `softhca perf write --link shm` 5.95 -> 6.31 GB/s (four interleaved rounds
 /// each, 2026-11-29, the Intel Xeon).
 const DATA_AT: usize = 64 - (IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN);
-const _: () = assert!(std::mem::offset_of!(Slot, bytes) == 12 && DATA_AT >= 12);
+const _: () = assert!(std::mem::offset_of!(Slot, bytes) == BYTES_AT && DATA_AT >= BYTES_AT);
 
 const SLOT_BYTES: usize = MAX_DATAGRAM;
 
@@ -378,7 +383,7 @@ impl Ring {
         // by the caller's contract.
         unsafe {
             let bytes = std::ptr::addr_of_mut!((*self.slot(t)).bytes).cast::<u8>();
-            std::slice::from_raw_parts_mut(bytes.add(DATA_AT - 12), SLOT_BYTES)
+            std::slice::from_raw_parts_mut(bytes.add(LONG_AT), SLOT_BYTES)
         }
     }
 
@@ -415,7 +420,7 @@ impl Ring {
         }
         let t = self.reserve()?;
         // A short one right after its length, in the line of the sequence number.
-        let (at, mark) = if d.len() <= SHORT_MAX { (0, SHORT) } else { (DATA_AT - 12, 0) };
+        let (at, mark) = if d.len() <= SHORT_MAX { (0, SHORT) } else { (LONG_AT, 0) };
         // SAFETY: `t` was just reserved and is committed by the caller; `at + d.len()` stays
         // inside the slot's bytes, which the ring's protocol gives this producer until then;
         // the length is a plain store, published with the bytes by the commit.
@@ -1849,7 +1854,7 @@ mod tests {
         let (_f, r) = scratch(4);
         let mut out = vec![0u8; SLOT_BYTES + 64];
         let mut st = StallWatch::default();
-        for (len, at) in [(SHORT_MAX, 12), (SHORT_MAX + 1, DATA_AT), (1, 12), (4000, DATA_AT)] {
+        for (len, at) in [(SHORT_MAX, BYTES_AT), (SHORT_MAX + 1, DATA_AT), (1, BYTES_AT), (4000, DATA_AT)] {
             let d: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
             let t = r.push(&d).unwrap();
             // SAFETY: the slot is published and nothing writes it meanwhile; read only, inside
