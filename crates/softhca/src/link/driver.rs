@@ -628,7 +628,7 @@ impl<P: Port> Driver<P> {
                         == self.shared.handed_owed.load(Ordering::Relaxed)
                     && now.saturating_sub(self.shared.owed_last.load(Ordering::Relaxed)) < ack_wait_ns()
                     && now.saturating_sub(self.shared.owed_at.load(Ordering::Relaxed)) < 4 * ack_wait_ns();
-                let hold = waiting || (owed && self.shared.held.load(Ordering::Relaxed) < ACK_HOLD_TURNS);
+                let held_turn = owed && self.shared.held.load(Ordering::Relaxed) < ACK_HOLD_TURNS;
                 if full {
                     // Only the port's holder writes it: no locked add.
                     let turns = &self.wakes.poller_turns;
@@ -646,7 +646,7 @@ impl<P: Port> Driver<P> {
                         if p.turn(true, now) {
                             self.shared.owed_last.store(now, Ordering::Relaxed);
                         }
-                    } else if hold {
+                    } else if held_turn {
                         // Only the port's holder writes it: no locked add.
                         let held = self.shared.held.load(Ordering::Relaxed);
                         self.shared.held.store(held + 1, Ordering::Relaxed);
