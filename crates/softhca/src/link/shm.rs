@@ -360,7 +360,7 @@ impl Ring {
         {
             let p = self.slot(t).cast::<u8>();
             for off in (0..std::mem::size_of::<Slot>()).step_by(64) {
-                prefetch_w(p.wrapping_add(off));
+                crate::mem::prefetch_w(p.wrapping_add(off));
             }
         }
     }
@@ -532,16 +532,6 @@ impl Ring {
     fn has_data(&self) -> bool {
         self.published_head().is_some()
     }
-}
-
-/// `prefetchw`: the line at `p` into this core's cache, owned for writing. Every x86-64 CPU
-/// decodes it (those before Intel's Broadwell as a no-op), so it needs no feature check.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn prefetch_w(p: *const u8) {
-    // SAFETY: a prefetch is a hint: it never faults, whatever the address, and changes no
-    // memory, register or flag.
-    unsafe { std::arch::asm!("prefetchw [{}]", in(reg) p, options(nostack, preserves_flags, readonly)) };
 }
 
 /// The owner's watch for a producer that stalled: the ticket seen taken but unpublished and
@@ -945,6 +935,12 @@ impl ShmPort {
     /// a ping-pong the peer's answer arrives with its ACK behind it: taking the ACK in first
     /// put about a microsecond of work (under emulation) between a hop and its completion.
     fn receive(&mut self, now: u64, inline: bool) -> bool {
+        // This thread's two copies a packet (the ring's, then the device's into the MR) bound
+        // the link: the device's asks for the next packet's lines as it lands one.
+        crate::mem::landing_ahead(|| self.receive_batch(now, inline))
+    }
+
+    fn receive_batch(&mut self, now: u64, inline: bool) -> bool {
         let mut got = false;
         for _ in 0..BATCH {
             let mut skipped = 0;
