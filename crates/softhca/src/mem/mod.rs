@@ -336,8 +336,8 @@ pub(crate) fn to_far_lines<R>(f: impl FnOnce() -> R) -> R {
 /// - The shared-memory link's receiver makes two copies a packet (the ring's, then this one)
 ///   and runs its deliveries under this. On the 2-vCPU AMD EPYC with the vCPUs sharing a
 ///   cache, `softhca perf write --link shm` 64 KiB (a 16 MiB landing region), interleaved
-///   against the same code without it (2026-11-30): busy-poll 10.09-10.75 -> 12.62-13.05
-///   GB/s, blocking 10.19-10.50 -> 12.65-12.99. Apart, where the placement alone moves that
+///   against the same code without it (2026-11-30): busy-poll 10.16-10.52 -> 12.39-12.73
+///   GB/s, blocking 10.11-10.71 -> 12.34-13.15. Apart, where the placement alone moves that
 ///   figure between 3.5 and 6.6 from one run to the next, no difference stood out.
 /// - perftest's `ib_write_bw` lands in one 64 KiB buffer that stays in cache: there the hints
 ///   only cost (15.0-15.9 -> 14.4-14.5 GB/s), hence [`LAND_AHEAD_REGION`].
@@ -349,14 +349,17 @@ pub(crate) fn landing_ahead<R>(f: impl FnOnce() -> R) -> R {
 
 /// How much of what follows a packet landed [`landing_ahead`] asks for: the next packet's
 /// payload at the 4096 MTU. A quarter of it, or every other line, gained nothing.
+#[cfg(target_arch = "x86_64")]
 const LAND_AHEAD: usize = 4096;
 
 /// Packets shorter than this ask for nothing ahead (see [`landing_ahead`]): a payload at an
 /// MTU of 1024 or more, whose message likely goes on right after it.
+#[cfg(target_arch = "x86_64")]
 const LAND_AHEAD_MIN: usize = 1024;
 
 /// Regions smaller than this ask for nothing ahead (see [`landing_ahead`]): one that fits in
 /// a core's L2 (1 MiB on the EPYC) is likely still there from the last lap.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const LAND_AHEAD_REGION: usize = 1 << 20;
 
 /// [`prefetch_w`] for each line of the `len` bytes at `p`. A loop kept out of line: the same
