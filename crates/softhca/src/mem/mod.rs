@@ -509,29 +509,35 @@ mod fused {
             v3 = fold512(v3, mv(at + 192), step);
             at += 256;
         }
-        // Sixteen lanes to one: the registers into the last, then its lanes into its last.
+        // The four registers into one, then each whole 64 bytes left into it the same way:
+        // the rest of the run is shorter than a register.
         let reg = _mm512_set_epi64(REG.1, REG.0, REG.1, REG.0, REG.1, REG.0, REG.1, REG.0);
-        let v = fold512(fold512(fold512(v0, v1, reg), v2, reg), v3, reg);
+        let mut v = fold512(fold512(fold512(v0, v1, reg), v2, reg), v3, reg);
+        while at + 64 <= len {
+            v = fold512(v, mv(at), reg);
+            at += 64;
+        }
+        // Its four lanes into its last.
         let lane = _mm_set_epi64x(LANE.1, LANE.0);
         let mut x = _mm512_extracti32x4_epi32(v, 0);
         x = fold128(x, _mm512_extracti32x4_epi32(v, 1), lane);
         x = fold128(x, _mm512_extracti32x4_epi32(v, 2), lane);
         x = fold128(x, _mm512_extracti32x4_epi32(v, 3), lane);
         // What is left stands for everything so far as sixteen bytes a CRC register at zero
-        // takes in (crc32fast's value 0xFFFF_FFFF); the rest of the run follows them.
-        let mut folded = [0u8; 16];
-        // SAFETY: `folded` holds 16 bytes.
-        unsafe { _mm_storeu_si128(folded.as_mut_ptr().cast(), x) };
-        let crc = super::crc32::update(0xFFFF_FFFF, &folded);
-        if !STORE {
-            // SAFETY: the rest of the range (the caller's contract), fewer than 256 bytes.
-            return unsafe { super::crc_copied(src.add(at), len - at, crc) };
-        }
-        // SAFETY: the rest of both ranges (the caller's contract); `dst` is ours meanwhile.
+        // takes in (crc32fast's value 0xFFFF_FFFF); the rest of the run, fewer than 64 bytes,
+        // follows them in one buffer: one short CRC a run, over the bytes stored.
+        let rest = len - at;
+        let mut last = [0u8; 16 + 63];
+        // SAFETY: `last` holds 16 bytes and then `rest` < 64 more; the rest of the source range
+        // and, with STORE, of the destination (the caller's contract; `dst` is ours meanwhile).
         unsafe {
-            std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), len - at);
-            super::crc32::update(crc, std::slice::from_raw_parts(dst.add(at), len - at))
+            _mm_storeu_si128(last.as_mut_ptr().cast(), x);
+            std::ptr::copy_nonoverlapping(src.add(at), last.as_mut_ptr().add(16), rest);
+            if STORE {
+                std::ptr::copy_nonoverlapping(last.as_ptr().add(16), dst.add(at), rest);
+            }
         }
+        super::crc32::update(0xFFFF_FFFF, &last[..16 + rest])
     }
 }
 
