@@ -357,12 +357,7 @@ impl Ring {
             return; // still the owner's (a full ring) or someone else's: leave it be
         }
         #[cfg(target_arch = "x86_64")]
-        {
-            let p = self.slot(t).cast::<u8>();
-            for off in (0..std::mem::size_of::<Slot>()).step_by(64) {
-                crate::mem::prefetch_w(p.wrapping_add(off));
-            }
-        }
+        crate::mem::prefetch_w_run(self.slot(t).cast::<u8>(), std::mem::size_of::<Slot>());
     }
 
     /// The data area of ticket `t`'s slot, for the producer that reserved it to build a

@@ -367,7 +367,7 @@ const LAND_AHEAD_REGION: usize = 1 << 20;
 /// 11.85-12.08 against 12.55-12.89 GB/s, interleaved).
 #[cfg(target_arch = "x86_64")]
 #[inline(never)]
-fn prefetch_w_run(p: *const u8, len: usize) {
+pub(crate) fn prefetch_w_run(p: *const u8, len: usize) {
     let mut off = 0;
     while off < len {
         prefetch_w(p.wrapping_add(off));
@@ -379,7 +379,7 @@ fn prefetch_w_run(p: *const u8, len: usize) {
 /// decodes it (those before Intel's Broadwell as a no-op), so it needs no feature check.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-pub(crate) fn prefetch_w(p: *const u8) {
+fn prefetch_w(p: *const u8) {
     // SAFETY: a prefetch is a hint: it never faults, whatever the address, and changes no
     // memory, register or flag.
     unsafe { std::arch::asm!("prefetchw [{}]", in(reg) p, options(nostack, preserves_flags, readonly)) };
