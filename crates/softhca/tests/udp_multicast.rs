@@ -216,6 +216,9 @@ fn group_over_veth(v6: bool) {
             std::fs::write(&knob, "1").unwrap_or_else(|e| panic!("{knob}: {e}"));
         }
     }
+    for dev in ["mca", "mcb"] {
+        udp_common::netns::wait_until_carrying(None, dev).unwrap();
+    }
     let (a, b) = (end_on(UdpConfig::default().addr(addrs[0]), 2), end_on(UdpConfig::default().addr(addrs[1]), 2));
     for e in [&a, &b] {
         e.qp.attach_mcast(group, 0).unwrap();

@@ -4,6 +4,7 @@
 //! `udp_netns.rs` and, by path, by softhca-rdmacm's `libfabric.rs`.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// A pair: the two namespaces, the veth end in each, and each end's address with its prefix.
 pub struct VethPair {
@@ -19,6 +20,42 @@ pub fn ip(args: &[&str]) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// What `ip ARGS` printed, run in namespace `ns` (`ip -n`), else in the caller's.
+fn ip_output(ns: Option<&str>, args: &[&str]) -> Result<String, String> {
+    let mut all = ns.map_or(vec![], |ns| vec!["-n", ns]);
+    all.extend(args);
+    let out = Command::new("ip").args(&all).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("ip {}: {}", all.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Waits until `dev` (in namespace `ns`, else the caller's) carries datagrams. A veth end's
+/// carrier comes on when both ends are up, but the kernel acts on it in a work item of its
+/// own, after `ip link set up` has returned: until then IPv4 drops what is sent, and IPv6,
+/// whose multicast route (`ff00::/8`) that work item adds, refuses a group's datagram
+/// (ENETUNREACH). A UD Send is not retried, so a test that sent in that window lost it (CI,
+/// 2026-11-30). Ready: the link's state is UP and, where this kernel has IPv6, the route is
+/// there (the route comes after the queue is attached). Err after 20 s.
+pub fn wait_until_carrying(ns: Option<&str>, dev: &str) -> Result<(), String> {
+    let ipv6 = std::path::Path::new("/proc/sys/net/ipv6").exists();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let up = ip_output(ns, &["-o", "link", "show", "dev", dev])?.contains("state UP");
+        let routed =
+            !ipv6 || ip_output(ns, &["-6", "route", "show", "table", "local", "dev", dev])?.contains("ff00::/8");
+        if up && routed {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{dev}: no carrier (state UP and the ff00::/8 route) within 20 s"));
+        }
+        std::thread::yield_now();
     }
 }
 
@@ -45,6 +82,9 @@ impl VethPair {
             // fabrics use.
             ip(&["-n", ns, "link", "set", dev, "mtu", "9000", "up"])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        for i in 0..2 {
+            wait_until_carrying(Some(self.ns[i]), self.dev[i])?;
         }
         Ok(())
     }
