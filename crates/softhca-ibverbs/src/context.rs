@@ -116,14 +116,14 @@ pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>
     Ok(s)
 }
 
-/// At exit with the device open, its engine gets up to 50 ms to send what the program posted
+/// At exit with the device open, its engine gets up to a second to send what the program posted
 /// (and destroyed nothing of): on Linux rxe did it in `ibv_post_send`, so a program that posts
 /// unsignaled sends and exits loses none. Runs after the thread-locals are gone: a lock, the
 /// engine's atomics and a clock only.
 extern "C" fn drain_at_exit() {
     let dev = SHARED.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
     if let Some(s) = dev {
-        crate::settle(|| s.dev.context().unsent(), std::time::Duration::from_millis(50));
+        crate::settle(|| s.dev.context().unsent(), crate::SETTLE_MAX);
     }
 }
 

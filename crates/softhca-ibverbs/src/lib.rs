@@ -54,6 +54,11 @@ fn errno_set(e: &VerbsError) -> c_int {
     code
 }
 
+/// How long Destroy QP and the exit handler wait at most for the engine thread to send what
+/// was posted. Only an engine thread the scheduler has not run yet meets it: what cannot be
+/// sent (a peer gone) does not count as pending.
+const SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Gives the engine thread up to `max` to finish what `pending` says is still to do: Linux's
 /// rxe does a user QP's sending in the `ibv_post_send` system call, so that a verb that
 /// follows the posts finds them done (see `softhca::Qp::unsent`, `softhca::Context::unsent`).
