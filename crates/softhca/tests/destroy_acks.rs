@@ -17,7 +17,7 @@ use softhca::link::udp::UdpConfig;
 use softhca::*;
 use udp_common::*;
 
-/// A (requester, impatient: a lost ACK fails its Send quickly) and B (responder, blocking
+/// A (requester, impatient: a lost ACK fails its Send within half a second) and B (responder, blocking
 /// engine) on the given addresses, one Receive posted on B.
 fn pair(a_addr: Ipv4Addr, b_addr: Ipv4Addr) -> (End, End, Mr) {
     let a = end(UdpConfig::default().addr(a_addr));

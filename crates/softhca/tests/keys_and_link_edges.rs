@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::pair::*;
 use common::poll_all;
-use softhca::link::udp::{sys, RxMode, UdpConfig, UdpDevice};
+use softhca::link::udp::{sys, RxMode, UdpConfig, UdpCounters, UdpDevice};
 use softhca::transport::MAX_DATAGRAM;
 use softhca::*;
 
@@ -86,12 +86,16 @@ fn raw_mode_superpacket_later_segments_have_their_icrc_checked() {
     let s = df_socket(peer, sport);
     s.send_to(&superpacket, (dev_addr, 4791)).unwrap();
 
-    let deadline = Instant::now() + Duration::from_millis(1500);
+    // Until both segments are accounted for: segment 0 completed and segment 1 counted as a
+    // bad ICRC (delivered instead, it would never be counted, and the deadline, a hang guard,
+    // ends the wait). Then one more poll: nothing may follow.
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut wcs = Vec::new();
-    while Instant::now() < deadline {
+    while (wcs.is_empty() || dev.counters().drop_bad_icrc == 0) && Instant::now() < deadline {
         wcs.extend(poll_all(&cq));
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::yield_now();
     }
+    wcs.extend(poll_all(&cq));
     let c = dev.counters();
     assert!(!wcs.is_empty(), "setup: segment 0 (valid ICRC) should complete; counters {c:?}");
     assert_eq!(
@@ -112,15 +116,17 @@ fn empty_datagram_is_counted_as_a_drop() {
     for _ in 0..3 {
         s.send_to(&[], (dev_addr, 4791)).unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while dev.counters().rx_syscalls == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
+    // Until the three are counted (the deadline is a hang guard: were they not, it ends the
+    // wait and the count below says so).
+    let dropped =
+        |c: &UdpCounters| c.drop_malformed + c.drop_truncated + c.drop_family + c.drop_bad_icrc + c.drop_not_ours;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dropped(&dev.counters()) < 3 && Instant::now() < deadline {
+        std::thread::yield_now();
     }
-    std::thread::sleep(Duration::from_millis(200));
     let c = dev.counters();
     assert!(c.rx_syscalls > 0, "setup: the datagrams were received: {c:?}");
-    let drops = c.drop_malformed + c.drop_truncated + c.drop_family + c.drop_bad_icrc + c.drop_not_ours;
-    assert_eq!(drops, 3, "three empty datagrams arrived and none was counted: {c:?}");
+    assert_eq!(dropped(&c), 3, "three empty datagrams arrived and none was counted: {c:?}");
 }
 
 /// `Mw::dealloc` takes the key table and the window's state in the same order as

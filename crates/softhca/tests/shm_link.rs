@@ -139,7 +139,10 @@ fn datagram_runs_cut_by_another_peer_land_whole() {
         let (ca, cb, cc) = (a.dev.counters(), b.dev.counters(), c.dev.counters());
         assert_eq!(ca.tx_datagrams, cb.rx_datagrams + cc.rx_datagrams, "{ca:?} {cb:?} {cc:?}");
         assert_eq!(cb.tx_datagrams + cc.tx_datagrams, ca.rx_datagrams, "{ca:?} {cb:?} {cc:?}");
-        assert_eq!(ca.tx_ring_full + ca.tx_no_peer, 0, "{ca:?}");
+        // Not tx_ring_full: a receiver the scheduler holds back for PATIENCE_NS (50 ms) on a
+        // loaded machine makes the sender drop into its full ring, which RC's retransmission
+        // repairs; what is published is still received, as the sums above say.
+        assert_eq!(ca.tx_no_peer, 0, "{ca:?}");
         assert!(ca.tx_in_place > 0, "{ca:?}");
         for d in [&a.dev, &b.dev, &c.dev] {
             assert_eq!(d.context().counters().rx_bad_icrc, 0);
@@ -379,7 +382,9 @@ fn silent_peer(busy: bool) {
 /// to Multicast Group is not supported (EOPNOTSUPP through the drop-in).
 #[test]
 fn a_shared_memory_device_has_no_multicast() {
-    let dev = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 203))).unwrap();
+    // An address of its own: a_peer_that_never_drains_does_not_block_its_senders opens 203
+    // while tests of this file run side by side.
+    let dev = ShmDevice::open(ShmConfig::default().addr(Ipv4Addr::new(127, 0, 0, 205))).unwrap();
     let ctx = dev.context().clone();
     let attr = ctx.query_device().unwrap();
     assert_eq!((attr.max_mcast_grp, attr.max_mcast_qp_attach, attr.max_total_mcast_qp_attach), (0, 0, 0));

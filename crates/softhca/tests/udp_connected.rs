@@ -72,8 +72,11 @@ fn an_unprivileged_receiver_follows_each_flows_counter() {
     for d in [&a.dev, &b.dev] {
         let c = d.counters();
         clean(&c);
-        assert_eq!((c.tx_connected_flows, c.rx_icrc_solved), (1, 1), "{c:?}");
-        assert_eq!(c.rx_icrc_hypothesis + 1, c.rx_datagrams, "{c:?}");
+        // The first datagram is solved; a later one only where loopback lost or reordered
+        // one before it (a loaded machine defers the receive to ksoftirqd), a few at most.
+        assert_eq!(c.tx_connected_flows, 1, "{c:?}");
+        assert!((1..=3).contains(&c.rx_icrc_solved), "{c:?}");
+        assert_eq!(c.rx_icrc_hypothesis + c.rx_icrc_solved, c.rx_datagrams, "{c:?}");
     }
     drop(a);
     let sent = datagrams(&pa);

@@ -90,7 +90,7 @@ fn dropping_a_device_from_a_handler_on_its_engine_thread() {
 fn destroy_qp_right_after_a_completion_still_acknowledges_it() {
     let a = end(UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, 3)));
     let b = end(UdpConfig::default().addr(std::net::Ipv4Addr::new(127, 0, 3, 4)).busy_poll(true));
-    // A short ACK timeout and one retry: a lost ACK fails the Send quickly.
+    // A short ACK timeout and one retry: a lost ACK fails the Send within half a second.
     let _rmr = impatient_pair(&a, &b);
     let mr = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     a.qp.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).signaled()]).unwrap();

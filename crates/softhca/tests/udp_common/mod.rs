@@ -108,13 +108,16 @@ pub fn uc_connect(qp: &Qp, gid: Gid, qpn: u32) {
 }
 
 /// Connects `a` to `b` as a requester with a short ACK timeout and one retry (a lost ACK
-/// fails its Send quickly) and `b` back to `a`, and posts one Receive on `b`.
+/// fails its Send within about half a second) and `b` back to `a`, and posts one Receive on
+/// `b`. Short, not shortest: timeout 12 (16.8 ms, two tries in 34 ms) was within what a
+/// loaded 2-core machine can take from a thread between a completion and the ACK's send;
+/// 16 (268 ms) is not, and still fails a lost ACK well inside the tests' waits.
 pub fn impatient_pair(a: &End, b: &End) -> Mr {
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let av = AddressVector::new(AhAttr::roce(b.dev.gid(), 0), Mtu::Mtu1024);
     a.qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
     a.qp.modify(&QpAttr::to_rtr(av, b.qp.qp_num()).rq_psn(0).max_dest_rd_atomic(1)).unwrap();
-    a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(12).retry_cnt(1).rnr_retry(0).max_rd_atomic(1)).unwrap();
+    a.qp.modify(&QpAttr::to_rts().sq_psn(0).timeout(16).retry_cnt(1).rnr_retry(0).max_rd_atomic(1)).unwrap();
     connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
     let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     b.qp.post_recv(&[RecvWr::new(1, &[rmr.sge(0..64)])]).unwrap();
