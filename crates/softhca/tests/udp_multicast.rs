@@ -182,10 +182,7 @@ fn group_over_veth(v6: bool) {
         eprintln!("udp_multicast: no network namespace here (needs root): two interfaces not tried");
         return;
     }
-    let ip = |args: &[&str]| {
-        let out = std::process::Command::new("ip").args(args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
+    let ip = |args: &[&str]| udp_common::netns::ip(args).unwrap();
     ip(&["link", "set", "lo", "up"]);
     ip(&["link", "add", "mca", "type", "veth", "peer", "name", "mcb"]);
     let (addrs, prefix, group): ([IpAddr; 2], &str, Gid) = if v6 {

@@ -15,12 +15,7 @@ pub struct VethPair {
 
 /// `ip ARGS`; Err with what it printed when it fails.
 pub fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
+    ip_output(None, args).map(drop)
 }
 
 /// What `ip ARGS` printed, run in namespace `ns` (`ip -n`), else in the caller's.
