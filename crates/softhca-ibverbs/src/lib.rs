@@ -56,7 +56,9 @@ fn errno_set(e: &VerbsError) -> c_int {
 
 /// How long Destroy QP and the exit handler wait at most for the engine thread to send what
 /// was posted. Only an engine thread the scheduler has not run yet meets it: what cannot be
-/// sent (a peer gone) does not count as pending.
+/// sent (a peer gone) does not count as pending (an RC QP waits off the engine's list, a
+/// datagram the link cannot send is dropped and counted). 50 ms, the bound before, is within
+/// what a loaded 2-core machine can hold a thread back.
 const SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Gives the engine thread up to `max` to finish what `pending` says is still to do: Linux's

@@ -339,11 +339,8 @@ pub(crate) unsafe fn destroy_qp(q: *mut ibv_qp, forget: bool) -> c_int {
     if !x.qp.mcast_groups().is_empty() {
         return libc::EBUSY;
     }
-    // What the program posted leaves first, as it would have in its ibv_post_send on Linux.
-    // A QP whose peer is gone is not held up: what it cannot send does not count as unsent
-    // (an RC QP waits off the engine's list, a datagram the link cannot send is dropped and
-    // counted). So the limit only bounds the wait for an engine thread a loaded machine has
-    // not run yet (50 ms is within what a loaded 2-core machine can hold one back).
+    // What the program posted leaves first, as it would have in its ibv_post_send on Linux
+    // (`SETTLE_MAX` says why a QP whose peer is gone is not held up by it).
     crate::settle(|| x.qp.unsent(), crate::SETTLE_MAX);
     if let Err(e) = x.qp.destroy() {
         return errno_of(&e);
