@@ -83,6 +83,12 @@ fn exact_policy_needs_the_identification() {
     let id = u16::from_be_bytes([hdr[4], hdr[5]]);
     let r = rebuild(src, sport, dst, &payload, &[id], IcrcPolicy::Exact).unwrap();
     assert_eq!(r.how, Verified::Hypothesis { identification: id, dont_fragment: true });
+    // The hinted header is the real one but for the fields the ICRC masks, with a checksum
+    // of its own that holds.
+    for (i, (a, b)) in r.header().iter().zip(&hdr).enumerate() {
+        assert!([1, 8, 10, 11, 26, 27].contains(&i) || a == b, "{name}: header byte {i}: {a:#x} vs {b:#x}");
+    }
+    assert!(roce::Ipv4Header::new_checked(r.header()).unwrap().checksum_ok(), "{name}");
 }
 
 /// Corruption is still caught: single-bit flips anywhere in the covered packet are refused

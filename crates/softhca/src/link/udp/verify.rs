@@ -156,29 +156,60 @@ pub fn rebuild_with(
 }
 
 /// A small cache, by packet length, of the 17 unknown bits' ICRC effects carried to the end
-/// of a packet of that length (the packets of one flow come in very few lengths): then an
-/// Identification's effect is a few XORs.
-#[derive(Debug, Clone, Default)]
+/// of a packet of that length (the packets of one flow come in very few lengths), with the
+/// effect of every value of each Identification byte laid out in a table: then an
+/// Identification's effect is two lookups and an XOR (a receiver tries two or three a
+/// datagram, a connected sender stamps one on each).
+#[derive(Debug, Clone)]
 pub struct Shifts {
-    slots: [(usize, [u32; 17]); 4],
+    slots: [Slot; 4],
     next: usize,
 }
 
+#[derive(Debug, Clone)]
+struct Slot {
+    packet_len: usize,
+    effects: [u32; 17],
+    /// `by_byte[k][v]`: the effect of Identification byte `k` (0 the low one) being `v`.
+    by_byte: [[u32; 256]; 2],
+}
+
+impl Default for Shifts {
+    fn default() -> Self {
+        let empty = Slot { packet_len: 0, effects: [0; 17], by_byte: [[0; 256]; 2] };
+        Shifts { slots: [empty.clone(), empty.clone(), empty.clone(), empty], next: 0 }
+    }
+}
+
 impl Shifts {
-    /// The effects of the 17 unknown bits (see [`id_basis`]) for a packet (BTH … ICRC) of
-    /// `packet_len` bytes, cached.
-    fn effects(&mut self, packet_len: usize) -> &[u32; 17] {
-        let i = match self.slots.iter().position(|(k, e)| *k == packet_len && e[0] != 0) {
+    /// The slot for a packet (BTH … ICRC) of `packet_len` bytes, filled on a miss.
+    fn slot(&mut self, packet_len: usize) -> &Slot {
+        // A filled slot's effects are never 0: the 17 vectors are independent.
+        let i = match self.slots.iter().position(|s| s.packet_len == packet_len && s.effects[0] != 0) {
             Some(i) => i,
             None => {
                 let shift = x8nmodp(packet_len.saturating_sub(BTH_LEN + ICRC_LEN));
                 let i = self.next;
-                self.slots[i] = (packet_len, id_basis().map(|b| multmodp(shift, b)));
+                let s = &mut self.slots[i];
+                s.packet_len = packet_len;
+                s.effects = id_basis().map(|b| multmodp(shift, b));
+                for (k, table) in s.by_byte.iter_mut().enumerate() {
+                    // Each value's effect is a smaller value's plus that of its lowest bit.
+                    for v in 1..256usize {
+                        table[v] = table[v & (v - 1)] ^ s.effects[8 * k + v.trailing_zeros() as usize];
+                    }
+                }
                 self.next = (i + 1) % self.slots.len();
                 i
             }
         };
-        &self.slots[i].1
+        &self.slots[i]
+    }
+
+    /// The effects of the 17 unknown bits (see [`id_basis`]) for a packet (BTH … ICRC) of
+    /// `packet_len` bytes, cached.
+    fn effects(&mut self, packet_len: usize) -> &[u32; 17] {
+        &self.slot(packet_len).effects
     }
 }
 
@@ -211,13 +242,15 @@ fn id_basis() -> &'static [u32; 17] {
 /// The ICRC difference between IPv4 Identification 0 with DF and (`id`, `df`), for a packet
 /// (BTH … ICRC) of `packet_len` bytes.
 pub fn id_effect(shifts: &mut Shifts, packet_len: usize, id: u16, df: bool) -> u32 {
-    let e = shifts.effects(packet_len);
+    let s = shifts.slot(packet_len);
     // Carrying past the packet is linear, so the carried effects add up (XOR) like the bits.
-    let mut d = if df { 0 } else { e[16] };
-    for (i, b) in e[..16].iter().enumerate() {
-        d ^= b & 0u32.wrapping_sub(u32::from(id >> i & 1));
+    let [lo, hi] = id.to_le_bytes();
+    let d = s.by_byte[0][usize::from(lo)] ^ s.by_byte[1][usize::from(hi)];
+    if df {
+        d
+    } else {
+        d ^ s.effects[16]
     }
-    d
 }
 
 /// The same for an IPv4-mapped IPv6 address pair as an IPv6 socket reports it.
@@ -268,8 +301,10 @@ fn rebuild_v4(
     let mut effect = |id: u16, df: bool| id_effect(shifts, packet_len, id, df);
     for &id in hints.iter().filter(|&&id| id != 0) {
         if base ^ effect(id, true) == received {
-            ip.identification = id;
-            out.len = header(&IpRepr::V4(ip), udp, packet_len, &mut out.bytes)?;
+            // The header differs from the base one in its Identification and checksum only.
+            let mut h = crate::wire::roce::Ipv4Header::new_unchecked(&mut out.bytes[..IPV4_HEADER_LEN]);
+            h.set_identification(id);
+            h.fill_checksum();
             out.how = hyp(id);
             return Ok(out);
         }
@@ -369,6 +404,23 @@ pub fn gid_addr(a: IpAddr) -> Ipv6Addr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An Identification's effect from the byte tables is the sum of its bits' effects, for
+    /// every length a slot has held (more lengths than slots: slots are reused).
+    #[test]
+    fn byte_tables_add_up_the_bits() {
+        let mut shifts = Shifts::default();
+        for packet_len in [20, 24, 28, 64, 1024, 4112, 4128, 9000] {
+            let e = *shifts.effects(packet_len);
+            for id in [0u16, 1, 0x80, 0x100, 0x1234, 0xa5c3, 0xff00, 0xffff] {
+                for df in [true, false] {
+                    let bits = (0..16).filter(|i| id >> i & 1 != 0).fold(0, |d, i| d ^ e[i]);
+                    let want = if df { bits } else { bits ^ e[16] };
+                    assert_eq!(id_effect(&mut shifts, packet_len, id, df), want, "{packet_len} {id:#x} {df}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn shift_matches_crc32_combine() {
