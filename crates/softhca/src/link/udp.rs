@@ -412,7 +412,7 @@ impl UdpDevice {
             taps,
             time,
             hints: hints::IdHints::default(),
-            shifts: verify::Shifts::default(),
+            icrc: verify::IcrcCache::default(),
             clock: 0,
             rx_idle: false,
             rx_ip_fields: false,

@@ -170,6 +170,22 @@ impl HeadMemo {
         };
         Ok(update(crc, &head[len..]))
     }
+
+    /// What [`compute`] gives for `packet` (the BTH through the last pad byte, without the
+    /// ICRC) under `ip_udp`, the headers of a recent shape taken from the memo: for a receiver
+    /// whose IP and UDP headers lie apart from the packet (a UDP socket's, rebuilt).
+    pub fn compute(&mut self, ip_udp: &[u8], packet: &[u8]) -> Result<u32, WireError> {
+        // The checks and their order are `masked_prefix`'s, so a failure is the same too.
+        let n = ip_header_len(ip_udp)? + UDP_HEADER_LEN;
+        if ip_udp.len() != n {
+            return Err(WireError::BadLength);
+        }
+        check_len(packet, BTH_LEN)?;
+        let mut head = [0u8; IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN];
+        head[..n].copy_from_slice(ip_udp);
+        head[n..n + BTH_LEN].copy_from_slice(&packet[..BTH_LEN]);
+        Ok(update(self.start(&head[..n + BTH_LEN])?, &packet[BTH_LEN..]))
+    }
 }
 
 /// Copies a whole datagram (IP header through ICRC) of `dst.len()` bytes from `src` into
@@ -326,6 +342,13 @@ mod tests {
                 bad[flip % head] ^= 0x40;
                 prop_assert_eq!(memo.start(&bad[..head]), start_datagram(&bad[..head]));
                 prop_assert_eq!(memo.start(&d[..head.min(flip)]), start_datagram(&d[..head.min(flip)]));
+                // The same with the IP and UDP headers apart from the packet.
+                let hdr = crate::wire::ip::ip_header_len(&d).unwrap() + UDP_HEADER_LEN;
+                let (ip_udp, packet) = (&bad[..hdr], &bad[hdr..d.len() - ICRC_LEN]);
+                prop_assert_eq!(memo.compute(ip_udp, packet), compute(ip_udp, packet));
+                let (ip_udp, packet) = (&d[..hdr], &d[hdr..d.len() - ICRC_LEN]);
+                prop_assert_eq!(memo.compute(ip_udp, packet), compute(ip_udp, packet));
+                prop_assert_eq!(memo.compute(&ip_udp[..hdr - 1], packet), compute(&ip_udp[..hdr - 1], packet));
             }
         }
     }

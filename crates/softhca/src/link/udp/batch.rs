@@ -135,8 +135,8 @@ pub(super) struct Io {
     pub(super) time: Clock,
     /// What each source sent last: the IPv4 Identification hypotheses.
     pub(super) hints: hints::IdHints,
-    /// Cached ICRC shift constants (see [`verify::Shifts`]).
-    pub(super) shifts: verify::Shifts,
+    /// What checking and stamping ICRCs remembers (see [`verify::IcrcCache`]).
+    pub(super) icrc: verify::IcrcCache,
     /// `now` for the datagrams being handled (read once per receive batch or transmit batch).
     pub(super) clock: u64,
     /// The last receive found at most one datagram where it could have taken more (the next
@@ -458,7 +458,7 @@ impl Io {
             (RxFrom::Group(g), _) => g,
             _ => self.addr,
         };
-        match verify::rebuild_with(&mut self.shifts, src, from.port(), local, payload, &hints, self.policy) {
+        match verify::rebuild_with(&mut self.icrc, src, from.port(), local, payload, &hints, self.policy) {
             Ok(mut h) => {
                 h.set_received(tos, ttl);
                 let c = match h.how {
@@ -779,7 +779,7 @@ impl Io {
             msgs.push(sys::TxMsg { to, first: k, count: n, gso: (n > 1).then_some(size as u16), ip: run[k].ip });
             k += n;
         }
-        stamp_identifications(&mut self.shifts, tx, run, msgs, conn.map(|c| c.next_id));
+        stamp_identifications(&mut self.icrc.shifts, tx, run, msgs, conn.map(|c| c.next_id));
         let mut done = 0;
         let mut blocked_since: Option<Instant> = None;
         while done < msgs.len() {
@@ -816,7 +816,7 @@ impl Io {
                             if let Some(c) = conn.as_mut() {
                                 c.next_id = next;
                             }
-                            stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], Some(next));
+                            stamp_identifications(&mut self.icrc.shifts, tx, run, &msgs[done..], Some(next));
                         }
                     }
                 }
@@ -833,7 +833,7 @@ impl Io {
                     // each, numbered from where the counter stands.
                     bump(&self.stats.tx_errors, msgs[done].count as u64);
                     done += 1;
-                    stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], conn.map(|c| c.next_id));
+                    stamp_identifications(&mut self.icrc.shifts, tx, run, &msgs[done..], conn.map(|c| c.next_id));
                 }
                 Err(e) if msgs[done].gso.is_some() && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
                     // The path cannot segment: send this run's datagrams one by one from now on.
@@ -847,7 +847,7 @@ impl Io {
                     if conn.take().is_some() {
                         self.disconnect_run(fd, run, msgs, done);
                     }
-                    stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], conn.map(|c| c.next_id));
+                    stamp_identifications(&mut self.icrc.shifts, tx, run, &msgs[done..], conn.map(|c| c.next_id));
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "sendmmsg dropped a message");
@@ -857,7 +857,7 @@ impl Io {
                         // Whether the refused datagram used an Identification is unknown:
                         // the flow goes on unconnected, from Identification 0.
                         self.disconnect_run(fd, run, msgs, done);
-                        stamp_identifications(&mut self.shifts, tx, run, &msgs[done..], None);
+                        stamp_identifications(&mut self.icrc.shifts, tx, run, &msgs[done..], None);
                     }
                 }
             }

@@ -28,7 +28,7 @@
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::wire::icrc;
+use crate::wire::icrc::{self, HeadMemo};
 use crate::wire::ip::IPV4_HEADER_LEN;
 use crate::wire::packet::{Packet, BTH_LEN, ICRC_LEN};
 use crate::wire::roce::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpChecksum, UdpRepr, ROCE_V2_PORT};
@@ -122,13 +122,24 @@ pub fn rebuild(
     hints: &[u16],
     policy: IcrcPolicy,
 ) -> Result<Rebuilt, Refused> {
-    rebuild_with(&mut Shifts::default(), src, src_port, dst, packet, hints, policy)
+    rebuild_with(&mut IcrcCache::default(), src, src_port, dst, packet, hints, policy)
 }
 
-/// [`rebuild`] with a cache of the length-dependent constants (the link keeps one per engine,
-/// so that a hypothesis costs a few XORs and one short multiplication, not a CRC pass).
+/// What a link remembers from datagram to datagram to check and stamp ICRCs cheaply (it keeps
+/// one per engine).
+#[derive(Debug, Clone, Default)]
+pub struct IcrcCache {
+    /// The Identification bits' effects by packet length: a hypothesis, or a sender's stamp,
+    /// costs two lookups, not a CRC pass.
+    pub shifts: Shifts,
+    /// The CRC over the last two shapes of rebuilt headers (a Send and its ACK from one peer
+    /// QP): a short datagram's check is then mostly its own bytes.
+    heads: HeadMemo,
+}
+
+/// [`rebuild`] with the link's [`IcrcCache`].
 pub fn rebuild_with(
-    shifts: &mut Shifts,
+    cache: &mut IcrcCache,
     src: IpAddr,
     src_port: u16,
     dst: IpAddr,
@@ -144,13 +155,13 @@ pub fn rebuild_with(
     match (src, dst) {
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             out.len = header(&IpRepr::V6(Ipv6Repr::new(s, d)), &udp, packet.len(), &mut out.bytes)?;
-            if crc(&out.bytes[..out.len], body)? == received {
+            if crc(&mut cache.heads, &out.bytes[..out.len], body)? == received {
                 Ok(out)
             } else {
                 Err(Refused::BadIcrc)
             }
         }
-        (IpAddr::V4(s), IpAddr::V4(d)) => rebuild_v4(shifts, s, d, &udp, packet.len(), body, received, hints, policy),
+        (IpAddr::V4(s), IpAddr::V4(d)) => rebuild_v4(cache, s, d, &udp, packet.len(), body, received, hints, policy),
         _ => Err(Refused::Family),
     }
 }
@@ -265,8 +276,8 @@ fn header(ip: &IpRepr, udp: &UdpRepr, packet_len: usize, buf: &mut [u8]) -> Resu
     emit_ip_udp(ip, udp, packet_len, buf).map_err(|_| Refused::Malformed)
 }
 
-fn crc(ip_udp: &[u8], body: &[u8]) -> Result<u32, Refused> {
-    icrc::compute(ip_udp, body).map_err(|e: WireError| match e {
+fn crc(heads: &mut HeadMemo, ip_udp: &[u8], body: &[u8]) -> Result<u32, Refused> {
+    heads.compute(ip_udp, body).map_err(|e: WireError| match e {
         WireError::BadLength | WireError::Truncated { .. } => Refused::Malformed,
         _ => Refused::Malformed,
     })
@@ -274,7 +285,7 @@ fn crc(ip_udp: &[u8], body: &[u8]) -> Result<u32, Refused> {
 
 #[allow(clippy::too_many_arguments)]
 fn rebuild_v4(
-    shifts: &mut Shifts,
+    cache: &mut IcrcCache,
     src: Ipv4Addr,
     dst: Ipv4Addr,
     udp: &UdpRepr,
@@ -287,7 +298,7 @@ fn rebuild_v4(
     let mut out = Rebuilt { bytes: [0; MAX_IP_UDP], len: 0, how: Verified::Exact };
     let mut ip = Ipv4Repr::new(src, dst);
     out.len = header(&IpRepr::V4(ip), udp, packet_len, &mut out.bytes)?;
-    let base = crc(&out.bytes[..out.len], body)?;
+    let base = crc(&mut cache.heads, &out.bytes[..out.len], body)?;
     let hyp = |id: u16| Verified::Hypothesis { identification: id, dont_fragment: true };
     if base == received {
         out.how = hyp(0);
@@ -298,7 +309,7 @@ fn rebuild_v4(
     }
     // Each hypothesis differs from the base header only in covered bits, so its ICRC is
     // base ⊕ (the effect of the difference), computed without another pass over the payload.
-    let mut effect = |id: u16, df: bool| id_effect(shifts, packet_len, id, df);
+    let mut effect = |id: u16, df: bool| id_effect(&mut cache.shifts, packet_len, id, df);
     for &id in hints.iter().filter(|&&id| id != 0) {
         if base ^ effect(id, true) == received {
             // The header differs from the base one in its Identification and checksum only.
@@ -314,7 +325,7 @@ fn rebuild_v4(
     }
     // Unknowns: bit i < 16 of the Identification, bit 16 = "DF cleared".
     let mut basis: [(u32, u32); 32] = [(0, 0); 32];
-    let effects = *shifts.effects(packet_len);
+    let effects = *cache.shifts.effects(packet_len);
     for (i, &e) in effects.iter().enumerate() {
         let mut v = e;
         let mut mask = 1u32 << i;
@@ -345,7 +356,7 @@ fn rebuild_v4(
     ip.dont_fragment = mask & (1 << 16) == 0;
     out.len = header(&IpRepr::V4(ip), udp, packet_len, &mut out.bytes)?;
     out.how = Verified::Solved { identification: ip.identification, dont_fragment: ip.dont_fragment };
-    debug_assert_eq!(crc(&out.bytes[..out.len], body).ok(), Some(received));
+    debug_assert_eq!(icrc::compute(&out.bytes[..out.len], body).ok(), Some(received));
     Ok(out)
 }
 
