@@ -7,7 +7,7 @@ mod udp_common;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use softhca::link::udp::{RxMode, UdpConfig, UdpCounters, UdpDevice};
+use softhca::link::udp::{IcrcPolicy, RxMode, UdpConfig, UdpCounters, UdpDevice};
 use softhca::wire::icrc;
 use softhca::wire::pcap::PcapReader;
 use softhca::*;
@@ -88,6 +88,25 @@ fn an_unprivileged_receiver_follows_each_flows_counter() {
     }
     assert!(ids.iter().any(|&id| id != 0), "a connected flow's Identifications count");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Rule PKT-ROCE-10: a receiver under the exact policy takes only what it checked with all 32
+/// bits of the ICRC. A connected flow's first datagram (its Identification counts from a
+/// random start) is dropped, and the Identification solving would have found becomes the
+/// hypothesis the flow's next datagram, the retransmission included, matches: the flow goes
+/// on after one ACK timeout, nothing solved and taken. (Before, no datagram of the flow ever
+/// matched, and the sender's retries ran out.)
+#[test]
+fn an_exact_receiver_learns_a_connected_flows_start() {
+    let a = end(UdpConfig::default());
+    let b = end(UdpConfig::default().icrc_policy(IcrcPolicy::Exact));
+    traffic(&a, &b);
+    let c = b.dev.counters();
+    assert_eq!((c.rx_icrc_solved, c.drop_malformed, c.tx_errors), (0, 0, 0), "{c:?}");
+    // The first datagram; a later one only where loopback lost or reordered one before it.
+    assert!((1..=3).contains(&c.drop_bad_icrc), "{c:?}");
+    assert!(c.rx_icrc_hypothesis > 100, "{c:?}");
+    assert_eq!(a.dev.counters().tx_connected_flows, 1, "{:?}", a.dev.counters());
 }
 
 /// With `connected(false)` every socket stays unconnected: Identification 0 (and the GSO

@@ -61,8 +61,9 @@
 //! IPv6 flow label is the kernel's: a socket sends its own only with a leased label.
 //!
 //! The pcap records each datagram as it leaves, Identification and ICRC included. A receiver
-//! that verifies IPv4 ICRCs without the real header under [`IcrcPolicy::Exact`] cannot follow
-//! a connected flow's random start: its peers should send with `connected(false)`.
+//! that verifies IPv4 ICRCs without the real header under [`IcrcPolicy::Exact`] drops a
+//! connected flow's first datagram (its Identification starts at random) and follows the flow
+//! from the Identification solving finds in it ([`Refused::Unproven`]).
 //!
 //! # Receiving and the ICRC
 //!

@@ -480,6 +480,11 @@ impl Io {
             Err(Refused::Malformed) => bump(&self.stats.drop_malformed, 1),
             Err(Refused::Family) => bump(&self.stats.drop_family, 1),
             Err(Refused::BadIcrc) => bump(&self.stats.drop_bad_icrc, 1),
+            Err(Refused::Unproven { identification }) => {
+                // Dropped, but what it would have carried is the source's next hypothesis.
+                self.hints.record(flow, identification, index, len);
+                bump(&self.stats.drop_bad_icrc, 1);
+            }
         }
     }
 

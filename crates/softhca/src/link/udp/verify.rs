@@ -44,8 +44,10 @@ pub enum IcrcPolicy {
     /// costs in integrity). Foreign peers such as Linux rxe need this without privilege.
     #[default]
     Solve,
-    /// Hypotheses only: the full 32-bit check, but packets from senders with unpredictable
-    /// Identifications are dropped (counted as bad ICRC).
+    /// Hypotheses only: the full 32-bit check. A datagram no hypothesis matches is dropped
+    /// (counted as bad ICRC); where solving would have accepted it, the Identification solved
+    /// for becomes a hypothesis for its source's next datagram ([`Refused::Unproven`]), so a
+    /// sender that counts from a random start (a connected Linux socket) loses its first.
     Exact,
 }
 
@@ -109,6 +111,11 @@ pub enum Refused {
     Family,
     /// No header makes the ICRC match.
     BadIcrc,
+    /// Under [`IcrcPolicy::Exact`]: no hypothesis matched, but a header solved for would (the
+    /// weaker check that policy refuses). The Identification it would have carried: the link
+    /// keeps it as a hypothesis for the source's next datagram, which is then checked with all
+    /// 32 bits (a connected sender counts from a random start).
+    Unproven { identification: u16 },
 }
 
 /// Rebuilds the IP + UDP header of `packet` (BTH … ICRC, as a UDP socket delivered it) sent
@@ -320,9 +327,6 @@ fn rebuild_v4(
             return Ok(out);
         }
     }
-    if policy == IcrcPolicy::Exact {
-        return Err(Refused::BadIcrc);
-    }
     // Unknowns: bit i < 16 of the Identification, bit 16 = "DF cleared".
     let mut basis: [(u32, u32); 32] = [(0, 0); 32];
     let effects = *cache.shifts.effects(packet_len);
@@ -354,6 +358,9 @@ fn rebuild_v4(
     }
     ip.identification = mask as u16;
     ip.dont_fragment = mask & (1 << 16) == 0;
+    if policy == IcrcPolicy::Exact {
+        return Err(Refused::Unproven { identification: ip.identification });
+    }
     out.len = header(&IpRepr::V4(ip), udp, packet_len, &mut out.bytes)?;
     out.how = Verified::Solved { identification: ip.identification, dont_fragment: ip.dont_fragment };
     debug_assert_eq!(icrc::compute(&out.bytes[..out.len], body).ok(), Some(received));
