@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use softhca::link::udp::{RxMode, UdpConfig, UdpCounters, UdpDevice};
+use softhca::link::udp::{IcrcPolicy, RxMode, UdpConfig, UdpCounters, UdpDevice};
 use softhca::wire::icrc;
 use softhca::wire::pcap::PcapReader;
 use softhca::wire::roce::{self, IpRepr, Ipv4Repr, UdpChecksum, UdpRepr};
@@ -176,23 +176,19 @@ fn rxe_one_way(file: &str) -> Vec<(u16, u16, Vec<u8>)> {
     out
 }
 
-/// Linux rxe numbers every RoCE datagram of a host pair from one counter
-/// (`__ip_select_ident`), whatever QP (source port) sends it: in the capture replayed here a
-/// source port's next datagram is the *host's* previous one + 1. Keeping hints per (address,
-/// port) only made every switch between QPs fall through to solving; the per-address last
-/// Identification is a hint too, so only the real jumps in rxe's counter need solving.
-/// Rule PKT-ROCE-10
-#[test]
-fn a_per_host_identification_counter_still_matches_a_hypothesis() {
-    let (src, dst) = (Ipv4Addr::new(127, 0, 2, 31), v4(32));
-    let dev = UdpDevice::open(UdpConfig::default().addr(dst)).unwrap();
+/// Replays the rxe capture's datagrams from 198.18.0.1 to a device at 127.0.2.`last` under
+/// `policy`, each from a socket of our own per rxe source port; returns the device's counters,
+/// how many datagrams there were, and how many were real jumps in rxe's counter.
+fn replay_rxe(last: u8, policy: IcrcPolicy) -> (UdpCounters, u64, u64) {
+    let (src, dst) = (Ipv4Addr::new(127, 0, 2, last - 1), v4(last));
+    let dev = UdpDevice::open(UdpConfig::default().addr(dst).icrc_policy(policy)).unwrap();
     let IpAddr::V4(dst4) = dst else { unreachable!() };
     let packets = rxe_one_way("rxe-write_bw_rdmacm.pcap");
     assert!(packets.len() > 50);
     // rxe's source ports, mapped to ports of our own (distinct stays distinct).
     let mut ports: Vec<u16> = Vec::new();
     let mut socks: Vec<UdpSocket> = Vec::new();
-    let mut expected_solved = 0;
+    let mut jumps = 0;
     let mut prev: Option<u16> = None;
     for (i, (sport, id, ip)) in packets.iter().enumerate() {
         let k = ports.iter().position(|p| p == sport).unwrap_or_else(|| {
@@ -208,15 +204,40 @@ fn a_per_host_identification_counter_still_matches_a_hypothesis() {
         icrc::fill_datagram(&mut d).unwrap();
         socks[k].send_to(&d[28..], SocketAddr::new(dst, 4791)).unwrap();
         if *id != 0 && prev.map(|p| p.wrapping_add(1)) != Some(*id) {
-            expected_solved += 1; // a real jump in the host's counter
+            jumps += 1; // a real jump in the host's counter
         }
         prev = Some(*id);
         let n = i as u64 + 1;
         until(&dev, "the replayed datagram", |c| c.rx_datagrams + c.drop_bad_icrc + c.drop_malformed >= n);
     }
-    let c = dev.counters();
+    (dev.counters(), packets.len() as u64, jumps)
+}
+
+/// Linux rxe numbers every RoCE datagram of a host pair from one counter
+/// (`__ip_select_ident`), whatever QP (source port) sends it: in the capture replayed here a
+/// source port's next datagram is the *host's* previous one + 1. Keeping hints per (address,
+/// port) only made every switch between QPs fall through to solving; the per-address last
+/// Identification is a hint too, so only the real jumps in rxe's counter need solving.
+/// Rule PKT-ROCE-10
+#[test]
+fn a_per_host_identification_counter_still_matches_a_hypothesis() {
+    let (c, _, jumps) = replay_rxe(32, IcrcPolicy::Solve);
     assert_eq!(c.drop_bad_icrc, 0, "{c:?}");
-    assert_eq!(c.rx_icrc_solved, expected_solved, "datagrams following the host's counter had to be solved: {c:?}");
+    assert_eq!(c.rx_icrc_solved, jumps, "datagrams following the host's counter had to be solved: {c:?}");
+}
+
+/// The same replay to a receiver under the exact policy, which takes nothing solved: each real
+/// jump in rxe's counter costs that datagram (dropped, as a bad ICRC), and the Identification
+/// solving found in it carries the receiver over the jump, so every other datagram matches a
+/// hypothesis with all 32 bits of its ICRC. (Before, an exact receiver never followed a
+/// jump: everything after the first one was dropped.)
+/// Rule PKT-ROCE-10
+#[test]
+fn an_exact_receiver_follows_a_per_host_counter_across_its_jumps() {
+    let (c, n, jumps) = replay_rxe(34, IcrcPolicy::Exact);
+    assert!(jumps > 0, "the capture has jumps to follow");
+    assert_eq!((c.rx_icrc_solved, c.drop_bad_icrc, c.drop_malformed), (0, jumps, 0), "{c:?}");
+    assert_eq!(c.rx_icrc_hypothesis + c.rx_icrc_exact, n - jumps, "{c:?}");
 }
 
 /// A valid RoCEv2 UDP payload (a UD Send Only to QP 0x123456, which does not exist) as sent from
