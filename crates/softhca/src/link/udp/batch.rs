@@ -458,33 +458,30 @@ impl Io {
             (RxFrom::Group(g), _) => g,
             _ => self.addr,
         };
-        match verify::rebuild_with(&mut self.icrc, src, from.port(), local, payload, &hints, self.policy) {
-            Ok(mut h) => {
-                h.set_received(tos, ttl);
-                let c = match h.how {
-                    Verified::Exact => &self.stats.rx_icrc_exact,
-                    Verified::Hypothesis { identification, .. } => {
-                        self.hints.record(flow, identification, index, len);
-                        &self.stats.rx_icrc_hypothesis
-                    }
-                    Verified::Solved { identification, .. } => {
-                        self.hints.record(flow, identification, index, len);
-                        &self.stats.rx_icrc_solved
-                    }
-                };
-                bump(c, 1);
-                let start = at - h.len;
-                buf[start..at].copy_from_slice(h.header());
-                self.deliver(&buf[start..at + len]);
-            }
-            Err(Refused::Malformed) => bump(&self.stats.drop_malformed, 1),
-            Err(Refused::Family) => bump(&self.stats.drop_family, 1),
-            Err(Refused::BadIcrc) => bump(&self.stats.drop_bad_icrc, 1),
-            Err(Refused::Unproven { identification }) => {
-                // Dropped, but what it would have carried is the source's next hypothesis.
-                self.hints.record(flow, identification, index, len);
-                bump(&self.stats.drop_bad_icrc, 1);
-            }
+        let verdict = verify::rebuild_with(&mut self.icrc, src, from.port(), local, payload, &hints, self.policy);
+        // What the verdict counts, and the Identification it teaches the source's hints: a
+        // datagram refused as unproven is dropped, but what it would have carried is the
+        // source's next hypothesis.
+        let (counter, learned) = match &verdict {
+            Ok(h) => match h.how {
+                Verified::Exact => (&self.stats.rx_icrc_exact, None),
+                Verified::Hypothesis { identification, .. } => (&self.stats.rx_icrc_hypothesis, Some(identification)),
+                Verified::Solved { identification, .. } => (&self.stats.rx_icrc_solved, Some(identification)),
+            },
+            Err(Refused::Malformed) => (&self.stats.drop_malformed, None),
+            Err(Refused::Family) => (&self.stats.drop_family, None),
+            Err(Refused::BadIcrc) => (&self.stats.drop_bad_icrc, None),
+            Err(Refused::Unproven { identification }) => (&self.stats.drop_bad_icrc, Some(*identification)),
+        };
+        bump(counter, 1);
+        if let Some(id) = learned {
+            self.hints.record(flow, id, index, len);
+        }
+        if let Ok(mut h) = verdict {
+            h.set_received(tos, ttl);
+            let start = at - h.len;
+            buf[start..at].copy_from_slice(h.header());
+            self.deliver(&buf[start..at + len]);
         }
     }
 
