@@ -201,9 +201,24 @@ fn table_step(c: u32, lo: u64, hi: u64) -> u32 {
         ^ (at(3, hi, 4) ^ at(2, hi, 5) ^ at(1, hi, 6) ^ at(0, hi, 7))
 }
 
-/// The last bytes (fewer than 16) a byte at a time; returns crc32fast's value.
+/// The last bytes (fewer than 16): eight at a time if there are eight, then four, then a
+/// byte at a time; returns crc32fast's value. The packet path's runs are mostly this short
+/// (a PSN and what follows it, an AETH, an 8-byte payload), walked a byte at a time they cost
+/// six instructions a byte.
 #[inline(always)]
-fn table_tail(mut c: u32, rest: &[u8]) -> u32 {
+fn table_tail(mut c: u32, mut rest: &[u8]) -> u32 {
+    let at = |k: usize, word: u64, byte: u32| TABLES[k][((word >> (8 * byte)) & 0xff) as usize];
+    if let Some((eight, more)) = rest.split_first_chunk::<8>() {
+        let w = u64::from_le_bytes(*eight) ^ u64::from(c);
+        c = (at(7, w, 0) ^ at(6, w, 1) ^ at(5, w, 2) ^ at(4, w, 3))
+            ^ (at(3, w, 4) ^ at(2, w, 5) ^ at(1, w, 6) ^ at(0, w, 7));
+        rest = more;
+    }
+    if let Some((four, more)) = rest.split_first_chunk::<4>() {
+        let w = u64::from(u32::from_le_bytes(*four) ^ c);
+        c = at(3, w, 0) ^ at(2, w, 1) ^ at(1, w, 2) ^ at(0, w, 3);
+        rest = more;
+    }
     for &b in rest {
         c = TABLES[0][((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
     }
