@@ -186,7 +186,12 @@ fn unlist(list: &Ready, qpn: u32, end: TurnEnd) {
     }
     ready.streak = 0;
     if let Some(at) = ready.qpns.iter().position(|&q| q == qpn) {
-        ready.qpns.remove(at);
+        // Nearly always the head (the QP whose turn it was): popped, not shifted.
+        if at == 0 {
+            ready.qpns.pop_front();
+        } else {
+            ready.qpns.remove(at);
+        }
         if end != TurnEnd::Idle {
             ready.qpns.push_back(qpn);
         }
@@ -428,7 +433,7 @@ impl Engine {
         let parsed = if verify_icrc { roce::parse_ip(datagram) } else { roce::parse_ip_unverified(datagram) };
         match parsed {
             Ok(d) => {
-                if !deliver(dev, now, &d, datagram) {
+                if !deliver(self, dev, now, &d, datagram) {
                     self.stats.rx_dropped.inc();
                 }
             }
@@ -785,7 +790,7 @@ impl Engine {
 
 /// Header validation in the order of PKT-VAL-1, then the transport. Returns false when the
 /// packet was dropped.
-fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
+fn deliver(engine: &Engine, dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
     let p = &d.packet;
     let bth = p.bth;
     if bth.tver != 0 {
@@ -796,18 +801,18 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
     }
     // The table stays read-locked while the packet is handled: Create and Destroy QP wait, no
     // reference count moves per packet.
-    let qps = dev.engine().qps.read().unwrap_or_else(|e| e.into_inner());
+    let qps = engine.qps.read().unwrap_or_else(|e| e.into_inner());
     if bth.opcode.service_range() == Some(ServiceType::Rd) {
         return super::rd::deliver(dev, &qps, now, d);
     }
     let multicast = d.ip.dst_is_multicast();
     if bth.dest_qp == MULTICAST_QPN || multicast {
-        return deliver_multicast(dev, &qps, now, d, datagram, multicast);
+        return deliver_multicast(engine, dev, &qps, now, d, datagram, multicast);
     }
     let Some(qp) = qps.get(bth.dest_qp) else {
         return false; // PKT-VAL-4
     };
-    deliver_to(dev, qp, now, d, datagram)
+    deliver_to(engine, dev, qp, now, d, datagram)
 }
 
 /// IBA 10.5: a multicast packet names the group in its destination GID and DestQP 0xFFFFFF;
@@ -816,6 +821,7 @@ fn deliver(dev: &dyn Hca, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bo
 /// it included, as IP multicast loops back to its host.
 #[cold]
 fn deliver_multicast(
+    engine: &Engine,
     dev: &dyn Hca,
     qps: &QpTable,
     now: u64,
@@ -827,17 +833,17 @@ fn deliver_multicast(
         return false;
     }
     let mgid = Gid::from_ipv6(d.ip.dst_gid());
-    let groups = dev.engine().groups.read().unwrap_or_else(|e| e.into_inner());
+    let groups = engine.groups.read().unwrap_or_else(|e| e.into_inner());
     let mut taken = false;
     for qp in groups.members(mgid).iter().filter_map(|&qpn| qps.get(qpn)) {
-        taken |= deliver_to(dev, qp, now, d, datagram);
+        taken |= deliver_to(engine, dev, qp, now, d, datagram);
     }
     taken
 }
 
 /// [`deliver`] of a packet to one QP, from PKT-VAL-5 on.
 #[inline(always)]
-fn deliver_to(dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
+fn deliver_to(engine: &Engine, dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDatagram<'_>, datagram: &[u8]) -> bool {
     let p = &d.packet;
     let bth = p.bth;
     let mut core = qp.core.lock().unwrap_or_else(|e| e.into_inner());
@@ -876,8 +882,9 @@ fn deliver_to(dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDatagram<'_>, datag
     }
     if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
         let src = crate::types::Gid::from_ipv6(d.ip.src_gid());
-        let on_alternate = core.attrs.alt.and_then(|alt| alt.av.ah.grh.dgid) == Some(src);
-        if bth.mig_req && on_alternate {
+        // By reference: the paths are large, and every packet of the QP asks.
+        let on_alternate = || core.attrs.alt.as_ref().and_then(|alt| alt.av.ah.grh.dgid) == Some(src);
+        if bth.mig_req && on_alternate() {
             if core.attrs.path_mig_state != crate::types::MigState::Armed {
                 // IBA 17.2.8: the peer migrated onto a path this side has loaded but not
                 // armed. The request is refused (the packet dropped, the peer's retries
@@ -888,7 +895,7 @@ fn deliver_to(dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDatagram<'_>, datag
             }
             // IBA 17.2.8: the peer migrated; this side follows onto the alternate path.
             qp.migrate(&mut core, true);
-        } else if core.attrs.av.and_then(|av| av.ah.grh.dgid) != Some(src) {
+        } else if core.attrs.av.as_ref().and_then(|av| av.ah.grh.dgid) != Some(src) {
             return false; // PKT-VAL-11, PKT-ROCE-5
         }
     }
@@ -910,7 +917,7 @@ fn deliver_to(dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDatagram<'_>, datag
         responder::on_request(qp, &mut core, &req);
         // An ACK, a NAK or Read responses to send.
         if !core.chan.out.is_empty() {
-            dev.engine().wake(qp);
+            engine.wake(qp);
         }
         true
     } else {
@@ -922,7 +929,7 @@ fn deliver_to(dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDatagram<'_>, datag
         let accepted = completer::on_response(qp, &mut core, now, &r);
         // A window that opened, a go-back, or responses owed: anything left on the SQ may move.
         if !core.sq.is_empty() || !core.chan.out.is_empty() {
-            dev.engine().wake(qp);
+            engine.wake(qp);
         }
         accepted
     }

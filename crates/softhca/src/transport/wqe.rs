@@ -202,7 +202,11 @@ impl RecvWqe {
     pub(crate) fn fill(&mut self, wr_id: u64, sges: &[Sge]) {
         self.wr_id = wr_id;
         self.sges.clear();
-        self.sges.extend_from_slice(sges);
+        // One push each: a receive has one SGE or two, and SmallVec's `extend_from_slice`
+        // (an insert at the end) is a call and a `memcpy` for them.
+        for &s in sges {
+            self.sges.push(s);
+        }
         self.length = sge_total(sges);
     }
 }

@@ -1289,7 +1289,10 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
         None if inline && inline_from_sges(q, wr.sg_list, &mut slot.inline) => {}
         None => {
             slot.inline.clear();
-            slot.sges.extend_from_slice(wr.sg_list);
+            // As `RecvWqe::fill`: a push each for the few SGEs of a WR.
+            for &s in wr.sg_list {
+                slot.sges.push(s);
+            }
         }
     }
     slot.length = wr_length(wr);
