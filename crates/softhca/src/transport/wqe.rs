@@ -158,6 +158,14 @@ pub(crate) struct RecvWqe {
     pub length: u64,
 }
 
+/// Appends a WR's SGEs to a WQE's list, one push each: a WR has one SGE or two, and
+/// SmallVec's `extend_from_slice` (an insert at the end) is a call and a `memcpy` for them.
+pub(crate) fn push_sges(list: &mut SgeList, sges: &[Sge]) {
+    for &s in sges {
+        list.push(s);
+    }
+}
+
 /// The bytes a list of SGEs covers.
 pub(crate) fn sge_total(sges: &[Sge]) -> u64 {
     sges.iter().map(|s| s.length as u64).sum()
@@ -202,11 +210,7 @@ impl RecvWqe {
     pub(crate) fn fill(&mut self, wr_id: u64, sges: &[Sge]) {
         self.wr_id = wr_id;
         self.sges.clear();
-        // One push each: a receive has one SGE or two, and SmallVec's `extend_from_slice`
-        // (an insert at the end) is a call and a `memcpy` for them.
-        for &s in sges {
-            self.sges.push(s);
-        }
+        push_sges(&mut self.sges, sges);
         self.length = sge_total(sges);
     }
 }

@@ -38,7 +38,7 @@ use crate::transport::qp::{flush_cqe, wc_opcode_of, QpCore, QpInner};
 pub use crate::transport::qp::{AltPath, QpAttrs, QpCap};
 use crate::transport::state::check_modify;
 use crate::transport::wq::{Producer, Ring};
-use crate::transport::wqe::{sge_total, wr_allowed, BindRequest, RecvWqe, SendFlags, SendWqe, WrOpcode};
+use crate::transport::wqe::{push_sges, sge_total, wr_allowed, BindRequest, RecvWqe, SendFlags, SendWqe, WrOpcode};
 use crate::types::AttrMask;
 
 /// Create QP input (`ibv_qp_init_attr`).
@@ -1289,10 +1289,7 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
         None if inline && inline_from_sges(q, wr.sg_list, &mut slot.inline) => {}
         None => {
             slot.inline.clear();
-            // As `RecvWqe::fill`: a push each for the few SGEs of a WR.
-            for &s in wr.sg_list {
-                slot.sges.push(s);
-            }
+            push_sges(&mut slot.sges, wr.sg_list);
         }
     }
     slot.length = wr_length(wr);
