@@ -192,3 +192,83 @@ fn a_qp_connected_anew_reconnects_its_flow() {
         clean(&b.dev.counters());
     }
 }
+
+/// A QP's flow socket is opened and connected when Modify QP sets the QP's path, before any
+/// of its packets is written: the first packet's Local ACK timer must not run while the link
+/// opens the socket and probes its Identification (under emulation that took 25-90 ms of a
+/// 67 ms timeout). Both ends connected and nothing sent yet, each flow is connected; traffic
+/// then connects no other.
+#[test]
+fn a_flow_is_connected_when_modify_qp_sets_its_path() {
+    let (a, b) = (end(UdpConfig::default()), end(UdpConfig::default()));
+    connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
+    connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
+    for d in [&a.dev, &b.dev] {
+        // The link's turn that Modify QP's doorbell runs (its own thread's, or the engine
+        // thread's when that one held the link) opens the flow.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while d.counters().tx_connected_flows == 0 {
+            assert!(Instant::now() < deadline, "{:?}", d.counters());
+            std::thread::yield_now();
+        }
+        let c = d.counters();
+        assert_eq!((c.tx_connected_flows, c.tx_unconnected_flows, c.tx_datagrams), (1, 0, 0), "{c:?}");
+    }
+    traffic_connected(&a, &b);
+    for d in [&a.dev, &b.dev] {
+        let c = d.counters();
+        clean(&c);
+        assert_eq!((c.tx_connected_flows, c.tx_unconnected_flows), (1, 0), "{c:?}");
+    }
+}
+
+/// What the core announces (`Context::announce_flows`): an RC or UC QP's flow when Modify QP
+/// sets its path (Init → RTR), with the QP's UDP source port and both GIDs; a UD QP has none;
+/// nothing at all for a link that did not ask.
+#[test]
+fn the_core_announces_connected_flows_at_init_to_rtr() {
+    let (local, peer) = (Gid::from_ipv4([10, 0, 0, 1].into()), Gid::from_ipv4([10, 0, 0, 2].into()));
+    let make = |announce: bool| {
+        let ctx = Context::create(DeviceConfig::default().name("flows").gid0(local)).unwrap();
+        if announce {
+            ctx.announce_flows();
+        }
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        (ctx, pd, cq)
+    };
+    let to_rtr = |qp: &Qp| {
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE)).unwrap();
+        let av = AddressVector::new(AhAttr::roce(peer, 0), Mtu::Mtu1024);
+        let rtr = QpAttr::to_rtr(av, 0x42).rq_psn(0);
+        let rtr = if qp.qp_type() == QpType::Rc { rtr.max_dest_rd_atomic(1).min_rnr_timer(1) } else { rtr };
+        qp.modify(&rtr).unwrap();
+    };
+    let mut flows = Vec::new();
+    let (ctx, pd, cq) = make(true);
+    let rc = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+    let uc = pd.create_qp(&QpInitAttr::new(QpType::Uc, &cq, &cq)).unwrap();
+    rc.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::LOCAL_WRITE)).unwrap();
+    ctx.take_flows(&mut flows);
+    assert!(flows.is_empty(), "Init has no path: {flows:?}");
+    to_rtr(&rc);
+    to_rtr(&uc);
+    let ud = pd.create_qp(&QpInitAttr::new(QpType::Ud, &cq, &cq)).unwrap();
+    ud.modify(&QpAttr::to_init().port(1).pkey_index(0).qkey(1)).unwrap();
+    ud.modify(&QpAttr::new(QpState::Rtr)).unwrap();
+    ctx.take_flows(&mut flows);
+    let want = |qp: &Qp| softhca::transport::Flow {
+        src_gid: local.to_ipv6(),
+        dst_gid: peer.to_ipv6(),
+        src_port: softhca::wire::roce::udp_src_port(qp.qp_num()),
+    };
+    assert_eq!(flows, [want(&rc), want(&uc)]);
+    ctx.take_flows(&mut flows);
+    assert!(flows.is_empty(), "taken once: {flows:?}");
+
+    let (ctx, pd, cq) = make(false);
+    let rc = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+    to_rtr(&rc);
+    ctx.take_flows(&mut flows);
+    assert!(flows.is_empty(), "not asked for: {flows:?}");
+}

@@ -33,7 +33,9 @@
 //!   checksum are masked by the ICRC;
 //! - the UDP source port is the one the core put in the header ([`crate::wire::roce::UdpRepr::for_qp`],
 //!   one flow per QP): the link keeps a small cache of sockets bound to (address, port),
-//!   created on first use, for the first [`MAX_PORT_SOCKETS`] flows. A flow beyond them (or
+//!   created for the first [`MAX_PORT_SOCKETS`] flows: an RC or UC QP's when Modify QP sets
+//!   its path (the core announces it, [`crate::transport::Flow`], and the turn that Modify
+//!   QP's doorbell runs opens and connects it), any other on first use. A flow beyond them (or
 //!   whose port is taken) shares port 4791: its datagrams go out from the device's socket, their
 //!   ICRC re-sealed for that port (receivers accept any source port, PKT-ROCE-6), and all such
 //!   datagrams of a batch leave in one `sendmmsg`, whichever QPs they come from;
@@ -352,6 +354,8 @@ impl UdpDevice {
         ctx.defer_unreliable_completions();
         // The peer's poller takes datagrams in as they arrive: an ACK goes behind the answer.
         ctx.acks_after_requests();
+        // A QP's flow socket is opened and connected at Modify QP, not behind its first packet.
+        ctx.announce_flows();
         if frames.is_some() || ipv6.is_some() {
             // Create QP starts the packet socket hearing, before it returns (the link's next
             // turn may come after a peer's first frame). Held weakly: the device must not keep

@@ -886,6 +886,19 @@ impl Context {
         self.inner.engine.acks_after_requests.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// For a link that prepares something per flow before it can send on it (the UDP link's
+    /// socket, connected, its IPv4 Identification learned): from now on an RC or UC QP's flow
+    /// is announced when Modify QP sets its path (Init → RTR), for [`Context::take_flows`].
+    pub fn announce_flows(&self) {
+        self.inner.engine.announce_flows.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The flows announced since the last call (see [`Context::announce_flows`]), into `out`
+    /// (emptied first); no lock while there are none.
+    pub fn take_flows(&self, out: &mut Vec<crate::transport::Flow>) {
+        self.inner.engine.take_flows(out)
+    }
+
     /// The link has sent every datagram [`Context::transmit`] wrote so far (see
     /// [`Context::defer_unreliable_completions`]).
     pub fn sent(&self) {

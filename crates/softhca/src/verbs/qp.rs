@@ -915,7 +915,12 @@ impl Qp {
                 let (rq_psn, sq_psn) = (next.rq_psn, next.sq_psn);
                 core.set_attrs(next);
                 match (from, to) {
-                    (QpState::Init, QpState::Rtr) => core.start_receiving(rq_psn),
+                    (QpState::Init, QpState::Rtr) => {
+                        core.start_receiving(rq_psn);
+                        // The link prepares the flow now, before its first packet (the
+                        // `kick` below lets it turn).
+                        self.res.dev.engine.announce_flow(q, &mut core);
+                    }
                     (QpState::Rtr, QpState::Rts) => core.start_sending(sq_psn),
                     (QpState::Sqe, QpState::Rts) => core.req.halted = false,
                     _ => {}

@@ -54,6 +54,11 @@ pub fn wait(cq: &Cq, n: usize, secs: u64) -> Vec<Wc> {
 pub fn traffic(a: &End, b: &End) {
     connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu4096);
     connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu4096);
+    traffic_connected(a, b);
+}
+
+/// [`traffic`] on a pair already connected to each other.
+pub fn traffic_connected(a: &End, b: &End) {
     let n = 200_000usize;
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let src = a.pd.reg_mr((0..n).map(|i| (i * 13) as u8).collect(), all).unwrap();

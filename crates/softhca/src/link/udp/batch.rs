@@ -168,6 +168,8 @@ pub(super) struct SendScratch {
     pub(super) segs: Vec<std::ops::Range<usize>>,
     pub(super) msgs: Vec<sys::TxMsg>,
     pub(super) sys: sys::TxScratch,
+    /// The flows the core announced (see [`Io::open_flows`]).
+    pub(super) flows: Vec<crate::transport::Flow>,
 }
 
 /// Within each flow (destination and source port: one QP's), its requests before its
@@ -220,6 +222,7 @@ impl Io {
     /// Drains the device's transmit queue into batches and sends them (at most
     /// [`TX_ROUNDS`] batches). Returns whether anything was sent.
     pub(super) fn flush_tx(&mut self, tx: &mut TxBufs, mut now: u64) -> bool {
+        self.open_flows(&mut tx.send.flows);
         let mut any = self.send_frames(tx, now);
         // Set again below if every round is full: then more may be waiting.
         self.tx_backlog = false;
@@ -633,10 +636,24 @@ impl Io {
         })
     }
 
+    /// Opens the sockets of the flows the core announced since the last flush (RC and UC QPs
+    /// whose path Modify QP has just set), connected where configured: before any of their
+    /// packets is written, whose Local ACK timer would otherwise run while the socket is
+    /// opened and its Identification probed (see `transport::Flow`). A flow from the
+    /// alternate address has no socket of its own.
+    pub(super) fn open_flows(&mut self, flows: &mut Vec<crate::transport::Flow>) {
+        self.ctx.take_flows(flows);
+        for f in flows.iter() {
+            if verify::unmap(IpAddr::V6(f.src_gid)) == self.addr {
+                self.port_socket(f.src_port, verify::unmap(IpAddr::V6(f.dst_gid)), true);
+            }
+        }
+    }
+
     /// The socket to send a flow's datagrams from (bound to (addr, port), created on first
-    /// use; an RC or UC flow's is connected to `first.dst` on first use where configured) and
-    /// its association; None if the port cannot be had.
-    pub(super) fn port_socket(&mut self, port: u16, first: &Pending) -> Option<(RawFd, Option<Conn>)> {
+    /// use; an RC or UC flow's, `one_peer`, is connected to `dst` on first use where
+    /// configured) and its association; None if the port cannot be had.
+    pub(super) fn port_socket(&mut self, port: u16, dst: IpAddr, one_peer: bool) -> Option<(RawFd, Option<Conn>)> {
         if port == ROCE_V2_PORT {
             return Some((self.sock.as_raw_fd(), None));
         }
@@ -659,14 +676,14 @@ impl Io {
         // Identification counter, which only a solving receiver could follow. (Such a flow
         // whose port a connected flow holds goes out from 4791, see `send_batch`.) A QP
         // connected anew to another peer gets its socket connected anew.
-        if !first.one_peer && f.conn.is_some() {
+        if !one_peer && f.conn.is_some() {
             return None;
         }
-        let moved = f.conn.is_some_and(|c| c.peer != first.dst);
-        if self.connect && first.one_peer && (!f.tried || moved) {
+        let moved = f.conn.is_some_and(|c| c.peer != dst);
+        if self.connect && one_peer && (!f.tried || moved) {
             f.tried = true;
             let sink = self.sink.get_or_insert_with(|| open_sink(self.addr));
-            f.conn = connect_flow(fd, self.addr, first.dst, sink.as_ref());
+            f.conn = connect_flow(fd, self.addr, dst, sink.as_ref());
             let c = if f.conn.is_some() { &self.stats.tx_connected_flows } else { &self.stats.tx_unconnected_flows };
             bump(c, 1);
         }
@@ -698,7 +715,7 @@ impl Io {
         for p in pending {
             // The alternate address sends everything from its 4791 socket.
             let alt = self.alt.as_ref().filter(|_| p.alt).map(|a| a.sock.as_raw_fd());
-            let own = if alt.is_none() { self.port_socket(p.port, p) } else { None };
+            let own = if alt.is_none() { self.port_socket(p.port, p.dst, p.one_peer) } else { None };
             via.push(match own {
                 Some(s) => s,
                 None => {
