@@ -276,7 +276,8 @@ pub(crate) struct Shared {
     /// application's last poll or post began: if the count has moved since, the last thing
     /// the application did was take completions.
     handed_seen: AtomicU64,
-    /// The CPU the last poller's turn ran on ([`os::current_cpu`]).
+    /// The CPU a poller's turn ran on lately ([`os::current_cpu`], asked every
+    /// [`CPU_EVERY`]th turn).
     poller_cpu: AtomicU32,
     /// Polls that ran no turn because they found the port taken (by the engine thread, or
     /// another poller). The engine thread counts them as the pollers' signs of life.
@@ -447,6 +448,11 @@ fn stand_in_hold_ns() -> u64 {
 fn ack_wait_ns() -> u64 {
     super::clock::on_this_host(10_000, 200_000)
 }
+/// A poller's turn notes its CPU (for the engine thread's naps, `nap_watching`) once in this
+/// many: the call was 30 of the 560 instructions of an empty busy poll over shared memory, a
+/// poller moves between CPUs seldom, and a nap that misjudges the core once only naps
+/// differently.
+const CPU_EVERY: u64 = 64;
 /// The shortest nap: a wake-up costs a core's time beside a spinning poller.
 const MIN_NAP: Duration = Duration::from_micros(200);
 
@@ -632,9 +638,12 @@ impl<P: Port> Driver<P> {
                 if full {
                     // Only the port's holder writes it: no locked add.
                     let turns = &self.wakes.poller_turns;
-                    turns.store(turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                    let turn = turns.load(Ordering::Relaxed);
+                    turns.store(turn + 1, Ordering::Relaxed);
                     self.shared.last_inline.store(now.max(1), Ordering::Relaxed);
-                    self.shared.poller_cpu.store(os::current_cpu(), Ordering::Relaxed);
+                    if turn.is_multiple_of(CPU_EVERY) {
+                        self.shared.poller_cpu.store(os::current_cpu(), Ordering::Relaxed);
+                    }
                     // A poller's turn leaves the ACKs it owes for the next poll or post, so
                     // that they leave with the reply in one send, in busy-poll mode and for a
                     // spinning poller in blocking mode alike; if the poller stops, the engine

@@ -930,6 +930,12 @@ impl ShmPort {
     /// a ping-pong the peer's answer arrives with its ACK behind it: taking the ACK in first
     /// put about a microsecond of work (under emulation) between a hop and its completion.
     fn receive(&mut self, now: u64, inline: bool) -> bool {
+        // An empty ring whose stall watch is not due (see `Ring::pop`) has nothing to take:
+        // the commonest answer to a busy poll, given without the landing flag's two
+        // thread-local writes or a pop.
+        if !self.ring.has_data() && self.stall.since.is_none() && now < self.stall.next_look {
+            return false;
+        }
         // This thread's two copies a packet (the ring's, then the device's into the MR) bound
         // the link: the device's asks for the next packet's lines as it lands one.
         crate::mem::landing_ahead(|| self.receive_batch(now, inline))

@@ -624,6 +624,7 @@ impl Engine {
 
     /// Moves the flows announced since the last call into `out` (emptied first). No lock is
     /// taken while none waits: the link asks at every flush.
+    #[inline]
     pub fn take_flows(&self, out: &mut Vec<Flow>) {
         out.clear();
         if !self.flows_any.load(Ordering::Acquire) {

@@ -895,6 +895,7 @@ impl Context {
 
     /// The flows announced since the last call (see [`Context::announce_flows`]), into `out`
     /// (emptied first); no lock while there are none.
+    #[inline]
     pub fn take_flows(&self, out: &mut Vec<crate::transport::Flow>) {
         self.inner.engine.take_flows(out)
     }

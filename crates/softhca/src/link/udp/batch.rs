@@ -226,6 +226,9 @@ impl Io {
         let mut any = self.send_frames(tx, now);
         // Set again below if every round is full: then more may be waiting.
         self.tx_backlog = false;
+        if !self.ctx.may_transmit() {
+            return any; // idle: every busy poll flushes first
+        }
         for round in 0..TX_ROUNDS {
             if round > 0 {
                 now = self.now();

@@ -423,11 +423,12 @@ impl RxBatch {
             ) as libc::c_int
         };
         if r < 0 {
+            // Nothing waiting is every idle busy poll's answer: told by its number, not by
+            // the error's kind (a match over every errno).
             let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
-                Ok(0)
-            } else {
-                Err(e)
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN | libc::EINTR) => Ok(0),
+                _ => Err(e),
             };
         }
         self.used = r as usize;
