@@ -12,13 +12,14 @@ use crate::transport::wqe::{SendFlags, SendWqe, WrOpcode};
 use crate::types::{AhAttr, Gid, QpState, QpType, WcStatus, GSI_QKEY, GSI_QPN};
 use crate::wire::aeth::Syndrome;
 use crate::wire::icrc;
+use crate::wire::ip::UDP_HEADER_LEN;
 use crate::wire::opcode::{Direction, Operation, Position, ServiceType, Suffix};
-use crate::wire::packet::{pad_for, ICRC_LEN};
+use crate::wire::packet::{pad_for, BTH_LEN, ICRC_LEN};
 use crate::wire::psn::Psn;
 use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
 use crate::wire::{
-    AckTemplate, AethRepr, AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, RethRepr,
-    UdpChecksum, WireError,
+    AckTemplate, AethRepr, AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, RequestHead,
+    RethRepr, UdpChecksum, WireError,
 };
 
 use super::channel::Sent;
@@ -1041,14 +1042,28 @@ pub(crate) fn emit(
     let udp = UdpRepr::for_qp(qpn, UdpChecksum::default_for(&ip));
     let repr = RoceRepr { ip, udp, packet };
     let range = repr.emit_headers(payload_len, buf).ok()?;
-    let pad_end = range.end + pad_for(payload_len);
-    let end = pad_end + ICRC_LEN;
     let head = &buf[..range.start];
     let head_crc = match memo {
         Some(memo) => memo.start(head),
         None => icrc::start_datagram(head),
     }
     .ok()?;
+    emit_payload(&ip, udp.checksum, range, head_crc, buf, fill)
+}
+
+/// The rest of [`emit`] once the headers are in `buf` (through `range.start`, the payload's
+/// place) and `head_crc` is the ICRC's CRC over them: the payload, the pad, the seal.
+fn emit_payload(
+    ip: &IpRepr,
+    checksum: UdpChecksum,
+    range: std::ops::Range<usize>,
+    head_crc: u32,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut Payload<'_>) -> bool,
+) -> Option<usize> {
+    let payload_len = range.len();
+    let pad_end = range.end + pad_for(payload_len);
+    let end = pad_end + ICRC_LEN;
     let fused = payload_len >= crate::mem::COPY_CRC_MIN;
     let (before, rest) = buf.split_at_mut(range.end);
     let mut payload = Payload { dst: &mut before[range.start..], crc: fused.then_some(head_crc), at: 0 };
@@ -1062,7 +1077,7 @@ pub(crate) fn emit(
         None => crate::mem::crc32::update(head_crc, &before[range.start..]),
     };
     let crc = if pad.is_empty() { crc } else { crate::mem::crc32::update(crc, pad) };
-    roce::seal_with(buf.get_mut(..end)?, &ip, udp.checksum, crc).ok()?;
+    roce::seal_with(buf.get_mut(..end)?, ip, checksum, crc).ok()?;
     Some(end)
 }
 
@@ -1287,6 +1302,22 @@ fn emit_request(
     bth.ack_req = q.qp_type == QpType::Rc
         && w.opcode.gathers()
         && (last || np.psn % requester::ACK_EVERY == requester::ACK_EVERY - 1 || core.chan.send.probe_due());
+    let payload_len = np.payload as usize;
+    // A packet of a connected QP that is a BTH and a payload reuses the headers of the last
+    // such packet of its shape (`wire::RequestHead`).
+    let plain = connected_qp && opcode.info().is_some_and(|i| i.headers.is_empty() && i.reserved_len == 0);
+    if let (true, Some(ip)) = (plain, connected) {
+        let udp = UdpRepr::for_qp(q.qpn, UdpChecksum::default_for(&ip));
+        if let Some(h) = core.req_head.as_ref().filter(|h| h.is_for(&ip, &udp, &bth, payload_len)) {
+            let (n, head_crc) = h.write(bth.psn, buf).ok()?;
+            return emit_payload(h.ip(), h.udp().checksum, n..n + payload_len, head_crc, buf, |p| p.wqe(w, np.offset));
+        }
+        let len =
+            emit(q.qpn, ip, PacketRepr::new(bth), payload_len, buf, Some(&mut core.tx_memo), |p| p.wqe(w, np.offset))?;
+        let n = ip.header_len() + UDP_HEADER_LEN + BTH_LEN;
+        core.req_head = RequestHead::new(ip, udp, bth, payload_len, &buf[..n]).ok();
+        return Some(len);
+    }
     let mut packet = PacketRepr::new(bth);
     add_request_headers(&mut packet, w, np.offset, first, last);
     if q.qp_type == QpType::Ud {

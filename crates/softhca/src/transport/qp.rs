@@ -147,6 +147,9 @@ pub(crate) struct QpCore {
     pub ack: Option<crate::wire::AckTemplate>,
     /// The ICRC's CRC over the first headers of this QP's recent requests (`engine::emit`).
     pub tx_memo: crate::wire::icrc::HeadMemo,
+    /// The headers of this QP's last request packet that was a BTH and a payload alone, for
+    /// the next of that shape (`engine::emit_request`).
+    pub req_head: Option<crate::wire::RequestHead>,
     /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
     /// reused so that taking SRQ WQEs does not allocate.
     pub srq_wqe: RecvWqe,

@@ -445,6 +445,7 @@ impl Context {
                 route: None,
                 ack: None,
                 tx_memo: Default::default(),
+                req_head: None,
                 srq_wqe: RecvWqe::default(),
                 srq_bound: false,
                 req: Default::default(),

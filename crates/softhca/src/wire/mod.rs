@@ -44,6 +44,7 @@ pub mod packet;
 pub mod pcap;
 pub mod psn;
 pub mod rdeth;
+pub mod request;
 pub mod reth;
 pub mod roce;
 
@@ -59,6 +60,7 @@ pub use opcode::{Direction, ExtHeaders, Opcode, OpcodeInfo, Operation, Position,
 pub use packet::{Packet, PacketRepr};
 pub use psn::{Psn, PsnClass};
 pub use rdeth::{Rdeth, RdethRepr};
+pub use request::RequestHead;
 pub use reth::{Reth, RethRepr};
 pub use roce::{IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpChecksum, ROCE_V2_PORT};
 
