@@ -315,7 +315,8 @@ impl TimerQueue {
 /// packet's Local ACK timer runs from its writing, and its peer waits. The UDP link opens,
 /// connects and probes a flow's socket there (see `link::udp`): a fresh connection's first
 /// 8-byte Send took 107-177 µs one way, 56-78 µs with the socket ready (`softhca perf send
-/// --lat --iters 1` over UDP, alternating runs, 2026-11-30).
+/// --lat --iters 1` over UDP, alternating runs, 2026-11-30). A path set later (SQD→RTS, a
+/// migration) is not announced: its flow is prepared when its first packet leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flow {
     /// The QP's address and the peer's, as GIDs (IPv4 addresses mapped, PKT-ROCE-3).
@@ -1052,7 +1053,9 @@ pub(crate) fn emit(
 }
 
 /// The rest of [`emit`] once the headers are in `buf` (through `range.start`, the payload's
-/// place) and `head_crc` is the ICRC's CRC over them: the payload, the pad, the seal.
+/// place) and `head_crc` is the ICRC's CRC over them: the payload, the pad (zeroed here: a
+/// `wire::RequestHead` writes the headers alone, over whatever the buffer held), the seal.
+/// `None` where `buf` cannot hold the datagram.
 fn emit_payload(
     ip: &IpRepr,
     checksum: UdpChecksum,
@@ -1064,6 +1067,9 @@ fn emit_payload(
     let payload_len = range.len();
     let pad_end = range.end + pad_for(payload_len);
     let end = pad_end + ICRC_LEN;
+    if buf.len() < end {
+        return None;
+    }
     let fused = payload_len >= crate::mem::COPY_CRC_MIN;
     let (before, rest) = buf.split_at_mut(range.end);
     let mut payload = Payload { dst: &mut before[range.start..], crc: fused.then_some(head_crc), at: 0 };
@@ -1071,7 +1077,8 @@ fn emit_payload(
         return None;
     }
     // The pad bytes (zeros, PKT-HDR-2) close the running CRC.
-    let pad = &rest[..pad_end - range.end];
+    let pad = &mut rest[..pad_end - range.end];
+    pad.fill(0);
     let crc = match payload.crc {
         Some(crc) => crc,
         None => crate::mem::crc32::update(head_crc, &before[range.start..]),
@@ -1473,6 +1480,49 @@ fn emit_ack(q: &QpInner, core: &mut QpCore, ip: IpRepr, bth: BthRepr, aeth: Aeth
         tracing::warn!(qpn = q.qpn, "an acknowledgement could not be emitted");
     }
     len
+}
+
+#[cfg(test)]
+mod request_head_tests {
+    use super::*;
+    use crate::wire::roce::Ipv6Repr;
+
+    /// A plain request written from a `RequestHead` over a dirty buffer is, byte for byte, the
+    /// datagram the emitter builds: IPv4 (UDP checksum 0) and IPv6 (computed), payloads that
+    /// need 0 to 3 pad bytes, short (plain copies) and long (the fused copy and CRC).
+    #[test]
+    fn a_request_from_its_head_is_the_emitters_datagram() {
+        let v4 = IpRepr::V4(Ipv4Repr::new([10, 0, 0, 1].into(), [10, 0, 0, 2].into()));
+        let v6 = IpRepr::V6(Ipv6Repr::new("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap()));
+        for ip in [v4, v6] {
+            let udp = UdpRepr::for_qp(0x31, UdpChecksum::default_for(&ip));
+            for len in [0usize, 1, 2, 3, 5, 8, 301, 1023, 4095] {
+                let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+                let bth =
+                    |psn| BthRepr { ack_req: true, ..BthRepr::new(Opcode::RcSendOnly, 0xffff, 0x42, Psn::new(psn)) };
+                let mut first = vec![0u8; MAX_DATAGRAM];
+                let n = emit(0x31, ip, PacketRepr::new(bth(1)), len, &mut first, None, |p| p.copy(&data)).unwrap();
+                let hl = ip.header_len() + UDP_HEADER_LEN + BTH_LEN;
+                let head = RequestHead::new(ip, udp, bth(1), len, &first[..hl]).unwrap();
+                assert!(head.is_for(&ip, &udp, &bth(2), len));
+                let want = RoceRepr { ip, udp, packet: PacketRepr { payload: &data, ..PacketRepr::new(bth(2)) } };
+                let mut expect = vec![0u8; MAX_DATAGRAM];
+                let m = want.emit(&mut expect).unwrap();
+                let mut got = vec![0xa5u8; MAX_DATAGRAM];
+                let (h, crc) = head.write(Psn::new(2), &mut got).unwrap();
+                let k = emit_payload(head.ip(), head.udp().checksum, h..h + len, crc, &mut got, |p| p.copy(&data));
+                assert_eq!((k, n), (Some(m), m), "{ip:?}, {len} bytes");
+                assert_eq!(&got[..m], &expect[..m], "{ip:?}, {len} bytes");
+                // A buffer that cannot hold the datagram is refused, not overrun.
+                let mut short = vec![0u8; m - 1];
+                let (h, crc) = head.write(Psn::new(3), &mut short).unwrap();
+                assert_eq!(
+                    emit_payload(head.ip(), head.udp().checksum, h..h + len, crc, &mut short, |p| p.copy(&data)),
+                    None
+                );
+            }
+        }
+    }
 }
 
 #[cfg(test)]

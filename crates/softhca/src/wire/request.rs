@@ -45,7 +45,9 @@ pub struct RequestHead {
 impl RequestHead {
     /// Keeps `head`, the headers through the BTH that the ordinary emitter
     /// ([`super::RoceRepr::emit_headers`]) wrote for `ip`, `udp`, `bth` with no extended header
-    /// and a payload of `payload_len` bytes. Fails for headers of another length.
+    /// and a payload of `payload_len` bytes, sealed or not: the UDP checksum, which is all the
+    /// seal changes in them, is masked by the ICRC and written anew by the next seal. Fails for
+    /// headers of another length.
     pub fn new(ip: IpRepr, udp: UdpRepr, bth: BthRepr, payload_len: usize, head: &[u8]) -> Result<Self, WireError> {
         let len = ip.header_len() + UDP_HEADER_LEN + BTH_LEN;
         if head.len() != len {
@@ -76,7 +78,9 @@ impl RequestHead {
     }
 
     /// Writes the headers with `psn` into the start of `buf` and returns their length and the
-    /// ICRC's CRC over them: the bytes and the CRC the ordinary emitter gives for that packet.
+    /// ICRC's CRC over them: the bytes and the CRC the ordinary emitter gives for that packet
+    /// (the UDP checksum aside, which the caller's seal writes). Nothing after them is
+    /// touched: the caller writes the payload and zeroes the pad.
     pub fn write(&self, psn: Psn, buf: &mut [u8]) -> Result<(usize, u32), WireError> {
         let len = usize::from(self.len);
         check_len(buf, len)?;

@@ -227,6 +227,7 @@ impl Io {
         // Set again below if every round is full: then more may be waiting.
         self.tx_backlog = false;
         if !self.ctx.may_transmit() {
+            self.clock = now;
             return any; // idle: every busy poll flushes first
         }
         for round in 0..TX_ROUNDS {
