@@ -1487,9 +1487,10 @@ mod request_head_tests {
     use super::*;
     use crate::wire::roce::Ipv6Repr;
 
-    /// A plain request written from a `RequestHead` over a dirty buffer is, byte for byte, the
-    /// datagram the emitter builds: IPv4 (UDP checksum 0) and IPv6 (computed), payloads that
-    /// need 0 to 3 pad bytes, short (plain copies) and long (the fused copy and CRC).
+    /// Rule PKT-HDR-2: a plain request written from a `RequestHead` over a dirty buffer is,
+    /// byte for byte, the datagram the emitter builds, its pad bytes zero: IPv4 (UDP checksum
+    /// 0) and IPv6 (computed), payloads that need 0 to 3 pad bytes, short (plain copies) and
+    /// long (the fused copy and CRC).
     #[test]
     fn a_request_from_its_head_is_the_emitters_datagram() {
         let v4 = IpRepr::V4(Ipv4Repr::new([10, 0, 0, 1].into(), [10, 0, 0, 2].into()));
