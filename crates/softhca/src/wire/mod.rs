@@ -20,6 +20,9 @@
 //!   Ethernet frame ([`roce::parse_ip`], [`roce::parse_ethernet`]).
 //! - [`ack::AckTemplate`]: an ACK's datagram kept whole, for the responder that owes one
 //!   per message: only its PSN, AETH and ICRC are written per packet.
+//! - [`request::RequestHead`]: a plain request's headers kept per QP (a BTH and a payload
+//!   alone: Sends, a Write's middle and last packets), the next of that shape a copy with
+//!   its PSN written.
 //! - [`icrc`]: the invariant CRC over a datagram, or over an IP/UDP header
 //!   rebuilt by the caller plus the transport packet; it and `roce` take the
 //!   IP/UDP framing lengths from [`ip`].
