@@ -3,7 +3,7 @@
 //! A requester's packets of one shape (the IP and UDP headers of its route, a BTH with the
 //! same opcode, flags, P_Key and destination QP, the same payload length, no extended header:
 //! the Sends of a ping-pong, the middle packets of a long Write) differ in their headers only
-//! by the PSN. Building each from the generic representation (a [`PacketRepr`] with every
+//! by the PSN. Building each from the generic representation (a [`super::PacketRepr`] with every
 //! extended header an `Option`, the IP and UDP headers and checksum, the ICRC over the masked
 //! headers) cost an 8-byte Send some 1,000 of its 1,500 instructions. [`RequestHead`] keeps
 //! the headers the ordinary emitter wrote for one packet and the ICRC's CRC over them up to
