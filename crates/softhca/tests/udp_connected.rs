@@ -7,7 +7,7 @@ mod udp_common;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use softhca::link::udp::{IcrcPolicy, RxMode, UdpConfig, UdpCounters, UdpDevice};
+use softhca::link::udp::{IcrcPolicy, RxMode, UdpConfig, UdpCounters, UdpDevice, MAX_PORT_SOCKETS};
 use softhca::wire::icrc;
 use softhca::wire::pcap::PcapReader;
 use softhca::*;
@@ -124,8 +124,9 @@ fn unconnected_flows_send_identification_zero() {
 }
 
 /// A connected flow whose peer went away (ICMP port unreachable: the next send is refused)
-/// drops that datagram, dissolves the association and goes on unconnected, from
-/// Identification 0, so that a new peer at the address gets exact ICRCs.
+/// drops that datagram, dissolves the association and goes on unconnected. The QP reset and
+/// connected to a new peer at the address gets a fresh socket, connected to it: the reset
+/// closed the old one (its flow ended), and the new peer checks every ICRC.
 #[test]
 fn a_refused_connected_flow_goes_on_unconnected() {
     // Addresses outside the automatic range (127.0.0.x): a device of a test running meanwhile
@@ -165,8 +166,9 @@ fn a_refused_connected_flow_goes_on_unconnected() {
     let w = wait(&b2.cq, 1, 10);
     assert_eq!((w[0].status, w[0].byte_len), (WcStatus::Success, 32));
     let c = b2.dev.counters();
-    assert_eq!((c.rx_icrc_solved, c.drop_bad_icrc, c.rx_icrc_hypothesis), (0, 0, 1), "{c:?}");
-    assert_eq!((a.dev.counters().tx_connected_flows, a.dev.counters().tx_unconnected_flows), (1, 1));
+    assert_eq!((c.rx_datagrams, c.drop_bad_icrc), (1, 0), "{c:?}");
+    let c = a.dev.counters();
+    assert_eq!((c.tx_connected_flows, c.tx_unconnected_flows, c.tx_flows_closed), (2, 1, 1), "{c:?}");
 }
 
 /// A QP reset and connected to another peer gets its flow socket connected anew (to the new
@@ -222,9 +224,9 @@ fn a_flow_is_connected_when_modify_qp_sets_its_path() {
     }
 }
 
-/// What the core announces (`Context::announce_flows`): an RC or UC QP's flow when Modify QP
-/// sets its path (Init → RTR), with the QP's UDP source port and both GIDs; a UD QP has none;
-/// nothing at all for a link that did not ask.
+/// What the core announces (`Context::announce_flows`): an RC or UC QP's flow opened when Modify
+/// QP sets its path (Init → RTR), with the QP's UDP source port and both GIDs, and closed when
+/// the QP is reset or destroyed; a UD QP has none; nothing at all for a link that did not ask.
 #[test]
 fn the_core_announces_connected_flows_at_init_to_rtr() {
     let (local, peer) = (Gid::from_ipv4([10, 0, 0, 1].into()), Gid::from_ipv4([10, 0, 0, 2].into()));
@@ -262,13 +264,62 @@ fn the_core_announces_connected_flows_at_init_to_rtr() {
         dst_gid: peer.to_ipv6(),
         src_port: softhca::wire::roce::udp_src_port(qp.qp_num()),
     };
-    assert_eq!(flows, [want(&rc), want(&uc)]);
+    use softhca::transport::FlowChange::{Closed, Opened};
+    assert_eq!(flows, [Opened(want(&rc)), Opened(want(&uc))]);
     ctx.take_flows(&mut flows);
     assert!(flows.is_empty(), "taken once: {flows:?}");
+    // Reset closes the flow (once: a second reset has nothing to close), a new path opens
+    // it again, and destroying the QP closes it; a QP that never reached RTR closes nothing.
+    let (rc_flow, uc_flow) = (want(&rc), want(&uc));
+    rc.modify(&QpAttr::to_reset()).unwrap();
+    rc.modify(&QpAttr::to_reset()).unwrap();
+    to_rtr(&rc);
+    uc.modify(&QpAttr::new(QpState::Error)).unwrap();
+    uc.destroy().unwrap();
+    rc.destroy().unwrap();
+    ud.destroy().unwrap();
+    pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap().destroy().unwrap();
+    ctx.take_flows(&mut flows);
+    assert_eq!(flows, [Closed(rc_flow), Opened(rc_flow), Closed(uc_flow), Closed(rc_flow)]);
 
     let (ctx, pd, cq) = make(false);
     let rc = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
     to_rtr(&rc);
     ctx.take_flows(&mut flows);
     assert!(flows.is_empty(), "not asked for: {flows:?}");
+}
+
+/// A flow socket closes with the last QP on its port (destroyed or reset), so that a process
+/// that makes and ends connections one after another gives each its own connected socket: far
+/// more connections than `MAX_PORT_SOCKETS` over the device's life, none sent from port 4791.
+/// (Before, the first eight QPs kept the eight sockets for good.) Rule PKT-ROCE-6
+#[test]
+fn a_flows_socket_closes_with_its_qp() {
+    let (a, b) = (end(UdpConfig::default()), end(UdpConfig::default()));
+    let n = 3 * MAX_PORT_SOCKETS;
+    let mr = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let rmr = b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let mk = |e: &End| e.pd.create_qp(&QpInitAttr::rc(&e.cq, &e.cq)).unwrap();
+    for i in 0..n {
+        let (x, y) = (mk(&a), mk(&b));
+        connect(&x, b.dev.gid(), y.qp_num(), Mtu::Mtu1024);
+        connect(&y, a.dev.gid(), x.qp_num(), Mtu::Mtu1024);
+        y.post_recv(&[RecvWr::new(1, &[rmr.sge(0..64)])]).unwrap();
+        x.post_send(&[SendWr::send(1, &[mr.sge(0..8)]).signaled()]).unwrap();
+        assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+        assert_eq!(wait(&b.cq, 1, 10)[0].status, WcStatus::Success);
+        if i % 2 == 1 {
+            for q in [&x, &y] {
+                q.modify(&QpAttr::to_reset()).unwrap();
+            }
+        }
+        x.destroy().unwrap();
+        y.destroy().unwrap();
+    }
+    for d in [&a.dev, &b.dev] {
+        let c = d.counters();
+        clean(&c);
+        assert_eq!((c.tx_connected_flows, c.tx_unconnected_flows), (n as u64, 0), "{c:?}");
+        assert!(c.tx_flows_closed >= (n - MAX_PORT_SOCKETS) as u64, "{c:?}");
+    }
 }

@@ -34,9 +34,11 @@
 //! - the UDP source port is the one the core put in the header ([`crate::wire::roce::UdpRepr::for_qp`],
 //!   one flow per QP): the link keeps a small cache of sockets bound to (address, port),
 //!   created for the first [`MAX_PORT_SOCKETS`] flows: an RC or UC QP's when Modify QP sets
-//!   its path (the core announces it, [`crate::transport::Flow`], and the turn that Modify
-//!   QP's doorbell runs opens and connects it), any other on first use. A flow beyond them (or
-//!   whose port is taken) shares port 4791: its datagrams go out from the device's socket, their
+//!   its path (the core announces it, [`crate::transport::FlowChange`], and the turn that
+//!   Modify QP's doorbell runs opens and connects it), any other on first use. An RC or UC
+//!   flow's socket closes when the last QP on its port is reset or destroyed (after the ACKs
+//!   it owed have left), so the slots go to the flows a process has, not the first it had. A
+//!   flow beyond them (or whose port is taken) shares port 4791: its datagrams go out from the device's socket, their
 //!   ICRC re-sealed for that port (receivers accept any source port, PKT-ROCE-6), and all such
 //!   datagrams of a batch leave in one `sendmmsg`, whichever QPs they come from;
 //! - an RC or UC flow has one peer, so its socket is *connected* to it ([`UdpConfig::connected`],
@@ -409,6 +411,8 @@ impl UdpDevice {
             frames,
             ipv6,
             ports: rustc_hash::FxHashMap::default(),
+            flow_refs: rustc_hash::FxHashMap::default(),
+            released: Vec::new(),
             connect: cfg.connected,
             sink: None,
             stats: stats.clone(),

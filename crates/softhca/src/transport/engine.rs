@@ -326,8 +326,19 @@ pub struct Flow {
     pub src_port: u16,
 }
 
-/// The most announced flows waiting for the link (a device making QPs faster than its link
-/// turns: beyond these the first packet prepares its flow).
+/// What the core tells a link about a flow ([`Context::take_flows`](crate::verbs::Context::take_flows)):
+/// it opened (Init → RTR) or closed (the QP reset or destroyed, after the datagrams it still
+/// owed were queued). Each `Closed` follows the `Opened` of the same flow, so a link can count
+/// a source port's live flows and free what it holds for the port when none is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowChange {
+    Opened(Flow),
+    Closed(Flow),
+}
+
+/// The most opened flows waiting for the link (a device making QPs faster than its link
+/// turns: beyond these the first packet prepares its flow). A flow's close always waits: it
+/// follows an open that was queued, so closes are bounded by the QPs.
 pub const MAX_FLOWS_QUEUED: usize = 4096;
 
 /// The transport's state of one device, held by value by the device above (DESIGN rule 1):
@@ -382,7 +393,7 @@ pub(crate) struct Engine {
     pub announce_flows: AtomicBool,
     /// The flows announced and not yet taken by the link, and whether there are any (read
     /// without the lock by every flush).
-    flows: Mutex<Vec<Flow>>,
+    flows: Mutex<Vec<FlowChange>>,
     flows_any: AtomicBool,
     /// QPs with a UC/UD WQE awaiting the link's `sent`.
     awaiting_wire: Mutex<Vec<u32>>,
@@ -619,15 +630,26 @@ impl Engine {
         let flow = Flow { src_gid: ip.src_gid(), dst_gid: ip.dst_gid(), src_port: roce::udp_src_port(q.qpn) };
         let mut flows = self.flows.lock().unwrap_or_else(|e| e.into_inner());
         if flows.len() < MAX_FLOWS_QUEUED {
-            flows.push(flow);
+            flows.push(FlowChange::Opened(flow));
             self.flows_any.store(true, Ordering::Release);
+            core.flow = Some(flow);
         }
     }
 
-    /// Moves the flows announced since the last call into `out` (emptied first). No lock is
-    /// taken while none waits: the link asks at every flush.
+    /// The QP is reset or destroyed: the flow it announced, if any, closes. Called after the
+    /// datagrams it still owes are queued, so that they leave before the link lets go of the
+    /// flow.
+    pub(crate) fn close_flow(&self, core: &mut QpCore) {
+        let Some(flow) = core.flow.take() else { return };
+        let mut flows = self.flows.lock().unwrap_or_else(|e| e.into_inner());
+        flows.push(FlowChange::Closed(flow));
+        self.flows_any.store(true, Ordering::Release);
+    }
+
+    /// Moves the flow changes since the last call into `out` (emptied first), in the order
+    /// they happened. No lock is taken while none waits: the link asks at every flush.
     #[inline]
-    pub fn take_flows(&self, out: &mut Vec<Flow>) {
+    pub fn take_flows(&self, out: &mut Vec<FlowChange>) {
         out.clear();
         if !self.flows_any.load(Ordering::Acquire) {
             return;

@@ -31,4 +31,4 @@ pub use crate::types::AttrMask;
 pub use state::{attr_rule, check_modify, transition_allowed, AttrRule};
 pub mod engine;
 
-pub use engine::{pkey_match, DeviceCounters, Flow, MAX_DATAGRAM};
+pub use engine::{pkey_match, DeviceCounters, Flow, FlowChange, MAX_DATAGRAM};

@@ -155,6 +155,9 @@ pub(crate) struct QpCore {
     pub srq_wqe: RecvWqe,
     /// RD: the message an EEC carries for this QP and the receive WQEs channels hold.
     pub rd: RdQp,
+    /// The flow announced to the link at Init → RTR, closed when the QP is reset or
+    /// destroyed (`Engine::close_flow`).
+    pub flow: Option<crate::transport::Flow>,
 }
 
 impl QpCore {

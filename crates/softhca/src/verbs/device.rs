@@ -888,15 +888,16 @@ impl Context {
 
     /// For a link that prepares something per flow before it can send on it (the UDP link's
     /// socket, connected, its IPv4 Identification learned): from now on an RC or UC QP's flow
-    /// is announced when Modify QP sets its path (Init → RTR), for [`Context::take_flows`].
+    /// is announced when Modify QP sets its path (Init → RTR), and its end when the QP is
+    /// reset or destroyed, for [`Context::take_flows`].
     pub fn announce_flows(&self) {
         self.inner.engine.announce_flows.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The flows announced since the last call (see [`Context::announce_flows`]), into `out`
-    /// (emptied first); no lock while there are none.
+    /// The flows opened and closed since the last call, in order (see
+    /// [`Context::announce_flows`]), into `out` (emptied first); no lock while there are none.
     #[inline]
-    pub fn take_flows(&self, out: &mut Vec<crate::transport::Flow>) {
+    pub fn take_flows(&self, out: &mut Vec<crate::transport::FlowChange>) {
         self.inner.engine.take_flows(out)
     }
 

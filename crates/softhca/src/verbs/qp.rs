@@ -453,6 +453,7 @@ impl Context {
                 sqd_event_pending: false,
                 rd: Default::default(),
                 chan: Default::default(),
+                flow: None,
             }),
         });
         {
@@ -878,6 +879,7 @@ impl Qp {
                 core.resp = Default::default();
                 core.chan = Default::default();
                 core.sqd_event_pending = false;
+                self.res.dev.engine.close_flow(&mut core);
                 self.res.send_cq.purge_qp(q.qpn);
                 self.res.recv_cq.purge_qp(q.qpn);
                 let cap = core.attrs.cap;
@@ -1220,6 +1222,7 @@ impl QpResources {
         // sent by the next transmit (the doorbell below asks for it).
         let owed = crate::transport::engine::owed_acks(q, &mut core);
         q.destroyed.store(true, Ordering::Release);
+        self.dev.engine.close_flow(&mut core);
         crate::transport::rd::release(q, &mut core, false);
         core.sq.discard();
         core.rq.discard();

@@ -4,6 +4,7 @@
 //! IPv4 Identifications, see "Sending" in the module docs of [`super`]).
 
 use super::*;
+use crate::transport::FlowChange;
 use crate::types::QpType;
 use rustc_hash::FxHashMap;
 use std::collections::hash_map::Entry;
@@ -121,6 +122,11 @@ pub(super) struct Io {
     /// Per-flow send sockets by source port; `None`: the port could not be bound.
     /// Looked up per flow of each batch sent: FxHash, not SipHash.
     pub(super) ports: FxHashMap<u16, Option<FlowSocket>>,
+    /// The open flows the core announced, by source port (several QPs may share one), and
+    /// the ports whose last flow closed in the previous flush: their sockets close at the
+    /// next (see [`Io::follow_flows`]).
+    pub(super) flow_refs: FxHashMap<u16, u32>,
+    pub(super) released: Vec<u16>,
     /// Connect flow sockets ([`UdpConfig::connected`]).
     pub(super) connect: bool,
     /// Where Identification probes go: a socket on this address that drops everything
@@ -168,8 +174,8 @@ pub(super) struct SendScratch {
     pub(super) segs: Vec<std::ops::Range<usize>>,
     pub(super) msgs: Vec<sys::TxMsg>,
     pub(super) sys: sys::TxScratch,
-    /// The flows the core announced (see [`Io::open_flows`]).
-    pub(super) flows: Vec<crate::transport::Flow>,
+    /// The flow changes the core announced (see [`Io::follow_flows`]).
+    pub(super) flows: Vec<FlowChange>,
 }
 
 /// Within each flow (destination and source port: one QP's), its requests before its
@@ -222,7 +228,7 @@ impl Io {
     /// Drains the device's transmit queue into batches and sends them (at most
     /// [`TX_ROUNDS`] batches). Returns whether anything was sent.
     pub(super) fn flush_tx(&mut self, tx: &mut TxBufs, mut now: u64) -> bool {
-        self.open_flows(&mut tx.send.flows);
+        self.follow_flows(&mut tx.send.flows);
         let mut any = self.send_frames(tx, now);
         // Set again below if every round is full: then more may be waiting.
         self.tx_backlog = false;
@@ -640,17 +646,56 @@ impl Io {
         })
     }
 
-    /// Opens the sockets of the flows the core announced since the last flush (RC and UC QPs
-    /// whose path Modify QP has just set), connected where configured: before any of their
-    /// packets is written, whose Local ACK timer would otherwise run while the socket is
-    /// opened and its Identification probed (see `transport::Flow`). A flow from the
+    /// Follows the flows the core announced since the last flush. An opened one (an RC or UC
+    /// QP whose path Modify QP has just set) gets its socket now, connected where configured:
+    /// before any of its packets is written, whose Local ACK timer would otherwise run while
+    /// the socket is opened and its Identification probed (see `transport::Flow`). A port
+    /// whose last flow closed (its QPs reset or destroyed) has its socket closed one flush
+    /// later, once the ACKs the QP still owed (queued before the close) have left through it;
+    /// so a long-lived process that makes and ends connections keeps its flow sockets for
+    /// the flows it has. Where the table is full, an opened flow takes the slot of a socket
+    /// no announced flow holds (one opened on first use, or released). A flow from the
     /// alternate address has no socket of its own.
-    pub(super) fn open_flows(&mut self, flows: &mut Vec<crate::transport::Flow>) {
-        self.ctx.take_flows(flows);
-        for f in flows.iter() {
-            if verify::unmap(IpAddr::V6(f.src_gid)) == self.addr {
-                self.port_socket(f.src_port, verify::unmap(IpAddr::V6(f.dst_gid)), true);
+    pub(super) fn follow_flows(&mut self, changes: &mut Vec<FlowChange>) {
+        while let Some(port) = self.released.pop() {
+            if !self.flow_refs.contains_key(&port) && self.ports.remove(&port).is_some() {
+                bump(&self.stats.tx_flows_closed, 1);
             }
+        }
+        self.ctx.take_flows(changes);
+        for &change in changes.iter() {
+            let (FlowChange::Opened(f) | FlowChange::Closed(f)) = change;
+            if verify::unmap(IpAddr::V6(f.src_gid)) != self.addr || f.src_port == ROCE_V2_PORT {
+                continue;
+            }
+            let port = f.src_port;
+            if let FlowChange::Closed(_) = change {
+                if let Entry::Occupied(mut e) = self.flow_refs.entry(port) {
+                    *e.get_mut() -= 1;
+                    if *e.get() == 0 {
+                        e.remove();
+                        self.released.push(port);
+                    }
+                }
+                continue;
+            }
+            *self.flow_refs.entry(port).or_default() += 1;
+            // A port released in this flush (its QP reset and connected anew in one turn)
+            // gets a fresh socket, as one released in an earlier flush does.
+            if let Some(k) = self.released.iter().position(|&p| p == port) {
+                self.released.swap_remove(k);
+                if self.ports.remove(&port).is_some() {
+                    bump(&self.stats.tx_flows_closed, 1);
+                }
+            }
+            if self.ports.len() >= MAX_PORT_SOCKETS && !self.ports.contains_key(&port) {
+                let idle = self.ports.keys().copied().find(|p| !self.flow_refs.contains_key(p));
+                if let Some(idle) = idle {
+                    self.ports.remove(&idle);
+                    bump(&self.stats.tx_flows_closed, 1);
+                }
+            }
+            self.port_socket(port, verify::unmap(IpAddr::V6(f.dst_gid)), true);
         }
     }
 

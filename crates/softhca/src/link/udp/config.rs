@@ -188,6 +188,9 @@ counters! {
     /// Identification could not be learned or stopped matching (see the module docs).
     tx_connected_flows,
     tx_unconnected_flows,
+    /// Flow sockets closed: their port's last QP was reset or destroyed, or an opening flow
+    /// took the slot of a socket no open flow held.
+    tx_flows_closed,
     /// Datagrams the kernel refused (counted, then dropped; RC retransmits).
     tx_errors,
     /// Times the engine slept in ppoll, and doorbell syscalls.
