@@ -33,7 +33,7 @@
 //!   checksum are masked by the ICRC;
 //! - the UDP source port is the one the core put in the header ([`crate::wire::roce::UdpRepr::for_qp`],
 //!   one flow per QP): the link keeps a small cache of sockets bound to (address, port),
-//!   created for the first [`MAX_PORT_SOCKETS`] flows: an RC or UC QP's when Modify QP sets
+//!   at most [`MAX_PORT_SOCKETS`] at a time: an RC or UC QP's opened when Modify QP sets
 //!   its path (the core announces it, [`crate::transport::FlowChange`], and the turn that
 //!   Modify QP's doorbell runs opens and connects it), any other on first use. An RC or UC
 //!   flow's socket closes when the last QP on its port is reset or destroyed (after the ACKs

@@ -636,11 +636,11 @@ impl Engine {
         }
     }
 
-    /// The QP is reset or destroyed: the flow it announced, if any, closes. Called after the
-    /// datagrams it still owes are queued, so that they leave before the link lets go of the
-    /// flow.
-    pub(crate) fn close_flow(&self, core: &mut QpCore) {
-        let Some(flow) = core.flow.take() else { return };
+    /// A QP's announced flow (`QpCore::flow`, taken) closes: the QP was reset or destroyed.
+    /// Called once the datagrams the QP still owes are queued ([`Engine::orphan`]), so that
+    /// the link sees them before the close and sends them before it lets go of the flow.
+    pub(crate) fn close_flow(&self, flow: Option<Flow>) {
+        let Some(flow) = flow else { return };
         let mut flows = self.flows.lock().unwrap_or_else(|e| e.into_inner());
         flows.push(FlowChange::Closed(flow));
         self.flows_any.store(true, Ordering::Release);

@@ -879,7 +879,8 @@ impl Qp {
                 core.resp = Default::default();
                 core.chan = Default::default();
                 core.sqd_event_pending = false;
-                self.res.dev.engine.close_flow(&mut core);
+                // Nothing is owed after a reset (the responder's state went above).
+                self.res.dev.engine.close_flow(core.flow.take());
                 self.res.send_cq.purge_qp(q.qpn);
                 self.res.recv_cq.purge_qp(q.qpn);
                 let cap = core.attrs.cap;
@@ -1222,7 +1223,7 @@ impl QpResources {
         // sent by the next transmit (the doorbell below asks for it).
         let owed = crate::transport::engine::owed_acks(q, &mut core);
         q.destroyed.store(true, Ordering::Release);
-        self.dev.engine.close_flow(&mut core);
+        let flow = core.flow.take();
         crate::transport::rd::release(q, &mut core, false);
         core.sq.discard();
         core.rq.discard();
@@ -1249,6 +1250,8 @@ impl QpResources {
         self.dev.purge_async_events(super::types::EventElement::Qp(q.qpn));
         give(&self.dev.counts.qp);
         self.dev.orphan(owed);
+        // After the owed ACKs: the link sends them through the flow's socket before closing it.
+        self.dev.engine.close_flow(flow);
         tracing::debug!(qpn = q.qpn, "QP destroyed");
         Ok(())
     }

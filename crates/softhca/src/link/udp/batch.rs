@@ -658,8 +658,8 @@ impl Io {
     /// alternate address has no socket of its own.
     pub(super) fn follow_flows(&mut self, changes: &mut Vec<FlowChange>) {
         while let Some(port) = self.released.pop() {
-            if !self.flow_refs.contains_key(&port) && self.ports.remove(&port).is_some() {
-                bump(&self.stats.tx_flows_closed, 1);
+            if !self.flow_refs.contains_key(&port) {
+                self.close_port(port);
             }
         }
         self.ctx.take_flows(changes);
@@ -684,18 +684,24 @@ impl Io {
             // gets a fresh socket, as one released in an earlier flush does.
             if let Some(k) = self.released.iter().position(|&p| p == port) {
                 self.released.swap_remove(k);
-                if self.ports.remove(&port).is_some() {
-                    bump(&self.stats.tx_flows_closed, 1);
-                }
+                self.close_port(port);
             }
             if self.ports.len() >= MAX_PORT_SOCKETS && !self.ports.contains_key(&port) {
-                let idle = self.ports.keys().copied().find(|p| !self.flow_refs.contains_key(p));
+                // Not one released in this flush: its QP's last ACKs are still to leave.
+                let idle =
+                    self.ports.keys().copied().find(|p| !self.flow_refs.contains_key(p) && !self.released.contains(p));
                 if let Some(idle) = idle {
-                    self.ports.remove(&idle);
-                    bump(&self.stats.tx_flows_closed, 1);
+                    self.close_port(idle);
                 }
             }
             self.port_socket(port, verify::unmap(IpAddr::V6(f.dst_gid)), true);
+        }
+    }
+
+    /// Frees a port's slot in the flow socket table, closing its socket if it had one.
+    fn close_port(&mut self, port: u16) {
+        if let Some(Some(_)) = self.ports.remove(&port) {
+            bump(&self.stats.tx_flows_closed, 1);
         }
     }
 
