@@ -328,7 +328,7 @@ impl Ring {
         for _ in 0..=2 * self.slots {
             let seq = self.seq(t).load(Ordering::Acquire);
             match seq.wrapping_sub(t) as i64 {
-                0 => match tail.compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                0 => match tail.compare_exchange_weak(t, t.wrapping_add(1), Ordering::AcqRel, Ordering::Relaxed) {
                     Ok(_) => return Some(t),
                     Err(now) => t = now,
                 },
@@ -391,7 +391,7 @@ impl Ring {
 
     /// [`Ring::commit`] for a datagram copied in by [`Ring::write`], which wrote its length.
     fn commit_copy(&self, t: u64) -> bool {
-        self.seq(t).compare_exchange(t, t + 1, Ordering::Release, Ordering::Relaxed).is_ok()
+        self.seq(t).compare_exchange(t, t.wrapping_add(1), Ordering::Release, Ordering::Relaxed).is_ok()
     }
 
     fn publish_len(&self, t: u64, word: u32) -> bool {
@@ -446,7 +446,7 @@ impl Ring {
         for _ in 0..=self.slots {
             let t = h.head.0.load(Ordering::Relaxed);
             let seq = self.seq(t).load(Ordering::Acquire);
-            if seq == t + 1 {
+            if seq == t.wrapping_add(1) {
                 let s = self.slot(t);
                 // SAFETY: the slot was published for ticket `t` (Acquire above); the length is
                 // bounded before the copy, which stays inside the slot and `out`.
@@ -455,8 +455,8 @@ impl Ring {
                     let n = n.min(out.len());
                     (n, icrc::copy_checked(&mut out[..n], src, memo))
                 };
-                self.seq(t).store(t + self.slots as u64, Ordering::Release);
-                h.head.0.store(t + 1, Ordering::Relaxed);
+                self.seq(t).store(t.wrapping_add(self.slots as u64), Ordering::Release);
+                h.head.0.store(t.wrapping_add(1), Ordering::Relaxed);
                 watch.since = None;
                 if n == 0 {
                     continue; // a void (see `commit`)
@@ -472,10 +472,15 @@ impl Ring {
                     if now.saturating_sub(since) < STALL_NS {
                         return None;
                     }
-                    let _ = self.seq(t).compare_exchange(t, t + self.slots as u64, Ordering::AcqRel, Ordering::Relaxed);
+                    let _ = self.seq(t).compare_exchange(
+                        t,
+                        t.wrapping_add(self.slots as u64),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
                     // Either we skipped it or it was published meanwhile: look again.
-                    if self.seq(t).load(Ordering::Acquire) == t + self.slots as u64 {
-                        h.head.0.store(t + 1, Ordering::Relaxed);
+                    if self.seq(t).load(Ordering::Acquire) == t.wrapping_add(self.slots as u64) {
+                        h.head.0.store(t.wrapping_add(1), Ordering::Relaxed);
                         watch.since = None;
                         *skipped += 1;
                     }
@@ -521,7 +526,7 @@ impl Ring {
     /// The owner's next ticket, if its slot is published (Acquire: its bytes are visible).
     fn published_head(&self) -> Option<u64> {
         let t = self.header().head.0.load(Ordering::Relaxed);
-        (self.seq(t).load(Ordering::Acquire) == t + 1).then_some(t)
+        (self.seq(t).load(Ordering::Acquire) == t.wrapping_add(1)).then_some(t)
     }
 
     fn has_data(&self) -> bool {
@@ -1344,7 +1349,7 @@ impl ShmPort {
             return InPlace::NoRoom;
         }
         let Some(ticket) = peer.ring.reserve() else { return InPlace::NoRoom };
-        peer.ring.prefetch_for_write(ticket + 1);
+        peer.ring.prefetch_for_write(ticket.wrapping_add(1));
         if !self.rung.contains(&dst) {
             self.rung.push(dst);
         }
@@ -1495,12 +1500,19 @@ impl Napper for ShmNapper {
 
 /// The owner's engine thread is awake again (`word` [`AWAKE`]), or a poller takes the
 /// datagrams in while it sleeps ([`NAPPING`]): senders stop ringing at every publication,
-/// and the bell is drained.
+/// and the bell is drained: one read of up to a FIFO's worth (64 KiB on Linux) where honest
+/// senders leave a byte or a few, so a sender that keeps writing cannot hold this thread
+/// here (what it leaves wakes the next sleep early, no more).
 fn set_awake(ring: &Ring, bell: &File, word: u32) {
     ring.header().sleeping.store(word, Ordering::SeqCst);
-    let mut b = [0u8; 64];
-    // SAFETY: reads at most 64 bytes into a live buffer from the FIFO (non-blocking).
-    while unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) } > 0 {}
+    let mut b = [0u8; 4096];
+    for _ in 0..16 {
+        // SAFETY: reads at most `b.len()` bytes into a live buffer from the FIFO (non-blocking).
+        let n = unsafe { libc::read(bell.as_raw_fd(), b.as_mut_ptr().cast(), b.len()) };
+        if n < b.len() as isize {
+            break;
+        }
+    }
 }
 
 impl ShmPort {
@@ -1750,6 +1762,38 @@ mod tests {
         let _ = std::fs::remove_file(ring_path(addr));
         let _ = std::fs::remove_file(bell_path(addr));
         assert!(r == 1 || err == Some(libc::EAGAIN), "write: {r}, {err:?}");
+    }
+
+    /// Draining the bell is bounded: a peer that keeps writing into the owner's FIFO (senders
+    /// may open it) must not hold the owner's thread in `set_awake`, so one drain takes at
+    /// most a default FIFO's worth (64 KiB); a bell holding more than that keeps the rest.
+    #[test]
+    fn draining_the_bell_takes_a_bounded_amount() {
+        let addr = Ipv4Addr::new(127, 0, 78, (std::process::id() % 200) as u8 + 20);
+        let (ring, owner_bell) = create_ring(addr).unwrap();
+        let peer = open_peer(addr, Cores::Measure).unwrap();
+        let fd = peer.bell.as_ref().unwrap().as_raw_fd();
+        let waiting = || {
+            let mut n: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one int to a live location.
+            unsafe { libc::ioctl(owner_bell.as_raw_fd(), libc::FIONREAD, &mut n) };
+            n as usize
+        };
+        // SAFETY: F_SETPIPE_SZ takes an int; no memory is passed.
+        let size = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, 256 << 10) };
+        let chunk = vec![1u8; 4096];
+        while waiting() < 192 << 10 {
+            // SAFETY: 4 KiB from a live buffer to an open, non-blocking FIFO.
+            assert!(unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) } > 0, "size {size}");
+        }
+        let before = waiting();
+        set_awake(&ring, &owner_bell, AWAKE);
+        let after = waiting();
+        let _ = std::fs::remove_file(ring_path(addr));
+        let _ = std::fs::remove_file(bell_path(addr));
+        assert_eq!(before - after, 64 << 10, "{before} then {after}");
+        set_awake(&ring, &owner_bell, AWAKE);
+        assert_eq!(waiting(), after - (64 << 10));
     }
 
     /// A sender's watch on a napping owner rings only once the datagram it watches has waited
@@ -2012,6 +2056,40 @@ mod tests {
             let (seen, taken) = flush(ops);
             assert_eq!(seen, want, "{what}");
             assert_eq!(taken, ops, "{what}: all taken, in order");
+        }
+    }
+
+    /// The ring's counters are the peers' to write. Tickets are modular: a ring whose head and
+    /// tail stand at the end of the u64 range works on across the wrap, and a peer that writes
+    /// the largest values there (published or not) makes no operation panic (release builds
+    /// check overflow too).
+    #[test]
+    fn tickets_wrap_at_the_end_of_their_range() {
+        let (_f, r) = scratch(4);
+        let mut out = vec![0u8; SLOT_BYTES];
+        let (mut st, mut skipped) = (StallWatch::default(), 0);
+        let h = r.header();
+        let start = u64::MAX - 1;
+        h.head.0.store(start, Ordering::SeqCst);
+        h.tail.0.store(start, Ordering::SeqCst);
+        for k in 0..4 {
+            r.seq(start.wrapping_add(k)).store(start.wrapping_add(k), Ordering::SeqCst);
+        }
+        for round in 0..3u8 {
+            assert_eq!(r.push(&[round; 7]), Some(start.wrapping_add(2 * u64::from(round))));
+            assert!(r.push(&[round; 9]).is_some());
+            assert!(r.has_data());
+            assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut skipped).map(|(n, _)| n), Some(7));
+            assert_eq!(r.pop_fresh(&mut out, 0, &mut st, &mut skipped).map(|(n, _)| (n, out[0])), Some((9, round)));
+        }
+        assert_eq!(h.head.0.load(Ordering::SeqCst), 4);
+        for seq in [u64::MAX, 0] {
+            h.head.0.store(u64::MAX, Ordering::SeqCst);
+            h.tail.0.store(u64::MAX, Ordering::SeqCst);
+            r.seq(u64::MAX).store(seq, Ordering::SeqCst);
+            let _ = (r.has_data(), r.next_opcode(), r.push(b"x"));
+            let _ = r.pop_fresh(&mut out, 0, &mut st, &mut skipped);
+            let _ = r.pop_fresh(&mut out, u64::MAX, &mut st, &mut skipped);
         }
     }
 
