@@ -6,11 +6,11 @@
 
 mod udp_common;
 
-use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use softhca::link::udp::UdpConfig;
+use softhca::link::udp::{UdpConfig, UdpCounters};
 use softhca::*;
 use udp_common::*;
 
@@ -18,32 +18,61 @@ use udp_common::*;
 /// rule PKT-VAL-2: the flood's datagrams (bad ICRC) are dropped and counted.
 #[test]
 fn a_requester_flooded_with_requests_still_completes() {
-    let (a, b) = (end(UdpConfig::default()), end(UdpConfig::default()));
+    flooded(UdpConfig::default(), 1100, 0);
+}
+
+/// The same with junk arriving at the requester's alternate address too, so that many turns
+/// read that address's socket last: a response read from the queue at the next turn is still
+/// checked as sent to the device's first address (it was checked against the alternate one,
+/// and failed its ICRC, before the turn said where it read). The junk here is malformed (its
+/// payload not a whole number of words), so any bad ICRC is a response's; the transfers go
+/// on until 20 responses came through the queue. Rule PKT-ACK-8
+#[test]
+fn a_requester_flooded_at_both_addresses_still_completes() {
+    let c = flooded(UdpConfig::default().alt_addr(IpAddr::from([127, 0, 9, 1])), 1101, 20);
+    assert!(c.rx_response_queue > 0, "no response was steered: nothing shown {c:?}");
+    assert_eq!(c.drop_bad_icrc, 0, "{c:?}");
+}
+
+/// Writes and Reads from `a` to `b` while junk of `junk` bytes floods `a`'s addresses: 20
+/// rounds, and more (up to 400) until `steered` responses came through the response queue.
+fn flooded(cfg: UdpConfig, junk: usize, steered: u64) -> UdpCounters {
+    let (a, b) = (end(cfg), end(UdpConfig::default()));
     connect(&a.qp, b.dev.gid(), b.qp.qp_num(), Mtu::Mtu1024);
     connect(&b.qp, a.dev.gid(), a.qp.qp_num(), Mtu::Mtu1024);
-    let to = SocketAddr::new(a.dev.addr(), 4791);
     let stop = Arc::new(AtomicBool::new(false));
-    // Send Only requests with a bad ICRC, as fast as one thread sends them, until the
-    // transfers below are done.
-    let flood = {
-        let stop = stop.clone();
+    // Send Only requests with a bad ICRC (or malformed), as fast as one thread sends them,
+    // until the transfers below are done; to the alternate address too, if there is one. The
+    // transfers start once each flood is under way.
+    let flood = |to: IpAddr| {
+        let (stop, sent) = (stop.clone(), Arc::new(AtomicU64::new(0)));
+        let to = SocketAddr::new(to, 4791);
         let from = UdpSocket::bind(SocketAddr::new(b.dev.addr(), 0)).unwrap();
-        std::thread::spawn(move || {
-            let mut d = [0x5Au8; 1100];
+        let counted = sent.clone();
+        let thread = std::thread::spawn(move || {
+            let mut d = vec![0x5Au8; junk];
             d[0] = 0x04;
-            let mut sent = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                sent += u64::from(from.send_to(&d, to).is_ok());
+                counted.fetch_add(u64::from(from.send_to(&d, to).is_ok()), Ordering::Relaxed);
             }
-            sent
-        })
+        });
+        (thread, sent)
     };
+    let floods: Vec<_> = std::iter::once(a.dev.addr()).chain(a.dev.alt_addr()).map(flood).collect();
+    for (_, sent) in &floods {
+        while sent.load(Ordering::Relaxed) < 1000 {
+            std::thread::yield_now();
+        }
+    }
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let n = 64 * 1024;
     let src = a.pd.reg_mr((0..n).map(|i| (i * 31) as u8).collect(), all).unwrap();
     let dst = b.pd.alloc_mr(n, all).unwrap();
     let back = a.pd.alloc_mr(n, all).unwrap();
-    for round in 0..20u64 {
+    for round in 0..400u64 {
+        if round >= 20 && a.dev.counters().rx_response_queue >= steered {
+            break;
+        }
         a.qp.post_send(&[
             SendWr::rdma_write(round, &[src.sge(0..n)], dst.addr(), dst.rkey()).signaled(),
             SendWr::rdma_read(1000 + round, &[back.sge(0..n)], dst.addr(), dst.rkey()).signaled(),
@@ -53,11 +82,13 @@ fn a_requester_flooded_with_requests_still_completes() {
         assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
     }
     stop.store(true, Ordering::Relaxed);
-    let flooded = flood.join().unwrap();
+    let flooded: u64 =
+        floods.into_iter().map(|(f, sent)| f.join().map(|_| sent.load(Ordering::Relaxed)).unwrap()).sum();
     assert_eq!(back.to_vec().unwrap(), src.to_vec().unwrap());
     let c = a.dev.counters();
     // The flood reached the device and was dropped there; where it left a backlog, responses
     // were steered apart and read from their own queue.
     assert!(flooded > 0 && c.drop_bad_icrc + c.drop_malformed > 0, "{flooded} {c:?}");
     assert_eq!(c.steering_changes > 0, c.rx_response_queue > 0, "{c:?}");
+    c
 }

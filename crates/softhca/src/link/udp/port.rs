@@ -58,6 +58,9 @@ impl Port for UdpPort {
             // The engine thread reads the queue on every turn (it sleeps on both sockets).
             if let Some(fd) = io.responses.as_ref().map(|r| r.as_raw_fd()) {
                 if io.steering || io.draining || !inline {
+                    // The queue is the device address's (a socket of its 4791 group): said
+                    // before the read, as the last turn may have ended on another address's.
+                    io.rx_from = RxFrom::Device;
                     match rx.recv(fd, msgs, BATCH) {
                         Ok(n @ 1..) => {
                             worked = true;
