@@ -521,22 +521,11 @@ impl Io {
             self.deliver(dgram);
             return 1;
         }
-        // A superpacket: segments of one size (but the last) under copies of this header
-        // with Identifications counting up. Candidate sizes are those at which a second BTH
-        // with the same P_Key and destination QP follows; the one at which segment 0's ICRC
-        // verifies wins.
         let body = dgram.len() - HDR;
         let id0 = Ipv4Header::new_unchecked(&dgram[..]).identification();
         let mut header = [0u8; HDR];
         header.copy_from_slice(&dgram[..HDR]);
-        let first_bth = [dgram[HDR + 2], dgram[HDR + 3], dgram[HDR + 5], dgram[HDR + 6], dgram[HDR + 7]];
-        let seg = (BTH_LEN + ICRC_LEN..=(body - BTH_LEN).min(MAX_DATAGRAM)).find(|&s| {
-            let b = HDR + s;
-            [dgram[b + 2], dgram[b + 3], dgram[b + 5], dgram[b + 6], dgram[b + 7]] == first_bth && {
-                fix_v4_header(&mut header, s, id0);
-                crate::wire::icrc::verify(&header, &dgram[HDR..b - ICRC_LEN], &dgram[b - ICRC_LEN..b]).is_ok()
-            }
-        });
+        let seg = superpacket_segment(dgram, &mut header);
         let Some(seg) = seg else {
             bump(&self.stats.drop_bad_icrc, 1);
             return 1;
@@ -1045,6 +1034,40 @@ pub(super) fn set_identification(shifts: &mut verify::Shifts, d: &mut [u8], id: 
 
 /// Sets Total Length, Identification and the header checksum of a 28-byte IPv4 + UDP header
 /// for a UDP payload of `payload` bytes.
+/// The most segment sizes whose ICRC [`superpacket_segment`] checks.
+const MAX_SEGMENT_TRIES: usize = 64;
+
+/// The segment size of a superpacket that a raw socket took in whole (`dgram`, from its
+/// IPv4 header; `header` a copy of its IPv4 and UDP headers, rewritten): segments of one size
+/// (but the last) under copies of that header with Identifications counting up. Candidate
+/// sizes (BTH through ICRC: whole words, as every packet is) are those at which a second BTH
+/// with the first's P_Key and destination QP follows; the first whose segment 0 verifies
+/// under its own header wins. At most [`MAX_SEGMENT_TRIES`] candidates are checksummed: an
+/// honest superpacket's size is almost always its first (a payload rarely repeats those five
+/// bytes at a word boundary), while a datagram of zeros made every size a candidate, a CRC
+/// over each prefix of itself: about 9.5 MB checksummed for 4.4 KB received.
+fn superpacket_segment(dgram: &[u8], header: &mut [u8; 28]) -> Option<usize> {
+    const HDR: usize = 20 + UDP_HEADER_LEN;
+    let id0 = Ipv4Header::new_unchecked(dgram).identification();
+    segment_candidates(dgram).find(|&s| {
+        let b = HDR + s;
+        fix_v4_header(header, s, id0);
+        crate::wire::icrc::verify(header, &dgram[HDR..b - ICRC_LEN], &dgram[b - ICRC_LEN..b]).is_ok()
+    })
+}
+
+/// The sizes [`superpacket_segment`] checks, smallest first, at most [`MAX_SEGMENT_TRIES`].
+fn segment_candidates(dgram: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    const HDR: usize = 20 + UDP_HEADER_LEN;
+    let body = dgram.len().saturating_sub(HDR + BTH_LEN);
+    let bth_key = |at: usize| [dgram[at + 2], dgram[at + 3], dgram[at + 5], dgram[at + 6], dgram[at + 7]];
+    let first = (body > 0).then(|| bth_key(HDR));
+    (BTH_LEN + ICRC_LEN..=body.min(MAX_DATAGRAM))
+        .step_by(4)
+        .filter(move |&s| Some(bth_key(HDR + s)) == first)
+        .take(MAX_SEGMENT_TRIES)
+}
+
 pub(super) fn fix_v4_header(h: &mut [u8; 28], payload: usize, id: u16) {
     UdpHeader::new_unchecked(&mut h[IPV4_HEADER_LEN..]).set_len((UDP_HEADER_LEN + payload) as u16);
     let mut ip = Ipv4Header::new_unchecked(&mut h[..]);
@@ -1060,6 +1083,49 @@ mod tests {
     fn pending(slot: usize, port: u16, response: bool) -> Pending {
         let dst = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 9));
         Pending { slot, start: 0, end: 0, dst, port, response, one_peer: true, alt: false, ip: Default::default() }
+    }
+
+    /// A superpacket's segment size is found by search: two real segments give the first's
+    /// size, also when the payload holds a copy of the BTH's key bytes at a word boundary; a
+    /// datagram of zeros, where every word boundary looks like the next segment of the same
+    /// QP, gives none, after at most `MAX_SEGMENT_TRIES` checksums (it was one per word).
+    #[test]
+    fn a_superpackets_segment_size_is_searched_within_bounds() {
+        use crate::wire::bth::BthRepr;
+        use crate::wire::opcode::Opcode;
+        use crate::wire::packet::PacketRepr;
+        use crate::wire::psn::Psn;
+        use crate::wire::roce::{IpRepr, Ipv4Repr, RoceRepr, UdpChecksum, UdpRepr};
+        let ip = |id| {
+            IpRepr::V4(Ipv4Repr { identification: id, ..Ipv4Repr::new([10, 0, 0, 1].into(), [10, 0, 0, 2].into()) })
+        };
+        let mut payload = [7u8; 64];
+        // Bytes 2, 3 and 5..8 of a BTH are its P_Key and destination QP: this copy at payload
+        // offset 8 sits where the next BTH after a 20-byte segment would, a false candidate.
+        payload[8..16].copy_from_slice(&[0, 0, 0xff, 0xff, 0, 0, 0, 0x42]);
+        let datagram = |psn, id| {
+            let udp = UdpRepr::for_qp(0x11, UdpChecksum::Zero);
+            let bth = BthRepr::new(Opcode::RcSendOnly, 0xffff, 0x42, Psn::new(psn));
+            let packet = PacketRepr { payload: &payload, ..PacketRepr::new(bth) };
+            let mut buf = vec![0u8; 256];
+            let n = RoceRepr { ip: ip(id), udp, packet }.emit(&mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        };
+        let (seg0, seg1) = (datagram(5, 9), datagram(6, 10));
+        let mut superpacket = seg0.clone();
+        superpacket.extend_from_slice(&seg1[28..]);
+        assert_eq!(segment_candidates(&superpacket).take(2).collect::<Vec<_>>(), [20, seg0.len() - 28]);
+        let mut header = [0u8; 28];
+        header.copy_from_slice(&superpacket[..28]);
+        assert_eq!(superpacket_segment(&superpacket, &mut header), Some(seg0.len() - 28));
+
+        let mut zeros = datagram(5, 0)[..28].to_vec();
+        zeros.resize(4400, 0);
+        assert_eq!(segment_candidates(&zeros).count(), MAX_SEGMENT_TRIES);
+        header.copy_from_slice(&zeros[..28]);
+        assert_eq!(superpacket_segment(&zeros, &mut header), None);
+        assert_eq!(segment_candidates(&zeros[..28 + BTH_LEN]).count(), 0, "no room for a segment");
     }
 
     /// Rule PKT-ACK-13: an answer goes before the ACK its QP owes, but never before what
