@@ -5,9 +5,12 @@
 //! (`CmAgent`, listening on rping's service; requests it gets are accepted or rejected by the
 //! input). The first byte steers it toward a QP (and may put the QP's own number, the open
 //! region's R_Key or the GSI's Q_Key, and an expected PSN in place) so that the fuzzer reaches
-//! past the address checks into the transport and the CM. Nothing may panic (DESIGN rule 6);
-//! a region that grants no remote right never changes (rule 5), whatever arrives; the device
-//! keeps answering Query QP.
+//! past the address checks into the transport and the CM; a RETH or AtomicETH it steers names
+//! the open region or one of three that must stay shut to this peer (the packet's byte 20
+//! picks): a region of another PD that grants every right, one that grants remote reads
+//! only, and a type 2 window bound to another QP. Nothing may panic (DESIGN rule 6); no
+//! region but the open one ever changes (rule 5), whatever arrives; the device keeps
+//! answering Query QP.
 
 #![no_main]
 
@@ -31,12 +34,18 @@ struct Target {
     cm: CmAgent,
     qps: Vec<Qp>,
     open: Mr,
-    guard: Mr,
+    /// Regions that nothing the peer sends may change, each filled with GUARD: one without
+    /// remote rights, one of another PD with all of them, one with remote reads only, and
+    /// the one under `window`.
+    shut: [Mr; 4],
+    /// A type 2 window over `shut[3]` granting every remote right, bound to a QP of the same
+    /// PD that is not one the packets are steered to (and is in Error).
+    window: Mw,
     peer: Gid,
     buf: Vec<u8>,
     inputs: u32,
     // Dropped with the target: the device's own objects and the peer's.
-    _keep: (Pd, Cq, Vec<Ah>, Context, Pd, Cq, Vec<Qp>),
+    _keep: (Pd, Cq, Vec<Ah>, Context, Pd, Cq, Vec<Qp>, (Pd, Qp, Qp)),
 }
 
 fn target() -> Target {
@@ -47,8 +56,16 @@ fn target() -> Target {
     let cq = ctx.create_cq(4096).unwrap();
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let open = pd.alloc_mr(8192, all).unwrap();
-    let guard = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
-    guard.write(0, &[GUARD; 4096]).unwrap();
+    let other_pd = ctx.alloc_pd().unwrap();
+    let shut = [
+        pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap(),
+        other_pd.alloc_mr(4096, all).unwrap(),
+        pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap(),
+        pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::MW_BIND).unwrap(),
+    ];
+    for mr in &shut {
+        mr.write(0, &[GUARD; 4096]).unwrap();
+    }
     // The peer's QPs exist only as numbers (the device checks the source address and QPN).
     let peer_ctx = Context::create(DeviceConfig::default().name("peer").gid0(peer).seed(8)).unwrap();
     let peer_pd = peer_ctx.alloc_pd().unwrap();
@@ -100,8 +117,26 @@ fn target() -> Target {
     let mut cm = CmAgent::new(&ctx, &pd, 9).unwrap();
     cm.cm().listen(SERVICE);
     let mut buf = vec![0u8; MAX_DATAGRAM];
+    // The window: bound by a fourth RC QP, which then goes to Error (its packets are dropped;
+    // the window stays bound to it).
+    let binder = pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+    let binder_peer = peer_pd.create_qp(&QpInitAttr::rc(&peer_cq, &peer_cq)).unwrap();
+    let av = AddressVector::new(AhAttr::roce(peer, 0), Mtu::Mtu256);
+    binder.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::MW_BIND)).unwrap();
+    binder
+        .modify(&QpAttr::to_rtr(av, binder_peer.qp_num()).rq_psn(PSN).max_dest_rd_atomic(1).min_rnr_timer(1))
+        .unwrap();
+    binder.modify(&QpAttr::to_rts().sq_psn(PSN).timeout(10).retry_cnt(2).rnr_retry(2).max_rd_atomic(1)).unwrap();
+    let window = pd.alloc_mw_of(MwType::Type2).unwrap();
+    let key = (window.rkey() as u8).wrapping_add(1);
+    let remote = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    binder.post_send(&[SendWr::bind_mw(1, &window, &shut[3], shut[3].addr(), 4096, remote).new_key(key)]).unwrap();
     while ctx.transmit(0, &mut buf).is_some() {}
-    Target { ctx, cm, qps, open, guard, peer, buf, inputs: 0, _keep: (pd, cq, ahs, peer_ctx, peer_pd, peer_cq, peers) }
+    assert_eq!(window.rkey() as u8, key, "the window is bound");
+    binder.modify(&QpAttr::new(QpState::Error)).unwrap();
+    while ctx.transmit(0, &mut buf).is_some() {}
+    let keep = (pd, cq, ahs, peer_ctx, peer_pd, peer_cq, peers, (other_pd, binder, binder_peer));
+    Target { ctx, cm, qps, open, shut, window, peer, buf, inputs: 0, _keep: keep }
 }
 
 thread_local! {
@@ -134,9 +169,16 @@ fuzz_target!(|data: &[u8]| {
             // The DETH's Q_Key: the GSI's well-known one.
             packet[12..16].copy_from_slice(&0x8001_0000u32.to_be_bytes());
         } else if steer & 0x20 != 0 && packet.len() >= 28 {
-            // Where a RETH or AtomicETH would be after a plain BTH: the open region.
-            packet[12..20].copy_from_slice(&t.open.addr().to_be_bytes());
-            packet[20..24].copy_from_slice(&t.open.rkey().to_be_bytes());
+            // Where a RETH or AtomicETH would be after a plain BTH: the open region, or one
+            // that must stay shut (the key's first byte picks).
+            let (addr, rkey) = match packet[20] & 3 {
+                0 => (t.open.addr(), t.open.rkey()),
+                1 => (t.shut[1].addr(), t.shut[1].rkey()),
+                2 => (t.shut[2].addr(), t.shut[2].rkey()),
+                _ => (t.shut[3].addr(), t.window.rkey()),
+            };
+            packet[12..20].copy_from_slice(&addr.to_be_bytes());
+            packet[20..24].copy_from_slice(&rkey.to_be_bytes());
         }
         let me = t.ctx.query_gid(1, 0).unwrap();
         let ip = IpRepr::V4(Ipv4Repr::new(t.peer.to_ipv4().unwrap(), me.to_ipv4().unwrap()));
@@ -168,8 +210,11 @@ fuzz_target!(|data: &[u8]| {
         t.cm.transmit();
         while t.ctx.transmit(now, &mut t.buf).is_some() {}
         let mut guard = [0u8; 4096];
-        t.guard.read(0, &mut guard).unwrap();
-        assert!(guard.iter().all(|&b| b == GUARD), "a region without remote rights changed");
+        let names = ["no remote rights", "another PD's", "remote reads only", "the window's"];
+        for (which, mr) in names.iter().zip(&t.shut) {
+            mr.read(0, &mut guard).unwrap();
+            assert!(guard.iter().all(|&b| b == GUARD), "a region that must stay shut changed: {which}");
+        }
         for qp in &t.qps {
             let _ = qp.query().unwrap();
         }
