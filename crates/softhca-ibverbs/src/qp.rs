@@ -23,6 +23,10 @@ pub(crate) struct Qp {
     pub(crate) ibv: ibv_qp_ex,
     pub(crate) qp: SoftQp,
     sq_sig_all: bool,
+    /// The gather and scatter lists' limits it was created with (fixed for its life): a
+    /// longer list is EINVAL before any of its entries is read, as rxe's provider checks.
+    pub(crate) max_send_sge: usize,
+    max_recv_sge: usize,
     /// What `ibv_set_ece` kept (crate::ece).
     pub(crate) ece: std::sync::Mutex<Option<crate::abi::ibv_ece>>,
     /// Whether it was created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (`ibv_qp_to_qp_ex`
@@ -38,6 +42,8 @@ pub(crate) struct Qp {
 struct Srq {
     ibv: ibv_srq,
     srq: SoftSrq,
+    /// Its scatter lists' limit (see `Qp::max_recv_sge`).
+    max_sge: usize,
 }
 
 /// # Safety
@@ -195,8 +201,10 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         Err(softhca::VerbsError::InvalidServiceType(_)) if qp_type == QpType::RawEthertype => return fail(libc::EPERM),
         Err(e) => return fail(errno_of(&e)),
     };
+    let (mut max_send_sge, mut max_recv_sge) = (MAX_SGE, MAX_SGE);
     if let Ok(q) = soft.query() {
         *a.cap = c_cap(&q.cap);
+        (max_send_sge, max_recv_sge) = (q.cap.max_send_sge as usize, q.cap.max_recv_sge as usize);
     }
     let qp_base = ibv_qp {
         context: pd.ibv.context,
@@ -220,6 +228,8 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         ibv: crate::wr::qp_ex(qp_base, qp_type),
         qp: soft,
         sq_sig_all: a.sq_sig_all != 0,
+        max_send_sge,
+        max_recv_sge,
         ece: Default::default(),
         extended: a.send_ops.is_some(),
         batch: Default::default(),
@@ -615,6 +625,11 @@ pub unsafe extern "C" fn ibv_query_qp(
 
 /// The most SGEs one work request may carry here (softhca's max_sge).
 pub(crate) const MAX_SGE: usize = 32;
+/// The most work requests one post takes from a list: softhca's max_qp_wr, more than any
+/// queue holds, where rxe's provider answers ENOMEM at the first that does not fit. Posting
+/// in Error flushes each at once, so no queue fills there: without this a circular list
+/// (`wr.next = &wr`) would be posted for ever.
+const MAX_POST_LIST: usize = 1 << 14;
 /// The most inline bytes (softhca's max_inline_data).
 pub(crate) const MAX_INLINE: usize = 512;
 
@@ -623,12 +638,13 @@ pub(crate) const MAX_INLINE: usize = 512;
 /// one by one).
 type SgeRoom = [MaybeUninit<Sge>; MAX_SGE];
 
-/// Copies a C gather list into `out`; None if it is longer than [`MAX_SGE`] or negative.
+/// Copies a C gather list into `out`; None if it is negative or longer than `max` (the
+/// queue's limit) or [`MAX_SGE`], before any entry is read.
 ///
 /// # Safety
 /// `list` points at `n` readable SGEs (or `n` is 0).
-unsafe fn sges(list: *const ibv_sge, n: c_int, out: &mut SgeRoom) -> Option<&[Sge]> {
-    let n = usize::try_from(n).ok().filter(|&n| n <= MAX_SGE)?;
+unsafe fn sges(list: *const ibv_sge, n: c_int, max: usize, out: &mut SgeRoom) -> Option<&[Sge]> {
+    let n = usize::try_from(n).ok().filter(|&n| n <= max.min(MAX_SGE))?;
     for (k, o) in out[..n].iter_mut().enumerate() {
         // SAFETY: k < n, within the caller's list.
         let s = unsafe { *list.add(k) };
@@ -662,7 +678,7 @@ fn wr_opcode_of(code: c_int) -> Option<WrOpcode> {
 unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
     let mut list: SgeRoom = [MaybeUninit::uninit(); MAX_SGE];
     // SAFETY: the caller's gather list.
-    let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, &mut list) }) else { return libc::EINVAL };
+    let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, x.max_send_sge, &mut list) }) else { return libc::EINVAL };
     if w.opcode == IBV_WR_BIND_MW {
         // SAFETY: the union member a Bind MW work request carries.
         return unsafe { post_bind(x, w) };
@@ -739,9 +755,11 @@ pub(crate) unsafe extern "C" fn post_send(
     // SAFETY: a live QP.
     let x = unsafe { qp(q) };
     let mut w = wr;
+    let mut taken = 0;
     while !w.is_null() {
+        taken += 1;
         // SAFETY: a readable list of work requests, as the caller promises.
-        let r = unsafe { post_one_send(x, &*w) };
+        let r = if taken > MAX_POST_LIST { libc::ENOMEM } else { unsafe { post_one_send(x, &*w) } };
         if r != 0 {
             if !bad_wr.is_null() {
                 // SAFETY: a writable out-pointer.
@@ -837,17 +855,21 @@ unsafe fn bind_window(x: &Qp, m: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info
 unsafe fn post_recv_list(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
+    max_sge: usize,
     post: impl Fn(&[RecvWr<'_>]) -> Result<(), PostError>,
 ) -> c_int {
     let mut w = wr;
+    let mut taken = 0;
     while !w.is_null() {
+        taken += 1;
         // SAFETY: a readable work request.
         let r = unsafe { &*w };
         let mut list: SgeRoom = [MaybeUninit::uninit(); MAX_SGE];
         // SAFETY: its gather list.
-        let res = match unsafe { sges(r.sg_list, r.num_sge, &mut list) } {
-            Some(sg) => post(&[RecvWr::new(r.wr_id, sg)]).map_err(|e| errno_of(&e.error)),
-            None => Err(libc::EINVAL),
+        let res = match (taken <= MAX_POST_LIST).then(|| unsafe { sges(r.sg_list, r.num_sge, max_sge, &mut list) }) {
+            None => Err(libc::ENOMEM),
+            Some(Some(sg)) => post(&[RecvWr::new(r.wr_id, sg)]).map_err(|e| errno_of(&e.error)),
+            Some(None) => Err(libc::EINVAL),
         };
         if let Err(e) = res {
             if !bad_wr.is_null() {
@@ -869,7 +891,7 @@ pub(crate) unsafe extern "C" fn post_recv(
     // SAFETY: a live QP.
     let x = unsafe { qp(q) };
     // SAFETY: a readable list of receive work requests, as the caller promises.
-    unsafe { post_recv_list(wr, bad_wr, |w| x.qp.post_recv(w)) }
+    unsafe { post_recv_list(wr, bad_wr, x.max_recv_sge, |w| x.qp.post_recv(w)) }
 }
 
 pub(crate) unsafe extern "C" fn post_srq_recv(
@@ -880,7 +902,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     // SAFETY: a live SRQ from ibv_create_srq (its C structure is the box's first field).
     let x = unsafe { &*(s as *const Srq) };
     // SAFETY: a readable list of receive work requests, as the caller promises.
-    unsafe { post_recv_list(wr, bad_wr, |w| x.srq.post_recv(w)) }
+    unsafe { post_recv_list(wr, bad_wr, x.max_sge, |w| x.srq.post_recv(w)) }
 }
 
 #[no_mangle]
@@ -893,8 +915,10 @@ pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_
         Ok(s) => s,
         Err(e) => return fail(errno_of(&e)),
     };
+    let mut max_sge = MAX_SGE;
     if let Ok(q) = soft.query() {
         a.attr = ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit };
+        max_sge = q.max_sge as usize;
     }
     let ibv = ibv_srq {
         context: pd.ibv.context,
@@ -908,7 +932,7 @@ pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_
         events_completed: 0,
     };
     let handle = soft.handle();
-    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft }));
+    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft, max_sge }));
     // SAFETY: the PD's context is open.
     let cx = unsafe { ctx(pd.ibv.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.insert(handle, s as usize);

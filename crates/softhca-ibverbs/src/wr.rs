@@ -301,8 +301,11 @@ unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length:
 }
 
 unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, num_sge: usize, list: *const ibv_sge) {
+    // SAFETY: a live QP.
+    let max = unsafe { qp(q.cast()) }.max_send_sge.min(MAX_SGE);
     let fill = |p: &mut Pending| {
-        if num_sge > MAX_SGE {
+        // Before any entry is read (see `Qp::max_send_sge`).
+        if num_sge > max {
             return libc::EINVAL;
         }
         for (k, o) in p.sges[..num_sge].iter_mut().enumerate() {
@@ -330,6 +333,9 @@ unsafe fn set_inline(q: *mut ibv_qp_ex, bufs: impl Iterator<Item = (*const u8, u
             // after a non-empty buffer).
             if len > MAX_INLINE - p.inline.len() {
                 return libc::ENOMEM;
+            }
+            if len == 0 {
+                continue; // may come with a null address, which no slice may have
             }
             // SAFETY: as the caller promises.
             p.inline.extend_from_slice(unsafe { std::slice::from_raw_parts(addr, len) });

@@ -191,3 +191,15 @@ fn a_program_that_exits_after_posting_loses_no_send() {
         assert!(status.success() && rest.contains("exit_sends: ok"), "round {round}: the receiver ({status}): {rest}");
     }
 }
+
+/// A gather or scatter list longer than the QP's `max_send_sge`/`max_recv_sge` (up to 32) was
+/// read in full before the core refused it, past the end of the program's array (a NULL list
+/// crashed), where rxe's provider checks `num_sge` first; and a circular list of work requests
+/// on a QP in Error (each flushed at once, no queue ever full) was posted for ever. Now EINVAL
+/// before any entry is read, and ENOMEM after max_qp_wr work requests of one list.
+#[test]
+fn bad_work_request_lists_fail_without_reading_past_them() {
+    if ready() {
+        run("review_abi", Some("bad_lists"));
+    }
+}

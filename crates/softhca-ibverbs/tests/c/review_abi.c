@@ -485,6 +485,38 @@ static void destroy_after_unsignaled_ud_sends(void)
 	}
 }
 
+/* A gather or scatter list longer than the queue's max_sge is EINVAL before any of its entries
+   is read, as rxe's provider checks (here with a NULL list); and a circular list of work
+   requests (wr.next = &wr) on a QP in Error, where each post is flushed at once and no queue
+   fills, ends with ENOMEM after at most max_qp_wr of them instead of never. */
+static void bad_lists(void)
+{
+	struct end a;
+	open_end(&a, IBV_QPT_RC);
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(a.qp, &qa, IBV_QP_CAP, &qi) == 0, "ibv_query_qp");
+	hang_guard(60);
+	struct ibv_recv_wr r = { .wr_id = 1, .num_sge = (int)qi.cap.max_recv_sge + 3 }, *rbad = NULL;
+	int e = ibv_post_recv(a.qp, &r, &rbad);
+	CHECK(e == EINVAL && rbad == &r, "post_recv beyond max_recv_sge: %d", e);
+	struct ibv_send_wr s = { .wr_id = 2, .num_sge = (int)qi.cap.max_send_sge + 3, .opcode = IBV_WR_SEND },
+			   *sbad = NULL;
+	e = ibv_post_send(a.qp, &s, &sbad);
+	CHECK(e == EINVAL && sbad == &s, "post_send beyond max_send_sge: %d", e);
+	to_init(a.qp, IBV_ACCESS_LOCAL_WRITE);
+	to_error(a.qp);
+	struct ibv_sge sg = { (uintptr_t)a.buf, 8, a.mr->lkey };
+	struct ibv_send_wr sloop = { .wr_id = 3, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND };
+	sloop.next = &sloop;
+	e = ibv_post_send(a.qp, &sloop, &sbad);
+	CHECK(e == ENOMEM && sbad == &sloop, "a circular send list: %d", e);
+	struct ibv_recv_wr rloop = { .wr_id = 4, .sg_list = &sg, .num_sge = 1 };
+	rloop.next = &rloop;
+	e = ibv_post_recv(a.qp, &rloop, &rbad);
+	CHECK(e == ENOMEM && rbad == &rloop, "a circular receive list: %d", e);
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: review_abi <check>");
@@ -513,6 +545,8 @@ int main(int argc, char **argv)
 		resize_counts_posted_ud_sends();
 	else if (!strcmp(test, "destroy_after_unsignaled_ud_sends"))
 		destroy_after_unsignaled_ud_sends();
+	else if (!strcmp(test, "bad_lists"))
+		bad_lists();
 	else
 		CHECK(0, "unknown check");
 	printf("%s: ok\n", test);
