@@ -247,6 +247,12 @@ impl Fuzz {
                         libc::iovec { iov_base: null_mut(), iov_len: 0 },
                         libc::iovec { iov_base: buf.add(a).cast(), iov_len: a },
                     ];
+                    let mut iov = iov;
+                    if self.rng.below(8) == 0 {
+                        // Lengths that add up past SSIZE_MAX (or wrap): EINVAL, as writev's.
+                        iov[0].iov_len = usize::MAX / 2 + 1;
+                        iov[2].iov_len = usize::MAX / 2 + 1;
+                    }
                     let n = self.rng.below(4) as c_int;
                     check("rsendv", softhca_rs_sendv(fd, iov.as_ptr(), n, libc::MSG_DONTWAIT) as i64);
                 }
@@ -341,15 +347,17 @@ impl Fuzz {
                     let len = 4096 * (1 + self.rng.below(4) as usize);
                     let at = 4096 * self.rng.below(8) as usize;
                     let prot = self.rng.pick(&[libc::PROT_WRITE, libc::PROT_NONE, libc::PROT_READ]).unwrap_or(0);
-                    let off = self.rng.pick(&[-1i64, 0, 1 << 20]).unwrap_or(0);
+                    // -4096: a mapping that ends at the top of the 64-bit range.
+                    let off = self.rng.pick(&[-1i64, 0, 1 << 20, -4096]).unwrap_or(0);
                     let r = softhca_rs_iomap(fd, buf.add(at).cast(), len, prot, 0, off);
-                    if check("riomap", r) {
+                    // The offset mapped, which may be negative: -1 alone is a failure.
+                    if r != -1 || check("riomap", r) {
                         self.maps.push((fd, buf as usize + at, len));
                     }
                 }
                 15 => {
                     let n = self.size().min(70_000);
-                    let off = self.rng.pick(&[0i64, 4096, 1 << 20, -5]).unwrap_or(0);
+                    let off = self.rng.pick(&[0i64, 4096, 1 << 20, -5, -4096, -2048]).unwrap_or(0);
                     let r = softhca_rs_iowrite(fd, buf.cast(), n, off, libc::MSG_DONTWAIT);
                     check("riowrite", r as i64);
                 }

@@ -809,8 +809,10 @@ pub unsafe extern "C" fn softhca_rs_send(fd: c_int, buf: *const c_void, len: usi
 struct Iov<'a>(&'a [libc::iovec]);
 
 impl Iov<'_> {
-    fn len(&self) -> usize {
-        self.0.iter().map(|v| v.iov_len).sum()
+    /// The bytes in all, if that is a length `writev` takes (at most `SSIZE_MAX`; beyond,
+    /// Linux refuses the call with EINVAL).
+    fn len(&self) -> Option<usize> {
+        self.0.iter().try_fold(0usize, |sum, v| sum.checked_add(v.iov_len)).filter(|&n| n <= isize::MAX as usize)
     }
 
     fn copy_out(&self, dst: &mut [u8], mut at: usize) {
@@ -848,7 +850,8 @@ pub unsafe extern "C" fn softhca_rs_sendv(fd: c_int, iov: *const libc::iovec, n:
     let Some(rs) = lookup(fd) else { return fail(libc::EBADF) as isize };
     // SAFETY: the program's iovecs.
     let v = Iov(unsafe { iovs(iov, n) });
-    send_with(&rs, v.len(), flags, None, |dst, at| v.copy_out(dst, at))
+    let Some(len) = v.len() else { return fail(libc::EINVAL) as isize };
+    send_with(&rs, len, flags, None, |dst, at| v.copy_out(dst, at))
 }
 
 #[no_mangle]
@@ -1440,7 +1443,7 @@ pub unsafe extern "C" fn softhca_rs_iowrite(
     }
     let (mut done, mut olen, mut ret) = (0usize, OLAP_START_SIZE, Ok(()));
     while done < src.len() {
-        let at = offset as u64 + done as u64;
+        let at = (offset as u64).wrapping_add(done as u64);
         let Some(e) = g.find_iomap(at) else { break };
         let r;
         (g, r) = wait_send(&rs, g, flags);

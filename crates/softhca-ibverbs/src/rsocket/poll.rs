@@ -314,7 +314,12 @@ pub unsafe extern "C" fn softhca_rs_select(
     } else {
         // SAFETY: the program's timeval.
         let t = unsafe { &*timeout };
-        (t.tv_sec * 1000 + t.tv_usec / 1000).clamp(0, c_int::MAX as i64) as c_int
+        // As select(2): a negative time is EINVAL, a huge one waits as long as poll can.
+        if t.tv_sec < 0 || t.tv_usec < 0 {
+            return super::fail(libc::EINVAL);
+        }
+        let ms = t.tv_sec.saturating_mul(1000).saturating_add(t.tv_usec / 1000);
+        ms.min(c_int::MAX as i64) as c_int
     };
     // SAFETY: a local array.
     let n = unsafe { softhca_rs_poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };

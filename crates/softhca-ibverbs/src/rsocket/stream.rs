@@ -576,16 +576,20 @@ impl Stream {
             // SAFETY: entry `i` of the I/O map after the SGL in the target region (sized for
             // `iomap` entries in init_bufs); read volatile: the peer writes it.
             let e = unsafe { std::ptr::read_volatile(t.ptr.add(at).cast::<wire::RsIomap>()) };
-            (offset >= e.offset && offset < e.offset + u64::from(e.sge.length)).then_some(e)
+            // The peer wrote the entry: compared without a sum that could overflow.
+            offset.checked_sub(e.offset).is_some_and(|into| into < u64::from(e.sge.length)).then_some(e)
         })
     }
 
-    /// Sends up to `chunk` bytes of `src` into the peer's mapped region `e` at `offset`
-    /// (`riowrite`'s loop body); returns how many.
+    /// Sends up to `chunk` bytes of `src` into the peer's mapped region `e` at `offset`, which
+    /// `e` covers ([`Self::find_iomap`]) (`riowrite`'s loop body); returns how many. The
+    /// address is the peer's to state: it wraps, as librdmacm's C does, and the peer's HCA
+    /// checks the key's bounds.
     pub fn write_direct(&mut self, e: &wire::RsIomap, offset: u64, src: &[u8], chunk: u32) -> Result<u32, c_int> {
-        let room = (e.offset + u64::from(e.sge.length) - offset).min(u64::from(u32::MAX)) as u32;
+        let into = offset.checked_sub(e.offset).filter(|&i| i < u64::from(e.sge.length)).ok_or(libc::EINVAL)?;
+        let room = (u64::from(e.sge.length) - into).min(u64::from(u32::MAX)) as u32;
         let xfer = chunk.min(self.sbuf_bytes_avail).min(room).min(src.len() as u32);
-        let dest = Dest::Direct { addr: e.sge.addr + offset - e.offset, rkey: e.sge.key };
+        let dest = Dest::Direct { addr: e.sge.addr.wrapping_add(into), rkey: e.sge.key };
         self.send_some(dest, &src[..xfer as usize])?;
         Ok(xfer)
     }
