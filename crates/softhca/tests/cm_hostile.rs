@@ -654,3 +654,39 @@ fn a_dreq_that_crosses_this_sides_dreq_ends_the_wait() {
     assert_eq!(drain(&mut a).1, vec![CmEvent::Disconnected { id: ia, timed_out: false }], "once");
     assert!(!a.disconnect(4, ia), "nothing left to answer: a is in TimeWait");
 }
+
+/// The CM agent keeps address handles for a bounded number of peers: one DREQ from each of
+/// more addresses than the device has address handles (a DREQ naming no connection is always
+/// answered with a DREP) leaves the application free to create its own. Before, every peer
+/// answered kept one for good, and the 65,537th address took the last.
+#[test]
+fn answering_many_peers_keeps_few_address_handles() {
+    use softhca::wire::roce::{RoceRepr, UdpRepr};
+    use softhca::wire::{BthRepr, DethRepr, IpRepr, Ipv4Repr, Opcode, PacketRepr, Psn, UdpChecksum};
+    use softhca::{AhAttr, CmAgent, Context, DeviceConfig, Gid};
+    let me = std::net::Ipv4Addr::new(10, 9, 0, 1);
+    let ctx = Context::create(DeviceConfig::default().name("cm-ahs").gid0(Gid::from_ipv4(me))).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mut agent = CmAgent::new(&ctx, &pd, 1).unwrap();
+    let max_ah = ctx.query_device().unwrap().max_ah;
+    let dreq = mad(CmMessage::Dreq(Box::new(CmDreq { local_comm_id: 1, remote_comm_id: 2, ..Default::default() })), 7);
+    let (mut buf, mut out) = (vec![0u8; 4096], vec![0u8; 4096]);
+    for n in 0..max_ah + 16 {
+        let from = std::net::Ipv4Addr::from(0x0a80_0000 + n);
+        let bth = BthRepr::new(Opcode::UdSendOnly, 0xffff, 1, Psn::new(n & 0xff_ffff));
+        let packet = PacketRepr {
+            deth: Some(DethRepr { q_key: 0x8001_0000, src_qp: 1 }),
+            payload: &dreq,
+            ..PacketRepr::new(bth)
+        };
+        let udp = UdpRepr::for_qp(1, UdpChecksum::Zero);
+        let len = RoceRepr { ip: IpRepr::V4(Ipv4Repr::new(from, me)), udp, packet }.emit(&mut buf).unwrap();
+        ctx.receive(0, &buf[..len]);
+        agent.receive(0).unwrap();
+        agent.transmit();
+        while ctx.transmit(0, &mut out).is_some() {}
+    }
+    assert_eq!(agent.dropped, 0, "every DREP had its address handle");
+    let peer = Gid::from_ipv4(std::net::Ipv4Addr::new(10, 9, 0, 2));
+    pd.create_ah(&AhAttr::roce(peer, 0)).expect("an address handle left for the application");
+}

@@ -30,6 +30,12 @@ const SLOT: usize = 40 + MAD_LEN;
 /// disconnects at once: dropped, they waited out a CM response timeout, 4.3 s, per 128).
 const SEND_DEPTH: usize = 128;
 
+/// The most address handles kept for the peers the CM answers. A send's WQE takes its own
+/// copy of the address, so a handle may go right after its post; without a bound, one MAD
+/// from each of 65,536 source addresses (a DREQ or a REQ for no listener is always answered)
+/// took the device's every AH, the application's too.
+const MAX_CACHED_AHS: usize = 64;
+
 /// A port's connection manager on its GSI.
 pub struct CmAgent {
     cm: Cm,
@@ -37,6 +43,7 @@ pub struct CmAgent {
     qp: Qp,
     cq: Cq,
     recv: Mr,
+    /// Address handles of recent peers, at most [`MAX_CACHED_AHS`].
     ahs: HashMap<Peer, Ah>,
     /// MADs the GSI dropped: no AH for the peer, or a send refused.
     pub dropped: u64,
@@ -150,6 +157,11 @@ impl CmAgent {
         while self.in_flight < SEND_DEPTH as u64 {
             let Some((peer, mad)) = self.waiting.pop_front() else { break };
             if !self.ahs.contains_key(&peer) {
+                if self.ahs.len() >= MAX_CACHED_AHS {
+                    for (_, ah) in self.ahs.drain() {
+                        let _ = ah.destroy(); // its count back to the device (and its PD's hold)
+                    }
+                }
                 let Ok(ah) = self.pd.create_ah(&AhAttr::roce(Gid(peer), 0)) else {
                     self.dropped += 1;
                     continue;
