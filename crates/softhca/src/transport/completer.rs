@@ -10,7 +10,7 @@ use crate::wire::psn::Psn;
 
 use super::channel::{ack_timeout_ns, nak_status, take_atomic_ack, take_read_response};
 use super::engine::TimerOwner;
-use super::requester::{fail_oldest, go_back, pmtu, resume_after_probe, retry_or_fail};
+use super::requester::{fail_oldest, go_back, pmtu, recheck_local, resume_after_probe, retry_or_fail};
 
 /// An inbound response, reduced to what the completer needs.
 pub(crate) struct Response<'a> {
@@ -104,7 +104,8 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
             } else if ack_through(q, core, r.psn.sub(1)) {
                 // Nothing retires before the end of on_response, so idx still names the WQE.
                 let Some(w) = core.sq.get_mut(idx) else { return false };
-                w.tx.status = Some(take_atomic_ack(&w.tx.local, r.atomic_orig.unwrap_or(0)));
+                let landed = recheck_local(q, w).map(|()| take_atomic_ack(&w.tx.local, r.atomic_orig.unwrap_or(0)));
+                w.tx.status = Some(landed.unwrap_or_else(|status| status));
                 core.req.rd_atomic = core.req.rd_atomic.saturating_sub(1);
                 acknowledge(core, r.psn);
             }
@@ -228,7 +229,9 @@ fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>
     }
     let Some(w) = core.sq.get_mut(idx) else { return };
     let (k, n) = (w.tx.resp_received, w.tx.npkts);
-    if let Err(status) = take_read_response(&w.tx.local, w.length, n, k, mtu, r.position, r.payload) {
+    let landed =
+        recheck_local(q, w).and_then(|()| take_read_response(&w.tx.local, w.length, n, k, mtu, r.position, r.payload));
+    if let Err(status) = landed {
         w.tx.status = Some(status);
         core.req.halted = true;
         return;

@@ -126,7 +126,20 @@ fn raw_length_ok(qp_type: QpType, len: u64) -> bool {
 /// Interface checks made before any packet of a WQE is sent (ERR-SQ-3): every local buffer
 /// must pass the key check (WR-COM-9), and a UD message must fit `ud_mtu` (WR-SEND-9).
 pub(crate) fn check_local(q: &QpInner, ud_mtu: u64, w: &mut SendWqe) -> Result<(), WcStatus> {
-    let pd = q.pd;
+    check_keys(q, w)?;
+    if q.qp_type == QpType::Ud && w.length > ud_mtu {
+        return Err(WcStatus::LocLenErr);
+    }
+    if q.qp_type.is_raw() && !raw_length_ok(q.qp_type, w.length) {
+        return Err(WcStatus::LocLenErr);
+    }
+    Ok(())
+}
+
+/// Every local buffer's key check (WR-COM-9), keeping the memory checked and the device's key
+/// generation read before the checks (a revocation racing them shows at the next recheck).
+fn check_keys(q: &QpInner, w: &mut SendWqe) -> Result<(), WcStatus> {
+    w.tx.local_gen = q.dev.key_generation();
     w.tx.local.clear();
     let need = match w.opcode {
         WrOpcode::RdmaRead | WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => Access::LOCAL_WRITE,
@@ -139,18 +152,25 @@ pub(crate) fn check_local(q: &QpInner, ud_mtu: u64, w: &mut SendWqe) -> Result<(
             }
             let m = q
                 .dev
-                .check_access(sge.lkey, pd, q.qpn, sge.addr, sge.length as u64, need)
+                .check_access(sge.lkey, q.pd, q.qpn, sge.addr, sge.length as u64, need)
                 .map_err(|_| WcStatus::LocProtErr)?;
             w.tx.local.push(m);
         }
     }
-    if q.qp_type == QpType::Ud && w.length > ud_mtu {
-        return Err(WcStatus::LocLenErr);
-    }
-    if q.qp_type.is_raw() && !raw_length_ok(q.qp_type, w.length) {
-        return Err(WcStatus::LocLenErr);
-    }
     Ok(())
+}
+
+/// A started WQE's local buffers, checked again before they are touched again if any key was
+/// revoked since their last check (the device's key generation moved: one atomic load), as
+/// a responder checks a remote grant again (`responder::Grant::bytes`). A region deregistered
+/// or invalidated under a message in progress (a later packet, a retransmission, a Read
+/// response or Atomic result to land) is then Local Protection Error, and its memory, which
+/// a C program may have freed by now, is left alone.
+pub(crate) fn recheck_local(q: &QpInner, w: &mut SendWqe) -> Result<(), WcStatus> {
+    if q.dev.key_generation() == w.tx.local_gen {
+        return Ok(());
+    }
+    check_keys(q, w)
 }
 
 /// What the next request packet is: the WQE index, the byte offset into its message and the
@@ -246,13 +266,22 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
                 req.rd_atomic += 1;
             }
         }
-        let w = core.sq.get(idx)?;
+        let w = core.sq.get_mut(idx)?;
         if w.tx.status.is_some() {
             // Done already (a retransmission passing it): skip.
             core.req.cursor += 1;
             core.req.cursor_off = 0;
             continue;
         }
+        if let Err(status) = recheck_local(q, w) {
+            // Its memory is no longer the WQE's: it fails, and the QP with it, when it retires.
+            w.tx.status = Some(status);
+            core.req.halted = true;
+            core.req.cursor += 1;
+            core.req.cursor_off = 0;
+            return None;
+        }
+        let w = &*w;
         let offset = core.req.cursor_off;
         if q.qp_type == QpType::Rc {
             let psn = Psn::new(w.tx.first_psn).add((offset / mtu) as u32);

@@ -176,8 +176,10 @@ pub(crate) struct RespState {
     /// UC: a loss was seen; drop until a First or Only (PKT-UC-2).
     uc_resync: bool,
     in_msg: Option<InMsg>,
-    /// The checked scatter list of the RQ head WQE while a Send uses it.
+    /// The checked scatter list of the RQ head WQE while a Send uses it, and the device's key
+    /// generation read before it was checked (see `recheck_scatter`).
     scatter: Vec<MemRef>,
+    scatter_gen: u64,
     /// Communication Established was raised (EVT-CE-1).
     pub comm_est: bool,
 }
@@ -423,6 +425,7 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
         return Err(rc_fail_invalid()); // ERR-RQ-13
     }
     let Some(InMsg::Send { offset }) = core.resp.in_msg else { return Err(rc_fail_invalid()) };
+    recheck_scatter(q, core).map_err(|_| Fail::A)?; // ERR-RQ-2, as at the first packet
     let capacity: u64 = core.resp.scatter.iter().map(|m| m.len() as u64).sum();
     if offset + r.payload.len() as u64 > capacity {
         return Err(rc_fail_invalid()); // ERR-RQ-11
@@ -448,8 +451,20 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     Ok(())
 }
 
+/// The scatter list a Send is filling, checked again before its next packet lands if any key
+/// was revoked since (the device's key generation moved: one atomic load), as the requester
+/// checks its own buffers again (`requester::recheck_local`): a region deregistered or
+/// invalidated under the message is not written (a C program may have freed it).
+fn recheck_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
+    if q.dev.key_generation() == core.resp.scatter_gen {
+        return Ok(());
+    }
+    take_scatter(q, core)
+}
+
 /// Checks the RQ head WQE's scatter list with local write access (ERR-RQ-2 when unusable).
 fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
+    core.resp.scatter_gen = q.dev.key_generation();
     // SRQ WQEs are checked against the SRQ's PD.
     let pd = q.srq.as_ref().map_or(q.pd, |s| s.pd());
     let mut list = std::mem::take(&mut core.resp.scatter);
@@ -685,6 +700,12 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
                 core.resp.in_msg = Some(InMsg::Send { offset: 0 });
             }
             let Some(InMsg::Send { offset }) = core.resp.in_msg else { return drop_message(core) };
+            if recheck_scatter(q, core).is_err() {
+                // As at its first packet (above).
+                complete_wqe_in_use(q, core, WcStatus::LocQpOpErr);
+                q.enter_error(core, true);
+                return;
+            }
             if scatter(&core.resp.scatter, offset, r.payload).is_err() {
                 drop_message(core);
                 return;

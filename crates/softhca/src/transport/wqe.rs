@@ -230,8 +230,10 @@ pub(crate) struct WqeTx {
     /// RDMA Read: response packets received so far.
     pub resp_received: u32,
     /// The checked local buffers: the gather list of a Send or Write, the scatter list of a
-    /// Read or Atomic.
+    /// Read or Atomic; and the device's key generation read before they were checked (see
+    /// `requester::recheck_local`).
     pub local: Vec<MemRef>,
+    pub local_gen: u64,
 }
 
 impl WqeTx {

@@ -84,7 +84,11 @@ enum RxMsg {
     Send {
         token: u64,
         wr_id: u64,
+        /// The WQE's scatter list as posted and as last checked, with the device's key
+        /// generation read before that check (checked again when it moves, as on RC).
+        sges: crate::transport::wqe::SgeList,
         scatter: Vec<MemRef>,
+        gen: u64,
         offset: u64,
     },
     Write {

@@ -297,6 +297,7 @@ pub(super) fn rd_send(
             return Err(Fail::B(Syndrome::RnrNak { timer_code: core.attrs.min_rnr_timer }));
             // ERR-RQ-3
         };
+        let gen = q.dev.key_generation();
         let Some(list) = check_scatter(q, &sges) else {
             complete_held(q, core, eec.eecn, token, wr_id, WcStatus::LocQpOpErr, 0, None, r, false);
             return Err(Fail::Fatal {
@@ -305,18 +306,34 @@ pub(super) fn rd_send(
                 to_error: true,
             });
         };
-        e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg: RxMsg::Send { token, wr_id, scatter: list, offset: 0 } });
+        let msg = RxMsg::Send { token, wr_id, sges, scatter: list, gen, offset: 0 };
+        e.rx = Some(RdRx { qpn: q.qpn, src_qp: r.src_qp, msg });
     }
     if !length_ok(r.position, r.payload.len() as u64, mtu) {
         return Err(invalid());
     }
-    let Some(RdRx { msg: RxMsg::Send { token, wr_id, scatter: list, offset }, .. }) = &mut e.rx else {
+    let Some(RdRx { msg: RxMsg::Send { token, wr_id, sges, scatter: list, gen, offset }, .. }) = &mut e.rx else {
         return Err(invalid());
     };
     let (token, wr_id) = (*token, *wr_id);
     if !core.rd.held.iter().any(|&(n, t, _)| n == eec.eecn && t == token) {
         e.rx = None; // the QP was flushed under the message
         return Err(Fail::Drop);
+    }
+    let now_gen = q.dev.key_generation();
+    if *gen != now_gen {
+        // A key was revoked since the list was checked (see `responder::recheck_scatter`).
+        *gen = now_gen;
+        match check_scatter(q, sges) {
+            Some(again) => *list = again,
+            None => {
+                return Err(Fail::Fatal {
+                    nak: NakCode::RemoteOperationalError,
+                    status: WcStatus::LocQpOpErr,
+                    to_error: true,
+                })
+            }
+        }
     }
     let capacity: u64 = list.iter().map(|m| m.len() as u64).sum();
     if *offset + r.payload.len() as u64 > capacity {

@@ -17,7 +17,7 @@ use crate::wire::{BthRepr, DethRepr, PacketRepr, RdethRepr};
 use crate::transport::channel::{ack_timeout_ns, nak_status, take_atomic_ack, take_read_response, Retry};
 use crate::transport::completer::{self, Response};
 use crate::transport::engine::{add_request_headers, emit, ip_for, request_opcode, TimerOwner};
-use crate::transport::requester::{check_local, run_local, ACK_EVERY, WINDOW};
+use crate::transport::requester::{check_local, recheck_local, run_local, ACK_EVERY, WINDOW};
 
 use super::receive::reap_held;
 use super::*;
@@ -216,6 +216,12 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     if tx.status.is_some() || tx.next >= tx.npkts || tx.next.saturating_sub(tx.done) >= WINDOW {
         return None;
     }
+    if let Some((q, _)) = &tx.owner {
+        if let Err(status) = recheck_local(q, &mut tx.wqe) {
+            tx.status = Some(status); // as for the QP's own SQ (`requester::recheck_local`)
+            return None;
+        }
+    }
     let w = &tx.wqe;
     let k = tx.next;
     let psn = Psn::new(tx.first_psn).add(k);
@@ -339,7 +345,13 @@ pub(super) fn on_response(
                 return true;
             }
             let n = tx.npkts;
-            tx.status = match take_read_response(&tx.wqe.tx.local, tx.wqe.length, n, k, mtu, r.position, r.payload) {
+            let recheck = |tx: &mut RdTx| match &tx.owner {
+                Some((q, _)) => recheck_local(q, &mut tx.wqe),
+                None => Ok(()),
+            };
+            let landed = recheck(tx)
+                .and_then(|()| take_read_response(&tx.wqe.tx.local, tx.wqe.length, n, k, mtu, r.position, r.payload));
+            tx.status = match landed {
                 Err(status) => Some(status),
                 Ok(()) => {
                     tx.done = k + 1;
@@ -349,7 +361,14 @@ pub(super) fn on_response(
         }
         (Operation::AtomicAcknowledge, _) if op.is_atomic() => {
             tx.done = 1;
-            tx.status = Some(take_atomic_ack(&tx.wqe.tx.local, r.atomic_orig.unwrap_or(0)));
+            let recheck = match &tx.owner {
+                Some((q, _)) => recheck_local(q, &mut tx.wqe),
+                None => Ok(()),
+            };
+            tx.status = Some(match recheck {
+                Ok(()) => take_atomic_ack(&tx.wqe.tx.local, r.atomic_orig.unwrap_or(0)),
+                Err(status) => status,
+            });
         }
         _ => {
             tx.status = Some(WcStatus::BadRespErr); // ERR-SQ-12
