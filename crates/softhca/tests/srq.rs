@@ -119,3 +119,30 @@ fn last_wqe_reached() {
     qp2.modify(&QpAttr::to_error()).unwrap();
     assert_eq!(events(&p.b.ctx).iter().filter(|e| e.element == EventElement::Qp(qp2.qp_num())).count(), 1);
 }
+
+/// A Write with Immediate refused on a QP of an SRQ retires an SRQ WQE with the error, as it
+/// retires the RQ head on a QP of its own: for its R_Key (Remote Access Error), and for
+/// remote writes not enabled on the QP (Remote Invalid Request). Before, in the second case
+/// the SRQ having a WQE counted as one in use, none was taken, and the error left no CQE and
+/// no asynchronous event. Rule ERR-C-3
+#[test]
+fn a_refused_write_with_immediate_retires_an_srq_wqe() {
+    for enabled in [true, false] {
+        let (mut p, srq) = pair_on_srq(SrqInitAttr::default());
+        let dst = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        srq.post_recv(&[RecvWr::new(1, &[dst.sge(0..64)]), RecvWr::new(2, &[dst.sge(0..64)])]).unwrap();
+        let src = p.a.pd.reg_mr(vec![1; 8], Access::LOCAL_WRITE).unwrap();
+        let (rkey, want) = if enabled {
+            (dst.rkey() ^ 0x0100, WcStatus::RemAccessErr)
+        } else {
+            p.b.qp.modify(&QpAttr::new(QpState::Rts).access(Access::REMOTE_READ)).unwrap();
+            (dst.rkey(), WcStatus::RemInvReqErr)
+        };
+        p.a.qp.post_send(&[SendWr::rdma_write(10, &[src.sge(0..8)], dst.addr(), rkey).imm(7).signaled()]).unwrap();
+        p.run(RUN);
+        let wb: Vec<_> = poll_all(&p.b.cq).iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(wb.first(), Some(&(1, want)), "enabled {enabled}: {wb:?}");
+        assert_eq!(poll_all(&p.a.cq).first().map(|w| w.status), Some(want), "enabled {enabled}");
+        assert_eq!(p.b.qp.state().unwrap(), QpState::Error);
+    }
+}

@@ -307,8 +307,10 @@ fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
         }
         Fail::C { nak, status, access } => {
             core.chan.out.push((), RespJob::Ack { psn, syndrome: Syndrome::Nak(nak) });
+            // A Write with Immediate's last packet uses a receive WQE: on an SRQ one is taken
+            // now (the message would have taken it), to be retired in error.
             let had_wqe = matches!(core.resp.in_msg, Some(InMsg::Send { .. }))
-                || (r.imm.is_some() && matches!(r.position, Position::Last | Position::Only) && wqe_available(q, core));
+                || (r.imm.is_some() && matches!(r.position, Position::Last | Position::Only) && bind_wqe(q, core));
             if had_wqe {
                 complete_wqe_in_use(q, core, status); // ERR-C-3
             } else {
@@ -318,14 +320,6 @@ fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
             }
             q.enter_error(core, true);
         }
-    }
-}
-
-/// Is a receive WQE there for a new message: the RQ head, or one on the QP's SRQ?
-fn wqe_available(q: &QpInner, core: &QpCore) -> bool {
-    match &q.srq {
-        None => !core.rq.is_empty(),
-        Some(srq) => core.srq_bound || srq.has_wqe(),
     }
 }
 
