@@ -394,7 +394,18 @@ impl<A: Copy + PartialEq> Outbox<A> {
         matches!(self.jobs.front(), Some((_, RespJob::Ack { .. })))
     }
 
+    /// Queues a response. A NAK the tail already holds for the same destination is not queued
+    /// twice: it says nothing more, and a peer repeating a packet that is answered so (an RNR
+    /// NAK for each retry of a Send that finds no WQE, an RD Resync's ACK) would otherwise
+    /// grow the queue by one a packet while the link is busy.
     pub fn push(&mut self, to: A, job: RespJob) {
+        if let (RespJob::Ack { psn, syndrome }, Some((t, RespJob::Ack { psn: p, syndrome: s }))) =
+            (&job, self.jobs.back())
+        {
+            if *t == to && p == psn && s == syndrome {
+                return;
+            }
+        }
         self.jobs.push_back((to, job));
     }
 
@@ -702,6 +713,24 @@ pub(crate) fn take_atomic_ack(local: &[MemRef], orig: u64) -> WcStatus {
 mod tests {
     use super::*;
     use crate::wire::NakCode;
+
+    /// The same NAK to the same destination is queued once while it waits at the tail (a peer
+    /// retrying into an RNR NAK adds nothing); another NAK, another PSN or another
+    /// destination is queued.
+    #[test]
+    fn a_repeated_nak_is_queued_once() {
+        let mut out: Outbox<u32> = Outbox::default();
+        let rnr = Syndrome::RnrNak { timer_code: 1 };
+        for _ in 0..1000 {
+            out.push(1, RespJob::Ack { psn: 5, syndrome: rnr });
+        }
+        assert_eq!(out.len(), 1);
+        out.push(2, RespJob::Ack { psn: 5, syndrome: rnr });
+        out.push(2, RespJob::Ack { psn: 6, syndrome: rnr });
+        out.push(2, RespJob::Ack { psn: 6, syndrome: Syndrome::Nak(NakCode::InvalidRequest) });
+        out.push(2, RespJob::Ack { psn: 6, syndrome: Syndrome::Nak(NakCode::InvalidRequest) });
+        assert_eq!(out.len(), 4);
+    }
 
     /// A plain ACK at the head may wait behind ACK_WAIT request packets, then not until a
     /// response has gone; a NAK (or RNR NAK) never waits, nor does a queue with none.
