@@ -1,7 +1,8 @@
 //! Fuzzes what a device does with what a peer sends: each input is a transport packet
 //! (BTH onward) that arrives, in a sealed RoCEv2 datagram from the peer's address, at a
 //! device whose RC, UC and UD QPs are connected and mid-conversation, with receives posted and
-//! a region that grants every remote right, and whose QP1 runs the connection manager
+//! a region that grants every remote right (every other device, its RC and UC QPs on a shared
+//! receive queue), and whose QP1 runs the connection manager
 //! (`CmAgent`, listening on rping's service; requests it gets are accepted or rejected by the
 //! input). The first byte steers it toward a QP (and may put the QP's own number, the open
 //! region's R_Key or the GSI's Q_Key, and an expected PSN in place) so that the fuzzer reaches
@@ -45,10 +46,12 @@ struct Target {
     buf: Vec<u8>,
     inputs: u32,
     // Dropped with the target: the device's own objects and the peer's.
-    _keep: (Pd, Cq, Vec<Ah>, Context, Pd, Cq, Vec<Qp>, (Pd, Qp, Qp)),
+    _keep: (Pd, Cq, Vec<Ah>, Context, Pd, Cq, Vec<Qp>, (Pd, Qp, Qp, Option<Srq>)),
 }
 
-fn target() -> Target {
+/// A device for the next 256 inputs; every other one has its RC and UC QPs draw their
+/// receives from one shared receive queue instead of queues of their own.
+fn target(on_srq: bool) -> Target {
     let gid = |n: u8| Gid::from_ipv4([127, 9, 0, n].into());
     let (me, peer) = (gid(2), gid(1));
     let ctx = Context::create(DeviceConfig::default().name("fuzz").gid0(me).seed(7)).unwrap();
@@ -73,9 +76,14 @@ fn target() -> Target {
     let mut qps = Vec::new();
     let mut peers = Vec::new();
     let mut ahs = Vec::new();
+    let srq = on_srq.then(|| pd.create_srq(&SrqInitAttr { max_wr: 64, max_sge: 2, srq_limit: 0 }).unwrap());
     for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
         let attr = |cq| QpInitAttr::new(t, cq, cq).max_send_wr(64).max_recv_wr(64).max_recv_sge(2);
-        let qp = pd.create_qp(&attr(&cq)).unwrap();
+        let shared = srq.as_ref().filter(|_| t != QpType::Ud);
+        let qp = match shared {
+            Some(srq) => pd.create_qp(&attr(&cq).max_recv_wr(0).srq(srq)).unwrap(),
+            None => pd.create_qp(&attr(&cq)).unwrap(),
+        };
         let other = peer_pd.create_qp(&attr(&peer_cq)).unwrap();
         let av = AddressVector::new(AhAttr::roce(peer, 0), Mtu::Mtu256);
         match t {
@@ -99,7 +107,11 @@ fn target() -> Target {
         }
         let sges: Vec<[Sge; 1]> = (0..8usize).map(|i| [open.sge(1024 * i..1024 * (i + 1))]).collect();
         let wrs: Vec<RecvWr> = sges.iter().enumerate().map(|(i, s)| RecvWr::new(i as u64, s)).collect();
-        qp.post_recv(&wrs).unwrap();
+        match shared {
+            Some(srq) if t == QpType::Rc => srq.post_recv(&wrs).unwrap(),
+            Some(_) => {} // the SRQ's WQEs are posted once, for both QPs
+            None => qp.post_recv(&wrs).unwrap(),
+        }
         // Something in flight, so that responses (ACKs, Read responses) have a request to match.
         let (read, send) = ([open.sge(0..512)], [open.sge(0..64)]);
         match t {
@@ -135,12 +147,14 @@ fn target() -> Target {
     assert_eq!(window.rkey() as u8, key, "the window is bound");
     binder.modify(&QpAttr::new(QpState::Error)).unwrap();
     while ctx.transmit(0, &mut buf).is_some() {}
-    let keep = (pd, cq, ahs, peer_ctx, peer_pd, peer_cq, peers, (other_pd, binder, binder_peer));
+    let keep = (pd, cq, ahs, peer_ctx, peer_pd, peer_cq, peers, (other_pd, binder, binder_peer, srq));
     Target { ctx, cm, qps, open, shut, window, peer, buf, inputs: 0, _keep: keep }
 }
 
 thread_local! {
     static TARGET: RefCell<Option<Target>> = const { RefCell::new(None) };
+    /// Devices made so far: odd ones are on an SRQ (see `target`).
+    static MADE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -149,7 +163,8 @@ fuzz_target!(|data: &[u8]| {
         let mut slot = cell.borrow_mut();
         // A fresh device now and then: QPs that went to Error stop reaching the transport.
         if slot.as_ref().is_none_or(|t| t.inputs >= 256) {
-            *slot = Some(target());
+            let made = MADE.with(|m| m.replace(m.get() + 1));
+            *slot = Some(target(made % 2 == 1));
         }
         let t = slot.as_mut().unwrap();
         t.inputs += 1;
