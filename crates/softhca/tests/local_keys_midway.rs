@@ -33,6 +33,19 @@ fn hold_after(from_a: bool, pass: usize, held: &Arc<Mutex<Vec<Vec<u8>>>>) -> Fil
     })
 }
 
+/// Deregisters `mr`, hands the held datagrams to their side (`to_a`) and runs; returns the
+/// first completion of that side's CQ as (wr_id, status).
+fn dereg_then_deliver(p: &mut Pair, mr: &Mr, held: &Arc<Mutex<Vec<Vec<u8>>>>, to_a: bool) -> Option<(u64, WcStatus)> {
+    mr.dereg().unwrap();
+    p.filter = None;
+    for d in std::mem::take(&mut *held.lock().unwrap()) {
+        p.inject(to_a, &d);
+    }
+    p.run(RUN);
+    let cq = if to_a { &p.a.cq } else { &p.b.cq };
+    poll_all(cq).first().map(|w| (w.wr_id, w.status))
+}
+
 /// Rule WR-COM-9: a Read whose landing region is deregistered before its responses arrive
 /// completes with Local Protection Error, and the responses write nothing there (before, they
 /// landed in the deregistered region and the Read completed successfully).
@@ -48,14 +61,7 @@ fn read_responses_after_dereg_land_nowhere() {
     p.a.qp.post_send(&[SendWr::rdma_read(1, &[mr.sge(0..4096)], src.addr(), src.rkey()).signaled()]).unwrap();
     p.run(1_000_000); // the request goes; its four responses are held
     assert!(held.lock().unwrap().len() >= 4);
-    mr.dereg().unwrap();
-    p.filter = None;
-    for d in std::mem::take(&mut *held.lock().unwrap()) {
-        p.inject(true, &d);
-    }
-    p.run(RUN);
-    let wcs = poll_all(&p.a.cq);
-    assert_eq!(wcs.first().map(|w| (w.wr_id, w.status)), Some((1, WcStatus::LocProtErr)), "{wcs:?}");
+    assert_eq!(dereg_then_deliver(&mut p, &mr, &held, true), Some((1, WcStatus::LocProtErr)));
     assert!(land.iter().all(|&b| b == 0), "a response landed in the deregistered region");
 }
 
@@ -75,14 +81,7 @@ fn a_send_after_its_receive_region_is_deregistered_writes_nothing_more() {
     p.a.qp.post_send(&[SendWr::send(1, &[src.sge(0..4096)]).signaled()]).unwrap();
     p.run(1_000_000);
     assert!(land[..1024].iter().all(|&b| b == 0x5A), "the first packet landed");
-    mr.dereg().unwrap();
-    p.filter = None;
-    for d in std::mem::take(&mut *held.lock().unwrap()) {
-        p.inject(false, &d);
-    }
-    p.run(RUN);
-    let wcs = poll_all(&p.b.cq);
-    assert_eq!(wcs.first().map(|w| (w.wr_id, w.status)), Some((7, WcStatus::LocQpOpErr)), "{wcs:?}");
+    assert_eq!(dereg_then_deliver(&mut p, &mr, &held, false), Some((7, WcStatus::LocQpOpErr)));
     assert!(land[1024..].iter().all(|&b| b == 0), "a later packet landed in the deregistered region");
     assert_eq!(p.b.qp.state().unwrap(), QpState::Error);
 }
