@@ -677,8 +677,11 @@ fn wr_opcode_of(code: c_int) -> Option<WrOpcode> {
 /// IBV_SEND_INLINE its gather list names readable memory.
 unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
     let mut list: SgeRoom = [MaybeUninit::uninit(); MAX_SGE];
+    // An inline WR's list is copied now and never gathered: max_send_sge does not bound it
+    // (rxe reports a max_sge large enough for max_inline_data in 16-byte pieces).
+    let max = if w.send_flags & IBV_SEND_INLINE != 0 { MAX_SGE } else { x.max_send_sge };
     // SAFETY: the caller's gather list.
-    let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, x.max_send_sge, &mut list) }) else { return libc::EINVAL };
+    let Some(sg) = (unsafe { sges(w.sg_list, w.num_sge, max, &mut list) }) else { return libc::EINVAL };
     if w.opcode == IBV_WR_BIND_MW {
         // SAFETY: the union member a Bind MW work request carries.
         return unsafe { post_bind(x, w) };

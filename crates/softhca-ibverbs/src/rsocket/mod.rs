@@ -809,10 +809,12 @@ pub unsafe extern "C" fn softhca_rs_send(fd: c_int, buf: *const c_void, len: usi
 struct Iov<'a>(&'a [libc::iovec]);
 
 impl Iov<'_> {
-    /// The bytes in all, if that is a length `writev` takes (at most `SSIZE_MAX`; beyond,
-    /// Linux refuses the call with EINVAL).
+    /// The bytes in all, as `writev` takes them: None (EINVAL) if a length is negative as an
+    /// `ssize_t`, else their sum, clipped (Linux clips it to MAX_RW_COUNT; what one call sends
+    /// is far less anyway).
     fn len(&self) -> Option<usize> {
-        self.0.iter().try_fold(0usize, |sum, v| sum.checked_add(v.iov_len)).filter(|&n| n <= isize::MAX as usize)
+        let each = |v: &libc::iovec| (v.iov_len <= isize::MAX as usize).then_some(v.iov_len);
+        self.0.iter().try_fold(0usize, |sum, v| Some(sum.saturating_add(each(v)?)))
     }
 
     fn copy_out(&self, dst: &mut [u8], mut at: usize) {

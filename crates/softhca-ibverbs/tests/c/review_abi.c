@@ -486,7 +486,7 @@ static void destroy_after_unsignaled_ud_sends(void)
 }
 
 /* A gather or scatter list longer than the queue's max_sge is EINVAL before any of its entries
-   is read, as rxe's provider checks (here with a NULL list); and a circular list of work
+   is read, as rxe's provider checks (here with a NULL list), unless the WR is inline; and a circular list of work
    requests (wr.next = &wr) on a QP in Error, where each post is flushed at once and no queue
    fills, ends with ENOMEM after at most max_qp_wr of them instead of never. */
 static void bad_lists(void)
@@ -507,6 +507,15 @@ static void bad_lists(void)
 	to_init(a.qp, IBV_ACCESS_LOCAL_WRITE);
 	to_error(a.qp);
 	struct ibv_sge sg = { (uintptr_t)a.buf, 8, a.mr->lkey };
+	/* An inline WR's list is copied, not gathered: max_send_sge does not bound it (rxe
+	   reports a max_sge that fits max_inline_data in 16-byte pieces). */
+	struct ibv_sge two[2] = { sg, sg };
+	struct ibv_send_wr in = { .wr_id = 5, .sg_list = two, .num_sge = 2, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_INLINE };
+	CHECK(qi.cap.max_send_sge < 2 && qi.cap.max_inline_data >= 16, "caps %u %u", qi.cap.max_send_sge,
+	      qi.cap.max_inline_data);
+	e = ibv_post_send(a.qp, &in, &sbad);
+	CHECK(e == 0, "an inline send of two SGEs on a QP of one: %d", e);
 	struct ibv_send_wr sloop = { .wr_id = 3, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND };
 	sloop.next = &sloop;
 	e = ibv_post_send(a.qp, &sloop, &sbad);

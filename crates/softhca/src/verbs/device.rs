@@ -341,6 +341,18 @@ impl AsyncQueue {
     }
 }
 
+/// A value on a cache line of its own: one the engine reads for every packet must not share a
+/// line with counters the application's threads write at every poll (`handed`).
+#[repr(align(64))]
+pub(crate) struct OwnLine<T>(pub T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 static DEVICES: Mutex<Vec<Weak<DeviceInner>>> = Mutex::new(Vec::new());
 
@@ -357,8 +369,9 @@ pub(crate) struct DeviceInner {
     next_handle: AtomicU32,
     pub keys: RwLock<KeyTable>,
     /// Bumped by every change that can revoke a key's access (deregistration, window bind or
-    /// deallocation), so that a transfer in progress re-checks its key only when one happened.
-    pub key_gen: std::sync::atomic::AtomicU64,
+    /// deallocation, invalidation), so that a transfer in progress checks its keys again only
+    /// when one happened: read for every request packet and every Send packet received.
+    pub key_gen: OwnLine<std::sync::atomic::AtomicU64>,
     /// Bumped by every Request Completion Notification: a driver tells a program that waits
     /// for completion events (it arms its CQs) from one that spins on them.
     pub notify_requests: AtomicU64,
@@ -596,7 +609,7 @@ impl Context {
             counts: Counts::default(),
             next_handle: AtomicU32::new(1),
             keys: RwLock::new(KeyTable::default()),
-            key_gen: std::sync::atomic::AtomicU64::new(0),
+            key_gen: OwnLine(std::sync::atomic::AtomicU64::new(0)),
             notify_requests: AtomicU64::new(0),
             handed: AtomicU64::new(0),
             rng: Mutex::new(rng),

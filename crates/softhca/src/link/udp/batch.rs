@@ -1032,8 +1032,6 @@ pub(super) fn set_identification(shifts: &mut verify::Shifts, d: &mut [u8], id: 
     h.fill_checksum();
 }
 
-/// Sets Total Length, Identification and the header checksum of a 28-byte IPv4 + UDP header
-/// for a UDP payload of `payload` bytes.
 /// The most segment sizes whose ICRC [`superpacket_segment`] checks.
 const MAX_SEGMENT_TRIES: usize = 64;
 
@@ -1068,6 +1066,8 @@ fn segment_candidates(dgram: &[u8]) -> impl Iterator<Item = usize> + '_ {
         .take(MAX_SEGMENT_TRIES)
 }
 
+/// Sets Total Length, Identification and the header checksum of a 28-byte IPv4 + UDP header
+/// for a UDP payload of `payload` bytes.
 pub(super) fn fix_v4_header(h: &mut [u8; 28], payload: usize, id: u16) {
     UdpHeader::new_unchecked(&mut h[IPV4_HEADER_LEN..]).set_len((UDP_HEADER_LEN + payload) as u16);
     let mut ip = Ipv4Header::new_unchecked(&mut h[..]);

@@ -218,7 +218,15 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     }
     if let Some((q, _)) = &tx.owner {
         if let Err(status) = recheck_local(q, &mut tx.wqe) {
-            tx.status = Some(status); // as for the QP's own SQ (`requester::recheck_local`)
+            // As for the QP's own SQ (`requester::recheck_local`); the channel stays in step
+            // as when a message is abandoned (`abandon_if_orphaned`): a Resync once a packet
+            // has left, else its PSNs are not used.
+            tx.status = Some(status);
+            if tx.high > 0 {
+                tx.resync_after = true;
+            } else {
+                e.chan.send.psn = tx.first_psn;
+            }
             return None;
         }
     }
