@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void, CString};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use libc::{EBUSY, EINVAL, EOPNOTSUPP};
+use libc::{EBUSY, EINVAL, ENOMEM, EOPNOTSUPP};
 
 use crate::{abi, fail, set_errno};
 
@@ -589,6 +589,11 @@ pub unsafe extern "C" fn mlx5dv_dr_action_create_dest_array(
     }
     if dests.is_null() {
         return fail(EINVAL);
+    }
+    // rdma-core allocates a 16-byte record per destination before it reads the array: a count
+    // no allocation can hold is ENOMEM, not a walk past the program's array.
+    if num_dest.checked_mul(16).is_none_or(|n| n > isize::MAX as usize) {
+        return fail(ENOMEM);
     }
     for i in 0..num_dest {
         // SAFETY: dests holds num_dest entries (the prototype).

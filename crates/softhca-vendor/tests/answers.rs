@@ -291,6 +291,11 @@ fn a_root_level_domain_exists_on_a_foreign_ethernet_device() {
         assert_eq!(arr(&mut [&raw mut b, &raw mut e]), (null_mut(), EOPNOTSUPP), "drop destination");
         assert_eq!(arr(&mut [&raw mut b, &raw mut c]), (null_mut(), EOPNOTSUPP), "with a reformat");
         assert_eq!(arr(&mut [&raw mut b, &raw mut b]), (null_mut(), EOPNOTSUPP), "two QPs");
+        // A count no allocation holds is ENOMEM before the array is read (rdma-core allocates
+        // a record per destination first); it read past the two-entry array before.
+        let mut two = [&raw mut b, &raw mut b];
+        let huge = || dr::mlx5dv_dr_action_create_dest_array(dmn, usize::MAX, two.as_mut_ptr());
+        assert_eq!(call(huge), (null_mut(), libc::ENOMEM), "a count past any allocation");
         let mut acts = [drop];
         let mut s = FlowSamplerAttr {
             sample_ratio: 1,
