@@ -501,8 +501,9 @@ impl Exchange {
     }
 
     pub fn recv<T: for<'de> Deserialize<'de>>(&mut self) -> Res<T> {
-        // Every message is one short JSON line; a peer cannot make this end buffer more.
-        const MAX_LINE: u64 = 64 * 1024;
+        // Every message is one JSON line: at most 16,384 QPs' entries of about 120 bytes (a
+        // Hello or Welcome); a peer cannot make this end buffer more.
+        const MAX_LINE: u64 = 4 << 20;
         let mut line = String::new();
         let n = match (&mut self.stream).take(MAX_LINE).read_line(&mut line) {
             Ok(n) => n,

@@ -315,7 +315,7 @@ impl Flow {
                 let mut wr = if op == Op::Send {
                     SendWr::send(k, &sge)
                 } else {
-                    SendWr::rdma_write(k, &sge, self.raddr + off as u64, self.rkey)
+                    SendWr::rdma_write(k, &sge, self.raddr.wrapping_add(off as u64), self.rkey)
                 };
                 if inline {
                     wr.inline_data = &self.inline_src[off..off + size];
@@ -325,7 +325,9 @@ impl Flow {
             }
             Op::Read => {
                 let sge = [self.local.sge(off..off + size)];
-                self.qp.post_send(&[SendWr::rdma_read(k, &sge, self.raddr + off as u64, self.rkey).signaled()])?;
+                self.qp.post_send(&[
+                    SendWr::rdma_read(k, &sge, self.raddr.wrapping_add(off as u64), self.rkey).signaled()
+                ])?;
             }
             Op::Atomic => {
                 let sge = [self.local.sge(s * 8..s * 8 + 8)];
@@ -786,8 +788,15 @@ pub(crate) fn validate(args: &PerfArgs) -> Res<()> {
             return Err(err("--duration must be a number of seconds in (0, 1000000]"));
         }
     }
-    // Each QP's buffers hold its message slots at each end: keep the whole within reach.
-    let bytes = (args.slots() as u64).saturating_mul(args.msg_size() as u64).saturating_mul(args.qps as u64);
+    // Each QP's buffers hold its message slots at each end, and in a latency run the
+    // server's copy of what it expects and its echo's source (with the copy registered):
+    // keep the whole within reach. A server takes these sizes from its client's Hello.
+    let per_slot = if args.lat { 2 } else { 1 };
+    let per_qp = (args.slots() as u64)
+        .saturating_mul(per_slot)
+        .saturating_add(if args.lat { 2 } else { 0 })
+        .saturating_mul(args.msg_size() as u64);
+    let bytes = per_qp.saturating_mul(args.qps as u64);
     if bytes > 8 << 30 {
         return Err(err("--size and --qps need more than 8 GiB of buffers per end: use fewer QPs or smaller messages"));
     }
@@ -1126,6 +1135,22 @@ mod tests {
         assert_eq!(udp(Op::Write, 65536, 16, 128).ack_timeout(), 19); // 134 MB: 1.36 s, 2.1 s
         let sim = PerfArgs { depth: 4, ..PerfArgs::burst(Op::Send, 8, 10, 10_000) };
         assert_eq!(sim.ack_timeout(), 10);
+    }
+
+    /// The responder's address is the peer's to state: a message's address past the top of
+    /// the 64-bit range wraps (the peer's key check refuses it) instead of overflowing (a
+    /// server that announced u64::MAX made the client panic at its second message).
+    #[test]
+    fn a_remote_address_at_the_top_wraps() {
+        let ctx = softhca::Context::create(softhca::DeviceConfig::default().name("perf-wrap")).unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16).unwrap());
+        for op in [Op::Write, Op::Read] {
+            let mut f = super::Flow::new(&pd, &cq, &PerfArgs::burst(op, 8, 10, 1), 0).unwrap();
+            assert!(f.slots >= 2);
+            (f.raddr, f.posted) = (u64::MAX, 1);
+            // The QP is in Reset: the post is refused, with an error, not a panic.
+            assert!(f.post(op, 8, false, std::time::Instant::now()).is_err());
+        }
     }
 
     /// Nearest rank: with two samples the median is the smaller one, p99 the larger.

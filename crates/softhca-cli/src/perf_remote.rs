@@ -634,7 +634,7 @@ impl Echoer {
                     self.inline_src[size - 1] = m;
                 }
                 let off = (c % self.slots as u64) as usize * size;
-                SendWr::rdma_write(c, &sge, self.raddr + off as u64, self.rkey)
+                SendWr::rdma_write(c, &sge, self.raddr.wrapping_add(off as u64), self.rkey)
             }
             _ => SendWr::send(c, &sge),
         };
