@@ -501,19 +501,32 @@ impl Exchange {
     }
 
     pub fn recv<T: for<'de> Deserialize<'de>>(&mut self) -> Res<T> {
+        self.recv_while(|| false)
+    }
+
+    /// [`Exchange::recv`], waiting on past each read timeout (`patience`) as long as
+    /// `progressing` says the run is still moving (the device still receiving): a peer that
+    /// goes silent with its connection open is given up on then, not waited for ever.
+    pub fn recv_while<T: for<'de> Deserialize<'de>>(&mut self, mut progressing: impl FnMut() -> bool) -> Res<T> {
         // Every message is one JSON line: at most 16,384 QPs' entries of about 120 bytes (a
         // Hello or Welcome); a peer cannot make this end buffer more.
         const MAX_LINE: u64 = 4 << 20;
         let mut line = String::new();
-        let n = match (&mut self.stream).take(MAX_LINE).read_line(&mut line) {
-            Ok(n) => n,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return Err(err(format!(
-                    "the peer sent nothing on the TCP side channel for {} s (SOFTHCA_WAIT_SECS)",
-                    udp_wait().as_secs()
-                )));
+        let n = loop {
+            // A line cut by a timeout is kept: the next read appends to it.
+            match (&mut self.stream).take(MAX_LINE - line.len() as u64).read_line(&mut line) {
+                Ok(_) => break line.len(),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    if progressing() {
+                        continue;
+                    }
+                    return Err(err(format!(
+                        "the peer sent nothing on the TCP side channel for {} s (SOFTHCA_WAIT_SECS)",
+                        udp_wait().as_secs()
+                    )));
+                }
+                Err(e) => return Err(err(format!("the TCP side channel failed: {e}"))),
             }
-            Err(e) => return Err(err(format!("the TCP side channel failed: {e}"))),
         };
         if n == 0 {
             return Err(err("peer closed the TCP exchange"));
@@ -524,5 +537,38 @@ impl Exchange {
         serde_json::from_str(line.trim_end()).map_err(|e| {
             err(format!("the peer sent something softhca did not expect on the TCP side channel ({e}); is it softhca, the same version, run with the same subcommand?"))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Exchange;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    /// A receive waits past its read timeouts while the run progresses and gives up once it
+    /// does not; a line cut by a timeout is completed by the next read, not lost.
+    #[test]
+    fn a_receive_waits_while_the_run_progresses() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let mut ex = Exchange::over(listener.accept().unwrap().0).unwrap();
+        ex.patience(Some(Duration::from_millis(20))).unwrap();
+        let mut asked = 0;
+        let silent = ex.recv_while::<u32>(|| {
+            asked += 1;
+            asked < 3
+        });
+        assert!(silent.is_err() && asked == 3, "{silent:?} after {asked}");
+        peer.write_all(b"12").unwrap();
+        let mut rest = Some(b"34\n");
+        let got = ex.recv_while::<u32>(|| {
+            if let Some(r) = rest.take() {
+                peer.write_all(r).unwrap();
+            }
+            true
+        });
+        assert_eq!(got.unwrap(), 1234);
     }
 }

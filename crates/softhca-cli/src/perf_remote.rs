@@ -506,10 +506,14 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
         served?;
         (ex, done?)
     } else {
-        // Passive: write_bw, read and atomic are one-sided.
-        ex.patience(None)?;
-        let done: Done = ex.recv()?;
-        ex.patience(Some(net::udp_wait()))?;
+        // Passive: write_bw, read and atomic are one-sided. The run takes as long as the
+        // client says; the wait goes on while the device keeps receiving its packets.
+        let rx = || ctx.counters().rx_packets;
+        let mut seen = rx();
+        let done: Done = ex.recv_while(|| {
+            let now = rx();
+            std::mem::replace(&mut seen, now) != now
+        })?;
         (ex, done)
     };
     if done.completed.len() != resp.targets.len() {
