@@ -254,8 +254,9 @@ pub(crate) unsafe fn fused_copy_update(crc: u32, dst: *mut u8, src: *const u8, l
 /// meanwhile.
 ///
 /// # Safety
-/// `src` must be valid for `len` bytes of reads and `dst` for `len` bytes of writes, and the
-/// two must not overlap.
+/// `src` must be valid for `len` bytes of reads and `dst` for `len` bytes of writes, the two
+/// must not overlap, and nothing else may write `dst` meanwhile (the tail is read back from
+/// it).
 #[inline]
 unsafe fn table_copy_update(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
     if len < OUT_OF_LINE {

@@ -432,8 +432,12 @@ mod fused {
     const REG: (i64, i64) = (key(512 + 32), key(512 - 32));
     const LANE: (i64, i64) = (key(128 + 32), key(128 - 32));
 
+    /// The fold's features, and PCLMULQDQ, which its last 128-bit lanes use (every CPU with
+    /// the two has it, but a VM's CPUID may be masked oddly).
     pub fn available() -> bool {
-        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("vpclmulqdq")
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("vpclmulqdq")
+            && is_x86_feature_detected!("pclmulqdq")
     }
 
     /// `a` folded forward by the distance of `k` (low and high halves per lane), XORed into `b`.
@@ -542,9 +546,11 @@ mod fused {
 }
 
 impl MemRef {
-    /// `len` bytes at `offset` of `mem`; the caller has checked they lie inside it.
+    /// `len` bytes at `offset` of `mem`; the caller has checked they lie inside it, and this
+    /// checks again (once per key check, not per access): `bytes_at` and `atomic_u64` rely on
+    /// it for their pointer arithmetic.
     pub(crate) fn new(mem: &Arc<Region>, key: u32, offset: usize, len: usize) -> MemRef {
-        debug_assert!(offset.checked_add(len).is_some_and(|end| end <= mem.len));
+        assert!(offset.checked_add(len).is_some_and(|end| end <= mem.len), "a MemRef outside its region");
         MemRef { mem: mem.clone(), key, offset, len }
     }
 
