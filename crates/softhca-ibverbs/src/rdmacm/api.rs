@@ -28,6 +28,14 @@ pub extern "C" fn softhca_rdma_create_event_channel() -> *mut rdma_event_channel
 pub unsafe extern "C" fn softhca_rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     // SAFETY: checked against the live channels; a stale or stray pointer is ignored.
     if unsafe { channel_of(channel) }.is_some() {
+        // A synchronous id's own channel (`id->channel` of an id made without one) goes with
+        // that id: freed here too, rdma_destroy_id freed it again (librdmacm's double free).
+        let g = global();
+        // SAFETY: registered ids are live (under the lock).
+        if g.ids.values().any(|&p| unsafe { &*p }.own == channel as *mut Channel) {
+            return;
+        }
+        drop(g);
         // Out of the live set before its ids are let go (`Channel::free` below repeats it).
         super::set_live(channel as *const Channel, super::Kind::Channel, false);
         // Ids still on it (the program should have destroyed them first) get no more events,
@@ -462,25 +470,35 @@ pub unsafe extern "C" fn softhca_rdma_migrate_id(p: *mut rdma_cm_id, channel: *m
         (channel, null_mut())
     };
     let _g = global();
-    // Queued events of the id go with it.
-    let from = id.channel();
+    // Queued events of the id go with it (none when its channel was destroyed under it).
     let mut moved = Vec::new();
-    {
-        let mut q = from.q.lock().unwrap_or_else(|e| e.into_inner());
-        let mut keep = VecDeque::new();
-        while let Some(ev) = q.pop_front() {
-            if ev.id_serial == id.serial && ev.listen_serial == 0 {
-                moved.push(ev);
-            } else {
-                keep.push_back(ev);
+    if !id.c.channel.is_null() {
+        let from = id.channel();
+        {
+            let mut q = from.q.lock().unwrap_or_else(|e| e.into_inner());
+            let mut keep = VecDeque::new();
+            while let Some(ev) = q.pop_front() {
+                if ev.id_serial == id.serial && ev.listen_serial == 0 {
+                    moved.push(ev);
+                } else {
+                    keep.push_back(ev);
+                }
             }
+            *q = keep;
         }
-        *q = keep;
-    }
-    for _ in &moved {
-        let mut v = 0u64;
-        // SAFETY: reads 8 bytes into a local; the eventfd is in semaphore mode.
-        unsafe { libc::read(from.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        for _ in &moved {
+            // A thread in rdma_get_cm_event may have read this event's count already and find
+            // the queue empty (it waits for the next): a count no longer there is not waited
+            // for, which held the global lock, and every rdma_* call, for ever.
+            let mut pfd = libc::pollfd { fd: from.efd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd, a local; no wait.
+            if unsafe { libc::poll(&mut pfd, 1, 0) } != 1 {
+                break;
+            }
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a local; the eventfd is in semaphore mode and readable.
+            unsafe { libc::read(from.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        }
     }
     let old_own = std::mem::replace(&mut id.own, own);
     id.c.channel = to;

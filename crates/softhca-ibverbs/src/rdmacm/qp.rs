@@ -370,7 +370,9 @@ pub unsafe extern "C" fn softhca_rdma_create_ep(
 
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_destroy_ep(p: *mut rdma_cm_id) {
-    if p.is_null() {
+    // A stale or stray id (a second destroy) is not read (librdmacm reads it).
+    // SAFETY: checked against the live ids.
+    if unsafe { super::id_of(p) }.is_err() {
         return;
     }
     // SAFETY: the program's id and what it holds.
