@@ -414,15 +414,19 @@ pub unsafe extern "C" fn softhca_rdma_get_cm_event(
             id
         };
         counted.acks.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+        let handed = &mut Box::leak(ev).c;
+        super::set_live(handed as *const rdma_cm_event, super::Kind::Event, true);
         // SAFETY: the program's out pointer; the event is the program's until it acks it.
-        unsafe { *event = &mut Box::leak(ev).c };
+        unsafe { *event = handed };
         return 0;
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
-    if event.is_null() {
+    // Only an event handed out and not yet acknowledged: a second ack, or a stray pointer, is
+    // EINVAL (librdmacm frees it again).
+    if event.is_null() || !super::take_live(event as *const rdma_cm_event, super::Kind::Event) {
         return err(libc::EINVAL);
     }
     // SAFETY: an event this library handed out; its `c` is the first field of an `Event`.

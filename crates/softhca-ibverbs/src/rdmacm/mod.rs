@@ -251,6 +251,8 @@ static LIVE: Mutex<BTreeSet<(usize, Kind)>> = Mutex::new(BTreeSet::new());
 enum Kind {
     Id,
     Channel,
+    /// An event handed to the program and not yet acknowledged.
+    Event,
 }
 
 fn set_live<T>(p: *const T, kind: Kind, on: bool) {
@@ -260,6 +262,11 @@ fn set_live<T>(p: *const T, kind: Kind, on: bool) {
     } else {
         l.remove(&(p as usize, kind));
     }
+}
+
+/// Takes `p` out of the live set; whether it was in (one caller of two racing wins).
+fn take_live<T>(p: *const T, kind: Kind) -> bool {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).remove(&(p as usize, kind))
 }
 
 fn is_live<T>(p: *const T, kind: Kind) -> bool {
