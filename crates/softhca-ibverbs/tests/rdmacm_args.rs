@@ -1,33 +1,17 @@
 //! Event channels destroyed under the ids that use them, and events acknowledged twice,
 //! through the drop-in's rdma_cm C ABI (`softhca_rdma_*`, what `librdmacm.so.1` forwards to),
-//! in process: each case freed memory twice or read through a null pointer before. librdmacm 44 misbehaves the same way here
-//! (a double free, a read of freed memory); the drop-in answers instead.
+//! in process: each case freed memory twice or read through a null pointer before. librdmacm
+//! 44 misbehaves the same way here (a double free, a read of freed memory); the drop-in
+//! answers instead.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::ptr::null_mut;
 
 use softhca_ibverbs::rdmacm::abi::*;
 
-extern "C" {
-    fn softhca_rdma_create_event_channel() -> *mut rdma_event_channel;
-    fn softhca_rdma_destroy_event_channel(channel: *mut rdma_event_channel);
-    fn softhca_rdma_create_id(
-        channel: *mut rdma_event_channel,
-        id: *mut *mut rdma_cm_id,
-        context: *mut c_void,
-        ps: c_int,
-    ) -> c_int;
-    fn softhca_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int;
-    fn softhca_rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int;
-    fn softhca_rdma_resolve_addr(
-        id: *mut rdma_cm_id,
-        src: *mut libc::sockaddr,
-        dst: *mut libc::sockaddr,
-        ms: c_int,
-    ) -> c_int;
-    fn softhca_rdma_get_cm_event(ch: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int;
-    fn softhca_rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int;
-}
+#[path = "common/rdmacm_ffi.rs"]
+mod rdmacm_ffi;
+use rdmacm_ffi::*;
 
 /// A synchronous id's own channel (made for an id created without one) goes with the id:
 /// destroying it by hand is ignored, and the id is destroyed cleanly after. Before, the channel

@@ -14,7 +14,7 @@
 //! (`rdma_destroy_id` waits for the acknowledgement of the events it handed out, as
 //! librdmacm's does). `SOFTHCA_FUZZ_SEED` and `SOFTHCA_FUZZ_ITERS` change the run.
 
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_int, CString};
 use std::ptr::null_mut;
 
 #[path = "common/fuzz.rs"]
@@ -24,49 +24,9 @@ use fuzz::{errno, run_params, Rng, Watchdog};
 use softhca_ibverbs::abi::*;
 use softhca_ibverbs::rdmacm::abi::*;
 
-extern "C" {
-    fn softhca_rdma_create_event_channel() -> *mut rdma_event_channel;
-    fn softhca_rdma_destroy_event_channel(channel: *mut rdma_event_channel);
-    fn softhca_rdma_create_id(
-        ch: *mut rdma_event_channel,
-        id: *mut *mut rdma_cm_id,
-        ctx: *mut c_void,
-        ps: c_int,
-    ) -> c_int;
-    fn softhca_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int;
-    fn softhca_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int;
-    fn softhca_rdma_resolve_addr(
-        id: *mut rdma_cm_id,
-        src: *mut libc::sockaddr,
-        dst: *mut libc::sockaddr,
-        ms: c_int,
-    ) -> c_int;
-    fn softhca_rdma_resolve_route(id: *mut rdma_cm_id, ms: c_int) -> c_int;
-    fn softhca_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int;
-    fn softhca_rdma_connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int;
-    fn softhca_rdma_accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int;
-    fn softhca_rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int;
-    fn softhca_rdma_disconnect(id: *mut rdma_cm_id) -> c_int;
-    fn softhca_rdma_establish(id: *mut rdma_cm_id) -> c_int;
-    fn softhca_rdma_notify(id: *mut rdma_cm_id, event: c_int) -> c_int;
-    fn softhca_rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> c_int;
-    fn softhca_rdma_get_cm_event(ch: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int;
-    fn softhca_rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int;
-    fn softhca_rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> c_int;
-    fn softhca_rdma_destroy_qp(id: *mut rdma_cm_id);
-    fn softhca_rdma_migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel) -> c_int;
-    fn softhca_rdma_set_option(id: *mut rdma_cm_id, level: c_int, name: c_int, val: *mut c_void, len: usize) -> c_int;
-    fn softhca_rdma_get_src_port(id: *mut rdma_cm_id) -> u16;
-    fn softhca_rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr, ctx: *mut c_void) -> c_int;
-    fn softhca_rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int;
-    fn softhca_rdma_getaddrinfo(
-        node: *const c_char,
-        service: *const c_char,
-        hints: *const rdma_addrinfo,
-        res: *mut *mut rdma_addrinfo,
-    ) -> c_int;
-    fn softhca_rdma_freeaddrinfo(res: *mut rdma_addrinfo);
-}
+#[path = "common/rdmacm_ffi.rs"]
+mod rdmacm_ffi;
+use rdmacm_ffi::*;
 
 const ADDR: [u8; 4] = [127, 0, 0, 177];
 const DEFAULT_SEED: u64 = 0x5EED_C0DE_0001;
