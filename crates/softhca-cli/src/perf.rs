@@ -791,12 +791,9 @@ pub(crate) fn validate(args: &PerfArgs) -> Res<()> {
     // Each QP's buffers hold its message slots at each end, and in a latency run the
     // server's copy of what it expects and its echo's source (with the copy registered):
     // keep the whole within reach. A server takes these sizes from its client's Hello.
-    let per_slot = if args.lat { 2 } else { 1 };
-    let per_qp = (args.slots() as u64)
-        .saturating_mul(per_slot)
-        .saturating_add(if args.lat { 2 } else { 0 })
-        .saturating_mul(args.msg_size() as u64);
-    let bytes = per_qp.saturating_mul(args.qps as u64);
+    let slots = args.slots() as u64;
+    let messages = if args.lat { slots.saturating_mul(2).saturating_add(2) } else { slots };
+    let bytes = messages.saturating_mul(args.msg_size() as u64).saturating_mul(args.qps as u64);
     if bytes > 8 << 30 {
         return Err(err("--size and --qps need more than 8 GiB of buffers per end: use fewer QPs or smaller messages"));
     }

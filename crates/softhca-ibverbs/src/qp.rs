@@ -868,11 +868,14 @@ unsafe fn post_recv_list(
         // SAFETY: a readable work request.
         let r = unsafe { &*w };
         let mut list: SgeRoom = [MaybeUninit::uninit(); MAX_SGE];
-        // SAFETY: its gather list.
-        let res = match (taken <= MAX_POST_LIST).then(|| unsafe { sges(r.sg_list, r.num_sge, max_sge, &mut list) }) {
-            None => Err(libc::ENOMEM),
-            Some(Some(sg)) => post(&[RecvWr::new(r.wr_id, sg)]).map_err(|e| errno_of(&e.error)),
-            Some(None) => Err(libc::EINVAL),
+        let res = if taken > MAX_POST_LIST {
+            Err(libc::ENOMEM)
+        } else {
+            // SAFETY: its gather list.
+            match unsafe { sges(r.sg_list, r.num_sge, max_sge, &mut list) } {
+                Some(sg) => post(&[RecvWr::new(r.wr_id, sg)]).map_err(|e| errno_of(&e.error)),
+                None => Err(libc::EINVAL),
+            }
         };
         if let Err(e) = res {
             if !bad_wr.is_null() {

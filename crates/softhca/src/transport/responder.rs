@@ -683,19 +683,15 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
                     drop_message(core); // PKT-RNR-7
                     return;
                 }
-                if take_scatter(q, core).is_err() {
-                    // Class A, as for RC (ERR-RQ-2, ERR-A-2, ERR-A-3) without the NAK: the
-                    // unusable WQE completes in error and the QP moves to Error, rather than
-                    // sitting at the head and swallowing every later message.
-                    complete_wqe_in_use(q, core, WcStatus::LocQpOpErr);
-                    q.enter_error(core, true);
-                    return;
-                }
                 core.resp.in_msg = Some(InMsg::Send { offset: 0 });
             }
             let Some(InMsg::Send { offset }) = core.resp.in_msg else { return drop_message(core) };
-            if recheck_scatter(q, core).is_err() {
-                // As at its first packet (above).
+            // The WQE's scatter list, checked at the first packet and again at a later one
+            // if a key was revoked since. Unusable: Class A, as for RC (ERR-RQ-2, ERR-A-2,
+            // ERR-A-3) without the NAK: the WQE completes in error and the QP moves to Error,
+            // rather than sitting at the head and swallowing every later message.
+            let usable = if starts { take_scatter(q, core) } else { recheck_scatter(q, core) };
+            if usable.is_err() {
                 complete_wqe_in_use(q, core, WcStatus::LocQpOpErr);
                 q.enter_error(core, true);
                 return;

@@ -320,27 +320,21 @@ pub(super) fn rd_send(
         e.rx = None; // the QP was flushed under the message
         return Err(Fail::Drop);
     }
+    // The scatter list unusable: the WQE fails, the QP with it.
+    let unusable =
+        || Fail::Fatal { nak: NakCode::RemoteOperationalError, status: WcStatus::LocQpOpErr, to_error: true };
     let now_gen = q.dev.key_generation();
     if *gen != now_gen {
         // A key was revoked since the list was checked (see `responder::recheck_scatter`).
         *gen = now_gen;
-        match check_scatter(q, sges) {
-            Some(again) => *list = again,
-            None => {
-                return Err(Fail::Fatal {
-                    nak: NakCode::RemoteOperationalError,
-                    status: WcStatus::LocQpOpErr,
-                    to_error: true,
-                })
-            }
-        }
+        *list = check_scatter(q, sges).ok_or_else(unusable)?;
     }
     let capacity: u64 = list.iter().map(|m| m.len() as u64).sum();
     if *offset + r.payload.len() as u64 > capacity {
         return Err(invalid()); // ERR-RQ-11
     }
     if scatter(list, *offset, r.payload).is_err() {
-        return Err(Fail::Fatal { nak: NakCode::RemoteOperationalError, status: WcStatus::LocQpOpErr, to_error: true });
+        return Err(unusable());
     }
     *offset += r.payload.len() as u64;
     let total = *offset;

@@ -203,6 +203,17 @@ pub(super) fn abandon_if_orphaned(e: &mut EecEngine) {
     }
 }
 
+impl RdTx {
+    /// The carried WQE's local buffers, checked again if a key was revoked since, as on the
+    /// owner QP's own SQ (`requester::recheck_local`). A Resync (no owner) has none.
+    fn recheck_local(&mut self) -> Result<(), WcStatus> {
+        match &self.owner {
+            Some((q, _)) => recheck_local(q, &mut self.wqe),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Sends the next packet of the channel's message, if the window and the RNR wait allow.
 pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut [u8]) -> Option<usize> {
     let dev = &*eec.dev;
@@ -216,19 +227,16 @@ pub(super) fn emit_request(eec: &EecInner, ec: &mut EecCore, now: u64, buf: &mut
     if tx.status.is_some() || tx.next >= tx.npkts || tx.next.saturating_sub(tx.done) >= WINDOW {
         return None;
     }
-    if let Some((q, _)) = &tx.owner {
-        if let Err(status) = recheck_local(q, &mut tx.wqe) {
-            // As for the QP's own SQ (`requester::recheck_local`); the channel stays in step
-            // as when a message is abandoned (`abandon_if_orphaned`): a Resync once a packet
-            // has left, else its PSNs are not used.
-            tx.status = Some(status);
-            if tx.high > 0 {
-                tx.resync_after = true;
-            } else {
-                e.chan.send.psn = tx.first_psn;
-            }
-            return None;
+    if let Err(status) = tx.recheck_local() {
+        // The channel stays in step as when a message is abandoned (`abandon_if_orphaned`):
+        // a Resync once a packet has left, else its PSNs are not used.
+        tx.status = Some(status);
+        if tx.high > 0 {
+            tx.resync_after = true;
+        } else {
+            e.chan.send.psn = tx.first_psn;
         }
+        return None;
     }
     let w = &tx.wqe;
     let k = tx.next;
@@ -353,11 +361,8 @@ pub(super) fn on_response(
                 return true;
             }
             let n = tx.npkts;
-            let recheck = |tx: &mut RdTx| match &tx.owner {
-                Some((q, _)) => recheck_local(q, &mut tx.wqe),
-                None => Ok(()),
-            };
-            let landed = recheck(tx)
+            let landed = tx
+                .recheck_local()
                 .and_then(|()| take_read_response(&tx.wqe.tx.local, tx.wqe.length, n, k, mtu, r.position, r.payload));
             tx.status = match landed {
                 Err(status) => Some(status),
@@ -369,14 +374,8 @@ pub(super) fn on_response(
         }
         (Operation::AtomicAcknowledge, _) if op.is_atomic() => {
             tx.done = 1;
-            let recheck = match &tx.owner {
-                Some((q, _)) => recheck_local(q, &mut tx.wqe),
-                None => Ok(()),
-            };
-            tx.status = Some(match recheck {
-                Ok(()) => take_atomic_ack(&tx.wqe.tx.local, r.atomic_orig.unwrap_or(0)),
-                Err(status) => status,
-            });
+            let landed = tx.recheck_local().map(|()| take_atomic_ack(&tx.wqe.tx.local, r.atomic_orig.unwrap_or(0)));
+            tx.status = Some(landed.unwrap_or_else(|status| status));
         }
         _ => {
             tx.status = Some(WcStatus::BadRespErr); // ERR-SQ-12
