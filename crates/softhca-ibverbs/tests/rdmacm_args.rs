@@ -7,7 +7,17 @@
 use std::ffi::c_int;
 use std::ptr::null_mut;
 
+use softhca_ibverbs::abi::*;
 use softhca_ibverbs::rdmacm::abi::*;
+
+#[path = "common/fuzz.rs"]
+#[allow(dead_code)]
+mod fuzz;
+use fuzz::Watchdog;
+
+extern "C" {
+    fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int, init: *mut ibv_qp_init_attr) -> c_int;
+}
 
 #[path = "common/rdmacm_ffi.rs"]
 mod rdmacm_ffi;
@@ -72,6 +82,113 @@ fn an_event_is_acknowledged_once() {
         assert_eq!(softhca_rdma_destroy_id(id), 0);
         softhca_rdma_destroy_event_channel(ch);
     }
+}
+
+/// An address of a family librdmacm does not know is EINVAL (`ucma_addrlen` is 0), for
+/// `rdma_bind_addr` and for `rdma_resolve_addr`'s source alike. Before, bind gave EAFNOSUPPORT
+/// and resolve took the address for NULL.
+#[test]
+fn an_unknown_family_is_einval() {
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs.
+    unsafe {
+        let ch = softhca_rdma_create_event_channel();
+        let mut id = null_mut();
+        assert_eq!(softhca_rdma_create_id(ch, &mut id, null_mut(), RDMA_PS_TCP), 0);
+        let mut odd = sin([127, 0, 0, 1], 7471);
+        odd.sin_family = 77;
+        assert_eq!((softhca_rdma_bind_addr(id, (&raw mut odd).cast()), errno()), (-1, libc::EINVAL), "bind");
+        let mut dst = sin([127, 0, 0, 1], 7471);
+        let r = softhca_rdma_resolve_addr(id, (&raw mut odd).cast(), (&raw mut dst).cast(), 2000);
+        assert_eq!((r, errno()), (-1, libc::EINVAL), "resolve_addr with an unknown source family");
+        assert_eq!(softhca_rdma_destroy_id(id), 0);
+        softhca_rdma_destroy_event_channel(ch);
+    }
+}
+
+/// `rdma_accept` whose private data is longer than a REP carries fails with EINVAL and, as
+/// librdmacm's does when the kernel refuses the accept after it readied the QP, leaves the QP
+/// in Error (`ucma_modify_qp_err`). Before, the QP stayed in RTS, connected to no one.
+#[test]
+fn a_refused_accept_leaves_its_qp_in_error() {
+    let _dog = Watchdog::start("a_refused_accept_leaves_its_qp_in_error", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs
+    // and attributes.
+    unsafe {
+        let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
+        let (mut l, mut c) = (null_mut(), null_mut());
+        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([127, 0, 0, 178], 7391);
+        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
+        assert_eq!(softhca_rdma_listen(l, 4), 0);
+        assert_eq!(softhca_rdma_resolve_addr(c, null_mut(), (&raw mut a).cast(), 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(softhca_rdma_resolve_route(c, 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(c, null_mut(), &mut attr), 0);
+        assert_eq!(softhca_rdma_connect(c, null_mut()), 0);
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(lch, &mut ev), 0);
+        assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
+        let s = (*ev).id;
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(s, null_mut(), &mut attr), 0);
+        let data = [7u8; 255];
+        let mut p: rdma_conn_param = std::mem::zeroed();
+        p.private_data = data.as_ptr().cast();
+        p.private_data_len = 255;
+        p.responder_resources = RDMA_MAX_RESP_RES;
+        p.initiator_depth = RDMA_MAX_INIT_DEPTH;
+        assert_eq!((softhca_rdma_accept(s, &mut p), errno()), (-1, libc::EINVAL), "accept with 255 B");
+        let mut qa: ibv_qp_attr = std::mem::zeroed();
+        let mut qi: ibv_qp_init_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_qp((*s).qp, &mut qa, IBV_QP_STATE, &mut qi), 0);
+        assert_eq!(qa.qp_state, 6, "IBV_QPS_ERR: the QP readied for the accept");
+        for id in [s, c] {
+            softhca_rdma_destroy_qp(id);
+        }
+        for id in [s, c, l] {
+            assert_eq!(softhca_rdma_destroy_id(id), 0);
+        }
+        softhca_rdma_destroy_event_channel(lch);
+        softhca_rdma_destroy_event_channel(cch);
+    }
+}
+
+/// Takes `ch`'s next event, which must be `want`, and acknowledges it.
+///
+/// # Safety
+/// `ch` is a live channel.
+unsafe fn expect(ch: *mut rdma_event_channel, want: c_int) {
+    let mut ev = null_mut();
+    // SAFETY: the caller's channel; the event is the library's until acknowledged.
+    unsafe {
+        assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).status), (want, 0));
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+    }
+}
+
+fn rc_init() -> ibv_qp_init_attr {
+    // SAFETY: an all-zero ibv_qp_init_attr is valid.
+    let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = 4;
+    attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = 1;
+    attr.cap.max_recv_sge = 1;
+    attr
+}
+
+fn sin(ip: [u8; 4], port: u16) -> libc::sockaddr_in {
+    // SAFETY: an all-zero sockaddr_in is valid.
+    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    a.sin_family = libc::AF_INET as libc::sa_family_t;
+    a.sin_port = port.to_be();
+    a.sin_addr.s_addr = u32::from_be_bytes(ip).to_be();
+    a
 }
 
 fn errno() -> c_int {

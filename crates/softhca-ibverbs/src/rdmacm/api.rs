@@ -223,7 +223,8 @@ pub unsafe extern "C" fn softhca_rdma_bind_addr(p: *mut rdma_cm_id, addr: *mut l
     let (id, a) = match (unsafe { id_of(p) }, unsafe { read_sa(addr) }) {
         (Ok(id), Some(a)) => (id, a),
         (Err(e), _) => return err(e),
-        (_, None) => return err(if addr.is_null() { libc::EINVAL } else { libc::EAFNOSUPPORT }),
+        // librdmacm: an address of no family it knows has no length (`ucma_addrlen`).
+        (_, None) => return err(libc::EINVAL),
     };
     let mut g = global();
     result(bind(&mut g, id, a))
@@ -238,8 +239,10 @@ pub unsafe extern "C" fn softhca_rdma_resolve_addr(
 ) -> c_int {
     // SAFETY: the program's id and addresses.
     let (id, src, dst) = match (unsafe { id_of(p) }, unsafe { read_sa(src) }, unsafe { read_sa(dst) }) {
-        (Ok(id), s, Some(d)) => (id, s, d),
         (Err(e), ..) => return err(e),
+        // A source given in a family librdmacm does not know is EINVAL, as no destination is.
+        (_, None, _) if !src.is_null() => return err(libc::EINVAL),
+        (Ok(id), s, Some(d)) => (id, s, d),
         (_, _, None) => return err(libc::EINVAL),
     };
     {

@@ -237,11 +237,15 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
             local_ca_guid: guid,
             ..Default::default()
         };
+        // librdmacm readies the QP before the kernel sees the REP; when the kernel refuses it
+        // the QP goes to Error (`ucma_modify_qp_err`).
         if let Err(e) = put_private(param, &mut rep.private_data) {
+            let _ = modify_err(id);
             return err(e);
         }
         let Some(dev) = g.dev.as_mut() else { return err(libc::ENODEV) };
         if !dev.agent.cm().reply_with(now(), comm, rep) {
+            let _ = modify_err(id);
             return err(libc::EINVAL);
         }
         dev.agent.transmit();
