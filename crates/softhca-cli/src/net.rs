@@ -325,7 +325,7 @@ pub struct QpInfo {
     #[serde(default)]
     pub eecn: u32,
     /// The run's parameters both ends must share (pingpong), to name a mismatch up front.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "peer_text")]
     pub params: String,
 }
 
@@ -336,10 +336,37 @@ impl QpInfo {
     }
 
     pub fn describe(&self) -> String {
-        let gid = self.gid().map(display_gid).unwrap_or_else(|_| self.gid.clone());
+        let gid = self.gid().map(display_gid).unwrap_or_else(|_| format!("{:?}", self.gid));
         let eec = if self.eecn != 0 { format!(", EECN {:#08x}", self.eecn) } else { String::new() };
         format!("LID 0x0000, QPN {:#08x}, PSN {:#08x}{eec}, GID {gid}", self.qpn, self.psn)
     }
+}
+
+/// Text the peer sent, as this end may print it: control characters (terminal escapes among
+/// them) and bidirectional overrides written as escapes, and at most 1,024 characters kept.
+/// For the side channel's string fields (`#[serde(deserialize_with = "peer_text")]`).
+pub fn peer_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    Ok(printable(&s))
+}
+
+/// [`peer_text`] for an optional field.
+pub fn peer_text_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.map(|s| printable(&s)))
+}
+
+fn printable(s: &str) -> String {
+    const MAX_CHARS: usize = 1024;
+    let bidi = |c: char| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    let mut out = String::with_capacity(s.len().min(MAX_CHARS));
+    for c in s.chars().take(MAX_CHARS) {
+        if c.is_control() || bidi(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A GID as an address: IPv4-mapped GIDs as `::ffff:a.b.c.d`.
@@ -542,7 +569,7 @@ impl Exchange {
 
 #[cfg(test)]
 mod tests {
-    use super::Exchange;
+    use super::{Exchange, QpInfo};
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
     use std::time::Duration;
@@ -570,5 +597,17 @@ mod tests {
             true
         });
         assert_eq!(got.unwrap(), 1234);
+    }
+
+    /// The peer's text reaches the terminal escaped: a terminal escape sent as a parameter
+    /// string is printed as `\u{1b}`, not obeyed.
+    #[test]
+    fn the_peers_text_is_printed_escaped() {
+        let line = r#"{"qpn":1,"psn":2,"gid":"\u001b]0;x\u0007","params":"\u001b[2J\u202eq=1"}"#;
+        let info: QpInfo = serde_json::from_str(line).unwrap();
+        assert_eq!(info.params, "\\u{1b}[2J\\u{202e}q=1");
+        assert!(!info.describe().contains('\u{1b}'), "{}", info.describe());
+        let long = format!(r#"{{"qpn":1,"psn":2,"gid":"::1","params":"{}"}}"#, "a".repeat(5000));
+        assert_eq!(serde_json::from_str::<QpInfo>(&long).unwrap().params.len(), 1024);
     }
 }

@@ -48,8 +48,12 @@ struct Hello {
 /// Server → client: the server's QPs and memory, or why it will not run the test.
 #[derive(Debug, Serialize, Deserialize)]
 enum Welcome {
-    Ok { qp: Vec<QpInfo>, addr: String },
-    Refused(String),
+    Ok {
+        qp: Vec<QpInfo>,
+        #[serde(deserialize_with = "net::peer_text")]
+        addr: String,
+    },
+    Refused(#[serde(deserialize_with = "net::peer_text")] String),
 }
 
 /// Client → server: the initiator is finished; WRs completed per QP.
@@ -63,6 +67,7 @@ struct Done {
 struct Report {
     data_verified: bool,
     errors: u64,
+    #[serde(default, deserialize_with = "net::peer_text_opt")]
     first_error: Option<String>,
     device: CountersJson,
 }
