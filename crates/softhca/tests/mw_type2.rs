@@ -131,7 +131,9 @@ fn local_invalidate_frees_the_window_for_a_new_bind() {
 /// binding a type 2 window that is still bound, or with zero length, is a Memory Window Bind
 /// Error; Local Invalidate of a region's key or of a type 1 window is a Local QP Operation
 /// Error; a Send with Invalidate whose R_Key the receiving QP cannot invalidate fails its
-/// receive WQE with Remote Invalid Request, NAKed Invalid Request (Class C).
+/// receive WQE with Remote Invalid Request, NAKed Invalid Request (Class C), its payload
+/// unwritten.
+/// Rule ERR-C-7
 #[test]
 fn invalidation_and_type_2_bind_errors() {
     // Bound twice.
@@ -169,7 +171,7 @@ fn invalidation_and_type_2_bind_errors() {
     // Send with Invalidate of a key b's QP cannot invalidate.
     let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
     let mr = region(&p);
-    let land = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let land = p.b.pd.reg_mr(vec![0xEE; 64], Access::LOCAL_WRITE).unwrap();
     p.b.qp.post_recv(&[RecvWr::new(5, &[land.sge(0..64)])]).unwrap();
     let msg = p.a.pd.reg_mr(vec![1; 8], Access::LOCAL_WRITE).unwrap();
     p.a.qp.post_send(&[SendWr::send_with_inv(2, &[msg.sge(0..8)], mr.rkey()).signaled()]).unwrap();
@@ -183,6 +185,7 @@ fn invalidation_and_type_2_bind_errors() {
         p.sent_by(false).iter().filter(|k| k.opcode == Opcode::RcAcknowledge).filter_map(|k| k.syndrome).collect();
     assert!(naks.contains(&Syndrome::Nak(NakCode::InvalidRequest)), "{naks:?}");
     assert_eq!(p.b.qp.state().unwrap(), QpState::Error);
+    assert_eq!(land.to_vec().unwrap(), vec![0xEE; 64], "the refused packet wrote nothing (ERR-C-7)");
 }
 
 /// Send with Invalidate is RC only; Local Invalidate goes where a bind goes (RC, UC, RD), so

@@ -123,6 +123,102 @@ fn rnr_retry_count_exhausted() {
     }
 }
 
+/// A two-packet Send into an empty RQ: the First draws an RNR NAK and the Last, now out of
+/// sequence, a PSN Sequence Error NAK for the same PSN. The requester is already going back
+/// there once the RNR timer runs out, so that NAK costs no retry, and the Local ACK timer
+/// stays stopped during the wait: with a Retry Count of 1 and an ACK timeout shorter than the
+/// RNR timer the Send waits for its receive instead of ending in Retry Counter Exceeded.
+/// Rule PKT-RNR-2, PKT-RNR-5, PKT-RTY-7, ERR-SQ-10
+#[test]
+fn a_sequence_error_behind_an_rnr_nak_costs_no_retry() {
+    // ACK timeout 1.05 ms; RNR timer 3.84 ms (code 18).
+    let o = Opts { retry_cnt: 1, rnr_retry: 7, timeout: 8, min_rnr_timer: 18, ..Opts::default() };
+    let mut p = Pair::with(QpType::Rc, Mtu::Mtu1024, o);
+    let src = p.a.pd.alloc_mr(2048, Access::LOCAL_WRITE).unwrap();
+    p.a.qp.post_send(&[SendWr::send(1, &[src.sge(0..2048)]).signaled()]).unwrap();
+    p.run(20_000_000);
+    let n = naks(&p, false);
+    assert!(n.contains(&(100, Syndrome::Nak(NakCode::PsnSeqErr))), "{n:?}");
+    assert!(n.iter().filter(|(_, s)| matches!(s, Syndrome::RnrNak { .. })).count() >= 3, "{n:?}");
+    assert_eq!(poll_all(&p.a.cq), vec![], "still waiting for a receive");
+    assert_eq!(p.a.qp.state().unwrap(), QpState::Rts);
+    let dst = p.b.pd.alloc_mr(2048, Access::LOCAL_WRITE).unwrap();
+    p.b.qp.post_recv(&[RecvWr::new(9, &[dst.sge(0..2048)])]).unwrap();
+    p.run(RUN);
+    assert_eq!(poll_all(&p.a.cq).iter().map(|w| w.status).collect::<Vec<_>>(), vec![WcStatus::Success]);
+    assert_eq!(poll_all(&p.b.cq).iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(), vec![(9, 2048)]);
+}
+
+/// Retry Count and RNR Retry Count changed at SQD → RTS hold from the first request after
+/// it: one retransmission where the QP came up with seven, and one RNR NAK's worth.
+/// Rule MOD-SQD-RTS-2, PKT-RTY-7, PKT-RNR-4
+#[test]
+fn retry_counts_set_out_of_sqd_take_effect() {
+    for rnr in [false, true] {
+        let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+        let src = p.a.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+        let dst = p.b.pd.alloc_mr(8, Access::LOCAL_WRITE).unwrap();
+        p.b.qp.post_recv(&[RecvWr::new(9, &[dst.sge(0..8)])]).unwrap();
+        p.a.qp.post_send(&[SendWr::send(1, &[src.sge(0..8)]).signaled()]).unwrap();
+        p.run(RUN);
+        assert_eq!(poll_all(&p.a.cq).len(), 1);
+        poll_all(&p.b.cq);
+        p.a.qp.modify(&QpAttr::new(QpState::Sqd)).unwrap();
+        p.run(RUN);
+        p.a.qp.modify(&QpAttr::new(QpState::Rts).retry_cnt(1).rnr_retry(1)).unwrap();
+        if !rnr {
+            p.filter = Some(Box::new(|from_a, _| from_a)); // b's answers are lost
+        }
+        p.clear_trace();
+        p.a.qp.post_send(&[SendWr::send(2, &[src.sge(0..8)]).signaled()]).unwrap();
+        p.run(RUN);
+        let sends = p.sent_by(true).iter().filter(|k| k.opcode == Opcode::RcSendOnly).count();
+        let want = if rnr { WcStatus::RnrRetryExcErr } else { WcStatus::RetryExcErr };
+        assert_eq!(poll_all(&p.a.cq).iter().map(|w| w.status).collect::<Vec<_>>(), vec![want], "rnr {rnr}");
+        assert_eq!(sends, 2, "the Send and one retransmission (rnr {rnr})");
+    }
+}
+
+/// An implied NAK that also acknowledges something costs its retry after what it
+/// acknowledges reloads the counts, as a PSN Sequence Error NAK does: with a Retry Count of 1
+/// the Read it goes back to is sent twice in all before Retry Counter Exceeded, not three times.
+/// Here the ACK of a Send behind the Read comes in while the Read's response and the ACK of the
+/// Send before it were lost; nothing gets through after.
+/// Rule PKT-ACK-7, PKT-RTY-5, PKT-RTY-7
+#[test]
+fn an_implied_nak_that_acknowledges_costs_its_retry() {
+    let o = Opts { retry_cnt: 1, ..Opts::default() };
+    let mut p = Pair::with(QpType::Rc, Mtu::Mtu1024, o);
+    let src = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    let dst = p.b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    p.b.qp.post_recv(&[RecvWr::new(1, &[dst.sge(0..8)]), RecvWr::new(2, &[dst.sge(8..16)])]).unwrap();
+    let mut passed = false;
+    p.filter = Some(Box::new(move |from_a, d| {
+        if from_a {
+            return true;
+        }
+        let k = Pkt::parse(d);
+        let pass = !passed && k.opcode == Opcode::RcAcknowledge && k.psn == 102;
+        passed |= pass;
+        pass
+    }));
+    p.a.qp
+        .post_send(&[
+            SendWr::send(10, &[src.sge(0..8)]).signaled(),
+            SendWr::rdma_read(11, &[src.sge(8..16)], dst.addr(), dst.rkey()).signaled(),
+            SendWr::send(12, &[src.sge(16..24)]).signaled(),
+        ])
+        .unwrap();
+    p.run(RUN);
+    let reads = p.sent_by(true).iter().filter(|k| k.opcode == Opcode::RcRdmaReadRequest).count();
+    let w = poll_all(&p.a.cq);
+    assert_eq!(
+        w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>()[..2],
+        [(10, WcStatus::Success), (11, WcStatus::RetryExcErr)]
+    );
+    assert_eq!(reads, 2, "the Read and one retransmission");
+}
+
 /// An RDMA Write whose R_Key check fails: Remote Access Error NAK, the requester completes it
 /// with Remote Access Error and moves to Error; the responder moves to Error and, with no RQ
 /// WQE in use, raises Local Access Violation; nothing was written. After that affiliated

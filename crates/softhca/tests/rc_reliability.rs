@@ -160,6 +160,61 @@ fn duplicates_are_answered_not_executed() {
     assert_eq!(p.b.qp.state().unwrap(), QpState::Rts);
 }
 
+/// A duplicate Send packet that does not ask for an ACK still gets one, carrying ePSN − 1:
+/// here the First packet of a two-packet Send, replayed once the Send is done.
+/// Rule PKT-DUP-1
+#[test]
+fn a_duplicate_without_ackreq_is_acknowledged() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let src = p.a.pd.alloc_mr(2048, Access::LOCAL_WRITE).unwrap();
+    let dst = p.b.pd.alloc_mr(2048, Access::LOCAL_WRITE).unwrap();
+    p.b.qp.post_recv(&[RecvWr::new(1, &[dst.sge(0..2048)])]).unwrap();
+    p.a.qp.post_send(&[SendWr::send(10, &[src.sge(0..2048)]).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(10, WcStatus::Success)]);
+    let first = p.trace.iter().find(|(a, d)| *a && Pkt::parse(d).opcode == Opcode::RcSendFirst).unwrap().1.clone();
+    assert!(!Pkt::parse(&first).ack_req);
+    p.clear_trace();
+    p.inject(false, &first);
+    p.run(RUN);
+    let answers: Vec<(Opcode, u32)> = p.sent_by(false).iter().map(|k| (k.opcode, k.psn)).collect();
+    assert_eq!(answers, vec![(Opcode::RcAcknowledge, 101)]);
+    assert_eq!(poll_all(&p.b.cq).len(), 1, "the Send's one receive");
+}
+
+/// The saved results of the inbound-depth most recent Atomics outlive later Reads: with both
+/// depths 1, a Fetch & Add and then a Read, the Atomic's duplicate still gets its original
+/// value (and does not run again). Before, the Read's resource took the Atomic's slot.
+/// Rule PKT-DUP-4, PKT-DUP-5
+#[test]
+fn an_atomic_result_outlives_a_later_read() {
+    let o = Opts { max_rd_atomic: 1, max_dest_rd_atomic: 1, ..Opts::default() };
+    let mut p = Pair::with(QpType::Rc, Mtu::Mtu1024, o);
+    let remote = p.b.pd.alloc_mr(64, all_access()).unwrap();
+    remote.write(0, &5u64.to_ne_bytes()).unwrap();
+    let land = p.a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+    p.a.qp
+        .post_send(&[
+            SendWr::atomic_fetch_add(1, &[land.sge(0..8)], remote.addr(), remote.rkey(), 10).signaled(),
+            SendWr::rdma_read(2, &[land.sge(8..16)], remote.addr() + 8, remote.rkey()).signaled(),
+        ])
+        .unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    let atomic = p.trace.iter().find(|(a, d)| *a && Pkt::parse(d).opcode == Opcode::RcFetchAdd).unwrap().1.clone();
+    p.clear_trace();
+    p.inject(false, &atomic);
+    p.run(RUN);
+    let answers: Vec<(Opcode, u32)> = p.sent_by(false).iter().map(|k| (k.opcode, k.psn)).collect();
+    assert_eq!(answers, vec![(Opcode::RcAtomicAcknowledge, 100)]);
+    let ack = &p.trace.iter().find(|(a, _)| !*a).unwrap().1;
+    let orig = &ack[ack.len() - 4 - 8..ack.len() - 4]; // AtomicAckETH, before the ICRC
+    assert_eq!(u64::from_be_bytes(orig.try_into().unwrap()), 5, "the saved original value");
+    let mut w = [0; 8];
+    remote.read(0, &mut w).unwrap();
+    assert_eq!(u64::from_ne_bytes(w), 15, "the atomic ran once");
+}
+
 /// A duplicate Atomic whose PSN has no saved result, and a duplicate Read matching no earlier
 /// Read, are dropped silently (Class D).
 /// Rule ERR-RQ-14, PKT-DUP-3

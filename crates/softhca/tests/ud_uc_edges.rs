@@ -64,3 +64,28 @@ fn uc_send_into_unusable_receive_wqe_completes_in_error() {
         p.b.qp.state().unwrap()
     );
 }
+
+/// A UC RDMA Write with Immediate that finds no RQ WQE is silently dropped, and its packet
+/// with the immediate writes nothing: an Only packet leaves the region as it was, a Last its
+/// part of it (the First before it wrote, as it must have, not knowing). No CQE at either end
+/// but the sender's, and the QP stays usable.
+/// Rule PKT-RNR-7, PKT-UC-2
+#[test]
+fn uc_write_with_imm_without_a_receive_writes_nothing() {
+    for len in [8usize, 1032] {
+        let mut p = Pair::new(QpType::Uc, Mtu::Mtu1024);
+        let src = p.a.pd.reg_mr(vec![0x11; 2048], Access::LOCAL_WRITE).unwrap();
+        let dst = p.b.pd.alloc_mr(2048, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        let sg = [src.sge(0..len)];
+        let wr = SendWr::rdma_write(7, &sg, dst.addr(), dst.rkey()).imm(5).signaled();
+        p.a.qp.post_send(&[wr]).unwrap();
+        p.run(RUN);
+        assert_eq!(poll_all(&p.a.cq).iter().map(|w| w.status).collect::<Vec<_>>(), vec![WcStatus::Success]);
+        assert_eq!(poll_all(&p.b.cq), vec![], "len {len}");
+        let got = dst.to_vec().unwrap();
+        let first = if len > 1024 { 1024 } else { 0 };
+        assert!(got[..first].iter().all(|&b| b == 0x11), "len {len}: the First packet landed");
+        assert!(got[first..].iter().all(|&b| b == 0), "len {len}: the packet with the immediate wrote");
+        assert_eq!(p.b.qp.state().unwrap(), QpState::Rts);
+    }
+}

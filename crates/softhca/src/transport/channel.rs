@@ -185,12 +185,23 @@ impl SendSeq {
         }
     }
 
-    /// An RNR NAK (PKT-RNR-2..5): one RNR retry, then the requester waits the NAK's timer with
-    /// the ACK timer stopped. False when no RNR retry was left.
-    pub fn rnr_wait(&mut self, dev: &dyn Hca, owner: TimerOwner, now: u64, timer_code: u8, rnr_retry: u8) -> bool {
+    /// An RNR NAK for `from` (PKT-RNR-2..5): one RNR retry, then the requester waits the NAK's
+    /// timer with the ACK timer stopped, going back to `from`. That go-back is a recovery: the
+    /// responder's answers to what followed `from` before the wait (a PSN Sequence Error NAK
+    /// for the next packet of the same message) repeat it, and neither cost a retry nor start
+    /// the ACK timer during the wait. False when no RNR retry was left.
+    pub fn rnr_wait(
+        &mut self,
+        dev: &dyn Hca,
+        owner: TimerOwner,
+        now: u64,
+        (from, timer_code): (u32, u8),
+        rnr_retry: u8,
+    ) -> bool {
         if !self.retries.take_rnr(rnr_retry) {
             return false;
         }
+        self.recovering = Some(from);
         let at = now + rnr_timer_us(timer_code) as u64 * 1000;
         arm(dev, owner, &mut self.timer_queued, &mut self.rnr_deadline, Some(at));
         self.ack_deadline = None;
@@ -441,10 +452,14 @@ impl<A: Copy + PartialEq> Outbox<A> {
         self.resources.iter().filter(|r| r.pending).count() < depth as usize
     }
 
-    /// Keeps at most `depth` entries: a new one takes the oldest answered slot.
+    /// Keeps at most `depth` Read entries and `depth` Atomic entries: a new one takes the
+    /// oldest answered slot of its kind, so that the inbound-depth most recent Atomic results
+    /// outlive later Reads (PKT-DUP-5) and the Reads' later Atomics.
     fn add_resource(&mut self, depth: u8, res: Resource) {
-        if self.resources.len() >= (depth as usize).max(1) {
-            if let Some(i) = self.resources.iter().position(|r| !r.pending) {
+        let atomic = |r: &Resource| matches!(r.kind, ResourceKind::Atomic { .. });
+        let kind = atomic(&res);
+        if self.resources.iter().filter(|r| atomic(r) == kind).count() >= (depth as usize).max(1) {
+            if let Some(i) = self.resources.iter().position(|r| atomic(r) == kind && !r.pending) {
                 self.resources.remove(i);
             }
         }
@@ -482,8 +497,8 @@ impl<A: Copy + PartialEq> Outbox<A> {
     }
 
     /// A duplicate request for `t` (PKT-DUP-1..6): never executed again, it
-    /// never moves ePSN. A Send or Write is acknowledged again if it asks (`last_psn` is the
-    /// last PSN accepted); a Read is answered again from the PSN it names, if a resource still
+    /// never moves ePSN. A Send or Write is acknowledged again (`last_psn` is the last PSN
+    /// accepted); a Read is answered again from the PSN it names, if a resource still
     /// holds it and the rest of its RETH matches (PKT-DUP-3); an Atomic gets its saved result
     /// (PKT-DUP-4, ERR-RQ-14). False when it is dropped: nothing holds it, or `depth` Read and
     /// Atomic responses are queued already (a peer cannot grow the queue by repeating one).
@@ -492,9 +507,9 @@ impl<A: Copy + PartialEq> Outbox<A> {
         let queued = self.jobs.iter().filter(|(_, j)| !matches!(j, RespJob::Ack { .. })).count();
         match r.operation {
             Operation::Send | Operation::RdmaWrite => {
-                if r.ack_req {
-                    self.push_ack(to, last_psn, Syndrome::ACK_NO_CREDITS);
-                }
+                // Whether or not it asks (PKT-DUP-1): its sender is going back and waits for
+                // word of how far the responder got. A run of them shares one ACK at the tail.
+                self.push_ack(to, last_psn, Syndrome::ACK_NO_CREDITS);
                 true
             }
             _ if queued >= (depth as usize).max(1) => false,

@@ -61,19 +61,17 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
     if let (Some(Syndrome::Ack { credit_code }), Some(msn)) = (r.syndrome, r.msn) {
         core.req.take_credits(credit_code, msn); // IBA 9.7.7.2
     }
-    let mut before = core.req.una;
     match r.operation {
         Operation::Acknowledge => match r.syndrome {
             Some(Syndrome::Ack { .. }) => {
-                ack_through(q, core, r.psn);
+                ack_through(q, core, now, r.psn);
             }
             Some(Syndrome::Nak(NakCode::PsnSeqErr)) => {
                 q.bump(|s| &s.seq_naks_received);
-                if ack_through(q, core, r.psn.sub(1)) {
+                if ack_through(q, core, now, r.psn.sub(1)) {
                     // What it acknowledges reloads the counts first; then it costs a retry
                     // (PKT-RTY-5, PKT-RTY-3), and the ACK timer restarts for the resent packets.
-                    progress(q, core, now, before);
-                    before = core.req.una;
+                    progress(q, core, now);
                     if retry_or_fail(q, core, r.psn, false) {
                         // PKT-NAK-1
                         let at = ack_timeout_ns(core.attrs.timeout).map(|t| now + t);
@@ -83,25 +81,24 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
             }
             Some(Syndrome::RnrNak { timer_code }) => {
                 q.bump(|s| &s.rnr_naks_received);
-                if ack_through(q, core, r.psn.sub(1)) {
-                    progress(q, core, now, before); // PKT-RNR-8, before this NAK's own count
-                    before = core.req.una;
+                if ack_through(q, core, now, r.psn.sub(1)) {
+                    progress(q, core, now); // PKT-RNR-8, before this NAK's own count
                     on_rnr_nak(q, core, now, r.psn, timer_code);
                 }
             }
             Some(Syndrome::Nak(code)) => {
-                if ack_through(q, core, r.psn.sub(1)) {
+                if ack_through(q, core, now, r.psn.sub(1)) {
                     fail_oldest(core, r.psn, nak_status(code)); // PKT-NAK-2, ERR-SQ-6..9
                 }
             }
             _ => return false,
         },
-        Operation::RdmaReadResponse => on_read_response(q, core, idx, r),
+        Operation::RdmaReadResponse => on_read_response(q, core, now, idx, r),
         Operation::AtomicAcknowledge => {
             let Some(w) = core.sq.get(idx) else { return false };
             if !w.opcode.is_atomic() || Psn::new(w.tx.first_psn) != r.psn {
                 fail_oldest(core, r.psn, WcStatus::BadRespErr); // ERR-SQ-12
-            } else if ack_through(q, core, r.psn.sub(1)) {
+            } else if ack_through(q, core, now, r.psn.sub(1)) {
                 // Nothing retires before the end of on_response, so idx still names the WQE.
                 let Some(w) = core.sq.get_mut(idx) else { return false };
                 let landed = recheck_local(q, w).map(|()| take_atomic_ack(&w.tx.local, r.atomic_orig.unwrap_or(0)));
@@ -112,7 +109,7 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
         }
         _ => return false,
     }
-    progress(q, core, now, before);
+    progress(q, core, now);
     if probed {
         resume_after_probe(core);
     }
@@ -144,13 +141,13 @@ fn missing_response(core: &QpCore, psn: Psn) -> Option<Psn> {
 /// inside that range is an implied NAK (PKT-ACK-7), handled as a PSN Sequence Error from its
 /// first missing response (once per recovery); then only what precedes that response is
 /// acknowledged and false is returned, so that the caller's own handling is skipped.
-fn ack_through(q: &QpInner, core: &mut QpCore, n: Psn) -> bool {
+fn ack_through(q: &QpInner, core: &mut QpCore, now: u64, n: Psn) -> bool {
     if n.psn_cmp(Psn::new(core.req.una)).is_lt() {
         return true; // nothing new below n
     }
     match missing_response(core, n) {
         Some(missing) if missing.psn_cmp(n).is_le() => {
-            implied_nak(q, core, missing);
+            implied_nak(q, core, now, missing);
             false
         }
         _ => {
@@ -161,9 +158,11 @@ fn ack_through(q: &QpInner, core: &mut QpCore, n: Psn) -> bool {
 }
 
 /// A response past `missing` arrived while `missing` was not answered: everything before it is
-/// acknowledged and the requester goes back to it.
-fn implied_nak(q: &QpInner, core: &mut QpCore, missing: Psn) {
+/// acknowledged and the requester goes back to it. As for a PSN Sequence Error NAK, what it
+/// acknowledges reloads the counts before the go-back costs its retry (PKT-ACK-7, PKT-RTY-5).
+fn implied_nak(q: &QpInner, core: &mut QpCore, now: u64, missing: Psn) {
     acknowledge(core, missing.sub(1));
+    progress(q, core, now);
     if core.chan.send.recovering != Some(missing.value()) {
         q.bump(|s| &s.implied_naks);
         retry_or_fail(q, core, missing, false);
@@ -197,7 +196,8 @@ fn advance_una(core: &mut QpCore, to: Psn) {
 /// PKT-RNR-2..5: wait the NAK's timer, then go back to the NAKed request. An RNR Retry Count
 /// of 7 never runs out.
 fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8) {
-    if !core.chan.send.rnr_wait(&*q.dev, TimerOwner::Qp(q.qpn), now, timer_code, core.attrs.rnr_retry) {
+    let nak = (psn.value(), timer_code);
+    if !core.chan.send.rnr_wait(&*q.dev, TimerOwner::Qp(q.qpn), now, nak, core.attrs.rnr_retry) {
         fail_oldest(core, psn, WcStatus::RnrRetryExcErr); // ERR-SQ-11
         return;
     }
@@ -205,7 +205,7 @@ fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8
     go_back(core, psn);
 }
 
-fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>) {
+fn on_read_response(q: &QpInner, core: &mut QpCore, now: u64, idx: usize, r: &Response<'_>) {
     let mtu = pmtu(core);
     let Some(w) = core.sq.get(idx) else { return };
     if w.opcode != WrOpcode::RdmaRead {
@@ -219,12 +219,12 @@ fn on_read_response(q: &QpInner, core: &mut QpCore, idx: usize, r: &Response<'_>
             // A missing response packet: from the first response missing on any Read or
             // Atomic up to here.
             let missing = missing_response(core, r.psn).unwrap_or(expected);
-            implied_nak(q, core, missing);
+            implied_nak(q, core, now, missing);
             return;
         }
         std::cmp::Ordering::Equal => {}
     }
-    if !ack_through(q, core, r.psn.sub(1)) {
+    if !ack_through(q, core, now, r.psn.sub(1)) {
         return;
     }
     let Some(w) = core.sq.get_mut(idx) else { return };
@@ -267,12 +267,15 @@ pub(crate) fn scatter(list: &[crate::mem::MemRef], mut offset: u64, mut data: &[
     }
 }
 
-/// After a response that acknowledged something new, the retry counters reload
-/// (PKT-RTY-5, PKT-RNR-8) and the ACK timer restarts, or stops with nothing outstanding.
-fn progress(q: &QpInner, core: &mut QpCore, now: u64, una_before: u32) {
+/// After a response that acknowledged something new since the counts last reloaded, they
+/// reload (PKT-RTY-5, PKT-RNR-8) and the ACK timer restarts, or stops with nothing
+/// outstanding. Called where a NAK's own retry is about to be charged, so that the reload
+/// comes first, and once at the end of each response.
+fn progress(q: &QpInner, core: &mut QpCore, now: u64) {
     let una = Psn::new(core.req.una);
     core.chan.send.end_recovery(|x| una.psn_cmp(Psn::new(x)).is_gt());
-    if core.req.una != una_before {
+    if core.req.una != core.req.una_counted {
+        core.req.una_counted = core.req.una;
         core.chan.send.progressed(core.attrs.retry_cnt, core.attrs.rnr_retry);
         let at = if core.outstanding() && core.chan.send.rnr_deadline.is_none() {
             ack_timeout_ns(core.attrs.timeout).map(|t| now + t)

@@ -22,6 +22,9 @@ pub(crate) struct ReqState {
     pub started: usize,
     /// The oldest request PSN not yet acknowledged.
     pub una: u32,
+    /// `una` when the retry counts last started again: progress is `una` moving past it
+    /// (see `completer::progress`).
+    pub una_counted: u32,
     /// One past the highest request PSN sent so far: a packet below it is a retransmission.
     pub sent_high: u32,
     /// RDMA Reads and Atomics started and not yet answered (WR-READ-3).
@@ -46,7 +49,7 @@ pub(crate) struct ReqState {
 impl ReqState {
     /// At RTR→RTS: nothing is outstanding before the SQ Start PSN (MOD-RTR-RTS-2).
     pub fn start(&mut self, sq_psn: u32) {
-        *self = ReqState { una: sq_psn, sent_high: sq_psn, ssn: 1, ..Default::default() };
+        *self = ReqState { una: sq_psn, una_counted: sq_psn, sent_high: sq_psn, ssn: 1, ..Default::default() };
     }
 
     /// Takes the credits of an ACK (any AETH with the ACK syndrome: also a Read response's

@@ -424,16 +424,17 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     if offset + r.payload.len() as u64 > capacity {
         return Err(rc_fail_invalid()); // ERR-RQ-11
     }
-    scatter(&core.resp.scatter, offset, r.payload).map_err(|_| Fail::A)?;
     let last = matches!(r.position, Position::Last | Position::Only);
     if let (true, Some(rkey)) = (last, r.invalidate) {
         // Send with Invalidate: the R_Key is invalid before the CQE says so (IBA 10.6.7.2).
         // One this QP cannot invalidate (not a type 2 window bound to it) is an Invalid
-        // Request: the receive WQE fails and the QP moves to Error (Class C).
+        // Request: the receive WQE fails and the QP moves to Error (Class C), the packet's
+        // payload unwritten (ERR-C-7).
         if q.dev.invalidate(q.pd, q.qpn, rkey).is_err() {
             return Err(rc_fail_invalid());
         }
     }
+    scatter(&core.resp.scatter, offset, r.payload).map_err(|_| Fail::A)?;
     let offset = offset + r.payload.len() as u64;
     core.resp.in_msg = Some(InMsg::Send { offset });
     accept(core, r);
@@ -726,6 +727,11 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
             if end > len || (completes && end != len) {
                 return drop_message(core);
             }
+            // With Immediate and no RQ WQE the packet is dropped before it touches memory
+            // (PKT-RNR-7: silently dropped), as RC checks the WQE first (PKT-VAL-12).
+            if completes && r.imm.is_some() && !bind_wqe(q, core) {
+                return drop_message(core);
+            }
             if let Some(g) = &mut grant {
                 match g.bytes(&*q.dev, offset, r.payload.len() as u64) {
                     Some((m, at)) if m.write(at, r.payload).is_ok() => {}
@@ -734,9 +740,6 @@ fn uc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
             }
             if completes {
                 if r.imm.is_some() {
-                    if !bind_wqe(q, core) {
-                        return; // PKT-RNR-7
-                    }
                     let _ = complete_recv(q, core, WcOpcode::RecvRdmaWithImm, len, r);
                 }
             } else {

@@ -929,6 +929,12 @@ impl Qp {
                     (QpState::Sqe, QpState::Rts) => core.req.halted = false,
                     _ => {}
                 }
+                // New counts out of SQD hold from the next request packet on (MOD-SQD-RTS-2):
+                // the budgets start again from them, not from the ones they replace.
+                if from == QpState::Sqd && (attr.retry_cnt.is_some() || attr.rnr_retry.is_some()) {
+                    let (retry_cnt, rnr_retry) = (core.attrs.retry_cnt, core.attrs.rnr_retry);
+                    core.chan.send.progressed(retry_cnt, rnr_retry);
+                }
                 q.mirror_state(&core);
                 q.check_drained(&mut core);
             }

@@ -326,7 +326,7 @@ pub(super) fn on_response(
                 // It acknowledges the packets before it: progress reloads both counts (PKT-RNR-8).
                 e.chan.send.progressed(retry_cnt, rnr_retry);
             }
-            if !e.chan.send.rnr_wait(dev, owner, now, timer_code, rnr_retry) {
+            if !e.chan.send.rnr_wait(dev, owner, now, (k, timer_code), rnr_retry) {
                 if let Some(tx) = e.tx.as_mut() {
                     tx.status = Some(WcStatus::RnrRetryExcErr);
                 }
