@@ -120,6 +120,36 @@ fn write_continuation_after_window_rebind_is_refused() {
     assert!(mem[1024..2048].iter().all(|b| *b == 0), "the Last packet wrote through a revoked R_Key");
 }
 
+/// An RDMA Read whose region is deregistered after its first response left: the responder
+/// sends a Remote Access Error NAK in place of the response it cannot send, with that
+/// response's PSN. PKT-ACK-12's "PSN of the request that caused it" would be the Read's own,
+/// which the requester has acknowledged with the first response: outside the outstanding
+/// range (PKT-ACK-8), it would be dropped and the Read would end in Retry Counter Exceeded
+/// against a responder in Error. With the response's PSN the requester completes the Read
+/// with Remote Access Error.
+/// Rule PKT-ACK-8, ERR-SQ-7
+#[test]
+fn a_read_whose_region_goes_midway_is_naked_in_place_of_its_response() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let region = p.b.pd.reg_mr(vec![0x33; 3072], Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let (addr, rkey) = (region.addr(), region.rkey());
+    let land = p.a.pd.alloc_mr(3072, Access::LOCAL_WRITE).unwrap();
+    let mut held = Some(region);
+    p.filter = Some(Box::new(move |from_a, d| {
+        if !from_a && Pkt::parse(d).opcode == Opcode::RcRdmaReadResponseFirst {
+            drop(held.take()); // Deregister Memory Region, between two responses
+        }
+        true
+    }));
+    p.a.qp.post_send(&[SendWr::rdma_read(10, &[land.sge(0..3072)], addr, rkey).signaled()]).unwrap();
+    p.run(RUN);
+    let naks: Vec<(u32, Option<Syndrome>)> =
+        p.sent_by(false).iter().filter(|k| k.opcode == Opcode::RcAcknowledge).map(|k| (k.psn, k.syndrome)).collect();
+    assert_eq!(naks, vec![(101, Some(Syndrome::Nak(NakCode::RemoteAccessError)))]);
+    assert_eq!(ids(&poll_all(&p.a.cq)), vec![(10, WcStatus::RemAccessErr)]);
+    assert_eq!(p.sent_by(true).len(), 1, "no retransmission");
+}
+
 /// PKT-VAL-12: resources (an RQ WQE) are checked before lengths. An RDMA Write Only with
 /// Immediate that finds no RQ WQE is RNR NAKed (Class B) even when its payload is too long,
 /// rather than NAKed Invalid Request with the QP moved to Error.

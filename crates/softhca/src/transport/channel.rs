@@ -647,6 +647,9 @@ impl<A: Copy + PartialEq> Outbox<A> {
                         None => {
                             self.jobs.pop_front();
                             self.resource_done(first_psn);
+                            // In place of this response, with its PSN: the Read's own PSN,
+                            // acknowledged by the responses before, would be outside what the
+                            // requester still waits for (PKT-ACK-8) and dropped.
                             let syndrome = Syndrome::Nak(NakCode::RemoteAccessError);
                             let mut p = PacketRepr::new(bth(op(Operation::Acknowledge, Position::Only)?, to, psn));
                             p.aeth = aeth(syndrome);
