@@ -796,6 +796,7 @@ pub const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
 pub const IBV_QP_PATH_MIG_STATE: c_int = 1 << 18;
 pub const IBV_QP_CAP: c_int = 1 << 19;
 pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
+pub const IBV_QP_RATE_LIMIT: c_int = 1 << 25;
 
 // enum ibv_qp_type
 pub const IBV_PORT_CM_SUP: u32 = 1 << 16;

@@ -216,7 +216,7 @@ pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>, cmd: O
             ops,
             cmd_fd: cmd.as_raw_fd(),
             async_fd,
-            num_comp_vectors: 1,
+            num_comp_vectors: comp_vectors(),
             // SAFETY: an all-zero pthread_mutex_t is PTHREAD_MUTEX_INITIALIZER on Linux.
             mutex: unsafe { std::mem::zeroed() },
             abi_compat: VERBS_ABI_IS_EXTENDED,
@@ -774,4 +774,13 @@ mod tests {
             assert_eq!(width_and_speed(gbps), want, "{gbps} Gb/s");
         }
     }
+}
+
+/// Completion vectors, one per CPU as rxe counts them (`num_possible_cpus`): a program that
+/// picks a vector below that gets its CQ. All of them are one here (one engine thread wakes
+/// every channel), as all of rxe's are one workqueue.
+fn comp_vectors() -> c_int {
+    // SAFETY: sysconf reads a system value.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    n.clamp(1, 4096) as c_int
 }

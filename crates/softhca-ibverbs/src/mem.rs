@@ -263,8 +263,11 @@ pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     command(|| {
         // SAFETY: a live MR from ibv_reg_mr.
         let mr = unsafe { &*(m as *const Mr) };
-        if let Err(e) = mr.region().dereg() {
-            return errno_of(&e);
+        match mr.region().dereg() {
+            Ok(()) => {}
+            // A region with windows bound: EINVAL, as rxe's `rxe_dereg_mr` answers.
+            Err(softhca::VerbsError::InUse(_)) => return libc::EINVAL,
+            Err(e) => return errno_of(&e),
         }
         // SAFETY: the MR's open context.
         let o = &unsafe { ctx(mr.ibv.context) }.objects;

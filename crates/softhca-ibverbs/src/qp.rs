@@ -27,6 +27,9 @@ pub(crate) struct Qp {
     /// longer list is EINVAL before any of its entries is read, as rxe's provider checks.
     pub(crate) max_send_sge: usize,
     max_recv_sge: usize,
+    /// The access flags the program last set, which Query QP gives back as rxe does (the
+    /// core keeps only the inbound enables that apply).
+    access_flags: std::sync::atomic::AtomicI32,
     /// What `ibv_set_ece` kept (crate::ece).
     pub(crate) ece: std::sync::Mutex<Option<crate::abi::ibv_ece>>,
     /// Whether it was created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (`ibv_qp_to_qp_ex`
@@ -230,6 +233,7 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         sq_sig_all: a.sq_sig_all != 0,
         max_send_sge,
         max_recv_sge,
+        access_flags: Default::default(),
         ece: Default::default(),
         extended: a.send_ops.is_some(),
         batch: Default::default(),
@@ -463,11 +467,13 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         if has(IBV_QP_RNR_RETRY) {
             m.rnr_retry = Some(a.rnr_retry);
         }
+        // Linux's core masks a PSN to its 24 bits (`_ib_modify_qp`, with a warning), so a
+        // program that draws it with an unmasked `lrand48()` connects there.
         if has(IBV_QP_RQ_PSN) {
-            m.rq_psn = Some(a.rq_psn);
+            m.rq_psn = Some(a.rq_psn & PSN_MASK);
         }
         if has(IBV_QP_SQ_PSN) {
-            m.sq_psn = Some(a.sq_psn);
+            m.sq_psn = Some(a.sq_psn & PSN_MASK);
         }
         // Both depths to the next power of two, as rxe (roundup_pow_of_two) and mlx5 (which
         // keeps their logarithms) do: Query QP reports 4 for 3 on either. A value past the
@@ -521,6 +527,9 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         }
         match x.qp.modify(&m) {
             Ok(()) => {
+                if has(IBV_QP_ACCESS_FLAGS) {
+                    x.access_flags.store(a.qp_access_flags as i32, std::sync::atomic::Ordering::Relaxed);
+                }
                 // SAFETY: the program's copy of the state, written in place (as libibverbs does
                 // after a successful Modify QP) without a reference to the shared object.
                 unsafe { set_state(q, x.qp.state().unwrap_or(target)) };
@@ -549,10 +558,15 @@ unsafe fn set_state(q: *mut ibv_qp, s: QpState) {
 pub unsafe extern "C" fn ibv_query_qp(
     q: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
-    _mask: c_int,
+    mask: c_int,
     init_attr: *mut ibv_qp_init_attr,
 ) -> c_int {
     command(|| {
+        // libibverbs' Query QP command: an attribute from IBV_QP_RATE_LIMIT on goes through
+        // the extended path only.
+        if mask & !(IBV_QP_RATE_LIMIT - 1) != 0 {
+            return libc::EOPNOTSUPP;
+        }
         // SAFETY: a live QP; writable output structures.
         let x = unsafe { qp(q) };
         let s = match x.qp.query() {
@@ -566,7 +580,8 @@ pub unsafe extern "C" fn ibv_query_qp(
         let mut out: ibv_qp_attr = unsafe { std::mem::zeroed() };
         out.qp_state = qp_state_code(s.qp_state);
         out.cur_qp_state = out.qp_state;
-        out.path_mtu = s.av.map_or(3, |av| av.path_mtu as c_int);
+        // Before a path is set, 256 (rxe's initial path MTU).
+        out.path_mtu = s.av.map_or(1, |av| av.path_mtu as c_int);
         out.path_mig_state = match s.path_mig_state {
             MigState::Migrated => 0,
             MigState::Rearm => 1,
@@ -576,7 +591,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         out.rq_psn = s.rq_psn;
         out.sq_psn = s.sq_psn;
         out.dest_qp_num = s.dest_qp_num;
-        out.qp_access_flags = s.qp_access_flags.bits();
+        out.qp_access_flags = x.access_flags.load(std::sync::atomic::Ordering::Relaxed) as _;
         out.cap = c_cap(&s.cap);
         // A RoCE port's address vector always has a GRH: before one is set, the zeroed one
         // still says so (rxe reports is_global 1 in Reset too).
@@ -622,6 +637,9 @@ pub unsafe extern "C" fn ibv_query_qp(
         0
     })
 }
+
+/// A PSN's 24 bits.
+const PSN_MASK: u32 = 0xFF_FFFF;
 
 /// The most SGEs one work request may carry here (softhca's max_sge).
 pub(crate) const MAX_SGE: usize = 32;

@@ -928,9 +928,11 @@ impl Fuzz {
         set_errno(0);
         let cq = ibv_create_cq(c.p, cqe, cq_context, chan, vector);
         let mut errs: Vec<c_int> = self.cqe_error(cqe).map(|e| e.to_vec()).unwrap_or_default();
-        let must_fail = (cqe != 0 && !errs.is_empty()) || vector != 0;
-        if vector != 0 {
-            errs.push(EINVAL); // num_comp_vectors is 1: the kernel checks comp_vector
+        // The kernel checks comp_vector against num_comp_vectors (one per CPU).
+        let bad_vector = !(0..(*c.p).num_comp_vectors).contains(&vector);
+        let must_fail = (cqe != 0 && !errs.is_empty()) || bad_vector;
+        if bad_vector {
+            errs.push(EINVAL);
         }
         if cq.is_null() {
             ensure!(!errs.is_empty(), "ibv_create_cq(cqe {cqe}): NULL, errno {}", errno());
@@ -996,7 +998,7 @@ impl Fuzz {
         if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !1 != 0 {
             bad(&[EOPNOTSUPP, EINVAL]);
         }
-        if a.comp_vector != 0 {
+        if i64::from(a.comp_vector) >= i64::from((*c.p).num_comp_vectors) {
             bad(&[EINVAL]);
         }
         // verbs.h's inline ibv_create_cq_ex refuses reserved comp_mask bits itself; half the
@@ -1286,10 +1288,12 @@ impl Fuzz {
 
     /// QP capacities: mostly small, sometimes zero (an empty queue, which Linux takes), the
     /// maximum or beyond it; and whether one is beyond the device's limits.
-    fn gen_qp_cap(&mut self) -> (ibv_qp_cap, bool) {
+    /// Random queue sizes, and whether one is past the device's limits (a QP on an SRQ has no
+    /// receive queue: its receive sizes are not judged, as on rxe).
+    fn gen_qp_cap(&mut self, on_srq: bool) -> (ibv_qp_cap, bool) {
         let l = self.limits();
         let mut over = false;
-        let mut one = |rng: &mut Rng, small: u64, max: u32| -> u32 {
+        let mut one = |rng: &mut Rng, small: u64, max: u32, judged: bool| -> u32 {
             let v = match rng.below(25) {
                 0 => max + 1,
                 1 => u32::MAX,
@@ -1297,15 +1301,15 @@ impl Fuzz {
                 3 => 0,
                 _ => rng.range(1, small) as u32,
             };
-            over |= v > max;
+            over |= judged && v > max;
             v
         };
         let cap = ibv_qp_cap {
-            max_send_wr: one(&mut self.rng, 64, l.max_qp_wr),
-            max_recv_wr: one(&mut self.rng, 64, l.max_qp_wr),
-            max_send_sge: one(&mut self.rng, 4, l.max_sge),
-            max_recv_sge: one(&mut self.rng, 4, l.max_sge),
-            max_inline_data: one(&mut self.rng, 128, MAX_INLINE),
+            max_send_wr: one(&mut self.rng, 64, l.max_qp_wr, true),
+            max_recv_wr: one(&mut self.rng, 64, l.max_qp_wr, !on_srq),
+            max_send_sge: one(&mut self.rng, 4, l.max_sge, true),
+            max_recv_sge: one(&mut self.rng, 4, l.max_sge, !on_srq),
+            max_inline_data: one(&mut self.rng, 128, MAX_INLINE, true),
         };
         (cap, over)
     }
@@ -1340,7 +1344,7 @@ impl Fuzz {
         } else {
             null_mut()
         };
-        let (cap, over) = self.gen_qp_cap();
+        let (cap, over) = self.gen_qp_cap(!srq.is_null());
         let sig = self.rng.pick(&[0, 1, 0, 1, -1, 2]);
         let valid_type = matches!(qpt, IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_UD);
         let mut errs = Vec::new();
@@ -1561,7 +1565,7 @@ impl Fuzz {
         let mut a: ibv_qp_attr = zeroed();
         let (av, _, av_bad) = self.gen_ah_attr(&c);
         let (alt, _, _) = self.gen_ah_attr(&c);
-        let (cap, _) = self.gen_qp_cap();
+        let (cap, _) = self.gen_qp_cap(false);
         let peer = self.peer_qpn(q.qpt);
         let r = &mut self.rng;
         a.qp_state = if r.chance(90) { r.below(7) as c_int } else { r.pick(&[-1, 7, 100, c_int::MAX]) };
@@ -1744,9 +1748,20 @@ impl Fuzz {
         let Some(q) = choose(&mut self.rng, &self.qps, |_| true) else { return };
         let mut a: ibv_qp_attr = zeroed();
         let mut init: ibv_qp_init_attr = zeroed();
-        let mask = self.rng.next() as c_int;
+        // Mostly the bits libibverbs takes; now and then any.
+        let mask = if self.rng.chance(80) {
+            self.rng.next() as c_int & (IBV_QP_RATE_LIMIT - 1)
+        } else {
+            self.rng.next() as c_int
+        };
         note(format!("ibv_query_qp({:?}, {mask:#x})", q.p));
         let r = ibv_query_qp(q.p, &mut a, mask, &mut init);
+        // libibverbs' legacy Query QP command refuses a bit from IBV_QP_RATE_LIMIT on.
+        if mask & !(IBV_QP_RATE_LIMIT - 1) != 0 {
+            ensure!(r == EOPNOTSUPP, "ibv_query_qp({mask:#x}): {r}");
+            self.stat("query_qp", false);
+            return;
+        }
         ensure!(r == 0, "ibv_query_qp: {r}");
         ensure!(a.qp_state == (*q.p).state, "qp->state {} after a query that said {}", (*q.p).state, a.qp_state);
         ensure!(
@@ -2836,8 +2851,10 @@ impl Fuzz {
 /// `c` is an open context with no objects; everything made here is destroyed here.
 unsafe fn regressions(c: CtxP, scratch: *mut u8) {
     note("regressions".into());
-    // comp_vector beyond num_comp_vectors (1) was ignored; the kernel refuses it with EINVAL.
-    for vector in [1, 2, -1, c_int::MAX] {
+    // comp_vector beyond num_comp_vectors (one per CPU) was ignored; the kernel refuses it
+    // with EINVAL.
+    let n = (*c).num_comp_vectors;
+    for vector in [n, n + 1, -1, c_int::MAX] {
         set_errno(0);
         let cq = ibv_create_cq(c, 4, null_mut(), null_mut(), vector);
         ensure!(cq.is_null() && errno() == EINVAL, "ibv_create_cq(comp_vector {vector}): {cq:?}, errno {}", errno());
@@ -2845,10 +2862,10 @@ unsafe fn regressions(c: CtxP, scratch: *mut u8) {
     let create_cq_ex = vop!(c, create_cq_ex).expect("create_cq_ex");
     let mut a: ibv_cq_init_attr_ex = zeroed();
     a.cqe = 4;
-    a.comp_vector = 1;
+    a.comp_vector = n as u32;
     set_errno(0);
     let cq = create_cq_ex(c, &mut a);
-    ensure!(cq.is_null() && errno() == EINVAL, "create_cq_ex(comp_vector 1): {cq:?}, errno {}", errno());
+    ensure!(cq.is_null() && errno() == EINVAL, "create_cq_ex(comp_vector {n}): {cq:?}, errno {}", errno());
     a.comp_vector = 0;
     let cq = create_cq_ex(c, &mut a);
     ensure!(!cq.is_null(), "create_cq_ex(comp_vector 0): NULL, errno {}", errno());

@@ -146,3 +146,20 @@ fn a_refused_write_with_immediate_retires_an_srq_wqe() {
         assert_eq!(p.b.qp.state().unwrap(), QpState::Error);
     }
 }
+
+/// A QP on an SRQ has no receive queue of its own: Create QP does not judge receive sizes it
+/// will never use (rxe's `rxe_qp_chk_cap` skips them too), where the same sizes without an
+/// SRQ are refused.
+/// Rule CRT-QP-8, CRT-QP-9
+#[test]
+fn a_qp_on_an_srq_ignores_receive_sizes() {
+    let p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let srq = p.b.pd.create_srq(&SrqInitAttr::default()).unwrap();
+    let dev = p.b.ctx.query_device().unwrap();
+    let big = |init: QpInitAttr| init.max_recv_wr(dev.max_qp_wr + 1).max_recv_sge(dev.max_sge + 1);
+    let plain = big(QpInitAttr::new(QpType::Rc, &p.b.cq, &p.b.cq));
+    assert!(p.b.pd.create_qp(&plain).is_err(), "without an SRQ the sizes are judged");
+    let on_srq = big(QpInitAttr::new(QpType::Rc, &p.b.cq, &p.b.cq).srq(&srq));
+    let qp = p.b.pd.create_qp(&on_srq).unwrap();
+    qp.destroy().unwrap();
+}

@@ -51,7 +51,7 @@ int main(void)
 	CHECK(ibv_bind_mw(b.qp, mw, &bind) == 0, "rebind");
 	wc = wait_one(b.cq);
 	CHECK(wc.status == IBV_WC_SUCCESS && mw->rkey != old, "rebind: %s", ibv_wc_status_str(wc.status));
-	CHECK(ibv_dereg_mr(b.mr) == EBUSY, "a region with a bound window stays");
+	CHECK(ibv_dereg_mr(b.mr) == EINVAL, "a region with a bound window stays (EINVAL, as rxe)");
 
 	/* A zero-length bind with no region unbinds the window (libibverbs: mr NULL, addr and
 	   length 0): a new R_Key, reaching nothing, and the region is free to go. */

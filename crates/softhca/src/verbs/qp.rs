@@ -362,10 +362,13 @@ impl Context {
         }
         let attr = &self.inner.attr;
         let cap = init.cap;
-        if cap.max_send_wr > attr.max_qp_wr || cap.max_recv_wr > attr.max_qp_wr {
+        // With an SRQ the QP has no receive queue of its own: its sizes are not looked at (as
+        // rxe's `rxe_qp_chk_cap` skips them).
+        let (recv_wr, recv_sge) = if init.srq.is_some() { (0, 0) } else { (cap.max_recv_wr, cap.max_recv_sge) };
+        if cap.max_send_wr > attr.max_qp_wr || recv_wr > attr.max_qp_wr {
             return Err(VerbsError::MaxWrExceeded);
         }
-        if cap.max_send_sge > attr.max_sge || cap.max_recv_sge > attr.max_sge {
+        if cap.max_send_sge > attr.max_sge || recv_sge > attr.max_sge {
             return Err(VerbsError::MaxSgeExceeded);
         }
         if cap.max_inline_data > attr.max_inline_data {
