@@ -527,7 +527,8 @@ fn bad_lkey_is_a_local_protection_error() {
 }
 
 /// Responses that do not fit: an RDMA Read response for a Send is a Bad Response; a Read
-/// response carrying fewer bytes than asked is a Local Length Error.
+/// response carrying fewer bytes than asked, or ending the Read before its last response,
+/// is a Local Length Error.
 /// Rule ERR-SQ-12, ERR-SQ-13
 #[test]
 fn bad_responses() {
@@ -560,6 +561,21 @@ fn bad_responses() {
     p.run(RUN);
     assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::LocLenErr)]);
     assert_eq!(p.a.qp.state().unwrap(), QpState::Error);
+
+    // A 2048-byte Read answered by one Only response of 1024 bytes: it ends the Read early,
+    // fewer bytes than asked (not an opcode that fits no Read).
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let remote = p.b.pd.alloc_mr(2048, all_access()).unwrap();
+    let land = p.a.pd.alloc_mr(2048, Access::LOCAL_WRITE).unwrap();
+    p.filter = Some(Box::new(|from_a, d| {
+        if !from_a && Pkt::parse(d).opcode == Opcode::RcRdmaReadResponseFirst {
+            rewrite(d, |r| r.packet.bth.opcode = Opcode::RcRdmaReadResponseOnly).unwrap();
+        }
+        true
+    }));
+    p.a.qp.post_send(&[SendWr::rdma_read(1, &[land.sge(0..2048)], remote.addr(), remote.rkey()).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(statuses(&p.a.cq), vec![(1, WcStatus::LocLenErr)]);
 }
 
 /// A new value from Modify QP applies to the next packet: the Minimum RNR NAK Timer changed

@@ -710,11 +710,16 @@ pub(crate) fn take_read_response(
 ) -> Result<(), WcStatus> {
     let offset = k as u64 * mtu;
     let want_len = (length - offset.min(length)).min(mtu);
-    if position != read_response_position(n, k) {
-        return Err(WcStatus::BadRespErr);
+    let starts = |p: Position| matches!(p, Position::First | Position::Only);
+    let ends = |p: Position| matches!(p, Position::Last | Position::Only);
+    let want = read_response_position(n, k);
+    if starts(position) != starts(want) {
+        return Err(WcStatus::BadRespErr); // a start mid-Read, or none at its start: ERR-SQ-12
     }
-    if payload.len() as u64 != want_len {
-        return Err(WcStatus::LocLenErr); // ERR-SQ-13
+    // Ending before the last response, or not at it: less or more data than asked, as a wrong
+    // length is (ERR-SQ-13).
+    if ends(position) != ends(want) || payload.len() as u64 != want_len {
+        return Err(WcStatus::LocLenErr);
     }
     scatter(local, offset, payload).map_err(|_| WcStatus::LocProtErr)
 }
