@@ -265,6 +265,10 @@ fn sqd_to_rts_while_draining_and_no_event_unless_asked() {
     // Nothing in progress at RTS→SQD: the requested event comes at once.
     p.a.qp.modify(&QpAttr::to_sqd().en_sqd_async_notify(true)).unwrap();
     assert_eq!(p.a.ctx.get_async_event().map(|e| e.event_type), Some(AsyncEventType::SqDrained));
+    // The request was that transition's: the next RTS→SQD without it raises nothing.
+    p.a.qp.modify(&QpAttr::to_rts()).unwrap();
+    p.a.qp.modify(&QpAttr::to_sqd()).unwrap();
+    assert!(p.a.ctx.get_async_event().is_none());
 }
 
 /// A QP in RTR receives and answers, raises Communication Established once, and stays in RTR.

@@ -914,7 +914,8 @@ impl Qp {
                 }
                 if from == QpState::Rts && to == QpState::Sqd {
                     next.sq_draining = core.req.started > 0;
-                    core.sqd_event_pending = next.en_sqd_async_notify;
+                    // Asked by this transition, not remembered from an earlier one (EVT-SQD-2).
+                    core.sqd_event_pending = attr.en_sqd_async_notify.unwrap_or(false);
                 }
                 if to != QpState::Sqd {
                     next.sq_draining = false;
