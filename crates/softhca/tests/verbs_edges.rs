@@ -56,7 +56,8 @@ fn flush_on_entry_to_sqe_that_overflows_the_cq_moves_the_qp_to_error() {
     assert_eq!(p.a.qp.state().unwrap(), QpState::Error, "the QP whose CQE could not be written stays in SQE");
 }
 
-/// One overflow of one CQ is one CQ Error, however many CQEs it refuses.
+/// One overflow of one CQ is one CQ Error, however many CQEs it refuses; once a CQE fits
+/// again, the next refusal is a new overflow with its own CQ Error.
 /// Rule CQ-OVF-2, EVT-AE-1
 #[test]
 fn one_overflow_raises_one_cq_error() {
@@ -68,6 +69,13 @@ fn one_overflow_raises_one_cq_error() {
     qp.post_recv(&wrs).unwrap();
     qp.modify(&QpAttr::to_error()).unwrap(); // 2 flushed CQEs fit, 4 are refused
     assert_eq!(count(&f.ctx, AsyncEventType::CqErr), 1);
+    // Polled empty, the CQ takes CQEs again: a later overflow is another, and is reported.
+    while !poll_all(&cq).is_empty() {}
+    let qp2 = f.pd.create_qp(&QpInitAttr::rc(&cq, &cq)).unwrap();
+    drive(&qp2, QpState::Init);
+    qp2.post_recv(&wrs).unwrap();
+    qp2.modify(&QpAttr::to_error()).unwrap();
+    assert_eq!(count(&f.ctx, AsyncEventType::CqErr), 1, "the second overflow's");
 }
 
 /// Never panic on caller input (DESIGN rule 6): Create CQ on a device configured with a huge

@@ -57,7 +57,10 @@ pub(crate) struct CqInner {
     /// Associated with a special QP, which keeps it to itself (CRT-QP-14).
     special: AtomicBool,
     destroyed: AtomicBool,
+    /// A CQE was ever refused for lack of room.
     overflowed: AtomicBool,
+    /// The CQEs refused since the last one that fit: one overflow, one CQ Error.
+    overflowing: AtomicBool,
     /// The last poll found completions waiting and returned them without driving the device
     /// (see [`Cq::poll`]).
     skipped_progress: AtomicBool,
@@ -217,6 +220,7 @@ impl Context {
             special: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
+            overflowing: AtomicBool::new(false),
             skipped_progress: AtomicBool::new(false),
             channel: channel.cloned(),
         });
@@ -495,12 +499,16 @@ impl CqInner {
             }
         };
         if !written {
-            // One CQ Error per CQ: the CQEs refused after the first belong to the same overflow.
-            if !self.overflowed.swap(true, Ordering::AcqRel) {
+            // One CQ Error per overflow: the CQEs refused until one fits again belong to it.
+            self.overflowed.store(true, Ordering::Release);
+            if !self.overflowing.swap(true, Ordering::AcqRel) {
                 let element = EventElement::Cq(self.handle);
                 self.dev.raise(AsyncEvent { event_type: AsyncEventType::CqErr, element });
             }
             return Err(CqOverflow);
+        }
+        if self.overflowing.load(Ordering::Relaxed) {
+            self.overflowing.store(false, Ordering::Relaxed);
         }
         // EVT-CN-1, EVT-CN-2, EVT-CN-4, EVT-CN-6: a CQE of the kind asked for consumes every
         // outstanding request in one call.
