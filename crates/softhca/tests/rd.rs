@@ -377,12 +377,20 @@ fn retries_exhausted_move_the_eec_to_error() {
 
 /// A request for a QP outside the channel's RDD is NAKed Invalid RD Request: the requester
 /// completes the WQE with Remote Invalid RD Request, resynchronizes the channel, and the next
-/// message on it succeeds.
-/// Rule ERR-SQ-9, PKT-NAK-2, WR-SQ-7
+/// message on it succeeds; a late copy of the refused request, a duplicate by then, does not
+/// refuse it again.
+/// Rule ERR-SQ-9, PKT-NAK-2, WR-SQ-7, PKT-DUP-6
 #[test]
 fn rdd_violation_nak_then_resync() {
     let mut f = fabric(SimConfig::default().seed(16));
-    let log = record(&mut f);
+    let log: Rc<RefCell<Vec<(u8, Vec<u8>)>>> = Rc::default();
+    let l = log.clone();
+    f.set_filter(move |_: &FilterCtx, d: &mut Vec<u8>| {
+        if let Some(op) = opcode_of(d) {
+            l.borrow_mut().push((op, d.clone()));
+        }
+        Verdict::Pass
+    });
     let (a, b) = (node(&mut f, "rd6-a"), node(&mut f, "rd6-b"));
     let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
     let qa = rd_qp(&a, &a.rdd);
@@ -402,8 +410,18 @@ fn rdd_violation_nak_then_resync() {
     let mut got = Vec::new();
     wait_for(&mut f, &a.cq, &mut got, 1);
     assert_eq!((got[0].wr_id, got[0].status), (2, WcStatus::Success));
-    assert!(log.borrow().iter().any(|s| s.opcode == 0x55), "a Resync went out");
+    assert!(log.borrow().iter().any(|(op, _)| *op == 0x55), "a Resync went out");
     assert_eq!(poll_all(&b.cq).iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), [(2, WcStatus::Success)]);
+    // A late copy of the refused request is a duplicate now: it changes nothing (PKT-DUP-6),
+    // and the channel carries the next message.
+    let first = log.borrow().iter().find(|(op, _)| *op == 0x44).map(|(_, d)| d.clone()).expect("the first Send");
+    f.inject_to(DeviceId(1), first);
+    qb.post_recv(&[RecvWr::new(3, &[b.mr.sge(128..192)])]).unwrap();
+    qa.post_send(&[SendWr::send(3, &sge).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!((got[0].wr_id, got[0].status), (3, WcStatus::Success));
+    assert_eq!(ea.query().unwrap().state, QpState::Rts);
 }
 
 /// A request whose DETH:Q_Key is not the destination QP's is dropped and counted; nothing is
@@ -1228,6 +1246,37 @@ fn a_lost_fatal_nak_is_repeated_for_the_retransmission() {
         (WcStatus::RemAccessErr, QpState::Rts),
         "a single lost NAK failed the WQE with the wrong status and took the channel down"
     );
+}
+
+/// A fatal NAK for the last packet of a message is lost, and the requester, which had no ACK
+/// for the packets before it, goes back to the message's first packet: the responder answers
+/// that duplicate with an ACK of everything before the NAKed packet (PKT-DUP-1), the
+/// requester sends the NAKed packet again and hears its NAK. Before, the duplicate was dropped
+/// while the channel waited for its Resync, every probe went unanswered, and the Send ended in
+/// Retry Counter Exceeded with the channel in Error.
+/// Rule PKT-DUP-1, ERR-SQ-7, PKT-NAK-2
+#[test]
+fn a_lost_fatal_nak_behind_unacknowledged_packets_is_repeated() {
+    let mut f = fabric(SimConfig::default().seed(204));
+    let (a, b) = (node(&mut f, "r3n-a"), node(&mut f, "r3n-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..2048)])]).unwrap();
+    let dropped = Rc::new(std::cell::Cell::new(false));
+    let d = dropped.clone();
+    f.set_filter(move |ctx: &FilterCtx, p: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(1)) && opcode_of(p) == Some(0x51) && !d.get() {
+            d.set(true);
+            return Verdict::Drop; // the Invalid Request NAK of the third packet
+        }
+        Verdict::Pass
+    });
+    let s = [a.mr.sge(0..3000)]; // three packets, for a 2048-byte receive (ERR-RQ-11)
+    qa.post_send(&[SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert!(dropped.get());
+    assert_eq!((got[0].status, ea.query().unwrap().state), (WcStatus::RemInvReqErr, QpState::Rts));
 }
 
 /// The ACK an EEC owes for a Send whose completion the application has already seen survives

@@ -235,7 +235,7 @@ pub(crate) fn deliver(dev: &dyn Hca, qps: &super::qp::QpTable, now: u64, d: &Roc
         }
         if ec.engine.want_resync {
             // Whatever became of the QP since, the channel answers for the NAK it sent.
-            return repeat_fatal_nak(&mut ec.engine, &req);
+            return repeat_fatal_nak(&mut ec.engine, &req, p.bth.dest_qp);
         }
         let (Some(q), Some(core)) = (qp, core.as_deref_mut()) else { return false }; // PKT-VAL-4
         if !matches!(core.attrs.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {

@@ -140,20 +140,31 @@ pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mu
 }
 
 /// While the channel waits for a Resync: the NAKed packet, retransmitted because the NAK was
-/// lost, gets the NAK again; anything else is dropped. Returns whether the packet was taken.
-pub(super) fn repeat_fatal_nak(e: &mut EecEngine, r: &Request<'_>) -> bool {
+/// lost, gets the NAK again; a duplicate of a packet before it (the requester going back to
+/// a packet it had no ACK for) gets an ACK of everything before the NAKed one (PKT-DUP-1), so
+/// that the requester comes to the NAKed packet and hears its NAK; anything else is dropped.
+/// `to_qp` is the packet's destination QP. Returns whether the packet was taken.
+pub(super) fn repeat_fatal_nak(e: &mut EecEngine, r: &Request<'_>, to_qp: u32) -> bool {
     match e.fatal_nak {
         Some((psn, syndrome, from, to)) if psn == r.psn.value() && to == r.src_qp => {
             e.chan.out.push((from, to), RespJob::Ack { psn, syndrome });
+            true
+        }
+        Some(_) if r.psn.classify(Psn::new(e.chan.recv.epsn)) == PsnClass::Duplicate => {
+            let last = Psn::new(e.chan.recv.epsn).sub(1).value();
+            e.chan.out.push_ack((to_qp, r.src_qp), last, Syndrome::ACK_NO_CREDITS);
             true
         }
         _ => false,
     }
 }
 
-/// The RDD first (a QP outside the channel's domain is answered before anything about the
-/// packet is believed), then the checks of PKT-VAL-12 in order — PSN, opcode sequence,
-/// operation enabled, resources, lengths, keys — then the execution.
+/// A duplicate first (it changes nothing, PKT-DUP-6: a late copy of a request refused for
+/// its RDD must not refuse it again, which would leave the channel waiting for a Resync its
+/// requester has no reason to send); then the RDD (a QP outside the channel's domain is
+/// answered before anything else about the packet is believed), then the checks of
+/// PKT-VAL-12 in order — PSN, opcode sequence, operation enabled, resources, lengths, keys —
+/// then the execution.
 pub(super) fn receive(
     q: &QpInner,
     core: &mut QpCore,
@@ -162,6 +173,9 @@ pub(super) fn receive(
     r: &Request<'_>,
     mtu: u64,
 ) -> Result<(), Fail> {
+    if r.psn.classify(Psn::new(ec.engine.chan.recv.epsn)) == PsnClass::Duplicate {
+        return duplicate(q, core, ec, r);
+    }
     if q.rdd != Some(eec.rdd) {
         // The QP is not in the channel's domain: Invalid RD Request, and nothing changes on
         // that QP whatever else is wrong with the packet (DESIGN rule 5).
