@@ -383,7 +383,7 @@ fn retries_exhausted_move_the_eec_to_error() {
 #[test]
 fn rdd_violation_nak_then_resync() {
     let mut f = fabric(SimConfig::default().seed(16));
-    let log: Rc<RefCell<Vec<(u8, Vec<u8>)>>> = Rc::default();
+    let log: Captured = Rc::default();
     let l = log.clone();
     f.set_filter(move |_: &FilterCtx, d: &mut Vec<u8>| {
         if let Some(op) = opcode_of(d) {
@@ -884,6 +884,9 @@ fn rd_qp_on_an_srq() {
     b.mr.read(2048, &mut buf).unwrap();
     assert!(buf.iter().all(|&x| x == 4));
 }
+
+/// Packets kept by a filter: (BTH opcode, datagram).
+type Captured = Rc<RefCell<Vec<(u8, Vec<u8>)>>>;
 
 /// Keeps a copy of every packet device `from` sends with BTH opcode `opcode`.
 fn capture(f: &mut SimFabric, from: usize, opcode: u8) -> Rc<RefCell<Vec<Vec<u8>>>> {
