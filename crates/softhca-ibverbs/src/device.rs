@@ -761,6 +761,15 @@ pub unsafe extern "C" fn ibv_event_type_str(event: c_int) -> *const c_char {
     c_str(&S, event, "unknown\0")
 }
 
+/// Completion vectors, one per CPU as rxe counts them (`num_possible_cpus`): a program that
+/// picks a vector below that gets its CQ. All of them are one here (one engine thread wakes
+/// every channel), as all of rxe's are one workqueue.
+fn comp_vectors() -> c_int {
+    // SAFETY: sysconf reads a system value.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    n.clamp(1, 4096) as c_int
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -774,13 +783,4 @@ mod tests {
             assert_eq!(width_and_speed(gbps), want, "{gbps} Gb/s");
         }
     }
-}
-
-/// Completion vectors, one per CPU as rxe counts them (`num_possible_cpus`): a program that
-/// picks a vector below that gets its CQ. All of them are one here (one engine thread wakes
-/// every channel), as all of rxe's are one workqueue.
-fn comp_vectors() -> c_int {
-    // SAFETY: sysconf reads a system value.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    n.clamp(1, 4096) as c_int
 }
