@@ -1051,7 +1051,12 @@ pub extern "C" fn softhca_rs_close(fd: c_int) -> c_int {
         *lock(&rs.closing) = Some(Instant::now() + CLOSE_LINGER);
         let _ = shutdown(&rs, libc::SHUT_RDWR);
     }
-    for w in [svc::What::Keepalive, svc::What::Listen, svc::What::Cm] {
+    // A listener's entry is on the listening thread, which may be inside an accept: only a
+    // listener waits for that (as librdmacm's `rs_notify_svc` of `listen_svc`).
+    if rs.accept_queue.get().is_some() {
+        svc::remove(&rs, svc::What::Listen);
+    }
+    for w in [svc::What::Keepalive, svc::What::Cm] {
         svc::remove(&rs, w);
     }
     table().remove(&fd);

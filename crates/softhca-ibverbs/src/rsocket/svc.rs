@@ -1,13 +1,15 @@
-//! The service thread: what librdmacm's three (`listen_svc`, `connect_svc`, `tcp_svc`) do,
-//! in one thread that polls the sockets' event channels:
+//! The service threads: what librdmacm's three (`listen_svc`, `connect_svc`, `tcp_svc`) do,
+//! in two threads that poll the sockets' event channels, listeners apart (an accept waits for
+//! its connection to be established, up to the CM's timeouts, as librdmacm's `listen_svc`
+//! does; the other sockets' events and keep-alives, and closing them, do not wait for it):
 //! - a listener's connection requests are accepted as they come (the program's `raccept`
 //!   then takes a connected socket from the listener's queue);
 //! - a connecting or connected socket's CM events move it on: a non-blocking connect
 //!   progresses without the program calling in, a DISCONNECTED marks the socket so;
 //! - a socket with `SO_KEEPALIVE` sends a keep-alive each `TCP_KEEPIDLE` seconds.
 //!
-//! A socket's entry is handled with the entry list locked, so that `rclose`, which removes
-//! the socket's entries first, never frees a socket the thread is working on.
+//! A socket's entry is handled with its thread's entry list locked, so that `rclose`, which
+//! removes the socket's entries first, never frees a socket a thread is working on.
 
 use std::ffi::c_int;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -36,17 +38,27 @@ struct Svc {
     wake: OwnedFd,
 }
 
-fn svc() -> &'static Svc {
-    static S: OnceLock<Svc> = OnceLock::new();
-    S.get_or_init(|| {
+/// The thread that serves entries of this kind: one for listeners, one for the rest.
+fn svc(what: What) -> &'static Svc {
+    static LISTEN: OnceLock<Svc> = OnceLock::new();
+    static OTHER: OnceLock<Svc> = OnceLock::new();
+    let (cell, name) = match what {
+        What::Listen => (&LISTEN, "softhca-rs-listen"),
+        What::Cm | What::Keepalive => (&OTHER, "softhca-rsocket"),
+    };
+    let s = cell.get_or_init(|| {
         // SAFETY: eventfd with valid flags; the descriptor is owned from here.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         assert!(fd >= 0, "rsocket service thread: eventfd: {}", std::io::Error::last_os_error());
         // SAFETY: just made.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-        let _ = std::thread::Builder::new().name("softhca-rsocket".into()).spawn(run);
         Svc { entries: Mutex::new(Vec::new()), wake }
-    })
+    });
+    static STARTED: [std::sync::Once; 2] = [std::sync::Once::new(), std::sync::Once::new()];
+    STARTED[usize::from(what != What::Listen)].call_once(|| {
+        let _ = std::thread::Builder::new().name(name.into()).spawn(move || run(s));
+    });
+    s
 }
 
 fn wake(s: &Svc) {
@@ -61,7 +73,7 @@ fn keepalive_due(rs: &Rs) -> Instant {
 
 /// Adds a socket's entry of that kind (once).
 pub(super) fn add(rs: &Arc<Rs>, what: What) {
-    let s = svc();
+    let s = svc(what);
     let mut e = lock(&s.entries);
     if !e.iter().any(|x| Arc::ptr_eq(&x.rs, rs) && x.what == what) {
         let due = (what == What::Keepalive).then(|| keepalive_due(rs));
@@ -73,22 +85,21 @@ pub(super) fn add(rs: &Arc<Rs>, what: What) {
 
 /// Removes a socket's entry of that kind; when this returns, the thread is not using it.
 pub(super) fn remove(rs: &Arc<Rs>, what: What) {
-    let s = svc();
+    let s = svc(what);
     lock(&s.entries).retain(|x| !(Arc::ptr_eq(&x.rs, rs) && x.what == what));
     wake(s);
 }
 
 /// Restarts a socket's keep-alive time (`TCP_KEEPIDLE` changed).
 pub(super) fn rearm(rs: &Arc<Rs>) {
-    let s = svc();
+    let s = svc(What::Keepalive);
     for x in lock(&s.entries).iter_mut().filter(|x| Arc::ptr_eq(&x.rs, rs) && x.what == What::Keepalive) {
         x.due = Some(keepalive_due(rs));
     }
     wake(s);
 }
 
-fn run() {
-    let s = svc();
+fn run(s: &'static Svc) {
     let mut fds: Vec<libc::pollfd> = Vec::new();
     let mut who: Vec<(c_int, What)> = Vec::new();
     loop {
