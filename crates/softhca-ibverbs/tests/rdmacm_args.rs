@@ -157,6 +157,47 @@ fn a_refused_accept_leaves_its_qp_in_error() {
     }
 }
 
+/// The REQ's SRQ bit says whether the connecting QP has an SRQ, whatever `conn_param.srq`
+/// says, as librdmacm's `rdma_connect` sets it (`id->qp ? !!id->qp->srq : conn_param->srq`).
+/// Before, a parameter of 1 on a QP without an SRQ told the listener it had one.
+#[test]
+fn the_srq_bit_follows_the_qp() {
+    let _dog = Watchdog::start("the_srq_bit_follows_the_qp", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs
+    // and attributes.
+    unsafe {
+        let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
+        let (mut l, mut c) = (null_mut(), null_mut());
+        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([127, 0, 0, 178], 7392);
+        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
+        assert_eq!(softhca_rdma_listen(l, 4), 0);
+        assert_eq!(softhca_rdma_resolve_addr(c, null_mut(), (&raw mut a).cast(), 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(softhca_rdma_resolve_route(c, 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(c, null_mut(), &mut attr), 0);
+        let mut p: rdma_conn_param = std::mem::zeroed();
+        p.responder_resources = 1;
+        p.initiator_depth = 1;
+        p.srq = 1;
+        assert_eq!(softhca_rdma_connect(c, &mut p), 0);
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(lch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).param.conn.srq), (RDMA_CM_EVENT_CONNECT_REQUEST, 0));
+        let s = (*ev).id;
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        softhca_rdma_destroy_qp(c);
+        for id in [s, c, l] {
+            assert_eq!(softhca_rdma_destroy_id(id), 0);
+        }
+        softhca_rdma_destroy_event_channel(lch);
+        softhca_rdma_destroy_event_channel(cch);
+    }
+}
+
 /// Takes `ch`'s next event, which must be `want`, and acknowledges it.
 ///
 /// # Safety

@@ -73,7 +73,7 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
             path_mtu: id.path.mtu,
             rnr_retry_count: id.st.rnr_retry_count,
             max_cm_retries: cm_timing().1,
-            srq: u8::from(!id.c.srq.is_null() || param.is_some_and(|p| p.srq != 0)),
+            srq: srq_bit(id, param),
             primary_local_lid: 0xFFFF,
             primary_remote_lid: 0xFFFF,
             primary_local_gid: id.c.route.addr.ibaddr.sgid.raw,
@@ -117,6 +117,17 @@ fn put_private(param: Option<&rdma_conn_param>, dst: &mut [u8]) -> Result<(), c_
         dst[..d.len()].copy_from_slice(d);
     }
     Ok(())
+}
+
+/// The REQ's and REP's SRQ bit as librdmacm sets it: whether the id's QP has an SRQ, or,
+/// without a QP, what the program's parameters say.
+fn srq_bit(id: &Id, param: Option<&rdma_conn_param>) -> u8 {
+    if id.c.qp.is_null() {
+        param.map_or(0, |p| u8::from(p.srq != 0))
+    } else {
+        // SAFETY: the id's live QP.
+        u8::from(!unsafe { (*id.c.qp).srq }.is_null())
+    }
 }
 
 /// librdmacm's `ucma_valid_param` (TCP port space only): connection parameters are needed
@@ -233,7 +244,7 @@ pub unsafe extern "C" fn softhca_rdma_accept(p: *mut rdma_cm_id, param: *mut rdm
             target_ack_delay: TARGET_ACK_DELAY,
             end_to_end_flow_control: param.map_or(0, |p| p.flow_control & 1),
             rnr_retry_count: param.map_or(7, |p| p.rnr_retry_count.min(7)),
-            srq: u8::from(!id.c.srq.is_null() || param.is_some_and(|p| p.srq != 0)),
+            srq: srq_bit(id, param),
             local_ca_guid: guid,
             ..Default::default()
         };
