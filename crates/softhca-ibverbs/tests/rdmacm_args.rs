@@ -198,6 +198,57 @@ fn the_srq_bit_follows_the_qp() {
     }
 }
 
+/// `rdma_notify(IBV_EVENT_COMM_EST)` on a passive id whose REP went out and whose RTU has not
+/// come (the active side never sends it here) establishes the connection at once, with its
+/// ESTABLISHED event, as Linux's `cm_establish`; a second is EISCONN, and on an id with no
+/// connection it is EINVAL. Before, it was a no-op returning 0 and the connection waited for
+/// the RTU.
+#[test]
+fn notify_comm_est_establishes_a_connection_waiting_for_its_rtu() {
+    const COMM_EST: c_int = 4;
+    const PATH_MIG: c_int = 6;
+    let _dog = Watchdog::start("notify_comm_est_establishes_a_connection_waiting_for_its_rtu", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs
+    // and parameters.
+    unsafe {
+        let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
+        let (mut l, mut c) = (null_mut(), null_mut());
+        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([127, 0, 0, 178], 7393);
+        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
+        assert_eq!(softhca_rdma_listen(l, 4), 0);
+        assert_eq!((softhca_rdma_notify(l, COMM_EST), errno()), (-1, libc::EINVAL), "a listener");
+        assert_eq!(softhca_rdma_resolve_addr(c, null_mut(), (&raw mut a).cast(), 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(softhca_rdma_resolve_route(c, 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        let mut p: rdma_conn_param = std::mem::zeroed();
+        p.responder_resources = 1;
+        p.initiator_depth = 1;
+        p.qp_num = 0x1234; // no QP: the program sends the RTU itself, and never does here
+        assert_eq!(softhca_rdma_connect(c, &mut p), 0);
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(lch, &mut ev), 0);
+        assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
+        let s = (*ev).id;
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        p.qp_num = 0x5678;
+        assert_eq!(softhca_rdma_accept(s, &mut p), 0, "{}", errno());
+        expect(cch, RDMA_CM_EVENT_CONNECT_RESPONSE);
+        assert_eq!((softhca_rdma_notify(s, PATH_MIG), errno()), (-1, libc::EINVAL), "not established yet");
+        assert_eq!(softhca_rdma_notify(s, COMM_EST), 0, "{}", errno());
+        expect(lch, RDMA_CM_EVENT_ESTABLISHED);
+        assert_eq!((softhca_rdma_notify(s, COMM_EST), errno()), (-1, libc::EISCONN));
+        assert_eq!(softhca_rdma_notify(s, PATH_MIG), 0, "established, no alternate path");
+        for id in [s, c, l] {
+            assert_eq!(softhca_rdma_destroy_id(id), 0);
+        }
+        softhca_rdma_destroy_event_channel(lch);
+        softhca_rdma_destroy_event_channel(cch);
+    }
+}
+
 /// Takes `ch`'s next event, which must be `want`, and acknowledges it.
 ///
 /// # Safety

@@ -46,6 +46,7 @@ const ALLOWED: &[c_int] = &[
     libc::ECONNREFUSED,
     libc::ETIMEDOUT,
     libc::EBUSY,
+    libc::EISCONN,
 ];
 
 fn sin(ip: [u8; 4], port: u16) -> libc::sockaddr_in {

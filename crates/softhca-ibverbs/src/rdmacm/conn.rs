@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use softhca::transport::cm::sidr_status;
+use softhca::transport::cm::{sidr_status, NotEstablished};
 use softhca::wire::mad::{CmRep, CmReq, CmSidrRep, CmSidrReq, CmaHeader};
 
 use super::abi::*;
@@ -354,11 +354,32 @@ pub unsafe extern "C" fn softhca_rdma_notify(p: *mut rdma_cm_id, event: c_int) -
     const COMM_EST: c_int = 4;
     const PATH_MIG: c_int = 6;
     // SAFETY: the program's id.
-    match unsafe { id_of(p) } {
-        // The RTU softhca's CM waits for is the only proof of establishment it takes; a
-        // Communication Established the program saw first changes nothing here.
-        Ok(_) if event == COMM_EST || event == PATH_MIG => 0,
-        Ok(_) => err(libc::EINVAL),
+    let id = match unsafe { id_of(p) } {
+        Ok(id) => id,
+        Err(e) => return err(e),
+    };
+    let established = {
+        let mut g = global();
+        let (Some(comm), Some(dev)) = (id.st.comm, g.dev.as_mut()) else { return err(libc::EINVAL) };
+        let cm = dev.agent.cm();
+        match event {
+            // A Communication Established the program saw before the RTU came: the connection
+            // is established now, its ESTABLISHED event queued (EISCONN if it was already).
+            COMM_EST => cm.notify_established(comm).map_err(|e| match e {
+                NotEstablished::Already => libc::EISCONN,
+                NotEstablished::WrongState => libc::EINVAL,
+            }),
+            // No alternate path is loaded (no LAP): an established connection stays on its
+            // path, as Linux's cm_migrate answers then; EINVAL in any other state.
+            PATH_MIG if cm.is_established(comm) => return 0,
+            _ => Err(libc::EINVAL),
+        }
+    };
+    match established {
+        Ok(()) => {
+            wake();
+            0
+        }
         Err(e) => err(e),
     }
 }

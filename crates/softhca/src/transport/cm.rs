@@ -65,6 +65,15 @@ pub type CommId = u32;
 /// The peer's GSI: its GID (RoCE addresses GSIs by GID).
 pub type Peer = [u8; 16];
 
+/// Why [`Cm::notify_established`] changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotEstablished {
+    /// The connection is Established already (Linux: EISCONN).
+    Already,
+    /// It is not a responder's connection waiting for its RTU (Linux: EINVAL).
+    WrongState,
+}
+
 /// What the consumer learns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmEvent {
@@ -484,6 +493,29 @@ impl Cm {
         let (peer, mad) = (c.peer, c.last.clone());
         self.out.push_back((peer, mad));
         true
+    }
+
+    /// The consumer saw the connection carry traffic before the RTU came (a Communication
+    /// Established event on its QP): a responder's connection whose REP went out is
+    /// Established now, as if the RTU had come (Linux's `cm_establish`, for `rdma_notify`).
+    pub fn notify_established(&mut self, id: CommId) -> Result<(), NotEstablished> {
+        let Some(conn) = self.conns.get_mut(&id) else { return Err(NotEstablished::WrongState) };
+        match conn.state {
+            State::RepSent => {
+                conn.state = State::Established;
+                conn.deadline = None;
+                let (remote_qpn, remote_psn) = (conn.remote_qpn, conn.remote_psn);
+                self.events.push_back(CmEvent::Established { id, remote_qpn, remote_psn });
+                Ok(())
+            }
+            State::Established => Err(NotEstablished::Already),
+            _ => Err(NotEstablished::WrongState),
+        }
+    }
+
+    /// Whether connection `id` is Established (an `rdma_notify` of a path migration needs it).
+    pub fn is_established(&self, id: CommId) -> bool {
+        self.conns.get(&id).is_some_and(|c| c.state == State::Established)
     }
 
     /// The REP that answered the REQ of requester connection `id`.
