@@ -1368,3 +1368,24 @@ fn an_eec_timeout_probes_before_resending_the_message() {
     let r = poll_all(&b.cq);
     assert_eq!((r[0].wr_id, r[0].byte_len, r[0].status), (5, 8192, WcStatus::Success));
 }
+
+/// An RD QP whose own outbound depth is 0 (its RTR→RTS `max_rd_atomic`) may start no RDMA
+/// Read, whatever its EEC's depth: the Read fails with Local QP Operation Error before
+/// anything is sent, as one on an EEC of depth 0 does. Before, only the EEC's was looked at.
+/// Rule WR-READ-3, MOD-RTR-RTS-RD-1
+#[test]
+fn an_rd_qp_of_outbound_depth_zero_starts_no_read() {
+    let mut f = fabric(SimConfig::default().seed(205));
+    let (a, b) = (node(&mut f, "rdz-a"), node(&mut f, "rdz-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let qb = rd_qp(&b, &b.rdd);
+    let qa = a.pd.create_qp(&QpInitAttr::rd(&a.cq, &a.cq, &a.rdd)).unwrap();
+    qa.modify(&QpAttr::to_init().access(Access::REMOTE_READ).qkey(QKEY)).unwrap();
+    qa.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
+    qa.modify(&QpAttr::to_rts().max_rd_atomic(0)).unwrap();
+    let s = [a.mr.sge(0..64)];
+    qa.post_send(&[SendWr::rdma_read(1, &s, b.mr.addr(), b.mr.rkey()).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::LocQpOpErr));
+}

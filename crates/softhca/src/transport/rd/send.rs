@@ -109,7 +109,10 @@ pub(crate) fn qp_turn(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut [
             WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => 1,
             _ => w.length.div_ceil(mtu).max(1) as u32,
         };
-        if (w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic()) && ec.attrs.max_rd_atomic == 0 {
+        // The outbound depth is the EEC's and the QP's both (the QP's is required at its
+        // RTR→RTS): 0 in either allows none, as the inbound depth is the smaller of the two.
+        let depth = ec.attrs.max_rd_atomic.min(core.attrs.max_rd_atomic);
+        if (w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic()) && depth == 0 {
             drop(ec);
             fail_head(q, core, WcStatus::LocQpOpErr); // an outbound depth of 0 allows none
             return None;
