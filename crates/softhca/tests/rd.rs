@@ -1389,3 +1389,28 @@ fn an_rd_qp_of_outbound_depth_zero_starts_no_read() {
     wait_for(&mut f, &a.cq, &mut got, 1);
     assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::LocQpOpErr));
 }
+
+/// The first valid packet reaching an RD QP in RTR raises Communication Established on it,
+/// once, and the QP stays in RTR and takes the message, as an RC QP does. Before, RD's
+/// receive path raised nothing.
+/// Rule EVT-CE-1
+#[test]
+fn an_rd_qp_in_rtr_raises_communication_established() {
+    let mut f = fabric(SimConfig::default().seed(206));
+    let (a, b) = (node(&mut f, "rdce-a"), node(&mut f, "rdce-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let qa = rd_qp(&a, &a.rdd);
+    let qb = b.pd.create_qp(&QpInitAttr::rd(&b.cq, &b.cq, &b.rdd)).unwrap();
+    qb.modify(&QpAttr::to_init().access(Access::REMOTE_WRITE).qkey(QKEY)).unwrap();
+    qb.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)]), RecvWr::new(2, &[b.mr.sge(64..128)])]).unwrap();
+    let s = [a.mr.sge(0..8)];
+    let send = |id| SendWr::send(id, &s).rd(&ea, qb.qp_num(), QKEY).signaled();
+    qa.post_send(&[send(1), send(2)]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &b.cq, &mut got, 2);
+    let events: Vec<AsyncEvent> = std::iter::from_fn(|| b.ctx.get_async_event()).collect();
+    let ce = AsyncEvent { event_type: AsyncEventType::CommEst, element: EventElement::Qp(qb.qp_num()) };
+    assert_eq!(events, vec![ce]);
+    assert_eq!(qb.query().unwrap().qp_state, QpState::Rtr);
+}

@@ -266,12 +266,18 @@ fn rc_refused(why: Refusal) -> Fail {
     }
 }
 
-/// Handles one request packet addressed to `q`, already past header validation.
-pub(crate) fn on_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
+/// A valid inbound packet reached `q`: in RTR, the first raises Communication Established
+/// (EVT-CE-1: RTR stays RTR). Every service's receive path calls it, RD's included.
+pub(crate) fn note_arrival(q: &QpInner, core: &mut QpCore) {
     if core.attrs.qp_state == QpState::Rtr && !core.resp.comm_est {
-        core.resp.comm_est = true; // EVT-CE-1: RTR stays RTR
+        core.resp.comm_est = true;
         q.dev.raise(AsyncEvent { event_type: AsyncEventType::CommEst, element: EventElement::Qp(q.qpn) });
     }
+}
+
+/// Handles one request packet addressed to `q`, already past header validation.
+pub(crate) fn on_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
+    note_arrival(q, core);
     let result = match q.qp_type {
         QpType::Rc => rc_request(q, core, r),
         QpType::Uc => {

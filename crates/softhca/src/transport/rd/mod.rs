@@ -246,6 +246,7 @@ pub(crate) fn deliver(dev: &dyn Hca, qps: &super::qp::QpTable, now: u64, d: &Roc
             return false;
         }
         q.stats.rx_packets.inc();
+        crate::transport::responder::note_arrival(q, core);
         on_request(q, core, &eec, &mut ec, &req);
         true
     } else {
