@@ -1414,3 +1414,44 @@ fn an_rd_qp_in_rtr_raises_communication_established() {
     assert_eq!(events, vec![ce]);
     assert_eq!(qb.query().unwrap().qp_state, QpState::Rtr);
 }
+
+/// A receive WQE an EEC held for a message it can no longer finish (the EEC moved to Error
+/// midway) is flushed; when its receive CQ is full that CQE is refused, and the QP moves to
+/// Error as for any receive completion that overflows its CQ. Before, the QP stayed in RTS with
+/// the CQE lost.
+/// Rule ERR-RQ-15, CQ-OVF-2
+#[test]
+fn a_held_receive_flushed_into_a_full_cq_moves_its_qp_to_error() {
+    let mut f = fabric(SimConfig::default().seed(207));
+    let (a, b) = (node(&mut f, "rdh-a"), node(&mut f, "rdh-b"));
+    let (ea, eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let qa = rd_qp(&a, &a.rdd);
+    let small = b.ctx.create_cq(1).unwrap();
+    let qb = b.pd.create_qp(&QpInitAttr::rd(&small, &small, &b.rdd)).unwrap();
+    qb.modify(&QpAttr::to_init().access(Access::REMOTE_WRITE).qkey(QKEY)).unwrap();
+    qb.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
+    qb.modify(&QpAttr::to_rts().max_rd_atomic(4)).unwrap();
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)]), RecvWr::new(2, &[b.mr.sge(4096..8192)])]).unwrap();
+    // The first Send fills B's CQ (left unpolled).
+    let one = [a.mr.sge(0..8)];
+    qa.post_send(&[SendWr::send(1, &one).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    // The second, three packets, stops after its first: B's EEC holds receive 2 for it.
+    let firsts = Rc::new(std::cell::Cell::new(0));
+    let n = firsts.clone();
+    f.set_filter(move |ctx: &FilterCtx, p: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(0)) && matches!(opcode_of(p), Some(0x41 | 0x42)) {
+            n.set(n.get() + 1);
+            return Verdict::Drop; // the Middle and Last
+        }
+        Verdict::Pass
+    });
+    let three = [a.mr.sge(0..3000)];
+    qa.post_send(&[SendWr::send(2, &three).rd(&ea, qb.qp_num(), QKEY)]).unwrap();
+    f.run_until_within(1_000_000, |_| firsts.get() > 0);
+    eb.modify(&EecAttr::new(QpState::Error)).unwrap();
+    f.run_until_within(10_000_000, |_| qb.query().unwrap().qp_state == QpState::Error);
+    assert_eq!(qb.query().unwrap().qp_state, QpState::Error);
+    assert!(small.overflowed().unwrap());
+}

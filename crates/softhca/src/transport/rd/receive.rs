@@ -40,7 +40,11 @@ pub(super) fn reap_held(q: &QpInner, core: &mut QpCore) {
             continue;
         }
         core.rd.held.remove(i);
-        q.flush_recv_cqe(core, wr_id, 0);
+        if !q.flush_recv_cqe(core, wr_id, 0) {
+            // The receive CQ overflowed: Class G, as for any receive completion (ERR-RQ-15).
+            q.enter_error(core, false);
+            return;
+        }
     }
 }
 
