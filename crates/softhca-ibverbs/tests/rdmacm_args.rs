@@ -249,6 +249,71 @@ fn notify_comm_est_establishes_a_connection_waiting_for_its_rtu() {
     }
 }
 
+/// `RDMA_OPTION_ID_ACK_TIMEOUT` as Linux's `rdma_set_ack_timeout` has it: EINVAL on a UD id;
+/// set before the route is resolved, the route's packet lifetime is one less (14: 13), and
+/// the REQ's Local ACK Timeout follows from it and the CA's ACK delay (15: 16), which the
+/// passive side's QP takes; the active side's QP takes the value set. Before, the option was
+/// taken on any id and changed only the active side's QP (the passive side's was 19).
+#[test]
+fn the_ack_timeout_option_reaches_the_route_and_the_peer() {
+    let _dog = Watchdog::start("the_ack_timeout_option_reaches_the_route_and_the_peer", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs,
+    // options and attributes.
+    unsafe {
+        let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
+        let mut t: u8 = 14;
+        let mut opt =
+            |id| softhca_rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, (&raw mut t).cast(), 1);
+        let mut ud = null_mut();
+        assert_eq!(softhca_rdma_create_id(cch, &mut ud, null_mut(), RDMA_PS_UDP), 0);
+        assert_eq!((opt(ud), errno()), (-1, libc::EINVAL), "a UD id");
+        assert_eq!(softhca_rdma_destroy_id(ud), 0);
+        let (mut l, mut c) = (null_mut(), null_mut());
+        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([127, 0, 0, 178], 7394);
+        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
+        assert_eq!(softhca_rdma_listen(l, 4), 0);
+        assert_eq!(opt(c), 0);
+        assert_eq!(softhca_rdma_resolve_addr(c, null_mut(), (&raw mut a).cast(), 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(softhca_rdma_resolve_route(c, 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        assert_eq!((*(*c).route.path_rec).packet_life_time, 13);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(c, null_mut(), &mut attr), 0);
+        let mut p: rdma_conn_param = std::mem::zeroed();
+        p.responder_resources = 1;
+        p.initiator_depth = 1;
+        assert_eq!(softhca_rdma_connect(c, &mut p), 0);
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(lch, &mut ev), 0);
+        assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
+        let s = (*ev).id;
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(s, null_mut(), &mut attr), 0);
+        assert_eq!(softhca_rdma_accept(s, &mut p), 0, "{}", errno());
+        expect(cch, RDMA_CM_EVENT_ESTABLISHED);
+        expect(lch, RDMA_CM_EVENT_ESTABLISHED);
+        let timeout = |id: *mut rdma_cm_id| {
+            let mut qa: ibv_qp_attr = std::mem::zeroed();
+            let mut qi: ibv_qp_init_attr = std::mem::zeroed();
+            assert_eq!(ibv_query_qp((*id).qp, &mut qa, IBV_QP_STATE, &mut qi), 0);
+            qa.timeout
+        };
+        assert_eq!((timeout(c), timeout(s)), (14, 16), "active, passive");
+        for id in [s, c] {
+            softhca_rdma_destroy_qp(id);
+        }
+        for id in [s, c, l] {
+            assert_eq!(softhca_rdma_destroy_id(id), 0);
+        }
+        softhca_rdma_destroy_event_channel(lch);
+        softhca_rdma_destroy_event_channel(cch);
+    }
+}
+
 /// Takes `ch`'s next event, which must be `want`, and acknowledges it.
 ///
 /// # Safety

@@ -542,7 +542,8 @@ pub unsafe extern "C" fn softhca_rdma_set_option(
             // SAFETY: one byte, as the length says.
             id.st.tos = unsafe { *(optval as *const u8) };
         }
-        (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) if optlen == 1 => {
+        // Linux's rdma_set_ack_timeout: RC ids only.
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) if optlen == 1 && id.c.qp_type == IBV_QPT_RC => {
             // SAFETY: one byte, as the length says.
             id.st.ack_timeout = Some(unsafe { *(optval as *const u8) }.min(31));
         }

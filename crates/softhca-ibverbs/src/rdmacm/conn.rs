@@ -81,7 +81,7 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
             primary_flow_label: u32::from_be(id.path.flow_label),
             primary_traffic_class: id.path.traffic_class,
             primary_hop_limit: 64,
-            primary_local_ack_timeout: LOCAL_ACK_TIMEOUT,
+            primary_local_ack_timeout: local_ack_timeout(id),
             ..Default::default()
         };
         let hdr = CmaHeader { src_port: src.port(), src: src.ip(), dst: dst.ip() };

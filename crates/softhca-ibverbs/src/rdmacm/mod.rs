@@ -93,7 +93,9 @@ fn cm_timing() -> (u8, u8) {
         (var("SOFTHCA_CM_RESPONSE_TIMEOUT", 31, CM_RESPONSE_TIMEOUT), var("SOFTHCA_CM_MAX_RETRIES", 15, MAX_CM_RETRIES))
     })
 }
-const LOCAL_ACK_TIMEOUT: u8 = 19;
+/// The packet lifetime of a RoCE route (`CMA_IBOE_PACKET_LIFETIME`), unless the program set
+/// an ACK timeout before resolving it.
+const PACKET_LIFETIME: u8 = 18;
 /// The REP's Target ACK Delay: the device's `local_ca_ack_delay`, as Linux reports for rxe.
 const TARGET_ACK_DELAY: u8 = 15;
 /// IB CM REJ reasons rdma_cm uses (IBA Table 109).
@@ -943,7 +945,7 @@ impl Global {
                 if rc {
                     let (retry, rnr, timeout) = match (&st.req, &st.rep) {
                         (Some(req), _) => (req.retry_count, req.rnr_retry_count, req.primary_local_ack_timeout),
-                        (None, Some(rep)) => (st.retry_count, rep.rnr_retry_count, LOCAL_ACK_TIMEOUT),
+                        (None, Some(rep)) => (st.retry_count, rep.rnr_retry_count, local_ack_timeout(id)),
                         _ => return Err(libc::EINVAL),
                     };
                     a.timeout = st.ack_timeout.unwrap_or(timeout);
@@ -1058,6 +1060,16 @@ pub(crate) fn roce_flow_label(src: SocketAddr, dst: SocketAddr) -> u32 {
     }
 }
 
+/// The Local ACK Timeout of a connection on the id's route, as Linux's CM derives it from the
+/// path's packet lifetime and the CA's ACK delay (`cm_ack_timeout`): what the REQ carries, and
+/// the active side's QP takes unless the program set its own.
+pub(crate) fn local_ack_timeout(id: &Id) -> u8 {
+    let (delay, life) = (TARGET_ACK_DELAY, id.path.packet_life_time);
+    let t = life.saturating_add(1);
+    let t = if t >= delay { t + u8::from(delay >= t - 1) } else { delay + u8::from(t >= delay - 1) };
+    t.min(31)
+}
+
 /// The one path a route has: the id's GIDs, the MTU, the flow label (host order), what Linux's
 /// rdma_cm reports for RoCE.
 fn fill_path(id: &mut Id, mtu: u8, flow_label: u32) {
@@ -1081,7 +1093,8 @@ fn fill_path(id: &mut Id, mtu: u8, flow_label: u32) {
         rate_selector: 2,
         rate: 0,
         packet_life_time_selector: 2,
-        packet_life_time: LOCAL_ACK_TIMEOUT - 1,
+        // RDMA_OPTION_ID_ACK_TIMEOUT set before: one less (Linux's cma_resolve_iboe_route).
+        packet_life_time: id.st.ack_timeout.filter(|&t| t > 0).map_or(PACKET_LIFETIME, |t| t - 1),
         preference: 0,
     };
     id.c.route.path_rec = &mut *id.path;
