@@ -58,6 +58,30 @@ fn an_id_whose_channel_is_gone_migrates() {
     }
 }
 
+/// Destroying a channel that ids are still on ends them as the kernel's `ucma_close` ends its
+/// contexts: a listener's port is free at once for another id, and the ids can still be
+/// destroyed. Before, the ids kept their ports, and a listener took requests nobody saw.
+#[test]
+fn destroying_a_channel_ends_the_ids_on_it() {
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs.
+    unsafe {
+        let (ch, ch2) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
+        let (mut l, mut l2) = (null_mut(), null_mut());
+        assert_eq!(softhca_rdma_create_id(ch, &mut l, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(softhca_rdma_create_id(ch2, &mut l2, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([127, 0, 0, 178], 7395);
+        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
+        assert_eq!(softhca_rdma_listen(l, 4), 0);
+        assert_eq!((softhca_rdma_bind_addr(l2, (&raw mut a).cast()), errno()), (-1, libc::EADDRINUSE));
+        softhca_rdma_destroy_event_channel(ch);
+        assert_eq!(softhca_rdma_bind_addr(l2, (&raw mut a).cast()), 0, "the port is free: {}", errno());
+        assert_eq!(softhca_rdma_listen(l2, 4), 0);
+        assert_eq!(softhca_rdma_destroy_id(l), 0);
+        assert_eq!(softhca_rdma_destroy_id(l2), 0);
+        softhca_rdma_destroy_event_channel(ch2);
+    }
+}
+
 /// An event is acknowledged once: a second `rdma_ack_cm_event`, or one of a pointer the
 /// library never handed out, is -1 with EINVAL. Before, the second freed the event again.
 #[test]

@@ -38,18 +38,23 @@ pub unsafe extern "C" fn softhca_rdma_destroy_event_channel(channel: *mut rdma_e
         drop(g);
         // Out of the live set before its ids are let go (`Channel::free` below repeats it).
         super::set_live(channel as *const Channel, super::Kind::Channel, false);
-        // Ids still on it (the program should have destroyed them first) get no more events,
-        // as the kernel's ids go with a closed rdma_cm descriptor; nothing writes to the
-        // freed channel.
-        let g = global();
-        for &p in g.ids.values() {
+        // Ids still on it (the program should have destroyed them first) go as the kernel's
+        // go with a closed rdma_cm descriptor (`ucma_close`): their ports and listens are
+        // freed, their connections ended (a DREQ or REJ to the peer), and they get no more
+        // events; the program's structures stay, failed, for rdma_destroy_id. Nothing writes
+        // to the freed channel.
+        let mut g = global();
+        let on: Vec<*mut Id> = g.ids.values().copied().collect();
+        for p in on {
             // SAFETY: registered ids are live (under the lock).
             let id = unsafe { &mut *p };
             if id.c.channel == channel {
+                release(&mut g, id);
+                id.st.phase = Phase::Failed;
                 id.c.channel = null_mut();
             }
         }
-        drop(g);
+        drop(settle(g, std::time::Duration::from_millis(200)));
         // SAFETY: a channel of this library that the program gives up.
         unsafe { Channel::free(channel as *mut Channel) };
     }
@@ -118,23 +123,7 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     {
         let mut g = global();
         g.ids.remove(&id.serial);
-        g.ports.retain(|_, s| *s != id.serial);
-        g.listeners.retain(|_, s| *s != id.serial);
-        if let Some(d) = g.dev.as_mut() {
-            let sid = service_id(id.c.ps, id.st.port);
-            if id.st.phase == Phase::Listen {
-                d.agent.cm().unlisten(sid);
-            }
-            if id.st.port != 0 {
-                d.agent.cm().unreserve(sid);
-                d.agent.transmit();
-            }
-            if let Some(comm) = id.st.comm.take() {
-                d.agent.cm().destroy(comm);
-                d.agent.transmit();
-            }
-        }
-        g.conns.retain(|_, s| *s != id.serial);
+        release(&mut g, id);
         // Its DREQ (or REJ) leaves before the program can exit (see `settle`).
         drop(settle(g, std::time::Duration::from_millis(200)));
     }
@@ -157,6 +146,30 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
     // SAFETY: out of the registry, so nothing else reaches it.
     drop(unsafe { Box::from_raw(id as *mut Id) });
     0
+}
+
+/// What the kernel's rdma_cm gives up with an id (`rdma_destroy_id`, or the closing of the
+/// descriptor its channel is): its port, its listen and its connection (the CM sends a DREQ
+/// or a REJ). Done once: the port is forgotten after.
+fn release(g: &mut Global, id: &mut Id) {
+    g.ports.retain(|_, s| *s != id.serial);
+    g.listeners.retain(|_, s| *s != id.serial);
+    if let Some(d) = g.dev.as_mut() {
+        let sid = service_id(id.c.ps, id.st.port);
+        if id.st.phase == Phase::Listen {
+            d.agent.cm().unlisten(sid);
+        }
+        if id.st.port != 0 {
+            d.agent.cm().unreserve(sid);
+            d.agent.transmit();
+        }
+        if let Some(comm) = id.st.comm.take() {
+            d.agent.cm().destroy(comm);
+            d.agent.transmit();
+        }
+    }
+    id.st.port = 0;
+    g.conns.retain(|_, s| *s != id.serial);
 }
 
 /// Binds `id` to `addr`: the device, if it is on that address (see below for where a device
