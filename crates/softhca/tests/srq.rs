@@ -148,18 +148,27 @@ fn a_refused_write_with_immediate_retires_an_srq_wqe() {
 }
 
 /// A QP on an SRQ has no receive queue of its own: Create QP does not judge receive sizes it
-/// will never use (rxe's `rxe_qp_chk_cap` skips them too), where the same sizes without an
-/// SRQ are refused.
+/// will never use (rxe's `rxe_qp_chk_cap` skips them too) and the QP reports 0 for them, as
+/// rxe does, where the same sizes without an SRQ are refused; a Modify QP's receive size is
+/// ignored likewise. The largest sizes there are must not make anything for them.
 /// Rule CRT-QP-8, CRT-QP-9
 #[test]
 fn a_qp_on_an_srq_ignores_receive_sizes() {
     let p = Pair::new(QpType::Rc, Mtu::Mtu1024);
     let srq = p.b.pd.create_srq(&SrqInitAttr::default()).unwrap();
     let dev = p.b.ctx.query_device().unwrap();
-    let big = |init: QpInitAttr| init.max_recv_wr(dev.max_qp_wr + 1).max_recv_sge(dev.max_sge + 1);
-    let plain = big(QpInitAttr::new(QpType::Rc, &p.b.cq, &p.b.cq));
+    let plain =
+        QpInitAttr::new(QpType::Rc, &p.b.cq, &p.b.cq).max_recv_wr(dev.max_qp_wr + 1).max_recv_sge(dev.max_sge + 1);
     assert!(p.b.pd.create_qp(&plain).is_err(), "without an SRQ the sizes are judged");
-    let on_srq = big(QpInitAttr::new(QpType::Rc, &p.b.cq, &p.b.cq).srq(&srq));
+    let on_srq = QpInitAttr::new(QpType::Rc, &p.b.cq, &p.b.cq).max_recv_wr(u32::MAX).max_recv_sge(u32::MAX).srq(&srq);
     let qp = p.b.pd.create_qp(&on_srq).unwrap();
+    let cap = qp.query().unwrap().cap;
+    assert_eq!((cap.max_recv_wr, cap.max_recv_sge), (0, 0));
+    qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(Access::REMOTE_WRITE)).unwrap();
+    let av = AddressVector::new(AhAttr::roce(p.a.gid, 0), Mtu::Mtu1024);
+    let mut resize = QpAttr::to_rtr(av, p.a.qp.qp_num()).rq_psn(0).max_dest_rd_atomic(1);
+    resize.cap = Some(WqSizes { max_send_wr: 16, max_recv_wr: u32::MAX });
+    qp.modify(&resize).unwrap();
+    assert_eq!(qp.query().unwrap().cap.max_recv_wr, 0);
     qp.destroy().unwrap();
 }

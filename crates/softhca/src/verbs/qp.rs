@@ -361,14 +361,16 @@ impl Context {
             cq.query().map_err(|_| VerbsError::InvalidCqHandle)?;
         }
         let attr = &self.inner.attr;
-        let cap = init.cap;
+        let mut cap = init.cap;
         // With an SRQ the QP has no receive queue of its own: its sizes are not looked at (as
-        // rxe's `rxe_qp_chk_cap` skips them).
-        let (recv_wr, recv_sge) = if init.srq.is_some() { (0, 0) } else { (cap.max_recv_wr, cap.max_recv_sge) };
-        if cap.max_send_wr > attr.max_qp_wr || recv_wr > attr.max_qp_wr {
+        // rxe's `rxe_qp_chk_cap` skips them), and are 0 from here on (rxe reports 0 too).
+        if init.srq.is_some() {
+            (cap.max_recv_wr, cap.max_recv_sge) = (0, 0);
+        }
+        if cap.max_send_wr > attr.max_qp_wr || cap.max_recv_wr > attr.max_qp_wr {
             return Err(VerbsError::MaxWrExceeded);
         }
-        if cap.max_send_sge > attr.max_sge || recv_sge > attr.max_sge {
+        if cap.max_send_sge > attr.max_sge || cap.max_recv_sge > attr.max_sge {
             return Err(VerbsError::MaxSgeExceeded);
         }
         if cap.max_inline_data > attr.max_inline_data {
@@ -418,8 +420,7 @@ impl Context {
             }
         }
         let (sq_ring, sq) = Ring::with_slots(cap.max_send_wr as usize, prepare_send(&cap));
-        let rq_len = if init.srq.is_some() { 0 } else { cap.max_recv_wr as usize };
-        let (rq_ring, rq) = Ring::with_slots(rq_len, prepare_recv(cap.max_recv_sge));
+        let (rq_ring, rq) = Ring::with_slots(cap.max_recv_wr as usize, prepare_recv(cap.max_recv_sge));
         let qpn = if gsi { GSI_QPN } else { self.inner.alloc_qpn() };
         let inner = Arc::new(QpInner {
             qpn,
@@ -567,10 +568,11 @@ impl Qp {
             if !dev.attr.resize_wq {
                 return Err(VerbsError::NotSupported("resizing work queues"));
             }
-            if sizes.max_send_wr > dev.attr.max_qp_wr || sizes.max_recv_wr > dev.attr.max_qp_wr {
+            let recv_wr = self.recv_wr(sizes);
+            if sizes.max_send_wr > dev.attr.max_qp_wr || recv_wr > dev.attr.max_qp_wr {
                 return bad(AttrMask::CAP, "above max_qp_wr");
             }
-            if (sizes.max_send_wr as usize) < core.sq.len() || (sizes.max_recv_wr as usize) < core.rq.len() {
+            if (sizes.max_send_wr as usize) < core.sq.len() || (recv_wr as usize) < core.rq.len() {
                 return bad(AttrMask::CAP, "smaller than the WQEs outstanding");
             }
         }
@@ -721,7 +723,17 @@ impl Qp {
         }
         if let Some(sizes) = attr.cap {
             a.cap.max_send_wr = sizes.max_send_wr;
-            a.cap.max_recv_wr = sizes.max_recv_wr;
+            a.cap.max_recv_wr = self.recv_wr(sizes);
+        }
+    }
+
+    /// The receive queue size a Modify QP asks for: none on an SRQ, which the QP's receives
+    /// come from (Create QP made it 0 too).
+    fn recv_wr(&self, sizes: WqSizes) -> u32 {
+        if self.res.srq.is_some() {
+            0
+        } else {
+            sizes.max_recv_wr
         }
     }
 
@@ -910,7 +922,7 @@ impl Qp {
                 if let Some(sizes) = attr.cap {
                     let cap = core.attrs.cap;
                     core.sq.resize(&mut sq, sizes.max_send_wr as usize, prepare_send(&cap));
-                    core.rq.resize(&mut rq, sizes.max_recv_wr as usize, prepare_recv(cap.max_recv_sge));
+                    core.rq.resize(&mut rq, self.recv_wr(sizes) as usize, prepare_recv(cap.max_recv_sge));
                 }
                 if from == QpState::Rts && to == QpState::Sqd {
                     next.sq_draining = core.req.started > 0;
