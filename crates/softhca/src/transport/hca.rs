@@ -69,7 +69,7 @@ pub struct CqOverflow;
 /// A completion queue as a QP's work queues see it.
 pub(crate) trait CompletionQueue: Send + Sync {
     /// Writes a CQE; `solicited` says whether it satisfies a solicited-only notification
-    /// request. A full CQ refuses it (and raises its CQ Error once, CQ-OVF-2).
+    /// request. A full CQ refuses it (and raises its CQ Error once per overflow, CQ-OVF-2).
     fn push(&self, wc: Wc, solicited: bool) -> Result<(), CqOverflow>;
 }
 

@@ -59,7 +59,8 @@ pub(crate) struct CqInner {
     destroyed: AtomicBool,
     /// A CQE was ever refused for lack of room.
     overflowed: AtomicBool,
-    /// The CQEs refused since the last one that fit: one overflow, one CQ Error.
+    /// The CQEs refused since the last one that fit: one overflow, one CQ Error. Read and
+    /// written under the producer lock only.
     overflowing: AtomicBool,
     /// The last poll found completions waiting and returned them without driving the device
     /// (see [`Cq::poll`]).
@@ -479,14 +480,18 @@ impl CqInner {
     /// the CQE is not written and a CQ Error is raised on the CQ (CQ-OVF-1, CQ-OVF-2); moving
     /// the QP to Error is the caller's part.
     fn write(&self, wc: Wc, solicited: bool) -> std::result::Result<(), CqOverflow> {
-        let written = {
+        // Whether it was written, and for a refused one whether it starts an overflow: one CQ
+        // Error per overflow, the CQEs refused until one fits again belonging to it. Both are
+        // decided under the producer lock, so that producers on several threads agree on
+        // where an overflow starts and ends.
+        let (written, starts_overflow) = {
             let _producer = lock(&self.producer);
             let r = &self.ring;
             let t = r.tail.load(Ordering::Relaxed);
             let h = r.head.load(Ordering::Acquire);
             let size = self.size.load(Ordering::Acquire) as usize;
             if self.destroyed.load(Ordering::Acquire) || t.wrapping_sub(h) >= size {
-                false
+                (false, !self.overflowing.swap(true, Ordering::Relaxed))
             } else {
                 // SAFETY: the box is only replaced under both locks, and we hold the producer
                 // lock; a shared reference to it creates none into the slots' contents.
@@ -495,20 +500,19 @@ impl CqInner {
                 // the Acquire load) and not yet published: only we touch it.
                 unsafe { *slots[slot_of(t, slots.len())].get() = wc };
                 r.tail.store(t.wrapping_add(1), Ordering::Release);
-                true
+                if self.overflowing.load(Ordering::Relaxed) {
+                    self.overflowing.store(false, Ordering::Relaxed);
+                }
+                (true, false)
             }
         };
         if !written {
-            // One CQ Error per overflow: the CQEs refused until one fits again belong to it.
             self.overflowed.store(true, Ordering::Release);
-            if !self.overflowing.swap(true, Ordering::AcqRel) {
+            if starts_overflow {
                 let element = EventElement::Cq(self.handle);
                 self.dev.raise(AsyncEvent { event_type: AsyncEventType::CqErr, element });
             }
             return Err(CqOverflow);
-        }
-        if self.overflowing.load(Ordering::Relaxed) {
-            self.overflowing.store(false, Ordering::Relaxed);
         }
         // EVT-CN-1, EVT-CN-2, EVT-CN-4, EVT-CN-6: a CQE of the kind asked for consumes every
         // outstanding request in one call.
