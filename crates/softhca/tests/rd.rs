@@ -1455,3 +1455,64 @@ fn a_held_receive_flushed_into_a_full_cq_moves_its_qp_to_error() {
     assert_eq!(qb.query().unwrap().qp_state, QpState::Error);
     assert!(small.overflowed().unwrap());
 }
+
+/// A PSN Sequence Error NAK that also acknowledges packets of the message reloads the EEC's
+/// Retry Count before it costs its retry, as on an RC QP: with a Retry Count of 1, a lost
+/// second packet resent once and lost again ends the Send in Retry Counter Exceeded. Before,
+/// the reload came after the charge and refunded it, allowing a third try.
+/// Rule PKT-RTY-3, PKT-RTY-5, PKT-RTY-7, PKT-NAK-3
+#[test]
+fn an_rd_sequence_error_that_acknowledges_costs_its_retry() {
+    let mut f = fabric(SimConfig::default().seed(208));
+    let (a, b) = (node(&mut f, "rdq-a"), node(&mut f, "rdq-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 1);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..4096)])]).unwrap();
+    let lost = Rc::new(std::cell::Cell::new(0));
+    let l = lost.clone();
+    f.set_filter(move |ctx: &FilterCtx, p: &mut Vec<u8>| {
+        let psn = roce::parse_ip(p).ok().map(|x| x.packet.bth.psn.value());
+        if ctx.from == Some(DeviceId(0)) && psn == Some(0x101) && l.get() < 2 {
+            l.set(l.get() + 1);
+            return Verdict::Drop; // the second packet, twice
+        }
+        Verdict::Pass
+    });
+    let s = [a.mr.sge(0..3000)];
+    qa.post_send(&[SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!(lost.get(), 2);
+    assert_eq!(got[0].status, WcStatus::RetryExcErr);
+}
+
+/// Retry Count set on an EEC at SQD → RTS holds from the first request after it: one
+/// retransmission where the channel came up with seven. Before, the new count held only after
+/// the next acknowledgement.
+/// Rule MOD-SQD-RTS-2, PKT-RTY-7
+#[test]
+fn an_eec_retry_count_set_out_of_sqd_takes_effect() {
+    let mut f = fabric(SimConfig::default().seed(209));
+    let (a, b) = (node(&mut f, "rds-a"), node(&mut f, "rds-b"));
+    let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
+    let (qa, qb) = (rd_qp(&a, &a.rdd), rd_qp(&b, &b.rdd));
+    ea.modify(&EecAttr::new(QpState::Sqd)).unwrap();
+    f.run_until_within(1_000_000, |_| false);
+    ea.modify(&EecAttr::new(QpState::Rts).retry_cnt(1)).unwrap();
+    let sends = Rc::new(std::cell::Cell::new(0));
+    let n = sends.clone();
+    f.set_filter(move |ctx: &FilterCtx, p: &mut Vec<u8>| {
+        if ctx.from == Some(DeviceId(0)) {
+            n.set(n.get() + usize::from(opcode_of(p) == Some(0x44)));
+            return Verdict::Pass;
+        }
+        Verdict::Drop // b's answers are lost
+    });
+    qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)])]).unwrap();
+    let s = [a.mr.sge(0..8)];
+    qa.post_send(&[SendWr::send(1, &s).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
+    let mut got = Vec::new();
+    wait_for(&mut f, &a.cq, &mut got, 1);
+    assert_eq!(got[0].status, WcStatus::RetryExcErr);
+    assert_eq!(sends.get(), 2, "the Send and one retransmission");
+}

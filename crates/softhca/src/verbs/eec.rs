@@ -338,7 +338,8 @@ impl Eec {
             (_, QpState::Error) => crate::transport::rd::owed_acks(&self.inner, &mut core),
             _ => Vec::new(),
         };
-        core.engine.on_modify(from, &attrs);
+        let counts_set = attr.retry_cnt.is_some() || attr.rnr_retry.is_some();
+        core.engine.on_modify(from, &attrs, counts_set);
         tracing::debug!(eecn = self.inner.eecn, %from, %to, "modify EEC");
         drop(core);
         if !owed.is_empty() {

@@ -123,8 +123,9 @@ pub(crate) struct EecEngine {
 }
 
 impl EecEngine {
-    /// Applies a state change made by Modify EEC.
-    pub fn on_modify(&mut self, from: QpState, a: &EecAttrs) {
+    /// Applies a state change made by Modify EEC; `counts_set` when it gave a Retry Count or
+    /// an RNR Retry Count.
+    pub fn on_modify(&mut self, from: QpState, a: &EecAttrs, counts_set: bool) {
         match (from, a.state) {
             (_, QpState::Reset) => *self = EecEngine::default(),
             (_, QpState::Error) => {
@@ -133,6 +134,9 @@ impl EecEngine {
             }
             (QpState::Init, QpState::Rtr) => self.chan.recv.start(a.rq_psn),
             (QpState::Rtr, QpState::Rts) => self.chan.send.start(a.sq_psn, a.retry_cnt, a.rnr_retry),
+            // New counts out of SQD hold from the next request packet on (MOD-SQD-RTS-2), as
+            // for a QP's.
+            (QpState::Sqd, _) if counts_set => self.chan.send.progressed(a.retry_cnt, a.rnr_retry),
             _ => {}
         }
     }

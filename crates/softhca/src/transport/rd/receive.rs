@@ -147,7 +147,9 @@ pub(super) fn on_request(q: &QpInner, core: &mut QpCore, eec: &EecInner, ec: &mu
 /// lost, gets the NAK again; a duplicate of a packet before it (the requester going back to
 /// a packet it had no ACK for) gets an ACK of everything before the NAKed one (PKT-DUP-1), so
 /// that the requester comes to the NAKed packet and hears its NAK; anything else is dropped.
-/// `to_qp` is the packet's destination QP. Returns whether the packet was taken.
+/// `to_qp` is the packet's destination QP. The channel answers these whatever became of the
+/// QPs they name (no PKT-VAL-4 or Q_Key check, as for the repeated NAK): the answer is the
+/// channel's, and carries nothing of any QP's. Returns whether the packet was taken.
 pub(super) fn repeat_fatal_nak(e: &mut EecEngine, r: &Request<'_>, to_qp: u32) -> bool {
     match e.fatal_nak {
         Some((psn, syndrome, from, to)) if psn == r.psn.value() && to == r.src_qp => {
@@ -189,8 +191,7 @@ pub(super) fn receive(
     match e.chan.recv.arrival(r.psn) {
         Arrival::Ignore => return Err(Fail::Drop), // PKT-PSN-6
         Arrival::SequenceError => return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))),
-        Arrival::Duplicate => return duplicate(q, core, ec, r),
-        Arrival::Expected => {}
+        Arrival::Duplicate | Arrival::Expected => {} // a duplicate was answered above
     }
     // An opcode out of sequence is the channel's fault: it moves to Error only a QP whose
     // message it breaks, never one it merely names (ERR-RQ-7, ERR-RQ-8).

@@ -305,7 +305,7 @@ pub(super) fn on_response(
     let before = tx.done;
     let op = tx.wqe.opcode;
     let owner = TimerOwner::Eec(eec.eecn);
-    let mut exhausted = false;
+    let (mut exhausted, mut reloaded) = (false, false);
     match (r.operation, r.syndrome) {
         (Operation::Acknowledge, Some(Syndrome::Ack { .. })) => {
             if op == WrOpcode::RdmaRead || op.is_atomic() {
@@ -318,8 +318,12 @@ pub(super) fn on_response(
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(NakCode::PsnSeqErr))) => {
             q_bump(&qp, |s| &s.seq_naks_received);
-            if op != WrOpcode::RdmaRead {
-                tx.done = tx.done.max(k);
+            if op != WrOpcode::RdmaRead && k > tx.done {
+                // What it acknowledges reloads the counts first; then the go-back costs its
+                // retry (PKT-RTY-5, PKT-RTY-3), not refunded below.
+                tx.done = k;
+                e.chan.send.progressed(retry_cnt, rnr_retry);
+                reloaded = true;
             }
             exhausted = go_back_or_fail(e, dev, k, false);
         }
@@ -394,7 +398,7 @@ pub(super) fn on_response(
         tx.next = tx.next.max(tx.done);
     }
     e.chan.send.end_recovery(|k| tx.done > k);
-    if tx.done != before {
+    if tx.done != before && !reloaded {
         e.chan.send.progressed(retry_cnt, rnr_retry);
     }
     let at = if tx.status.is_none() { ack_timeout_ns(timeout).map(|t| now + t) } else { None };
