@@ -45,8 +45,9 @@ pub(crate) trait Hca: Send + Sync {
     /// Invalidates `rkey` for QP `qpn` of PD `pd`: a Local Invalidate WQE, or the R_Key of an
     /// inbound Send with Invalidate. Only a type 2 window bound to that QP, or a valid
     /// fast-registration region of the PD, can be invalidated; it is then free to be bound
-    /// (registered) again.
-    fn invalidate(&self, pd: u32, qpn: u32, rkey: u32) -> Result<(), InvalidateError>;
+    /// (registered) again. With `apply` false it only says whether it could be, changing
+    /// nothing (a Send with Invalidate checks before its payload lands, invalidates after).
+    fn invalidate(&self, pd: u32, qpn: u32, rkey: u32, apply: bool) -> Result<(), InvalidateError>;
     /// Queues an asynchronous event (and calls the consumer's handler once the step is over).
     fn raise(&self, event: AsyncEvent);
 }

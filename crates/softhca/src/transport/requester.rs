@@ -94,7 +94,7 @@ pub(crate) fn run_local(q: &QpInner, w: &SendWqe) -> Option<WcStatus> {
             Some(b) => q.dev.bind_mw(q.pd, q.qpn, b),
             None => Err(WcStatus::MwBindErr),
         },
-        WrOpcode::LocalInv => q.dev.invalidate(q.pd, q.qpn, w.invalidate_rkey).map_err(|_| WcStatus::LocQpOpErr),
+        WrOpcode::LocalInv => q.dev.invalidate(q.pd, q.qpn, w.invalidate_rkey, true).map_err(|_| WcStatus::LocQpOpErr),
         WrOpcode::FastReg => match &w.fast_reg {
             Some(req) => q.dev.fast_reg(q.pd, req),
             None => Err(WcStatus::LocQpOpErr),

@@ -431,16 +431,19 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
         return Err(rc_fail_invalid()); // ERR-RQ-11
     }
     let last = matches!(r.position, Position::Last | Position::Only);
-    if let (true, Some(rkey)) = (last, r.invalidate) {
-        // Send with Invalidate: the R_Key is invalid before the CQE says so (IBA 10.6.7.2).
-        // One this QP cannot invalidate (not a type 2 window bound to it) is an Invalid
-        // Request: the receive WQE fails and the QP moves to Error (Class C), the packet's
-        // payload unwritten (ERR-C-7).
-        if q.dev.invalidate(q.pd, q.qpn, rkey).is_err() {
-            return Err(rc_fail_invalid());
-        }
+    let invalidate = r.invalidate.filter(|_| last);
+    // Send with Invalidate: an R_Key this QP cannot invalidate (not a type 2 window bound to
+    // it) is an Invalid Request: the receive WQE fails and the QP moves to Error (Class C),
+    // the packet's payload unwritten (ERR-C-7). Checked before the payload lands; done after.
+    if invalidate.is_some_and(|rkey| q.dev.invalidate(q.pd, q.qpn, rkey, false).is_err()) {
+        return Err(rc_fail_invalid());
     }
     scatter(&core.resp.scatter, offset, r.payload).map_err(|_| Fail::A)?;
+    // The R_Key is invalid before the CQE says so (IBA 10.6.7.2); a bind or invalidation
+    // between the check and here makes it an Invalid Request after all.
+    if invalidate.is_some_and(|rkey| q.dev.invalidate(q.pd, q.qpn, rkey, true).is_err()) {
+        return Err(rc_fail_invalid());
+    }
     let offset = offset + r.payload.len() as u64;
     core.resp.in_msg = Some(InMsg::Send { offset });
     accept(core, r);

@@ -521,8 +521,8 @@ impl Hca for DeviceInner {
         super::mr::fast_reg(self, pd, req)
     }
 
-    fn invalidate(&self, pd: u32, qpn: u32, rkey: u32) -> std::result::Result<(), InvalidateError> {
-        super::mw::invalidate(self, pd, qpn, rkey)
+    fn invalidate(&self, pd: u32, qpn: u32, rkey: u32, apply: bool) -> std::result::Result<(), InvalidateError> {
+        super::mw::invalidate(self, pd, qpn, rkey, apply)
     }
 
     fn raise(&self, event: AsyncEvent) {

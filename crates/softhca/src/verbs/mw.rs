@@ -176,12 +176,14 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, qpn: u32, b: &BindRequest)
 /// Invalidates `rkey` for QP `qpn` of PD `pd_handle`: a type 2 window of that PD bound to that
 /// QP, or a valid fast-registration region of that PD (a region registered by Register Memory
 /// Region cannot be, nor can a type 1 window). The window or region keeps its key and is free
-/// to be bound or registered again, which changes it.
+/// to be bound or registered again, which changes it. With `apply` false nothing changes: the
+/// answer is whether it could be invalidated now.
 pub(crate) fn invalidate(
     dev: &DeviceInner,
     pd_handle: u32,
     qpn: u32,
     rkey: u32,
+    apply: bool,
 ) -> std::result::Result<(), InvalidateError> {
     let keys = dev.keys.read().unwrap_or_else(|e| e.into_inner());
     let mw = match keys.lookup(rkey) {
@@ -190,9 +192,13 @@ pub(crate) fn invalidate(
             // A valid fast-registration region becomes Free; any other region cannot be.
             let mut st =
                 mr.fast.as_ref().ok_or(InvalidateError::NotInvalidatable)?.lock().unwrap_or_else(|e| e.into_inner());
-            if !std::mem::take(&mut st.valid) {
+            if !st.valid {
                 return Err(InvalidateError::NotInvalidatable);
             }
+            if !apply {
+                return Ok(());
+            }
+            st.valid = false;
             drop(st);
             drop(keys);
             dev.key_gen.fetch_add(1, Ordering::AcqRel);
@@ -203,6 +209,9 @@ pub(crate) fn invalidate(
     let mut st = mw.state.lock().unwrap_or_else(|e| e.into_inner());
     if mw.kind != MwType::Type2 || st.qp != Some(qpn) {
         return Err(InvalidateError::NotInvalidatable);
+    }
+    if !apply {
+        return Ok(());
     }
     if let Some(b) = st.binding.take() {
         b.mr.windows.fetch_sub(1, Ordering::AcqRel);
