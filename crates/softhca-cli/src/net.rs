@@ -336,7 +336,7 @@ impl QpInfo {
     }
 
     pub fn describe(&self) -> String {
-        let gid = self.gid().map(display_gid).unwrap_or_else(|_| format!("{:?}", self.gid));
+        let gid = self.gid().map(display_gid).unwrap_or_else(|_| printable(&self.gid));
         let eec = if self.eecn != 0 { format!(", EECN {:#08x}", self.eecn) } else { String::new() };
         format!("LID 0x0000, QPN {:#08x}, PSN {:#08x}{eec}, GID {gid}", self.qpn, self.psn)
     }

@@ -945,7 +945,12 @@ impl Global {
                 if rc {
                     let (retry, rnr, timeout) = match (&st.req, &st.rep) {
                         (Some(req), _) => (req.retry_count, req.rnr_retry_count, req.primary_local_ack_timeout),
-                        (None, Some(rep)) => (st.retry_count, rep.rnr_retry_count, local_ack_timeout(id)),
+                        // The REP's Target ACK Delay, as Linux's cm_rep_handler takes it.
+                        (None, Some(rep)) => (
+                            st.retry_count,
+                            rep.rnr_retry_count,
+                            cm_ack_timeout(rep.target_ack_delay, id.path.packet_life_time),
+                        ),
                         _ => return Err(libc::EINVAL),
                     };
                     a.timeout = st.ack_timeout.unwrap_or(timeout);
@@ -1064,9 +1069,18 @@ pub(crate) fn roce_flow_label(src: SocketAddr, dst: SocketAddr) -> u32 {
 /// path's packet lifetime and the CA's ACK delay (`cm_ack_timeout`): what the REQ carries, and
 /// the active side's QP takes unless the program set its own.
 pub(crate) fn local_ack_timeout(id: &Id) -> u8 {
-    let (delay, life) = (TARGET_ACK_DELAY, id.path.packet_life_time);
+    cm_ack_timeout(TARGET_ACK_DELAY, id.path.packet_life_time)
+}
+
+/// Linux's `cm_ack_timeout`: a Local ACK Timeout from a CA's ACK delay and a packet lifetime.
+/// `delay` may be the peer's (a REP's 5-bit field): nothing here overflows.
+fn cm_ack_timeout(delay: u8, life: u8) -> u8 {
     let t = life.saturating_add(1);
-    let t = if t >= delay { t + u8::from(delay >= t - 1) } else { delay + u8::from(t >= delay - 1) };
+    let t = if t >= delay {
+        t.saturating_add(u8::from(delay >= t - 1))
+    } else {
+        delay.saturating_add(u8::from(t >= delay - 1)) // delay > t ≥ 1 here
+    };
     t.min(31)
 }
 
@@ -1337,6 +1351,22 @@ pub(super) unsafe fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8, re
 
 #[cfg(test)]
 mod tests {
+    /// Linux's `cm_ack_timeout` on its own values (rxe's ACK delay 15, rdma_cm's lifetimes)
+    /// and on any a peer's REP may carry, which must not overflow.
+    #[test]
+    fn cm_ack_timeout_as_linux() {
+        use super::cm_ack_timeout;
+        assert_eq!(cm_ack_timeout(15, 18), 19);
+        assert_eq!(cm_ack_timeout(15, 13), 16);
+        assert_eq!(cm_ack_timeout(15, 16), 17);
+        assert_eq!(cm_ack_timeout(0, 0), 2);
+        for delay in 0..=u8::MAX {
+            for life in [0, 1, 30, 31, u8::MAX] {
+                assert!(cm_ack_timeout(delay, life) <= 31);
+            }
+        }
+    }
+
     use super::*;
 
     /// The flow label of Linux's own REQs in the rxe interop captures (scripts/rxe-interop,

@@ -103,6 +103,11 @@ int main(void)
 	CHECK(ibv_query_qp(uc, &q, IBV_QP_ACCESS_FLAGS, &qi) == 0 &&
 		      q.qp_access_flags == (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC),
 	      "UC access flags %x", q.qp_access_flags);
+	/* A move to Reset clears them, as every attribute here. */
+	struct ibv_qp_attr reset = { .qp_state = IBV_QPS_RESET };
+	CHECK(ibv_modify_qp(uc, &reset, IBV_QP_STATE) == 0, "to Reset");
+	CHECK(ibv_query_qp(uc, &q, IBV_QP_ACCESS_FLAGS, &qi) == 0 && q.qp_access_flags == 0, "access flags after Reset %x",
+	      q.qp_access_flags);
 
 	/* An invalid target state is EINVAL, not a crash. */
 	a.qp_state = 42;

@@ -499,18 +499,24 @@ impl Cm {
     /// Established event on its QP): a responder's connection whose REP went out is
     /// Established now, as if the RTU had come (Linux's `cm_establish`, for `rdma_notify`).
     pub fn notify_established(&mut self, id: CommId) -> Result<(), NotEstablished> {
-        let Some(conn) = self.conns.get_mut(&id) else { return Err(NotEstablished::WrongState) };
-        match conn.state {
-            State::RepSent => {
-                conn.state = State::Established;
-                conn.deadline = None;
-                let (remote_qpn, remote_psn) = (conn.remote_qpn, conn.remote_psn);
-                self.events.push_back(CmEvent::Established { id, remote_qpn, remote_psn });
+        match self.conns.get(&id).map(|c| c.state) {
+            Some(State::RepSent) => {
+                self.establish_responder(id);
                 Ok(())
             }
-            State::Established => Err(NotEstablished::Already),
+            Some(State::Established) => Err(NotEstablished::Already),
             _ => Err(NotEstablished::WrongState),
         }
+    }
+
+    /// A responder's connection whose REP went out becomes Established (its RTU came, or the
+    /// consumer saw traffic first), with its event.
+    fn establish_responder(&mut self, id: CommId) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        conn.state = State::Established;
+        conn.deadline = None;
+        let (remote_qpn, remote_psn) = (conn.remote_qpn, conn.remote_psn);
+        self.events.push_back(CmEvent::Established { id, remote_qpn, remote_psn });
     }
 
     /// Whether connection `id` is Established (an `rdma_notify` of a path migration needs it).
@@ -897,12 +903,7 @@ impl Cm {
         let Some(conn) = self.matching(id, peer, rtu.local_comm_id) else { return false };
         match conn.state {
             State::RepSent => {
-                let (remote_qpn, remote_psn) = (conn.remote_qpn, conn.remote_psn);
-                if let Some(conn) = self.conns.get_mut(&id) {
-                    conn.state = State::Established;
-                    conn.deadline = None;
-                }
-                self.events.push_back(CmEvent::Established { id, remote_qpn, remote_psn });
+                self.establish_responder(id);
                 true
             }
             State::Established | State::DreqSent | State::DreqRcvd | State::TimeWait if !conn.requester => {
