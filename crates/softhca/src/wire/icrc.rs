@@ -198,6 +198,7 @@ impl HeadMemo {
 ///
 /// # Safety
 /// `src` must be valid for `dst.len()` bytes of reads and not overlap `dst`.
+#[inline]
 pub unsafe fn copy_checked(dst: &mut [u8], src: *const u8, memo: &mut HeadMemo) -> bool {
     let len = dst.len();
     let head = len.min(IPV6_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN);
