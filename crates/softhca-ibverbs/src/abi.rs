@@ -349,6 +349,8 @@ pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
 pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
 pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
 pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+/// `enum ibv_wc_flags`: the receive buffer's first 40 bytes hold the GRH area.
+pub const IBV_WC_GRH: c_uint = 1 << 0;
 pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
 // enum ibv_cq_init_attr_mask, enum ibv_create_cq_attr_flags
 pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;

@@ -376,54 +376,111 @@ pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -
     }
 }
 
-/// The address of a UD completion's sender (`ibv_init_ah_from_wc`): on RoCEv2 the GRH area
-/// holds the IPv6 header, or for IPv4 20 undefined bytes and the IPv4 header (PKT-ROCE-11).
+/// The address of a UD completion's sender (`ibv_init_ah_from_wc`), as libibverbs 44 makes
+/// it: the completion's fields; with `IBV_WC_GRH`, the GRH area's header (on RoCEv2 an IPv6
+/// header, or 20 undefined bytes and an IPv4 header, PKT-ROCE-11, told apart as libibverbs
+/// does: a version nibble other than 6 at byte 0, or an IPv4 header at byte 20 whose checksum
+/// holds), its source as the destination, and as the source GID index the entry of this
+/// port's table holding the address the datagram was sent to. -1 with errno on failure:
+/// EINVAL for a datagram sent to a multicast address (no entry holds one) or a NULL GRH area,
+/// EPROTONOSUPPORT for a header of neither kind, and the table's error when no entry holds
+/// the address.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_init_ah_from_wc(
-    _context: *mut ibv_context,
+    context: *mut ibv_context,
     port_num: u8,
     wc: *mut ibv_wc,
     grh: *mut c_void,
     ah_attr: *mut ibv_ah_attr,
 ) -> c_int {
-    // SAFETY: a completion, and the 40-byte GRH area of its receive buffer when it has one.
-    let wc = unsafe { &*wc };
-    if wc.wc_flags & 1 == 0 || grh.is_null() {
-        return libc::EINVAL; // RoCE needs the GRH: no IBV_WC_GRH, no address
-    }
-    // SAFETY: as above: 40 readable bytes.
-    let g = unsafe { std::slice::from_raw_parts(grh as *const u8, 40) };
-    let (dgid, tclass, hop) = if g[20] == 0x45 {
-        let mut d = [0u8; 16];
-        d[10] = 0xff;
-        d[11] = 0xff;
-        d[12..].copy_from_slice(&g[32..36]);
-        (d, g[21], g[28])
-    } else if g[0] >> 4 == 6 {
-        let mut d = [0u8; 16];
-        d.copy_from_slice(&g[8..24]);
-        (d, (g[0] << 4) | (g[1] >> 4), g[7])
+    // SAFETY: a completion, and the 40-byte GRH area of its receive buffer when not NULL.
+    let (wc, g) = unsafe { (&*wc, (!grh.is_null()).then(|| std::slice::from_raw_parts(grh as *const u8, 40))) };
+    let word0 = g.map_or(0, |g| u32::from_be_bytes([g[0], g[1], g[2], g[3]]));
+    // SAFETY: all-zero is a valid ibv_ah_attr.
+    let mut out: ibv_ah_attr = unsafe { std::mem::zeroed() };
+    out.grh.flow_label = word0 & 0xF_FFFF;
+    out.dlid = wc.slid;
+    out.sl = wc.sl;
+    out.src_path_bits = wc.dlid_path_bits;
+    out.port_num = port_num;
+    let result = if wc.wc_flags & IBV_WC_GRH == 0 {
+        Ok(())
     } else {
-        return libc::EINVAL;
+        out.is_global = 1;
+        match g {
+            None => Err(libc::EINVAL),
+            // SAFETY: an open context.
+            Some(g) => from_grh(&unsafe { ctx(context) }.ctx, port_num, g, &mut out),
+        }
     };
-    let out = ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: ibv_gid { raw: dgid },
-            flow_label: 0,
-            sgid_index: 0,
-            hop_limit: hop,
-            traffic_class: tclass,
-        },
-        dlid: wc.slid,
-        sl: wc.sl,
-        src_path_bits: wc.dlid_path_bits,
-        static_rate: 0,
-        is_global: 1,
-        port_num,
-    };
-    // SAFETY: a writable attribute structure.
+    // SAFETY: a writable attribute structure (libibverbs writes it on failure too).
     unsafe { std::ptr::write(ah_attr, out) };
-    0
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            crate::set_errno(e);
+            -1
+        }
+    }
+}
+
+/// `ibv_init_ah_from_wc`'s GRH part: the header's version (libibverbs'
+/// `get_grh_header_version`), then the addresses.
+fn from_grh(dev: &softhca::Context, port: u8, g: &[u8], out: &mut ibv_ah_attr) -> Result<(), c_int> {
+    const IB_NEXT_HDR: u8 = 0x1b;
+    let ip4 = &g[20..40];
+    let ipv4 = if g[0] >> 4 != 6 {
+        if ip4[0] >> 4 != 4 {
+            return Err(libc::EPROTONOSUPPORT);
+        }
+        true
+    } else {
+        ip4[0] & 0xF == 5 && ipv4_checksum_holds(ip4)
+    };
+    let (dst, v2) = if ipv4 {
+        if ip4[16] >> 4 == 0xE {
+            return Err(libc::EINVAL); // a multicast destination (class D)
+        }
+        let mapped = |a: &[u8]| {
+            let mut m = [0u8; 16];
+            m[10..12].fill(0xFF);
+            m[12..].copy_from_slice(a);
+            m
+        };
+        out.grh.dgid.raw = mapped(&ip4[12..16]);
+        out.grh.hop_limit = ip4[8];
+        out.grh.traffic_class = ip4[1];
+        (mapped(&ip4[16..20]), true)
+    } else {
+        let dst: [u8; 16] = g[24..40].try_into().unwrap_or_default();
+        if dst[0] == 0xFF {
+            return Err(libc::EINVAL);
+        }
+        let v2 = match g[6] {
+            17 => true, // UDP: RoCE v2
+            IB_NEXT_HDR => false,
+            _ => return Err(libc::EPROTONOSUPPORT),
+        };
+        out.grh.dgid.raw = g[8..24].try_into().unwrap_or_default();
+        out.grh.hop_limit = g[7];
+        out.grh.traffic_class = ((u32::from_be_bytes([g[0], g[1], g[2], g[3]]) >> 20) & 0xFF) as u8;
+        (dst, v2)
+    };
+    // libibverbs' ibv_find_gid_index: the first entry holding the address, of the header's
+    // type (every entry here is RoCE v2); past the table, the query's error.
+    out.grh.sgid_index = (0..=u8::MAX)
+        .map_while(|i| dev.query_gid(port, u32::from(i)).ok().map(|gid| (i, gid)))
+        .find(|(_, gid)| v2 && gid.0 == dst)
+        .map(|(i, _)| i)
+        .ok_or(libc::EINVAL)?;
+    Ok(())
+}
+
+/// Whether a 20-byte IPv4 header's checksum holds.
+fn ipv4_checksum_holds(h: &[u8]) -> bool {
+    let sum: u32 = h.chunks_exact(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    let folded = (sum & 0xFFFF) + (sum >> 16);
+    (folded + (folded >> 16)) & 0xFFFF == 0xFFFF
 }
 
 #[no_mangle]
@@ -436,9 +493,8 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     // SAFETY: all-zero is a valid ibv_ah_attr.
     let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
     // SAFETY: forwarded with the caller's guarantees (a live PD).
-    let r = unsafe { ibv_init_ah_from_wc(pd(p).ibv.context, port_num, wc, grh, &mut attr) };
-    if r != 0 {
-        return fail(r);
+    if unsafe { ibv_init_ah_from_wc(pd(p).ibv.context, port_num, wc, grh, &mut attr) } != 0 {
+        return std::ptr::null_mut(); // errno set
     }
     // SAFETY: a live PD and the attributes just made.
     unsafe { ibv_create_ah(p, &mut attr) }

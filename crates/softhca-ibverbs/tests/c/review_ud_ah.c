@@ -3,6 +3,7 @@
    buffer). Two devices in one process; prints "review_ud_ah: ok" and exits 0, or names the
    first check that failed. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,32 @@ int main(void)
 	wide.grh.flow_label = ~0u;
 	struct ibv_ah *w = ibv_create_ah(a.pd, &wide);
 	CHECK(w && ibv_destroy_ah(w) == 0, "ibv_create_ah: a flow label wider than 20 bits");
+
+	/* ibv_init_ah_from_wc as libibverbs 44's: the source GID index of the entry holding the
+	   address the datagram was sent to; -1 with errno on failure; without IBV_WC_GRH an
+	   address of the completion's fields alone. */
+	struct ibv_ah_attr got;
+	CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)b.buf, &got) == 0 && got.is_global == 1 &&
+		      got.grh.sgid_index == 0 && memcmp(&got.grh.dgid, &a.gid, 16) == 0,
+	      "ibv_init_ah_from_wc");
+	struct ibv_wc bare = wc;
+	bare.wc_flags &= ~IBV_WC_GRH;
+	CHECK(ibv_init_ah_from_wc(b.ctx, 1, &bare, (struct ibv_grh *)b.buf, &got) == 0 && got.is_global == 0 &&
+		      got.sl == wc.sl && got.port_num == 1,
+	      "ibv_init_ah_from_wc without a GRH");
+	unsigned char grh[GRH];
+	memcpy(grh, b.buf, GRH);
+	grh[36] = 239; /* to a multicast group: no entry holds it */
+	errno = 0;
+	CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)grh, &got) == -1 && errno == EINVAL,
+	      "a multicast destination: %d", errno);
+	memcpy(grh, b.buf, GRH);
+	grh[36] = 10; /* to an address that is not this device's */
+	CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)grh, &got) == -1, "an address not in the table");
+	memset(grh, 0, GRH); /* neither an IPv6 nor an IPv4 header */
+	errno = 0;
+	CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)grh, &got) == -1 && errno == EPROTONOSUPPORT,
+	      "no header: %d", errno);
 
 	/* The reply, addressed from the completion and the GRH area. */
 	struct ibv_ah *to_a = ibv_create_ah_from_wc(b.pd, &wc, (struct ibv_grh *)b.buf, 1);
