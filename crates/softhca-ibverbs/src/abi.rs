@@ -93,6 +93,17 @@ pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 /// What a null slot is for `verbs.h` (it checks each extended op for NULL before calling).
 pub type Slot = *mut c_void;
 pub type QueryPortEx = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
+
+/// `struct ibv_values_ex`: what `ibv_query_rt_values_ex` reads.
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
+}
+/// `IBV_VALUES_MASK_RAW_CLOCK`.
+pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1 << 0;
+
 pub type CreateCqEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
 pub type QueryDeviceEx =
     unsafe extern "C" fn(*mut ibv_context, *const ibv_query_device_ex_input, *mut ibv_device_attr_ex, usize) -> c_int;
@@ -127,7 +138,7 @@ pub struct verbs_context_ops {
     pub destroy_wq: Slot,
     pub modify_wq: Slot,
     pub create_wq: Slot,
-    pub query_rt_values: Slot,
+    pub query_rt_values: Option<QueryRtValues>,
     pub create_cq_ex: Option<CreateCqEx>,
     pub priv_: Slot,
     pub query_device_ex: Option<QueryDeviceEx>,

@@ -445,7 +445,7 @@ unsafe fn cq_ex<'a>(c: *mut ibv_cq_ex) -> &'a Cq {
 }
 
 /// Nanoseconds of `clock`.
-fn now_ns(clock: libc::clockid_t) -> u64 {
+pub(crate) fn now_ns(clock: libc::clockid_t) -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the local timespec.
     unsafe { libc::clock_gettime(clock, &mut t) };
@@ -463,7 +463,10 @@ unsafe fn advance(c: *mut ibv_cq_ex) -> c_int {
     let mut one = [Wc::default()];
     match q.cq.poll(&mut one) {
         Ok(1) => {}
-        Ok(_) => return libc::ENOENT,
+        Ok(_) => {
+            crate::set_errno(libc::ENOENT); // as rxe's provider sets it too
+            return libc::ENOENT;
+        }
         Err(e) => return errno_of(&e),
     }
     let stamp = |flag, clock| if q.wc_flags & flag != 0 { now_ns(clock) } else { 0 };

@@ -70,8 +70,12 @@ static struct got poll_one(struct ibv_cq_ex *cq)
 	struct ibv_poll_cq_attr attr = { 0 };
 	time_t end = time(NULL) + 10;
 	int r;
-	while ((r = ibv_start_poll(cq, &attr)) == ENOENT)
+	errno = 0;
+	while ((r = ibv_start_poll(cq, &attr)) == ENOENT) {
+		CHECK(errno == ENOENT, "errno %d for an empty CQ (rxe sets ENOENT)", errno);
 		CHECK(time(NULL) < end, "no completion");
+		errno = 0;
+	}
 	CHECK(r == 0, "ibv_start_poll %d", r);
 	struct got g = {
 		.status = cq->status, .wr_id = cq->wr_id, .opcode = ibv_wc_read_opcode(cq),
@@ -118,6 +122,13 @@ static void queries(struct ibv_context *ctx)
 		      (IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_UD_AV_PORT_ENFORCE | IBV_DEVICE_MEM_WINDOW_TYPE_2B),
 	      "device_cap_flags %#x", ax.orig_attr.device_cap_flags);
 	CHECK(ax.hca_core_clock > 0 && ax.completion_timestamp_mask != 0, "timestamps advertised");
+	/* The clock the timestamps count, now (as mlx5 reads it: tv_sec 0, the count in tv_nsec). */
+	struct ibv_values_ex v = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+	CHECK(ibv_query_rt_values_ex(ctx, &v) == 0 && v.comp_mask == IBV_VALUES_MASK_RAW_CLOCK &&
+		      v.raw_clock.tv_sec == 0 && v.raw_clock.tv_nsec > 0,
+	      "ibv_query_rt_values_ex");
+	struct ibv_values_ex odd = { .comp_mask = 2 };
+	CHECK(ibv_query_rt_values_ex(ctx, &odd) == EINVAL, "an unknown values mask");
 	CHECK(ax.odp_caps.general_caps == 0 && ax.tso_caps.max_tso == 0 && ax.max_dm_size == 0, "no ODP/TSO/DM");
 	struct ibv_query_device_ex_input in = { .comp_mask = 1 };
 	CHECK(ibv_query_device_ex(ctx, &in, &ax) == EINVAL, "unknown input comp_mask");
