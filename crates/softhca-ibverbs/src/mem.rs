@@ -378,9 +378,9 @@ pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -
 
 /// The address of a UD completion's sender (`ibv_init_ah_from_wc`), as libibverbs 44 makes
 /// it: the completion's fields; with `IBV_WC_GRH`, the GRH area's header (on RoCEv2 an IPv6
-/// header, or 20 undefined bytes and an IPv4 header, PKT-ROCE-11, told apart as libibverbs
-/// does: a version nibble other than 6 at byte 0, or an IPv4 header at byte 20 whose checksum
-/// holds), its source as the destination, and as the source GID index the entry of this
+/// header, or 20 undefined bytes and an IPv4 header, PKT-ROCE-11, told apart as libibverbs'
+/// `get_grh_header_version` does: a version nibble other than 6 at byte 0, or an IPv4 header
+/// at byte 20 whose checksum holds), its source as the destination, and as the source GID index the entry of this
 /// port's table holding the address the datagram was sent to. -1 with errno on failure:
 /// EINVAL for a datagram sent to a multicast address (no entry holds one) or a NULL GRH area,
 /// EPROTONOSUPPORT for a header of neither kind, and the table's error when no entry holds
@@ -467,20 +467,25 @@ fn from_grh(dev: &softhca::Context, port: u8, g: &[u8], out: &mut ibv_ah_attr) -
         (dst, v2)
     };
     // libibverbs' ibv_find_gid_index: the first entry holding the address, of the header's
-    // type (every entry here is RoCE v2); past the table, the query's error.
+    // type (a filled entry here is RoCE v2; an empty one, typed RoCE v1 as libibverbs types
+    // it, holds nothing); none: EINVAL, the table query's error past its end. The index is
+    // a byte (`sgid_index`), so the search ends at 255 if the table is longer.
     out.grh.sgid_index = (0..=u8::MAX)
         .map_while(|i| dev.query_gid(port, u32::from(i)).ok().map(|gid| (i, gid)))
-        .find(|(_, gid)| v2 && gid.0 == dst)
+        .find(|(_, gid)| v2 && gid.0 != [0; 16] && gid.0 == dst)
         .map(|(i, _)| i)
         .ok_or(libc::EINVAL)?;
     Ok(())
 }
 
-/// Whether a 20-byte IPv4 header's checksum holds.
+/// Whether a 20-byte IPv4 header's checksum holds, reckoned as libibverbs does
+/// (`ipv4_calc_hdr_csum`): the header summed with its checksum field 0, folded once,
+/// complemented, and compared with the field.
 fn ipv4_checksum_holds(h: &[u8]) -> bool {
-    let sum: u32 = h.chunks_exact(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    let word = |i: usize| u32::from(u16::from_be_bytes([h[i], h[i + 1]]));
+    let sum: u32 = (0..20).step_by(2).filter(|&i| i != 10).map(word).sum();
     let folded = (sum & 0xFFFF) + (sum >> 16);
-    (folded + (folded >> 16)) & 0xFFFF == 0xFFFF
+    (!folded & 0xFFFF) == word(10)
 }
 
 #[no_mangle]

@@ -44,6 +44,18 @@ pub unsafe extern "C" fn softhca_rdma_destroy_event_channel(channel: *mut rdma_e
         // events; the program's structures stay, failed, for rdma_destroy_id. Nothing writes
         // to the freed channel.
         let mut g = global();
+        // The connection requests queued on it that the program never took: their ids were
+        // never handed out, and nothing could reach them after (librdmacm's go with the
+        // kernel's contexts). Each is refused and freed.
+        // SAFETY: the channel is live until `Channel::free` below.
+        let queued: Vec<_> =
+            unsafe { &*(channel as *mut Channel) }.q.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
+        for ev in queued.iter().filter(|ev| ev.listen_serial != 0) {
+            if let Some(id) = g.id(ev.id_serial) {
+                release(&mut g, id);
+                super::destroy_unannounced(&mut g, id);
+            }
+        }
         let on: Vec<*mut Id> = g.ids.values().copied().collect();
         for p in on {
             // SAFETY: registered ids are live (under the lock).
@@ -152,6 +164,9 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
 /// descriptor its channel is): its port, its listen and its connection (the CM sends a DREQ
 /// or a REJ). Done once: the port is forgotten after.
 fn release(g: &mut Global, id: &mut Id) {
+    // An id a request made carries its listener's port without owning it: only the port's
+    // owner gives up its reservation (a new owner may hold it by now).
+    let owned = g.ports.get(&(id.c.ps, id.st.port)) == Some(&id.serial);
     g.ports.retain(|_, s| *s != id.serial);
     g.listeners.retain(|_, s| *s != id.serial);
     if let Some(d) = g.dev.as_mut() {
@@ -159,7 +174,7 @@ fn release(g: &mut Global, id: &mut Id) {
         if id.st.phase == Phase::Listen {
             d.agent.cm().unlisten(sid);
         }
-        if id.st.port != 0 {
+        if owned {
             d.agent.cm().unreserve(sid);
             d.agent.transmit();
         }
@@ -492,8 +507,7 @@ pub unsafe extern "C" fn softhca_rdma_migrate_id(p: *mut rdma_cm_id, channel: *m
     let _g = global();
     // Queued events of the id go with it (none when its channel was destroyed under it).
     let mut moved = Vec::new();
-    if !id.c.channel.is_null() {
-        let from = id.channel();
+    if let Some(from) = id.channel() {
         {
             let mut q = from.q.lock().unwrap_or_else(|e| e.into_inner());
             let mut keep = VecDeque::new();

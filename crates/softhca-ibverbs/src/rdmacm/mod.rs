@@ -537,10 +537,11 @@ impl Event {
 }
 
 impl Id {
-    fn channel(&self) -> &Channel {
-        // SAFETY: an id's channel outlives it (rdma_destroy_event_channel is the program's to
-        // call after its ids are gone; an own channel is freed with the id).
-        unsafe { &*(self.c.channel as *const Channel) }
+    /// The id's channel; None once the program destroyed it under the id.
+    fn channel(&self) -> Option<&Channel> {
+        // SAFETY: a non-null `c.channel` is live: destroying a channel nulls it in every id on
+        // it (rdma_destroy_event_channel), and an own channel is freed with its id.
+        (!self.c.channel.is_null()).then(|| unsafe { &*(self.c.channel as *const Channel) })
     }
 
     /// The id's source address (`route.addr.src`), once bound or resolved.
@@ -556,14 +557,13 @@ impl Id {
     }
 
     fn queue(&self, ev: Box<Event>) {
-        if self.c.channel.is_null() {
-            return; // its channel was destroyed under it (see rdma_destroy_event_channel)
-        }
+        // Its channel destroyed under it, it gets no more events (see rdma_destroy_event_channel).
+        let Some(channel) = self.channel() else { return };
         debug(|| {
             let name = usize::try_from(ev.c.event).ok().and_then(|i| EVENT_NAMES.get(i));
             format!("id {}: {} (status {})", self.serial, name.map_or("?".into(), |n| n.to_string_lossy()), ev.c.status)
         });
-        self.channel().push(ev);
+        channel.push(ev);
     }
 }
 
@@ -1360,6 +1360,8 @@ mod tests {
         assert_eq!(cm_ack_timeout(15, 13), 16);
         assert_eq!(cm_ack_timeout(15, 16), 17);
         assert_eq!(cm_ack_timeout(0, 0), 2);
+        // Every delay a REP can carry, and more: an overflow would panic here (overflow checks
+        // are on in every profile), which is what this loop is for.
         for delay in 0..=u8::MAX {
             for life in [0, 1, 30, 31, u8::MAX] {
                 assert!(cm_ack_timeout(delay, life) <= 31);

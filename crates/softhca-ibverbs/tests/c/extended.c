@@ -381,7 +381,9 @@ int main(void)
 	ibv_wr_set_sge_list(a.qpx, 40, five);
 	CHECK(ibv_wr_complete(a.qpx) == EINVAL, "40 SGEs");
 	struct ibv_poll_cq_attr pa = { 0 };
-	CHECK(ibv_start_poll(a.cq, &pa) == ENOENT && ibv_start_poll(b.cq, &pa) == ENOENT, "nothing was posted");
+	errno = 0;
+	CHECK(ibv_start_poll(a.cq, &pa) == ENOENT && errno == ENOENT && ibv_start_poll(b.cq, &pa) == ENOENT,
+	      "nothing was posted (errno %d)", errno);
 
 	/* UD through the builder. */
 	struct xend u, v;

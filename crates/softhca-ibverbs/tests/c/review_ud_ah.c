@@ -84,12 +84,12 @@ int main(void)
 	      "ibv_init_ah_from_wc without a GRH");
 	unsigned char grh[GRH];
 	memcpy(grh, b.buf, GRH);
-	grh[36] = 239; /* to a multicast group: no entry holds it */
+	grh[36] = 239; /* to a multicast group (refused as one, or as held by no entry) */
 	errno = 0;
 	CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)grh, &got) == -1 && errno == EINVAL,
 	      "a multicast destination: %d", errno);
 	memcpy(grh, b.buf, GRH);
-	grh[36] = 10; /* to an address that is not this device's */
+	grh[36] ^= 1; /* to an address that is not this device's */
 	CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)grh, &got) == -1, "an address not in the table");
 	memset(grh, 0, GRH); /* neither an IPv6 nor an IPv4 header */
 	errno = 0;

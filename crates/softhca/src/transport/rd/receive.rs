@@ -191,7 +191,8 @@ pub(super) fn receive(
     match e.chan.recv.arrival(r.psn) {
         Arrival::Ignore => return Err(Fail::Drop), // PKT-PSN-6
         Arrival::SequenceError => return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))),
-        Arrival::Duplicate | Arrival::Expected => {} // a duplicate was answered above
+        Arrival::Duplicate => return duplicate(q, core, ec, r), // answered above already
+        Arrival::Expected => {}
     }
     // An opcode out of sequence is the channel's fault: it moves to Error only a QP whose
     // message it breaks, never one it merely names (ERR-RQ-7, ERR-RQ-8).
