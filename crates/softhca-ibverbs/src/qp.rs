@@ -27,6 +27,8 @@ pub(crate) struct Qp {
     /// longer list is EINVAL before any of its entries is read, as rxe's provider checks.
     pub(crate) max_send_sge: usize,
     max_recv_sge: usize,
+    /// The inline data it takes (`max_inline_data`, fixed for its life).
+    pub(crate) max_inline: usize,
     /// The access flags the program last set, which Query QP gives back as rxe does (the
     /// core keeps only the inbound enables that apply).
     access_flags: std::sync::atomic::AtomicI32,
@@ -204,10 +206,11 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         Err(softhca::VerbsError::InvalidServiceType(_)) if qp_type == QpType::RawEthertype => return fail(libc::EPERM),
         Err(e) => return fail(errno_of(&e)),
     };
-    let (mut max_send_sge, mut max_recv_sge) = (MAX_SGE, MAX_SGE);
+    let (mut max_send_sge, mut max_recv_sge, mut max_inline) = (MAX_SGE, MAX_SGE, MAX_INLINE);
     if let Ok(q) = soft.query() {
         *a.cap = c_cap(&q.cap);
         (max_send_sge, max_recv_sge) = (q.cap.max_send_sge as usize, q.cap.max_recv_sge as usize);
+        max_inline = q.cap.max_inline_data as usize;
     }
     let qp_base = ibv_qp {
         context: pd.ibv.context,
@@ -233,6 +236,7 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         sq_sig_all: a.sq_sig_all != 0,
         max_send_sge,
         max_recv_sge,
+        max_inline,
         access_flags: Default::default(),
         ece: Default::default(),
         extended: a.send_ops.is_some(),

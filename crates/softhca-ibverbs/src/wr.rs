@@ -304,9 +304,10 @@ unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, num_sge: usize, list: *c
     // SAFETY: a live QP.
     let max = unsafe { qp(q.cast()) }.max_send_sge.min(MAX_SGE);
     let fill = |p: &mut Pending| {
-        // Before any entry is read (see `Qp::max_send_sge`).
+        // Before any entry is read (see `Qp::max_send_sge`); ENOMEM at the batch's
+        // ibv_wr_complete, as mlx5's builder answers (rxe's: ENOSPC).
         if num_sge > max {
-            return libc::EINVAL;
+            return libc::ENOMEM;
         }
         for (k, o) in p.sges[..num_sge].iter_mut().enumerate() {
             // SAFETY: the program's list of `num_sge` SGEs.
@@ -326,12 +327,15 @@ unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex, num_sge: usize, list: *c
 /// # Safety
 /// Each buffer names `length` readable bytes.
 unsafe fn set_inline(q: *mut ibv_qp_ex, bufs: impl Iterator<Item = (*const u8, usize)>) {
+    // SAFETY: a live QP.
+    let max = unsafe { qp(q.cast()) }.max_inline.min(MAX_INLINE);
     let fill = |p: &mut Pending| {
         p.inline.clear();
         for (addr, len) in bufs {
-            // Never past MAX_INLINE so far, so this cannot wrap (a sum could: a huge length
-            // after a non-empty buffer).
-            if len > MAX_INLINE - p.inline.len() {
+            // Past the QP's max_inline_data: ENOMEM at ibv_wr_complete, as mlx5's builder
+            // answers (rxe's: ENOSPC). Never past `max` so far, so this cannot wrap (a sum
+            // could: a huge length after a non-empty buffer).
+            if len > max - p.inline.len() {
                 return libc::ENOMEM;
             }
             if len == 0 {
