@@ -135,28 +135,12 @@ fn an_unknown_family_is_einval() {
 #[test]
 fn a_refused_accept_leaves_its_qp_in_error() {
     let _dog = Watchdog::start("a_refused_accept_leaves_its_qp_in_error", 0);
-    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs
-    // and attributes.
+    // SAFETY: the library's own objects, each destroyed once by the program; local parameters.
     unsafe {
-        let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
-        let (mut l, mut c) = (null_mut(), null_mut());
-        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
-        assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
-        let mut a = sin([127, 0, 0, 178], 7391);
-        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
-        assert_eq!(softhca_rdma_listen(l, 4), 0);
-        assert_eq!(softhca_rdma_resolve_addr(c, null_mut(), (&raw mut a).cast(), 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        assert_eq!(softhca_rdma_resolve_route(c, 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
-        let mut attr = rc_init();
-        assert_eq!(softhca_rdma_create_qp(c, null_mut(), &mut attr), 0);
-        assert_eq!(softhca_rdma_connect(c, null_mut()), 0);
-        let mut ev = null_mut();
-        assert_eq!(softhca_rdma_get_cm_event(lch, &mut ev), 0);
-        assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
-        let s = (*ev).id;
-        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        let e = Link::resolved(7391);
+        e.client_qp();
+        assert_eq!(softhca_rdma_connect(e.c, null_mut()), 0);
+        let s = e.request();
         let mut attr = rc_init();
         assert_eq!(softhca_rdma_create_qp(s, null_mut(), &mut attr), 0);
         let data = [7u8; 255];
@@ -170,14 +154,7 @@ fn a_refused_accept_leaves_its_qp_in_error() {
         let mut qi: ibv_qp_init_attr = std::mem::zeroed();
         assert_eq!(ibv_query_qp((*s).qp, &mut qa, IBV_QP_STATE, &mut qi), 0);
         assert_eq!(qa.qp_state, 6, "IBV_QPS_ERR: the QP readied for the accept");
-        for id in [s, c] {
-            softhca_rdma_destroy_qp(id);
-        }
-        for id in [s, c, l] {
-            assert_eq!(softhca_rdma_destroy_id(id), 0);
-        }
-        softhca_rdma_destroy_event_channel(lch);
-        softhca_rdma_destroy_event_channel(cch);
+        e.end(s);
     }
 }
 
@@ -187,38 +164,19 @@ fn a_refused_accept_leaves_its_qp_in_error() {
 #[test]
 fn the_srq_bit_follows_the_qp() {
     let _dog = Watchdog::start("the_srq_bit_follows_the_qp", 0);
-    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs
-    // and attributes.
+    // SAFETY: the library's own objects, each destroyed once by the program; local parameters.
     unsafe {
-        let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
-        let (mut l, mut c) = (null_mut(), null_mut());
-        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
-        assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
-        let mut a = sin([127, 0, 0, 178], 7392);
-        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
-        assert_eq!(softhca_rdma_listen(l, 4), 0);
-        assert_eq!(softhca_rdma_resolve_addr(c, null_mut(), (&raw mut a).cast(), 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        assert_eq!(softhca_rdma_resolve_route(c, 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
-        let mut attr = rc_init();
-        assert_eq!(softhca_rdma_create_qp(c, null_mut(), &mut attr), 0);
-        let mut p: rdma_conn_param = std::mem::zeroed();
-        p.responder_resources = 1;
-        p.initiator_depth = 1;
+        let e = Link::resolved(7392);
+        e.client_qp();
+        let mut p = conn_param();
         p.srq = 1;
-        assert_eq!(softhca_rdma_connect(c, &mut p), 0);
+        assert_eq!(softhca_rdma_connect(e.c, &mut p), 0);
         let mut ev = null_mut();
-        assert_eq!(softhca_rdma_get_cm_event(lch, &mut ev), 0);
+        assert_eq!(softhca_rdma_get_cm_event(e.lch, &mut ev), 0);
         assert_eq!(((*ev).event, (*ev).param.conn.srq), (RDMA_CM_EVENT_CONNECT_REQUEST, 0));
         let s = (*ev).id;
         assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
-        softhca_rdma_destroy_qp(c);
-        for id in [s, c, l] {
-            assert_eq!(softhca_rdma_destroy_id(id), 0);
-        }
-        softhca_rdma_destroy_event_channel(lch);
-        softhca_rdma_destroy_event_channel(cch);
+        e.end(s);
     }
 }
 
@@ -232,44 +190,23 @@ fn notify_comm_est_establishes_a_connection_waiting_for_its_rtu() {
     const COMM_EST: c_int = 4;
     const PATH_MIG: c_int = 6;
     let _dog = Watchdog::start("notify_comm_est_establishes_a_connection_waiting_for_its_rtu", 0);
-    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs
-    // and parameters.
+    // SAFETY: the library's own objects, each destroyed once by the program; local parameters.
     unsafe {
-        let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
-        let (mut l, mut c) = (null_mut(), null_mut());
-        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
-        assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
-        let mut a = sin([127, 0, 0, 178], 7393);
-        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
-        assert_eq!(softhca_rdma_listen(l, 4), 0);
-        assert_eq!((softhca_rdma_notify(l, COMM_EST), errno()), (-1, libc::EINVAL), "a listener");
-        assert_eq!(softhca_rdma_resolve_addr(c, null_mut(), (&raw mut a).cast(), 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        assert_eq!(softhca_rdma_resolve_route(c, 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
-        let mut p: rdma_conn_param = std::mem::zeroed();
-        p.responder_resources = 1;
-        p.initiator_depth = 1;
+        let e = Link::resolved(7393);
+        assert_eq!((softhca_rdma_notify(e.l, COMM_EST), errno()), (-1, libc::EINVAL), "a listener");
+        let mut p = conn_param();
         p.qp_num = 0x1234; // no QP: the program sends the RTU itself, and never does here
-        assert_eq!(softhca_rdma_connect(c, &mut p), 0);
-        let mut ev = null_mut();
-        assert_eq!(softhca_rdma_get_cm_event(lch, &mut ev), 0);
-        assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
-        let s = (*ev).id;
-        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        assert_eq!(softhca_rdma_connect(e.c, &mut p), 0);
+        let s = e.request();
         p.qp_num = 0x5678;
         assert_eq!(softhca_rdma_accept(s, &mut p), 0, "{}", errno());
-        expect(cch, RDMA_CM_EVENT_CONNECT_RESPONSE);
+        expect(e.cch, RDMA_CM_EVENT_CONNECT_RESPONSE);
         assert_eq!((softhca_rdma_notify(s, PATH_MIG), errno()), (-1, libc::EINVAL), "not established yet");
         assert_eq!(softhca_rdma_notify(s, COMM_EST), 0, "{}", errno());
-        expect(lch, RDMA_CM_EVENT_ESTABLISHED);
+        expect(e.lch, RDMA_CM_EVENT_ESTABLISHED);
         assert_eq!((softhca_rdma_notify(s, COMM_EST), errno()), (-1, libc::EISCONN));
         assert_eq!(softhca_rdma_notify(s, PATH_MIG), 0, "established, no alternate path");
-        for id in [s, c, l] {
-            assert_eq!(softhca_rdma_destroy_id(id), 0);
-        }
-        softhca_rdma_destroy_event_channel(lch);
-        softhca_rdma_destroy_event_channel(cch);
+        e.end(s);
     }
 }
 
@@ -281,61 +218,151 @@ fn notify_comm_est_establishes_a_connection_waiting_for_its_rtu() {
 #[test]
 fn the_ack_timeout_option_reaches_the_route_and_the_peer() {
     let _dog = Watchdog::start("the_ack_timeout_option_reaches_the_route_and_the_peer", 0);
-    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs,
-    // options and attributes.
+    // SAFETY: the library's own objects, each destroyed once by the program; local options,
+    // parameters and attributes.
     unsafe {
-        let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
         let mut t: u8 = 14;
         let mut opt =
             |id| softhca_rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, (&raw mut t).cast(), 1);
+        let ch = softhca_rdma_create_event_channel();
         let mut ud = null_mut();
-        assert_eq!(softhca_rdma_create_id(cch, &mut ud, null_mut(), RDMA_PS_UDP), 0);
+        assert_eq!(softhca_rdma_create_id(ch, &mut ud, null_mut(), RDMA_PS_UDP), 0);
         assert_eq!((opt(ud), errno()), (-1, libc::EINVAL), "a UD id");
         assert_eq!(softhca_rdma_destroy_id(ud), 0);
-        let (mut l, mut c) = (null_mut(), null_mut());
-        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
-        assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
-        let mut a = sin([127, 0, 0, 178], 7394);
-        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
-        assert_eq!(softhca_rdma_listen(l, 4), 0);
-        assert_eq!(opt(c), 0);
-        assert_eq!(softhca_rdma_resolve_addr(c, null_mut(), (&raw mut a).cast(), 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        assert_eq!(softhca_rdma_resolve_route(c, 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
-        assert_eq!((*(*c).route.path_rec).packet_life_time, 13);
-        let mut attr = rc_init();
-        assert_eq!(softhca_rdma_create_qp(c, null_mut(), &mut attr), 0);
-        let mut p: rdma_conn_param = std::mem::zeroed();
-        p.responder_resources = 1;
-        p.initiator_depth = 1;
-        assert_eq!(softhca_rdma_connect(c, &mut p), 0);
-        let mut ev = null_mut();
-        assert_eq!(softhca_rdma_get_cm_event(lch, &mut ev), 0);
-        assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
-        let s = (*ev).id;
-        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        softhca_rdma_destroy_event_channel(ch);
+        let e = Link::listening(7394);
+        assert_eq!(opt(e.c), 0);
+        e.resolve();
+        assert_eq!((*(*e.c).route.path_rec).packet_life_time, 13);
+        e.client_qp();
+        let mut p = conn_param();
+        assert_eq!(softhca_rdma_connect(e.c, &mut p), 0);
+        let s = e.request();
         let mut attr = rc_init();
         assert_eq!(softhca_rdma_create_qp(s, null_mut(), &mut attr), 0);
         assert_eq!(softhca_rdma_accept(s, &mut p), 0, "{}", errno());
-        expect(cch, RDMA_CM_EVENT_ESTABLISHED);
-        expect(lch, RDMA_CM_EVENT_ESTABLISHED);
+        expect(e.cch, RDMA_CM_EVENT_ESTABLISHED);
+        expect(e.lch, RDMA_CM_EVENT_ESTABLISHED);
         let timeout = |id: *mut rdma_cm_id| {
             let mut qa: ibv_qp_attr = std::mem::zeroed();
             let mut qi: ibv_qp_init_attr = std::mem::zeroed();
             assert_eq!(ibv_query_qp((*id).qp, &mut qa, IBV_QP_STATE, &mut qi), 0);
             qa.timeout
         };
-        assert_eq!((timeout(c), timeout(s)), (14, 16), "active, passive");
-        for id in [s, c] {
-            softhca_rdma_destroy_qp(id);
-        }
-        for id in [s, c, l] {
-            assert_eq!(softhca_rdma_destroy_id(id), 0);
-        }
-        softhca_rdma_destroy_event_channel(lch);
-        softhca_rdma_destroy_event_channel(cch);
+        assert_eq!((timeout(e.c), timeout(s)), (14, 16), "active, passive");
+        e.end(s);
     }
+}
+
+/// A listener on 127.0.0.178 and a client id, each on a channel of its own: what the
+/// connection tests above start from.
+struct Link {
+    lch: *mut rdma_event_channel,
+    cch: *mut rdma_event_channel,
+    l: *mut rdma_cm_id,
+    c: *mut rdma_cm_id,
+    a: libc::sockaddr_in,
+}
+
+impl Link {
+    /// The listener listening on `port`; the client made, not resolved.
+    ///
+    /// # Safety
+    /// Calls the library's C ABI; the ids are the caller's to end with [`Link::end`].
+    unsafe fn listening(port: u16) -> Link {
+        // SAFETY: the library's calls on local out pointers and addresses.
+        unsafe {
+            let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
+            let (mut l, mut c) = (null_mut(), null_mut());
+            assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_TCP), 0);
+            assert_eq!(softhca_rdma_create_id(cch, &mut c, null_mut(), RDMA_PS_TCP), 0);
+            let mut a = sin([127, 0, 0, 178], port);
+            assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
+            assert_eq!(softhca_rdma_listen(l, 4), 0);
+            Link { lch, cch, l, c, a }
+        }
+    }
+
+    /// [`Link::listening`], the client's address and route resolved to the listener.
+    ///
+    /// # Safety
+    /// As [`Link::listening`].
+    unsafe fn resolved(port: u16) -> Link {
+        // SAFETY: as the caller promises.
+        unsafe {
+            let e = Link::listening(port);
+            e.resolve();
+            e
+        }
+    }
+
+    /// # Safety
+    /// The ids are live.
+    unsafe fn resolve(&self) {
+        let mut a = self.a;
+        // SAFETY: the live client id and channel; a local address.
+        unsafe {
+            assert_eq!(softhca_rdma_resolve_addr(self.c, null_mut(), (&raw mut a).cast(), 2000), 0);
+            expect(self.cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+            assert_eq!(softhca_rdma_resolve_route(self.c, 2000), 0);
+            expect(self.cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        }
+    }
+
+    /// Gives the client an RC QP (rdma_create_qp, its CQs made for it).
+    ///
+    /// # Safety
+    /// The client id is live and resolved.
+    unsafe fn client_qp(&self) {
+        let mut attr = rc_init();
+        // SAFETY: the live client id; local attributes.
+        assert_eq!(unsafe { softhca_rdma_create_qp(self.c, null_mut(), &mut attr) }, 0);
+    }
+
+    /// The id the listener's next event, a connection request, hands out (acknowledged).
+    ///
+    /// # Safety
+    /// The listener's channel is live.
+    unsafe fn request(&self) -> *mut rdma_cm_id {
+        let mut ev = null_mut();
+        // SAFETY: the live channel; the event is the library's until acknowledged.
+        unsafe {
+            assert_eq!(softhca_rdma_get_cm_event(self.lch, &mut ev), 0);
+            assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
+            let s = (*ev).id;
+            assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+            s
+        }
+    }
+
+    /// Destroys `s` (a request's id), the client and the listener, their QPs and channels.
+    ///
+    /// # Safety
+    /// Every id is live; nothing else uses them after.
+    unsafe fn end(self, s: *mut rdma_cm_id) {
+        // SAFETY: as the caller promises: each destroyed once.
+        unsafe {
+            for id in [s, self.c] {
+                if !(*id).qp.is_null() {
+                    softhca_rdma_destroy_qp(id);
+                }
+            }
+            for id in [s, self.c, self.l] {
+                assert_eq!(softhca_rdma_destroy_id(id), 0);
+            }
+            softhca_rdma_destroy_event_channel(self.lch);
+            softhca_rdma_destroy_event_channel(self.cch);
+        }
+    }
+}
+
+/// Connection parameters of one Read/Atomic each way.
+fn conn_param() -> rdma_conn_param {
+    // SAFETY: an all-zero rdma_conn_param is valid.
+    let mut p: rdma_conn_param = unsafe { std::mem::zeroed() };
+    p.responder_resources = 1;
+    p.initiator_depth = 1;
+    p
 }
 
 /// Takes `ch`'s next event, which must be `want`, and acknowledges it.
@@ -350,26 +377,6 @@ unsafe fn expect(ch: *mut rdma_event_channel, want: c_int) {
         assert_eq!(((*ev).event, (*ev).status), (want, 0));
         assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
     }
-}
-
-fn rc_init() -> ibv_qp_init_attr {
-    // SAFETY: an all-zero ibv_qp_init_attr is valid.
-    let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-    attr.qp_type = IBV_QPT_RC;
-    attr.cap.max_send_wr = 4;
-    attr.cap.max_recv_wr = 4;
-    attr.cap.max_send_sge = 1;
-    attr.cap.max_recv_sge = 1;
-    attr
-}
-
-fn sin(ip: [u8; 4], port: u16) -> libc::sockaddr_in {
-    // SAFETY: an all-zero sockaddr_in is valid.
-    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    a.sin_family = libc::AF_INET as libc::sa_family_t;
-    a.sin_port = port.to_be();
-    a.sin_addr.s_addr = u32::from_be_bytes(ip).to_be();
-    a
 }
 
 fn errno() -> c_int {

@@ -5,43 +5,9 @@
 
 use std::ffi::c_int;
 
-// The library whose exported functions the declarations below name.
-use softhca_ibverbs as _;
-
-extern "C" {
-    fn softhca_rs_socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
-    fn softhca_rs_bind(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
-    fn softhca_rs_listen(fd: c_int, backlog: c_int) -> c_int;
-    fn softhca_rs_setsockopt(
-        fd: c_int,
-        level: c_int,
-        name: c_int,
-        val: *const std::ffi::c_void,
-        len: libc::socklen_t,
-    ) -> c_int;
-    fn softhca_rs_accept(fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int;
-    fn softhca_rs_connect(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
-    fn softhca_rs_send(fd: c_int, buf: *const std::ffi::c_void, len: usize, flags: c_int) -> isize;
-    fn softhca_rs_recv(fd: c_int, buf: *mut std::ffi::c_void, len: usize, flags: c_int) -> isize;
-    fn softhca_rs_iomap(
-        fd: c_int,
-        buf: *mut std::ffi::c_void,
-        len: usize,
-        prot: c_int,
-        flags: c_int,
-        offset: i64,
-    ) -> i64;
-    fn softhca_rs_iowrite(fd: c_int, buf: *const std::ffi::c_void, count: usize, offset: i64, flags: c_int) -> usize;
-    fn softhca_rs_sendv(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> isize;
-    fn softhca_rs_close(fd: c_int) -> c_int;
-    fn softhca_rs_select(
-        nfds: c_int,
-        read: *mut libc::fd_set,
-        write: *mut libc::fd_set,
-        except: *mut libc::fd_set,
-        timeout: *mut libc::timeval,
-    ) -> c_int;
-}
+#[path = "common/rsocket_ffi.rs"]
+mod rsocket_ffi;
+use rsocket_ffi::*;
 
 fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -101,14 +67,6 @@ fn rsendv_takes_lengths_as_writev_does() {
 /// should; the offset plus the length, summed to find the mapping, overflowed.
 #[test]
 fn riowrite_reaches_a_mapping_at_the_top_of_the_offsets() {
-    let sin = |port: u16| {
-        // SAFETY: an all-zero sockaddr_in is valid.
-        let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        a.sin_family = libc::AF_INET as libc::sa_family_t;
-        a.sin_port = port.to_be();
-        a.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-        a
-    };
     // A hang guard: a side that failed would leave the other waiting for ever.
     std::thread::spawn(|| {
         std::thread::sleep(std::time::Duration::from_secs(120));
@@ -128,7 +86,7 @@ fn riowrite_reaches_a_mapping_at_the_top_of_the_offsets() {
     let l = unsafe { softhca_rs_socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
     assert!(l >= 0, "rsocket: {}", errno());
     iomaps(l);
-    let a = sin(port);
+    let a = localhost(port);
     assert_eq!(unsafe { softhca_rs_bind(l, (&a as *const libc::sockaddr_in).cast(), len) }, 0, "{}", errno());
     assert_eq!(unsafe { softhca_rs_listen(l, 1) }, 0);
     let server = std::thread::spawn(move || {

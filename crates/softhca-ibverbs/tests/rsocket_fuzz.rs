@@ -23,33 +23,9 @@ use fuzz::{errno, run_params, Rng, Watchdog};
 // The library whose exported functions the declarations below name.
 use softhca_ibverbs as _;
 
-extern "C" {
-    fn softhca_rs_socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
-    fn softhca_rs_bind(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
-    fn softhca_rs_listen(fd: c_int, backlog: c_int) -> c_int;
-    fn softhca_rs_accept(fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int;
-    fn softhca_rs_connect(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
-    fn softhca_rs_send(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> isize;
-    fn softhca_rs_sendv(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> isize;
-    fn softhca_rs_recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize;
-    fn softhca_rs_recvmsg(fd: c_int, m: *mut libc::msghdr, flags: c_int) -> isize;
-    fn softhca_rs_poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int;
-    fn softhca_rs_shutdown(fd: c_int, how: c_int) -> c_int;
-    fn softhca_rs_close(fd: c_int) -> c_int;
-    fn softhca_rs_getpeername(fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int;
-    fn softhca_rs_setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: libc::socklen_t) -> c_int;
-    fn softhca_rs_getsockopt(
-        fd: c_int,
-        level: c_int,
-        name: c_int,
-        val: *mut c_void,
-        len: *mut libc::socklen_t,
-    ) -> c_int;
-    fn softhca_rs_fcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int;
-    fn softhca_rs_iomap(fd: c_int, buf: *mut c_void, len: usize, prot: c_int, flags: c_int, offset: i64) -> i64;
-    fn softhca_rs_iounmap(fd: c_int, buf: *mut c_void, len: usize) -> c_int;
-    fn softhca_rs_iowrite(fd: c_int, buf: *const c_void, count: usize, offset: i64, flags: c_int) -> usize;
-}
+#[path = "common/rsocket_ffi.rs"]
+mod rsocket_ffi;
+use rsocket_ffi::*;
 
 const ADDR: [u8; 4] = [127, 0, 0, 178];
 const PORTS: [u16; 3] = [7790, 7791, 7792];

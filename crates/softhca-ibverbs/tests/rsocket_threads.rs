@@ -12,26 +12,12 @@ use softhca_ibverbs::rdmacm::abi::*;
 mod rdmacm_ffi;
 use rdmacm_ffi::*;
 
-extern "C" {
-    fn softhca_rs_socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
-    fn softhca_rs_bind(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
-    fn softhca_rs_listen(fd: c_int, backlog: c_int) -> c_int;
-    fn softhca_rs_accept(fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int;
-    fn softhca_rs_connect(fd: c_int, addr: *const libc::sockaddr, len: libc::socklen_t) -> c_int;
-    fn softhca_rs_close(fd: c_int) -> c_int;
-}
+#[path = "common/rsocket_ffi.rs"]
+mod rsocket_ffi;
+use rsocket_ffi::*;
 
 fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-fn sin(port: u16) -> libc::sockaddr_in {
-    // SAFETY: an all-zero sockaddr_in is valid.
-    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    a.sin_family = libc::AF_INET as libc::sa_family_t;
-    a.sin_port = port.to_be();
-    a.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-    a
 }
 
 /// A request whose requester never sends its RTU (an rdma_cm id with rsocket's connection
@@ -48,7 +34,7 @@ fn an_accept_waiting_for_its_peer_holds_up_no_other_socket() {
         std::process::abort();
     });
     let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    let a = sin(7798);
+    let a = localhost(7798);
     // SAFETY: socket and rdma_cm calls on live locals and the library's own objects, each
     // destroyed once.
     unsafe {

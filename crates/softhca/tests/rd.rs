@@ -33,6 +33,18 @@ fn node(fabric: &mut SimFabric, name: &str) -> Node {
     Node { ctx, pd, cq, rdd, mr, gid }
 }
 
+/// An RD QP of `n`'s RDD completing on `cq`, in RTR, or in RTS with that outbound depth.
+fn rd_qp_on(n: &Node, cq: &Cq, rts_depth: Option<u8>) -> Qp {
+    let qp = n.pd.create_qp(&QpInitAttr::rd(cq, cq, &n.rdd)).unwrap();
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    qp.modify(&QpAttr::to_init().access(all).qkey(QKEY)).unwrap();
+    qp.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
+    if let Some(depth) = rts_depth {
+        qp.modify(&QpAttr::to_rts().max_rd_atomic(depth)).unwrap();
+    }
+    qp
+}
+
 fn rd_qp(n: &Node, rdd: &Rdd) -> Qp {
     let qp = n.pd.create_qp(&QpInitAttr::rd(&n.cq, &n.cq, rdd).max_send_wr(256).max_recv_wr(256)).unwrap();
     let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
@@ -1379,10 +1391,7 @@ fn an_rd_qp_of_outbound_depth_zero_starts_no_read() {
     let (a, b) = (node(&mut f, "rdz-a"), node(&mut f, "rdz-b"));
     let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
     let qb = rd_qp(&b, &b.rdd);
-    let qa = a.pd.create_qp(&QpInitAttr::rd(&a.cq, &a.cq, &a.rdd)).unwrap();
-    qa.modify(&QpAttr::to_init().access(Access::REMOTE_READ).qkey(QKEY)).unwrap();
-    qa.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
-    qa.modify(&QpAttr::to_rts().max_rd_atomic(0)).unwrap();
+    let qa = rd_qp_on(&a, &a.cq, Some(0));
     let s = [a.mr.sge(0..64)];
     qa.post_send(&[SendWr::rdma_read(1, &s, b.mr.addr(), b.mr.rkey()).rd(&ea, qb.qp_num(), QKEY).signaled()]).unwrap();
     let mut got = Vec::new();
@@ -1400,9 +1409,7 @@ fn an_rd_qp_in_rtr_raises_communication_established() {
     let (a, b) = (node(&mut f, "rdce-a"), node(&mut f, "rdce-b"));
     let (ea, _eb) = channel(&a, &b, Mtu::Mtu1024, 7);
     let qa = rd_qp(&a, &a.rdd);
-    let qb = b.pd.create_qp(&QpInitAttr::rd(&b.cq, &b.cq, &b.rdd)).unwrap();
-    qb.modify(&QpAttr::to_init().access(Access::REMOTE_WRITE).qkey(QKEY)).unwrap();
-    qb.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
+    let qb = rd_qp_on(&b, &b.cq, None);
     qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)]), RecvWr::new(2, &[b.mr.sge(64..128)])]).unwrap();
     let s = [a.mr.sge(0..8)];
     let send = |id| SendWr::send(id, &s).rd(&ea, qb.qp_num(), QKEY).signaled();
@@ -1427,10 +1434,7 @@ fn a_held_receive_flushed_into_a_full_cq_moves_its_qp_to_error() {
     let (ea, eb) = channel(&a, &b, Mtu::Mtu1024, 7);
     let qa = rd_qp(&a, &a.rdd);
     let small = b.ctx.create_cq(1).unwrap();
-    let qb = b.pd.create_qp(&QpInitAttr::rd(&small, &small, &b.rdd)).unwrap();
-    qb.modify(&QpAttr::to_init().access(Access::REMOTE_WRITE).qkey(QKEY)).unwrap();
-    qb.modify(&QpAttr::new(QpState::Rtr).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
-    qb.modify(&QpAttr::to_rts().max_rd_atomic(4)).unwrap();
+    let qb = rd_qp_on(&b, &small, Some(4));
     qb.post_recv(&[RecvWr::new(1, &[b.mr.sge(0..64)]), RecvWr::new(2, &[b.mr.sge(4096..8192)])]).unwrap();
     // The first Send fills B's CQ (left unpolled).
     let one = [a.mr.sge(0..8)];

@@ -56,3 +56,25 @@ extern "C" {
     ) -> c_int;
     pub fn softhca_rdma_freeaddrinfo(res: *mut rdma_addrinfo);
 }
+
+/// An IPv4 socket address.
+pub fn sin(ip: [u8; 4], port: u16) -> libc::sockaddr_in {
+    // SAFETY: an all-zero sockaddr_in is valid.
+    let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    a.sin_family = libc::AF_INET as libc::sa_family_t;
+    a.sin_port = port.to_be();
+    a.sin_addr.s_addr = u32::from_be_bytes(ip).to_be();
+    a
+}
+
+/// An RC QP's init attributes with room for a few WRs (CQs made by rdma_create_qp).
+pub fn rc_init() -> ibv_qp_init_attr {
+    // SAFETY: an all-zero ibv_qp_init_attr is valid.
+    let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = 4;
+    attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = 1;
+    attr.cap.max_recv_sge = 1;
+    attr
+}
