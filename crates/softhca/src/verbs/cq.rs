@@ -46,7 +46,9 @@ pub(crate) struct CqInner {
     pub handle: u32,
     pub dev: Arc<DeviceInner>,
     ring: Ring,
-    producer: Mutex<()>,
+    /// The producer side's lock, and what it guards beside the ring: whether the CQEs refused
+    /// since the last one that fit are an overflow under way (one overflow, one CQ Error).
+    producer: Mutex<bool>,
     consumer: Mutex<()>,
     /// The actual size: the ring holds this many CQEs (a power of two).
     size: AtomicU32,
@@ -59,9 +61,6 @@ pub(crate) struct CqInner {
     destroyed: AtomicBool,
     /// A CQE was ever refused for lack of room.
     overflowed: AtomicBool,
-    /// The CQEs refused since the last one that fit: one overflow, one CQ Error. Read and
-    /// written under the producer lock only.
-    overflowing: AtomicBool,
     /// The last poll found completions waiting and returned them without driving the device
     /// (see [`Cq::poll`]).
     skipped_progress: AtomicBool,
@@ -213,7 +212,7 @@ impl Context {
             handle,
             dev: self.inner.clone(),
             ring: Ring { slots: UnsafeCell::new(slots), head: AtomicUsize::new(0), tail: AtomicUsize::new(0) },
-            producer: Mutex::new(()),
+            producer: Mutex::new(false),
             consumer: Mutex::new(()),
             size: AtomicU32::new(size),
             armed: AtomicU8::new(0),
@@ -221,7 +220,6 @@ impl Context {
             special: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
-            overflowing: AtomicBool::new(false),
             skipped_progress: AtomicBool::new(false),
             channel: channel.cloned(),
         });
@@ -230,7 +228,7 @@ impl Context {
     }
 }
 
-fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -255,7 +253,7 @@ impl Cq {
     }
 
     /// Both sides locked, for the verbs that rework the ring; consumer first, always.
-    fn exclusive(&self) -> Result<(MutexGuard<'_, ()>, MutexGuard<'_, ()>)> {
+    fn exclusive(&self) -> Result<(MutexGuard<'_, ()>, MutexGuard<'_, bool>)> {
         let c = lock(&self.inner.consumer);
         let p = lock(&self.inner.producer);
         self.check()?;
@@ -485,13 +483,13 @@ impl CqInner {
         // decided under the producer lock, so that producers on several threads agree on
         // where an overflow starts and ends.
         let (written, starts_overflow) = {
-            let _producer = lock(&self.producer);
+            let mut overflowing = lock(&self.producer);
             let r = &self.ring;
             let t = r.tail.load(Ordering::Relaxed);
             let h = r.head.load(Ordering::Acquire);
             let size = self.size.load(Ordering::Acquire) as usize;
             if self.destroyed.load(Ordering::Acquire) || t.wrapping_sub(h) >= size {
-                (false, !self.overflowing.swap(true, Ordering::Relaxed))
+                (false, !std::mem::replace(&mut *overflowing, true))
             } else {
                 // SAFETY: the box is only replaced under both locks, and we hold the producer
                 // lock; a shared reference to it creates none into the slots' contents.
@@ -500,9 +498,7 @@ impl CqInner {
                 // the Acquire load) and not yet published: only we touch it.
                 unsafe { *slots[slot_of(t, slots.len())].get() = wc };
                 r.tail.store(t.wrapping_add(1), Ordering::Release);
-                if self.overflowing.load(Ordering::Relaxed) {
-                    self.overflowing.store(false, Ordering::Relaxed);
-                }
+                *overflowing = false;
                 (true, false)
             }
         };
