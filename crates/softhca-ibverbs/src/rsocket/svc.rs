@@ -46,19 +46,16 @@ fn svc(what: What) -> &'static Svc {
         What::Listen => (&LISTEN, "softhca-rs-listen"),
         What::Cm | What::Keepalive => (&OTHER, "softhca-rsocket"),
     };
-    let s = cell.get_or_init(|| {
+    cell.get_or_init(|| {
         // SAFETY: eventfd with valid flags; the descriptor is owned from here.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         assert!(fd >= 0, "rsocket service thread: eventfd: {}", std::io::Error::last_os_error());
         // SAFETY: just made.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Its first `svc` waits until this initialization is done.
+        let _ = std::thread::Builder::new().name(name.into()).spawn(move || run(what));
         Svc { entries: Mutex::new(Vec::new()), wake }
-    });
-    static STARTED: [std::sync::Once; 2] = [std::sync::Once::new(), std::sync::Once::new()];
-    STARTED[usize::from(what != What::Listen)].call_once(|| {
-        let _ = std::thread::Builder::new().name(name.into()).spawn(move || run(s));
-    });
-    s
+    })
 }
 
 fn wake(s: &Svc) {
@@ -99,7 +96,8 @@ pub(super) fn rearm(rs: &Arc<Rs>) {
     wake(s);
 }
 
-fn run(s: &'static Svc) {
+fn run(what: What) {
+    let s = svc(what);
     let mut fds: Vec<libc::pollfd> = Vec::new();
     let mut who: Vec<(c_int, What)> = Vec::new();
     loop {
