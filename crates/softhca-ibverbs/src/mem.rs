@@ -380,8 +380,8 @@ pub unsafe extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -
 /// it: the completion's fields; with `IBV_WC_GRH`, the GRH area's header (on RoCEv2 an IPv6
 /// header, or 20 undefined bytes and an IPv4 header, PKT-ROCE-11, told apart as libibverbs'
 /// `get_grh_header_version` does: a version nibble other than 6 at byte 0, or an IPv4 header
-/// at byte 20 whose checksum holds), its source as the destination, and as the source GID index the entry of this
-/// port's table holding the address the datagram was sent to. -1 with errno on failure:
+/// at byte 20 whose checksum holds), its source as the destination, and as the source GID
+/// index the entry of this port's table holding the address the datagram was sent to. -1 with errno on failure:
 /// EINVAL for a datagram sent to a multicast address (no entry holds one) or a NULL GRH area,
 /// EPROTONOSUPPORT for a header of neither kind, and the table's error when no entry holds
 /// the address.
@@ -463,7 +463,7 @@ fn from_grh(dev: &softhca::Context, port: u8, g: &[u8], out: &mut ibv_ah_attr) -
         };
         out.grh.dgid.raw = g[8..24].try_into().unwrap_or_default();
         out.grh.hop_limit = g[7];
-        out.grh.traffic_class = ((u32::from_be_bytes([g[0], g[1], g[2], g[3]]) >> 20) & 0xFF) as u8;
+        out.grh.traffic_class = (g[0] << 4) | (g[1] >> 4); // the 8 bits after the version
         (dst, v2)
     };
     // libibverbs' ibv_find_gid_index: the first entry holding the address, of the header's

@@ -532,9 +532,13 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         match x.qp.modify(&m) {
             Ok(()) => {
                 // Reset clears the attributes (the core's too: README, "Where softhca differs").
-                if has(IBV_QP_ACCESS_FLAGS) || target == QpState::Reset {
-                    let flags = if target == QpState::Reset { 0 } else { a.qp_access_flags as i32 };
-                    x.access_flags.store(flags, std::sync::atomic::Ordering::Relaxed);
+                let flags = if target == QpState::Reset {
+                    Some(0)
+                } else {
+                    has(IBV_QP_ACCESS_FLAGS).then_some(a.qp_access_flags)
+                };
+                if let Some(f) = flags {
+                    x.access_flags.store(f as i32, std::sync::atomic::Ordering::Relaxed);
                 }
                 // SAFETY: the program's copy of the state, written in place (as libibverbs does
                 // after a successful Modify QP) without a reference to the shared object.

@@ -1351,11 +1351,12 @@ pub(super) unsafe fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8, re
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// Linux's `cm_ack_timeout` on its own values (rxe's ACK delay 15, rdma_cm's lifetimes)
     /// and on any a peer's REP may carry, which must not overflow.
     #[test]
     fn cm_ack_timeout_as_linux() {
-        use super::cm_ack_timeout;
         assert_eq!(cm_ack_timeout(15, 18), 19);
         assert_eq!(cm_ack_timeout(15, 13), 16);
         assert_eq!(cm_ack_timeout(15, 16), 17);
@@ -1368,8 +1369,6 @@ mod tests {
             }
         }
     }
-
-    use super::*;
 
     /// The flow label of Linux's own REQs in the rxe interop captures (scripts/rxe-interop,
     /// `cm.ucmatose.shca-srv`): ucmatose's client on rxe, source port 0xcdb8 to port 7471,
