@@ -86,6 +86,7 @@ fn destroying_a_channel_ends_the_ids_on_it() {
 /// library never handed out, is -1 with EINVAL. Before, the second freed the event again.
 #[test]
 fn an_event_is_acknowledged_once() {
+    device_on_178();
     // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs.
     unsafe {
         let ch = softhca_rdma_create_event_channel();
@@ -270,6 +271,7 @@ impl Link {
     /// # Safety
     /// Calls the library's C ABI; the ids are the caller's to end with [`Link::end`].
     unsafe fn listening(port: u16) -> Link {
+        device_on_178();
         // SAFETY: the library's calls on local out pointers and addresses.
         unsafe {
             let (lch, cch) = (softhca_rdma_create_event_channel(), softhca_rdma_create_event_channel());
@@ -354,6 +356,26 @@ impl Link {
             softhca_rdma_destroy_event_channel(self.cch);
         }
     }
+}
+
+/// Opens the process's device on 127.0.0.178 (a bound loopback address places a device not
+/// yet open), once, before any test can open it elsewhere: the tests here run in parallel in
+/// one process, which has one device, and a device opened on the default address first (by
+/// `rdma_resolve_addr` with no source) would leave the listeners on 127.0.0.178 with no
+/// device, their REQs sent to a port nobody reads.
+fn device_on_178() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the library's own objects, each destroyed once; a local sockaddr.
+        unsafe {
+            let mut id = null_mut();
+            assert_eq!(softhca_rdma_create_id(null_mut(), &mut id, null_mut(), RDMA_PS_TCP), 0);
+            let mut a = sin([127, 0, 0, 178], 0);
+            assert_eq!(softhca_rdma_bind_addr(id, (&raw mut a).cast()), 0, "bind: {}", errno());
+            assert!(!(*id).verbs.is_null(), "the device is on 127.0.0.178");
+            assert_eq!(softhca_rdma_destroy_id(id), 0);
+        }
+    });
 }
 
 /// Connection parameters of one Read/Atomic each way.
