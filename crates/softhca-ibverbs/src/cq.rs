@@ -279,10 +279,12 @@ pub unsafe extern "C" fn ibv_resize_cq(c: *mut ibv_cq, cqe: c_int) -> c_int {
         // Linux's rxe runs a user QP's send queue in the `ibv_post_send` system call and writes a
         // UD or UC send's completion right after its packet: by the time a program resizes, what
         // it posted before has completed, and counts against the new size. Here the engine thread
-        // sends; the resize first gives it the time to (10 ms at most).
+        // sends; the resize first gives it the time to, as long as Destroy QP does
+        // (`SETTLE_MAX`: 10 ms, the bound before, is less than a loaded machine can hold the
+        // engine thread back, and the resize then took the sends' completions for not there).
         // SAFETY: the CQ's context is open.
         let device = &unsafe { ctx(q.ibv.base.context) }.ctx;
-        crate::settle(|| device.unsent(), std::time::Duration::from_millis(10));
+        crate::settle(|| device.unsent(), crate::SETTLE_MAX);
         match q.cq.resize(size) {
             Ok(n) => {
                 // SAFETY: `cqe` is the program's to read; written in place, under the CQ's

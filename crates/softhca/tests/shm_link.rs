@@ -86,7 +86,10 @@ fn rc_traffic_over_shared_memory() {
         for d in [&a.dev, &b.dev] {
             let c = d.counters();
             assert!(c.rx_datagrams > 0 && c.tx_datagrams > 0, "{c:?}");
-            assert_eq!((c.tx_no_peer, c.rx_stalled_slots), (0, 0), "{c:?}");
+            // Not `rx_stalled_slots`: a producer a loaded machine holds off its core for
+            // `STALL_NS` between its ticket and its publication is skipped, as it must be (the
+            // transport's retry then resends), so the count says how busy the machine was.
+            assert_eq!(c.tx_no_peer, 0, "{c:?}");
             assert!(c.tx_in_place > 0, "the 200 KB Writes and Read responses were built in place: {c:?}");
             match cores {
                 Cores::Far => assert_eq!(c.tx_in_place_far, c.tx_in_place, "{c:?}"),

@@ -8,10 +8,11 @@ use softhca::*;
 use udp_common::*;
 
 /// Taken by the tests that check what a poller's turns send together (answers with their
-/// ACKs) and by the round trips, which load both cores: run side by side (cargo runs a
-/// binary's tests two at a time), a round trip kept the poller of the other from its core
-/// between a Send's arrival and its answer, and the engine thread sent the ACK alone, as it
-/// must once the poller has stopped.
+/// ACKs) and by every test whose devices busy-poll or whose round trips load both cores: run
+/// side by side (cargo runs a binary's tests two at a time), a round trip or another test's
+/// busy-polling engine threads kept the poller of the first from its core between a Send's
+/// arrival and its answer, and the engine thread sent the ACK alone, as it must once the
+/// poller has stopped.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -121,6 +122,7 @@ fn wait_without_polling(secs: u64, what: impl FnOnce() -> String, cond: impl Fn(
 /// received, completions are made, all without a Poll for Completion.
 #[test]
 fn busy_poll_progresses_without_a_poller() {
+    let _one = one_at_a_time();
     let a = end(UdpConfig::default().busy_poll(true));
     let b = end(UdpConfig::default().busy_poll(true));
     assert!(a.dev.busy_poll());
@@ -162,6 +164,7 @@ fn busy_poll_progresses_without_a_poller() {
 /// and the retries are spent on the engine thread, so the Send fails with a retry error.
 #[test]
 fn busy_poll_timers_run_without_a_poller() {
+    let _one = one_at_a_time();
     // Port 4791 of a loopback address held by a plain socket that never reads: datagrams
     // sent there vanish and nothing comes back, and no device of a test running beside this
     // one can take the address (the datagrams go to port 4791 of the GID's address, so a hole
@@ -286,6 +289,7 @@ fn answers_carry_their_acks(busy_poll: bool, empty_polls: usize) {
 /// busy-poll mode.
 #[test]
 fn a_deferred_ack_leaves_before_a_later_request_of_another_qp() {
+    let _one = one_at_a_time();
     for busy_poll in [false, true] {
         let cfg = || UdpConfig::default().busy_poll(busy_poll);
         let (a, b) = (end(cfg()), end(cfg()));

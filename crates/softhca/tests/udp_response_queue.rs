@@ -91,9 +91,10 @@ fn flooded(cfg: UdpConfig, junk: usize, steered: u64) -> UdpCounters {
         floods.into_iter().map(|(f, sent)| f.join().map(|_| sent.load(Ordering::Relaxed)).unwrap()).sum();
     assert_eq!(back.to_vec().unwrap(), src.to_vec().unwrap());
     let c = a.dev.counters();
-    // The flood reached the device and was dropped there; where it left a backlog, responses
-    // were steered apart and read from their own queue.
+    // The flood reached the device and was dropped there; responses were read from their own
+    // queue only once the flood's backlog turned steering on. (Not the converse: a backlog
+    // after the last round turns steering on with no response left to steer.)
     assert!(flooded > 0 && c.drop_bad_icrc + c.drop_malformed > 0, "{flooded} {c:?}");
-    assert_eq!(c.steering_changes > 0, c.rx_response_queue > 0, "{c:?}");
+    assert!(c.rx_response_queue == 0 || c.steering_changes > 0, "{c:?}");
     c
 }

@@ -28,16 +28,24 @@ fn doorbell_leaves_tx_beyond_four_batches_until_idle_wake() {
         assert!(Instant::now() < deadline, "the engine never slept");
         std::thread::yield_now();
     }
+    let seen = Instant::now();
     let before = a.dev.counters();
+    // A test thread held off its core for half the engine's idle wake-up (50 ms) may post to
+    // an engine that woke meanwhile, which needs no doorbell: the post then tells nothing.
+    let held = seen.elapsed() > std::time::Duration::from_millis(25);
     a.qp.post_send(&[SendWr::send(1, &[src.sge(0..n)]).signaled()]).unwrap();
     let after = a.dev.counters();
     let sent = after.tx_datagrams - before.tx_datagrams;
     let woke = after.doorbells - before.doorbells;
-    assert!(
-        sent == 1024 || woke > 0,
-        "post left {} of 1024 datagrams queued with the engine asleep and no wake-up ({after:?})",
-        1024 - sent
-    );
+    if held {
+        eprintln!("the test thread was held back before its post: nothing to tell ({after:?})");
+    } else {
+        assert!(
+            sent == 1024 || woke > 0,
+            "post left {} of 1024 datagrams queued with the engine asleep and no wake-up ({after:?})",
+            1024 - sent
+        );
+    }
     assert_eq!(wait(&b.cq, 1, 10)[0].status, WcStatus::Success);
 }
 

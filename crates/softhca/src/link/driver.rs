@@ -1151,6 +1151,10 @@ mod tests {
         let r = rig(true);
         let d = &r.driver;
         assert!(!d.drive_inline(true)); // the poller's turn: it spins
+        assert_ne!(d.shared.last_inline.load(Ordering::Relaxed), 0, "the turn is marked");
+        // Its mark moved a second on, so that a test thread held off its core past
+        // DOORBELL_DEFER before the ring still finds the poller spinning.
+        d.shared.last_inline.store(d.now() + 1_000_000_000, Ordering::Relaxed);
         let before = r.flushes.load(Ordering::Relaxed);
         d.ring();
         assert_eq!(r.flushes.load(Ordering::Relaxed), before, "deferred to the poller's next turn");
