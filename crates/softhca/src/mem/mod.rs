@@ -8,9 +8,11 @@
 //! Rust reference to it while a region exists.
 //!
 //! The CRC-32 of every ICRC lives here too ([`crc32`]), beside the fused copy that folds it
-//! on the way ([`copy_crc`]).
+//! on the way ([`copy_crc`]); and what Deregister waits for before the memory is the
+//! program's again, the accesses in flight ([`inflight`]).
 
 pub mod crc32;
+pub(crate) mod inflight;
 
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -60,15 +62,23 @@ impl Region {
     /// A region over memory the caller owns; `None` for a null `addr`.
     ///
     /// # Safety
-    /// `addr..addr+len` must stay valid for reads and writes for as long as the region (and
-    /// every `MemRef` into it) lives, and the caller accepts concurrent writes by softhca and
-    /// remote peers, as from a DMA engine.
+    /// `addr..addr+len` must stay valid for reads and writes until the region that holds it
+    /// has been given up (its key out of the table, the key generation moved) and the
+    /// accesses in flight have ended ([`inflight::quiesce`]): a `MemRef` kept past that is not
+    /// used again, since every use re-checks its key once the generation has moved. The
+    /// caller accepts concurrent writes by softhca and remote peers, as from a DMA engine.
     pub unsafe fn borrowed(addr: *mut u8, len: usize) -> Option<Region> {
         Some(Region { ptr: NonNull::new(addr)?, len, owned: false })
     }
 
     pub fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
+    }
+
+    /// The memory is the caller's ([`Region::borrowed`]): once the region is given up, no
+    /// access may be left in flight (see [`inflight`]).
+    pub fn is_borrowed(&self) -> bool {
+        !self.owned
     }
 
     pub fn len(&self) -> usize {
@@ -95,8 +105,10 @@ impl Drop for Region {
     }
 }
 
-/// A checked window into a region: what an access check grants (`verbs::Context::check_access`). Holding it keeps the
-/// memory alive even if the MR is deregistered meanwhile.
+/// A checked window into a region: what an access check grants (`verbs::Context::check_access`). Holding it keeps a
+/// region's own memory alive even if the MR is deregistered meanwhile; memory the program
+/// lent (`Region::borrowed`) is its again once Deregister returns, and a `MemRef` into it is
+/// used only after its key is checked again (see [`inflight`]).
 #[derive(Clone)]
 pub struct MemRef {
     mem: Arc<Region>,

@@ -8,8 +8,16 @@
 //! the thread that drove it. Inside a verb, callbacks are queued the same way, so a handler
 //! may call any verb, on the same QP or CQ included; a verb's own events are delivered at once
 //! (Destroy purges the events of what it destroys, and must see them).
+//!
+//! A step is also an access to registered memory: the thread's slot of `mem::inflight` is
+//! marked while the outermost step runs (and while a verb gathers an inline send from its
+//! SGEs, [`access`]), so that Deregister returns only once no step that might still touch the
+//! region's memory is running ([`quiesce`]). The slot lives beside the effects, in the one
+//! thread-local a step already reads.
 
 use std::cell::{Cell, RefCell};
+
+use crate::mem::inflight::{self, Slot};
 
 type Call = Box<dyn FnOnce()>;
 
@@ -22,11 +30,31 @@ struct Effects {
     queue: RefCell<Vec<Call>>,
     /// Engine steps open.
     steps: Cell<u32>,
+    /// Accesses to registered memory open (an engine step is one): the outermost marks this
+    /// thread's slot, which Deregister waits on (`mem::inflight`).
+    accesses: Cell<u32>,
+    /// This thread's slot, taken at its first access and given back when the thread ends.
+    slot: Cell<Option<&'static Slot>>,
+}
+
+impl Drop for Effects {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot.get() {
+            s.give_back();
+        }
+    }
 }
 
 thread_local! {
-    static EFFECTS: Effects =
-        const { Effects { open: Cell::new(false), queue: RefCell::new(Vec::new()), steps: Cell::new(0) } };
+    static EFFECTS: Effects = const {
+        Effects {
+            open: Cell::new(false),
+            queue: RefCell::new(Vec::new()),
+            steps: Cell::new(0),
+            accesses: Cell::new(0),
+            slot: Cell::new(None),
+        }
+    };
 }
 
 /// Closes the outermost scope even if a callback panics, so later verbs do not queue forever.
@@ -57,13 +85,45 @@ impl Drop for StepOpen<'_> {
     }
 }
 
+/// An access to registered memory open on this thread (see [`access`]); the outermost marks
+/// the thread's slot and unmarks it when dropped, a panic included.
+struct AccessOpen<'a>(&'a Effects);
+
+impl<'a> AccessOpen<'a> {
+    fn new(e: &'a Effects) -> Self {
+        let n = e.accesses.get();
+        if n == 0 {
+            let slot = e.slot.get().unwrap_or_else(|| {
+                let s = Slot::take();
+                e.slot.set(Some(s));
+                s
+            });
+            slot.enter();
+        }
+        e.accesses.set(n + 1);
+        AccessOpen(e)
+    }
+}
+
+impl Drop for AccessOpen<'_> {
+    fn drop(&mut self) {
+        let n = self.0.accesses.get() - 1;
+        self.0.accesses.set(n);
+        if n == 0 {
+            if let Some(s) = self.0.slot.get() {
+                s.leave();
+            }
+        }
+    }
+}
+
 impl Effects {
     /// Runs `f` as a scope (and a step, if `step`): see [`scope`].
     fn run<R>(&self, step: bool, f: impl FnOnce() -> R) -> R {
         let outermost = !self.open.replace(true);
         let _close = outermost.then(|| Outermost(self));
         let r = {
-            let _step = step.then(|| StepOpen::new(self));
+            let _step = step.then(|| (StepOpen::new(self), AccessOpen::new(self)));
             f()
         };
         // A callback that calls verbs may queue more; they join this same loop.
@@ -88,6 +148,7 @@ fn enter<R>(step: bool, f: impl FnOnce() -> R) -> R {
     let _ = EFFECTS.try_with(|e| out = f.take().map(|f| e.run(step, f)));
     match (out, f) {
         (Some(r), _) => r,
+        (None, Some(f)) if step => unslotted(f),
         (None, Some(f)) => f(),
         (None, None) => unreachable!("the scope's function ran but returned nothing"),
     }
@@ -104,6 +165,43 @@ pub(crate) fn scope<R>(f: impl FnOnce() -> R) -> R {
 /// Runs an engine step `f` as a [`scope`] in which wake-ups are deferred too (see [`wake`]).
 pub(crate) fn step<R>(f: impl FnOnce() -> R) -> R {
     enter(true, f)
+}
+
+/// Runs `f`, which checks keys and touches the memory they grant outside an engine step (an
+/// inline send's gather at its post), as one access: Deregister waits for it to end (see
+/// `mem::inflight`). An engine step is such an access already.
+pub(crate) fn access<R>(f: impl FnOnce() -> R) -> R {
+    let mut f = Some(f);
+    let mut out = None;
+    let _ = EFFECTS.try_with(|e| {
+        let _open = AccessOpen::new(e);
+        out = f.take().map(|f| f());
+    });
+    match (out, f) {
+        (Some(r), _) => r,
+        (None, Some(f)) => unslotted(f),
+        (None, None) => unreachable!("the access's function ran but returned nothing"),
+    }
+}
+
+/// Runs `f` as an access of a thread whose thread-locals are being torn down.
+fn unslotted<R>(f: impl FnOnce() -> R) -> R {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            inflight::leave_unslotted();
+        }
+    }
+    inflight::enter_unslotted();
+    let _leave = Leave;
+    f()
+}
+
+/// Waits until every access to registered memory in flight on another thread has ended (see
+/// `mem::inflight`): Deregister's last step, once the key is out and the generation moved.
+pub(crate) fn quiesce() {
+    let own = EFFECTS.try_with(|e| e.slot.get()).ok().flatten();
+    inflight::quiesce(own);
 }
 
 /// Runs `call` now when no scope is open on this thread (or its thread-locals are gone), else
@@ -157,6 +255,40 @@ mod tests {
         let l = log.clone();
         scope(|| wake(move || l.borrow_mut().push("verb")));
         assert_eq!(log.borrow().last(), Some(&"verb"));
+    }
+
+    /// An engine step, and an access outside one, is an access to registered memory:
+    /// Deregister's quiesce on another thread waits for it to end (see `mem::inflight`); a
+    /// scope that is neither is not waited for.
+    #[test]
+    fn a_step_and_an_access_hold_a_quiesce_until_they_end() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let held = |open: &dyn Fn(&mut dyn FnMut())| {
+            let (started, ended) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+            let mut waiter = None;
+            open(&mut || {
+                let (s, e) = (started.clone(), ended.clone());
+                waiter = Some(std::thread::spawn(move || {
+                    s.store(true, Ordering::Release);
+                    crate::mem::inflight::quiesce(None);
+                    e.load(Ordering::Acquire)
+                }));
+                while !started.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+                for _ in 0..1000 {
+                    std::thread::yield_now();
+                }
+                ended.store(true, Ordering::Release);
+            });
+            waiter.map(|w| w.join().unwrap())
+        };
+        assert_eq!(held(&|f| step(f)), Some(true), "a step");
+        assert_eq!(held(&|f| access(f)), Some(true), "an access");
+        assert_eq!(held(&|f| scope(|| step(f))), Some(true), "a step inside a scope");
+        // Nothing marked after the step: a quiesce returns at once.
+        crate::mem::inflight::quiesce(None);
     }
 
     /// A scope opened inside another (a verb's step inside a poll's scope) leaves what the

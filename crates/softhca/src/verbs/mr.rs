@@ -219,9 +219,9 @@ impl Pd {
     /// Register Memory Region over memory the caller owns (the C ABI's `ibv_reg_mr`).
     ///
     /// # Safety
-    /// `addr..addr+len` must be valid for reads and writes for as long as the returned `Mr` (and
-    /// any transfer using it) lives, and the caller accepts that softhca and remote peers write
-    /// it concurrently, as a DMA engine would.
+    /// `addr..addr+len` must be valid for reads and writes until the returned `Mr` is
+    /// deregistered or dropped (each returns once no access is left in flight), and the caller
+    /// accepts that softhca and remote peers write it concurrently, as a DMA engine would.
     pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
         self.inner.check()?;
         check_access_flags(access)?;
@@ -439,6 +439,10 @@ impl Mr {
         }
         self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
         drop(keys);
+        if self.inner.mem.is_borrowed() {
+            // The program may free the old memory once this returns.
+            super::effects::quiesce();
+        }
         if new_pd.is_some() {
             self.inner.pd.release();
         }
@@ -446,8 +450,9 @@ impl Mr {
         Ok(())
     }
 
-    /// Deregister Memory Region. In-flight accesses finish on memory that stays alive until
-    /// they do; new ones miss the key.
+    /// Deregister Memory Region. New accesses miss the key; over memory the caller owns
+    /// ([`Pd::reg_mr_raw`]) this returns once the accesses in flight have ended, so that the
+    /// memory is the caller's again, as after Linux's `ibv_dereg_mr` (see `mem::inflight`).
     pub fn dereg(&self) -> Result<()> {
         self.dev.check_open()?;
         self.remove_key(false)
@@ -472,6 +477,9 @@ impl Mr {
         let removed = keys.remove(self.inner.key());
         self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
         drop(keys);
+        if self.inner.mem.is_borrowed() {
+            super::effects::quiesce();
+        }
         if removed.is_some() {
             self.inner.pd.release();
             give(&self.dev.counts.mr);

@@ -1293,19 +1293,22 @@ fn wr_length(wr: &SendWr<'_>) -> u64 {
     }
 }
 
-/// Copies an INLINE WR's gather list into `out`, each piece checked against its L_Key.
+/// Copies an INLINE WR's gather list into `out`, each piece checked against its L_Key, as
+/// one access (a Deregister of a key it uses waits for it).
 fn inline_from_sges(q: &QpInner, sges: &[crate::types::Sge], out: &mut Vec<u8>) -> bool {
-    for s in sges {
-        let Ok(m) = q.dev.check_access(s.lkey, q.pd, q.qpn, s.addr, s.length as u64, Access::empty()) else {
-            return false;
-        };
-        let at = out.len();
-        out.resize(at + s.length as usize, 0);
-        if m.read(0, &mut out[at..]).is_err() {
-            return false;
+    super::effects::access(|| {
+        for s in sges {
+            let Ok(m) = q.dev.check_access(s.lkey, q.pd, q.qpn, s.addr, s.length as u64, Access::empty()) else {
+                return false;
+            };
+            let at = out.len();
+            out.resize(at + s.length as usize, 0);
+            if m.read(0, &mut out[at..]).is_err() {
+                return false;
+            }
         }
-    }
-    true
+        true
+    })
 }
 
 fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
