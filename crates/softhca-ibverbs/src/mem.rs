@@ -186,8 +186,28 @@ fn mapped(addr: usize, len: usize, write: bool) -> bool {
     false
 }
 
+/// The R_Key `ibv_reg_mr` reports for a region with `rights`: its key if they include a remote
+/// one, else 0, as rxe's `rxe_mr_init` reports it (the key would be refused anyway).
+fn reported_rkey(key: u32, rights: softhca::Access) -> u32 {
+    let remote = softhca::Access::REMOTE_READ | softhca::Access::REMOTE_WRITE | softhca::Access::REMOTE_ATOMIC;
+    if rights.intersects(remote) {
+        key
+    } else {
+        0
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    // SAFETY: the caller's guarantees.
+    unsafe { reg_mr(p, addr, length, addr as u64, access) }
+}
+
+/// `ibv_reg_mr` with the region's virtual addresses starting at `iova`.
+///
+/// # Safety
+/// A live PD; memory the program keeps mapped until it deregisters the region.
+unsafe fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
     // SAFETY: a live PD.
     let pd = unsafe { pd(p) };
     if let Err(e) = check_access(access) {
@@ -207,7 +227,7 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
     }
     // SAFETY: the caller registers memory it owns and keeps mapped until ibv_dereg_mr, as the
     // libibverbs contract says; softhca only touches it through the region's checks.
-    match unsafe { pd.pd.reg_mr_raw(addr.cast(), length, access_of(access)) } {
+    match unsafe { pd.pd.reg_mr_raw_iova(addr.cast(), length, iova, access_of(access)) } {
         Ok(mr) => {
             let ibv = ibv_mr {
                 context: pd.ibv.context,
@@ -216,7 +236,7 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
                 length,
                 handle: mr.lkey(),
                 lkey: mr.lkey(),
-                rkey: mr.rkey(),
+                rkey: reported_rkey(mr.rkey(), mr.access()),
             };
             let handle = ibv.handle;
             let mr = std::sync::Arc::new(std::sync::RwLock::new(mr));
@@ -230,7 +250,9 @@ pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: u
     }
 }
 
-/// `ibv_reg_mr` with an I/O virtual address: only `iova == addr` (what `ibv_reg_mr` means).
+/// `ibv_reg_mr` with an I/O virtual address: local SGEs and remote accesses name the region's
+/// memory from `iova` on. Its offset in a page must be the address's (EINVAL, as the kernel's
+/// `ib_uverbs_reg_mr` checks).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr_iova2(
     p: *mut ibv_pd,
@@ -239,11 +261,12 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut ibv_mr {
-    if iova != addr as u64 {
-        return fail(libc::EOPNOTSUPP);
+    let page = page_size() as u64;
+    if iova % page != addr as u64 % page {
+        return fail(libc::EINVAL);
     }
     // SAFETY: forwarded with the caller's guarantees.
-    unsafe { ibv_reg_mr(p, addr, length, access as c_int) }
+    unsafe { reg_mr(p, addr, length, iova, access as c_int) }
 }
 
 #[no_mangle]
@@ -538,18 +561,16 @@ pub unsafe extern "C" fn ibv_detach_mcast(q: *mut ibv_qp, gid: *const ibv_gid, l
 const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
 const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
 const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
-/// With `IBV_REREG_MR_KEEP_VALID`: what libibverbs passes on; the kernel takes the first three.
-const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = (1 << 4) - 1;
-const IB_MR_REREG_SUPPORTED: c_int =
-    IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+/// What libibverbs 44 passes on (`IBV_REREG_MR_KEEP_VALID`, bit 3, went in v32).
+const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = (IBV_REREG_MR_CHANGE_ACCESS << 1) - 1;
 const IBV_REREG_MR_ERR_INPUT: c_int = -1;
 const IBV_REREG_MR_ERR_CMD: c_int = -4;
 
 /// Reregister Memory Region (`softhca::Mr::rereg_raw`): a new PD, new rights or new memory
 /// under the same keys. libibverbs' checks first (an imported region, an unknown flag, a
 /// translation without an address or a length, rights without `IBV_REREG_MR_CHANGE_ACCESS`:
-/// `IBV_REREG_MR_ERR_INPUT`, EINVAL), then the kernel's (`ib_uverbs_rereg_mr`: no flag or
-/// `IBV_REREG_MR_KEEP_VALID`, rights as `ibv_reg_mr` checks them, a PD of another context;
+/// `IBV_REREG_MR_ERR_INPUT`, EINVAL), then the kernel's (`ib_uverbs_rereg_mr`: no flag,
+/// rights as `ibv_reg_mr` checks them, a PD of another context;
 /// memory that is not mapped with the rights: EFAULT, as the kernel's pin), each failing with
 /// `IBV_REREG_MR_ERR_CMD` and errno. The translation is mlx5's: rxe answers it EOPNOTSUPP.
 /// On success the program's `ibv_mr` gets the new PD, address and length, as libibverbs
@@ -584,7 +605,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     {
         return input(libc::EINVAL);
     }
-    if flags & !IB_MR_REREG_SUPPORTED != 0 || flags == 0 {
+    if flags == 0 {
         return cmd(libc::EINVAL);
     }
     let new_access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
@@ -606,7 +627,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     };
     let mut region = x.mr.write().unwrap_or_else(|e| e.into_inner());
     let rights = new_access.unwrap_or(region.access());
-    let (at, len) = if translate { (addr as usize, length) } else { (region.addr() as usize, region.len()) };
+    let (at, len) = if translate { (addr as usize, length) } else { (x.ibv.addr as usize, x.ibv.length) };
     if at.checked_add(len).is_none() {
         return cmd(libc::EINVAL);
     }
@@ -628,7 +649,12 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         x.ibv.addr = addr;
         x.ibv.length = length;
     }
-    (x.ibv.lkey, x.ibv.rkey) = (region.lkey(), region.rkey());
+    // Rights that now include a remote one report the key (which rxe, keeping the R_Key of
+    // the registration, would leave 0 for a region registered without); others keep it.
+    x.ibv.lkey = region.lkey();
+    if reported_rkey(region.rkey(), region.access()) != 0 {
+        x.ibv.rkey = region.rkey();
+    }
     0
 }
 

@@ -100,7 +100,7 @@ fn local_invalidate_and_register_again() {
 
 /// The refusals one by one, each on a fresh pair: a Local Invalidate of a Free region or of a
 /// region registered whole, a Fast Register whose rights are inconsistent (remote write
-/// without local write), of an ordinary region, or that keeps the key byte.
+/// without local write), or of an ordinary region.
 #[test]
 fn what_fast_registration_refuses() {
     let refused = |make: &dyn for<'m> Fn(&'m Mr, &'m Mr) -> SendWr<'m>| {
@@ -120,5 +120,47 @@ fn what_fast_registration_refuses() {
     refused(&|_, whole| SendWr::local_inv(1, whole.rkey()));
     refused(&|fast, _| SendWr::fast_reg(1, fast, Access::REMOTE_WRITE, (fast.rkey() as u8).wrapping_add(1)));
     refused(&|_, whole| SendWr::fast_reg(1, whole, Access::LOCAL_WRITE, (whole.rkey() as u8).wrapping_add(1)));
-    refused(&|fast, _| SendWr::fast_reg(1, fast, Access::LOCAL_WRITE, fast.rkey() as u8));
+}
+
+/// A Fast Register may give the region the key byte it has (rxe's `rxe_reg_fast_mr` checks
+/// only that the index stays; a window's bind is what must change its key): the key then
+/// works with the rights asked. Before, it was refused with Local QP Operation Error.
+#[test]
+fn a_fast_register_may_keep_the_key_byte() {
+    let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+    let mr = p.b.pd.alloc_fast_reg_mr(vec![0; 4096]).unwrap();
+    let key = mr.rkey();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    assert_eq!(local(&mut p, SendWr::fast_reg(1, &mr, access, key as u8)), (1, WcStatus::Success, WcOpcode::FastReg));
+    assert_eq!(mr.rkey(), key, "the same key");
+    assert_eq!(write_through(&mut p, mr.addr(), key), WcStatus::Success);
+    assert!(mr.to_vec().unwrap()[..64].iter().all(|b| *b == 0x5A));
+}
+
+/// A memory window binds to a fast-registration region whose Fast Register granted Bind and
+/// Local Write (WR-BIND-3), and a Write through the window's R_Key lands; on a Free region, or
+/// one registered without Bind, the bind fails (Memory Window Bind Error). Before, every bind
+/// to a fast-registration region failed: the check read the rights it was allocated with (none).
+#[test]
+fn a_window_binds_to_a_fast_registered_region() {
+    let bind = |rights: Option<Access>| {
+        let mut p = Pair::new(QpType::Rc, Mtu::Mtu1024);
+        let mr = p.b.pd.alloc_fast_reg_mr(vec![0; 4096]).unwrap();
+        if let Some(r) = rights {
+            let byte = (mr.rkey() as u8).wrapping_add(1);
+            assert_eq!(local(&mut p, SendWr::fast_reg(1, &mr, r, byte)).1, WcStatus::Success);
+        }
+        let mw = p.b.pd.alloc_mw_of(MwType::Type2).unwrap();
+        let key = (mw.rkey() as u8).wrapping_add(1);
+        let wr = SendWr::bind_mw(2, &mw, &mr, mr.addr(), 4096, Access::REMOTE_WRITE).new_key(key);
+        let status = local(&mut p, wr).1;
+        let landed = status == WcStatus::Success && {
+            assert_eq!(write_through(&mut p, mr.addr() + 128, mw.rkey()), WcStatus::Success);
+            mr.to_vec().unwrap()[128..192].iter().all(|b| *b == 0x5A)
+        };
+        (status, landed)
+    };
+    assert_eq!(bind(Some(Access::LOCAL_WRITE | Access::MW_BIND)), (WcStatus::Success, true));
+    assert_eq!(bind(None), (WcStatus::MwBindErr, false), "a Free region");
+    assert_eq!(bind(Some(Access::LOCAL_WRITE)), (WcStatus::MwBindErr, false), "registered without Bind");
 }

@@ -32,11 +32,12 @@ pub enum AccessError {
     MissingRight,
 }
 
-/// The memory of one registered region: `len` bytes at `ptr`, which is also the region's
-/// virtual address (`iova == addr`).
+/// The memory of one registered region: `len` bytes at `ptr`, addressed by keys from `iova`
+/// on (the host address, unless the program chose another: `ibv_reg_mr_iova`).
 pub(crate) struct Region {
     ptr: NonNull<u8>,
     len: usize,
+    iova: u64,
     /// The region owns its buffer (registered from a `Vec`) and frees it when dropped.
     owned: bool,
 }
@@ -56,10 +57,11 @@ impl Region {
         // SAFETY: Box::into_raw never returns null (a zero-length box gives a dangling,
         // non-null pointer).
         let ptr = unsafe { NonNull::new_unchecked(raw) };
-        Region { ptr, len, owned: true }
+        Region { ptr, len, iova: raw as u64, owned: true }
     }
 
-    /// A region over memory the caller owns; `None` for a null `addr`.
+    /// A region over memory the caller owns, addressed by keys from `iova` on; `None` for a
+    /// null `addr`.
     ///
     /// # Safety
     /// `addr..addr+len` must stay valid for reads and writes until the region that holds it
@@ -67,12 +69,13 @@ impl Region {
     /// accesses in flight have ended ([`inflight::quiesce`]): a `MemRef` kept past that is not
     /// used again, since every use re-checks its key once the generation has moved. The
     /// caller accepts concurrent writes by softhca and remote peers, as from a DMA engine.
-    pub unsafe fn borrowed(addr: *mut u8, len: usize) -> Option<Region> {
-        Some(Region { ptr: NonNull::new(addr)?, len, owned: false })
+    pub unsafe fn borrowed(addr: *mut u8, len: usize, iova: u64) -> Option<Region> {
+        Some(Region { ptr: NonNull::new(addr)?, len, iova, owned: false })
     }
 
+    /// The region's first virtual address: where keys address it from.
     pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
+        self.iova
     }
 
     /// The memory is the caller's ([`Region::borrowed`]): once the region is given up, no

@@ -157,6 +157,18 @@ impl MrInner {
         self.mem.addr()
     }
 
+    /// The rights the region's keys grant now: those it was registered with, or a
+    /// fast-registration region's Fast Register's (None while it is Free).
+    pub(crate) fn rights(&self) -> Option<Access> {
+        match &self.fast {
+            None => Some(self.access),
+            Some(f) => {
+                let st = *f.lock().unwrap_or_else(|e| e.into_inner());
+                st.valid.then_some(st.access)
+            }
+        }
+    }
+
     pub(crate) fn range_offset(&self, addr: u64, len: u64) -> Option<usize> {
         self.mem.range_offset(addr, len)
     }
@@ -223,10 +235,20 @@ impl Pd {
     /// deregistered or dropped (each returns once no access is left in flight), and the caller
     /// accepts that softhca and remote peers write it concurrently, as a DMA engine would.
     pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        // SAFETY: the caller's contract.
+        unsafe { self.reg_mr_raw_iova(addr, len, addr as u64, access) }
+    }
+
+    /// [`Pd::reg_mr_raw`] with the region's virtual addresses starting at `iova` instead of
+    /// `addr` (`ibv_reg_mr_iova2`): local SGEs and remote accesses name the memory by them.
+    ///
+    /// # Safety
+    /// As [`Pd::reg_mr_raw`].
+    pub unsafe fn reg_mr_raw_iova(&self, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<Mr> {
         self.inner.check()?;
         check_access_flags(access)?;
         // SAFETY: the caller's contract is `Region::borrowed`'s.
-        let mem = unsafe { Region::borrowed(addr, len) }.ok_or(VerbsError::InvalidArgument("null address"))?;
+        let mem = unsafe { Region::borrowed(addr, len, iova) }.ok_or(VerbsError::InvalidArgument("null address"))?;
         self.register(mem, access)
     }
 
@@ -300,7 +322,8 @@ impl Mr {
         self.inner.key()
     }
 
-    /// The region's first virtual address (equal to its host address).
+    /// The region's first virtual address (its host address, unless registered with another:
+    /// [`Pd::reg_mr_raw_iova`]).
     pub fn addr(&self) -> u64 {
         self.inner.addr()
     }
@@ -381,9 +404,10 @@ impl Mr {
     ) -> Result<()> {
         let region = match mem {
             // SAFETY: the caller's contract is `Region::borrowed`'s.
-            Some((addr, len)) => {
-                Some(unsafe { Region::borrowed(addr, len) }.ok_or(VerbsError::InvalidArgument("null address"))?)
-            }
+            Some((addr, len)) => Some(
+                unsafe { Region::borrowed(addr, len, addr as u64) }
+                    .ok_or(VerbsError::InvalidArgument("null address"))?,
+            ),
             None => None,
         };
         self.rereg_with(pd, access, region)
@@ -527,16 +551,8 @@ pub(crate) fn check_access(
             if mr.pd.handle != pd_handle {
                 return Err(AccessError::WrongPd);
             }
-            let rights = match &mr.fast {
-                None => mr.access,
-                Some(f) => {
-                    let st = *f.lock().unwrap_or_else(|e| e.into_inner());
-                    if !st.valid {
-                        return Err(AccessError::BadKey); // Free: invalidated, or never registered
-                    }
-                    st.access
-                }
-            };
+            // None: a Free fast-registration region (invalidated, or never registered).
+            let rights = mr.rights().ok_or(AccessError::BadKey)?;
             let offset = mr.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
             if !rights.contains(access) {
                 return Err(AccessError::MissingRight);
@@ -575,7 +591,8 @@ pub(crate) fn check_access(
 
 /// Executes a Fast Register work request of a QP of PD `pd_handle` (IBA 10.6.3's Fast
 /// Registration): the region named by its current key must be a fast-registration region of
-/// that PD and Free; its keys get the consumer's key byte (which must change) and it becomes
+/// that PD and Free; its keys get the consumer's key byte (the one they have, too, as rxe's
+/// `rxe_reg_fast_mr` takes it; a memory window's bind must change its key) and it becomes
 /// Valid with the request's rights. Anything else fails the WQE with Local QP Operation Error,
 /// as rxe completes a Register MR it refuses.
 pub(crate) fn fast_reg(dev: &DeviceInner, pd_handle: u32, req: &FastRegRequest) -> std::result::Result<(), WcStatus> {
@@ -591,7 +608,12 @@ pub(crate) fn fast_reg(dev: &DeviceInner, pd_handle: u32, req: &FastRegRequest) 
     if st.valid {
         return fail;
     }
-    let Some(new_key) = keys.rekey(&mut *rng, req.key, Some(req.new_key)) else { return fail };
+    let new_key = if u32::from(req.new_key) == req.key & 0xff {
+        req.key
+    } else {
+        let Some(k) = keys.rekey(&mut *rng, req.key, Some(req.new_key)) else { return fail };
+        k
+    };
     mr.key.store(new_key, Ordering::Release);
     *st = FastReg { valid: true, access: req.access };
     dev.key_gen.fetch_add(1, Ordering::AcqRel);

@@ -138,11 +138,12 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, qpn: u32, b: &BindRequest)
         None
     } else {
         let Some(mr) = keys.mr(b.mr_key).cloned() else { return fail };
-        if mr.pd.handle != pd_handle || !mr.access.contains(Access::MW_BIND) {
+        // A fast-registration region's rights are its Fast Register's; a Free one has none.
+        let rights = mr.rights().unwrap_or(Access::empty());
+        if mr.pd.handle != pd_handle || !rights.contains(Access::MW_BIND) {
             return fail;
         }
-        if b.access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !mr.access.contains(Access::LOCAL_WRITE)
-        {
+        if b.access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !rights.contains(Access::LOCAL_WRITE) {
             return fail; // WR-BIND-3, WR-BIND-4
         }
         if mr.range_offset(b.addr, b.length).is_none() {
