@@ -255,6 +255,130 @@ fn the_ack_timeout_option_reaches_the_route_and_the_peer() {
     }
 }
 
+/// Ports as Linux's rdma_cm shares them (`cma_check_port`): ids on different addresses share a
+/// port, a second id on the same address is EADDRINUSE, one on the any address beside one on
+/// an address EADDRNOTAVAIL; ids that both set REUSEADDR share it until one listens (its
+/// listen checks without reuse: EADDRINUSE while the other is there); REUSEADDR cannot be
+/// cleared once bound, and AFONLY cannot be set once resolved (EINVAL). Of two listeners on
+/// one port, the one on the address a REQ names takes it. Before, a port had one owner:
+/// every second bind was EADDRINUSE.
+#[test]
+fn ports_are_shared_by_address_as_linuxs() {
+    device_on_178();
+    let _dog = Watchdog::start("ports_are_shared_by_address_as_linuxs", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs
+    // and option values.
+    unsafe {
+        let ch = softhca_rdma_create_event_channel();
+        let id = || {
+            let mut id = null_mut();
+            assert_eq!(softhca_rdma_create_id(ch, &mut id, null_mut(), RDMA_PS_TCP), 0);
+            id
+        };
+        let bind = |id, ip: [u8; 4], port| {
+            let mut a = sin(ip, port);
+            (softhca_rdma_bind_addr(id, (&raw mut a).cast()), errno())
+        };
+        let mut on: c_int = 1;
+        let reuse = |id, v: &mut c_int| {
+            let r = softhca_rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, (v as *mut c_int).cast(), 4);
+            (r, errno())
+        };
+        let (a, b, c, d) = (id(), id(), id(), id());
+        assert_eq!(bind(a, [127, 0, 0, 178], 7400).0, 0);
+        assert_eq!(bind(b, [127, 0, 0, 179], 7400).0, 0, "another address, the same port");
+        assert_eq!(bind(c, [0, 0, 0, 0], 7400), (-1, libc::EADDRNOTAVAIL), "the any address beside them");
+        assert_eq!(bind(d, [127, 0, 0, 178], 7400), (-1, libc::EADDRINUSE), "the same address");
+
+        // REUSEADDR on both: shared; the first to listen is refused while the other holds it.
+        let (e, f) = (id(), id());
+        assert_eq!(reuse(e, &mut on).0, 0);
+        assert_eq!(reuse(f, &mut on).0, 0);
+        assert_eq!(bind(e, [127, 0, 0, 180], 7401).0, 0);
+        assert_eq!(bind(f, [127, 0, 0, 180], 7401).0, 0, "both reuse");
+        let mut off: c_int = 0;
+        assert_eq!(reuse(f, &mut off), (-1, libc::EINVAL), "cleared after the bind");
+        assert_eq!((softhca_rdma_listen(e, 4), errno()), (-1, libc::EADDRINUSE), "a listen shares nothing");
+        assert_eq!(softhca_rdma_destroy_id(f), 0);
+        assert_eq!(softhca_rdma_listen(e, 4), 0, "alone on the port");
+        assert_eq!(reuse(e, &mut on), (-1, libc::EINVAL), "set on a listener");
+
+        // Two listeners on port 7400: the REQ to 127.0.0.178 goes to the one bound there.
+        assert_eq!(softhca_rdma_listen(b, 4), 0);
+        assert_eq!(softhca_rdma_listen(a, 4), 0);
+        let cch = softhca_rdma_create_event_channel();
+        let mut cl = null_mut();
+        assert_eq!(softhca_rdma_create_id(cch, &mut cl, null_mut(), RDMA_PS_TCP), 0);
+        let mut dst = sin([127, 0, 0, 178], 7400);
+        assert_eq!(softhca_rdma_resolve_addr(cl, null_mut(), (&raw mut dst).cast(), 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        let mut t: c_int = 1;
+        let afonly = softhca_rdma_set_option(cl, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, (&raw mut t).cast(), 4);
+        assert_eq!((afonly, errno()), (-1, libc::EINVAL), "AFONLY once resolved");
+        assert_eq!(softhca_rdma_resolve_route(cl, 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(cl, null_mut(), &mut attr), 0);
+        let mut p = conn_param();
+        assert_eq!(softhca_rdma_connect(cl, &mut p), 0);
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).listen_id), (RDMA_CM_EVENT_CONNECT_REQUEST, a), "the listener on .178");
+        let s = (*ev).id;
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        assert_eq!(softhca_rdma_reject(s, null_mut(), 0), 0);
+        assert_eq!(softhca_rdma_get_cm_event(cch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).status), (RDMA_CM_EVENT_REJECTED, 28), "Consumer Reject");
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        softhca_rdma_destroy_qp(cl);
+        for x in [s, cl, a, b, c, d, e] {
+            assert_eq!(softhca_rdma_destroy_id(x), 0);
+        }
+        softhca_rdma_destroy_event_channel(cch);
+        softhca_rdma_destroy_event_channel(ch);
+    }
+}
+
+/// A port below 1024 needs CAP_NET_BIND_SERVICE, as Linux's `cma_use_port` asks: EACCES for a
+/// thread without it (this test drops it from its own thread's effective set; capabilities are
+/// per thread), while a port the library picks is bound. Before, any port was bound.
+#[test]
+fn a_port_below_1024_needs_cap_net_bind_service() {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    device_on_178();
+    std::thread::spawn(|| {
+        // SAFETY: capget/capset of the calling thread (pid 0) with a version 3 header and its
+        // two data words; the library's own objects, each destroyed once; local sockaddrs.
+        unsafe {
+            let mut h = CapHeader { version: 0x2008_0522, pid: 0 };
+            let mut d = [CapData::default(); 2];
+            assert_eq!(libc::syscall(libc::SYS_capget, &raw mut h, d.as_mut_ptr()), 0);
+            d[0].effective &= !(1 << 10);
+            assert_eq!(libc::syscall(libc::SYS_capset, &raw mut h, d.as_mut_ptr()), 0);
+            let mut id = null_mut();
+            assert_eq!(softhca_rdma_create_id(null_mut(), &mut id, null_mut(), RDMA_PS_TCP), 0);
+            let mut a = sin([127, 0, 0, 178], 999);
+            assert_eq!((softhca_rdma_bind_addr(id, (&raw mut a).cast()), errno()), (-1, libc::EACCES));
+            let mut any = sin([127, 0, 0, 178], 0);
+            assert_eq!(softhca_rdma_bind_addr(id, (&raw mut any).cast()), 0, "a port the library picks");
+            assert_eq!(softhca_rdma_destroy_id(id), 0);
+        }
+    })
+    .join()
+    .unwrap();
+}
+
 /// A listener on 127.0.0.178 and a client id, each on a channel of its own: what the
 /// connection tests above start from.
 struct Link {

@@ -165,16 +165,24 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
 /// or a REJ). Done once: the port is forgotten after.
 fn release(g: &mut Global, id: &mut Id) {
     // An id a request made carries its listener's port without owning it: only the port's
-    // owner gives up its reservation (a new owner may hold it by now).
-    let owned = g.ports.get(&(id.c.ps, id.st.port)) == Some(&id.serial);
-    g.ports.retain(|_, s| *s != id.serial);
-    g.listeners.retain(|_, s| *s != id.serial);
+    // owners give up its reservation, the last of them (a new owner may hold it by now).
+    let key = (id.c.ps, id.st.port);
+    let owned = g.ports.get(&key).is_some_and(|o| o.contains(&id.serial));
+    for owners in g.ports.values_mut() {
+        owners.retain(|s| *s != id.serial);
+    }
+    g.ports.retain(|_, o| !o.is_empty());
+    let sid = service_id(id.c.ps, id.st.port);
+    for l in g.listeners.values_mut() {
+        l.retain(|s| *s != id.serial);
+    }
+    g.listeners.retain(|_, l| !l.is_empty());
+    let (last_owner, last_listener) = (!g.ports.contains_key(&key), !g.listeners.contains_key(&sid));
     if let Some(d) = g.dev.as_mut() {
-        let sid = service_id(id.c.ps, id.st.port);
-        if id.st.phase == Phase::Listen {
+        if id.st.phase == Phase::Listen && last_listener {
             d.agent.cm().unlisten(sid);
         }
-        if owned {
+        if owned && last_owner {
             d.agent.cm().unreserve(sid);
             d.agent.transmit();
         }
@@ -222,7 +230,8 @@ pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), 
             Err(e) => return Err(e),
         }
     }
-    let port = g.take_port(id.c.ps, addr.port(), id.serial)?;
+    let afonly = *id.st.afonly.get_or_insert(addr.is_ipv4());
+    let port = g.take_port(id.c.ps, addr, id.serial, id.st.reuseaddr, afonly)?;
     if let Some(d) = g.dev.as_mut() {
         // A REQ that beats the listen waits for it (see `Cm::reserve`).
         d.agent.cm().reserve(service_id(id.c.ps, port));
@@ -396,13 +405,24 @@ pub unsafe extern "C" fn softhca_rdma_listen(p: *mut rdma_cm_id, _backlog: c_int
     if id.st.phase != Phase::AddrBound {
         return err(libc::EINVAL);
     }
+    // A port shared by reuse is checked again without it (Linux's rdma_listen): a listener
+    // has it to itself on its address.
+    if id.st.reuseaddr {
+        let (owners, addr) = (g.ports.get(&(id.c.ps, id.st.port)).cloned().unwrap_or_default(), id.src_addr());
+        if let Some(a) = addr {
+            if let Err(e) = g.check_port(&owners, id.serial, a, false, id.st.afonly == Some(true)) {
+                return err(e);
+            }
+        }
+        id.st.reuseaddr = false;
+    }
     let sid = service_id(id.c.ps, id.st.port);
     let dev = match g.open(None) {
         Ok(d) => d,
         Err(e) => return err(e),
     };
     dev.agent.cm().listen(sid);
-    g.listeners.insert(sid, id.serial);
+    g.listeners.entry(sid).or_default().push(id.serial);
     id.st.phase = Phase::Listen;
     // REQs held for the listen are connection requests now: the CM thread hands them out.
     super::wake();
@@ -574,7 +594,23 @@ pub unsafe extern "C" fn softhca_rdma_set_option(
             // SAFETY: one byte, as the length says.
             id.st.ack_timeout = Some(unsafe { *(optval as *const u8) }.min(31));
         }
-        (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY) if optlen == size_of::<c_int>() => {}
+        // Linux's rdma_set_reuseaddr: set before the listen, cleared only before the bind.
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR) if optlen == size_of::<c_int>() => {
+            // SAFETY: an int, as the length says.
+            let on = unsafe { (optval as *const c_int).read_unaligned() } != 0;
+            if !((on && id.st.phase != Phase::Listen) || id.st.phase == Phase::Idle) {
+                return err(libc::EINVAL);
+            }
+            id.st.reuseaddr = on;
+        }
+        // Linux's rdma_set_afonly: before the address is resolved.
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) if optlen == size_of::<c_int>() => {
+            if !matches!(id.st.phase, Phase::Idle | Phase::AddrBound) {
+                return err(libc::EINVAL);
+            }
+            // SAFETY: an int, as the length says.
+            id.st.afonly = Some(unsafe { (optval as *const c_int).read_unaligned() } != 0);
+        }
         (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => {}
         (
             RDMA_OPTION_ID,

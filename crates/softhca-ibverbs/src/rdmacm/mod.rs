@@ -16,7 +16,8 @@
 //!   set); another loopback address binds with no device, as the any address does (Linux's
 //!   answer for an address of `lo`); any other local address is ENODEV, a non-local one
 //!   EADDRNOTAVAIL. A listener bound to an address takes only the requests addressed to it.
-//! - Ports: a port space (TCP, UDP, IB, IPoIB) of 16-bit ports per process; the service ID of
+//! - Ports: a port space (TCP, UDP, IB, IPoIB) of 16-bit ports per process, a port shared by
+//!   ids on different addresses as Linux's rdma_cm shares it (`Global::check_port`); the service ID of
 //!   a REQ is the port space and the destination port (`RDMA_IB_IP_PS_*`), and its private data
 //!   starts with the `cma_hdr` of the IP addresses, as Linux's rdma_cm sends them.
 //! - Connections: `transport::cm::Cm` on the device's GSI ([`softhca::CmAgent`]), driven by one
@@ -151,6 +152,11 @@ struct IdState {
     rep: Option<Box<CmRep>>,
     tos: u8,
     ack_timeout: Option<u8>,
+    /// `RDMA_OPTION_ID_REUSEADDR`: the port may be bound beside other ids that set it too.
+    reuseaddr: bool,
+    /// Binds of the other family do not conflict (`RDMA_OPTION_ID_AFONLY`; set at bind when
+    /// the program did not: IPv4 ids are, IPv6 ids are not, as `net.ipv6.bindv6only` = 0).
+    afonly: Option<bool>,
     /// A listener made by `rdma_create_ep` with QP attributes: each request gets a QP.
     qp_init: Option<ibv_qp_init_attr>,
     local_ece: crate::abi::ibv_ece,
@@ -216,12 +222,13 @@ struct Dev {
 struct Global {
     ids: BTreeMap<u64, *mut Id>,
     next_serial: u64,
-    /// Bound ports: (port space, port) -> id serial.
-    ports: BTreeMap<(c_int, u16), u64>,
+    /// Bound ports: (port space, port) -> the ids that bound it (Linux's bind list), each on
+    /// its own address (see [`Global::check_port`]).
+    ports: BTreeMap<(c_int, u16), Vec<u64>>,
     next_port: u16,
     conns: BTreeMap<CommId, u64>,
-    /// Listening ids by service ID.
-    listeners: BTreeMap<u64, u64>,
+    /// Listening ids by service ID, in the order they listened (on different addresses).
+    listeners: BTreeMap<u64, Vec<u64>>,
     dev: Option<Dev>,
     exit: Exit,
 }
@@ -360,6 +367,16 @@ pub(crate) fn debug(line: impl FnOnce() -> String) {
     if debugging() {
         eprintln!("softhca-cm: {}", line());
     }
+}
+
+/// Whether the calling thread may bind a port below 1024 (Linux's `PROT_SOCK`): it has
+/// CAP_NET_BIND_SERVICE (bit 10) in its effective set, as `cma_use_port` asks `capable()`.
+/// Capabilities are per thread; where they cannot be read, it may.
+fn may_bind_service_ports() -> bool {
+    const CAP_NET_BIND_SERVICE: u32 = 10;
+    let Ok(status) = std::fs::read_to_string("/proc/thread-self/status") else { return true };
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim);
+    eff.and_then(|h| u64::from_str_radix(h, 16).ok()).is_none_or(|caps| caps & (1 << CAP_NET_BIND_SERVICE) != 0)
 }
 
 /// Whether `SOFTHCA_CM_DEBUG=1` (see [`debug`]).
@@ -583,13 +600,20 @@ impl Global {
         Ok(dev)
     }
 
-    /// A free port of `ps`, or `want` if it is free.
-    fn take_port(&mut self, ps: c_int, want: u16, serial: u64) -> Result<u16, c_int> {
+    /// Binds id `serial` (on `addr`, with its REUSEADDR and AFONLY) to the port of `addr` in
+    /// `ps`, or to a free port when that is 0: Linux's `cma_get_port`. A port below 1024 needs
+    /// CAP_NET_BIND_SERVICE (EACCES); one other ids hold is shared when their addresses
+    /// allow it ([`Global::check_port`]).
+    fn take_port(&mut self, ps: c_int, addr: SocketAddr, serial: u64, reuse: bool, afonly: bool) -> Result<u16, c_int> {
+        let want = addr.port();
         if want != 0 {
-            if self.ports.contains_key(&(ps, want)) {
-                return Err(libc::EADDRINUSE);
+            if want < 1024 && !may_bind_service_ports() {
+                return Err(libc::EACCES);
             }
-            self.ports.insert((ps, want), serial);
+            if let Some(owners) = self.ports.get(&(ps, want)) {
+                self.check_port(owners, serial, addr, reuse, afonly)?;
+            }
+            self.ports.entry((ps, want)).or_default().push(serial);
             return Ok(want);
         }
         // Ephemeral ports as Linux's: 32768..61000, from a random start.
@@ -600,11 +624,42 @@ impl Global {
             let p = self.next_port;
             self.next_port = if p >= 60999 { 32768 } else { p + 1 };
             if let std::collections::btree_map::Entry::Vacant(e) = self.ports.entry((ps, p)) {
-                e.insert(serial);
+                e.insert(vec![serial]);
                 return Ok(p);
             }
         }
         Err(libc::EADDRNOTAVAIL)
+    }
+
+    /// Whether id `serial`, on `addr`, may share a port with its other `owners` (Linux's
+    /// `cma_check_port`): not if one of them is on the same address (EADDRINUSE) or either is
+    /// on the any address (EADDRNOTAVAIL), unless both allow reuse (`reuse` and theirs), or
+    /// both are AFONLY and of different families.
+    fn check_port(
+        &self,
+        owners: &[u64],
+        serial: u64,
+        addr: SocketAddr,
+        reuse: bool,
+        afonly: bool,
+    ) -> Result<(), c_int> {
+        for &s in owners.iter().filter(|&&s| s != serial) {
+            let Some(cur) = self.id(s) else { continue };
+            if reuse && cur.st.reuseaddr {
+                continue;
+            }
+            let Some(cur_addr) = cur.src_addr() else { continue };
+            if afonly && cur.st.afonly == Some(true) && addr.is_ipv4() != cur_addr.is_ipv4() {
+                continue;
+            }
+            if addr.ip().is_unspecified() || cur_addr.ip().is_unspecified() {
+                return Err(libc::EADDRNOTAVAIL);
+            }
+            if addr.ip() == cur_addr.ip() {
+                return Err(libc::EADDRINUSE);
+            }
+        }
+        Ok(())
     }
 
     /// Runs the CM's events: the ids they name get theirs, their QPs move.
@@ -635,14 +690,15 @@ impl Global {
         qp_type: c_int,
         path_mtu: u8,
     ) -> Option<(&'static mut Id, &'static mut Id)> {
-        let listener = self.listeners.get(&service_id).and_then(|&s| self.id(s))?;
         let hdr = CmaHeader::parse(private_data)?;
         // A listener bound to an address takes only the requests addressed to it (Linux's
-        // cma_match_private_data); one bound to the any address takes every request.
-        let bound = listener.src_addr().map(|a| a.ip().to_canonical());
-        if bound.is_some_and(|b| !b.is_unspecified() && b != hdr.dst.to_canonical()) {
-            return None;
-        }
+        // cma_match_private_data); one bound to the any address takes every request. Of the
+        // listeners on a port (each on its own address), the first that takes it.
+        let takes = |l: &Id| {
+            let bound = l.src_addr().map(|a| a.ip().to_canonical());
+            !bound.is_some_and(|b| !b.is_unspecified() && b != hdr.dst.to_canonical())
+        };
+        let listener = self.listeners.get(&service_id)?.iter().filter_map(|&s| self.id(s)).find(|l| takes(l))?;
         let dev = self.dev.as_ref()?;
         let (ctx, dev_pd, gid, mtu) = (dev.ctx, dev.pd, dev.gid, dev.active_mtu);
         let id = new_id(self, listener.c.channel, listener.c.context, listener.c.ps, qp_type).ok()?;
@@ -1150,6 +1206,8 @@ fn new_id(
             rep: None,
             tos: 0,
             ack_timeout: None,
+            reuseaddr: false,
+            afonly: None,
             qp_init: None,
             local_ece: Default::default(),
             mcs: Vec::new(),
