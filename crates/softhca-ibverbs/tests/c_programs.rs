@@ -29,10 +29,10 @@ fn pingpong(prog: &str, args: &[&str], k: u16, env: &[(&str, &str)]) -> String {
         }
         c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
     };
-    let mut server = spawn(false);
-    await_listening(&mut server, port(k), 20, prog);
+    let mut server = Reaped(Some(spawn(false)));
+    await_listening(server.child(), port(k), 20, prog);
     let client = finish(spawn(true), 60, prog);
-    let server = finish(server, 60, prog);
+    let server = finish(server.take(), 60, prog);
     let text = |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     for (who, o) in [("client", &client), ("server", &server)] {
         assert!(o.status.success(), "{prog} {args:?} {who} failed: {}", text(o));

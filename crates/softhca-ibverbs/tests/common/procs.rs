@@ -73,6 +73,29 @@ pub fn await_listening(child: &mut Child, port: u16, secs: u64, what: &str) {
     }
 }
 
+/// A child killed if the test fails before it is taken back ([`Reaped::take`]): a server
+/// left running would hold its address's port 4791 for the tests after.
+pub struct Reaped(pub Option<Child>);
+
+impl Reaped {
+    pub fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("not taken yet")
+    }
+
+    pub fn take(mut self) -> Child {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Waits for a child at most `secs` (a hang guard), then returns its output.
 pub fn finish(mut child: Child, secs: u64, what: &str) -> Output {
     let deadline = Instant::now() + Duration::from_secs(secs);
