@@ -4,11 +4,12 @@
 //! may on Linux, whose rxe holds a reference on the region for each packet it works on and
 //! whose `rxe_dereg_mr` waits for them.
 //!
-//! Every use of a region's memory re-checks its key first when the device's key generation has
-//! moved (`transport::responder::Grant::bytes`, `requester::recheck_local`, the responder's
-//! scatter list): the check and the copy after it are one access, and the thread making it
-//! has its [`Slot`] marked from before the check's generation read until after the copy (an
-//! engine step marks it: `verbs::effects`). Deregister takes the key out, moves the
+//! Every use of a region's memory by the engine re-checks its key first when the device's key
+//! generation has moved (`transport::responder::Grant::bytes`, `requester::recheck_local`, the
+//! responder's scatter list, the RD receive's): the check and the copy after it are one
+//! access, and the thread making it has its [`Slot`] marked from before the check's generation
+//! read until after the copy (an engine step marks it, and `Mr::read`/`write` and an inline
+//! send's gather are accesses too: `verbs::effects`). Deregister takes the key out, moves the
 //! generation, and then [`quiesce`]s: it waits for every thread whose slot was marked at that
 //! moment to unmark it. An access that began later reads the new generation, re-checks, and
 //! finds the key gone. No counter is shared between the threads that make accesses.
@@ -18,11 +19,14 @@
 //! is a mark, twice a round trip, and a Deregister is rare: the barrier is the quiesce's, a
 //! `membarrier(2)` that runs one on every thread of the process, and the mark is a plain
 //! store (as liburcu's `memb` flavour has it). Where the kernel has no private expedited
-//! membarrier, the mark is a full barrier itself (an atomic swap: 20-30 ns more an 8 B Send's
-//! hop over shared memory, 0.71 -> 0.74 µs).
+//! membarrier, the mark is a store and a full fence of its own.
+//!
+//! A forked child has only the thread that forked: the marks of the others, frozen as they
+//! were, are cleared in the child (`pthread_atfork`), and it registers for membarriers again
+//! (the registration is the parent's address space's).
 
-use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{compiler_fence, fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 /// `membarrier(2)` commands (`<linux/membarrier.h>`).
 const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
@@ -35,10 +39,15 @@ fn membarrier(cmd: libc::c_int) -> bool {
 }
 
 /// Whether the quiesce brings the barrier (the process is registered for private expedited
-/// membarriers), so that a mark needs none: decided once, before the first mark or quiesce.
+/// membarriers), so that a mark needs none: decided once, before the first slot is made, and
+/// the fork handler installed with it.
 fn asymmetric() -> bool {
     static ASYMMETRIC: OnceLock<bool> = OnceLock::new();
-    *ASYMMETRIC.get_or_init(|| membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED))
+    *ASYMMETRIC.get_or_init(|| {
+        // SAFETY: registers a handler with no arguments that touches only atomics.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED)
+    })
 }
 
 /// One thread's mark: `seq` is odd while the thread is making an access. Only its thread
@@ -52,28 +61,44 @@ pub(crate) struct Slot {
     taken: AtomicBool,
 }
 
-/// Every slot ever made; a slot lives for the rest of the process (there are as many as
-/// threads have made accesses at once).
-static SLOTS: Mutex<Vec<&'static Slot>> = Mutex::new(Vec::new());
+/// How many threads can hold a slot at once; beyond that a thread's accesses are counted in
+/// [`UNSLOTTED`].
+const MAX_SLOTS: usize = 1024;
 
-/// Accesses made by threads with no slot (a thread whose thread-locals are being torn down):
-/// counted here instead, and waited for as a whole.
+/// Every slot made, in the order they were: lock-free, so that a fork taken while another
+/// thread was making one leaves nothing locked in the child.
+static SLOTS: [AtomicPtr<Slot>; MAX_SLOTS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SLOTS];
+/// How many of [`SLOTS`] may be set (an entry below it may still be null for a moment).
+static MADE: AtomicUsize = AtomicUsize::new(0);
+
+/// Accesses made by threads with no slot (a thread whose thread-locals are being torn down, or
+/// beyond [`MAX_SLOTS`]): counted here instead, and waited for as a whole.
 static UNSLOTTED: AtomicU64 = AtomicU64::new(0);
 
+/// The slots made so far.
+fn slots() -> impl Iterator<Item = &'static Slot> {
+    let n = MADE.load(Ordering::Acquire).min(MAX_SLOTS);
+    // SAFETY: a non-null entry is a leaked Box<Slot>, never freed.
+    SLOTS[..n].iter().filter_map(|p| unsafe { p.load(Ordering::Acquire).as_ref() })
+}
+
 impl Slot {
-    /// A slot for the calling thread: a free one, or a new one.
-    pub(crate) fn take() -> &'static Slot {
-        let mut slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
-        for s in slots.iter() {
-            if s.taken.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                return s;
-            }
+    /// A slot for the calling thread: a free one, or a new one; None when [`MAX_SLOTS`] are
+    /// held.
+    pub(crate) fn take() -> Option<&'static Slot> {
+        if let Some(s) =
+            slots().find(|s| s.taken.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+        {
+            return Some(s);
         }
-        let asymmetric = asymmetric();
-        let s: &'static Slot =
-            Box::leak(Box::new(Slot { seq: AtomicU64::new(0), asymmetric, taken: AtomicBool::new(true) }));
-        slots.push(s);
-        s
+        let i = MADE.fetch_add(1, Ordering::AcqRel);
+        if i >= MAX_SLOTS {
+            return None;
+        }
+        let slot = Slot { seq: AtomicU64::new(0), asymmetric: asymmetric(), taken: AtomicBool::new(true) };
+        let s: &'static Slot = Box::leak(Box::new(slot));
+        SLOTS[i].store((s as *const Slot).cast_mut(), Ordering::Release);
+        Some(s)
     }
 
     /// Gives the slot back (its thread is ending; it is not in an access).
@@ -84,14 +109,14 @@ impl Slot {
     /// Marks the start of an access: before anything of the access reads the key generation.
     pub(crate) fn enter(&self) {
         let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s | 1, Ordering::Relaxed);
         if self.asymmetric {
-            // The quiesce's membarrier orders this store before the generation read; the
+            // The quiesce's membarrier orders the store before the generation read; the
             // compiler must not move the read above it.
-            self.seq.store(s | 1, Ordering::Relaxed);
             compiler_fence(Ordering::SeqCst);
         } else {
-            // A swap is a full barrier: the mark is visible before the generation is read.
-            self.seq.swap(s | 1, Ordering::SeqCst);
+            // Pairs with the quiesce's fence: one of the two sees the other's write.
+            fence(Ordering::SeqCst);
         }
     }
 
@@ -104,7 +129,8 @@ impl Slot {
 
 /// [`Slot::enter`] for a thread with no slot.
 pub(crate) fn enter_unslotted() {
-    UNSLOTTED.fetch_add(1, Ordering::SeqCst);
+    UNSLOTTED.fetch_add(1, Ordering::Relaxed);
+    fence(Ordering::SeqCst);
 }
 
 /// [`Slot::leave`] for a thread with no slot.
@@ -112,32 +138,54 @@ pub(crate) fn leave_unslotted() {
     UNSLOTTED.fetch_sub(1, Ordering::Release);
 }
 
+/// In a forked child: the threads whose marks the slots hold are gone (the forking thread was
+/// in no access: it was in `fork`). Their marks are cleared and their slots freed, the count
+/// of unslotted accesses zeroed, and the child registered for membarriers of its own.
+extern "C" fn after_fork_in_child() {
+    for s in slots() {
+        let seq = s.seq.load(Ordering::Relaxed);
+        if seq & 1 == 1 {
+            s.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        }
+    }
+    UNSLOTTED.store(0, Ordering::Relaxed);
+    membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
+}
+
 /// Waits until every access in flight when it was called has ended; the caller has moved the
 /// key generation since it took the key out. `own` is the caller's own slot, if it has one:
 /// an access the calling thread is inside of (a verb called from within one) is not waited for.
 pub(crate) fn quiesce(own: Option<&Slot>) {
-    std::sync::atomic::fence(Ordering::SeqCst);
+    fence(Ordering::SeqCst);
     // Every other thread of the process runs a full barrier: a mark stored before it is seen
     // below; a thread that marks after it reads the generation the caller moved.
-    if asymmetric() && !membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) {
-        membarrier(MEMBARRIER_CMD_GLOBAL);
-    }
-    let marked: Vec<(&'static Slot, u64)> = {
-        let slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
-        slots
-            .iter()
-            .filter(|s| !own.is_some_and(|o| std::ptr::eq(o, **s)))
-            .map(|s| (*s, s.seq.load(Ordering::Acquire)))
-            .filter(|(_, seq)| seq & 1 == 1)
-            .collect()
-    };
-    for (s, seq) in marked {
-        while s.seq.load(Ordering::Acquire) == seq {
-            std::thread::yield_now();
+    if asymmetric() && !membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) && !membarrier(MEMBARRIER_CMD_GLOBAL) {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            eprintln!("softhca: membarrier failed: a deregistration may not wait for every access in flight");
         }
     }
-    while UNSLOTTED.load(Ordering::Acquire) != 0 {
-        std::thread::yield_now();
+    let own = own.map_or(std::ptr::null(), |o| o as *const Slot);
+    for s in slots().filter(|s| !std::ptr::eq(*s, own)) {
+        let seq = s.seq.load(Ordering::Acquire);
+        if seq & 1 == 1 {
+            wait_while(|| s.seq.load(Ordering::Acquire) == seq);
+        }
+    }
+    wait_while(|| UNSLOTTED.load(Ordering::Acquire) != 0);
+}
+
+/// Waits while `busy`: yielding at first (an access is a few microseconds), then sleeping, so
+/// that a caller of a higher real-time priority on the same CPU lets the access end.
+fn wait_while(busy: impl Fn() -> bool) {
+    let mut turns = 0u32;
+    while busy() {
+        if turns < 1000 {
+            std::thread::yield_now();
+            turns += 1;
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
     }
 }
 
@@ -175,12 +223,60 @@ mod tests {
     /// and at once for the caller's own access.
     #[test]
     fn quiesce_waits_for_the_access_in_flight() {
-        let slot = Slot::take();
+        let slot = Slot::take().expect("a slot");
         assert!(holds(slot), "quiesce returned before the access left");
         slot.enter();
         quiesce(Some(slot)); // the caller's own access is not waited for
         slot.leave();
         slot.give_back();
+    }
+
+    /// A child forked while another thread was in an access (its mark frozen in the child,
+    /// where that thread is gone) does not wait for it: the fork handler cleared the mark.
+    /// Before, the child's first Deregister waited forever.
+    #[test]
+    fn a_forked_child_waits_for_no_thread_of_its_parent() {
+        let (marked, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let holder = {
+            let (marked, done) = (marked.clone(), done.clone());
+            std::thread::spawn(move || {
+                let slot = Slot::take().expect("a slot");
+                slot.enter();
+                marked.store(true, Ordering::Release);
+                while !done.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+                slot.leave();
+                slot.give_back();
+            })
+        };
+        while !marked.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        // SAFETY: the child only runs the quiesce (atomics, a system call, yields) and exits
+        // with _exit, running nothing of the parent's.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            quiesce(None);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork");
+        let mut status = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        // SAFETY: waits for the child just forked.
+        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+            if std::time::Instant::now() > deadline {
+                // SAFETY: ends the hung child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                done.store(true, Ordering::Release);
+                panic!("the child's quiesce waited for its parent's thread");
+            }
+            std::thread::yield_now();
+        }
+        done.store(true, Ordering::Release);
+        holder.join().unwrap();
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{status:#x}");
     }
 
     /// The mark of a process the kernel gives no private expedited membarrier (a full barrier
@@ -189,7 +285,8 @@ mod tests {
     fn a_fenced_mark_holds_a_quiesce_too() {
         let slot: &'static Slot =
             Box::leak(Box::new(Slot { seq: AtomicU64::new(0), asymmetric: false, taken: AtomicBool::new(true) }));
-        SLOTS.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
+        let i = MADE.fetch_add(1, Ordering::AcqRel);
+        SLOTS[i].store((slot as *const Slot).cast_mut(), Ordering::Release);
         assert!(holds(slot), "quiesce returned before the access left");
         slot.give_back();
     }

@@ -66,9 +66,10 @@ impl Region {
     /// # Safety
     /// `addr..addr+len` must stay valid for reads and writes until the region that holds it
     /// has been given up (its key out of the table, the key generation moved) and the
-    /// accesses in flight have ended ([`inflight::quiesce`]): a `MemRef` kept past that is not
-    /// used again, since every use re-checks its key once the generation has moved. The
-    /// caller accepts concurrent writes by softhca and remote peers, as from a DMA engine.
+    /// accesses in flight have ended ([`inflight::quiesce`]): a `MemRef` the engine kept past
+    /// that is not used again, since each of its uses re-checks its key once the generation
+    /// has moved (one the consumer took, `Context::check_access`, is the consumer's to drop).
+    /// The caller accepts concurrent writes by softhca and remote peers, as from a DMA engine.
     pub unsafe fn borrowed(addr: *mut u8, len: usize, iova: u64) -> Option<Region> {
         Some(Region { ptr: NonNull::new(addr)?, len, iova, owned: false })
     }
@@ -110,8 +111,8 @@ impl Drop for Region {
 
 /// A checked window into a region: what an access check grants (`verbs::Context::check_access`). Holding it keeps a
 /// region's own memory alive even if the MR is deregistered meanwhile; memory the program
-/// lent (`Region::borrowed`) is its again once Deregister returns, and a `MemRef` into it is
-/// used only after its key is checked again (see [`inflight`]).
+/// lent (`Region::borrowed`) is its again once Deregister returns, and the engine uses a
+/// `MemRef` into it only after its key is checked again (see [`inflight`]).
 #[derive(Clone)]
 pub struct MemRef {
     mem: Arc<Region>,

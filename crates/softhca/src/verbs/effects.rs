@@ -3,7 +3,8 @@
 //! channel's event, an asynchronous event with its descriptor and waiters).
 //!
 //! The transport writes CQEs during a step (a full CQ moves the QP to Error then, CQ-OVF-2),
-//! but never makes a system call, signals a condition variable or runs consumer code inside
+//! but never makes a system call (a thread's first step takes its slot for the accesses it
+//! makes, below, which may register the process for membarriers once), signals a condition variable or runs consumer code inside
 //! one: those are queued here and done once the step has returned and released its locks, by
 //! the thread that drove it. Inside a verb, callbacks are queued the same way, so a handler
 //! may call any verb, on the same QP or CQ included; a verb's own events are delivered at once
@@ -93,12 +94,13 @@ impl<'a> AccessOpen<'a> {
     fn new(e: &'a Effects) -> Self {
         let n = e.accesses.get();
         if n == 0 {
-            let slot = e.slot.get().unwrap_or_else(|| {
-                let s = Slot::take();
-                e.slot.set(Some(s));
-                s
-            });
-            slot.enter();
+            if e.slot.get().is_none() {
+                e.slot.set(Slot::take());
+            }
+            match e.slot.get() {
+                Some(slot) => slot.enter(),
+                None => inflight::enter_unslotted(),
+            }
         }
         e.accesses.set(n + 1);
         AccessOpen(e)
@@ -110,8 +112,9 @@ impl Drop for AccessOpen<'_> {
         let n = self.0.accesses.get() - 1;
         self.0.accesses.set(n);
         if n == 0 {
-            if let Some(s) = self.0.slot.get() {
-                s.leave();
+            match self.0.slot.get() {
+                Some(s) => s.leave(),
+                None => inflight::leave_unslotted(),
             }
         }
     }
@@ -168,8 +171,8 @@ pub(crate) fn step<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `f`, which checks keys and touches the memory they grant outside an engine step (an
-/// inline send's gather at its post), as one access: Deregister waits for it to end (see
-/// `mem::inflight`). An engine step is such an access already.
+/// inline send's gather at its post, `Mr::read` and `write`), as one access: Deregister waits
+/// for it to end (see `mem::inflight`). An engine step is such an access already.
 pub(crate) fn access<R>(f: impl FnOnce() -> R) -> R {
     let mut f = Some(f);
     let mut out = None;

@@ -136,7 +136,8 @@ pub(crate) struct MrInner {
     pub revoked: std::sync::atomic::AtomicBool,
     pub pd: Arc<PdInner>,
     pub access: Access,
-    /// The region's memory; its virtual address is the host address (`iova == addr`).
+    /// The region's memory, and the virtual address keys name it from (its host address,
+    /// unless registered at another: `Pd::reg_mr_raw_iova`).
     pub mem: Arc<Region>,
 }
 
@@ -179,8 +180,9 @@ impl MrInner {
     }
 }
 
-/// A registered memory region (`ibv_mr`). It keeps its memory alive until it is deregistered
-/// (or dropped) and every in-flight access has finished.
+/// A registered memory region (`ibv_mr`). Memory it owns (`Pd::reg_mr`) stays alive until it is
+/// deregistered (or dropped) and no access holds it; memory the caller lent
+/// (`Pd::reg_mr_raw`) is the caller's again once Deregister returns (see [`Mr::dereg`]).
 pub struct Mr {
     pub(crate) inner: Arc<MrInner>,
     dev: Arc<DeviceInner>,
@@ -232,8 +234,10 @@ impl Pd {
     ///
     /// # Safety
     /// `addr..addr+len` must be valid for reads and writes until the returned `Mr` is
-    /// deregistered or dropped (each returns once no access is left in flight), and the caller
-    /// accepts that softhca and remote peers write it concurrently, as a DMA engine would.
+    /// deregistered or dropped (each returns once no access of the device's is left in
+    /// flight), and any [`MemRef`] the caller took into it (`Context::check_access`) is not
+    /// used after that; the caller accepts that softhca and remote peers write it
+    /// concurrently, as a DMA engine would.
     pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
         // SAFETY: the caller's contract.
         unsafe { self.reg_mr_raw_iova(addr, len, addr as u64, access) }
@@ -360,16 +364,21 @@ impl Mr {
         }
     }
 
-    /// Copies bytes out of the region (a snapshot: a peer may be writing meanwhile).
+    /// Copies bytes out of the region (a snapshot: a peer may be writing meanwhile). One
+    /// access: a Deregister on another thread waits for it (see `mem::inflight`).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let m = self.local(offset, dst.len())?;
-        m.read(0, dst).map_err(|_| VerbsError::InvalidArgument("range outside the region"))
+        super::effects::access(|| {
+            let m = self.local(offset, dst.len())?;
+            m.read(0, dst).map_err(|_| VerbsError::InvalidArgument("range outside the region"))
+        })
     }
 
-    /// Copies bytes into the region.
+    /// Copies bytes into the region, as one access (see [`Mr::read`]).
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        let m = self.local(offset, src.len())?;
-        m.write(0, src).map_err(|_| VerbsError::InvalidArgument("range outside the region"))
+        super::effects::access(|| {
+            let m = self.local(offset, src.len())?;
+            m.write(0, src).map_err(|_| VerbsError::InvalidArgument("range outside the region"))
+        })
     }
 
     /// A copy of the whole region.
@@ -394,8 +403,10 @@ impl Mr {
     /// has not) the region's memory becomes `mem.0..mem.0 + mem.1` under the same keys.
     ///
     /// # Safety
-    /// `mem`, when given, is as [`Pd::reg_mr_raw`]'s memory: valid for reads and writes for as
-    /// long as the region (and any transfer using it) lives.
+    /// `mem`, when given, is as [`Pd::reg_mr_raw`]'s memory: valid for reads and writes until
+    /// the region is deregistered, dropped or moved again. The memory it replaces, if the
+    /// caller lent it, is the caller's again once this returns (the accesses in flight have
+    /// ended, as at Deregister).
     pub unsafe fn rereg_raw(
         &mut self,
         pd: Option<&Pd>,
@@ -415,6 +426,7 @@ impl Mr {
 
     fn rereg_with(&mut self, pd: Option<&Pd>, access: Option<Access>, mem: Option<Region>) -> Result<()> {
         self.dev.check_open()?;
+        let moved = mem.is_some();
         if let Some(p) = pd {
             p.inner.check()?;
             if !Arc::ptr_eq(&p.inner.dev, &self.dev) {
@@ -463,7 +475,7 @@ impl Mr {
         }
         self.dev.key_gen.fetch_add(1, Ordering::AcqRel);
         drop(keys);
-        if self.inner.mem.is_borrowed() {
+        if moved && self.inner.mem.is_borrowed() {
             // The program may free the old memory once this returns.
             super::effects::quiesce();
         }
