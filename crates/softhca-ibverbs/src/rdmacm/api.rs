@@ -496,6 +496,30 @@ pub extern "C" fn softhca_rdma_event_str(event: c_int) -> *const c_char {
     usize::try_from(event).ok().and_then(|i| EVENT_NAMES.get(i)).map_or(c"UNKNOWN EVENT".as_ptr(), |s| s.as_ptr())
 }
 
+/// Takes one count from the semaphore eventfd `fd` if it has one, without waiting, whatever
+/// the descriptor's blocking mode (the program's to choose): a read with RWF_NOWAIT, which
+/// an eventfd takes since Linux 5.12. On an older kernel, a poll first, then the read; there
+/// another thread's read between the two leaves this one waiting for the next count.
+fn take_count_now(fd: c_int) -> bool {
+    let mut v = 0u64;
+    let iov = libc::iovec { iov_base: (&mut v as *mut u64).cast(), iov_len: 8 };
+    // SAFETY: one iovec over a local of 8 bytes; offset -1 (the descriptor has none).
+    let n = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
+    if n == 8 {
+        return true;
+    }
+    if n == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return false; // EAGAIN: no count left
+    }
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, a local; no wait.
+    if unsafe { libc::poll(&mut pfd, 1, 0) } != 1 {
+        return false;
+    }
+    // SAFETY: reads 8 bytes into a local; the eventfd is in semaphore mode and was readable.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) == 8 }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_migrate_id(p: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
     // SAFETY: the program's id.
@@ -544,14 +568,9 @@ pub unsafe extern "C" fn softhca_rdma_migrate_id(p: *mut rdma_cm_id, channel: *m
             // A thread in rdma_get_cm_event may have read this event's count already and find
             // the queue empty (it waits for the next): a count no longer there is not waited
             // for, which held the global lock, and every rdma_* call, for ever.
-            let mut pfd = libc::pollfd { fd: from.efd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one pollfd, a local; no wait.
-            if unsafe { libc::poll(&mut pfd, 1, 0) } != 1 {
+            if !take_count_now(from.efd.as_raw_fd()) {
                 break;
             }
-            let mut v = 0u64;
-            // SAFETY: reads 8 bytes into a local; the eventfd is in semaphore mode and readable.
-            unsafe { libc::read(from.efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
         }
     }
     let old_own = std::mem::replace(&mut id.own, own);
@@ -810,4 +829,23 @@ pub unsafe extern "C" fn softhca_rdma_get_remote_ece(p: *mut rdma_cm_id, ece: *m
     // SAFETY: the program's writable ECE structure.
     unsafe { *ece = Default::default() };
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A migrating id's event counts are taken without waiting on a blocking channel: two
+    /// counts, two takes; then none, at once (a plain read would wait for the next event,
+    /// under the lock every rdma_* call needs).
+    #[test]
+    fn a_count_is_taken_without_waiting() {
+        let efd = super::super::eventfd(libc::EFD_SEMAPHORE).unwrap();
+        let two: u64 = 2;
+        // SAFETY: writes 8 bytes from a local to an eventfd just made.
+        assert_eq!(unsafe { libc::write(efd.as_raw_fd(), (&two as *const u64).cast(), 8) }, 8);
+        assert!(take_count_now(efd.as_raw_fd()));
+        assert!(take_count_now(efd.as_raw_fd()));
+        assert!(!take_count_now(efd.as_raw_fd()), "none left, and no wait");
+    }
 }
