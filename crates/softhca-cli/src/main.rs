@@ -74,6 +74,11 @@ fn run_perf(args: &perf::PerfArgs) -> net::Res<()> {
 }
 
 fn main() -> ExitCode {
+    // `softhca demo | head`: a reader that leaves ends the program quietly, as it ends any
+    // Unix filter, instead of a panic in println (Rust starts programs with SIGPIPE ignored).
+    // The TCP side channel sends with MSG_NOSIGNAL, so a peer gone is still an error.
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let result = match cli.command {
         None => demo::run(&demo::DemoArgs::default()),

@@ -200,10 +200,16 @@ impl Net {
                 if fabric.run_until(|_| cond()) {
                     Ok(())
                 } else {
+                    let c = fabric.counters();
                     Err(err(format!(
-                        "stalled waiting for {what} at virtual time {:.6} s ({:?})",
+                        "stalled waiting for {what} at virtual time {:.6} s: nothing left in flight that \
+                         could bring it ({} datagrams sent, {} delivered, {} lost, {} corrupted; a UC or \
+                         UD message lost is not resent)",
                         fabric.now() as f64 / 1e9,
-                        fabric.counters()
+                        c.sent,
+                        c.delivered,
+                        c.lost,
+                        c.corrupted
                     )))
                 }
             }
@@ -474,10 +480,12 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// Waits for one client on `port`.
-    pub fn serve(port: u16) -> Res<Exchange> {
+    /// Waits for one client on `port` (0: one the system picks), once `listening` was told the
+    /// port it listens on.
+    pub fn serve(port: u16, listening: impl FnOnce(u16)) -> Res<Exchange> {
         let listener =
             TcpListener::bind(("0.0.0.0", port)).map_err(|e| err(format!("cannot listen on TCP port {port}: {e}")))?;
+        listening(listener.local_addr()?.port());
         let (stream, _) = listener.accept()?;
         Exchange::over(stream)
     }
@@ -504,13 +512,20 @@ impl Exchange {
         }
         (host, port).to_socket_addrs().map_err(|e| err(format!("cannot resolve {host}: {e}")))?;
         let deadline = Instant::now() + Duration::from_secs(10);
+        let mut told = false;
         loop {
             match TcpStream::connect((host, port)) {
                 Ok(stream) => return Exchange::over(stream),
                 Err(e) if Instant::now() >= deadline => {
                     return Err(err(format!("cannot connect to {host}:{port}: {e}")));
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => {
+                    if !told {
+                        eprintln!("softhca: no server at {host}:{port} yet ({e}); trying again for 10 s");
+                        told = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         }
     }

@@ -83,8 +83,8 @@ pub struct PerfArgs {
     /// Number of RC QP pairs, each with its own memory (one CQ per end for all of them).
     #[arg(long, short = 'q', default_value_t = 1, value_name = "N")]
     pub qps: usize,
-    /// Work requests kept outstanding per QP in bandwidth tests (--lat keeps one); for send
-    /// the responder keeps twice as many receives posted.
+    /// Work requests kept outstanding per QP in bandwidth tests, 1–4096 (--lat keeps one);
+    /// for send the responder keeps twice as many receives posted.
     #[arg(long, short = 't', default_value_t = 128, value_name = "N")]
     pub depth: u32,
     /// Send and Write carry their payload inline, copied into the WR at post time (needs
@@ -106,30 +106,33 @@ pub struct PerfArgs {
     /// --connect.
     #[arg(long, value_enum, default_value_t = LinkKind::Sim)]
     pub link: LinkKind,
-    /// udp: be the server (the responder): wait for one client on the TCP --port, take the
+    /// udp, shm: be the server (the responder): wait for one client on the TCP --port, take the
     /// test (--size, --iters/--duration, --qps, --depth, --inline, --lat, --mtu) from it,
     /// serve it, then print the results the client measured.
     #[arg(long, conflicts_with_all = ["connect", "loopback"])]
     pub server: bool,
-    /// udp: be the client (the initiator) of the server whose TCP side channel is at HOST;
-    /// the client sets the test's parameters, measures and prints the results.
+    /// udp, shm: be the client (the initiator) of the server whose TCP side channel is at
+    /// HOST (tried for 10 s while the server starts); the client sets the test's parameters,
+    /// measures and prints the results.
     #[arg(long, value_name = "HOST", conflicts_with = "loopback")]
     pub connect: Option<String>,
-    /// udp: run both ends in this process, on two devices (two 127.0.0.x addresses).
+    /// udp, shm: run both ends in this process, on two devices (two 127.0.0.x addresses).
     #[arg(long)]
     pub loopback: bool,
     /// TCP port of the --server/--connect side channel, which carries the test parameters,
-    /// the QP numbers, PSNs, GIDs, buffer addresses and R_Keys, and the start and stop.
+    /// the QP numbers, PSNs, GIDs, buffer addresses and R_Keys, and the start and stop (0:
+    /// the server takes one the system picks, and prints it).
     #[arg(long, short = 'p', default_value_t = 18515)]
     pub port: u16,
-    /// udp: each device's engine thread spins on its socket instead of sleeping in the
-    /// kernel: lower latency, one core kept busy per device.
+    /// udp, shm: each device's engine thread spins on its socket or ring instead of sleeping
+    /// in the kernel, and the application's polls drive the device: lower latency where each
+    /// spinning thread has a core of its own, far higher where they share one.
     #[arg(long)]
     pub busy_poll: bool,
     #[command(flatten)]
     pub faults: net::Faults,
     /// Print exactly one JSON object (bw_gbps in gigabits/s and bw_gbytes_s in gigabytes/s,
-    /// both 10^9; msg_rate_mps, lat_us_p50, lat_us_p99,
+    /// both 10^9; msg_rate_mps in millions of messages/s; lat_us_p50, lat_us_p99 in µs,
     /// completions, errors, retransmits, data_verified and more) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -450,7 +453,8 @@ impl Errors {
     pub fn record(&mut self, what: &str, wc: &Wc) {
         self.count += 1;
         self.first.get_or_insert_with(|| {
-            format!("{what} wr_id {} on QP {:#08x}: {} ({:?})", wc.wr_id & !RECV_TAG, wc.qp_num, wc.status, wc.status)
+            let what = if what.is_empty() { String::new() } else { format!("{what} ") };
+            format!("{what}wr_id {} on QP {:#08x}: {} ({:?})", wc.wr_id & !RECV_TAG, wc.qp_num, wc.status, wc.status)
         });
     }
 
@@ -712,7 +716,7 @@ pub(crate) fn check_link_flags(args: &PerfArgs) -> Res<()> {
     validate(args)?;
     match args.link {
         LinkKind::Sim if args.server || args.connect.is_some() || args.loopback => {
-            Err(err("--server/--connect/--loopback are for --link udp; --link sim runs both ends here"))
+            Err(err("--server/--connect/--loopback are for --link udp or shm; --link sim runs both ends here"))
         }
         LinkKind::Udp | LinkKind::Shm
             if args.faults.loss + args.faults.dup + args.faults.reorder + args.faults.corrupt > 0.0 =>
@@ -782,6 +786,9 @@ pub(crate) fn validate(args: &PerfArgs) -> Res<()> {
     }
     if args.iters == Some(0) {
         return Err(err("--iters must be at least 1"));
+    }
+    if !args.lat && !(1..=4096).contains(&args.depth) {
+        return Err(err("--depth must be in 1..=4096"));
     }
     if let Some(d) = args.duration {
         if !(d > 0.0 && d <= 1e6) {
@@ -1034,7 +1041,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 pub fn print_table(r: &PerfResult) {
-    let line = "-".repeat(96);
+    let line = "-".repeat(104);
     println!("{line}");
     println!(
         " {} test ({}) over the {} link{}, {} QP{}, depth {}{}, ACK timeout {:.0} ms",
@@ -1059,12 +1066,30 @@ pub fn print_table(r: &PerfResult) {
     );
     println!("{line}");
     println!(
-        " {:>10} {:>12} {:>12} {:>14} {:>10} {:>10} {:>10} {:>7} {:>6}",
-        "#bytes", "#iterations", "BW [Gb/s]", "MsgRate [Mpps]", "p50 [us]", "p99 [us]", "p99.9[us]", "retx", "errors"
+        " {:>9} {:>11} {:>10} {:>10} {:>14} {:>9} {:>9} {:>9} {:>6} {:>6}",
+        "#bytes",
+        "#iterations",
+        "BW [Gb/s]",
+        "BW [GB/s]",
+        "MsgRate [Mpps]",
+        "p50 [us]",
+        "p99 [us]",
+        "p99.9[us]",
+        "retx",
+        "errors"
     );
     println!(
-        " {:>10} {:>12} {:>12.3} {:>14.4} {:>10.2} {:>10.2} {:>10.2} {:>7} {:>6}",
-        r.size, r.iters, r.bw_gbps, r.msg_rate_mps, r.lat_us_p50, r.lat_us_p99, r.lat_us_p999, r.retransmits, r.errors
+        " {:>9} {:>11} {:>10.3} {:>10.3} {:>14.4} {:>9.2} {:>9.2} {:>9.2} {:>6} {:>6}",
+        r.size,
+        r.iters,
+        r.bw_gbps,
+        r.bw_gbps / 8.0,
+        r.msg_rate_mps,
+        r.lat_us_p50,
+        r.lat_us_p99,
+        r.lat_us_p999,
+        r.retransmits,
+        r.errors
     );
     println!("{line}");
     println!(
@@ -1073,7 +1098,11 @@ pub fn print_table(r: &PerfResult) {
         r.completions,
         if r.data_verified { "yes" } else { "NO" },
         r.lat_method,
-        if r.lat_method == "completion" { " time (post to CQE)" } else { " (ping-pong)" }
+        if r.lat_method == "completion" {
+            " time (post to CQE: a whole round trip, the ACK's included)"
+        } else {
+            " (ping-pong: one way)"
+        }
     );
     if let (Some(v), Some(vbw)) = (r.virtual_s, r.virtual_bw_gbps) {
         println!(

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use softhca::*;
 
-use crate::net::{self, err, Exchange, Net, QpInfo, Res};
+use crate::net::{self, err, Exchange, LinkKind, Net, QpInfo, Res};
 use crate::perf::{
     self, CountersJson, Errors, Initiator, Op, PerfArgs, PerfResult, Responder, Tally, RECV_TAG, REMOTE_ACCESS,
 };
@@ -43,6 +43,10 @@ struct Hello {
     /// latency measured against a sleeping peer is mostly its wake-up.
     #[serde(default)]
     busy_poll: bool,
+    /// The client's link: a server on another cannot reach it (its packets would go to a
+    /// port, or a ring, nobody reads).
+    #[serde(default)]
+    link: Option<LinkKind>,
 }
 
 /// Server → client: the server's QPs and memory, or why it will not run the test.
@@ -165,6 +169,7 @@ pub fn client(args: &PerfArgs, host: &str) -> Res<()> {
         mtu: args.mtu,
         qp: mine,
         busy_poll: args.busy_poll,
+        link: Some(args.link),
     })?;
     let (theirs, peer) = match ex.recv::<Welcome>()? {
         Welcome::Ok { qp, addr } => (qp, addr),
@@ -427,8 +432,9 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
     let mut net = Net::os(args.link, args.pcap.pcap.as_deref(), args.busy_poll);
     let ctx = net.add_device("softhca_perf_server")?;
     let gid = net::display_gid(ctx.query_gid(1, 0)?);
-    eprintln!("softhca perf {:?} server: device at {gid}, waiting for a client on TCP port {}", args.op, args.port);
-    let mut ex = Exchange::serve(args.port)?;
+    let mut ex = Exchange::serve(args.port, |port| {
+        eprintln!("softhca perf {:?} server: device at {gid}, waiting for a client on TCP port {port}", args.op);
+    })?;
     let hello: Hello = ex.recv()?;
     // The client's parameters rule, as one perftest command line would for both ends.
     let mut a = args.clone();
@@ -445,7 +451,13 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
         net.set_busy_poll(true);
         a.busy_poll = true;
     }
-    let refusal = if hello.op != args.op {
+    let refusal = if hello.link.is_some_and(|l| l != args.link) {
+        Some(format!(
+            "the client is on --link {}, this server on --link {}",
+            format!("{:?}", hello.link.unwrap_or(args.link)).to_lowercase(),
+            format!("{:?}", args.link).to_lowercase()
+        ))
+    } else if hello.op != args.op {
         Some(format!(
             "the client runs perf {}, this server perf {}",
             format!("{:?}", hello.op).to_lowercase(),

@@ -53,20 +53,22 @@ pub struct PingpongArgs {
     /// Round trips: the client sends, the server answers with a Send of its own.
     #[arg(long, short = 'n', default_value_t = 1000, value_name = "N")]
     pub iters: u64,
-    /// Receives each end keeps posted (at most 4096).
+    /// Receives each end keeps posted, 1–4096.
     #[arg(long, short = 'r', default_value_t = 500, value_name = "N")]
     pub rx_depth: u64,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
     #[arg(long, short = 'm', default_value_t = 1024, value_name = "BYTES")]
     pub mtu: u32,
-    /// Which link: `sim` runs both ends in this process; `udp` needs --server or --connect.
+    /// Which link: `sim` runs both ends in this process; `udp` and `shm` need --server or
+    /// --connect.
     #[arg(long, value_enum, default_value_t = LinkKind::Sim)]
     pub link: LinkKind,
-    /// udp: be the server: wait for one client on the TCP --port, then answer its messages.
+    /// udp, shm: be the server: wait for one client on the TCP --port, then answer its
+    /// messages.
     /// Both ends must be given the same --qp, --size, --iters and --mtu.
     #[arg(long, conflicts_with = "connect")]
     pub server: bool,
-    /// udp: be the client of the server whose TCP side channel is at HOST (a name or an IP
+    /// udp, shm: be the client of the server whose TCP side channel is at HOST (a name or an IP
     /// address); the client sends first.
     #[arg(long, value_name = "HOST")]
     pub connect: Option<String>,
@@ -74,7 +76,7 @@ pub struct PingpongArgs {
     /// as ibv_rc_pingpong does.
     #[arg(long, short = 'p', default_value_t = 18515)]
     pub port: u16,
-    /// udp: the device's engine thread spins on its socket instead of sleeping in the
+    /// udp, shm: the device's engine thread spins on its socket or ring instead of sleeping in the
     /// kernel: lowest latency, one core kept busy.
     #[arg(long)]
     pub busy_poll: bool,
@@ -258,7 +260,10 @@ pub fn run(args: &PingpongArgs) -> Res<()> {
     if args.size as u64 > MAX_MSG_SIZE {
         return Err(err(format!("--size {} is above the largest message, 2^31 bytes", args.size)));
     }
-    let depth = args.rx_depth.clamp(1, 4096);
+    if !(1..=4096).contains(&args.rx_depth) {
+        return Err(err("--rx-depth must be in 1..=4096"));
+    }
+    let depth = args.rx_depth;
     if (args.size as u64 + GRH as u64).saturating_mul(depth) > 8 << 30 {
         return Err(err("--size × --rx-depth needs more than 8 GiB of receive buffers: lower one of them"));
     }
@@ -269,7 +274,7 @@ pub fn run(args: &PingpongArgs) -> Res<()> {
     match args.link {
         LinkKind::Sim => {
             if args.server || args.connect.is_some() {
-                return Err(err("--server/--connect are for --link udp; with --link sim both ends run here"));
+                return Err(err("--server/--connect are for --link udp or shm; with --link sim both ends run here"));
             }
             run_sim(args)
         }
@@ -351,27 +356,28 @@ fn run_udp(args: &PingpongArgs) -> Res<()> {
     let ctx = net.add_device(if client { "softhca_udp_client" } else { "softhca_udp_server" })?;
     let mut end = End::new(&ctx, args.qp, client, args)?;
     let mut mine = end.info(&ctx)?;
-    mine.params =
-        format!("--qp {:?} --size {} --iters {} --mtu {}", args.qp, args.size, args.iters, args.mtu).to_lowercase();
+    mine.params = format!(
+        "--link {:?} --qp {:?} --size {} --iters {} --mtu {}",
+        args.link, args.qp, args.size, args.iters, args.mtu
+    )
+    .to_lowercase();
     let (mut ex, theirs) = if let Some(host) = &args.connect {
         let mut ex = Exchange::connect(host, args.port)?;
         ex.send(&mine)?;
         let theirs: QpInfo = ex.recv()?;
         (ex, theirs)
     } else {
-        println!(
-            "  waiting for a client on TCP port {} (device {})",
-            args.port,
-            net::display_gid(ctx.query_gid(1, 0)?)
-        );
-        let mut ex = Exchange::serve(args.port)?;
+        let gid = net::display_gid(ctx.query_gid(1, 0)?);
+        let mut ex = Exchange::serve(args.port, |port| {
+            println!("  waiting for a client on TCP port {port} (device {gid})");
+        })?;
         let theirs: QpInfo = ex.recv()?;
         ex.send(&mine)?;
         (ex, theirs)
     };
     if !theirs.params.is_empty() && theirs.params != mine.params {
         return Err(err(format!(
-            "the peer runs {}, this end {}: both ends need the same --qp, --size, --iters and --mtu",
+            "the peer runs {}, this end {}: both ends need the same --link, --qp, --size, --iters and --mtu",
             theirs.params, mine.params
         )));
     }

@@ -331,3 +331,90 @@ fn connect_names_an_unresolvable_host_and_a_glued_port() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("give the port with --port"));
 }
+
+// ---------------------------------------------------------------------------------------
+// From a new user's pass over the README and the help (2026-12-01)
+
+/// Out-of-range queue depths are refused, not quietly clamped: `--depth 0` had run a latency
+/// test under a bandwidth command, `--rx-depth 5000` past the "at most 4096" its help states.
+#[test]
+fn depths_out_of_range_are_errors() {
+    for args in [
+        &["perf", "write", "--depth", "0"][..],
+        &["perf", "write", "--depth", "4097"],
+        &["pingpong", "--rx-depth", "0"],
+        &["pingpong", "--rx-depth", "5000"],
+    ] {
+        let out = softhca(args);
+        assert_clean_error(args, &out);
+        assert!(text(&out).1.contains("depth must be in 1..=4096"), "{args:?}: {:?}", text(&out));
+    }
+}
+
+/// A client on another link than its server's is refused by the server, naming both links,
+/// by perf and by pingpong alike. Before, perf ran, every packet went where nobody read, and
+/// the client ended in retry-exceeded errors.
+#[test]
+fn a_client_on_another_link_is_refused() {
+    let port = free_port().to_string();
+    let spawn = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .env("SOFTHCA_WAIT_SECS", "5")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let server = spawn(&["perf", "write", "--link", "udp", "--server", "--port", &port]);
+    let client = softhca(&["perf", "write", "--link", "shm", "--connect", "127.0.0.1", "--port", &port, "-n", "50"]);
+    let server = server.wait_with_output().unwrap();
+    let (_, ce) = text(&client);
+    assert!(!client.status.success() && !server.status.success());
+    assert!(ce.contains("the client is on --link shm, this server on --link udp"), "{ce}");
+    let port = free_port().to_string();
+    let server = spawn(&["pingpong", "--link", "udp", "--server", "--port", &port, "--iters", "10"]);
+    let client = softhca(&["pingpong", "--link", "shm", "--connect", "127.0.0.1", "--port", &port, "--iters", "10"]);
+    let server = server.wait_with_output().unwrap();
+    assert!(!client.status.success() && !server.status.success());
+    let (_, ce) = text(&client);
+    assert!(ce.contains("--link udp") && ce.contains("--link shm"), "{ce}");
+}
+
+/// `--port 0`: the server listens on a port the system picks and says which (it said 0).
+#[test]
+fn a_server_on_port_0_prints_the_port_it_listens_on() {
+    let mut server = Command::new(BIN)
+        .args(["perf", "write", "--link", "udp", "--server", "--port", "0"])
+        .env("SOFTHCA_WAIT_SECS", "5")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let port: u16 = line.trim().rsplit(' ').next().unwrap().parse().unwrap_or(0);
+    assert!(port != 0 && line.contains("waiting for a client on TCP port"), "{line}");
+    let client = softhca(&["perf", "write", "--link", "udp", "--connect", "127.0.0.1", "--port", &port.to_string()]);
+    assert!(client.status.success(), "{:?}", text(&client));
+    assert!(server.wait().unwrap().success());
+}
+
+/// A reader that leaves (`softhca demo | head -1`) ends the program quietly, by SIGPIPE as
+/// any Unix filter ends, not with a panic printing to a closed pipe.
+#[test]
+fn a_closed_pipe_ends_the_program_quietly() {
+    let mut child = Command::new(BIN).args(["demo"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut first = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut first).unwrap();
+    drop(out);
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert!(first.starts_with("softhca demo"), "{first}");
+    assert!(!err.contains("panicked"), "{err}");
+    use std::os::unix::process::ExitStatusExt;
+    const SIGPIPE: i32 = 13;
+    assert!(status.success() || status.signal() == Some(SIGPIPE), "{status}");
+}
