@@ -339,6 +339,90 @@ fn ports_are_shared_by_address_as_linuxs() {
     }
 }
 
+/// A REQ goes to a listener of its address family (Linux's `cma_match_private_data`): on one
+/// port an IPv6 listener on `::` that set AFONLY (so that it shares the port with an IPv4 one
+/// on 0.0.0.0; without it, EADDRNOTAVAIL) and that IPv4 listener, an IPv4 REQ reaches the
+/// IPv4 listener though the IPv6 one listened first. Before, a listener on an any address took
+/// every REQ. (The rule's other cases: `rdmacm::tests`.)
+#[test]
+fn a_request_goes_to_a_listener_of_its_family() {
+    device_on_178();
+    let _dog = Watchdog::start("a_request_goes_to_a_listener_of_its_family", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs
+    // and option values.
+    unsafe {
+        let ch = softhca_rdma_create_event_channel();
+        let (mut v4, mut v6) = (null_mut(), null_mut());
+        assert_eq!(softhca_rdma_create_id(ch, &mut v4, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(softhca_rdma_create_id(ch, &mut v6, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([0, 0, 0, 0], 7402);
+        assert_eq!(softhca_rdma_bind_addr(v4, (&raw mut a).cast()), 0);
+        let mut any6: libc::sockaddr_in6 = std::mem::zeroed();
+        any6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        any6.sin6_port = 7402u16.to_be();
+        assert_eq!((softhca_rdma_bind_addr(v6, (&raw mut any6).cast()), errno()), (-1, libc::EADDRNOTAVAIL));
+        let mut on: c_int = 1;
+        assert_eq!(softhca_rdma_set_option(v6, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, (&raw mut on).cast(), 4), 0);
+        assert_eq!(softhca_rdma_bind_addr(v6, (&raw mut any6).cast()), 0, "AFONLY: {}", errno());
+        assert_eq!(softhca_rdma_listen(v6, 4), 0);
+        assert_eq!(softhca_rdma_listen(v4, 4), 0);
+        let cch = softhca_rdma_create_event_channel();
+        let mut cl = null_mut();
+        assert_eq!(softhca_rdma_create_id(cch, &mut cl, null_mut(), RDMA_PS_TCP), 0);
+        let mut dst = sin([127, 0, 0, 178], 7402);
+        assert_eq!(softhca_rdma_resolve_addr(cl, null_mut(), (&raw mut dst).cast(), 2000), 0, "{}", errno());
+        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(softhca_rdma_resolve_route(cl, 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(cl, null_mut(), &mut attr), 0);
+        let mut p = conn_param();
+        assert_eq!(softhca_rdma_connect(cl, &mut p), 0);
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).listen_id), (RDMA_CM_EVENT_CONNECT_REQUEST, v4), "the IPv4 listener");
+        let s = (*ev).id;
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        assert_eq!(softhca_rdma_reject(s, null_mut(), 0), 0);
+        assert_eq!(softhca_rdma_get_cm_event(cch, &mut ev), 0);
+        assert_eq!((*ev).event, RDMA_CM_EVENT_REJECTED);
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        softhca_rdma_destroy_qp(cl);
+        for x in [s, cl, v4, v6] {
+            assert_eq!(softhca_rdma_destroy_id(x), 0);
+        }
+        softhca_rdma_destroy_event_channel(cch);
+        softhca_rdma_destroy_event_channel(ch);
+    }
+}
+
+/// A refused bind leaves the id as it was, its AFONLY default included: an IPv4 id refused
+/// (EADDRINUSE) then bound to `::` beside an IPv4 any-address holder is EADDRNOTAVAIL, as on
+/// Linux, which decides the default at each bind. Before, the refused bind had kept AFONLY set.
+#[test]
+fn a_refused_bind_leaves_afonly_as_it_was() {
+    device_on_178();
+    // SAFETY: the library's own objects, each destroyed once by the program; local sockaddrs.
+    unsafe {
+        let ch = softhca_rdma_create_event_channel();
+        let (mut holder, mut id) = (null_mut(), null_mut());
+        assert_eq!(softhca_rdma_create_id(ch, &mut holder, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(softhca_rdma_create_id(ch, &mut id, null_mut(), RDMA_PS_TCP), 0);
+        let mut any = sin([0, 0, 0, 0], 7403);
+        assert_eq!(softhca_rdma_bind_addr(holder, (&raw mut any).cast()), 0);
+        let mut lo = sin([127, 0, 0, 178], 7403);
+        assert_eq!((softhca_rdma_bind_addr(id, (&raw mut lo).cast()), errno()), (-1, libc::EADDRNOTAVAIL));
+        let mut any6: libc::sockaddr_in6 = std::mem::zeroed();
+        any6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        any6.sin6_port = 7403u16.to_be();
+        assert_eq!((softhca_rdma_bind_addr(id, (&raw mut any6).cast()), errno()), (-1, libc::EADDRNOTAVAIL));
+        for x in [holder, id] {
+            assert_eq!(softhca_rdma_destroy_id(x), 0);
+        }
+        softhca_rdma_destroy_event_channel(ch);
+    }
+}
+
 /// A port below 1024 needs CAP_NET_BIND_SERVICE, as Linux's `cma_use_port` asks: EACCES for a
 /// thread without it (this test drops it from its own thread's effective set; capabilities are
 /// per thread), while a port the library picks is bound. Before, any port was bound.

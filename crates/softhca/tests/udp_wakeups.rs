@@ -30,11 +30,12 @@ fn doorbell_leaves_tx_beyond_four_batches_until_idle_wake() {
     }
     let seen = Instant::now();
     let before = a.dev.counters();
-    // A test thread held off its core for half the engine's idle wake-up (50 ms) may post to
-    // an engine that woke meanwhile, which needs no doorbell: the post then tells nothing.
-    let held = seen.elapsed() > std::time::Duration::from_millis(25);
     a.qp.post_send(&[SendWr::send(1, &[src.sge(0..n)]).signaled()]).unwrap();
     let after = a.dev.counters();
+    // A test thread held off its core for half the engine's idle wake-up (50 ms) anywhere
+    // from seeing the engine asleep to the end of its post may have posted to an engine that
+    // woke meanwhile, which needs no doorbell: the post then tells nothing.
+    let held = seen.elapsed() > std::time::Duration::from_millis(25);
     let sent = after.tx_datagrams - before.tx_datagrams;
     let woke = after.doorbells - before.doorbells;
     if held {

@@ -230,8 +230,7 @@ pub(super) fn bind(g: &mut Global, id: &mut Id, addr: SocketAddr) -> Result<(), 
             Err(e) => return Err(e),
         }
     }
-    let afonly = *id.st.afonly.get_or_insert(addr.is_ipv4());
-    let port = g.take_port(id.c.ps, addr, id.serial, id.st.reuseaddr, afonly)?;
+    let port = g.take_port(id.c.ps, addr, id.serial, id.st.reuseaddr, id.afonly(addr))?;
     if let Some(d) = g.dev.as_mut() {
         // A REQ that beats the listen waits for it (see `Cm::reserve`).
         d.agent.cm().reserve(service_id(id.c.ps, port));
@@ -410,7 +409,7 @@ pub unsafe extern "C" fn softhca_rdma_listen(p: *mut rdma_cm_id, _backlog: c_int
     if id.st.reuseaddr {
         let (owners, addr) = (g.ports.get(&(id.c.ps, id.st.port)).cloned().unwrap_or_default(), id.src_addr());
         if let Some(a) = addr {
-            if let Err(e) = g.check_port(&owners, id.serial, a, false, id.st.afonly == Some(true)) {
+            if let Err(e) = g.check_port(&owners, id.serial, a, false, id.afonly(a)) {
                 return err(e);
             }
         }
@@ -498,8 +497,9 @@ pub extern "C" fn softhca_rdma_event_str(event: c_int) -> *const c_char {
 
 /// Takes one count from the semaphore eventfd `fd` if it has one, without waiting, whatever
 /// the descriptor's blocking mode (the program's to choose): a read with RWF_NOWAIT, which
-/// an eventfd takes since Linux 5.12. On an older kernel, a poll first, then the read; there
-/// another thread's read between the two leaves this one waiting for the next count.
+/// an eventfd takes since Linux 5.12. Where that read is refused, a poll first, then the
+/// read; there another thread's read between the two leaves this one waiting for the next
+/// count.
 fn take_count_now(fd: c_int) -> bool {
     let mut v = 0u64;
     let iov = libc::iovec { iov_base: (&mut v as *mut u64).cast(), iov_len: 8 };
@@ -508,9 +508,10 @@ fn take_count_now(fd: c_int) -> bool {
     if n == 8 {
         return true;
     }
-    if n == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EOPNOTSUPP) {
-        return false; // EAGAIN: no count left
+    if n == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
+        return false; // no count left
     }
+    // EOPNOTSUPP (an old kernel), ENOSYS, a seccomp filter's EPERM: the poll and the read.
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one pollfd, a local; no wait.
     if unsafe { libc::poll(&mut pfd, 1, 0) } != 1 {

@@ -154,8 +154,7 @@ struct IdState {
     ack_timeout: Option<u8>,
     /// `RDMA_OPTION_ID_REUSEADDR`: the port may be bound beside other ids that set it too.
     reuseaddr: bool,
-    /// Binds of the other family do not conflict (`RDMA_OPTION_ID_AFONLY`; set at bind when
-    /// the program did not: IPv4 ids are, IPv6 ids are not, as `net.ipv6.bindv6only` = 0).
+    /// `RDMA_OPTION_ID_AFONLY` as the program set it (see [`Id::afonly`]).
     afonly: Option<bool>,
     /// A listener made by `rdma_create_ep` with QP attributes: each request gets a QP.
     qp_init: Option<ibv_qp_init_attr>,
@@ -369,9 +368,21 @@ pub(crate) fn debug(line: impl FnOnce() -> String) {
     }
 }
 
+/// Whether a listener bound to `bound` (AFONLY or not) takes a request addressed to `dst`
+/// (Linux's `cma_match_private_data`): on the any address and not AFONLY, every request;
+/// else only those of its family, and bound to an address, only those addressed to it.
+fn listener_takes(bound: SocketAddr, afonly: bool, dst: IpAddr) -> bool {
+    if bound.ip().is_unspecified() && !afonly {
+        return true;
+    }
+    bound.is_ipv4() == dst.is_ipv4() && (bound.ip().is_unspecified() || bound.ip() == dst)
+}
+
 /// Whether the calling thread may bind a port below 1024 (Linux's `PROT_SOCK`): it has
 /// CAP_NET_BIND_SERVICE (bit 10) in its effective set, as `cma_use_port` asks `capable()`.
-/// Capabilities are per thread; where they cannot be read, it may.
+/// Capabilities are per thread; where they cannot be read, it may. (The set is the one of the
+/// thread's user namespace: root in a container without CAP_NET_BIND_SERVICE in the initial
+/// namespace binds here where Linux's rdma_cm refuses it.)
 fn may_bind_service_ports() -> bool {
     const CAP_NET_BIND_SERVICE: u32 = 10;
     let Ok(status) = std::fs::read_to_string("/proc/thread-self/status") else { return true };
@@ -562,6 +573,13 @@ impl Id {
     }
 
     /// The id's source address (`route.addr.src`), once bound or resolved.
+    /// Whether binds of the other family share its port (and requests of the other family do
+    /// not reach it as a listener), for an id on `addr`: as the program set it, else as Linux
+    /// decides at each bind, IPv4 ids AFONLY and IPv6 ids not (`net.ipv6.bindv6only` = 0).
+    fn afonly(&self, addr: SocketAddr) -> bool {
+        self.st.afonly.unwrap_or(addr.is_ipv4())
+    }
+
     pub(crate) fn src_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the id's own sockaddr_storage.
         unsafe { read_sa(&self.c.route.addr.src as *const _ as *const libc::sockaddr) }
@@ -649,7 +667,7 @@ impl Global {
                 continue;
             }
             let Some(cur_addr) = cur.src_addr() else { continue };
-            if afonly && cur.st.afonly == Some(true) && addr.is_ipv4() != cur_addr.is_ipv4() {
+            if afonly && cur.afonly(cur_addr) && addr.is_ipv4() != cur_addr.is_ipv4() {
                 continue;
             }
             if addr.ip().is_unspecified() || cur_addr.ip().is_unspecified() {
@@ -691,13 +709,11 @@ impl Global {
         path_mtu: u8,
     ) -> Option<(&'static mut Id, &'static mut Id)> {
         let hdr = CmaHeader::parse(private_data)?;
-        // A listener bound to an address takes only the requests addressed to it (Linux's
-        // cma_match_private_data); one bound to the any address takes every request. Of the
-        // listeners on a port (each on its own address), the first that takes it.
-        let takes = |l: &Id| {
-            let bound = l.src_addr().map(|a| a.ip().to_canonical());
-            !bound.is_some_and(|b| !b.is_unspecified() && b != hdr.dst.to_canonical())
-        };
+        // Linux's cma_match_private_data: a listener on the any address that is not AFONLY
+        // takes every request; any other only those of its address family, and one bound to
+        // an address only those addressed to it. Of the listeners on a port (each on its own
+        // address, or family), the first that takes it.
+        let takes = |l: &Id| l.src_addr().is_some_and(|a| listener_takes(a, l.afonly(a), hdr.dst));
         let listener = self.listeners.get(&service_id)?.iter().filter_map(|&s| self.id(s)).find(|l| takes(l))?;
         let dev = self.dev.as_ref()?;
         let (ctx, dev_pd, gid, mtu) = (dev.ctx, dev.pd, dev.gid, dev.active_mtu);
@@ -1425,6 +1441,32 @@ mod tests {
             for life in [0, 1, 30, 31, u8::MAX] {
                 assert!(cm_ack_timeout(delay, life) <= 31);
             }
+        }
+    }
+
+    /// Which listener takes a request, as Linux's `cma_match_private_data` decides: by the
+    /// listener's address, its family and AFONLY, and the request's destination.
+    #[test]
+    fn a_listener_takes_what_linuxs_takes() {
+        let v4 = |a: [u8; 4]| SocketAddr::from((a, 7402));
+        let v6 = |a: Ipv6Addr| SocketAddr::from((a, 7402));
+        let (any4, any6) = (v4([0, 0, 0, 0]), v6(Ipv6Addr::UNSPECIFIED));
+        let lo: IpAddr = Ipv4Addr::new(127, 0, 0, 178).into();
+        let lo6: IpAddr = Ipv4Addr::new(127, 0, 0, 178).to_ipv6_mapped().into();
+        for (bound, afonly, dst, takes) in [
+            (any4, true, lo, true),
+            (any4, true, lo6, false), // an IPv4 id is AFONLY: no IPv6 request
+            (any4, false, lo6, true), // one that cleared AFONLY takes every request
+            (any6, false, lo, true),  // `::`, not AFONLY (bindv6only = 0): every request
+            (any6, true, lo, false),
+            (any6, true, lo6, true),
+            (v4([127, 0, 0, 178]), true, lo, true),
+            (v4([127, 0, 0, 179]), true, lo, false),
+            (v4([127, 0, 0, 178]), false, lo6, false), // not converted: the family differs
+            (v6(Ipv4Addr::new(127, 0, 0, 178).to_ipv6_mapped()), false, lo, false),
+            (v6(Ipv4Addr::new(127, 0, 0, 178).to_ipv6_mapped()), false, lo6, true),
+        ] {
+            assert_eq!(listener_takes(bound, afonly, dst), takes, "{bound} afonly {afonly}, a request to {dst}");
         }
     }
 

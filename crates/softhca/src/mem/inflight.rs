@@ -139,8 +139,9 @@ pub(crate) fn leave_unslotted() {
 }
 
 /// In a forked child: the threads whose marks the slots hold are gone (the forking thread was
-/// in no access: it was in `fork`). Their marks are cleared and their slots freed, the count
-/// of unslotted accesses zeroed, and the child registered for membarriers of its own.
+/// in no access: it was in `fork`). Their marks are cleared (their slots stay taken: which
+/// one is the forking thread's own is its thread-local's to say), the count of unslotted
+/// accesses zeroed, and the child registered for membarriers of its own.
 extern "C" fn after_fork_in_child() {
     for s in slots() {
         let seq = s.seq.load(Ordering::Relaxed);
