@@ -306,35 +306,10 @@ fn ports_are_shared_by_address_as_linuxs() {
         // Two listeners on port 7400: the REQ to 127.0.0.178 goes to the one bound there.
         assert_eq!(softhca_rdma_listen(b, 4), 0);
         assert_eq!(softhca_rdma_listen(a, 4), 0);
-        let cch = softhca_rdma_create_event_channel();
-        let mut cl = null_mut();
-        assert_eq!(softhca_rdma_create_id(cch, &mut cl, null_mut(), RDMA_PS_TCP), 0);
-        let mut dst = sin([127, 0, 0, 178], 7400);
-        assert_eq!(softhca_rdma_resolve_addr(cl, null_mut(), (&raw mut dst).cast(), 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        let mut t: c_int = 1;
-        let afonly = softhca_rdma_set_option(cl, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, (&raw mut t).cast(), 4);
-        assert_eq!((afonly, errno()), (-1, libc::EINVAL), "AFONLY once resolved");
-        assert_eq!(softhca_rdma_resolve_route(cl, 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
-        let mut attr = rc_init();
-        assert_eq!(softhca_rdma_create_qp(cl, null_mut(), &mut attr), 0);
-        let mut p = conn_param();
-        assert_eq!(softhca_rdma_connect(cl, &mut p), 0);
-        let mut ev = null_mut();
-        assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
-        assert_eq!(((*ev).event, (*ev).listen_id), (RDMA_CM_EVENT_CONNECT_REQUEST, a), "the listener on .178");
-        let s = (*ev).id;
-        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
-        assert_eq!(softhca_rdma_reject(s, null_mut(), 0), 0);
-        assert_eq!(softhca_rdma_get_cm_event(cch, &mut ev), 0);
-        assert_eq!(((*ev).event, (*ev).status), (RDMA_CM_EVENT_REJECTED, 28), "Consumer Reject");
-        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
-        softhca_rdma_destroy_qp(cl);
-        for x in [s, cl, a, b, c, d, e] {
+        assert_eq!(listener_of_a_request(ch, 7400), a, "the listener on .178");
+        for x in [a, b, c, d, e] {
             assert_eq!(softhca_rdma_destroy_id(x), 0);
         }
-        softhca_rdma_destroy_event_channel(cch);
         softhca_rdma_destroy_event_channel(ch);
     }
 }
@@ -366,32 +341,10 @@ fn a_request_goes_to_a_listener_of_its_family() {
         assert_eq!(softhca_rdma_bind_addr(v6, (&raw mut any6).cast()), 0, "AFONLY: {}", errno());
         assert_eq!(softhca_rdma_listen(v6, 4), 0);
         assert_eq!(softhca_rdma_listen(v4, 4), 0);
-        let cch = softhca_rdma_create_event_channel();
-        let mut cl = null_mut();
-        assert_eq!(softhca_rdma_create_id(cch, &mut cl, null_mut(), RDMA_PS_TCP), 0);
-        let mut dst = sin([127, 0, 0, 178], 7402);
-        assert_eq!(softhca_rdma_resolve_addr(cl, null_mut(), (&raw mut dst).cast(), 2000), 0, "{}", errno());
-        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        assert_eq!(softhca_rdma_resolve_route(cl, 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
-        let mut attr = rc_init();
-        assert_eq!(softhca_rdma_create_qp(cl, null_mut(), &mut attr), 0);
-        let mut p = conn_param();
-        assert_eq!(softhca_rdma_connect(cl, &mut p), 0);
-        let mut ev = null_mut();
-        assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
-        assert_eq!(((*ev).event, (*ev).listen_id), (RDMA_CM_EVENT_CONNECT_REQUEST, v4), "the IPv4 listener");
-        let s = (*ev).id;
-        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
-        assert_eq!(softhca_rdma_reject(s, null_mut(), 0), 0);
-        assert_eq!(softhca_rdma_get_cm_event(cch, &mut ev), 0);
-        assert_eq!((*ev).event, RDMA_CM_EVENT_REJECTED);
-        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
-        softhca_rdma_destroy_qp(cl);
-        for x in [s, cl, v4, v6] {
+        assert_eq!(listener_of_a_request(ch, 7402), v4, "the IPv4 listener");
+        for x in [v4, v6] {
             assert_eq!(softhca_rdma_destroy_id(x), 0);
         }
-        softhca_rdma_destroy_event_channel(cch);
         softhca_rdma_destroy_event_channel(ch);
     }
 }
@@ -563,6 +516,48 @@ impl Link {
             softhca_rdma_destroy_event_channel(self.lch);
             softhca_rdma_destroy_event_channel(self.cch);
         }
+    }
+}
+
+/// The listener whose channel `ch` a connection request to 127.0.0.178:`port` from a new
+/// client reaches (the request refused after, the client and the request's id destroyed). On
+/// the way, AFONLY is refused on the client once its address is resolved (EINVAL).
+///
+/// # Safety
+/// `ch` is the live channel of the listeners on `port`.
+unsafe fn listener_of_a_request(ch: *mut rdma_event_channel, port: u16) -> *mut rdma_cm_id {
+    // SAFETY: the library's own objects, each destroyed once here; local sockaddrs, options
+    // and parameters; the caller's channel.
+    unsafe {
+        let cch = softhca_rdma_create_event_channel();
+        let mut cl = null_mut();
+        assert_eq!(softhca_rdma_create_id(cch, &mut cl, null_mut(), RDMA_PS_TCP), 0);
+        let mut dst = sin([127, 0, 0, 178], port);
+        assert_eq!(softhca_rdma_resolve_addr(cl, null_mut(), (&raw mut dst).cast(), 2000), 0, "{}", errno());
+        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        let mut t: c_int = 1;
+        let afonly = softhca_rdma_set_option(cl, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, (&raw mut t).cast(), 4);
+        assert_eq!((afonly, errno()), (-1, libc::EINVAL), "AFONLY once resolved");
+        assert_eq!(softhca_rdma_resolve_route(cl, 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(cl, null_mut(), &mut attr), 0);
+        let mut p = conn_param();
+        assert_eq!(softhca_rdma_connect(cl, &mut p), 0);
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
+        assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
+        let (s, listener) = ((*ev).id, (*ev).listen_id);
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        assert_eq!(softhca_rdma_reject(s, null_mut(), 0), 0);
+        assert_eq!(softhca_rdma_get_cm_event(cch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).status), (RDMA_CM_EVENT_REJECTED, 28), "Consumer Reject");
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        softhca_rdma_destroy_qp(cl);
+        assert_eq!(softhca_rdma_destroy_id(s), 0);
+        assert_eq!(softhca_rdma_destroy_id(cl), 0);
+        softhca_rdma_destroy_event_channel(cch);
+        listener
     }
 }
 
