@@ -17,6 +17,8 @@ use fuzz::Watchdog;
 
 extern "C" {
     fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int, init: *mut ibv_qp_init_attr) -> c_int;
+    fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;
+    fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
 }
 
 #[path = "common/rdmacm_ffi.rs"]
@@ -373,6 +375,68 @@ fn a_refused_bind_leaves_afonly_as_it_was() {
             assert_eq!(softhca_rdma_destroy_id(x), 0);
         }
         softhca_rdma_destroy_event_channel(ch);
+    }
+}
+
+/// The id a request makes carries the device's default PD, whatever PD its listener was given
+/// (`rdma_create_ep` with a PD and no QP attributes), as librdmacm's `ucma_get_device` gives
+/// it; a QP made on it afterwards puts its own PD there (`rdma_create_qp_ex`: `id->pd =
+/// qp->pd`). Before, the id carried the listener's PD.
+#[test]
+fn a_requests_id_has_the_device_pd_until_its_qp() {
+    device_on_178();
+    let _dog = Watchdog::start("a_requests_id_has_the_device_pd_until_its_qp", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local strings,
+    // hints, sockaddrs and attributes.
+    unsafe {
+        let mut probe = null_mut();
+        assert_eq!(softhca_rdma_create_id(null_mut(), &mut probe, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([127, 0, 0, 178], 0);
+        assert_eq!(softhca_rdma_bind_addr(probe, (&raw mut a).cast()), 0);
+        let (ctx, dev_pd) = ((*probe).verbs, (*probe).pd);
+        let pd = ibv_alloc_pd(ctx);
+        assert!(!pd.is_null() && pd != dev_pd);
+        let mut hints: rdma_addrinfo = std::mem::zeroed();
+        hints.ai_flags = RAI_PASSIVE;
+        hints.ai_port_space = RDMA_PS_TCP;
+        let mut res = null_mut();
+        let r = softhca_rdma_getaddrinfo(c"127.0.0.178".as_ptr(), c"7404".as_ptr(), &hints, &mut res);
+        assert_eq!(r, 0, "{}", errno());
+        let mut l = null_mut();
+        assert_eq!(softhca_rdma_create_ep(&mut l, res, pd, null_mut()), 0, "{}", errno());
+        assert_eq!((*l).pd, pd, "the listener's, as given");
+        assert_eq!(softhca_rdma_listen(l, 1), 0);
+        let cch = softhca_rdma_create_event_channel();
+        let mut cl = null_mut();
+        assert_eq!(softhca_rdma_create_id(cch, &mut cl, null_mut(), RDMA_PS_TCP), 0);
+        let mut dst = sin([127, 0, 0, 178], 7404);
+        assert_eq!(softhca_rdma_resolve_addr(cl, null_mut(), (&raw mut dst).cast(), 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        assert_eq!(softhca_rdma_resolve_route(cl, 2000), 0);
+        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(cl, null_mut(), &mut attr), 0);
+        let mut p = conn_param();
+        assert_eq!(softhca_rdma_connect(cl, &mut p), 0);
+        let mut s = null_mut();
+        assert_eq!(softhca_rdma_get_request(l, &mut s), 0, "{}", errno());
+        assert_eq!(((*s).pd, (*s).qp), (dev_pd, null_mut()), "the device's PD, no QP");
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(s, pd, &mut attr), 0);
+        assert_eq!(((*s).pd, (*(*s).qp).pd), (pd, pd), "the QP's PD, as librdmacm sets it");
+        assert_eq!(softhca_rdma_reject(s, null_mut(), 0), 0);
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(cch, &mut ev), 0);
+        assert_eq!((*ev).event, RDMA_CM_EVENT_REJECTED);
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        softhca_rdma_destroy_ep(s);
+        softhca_rdma_destroy_qp(cl);
+        assert_eq!(softhca_rdma_destroy_id(cl), 0);
+        softhca_rdma_destroy_event_channel(cch);
+        softhca_rdma_destroy_ep(l);
+        softhca_rdma_freeaddrinfo(res);
+        assert_eq!(ibv_dealloc_pd(pd), 0, "nothing left on the program's PD");
+        assert_eq!(softhca_rdma_destroy_id(probe), 0);
     }
 }
 

@@ -730,7 +730,9 @@ impl Global {
             id.c.channel = unsafe { &mut (*ch).c };
         }
         id.c.verbs = ctx;
-        id.c.pd = if listener.c.pd.is_null() { dev_pd } else { listener.c.pd };
+        // The device's default PD, whatever the listener's (librdmacm's ucma_get_device for
+        // the new id); `rdma_get_request` puts the QP on the listener's.
+        id.c.pd = dev_pd;
         id.c.port_num = 1;
         write_sa(&mut id.c.route.addr.src, SocketAddr::new(hdr.dst, listener.st.port));
         write_sa(&mut id.c.route.addr.dst, SocketAddr::new(hdr.src, hdr.src_port));

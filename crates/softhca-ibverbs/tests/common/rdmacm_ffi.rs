@@ -55,6 +55,14 @@ extern "C" {
         res: *mut *mut rdma_addrinfo,
     ) -> c_int;
     pub fn softhca_rdma_freeaddrinfo(res: *mut rdma_addrinfo);
+    pub fn softhca_rdma_create_ep(
+        id: *mut *mut rdma_cm_id,
+        res: *mut rdma_addrinfo,
+        pd: *mut ibv_pd,
+        attr: *mut ibv_qp_init_attr,
+    ) -> c_int;
+    pub fn softhca_rdma_destroy_ep(id: *mut rdma_cm_id);
+    pub fn softhca_rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int;
 }
 
 /// An IPv4 socket address.
