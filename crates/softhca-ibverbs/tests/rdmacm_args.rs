@@ -406,18 +406,7 @@ fn a_requests_id_has_the_device_pd_until_its_qp() {
         assert_eq!(softhca_rdma_create_ep(&mut l, res, pd, null_mut()), 0, "{}", errno());
         assert_eq!((*l).pd, pd, "the listener's, as given");
         assert_eq!(softhca_rdma_listen(l, 1), 0);
-        let cch = softhca_rdma_create_event_channel();
-        let mut cl = null_mut();
-        assert_eq!(softhca_rdma_create_id(cch, &mut cl, null_mut(), RDMA_PS_TCP), 0);
-        let mut dst = sin([127, 0, 0, 178], 7404);
-        assert_eq!(softhca_rdma_resolve_addr(cl, null_mut(), (&raw mut dst).cast(), 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        assert_eq!(softhca_rdma_resolve_route(cl, 2000), 0);
-        expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED);
-        let mut attr = rc_init();
-        assert_eq!(softhca_rdma_create_qp(cl, null_mut(), &mut attr), 0);
-        let mut p = conn_param();
-        assert_eq!(softhca_rdma_connect(cl, &mut p), 0);
+        let (cch, cl) = connecting_client(7404);
         let mut s = null_mut();
         assert_eq!(softhca_rdma_get_request(l, &mut s), 0, "{}", errno());
         assert_eq!(((*s).pd, (*s).qp), (dev_pd, null_mut()), "the device's PD, no QP");
@@ -583,15 +572,14 @@ impl Link {
     }
 }
 
-/// The listener whose channel `ch` a connection request to 127.0.0.178:`port` from a new
-/// client reaches (the request refused after, the client and the request's id destroyed). On
-/// the way, AFONLY is refused on the client once its address is resolved (EINVAL).
+/// A new client, on a channel of its own, with an RC QP, whose connection request to
+/// 127.0.0.178:`port` is on its way; on the way, AFONLY is refused on it once its address is
+/// resolved (EINVAL). The client and channel are the caller's to end.
 ///
 /// # Safety
-/// `ch` is the live channel of the listeners on `port`.
-unsafe fn listener_of_a_request(ch: *mut rdma_event_channel, port: u16) -> *mut rdma_cm_id {
-    // SAFETY: the library's own objects, each destroyed once here; local sockaddrs, options
-    // and parameters; the caller's channel.
+/// Calls the library's C ABI.
+unsafe fn connecting_client(port: u16) -> (*mut rdma_event_channel, *mut rdma_cm_id) {
+    // SAFETY: the library's own objects; local sockaddrs, options and parameters.
     unsafe {
         let cch = softhca_rdma_create_event_channel();
         let mut cl = null_mut();
@@ -608,6 +596,20 @@ unsafe fn listener_of_a_request(ch: *mut rdma_event_channel, port: u16) -> *mut 
         assert_eq!(softhca_rdma_create_qp(cl, null_mut(), &mut attr), 0);
         let mut p = conn_param();
         assert_eq!(softhca_rdma_connect(cl, &mut p), 0);
+        (cch, cl)
+    }
+}
+
+/// The listener whose channel `ch` a connection request to 127.0.0.178:`port` from a new
+/// client reaches (the request refused after, the client and the request's id destroyed).
+///
+/// # Safety
+/// `ch` is the live channel of the listeners on `port`.
+unsafe fn listener_of_a_request(ch: *mut rdma_event_channel, port: u16) -> *mut rdma_cm_id {
+    // SAFETY: the library's own objects, each destroyed once here; local sockaddrs, options
+    // and parameters; the caller's channel.
+    unsafe {
+        let (cch, cl) = connecting_client(port);
         let mut ev = null_mut();
         assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
         assert_eq!((*ev).event, RDMA_CM_EVENT_CONNECT_REQUEST);
