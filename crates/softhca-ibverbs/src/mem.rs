@@ -189,8 +189,7 @@ fn mapped(addr: usize, len: usize, write: bool) -> bool {
 /// The R_Key `ibv_reg_mr` reports for a region with `rights`: its key if they include a remote
 /// one, else 0, as rxe's `rxe_mr_init` reports it (the key would be refused anyway).
 fn reported_rkey(key: u32, rights: softhca::Access) -> u32 {
-    let remote = softhca::Access::REMOTE_READ | softhca::Access::REMOTE_WRITE | softhca::Access::REMOTE_ATOMIC;
-    if rights.intersects(remote) {
+    if rights.intersects(softhca::Access::REMOTE) {
         key
     } else {
         0

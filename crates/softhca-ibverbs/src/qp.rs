@@ -423,8 +423,7 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         }
         let mut m = QpAttr::new(target);
         if has(IBV_QP_ACCESS_FLAGS) {
-            let mut access = Access::from_bits_truncate(a.qp_access_flags)
-                & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+            let mut access = Access::from_bits_truncate(a.qp_access_flags) & Access::REMOTE;
             if x.qp.qp_type() == QpType::Uc {
                 access &= Access::REMOTE_WRITE;
             }
@@ -867,8 +866,7 @@ unsafe fn bind_window(x: &Qp, m: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info
     if rkey >> 8 != current >> 8 {
         return libc::EINVAL; // another window's index
     }
-    let access = Access::from_bits_truncate(info.mw_access_flags)
-        & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+    let access = Access::from_bits_truncate(info.mw_access_flags) & Access::REMOTE;
     // A zero-length bind unbinds a type 1 window (libibverbs' way: no region, length 0).
     let wr = match mr {
         Some(mr) if info.length != 0 => SendWr::bind_mw(wr_id, &mw.mw, &mr.region(), info.addr, info.length, access),

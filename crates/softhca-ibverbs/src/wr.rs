@@ -232,8 +232,7 @@ unsafe extern "C" fn wr_bind_mw(q: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, i
     unsafe {
         begin(q, WrOpcode::BindMw, |p| {
             if let (0, Some(i)) = (err, info) {
-                let access = Access::from_bits_truncate(i.mw_access_flags)
-                    & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+                let access = Access::from_bits_truncate(i.mw_access_flags) & Access::REMOTE;
                 p.bind = Some((mw, rkey, i.mr as *const Mr, i.addr, i.length, access));
             }
         })

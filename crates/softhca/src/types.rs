@@ -79,6 +79,12 @@ bitflags::bitflags! {
     }
 }
 
+impl Access {
+    /// The remote rights (rxe's `IB_ACCESS_REMOTE`): what a window may grant, and what an
+    /// R_Key reaches.
+    pub const REMOTE: Access = Access::REMOTE_READ.union(Access::REMOTE_WRITE).union(Access::REMOTE_ATOMIC);
+}
+
 /// Path MTU; MOD-GEN-13: only the five IBA sizes exist, wire codes 1..=5.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Mtu {

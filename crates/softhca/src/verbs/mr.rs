@@ -573,8 +573,7 @@ pub(crate) fn check_access(
         }
         KeyEntry::Mw(mw) => {
             // A window's R_Key is for remote access only.
-            let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-            if access.is_empty() || !remote.contains(access) {
+            if access.is_empty() || !Access::REMOTE.contains(access) {
                 return Err(AccessError::BadKey);
             }
             if mw.pd.handle != pd_handle {

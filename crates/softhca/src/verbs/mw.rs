@@ -127,8 +127,7 @@ pub(crate) fn bind(dev: &DeviceInner, pd_handle: u32, qpn: u32, b: &BindRequest)
     if mw.dealloced.load(Ordering::Acquire) || mw.pd.handle != pd_handle {
         return fail;
     }
-    let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-    if !remote.contains(b.access) {
+    if !Access::REMOTE.contains(b.access) {
         return fail; // WR-BIND-2: remote rights only
     }
     let mut rng = dev.rng.lock().unwrap_or_else(|e| e.into_inner());
