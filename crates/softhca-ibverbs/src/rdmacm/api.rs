@@ -166,18 +166,10 @@ pub unsafe extern "C" fn softhca_rdma_destroy_id(p: *mut rdma_cm_id) -> c_int {
 fn release(g: &mut Global, id: &mut Id) {
     // An id a request made carries its listener's port without owning it: only the port's
     // owners give up its reservation, the last of them (a new owner may hold it by now).
-    let key = (id.c.ps, id.st.port);
-    let owned = g.ports.get(&key).is_some_and(|o| o.contains(&id.serial));
-    for owners in g.ports.values_mut() {
-        owners.retain(|s| *s != id.serial);
-    }
-    g.ports.retain(|_, o| !o.is_empty());
+    // An id binds once, so the port it carries is the only one it can own or listen on.
     let sid = service_id(id.c.ps, id.st.port);
-    for l in g.listeners.values_mut() {
-        l.retain(|s| *s != id.serial);
-    }
-    g.listeners.retain(|_, l| !l.is_empty());
-    let (last_owner, last_listener) = (!g.ports.contains_key(&key), !g.listeners.contains_key(&sid));
+    let (owned, last_owner) = leave(&mut g.ports, (id.c.ps, id.st.port), id.serial);
+    let (_, last_listener) = leave(&mut g.listeners, sid, id.serial);
     if let Some(d) = g.dev.as_mut() {
         if id.st.phase == Phase::Listen && last_listener {
             d.agent.cm().unlisten(sid);
@@ -193,6 +185,19 @@ fn release(g: &mut Global, id: &mut Id) {
     }
     id.st.port = 0;
     g.conns.retain(|_, s| *s != id.serial);
+}
+
+/// Takes `serial` out of `map`'s list at `key` (the list goes when it empties): whether it was
+/// there, and whether the list is gone now.
+fn leave<K: Ord>(map: &mut BTreeMap<K, Vec<u64>>, key: K, serial: u64) -> (bool, bool) {
+    let Some(list) = map.get_mut(&key) else { return (false, true) };
+    let was = list.contains(&serial);
+    list.retain(|s| *s != serial);
+    let gone = list.is_empty();
+    if gone {
+        map.remove(&key);
+    }
+    (was, gone)
 }
 
 /// Binds `id` to `addr`: the device, if it is on that address (see below for where a device
@@ -407,9 +412,8 @@ pub unsafe extern "C" fn softhca_rdma_listen(p: *mut rdma_cm_id, _backlog: c_int
     // A port shared by reuse is checked again without it (Linux's rdma_listen): a listener
     // has it to itself on its address.
     if id.st.reuseaddr {
-        let (owners, addr) = (g.ports.get(&(id.c.ps, id.st.port)).cloned().unwrap_or_default(), id.src_addr());
-        if let Some(a) = addr {
-            if let Err(e) = g.check_port(&owners, id.serial, a, false, id.afonly(a)) {
+        if let (Some(owners), Some(a)) = (g.ports.get(&(id.c.ps, id.st.port)), id.src_addr()) {
+            if let Err(e) = g.check_port(owners, id.serial, a, false, id.afonly(a)) {
                 return err(e);
             }
         }

@@ -17,9 +17,10 @@
 //!   answer for an address of `lo`); any other local address is ENODEV, a non-local one
 //!   EADDRNOTAVAIL. A listener bound to an address takes only the requests addressed to it.
 //! - Ports: a port space (TCP, UDP, IB, IPoIB) of 16-bit ports per process, a port shared by
-//!   ids on different addresses as Linux's rdma_cm shares it (`Global::check_port`); the service ID of
-//!   a REQ is the port space and the destination port (`RDMA_IB_IP_PS_*`), and its private data
-//!   starts with the `cma_hdr` of the IP addresses, as Linux's rdma_cm sends them.
+//!   ids on different addresses as Linux's rdma_cm shares it (`Global::check_port`); the
+//!   service ID of a REQ is the port space and the destination port (`RDMA_IB_IP_PS_*`), and
+//!   its private data starts with the `cma_hdr` of the IP addresses, as Linux's rdma_cm sends
+//!   them.
 //! - Connections: `transport::cm::Cm` on the device's GSI ([`softhca::CmAgent`]), driven by one
 //!   thread per process that waits on the GSI's CQ channel and the CM's next deadline. It moves
 //!   an id's QP as librdmacm does (INIT with the access the resources allow, RTR, RTS from the
@@ -572,7 +573,6 @@ impl Id {
         (!self.c.channel.is_null()).then(|| unsafe { &*(self.c.channel as *const Channel) })
     }
 
-    /// The id's source address (`route.addr.src`), once bound or resolved.
     /// Whether binds of the other family share its port (and requests of the other family do
     /// not reach it as a listener), for an id on `addr`: as the program set it, else as Linux
     /// decides at each bind, IPv4 ids AFONLY and IPv6 ids not (`net.ipv6.bindv6only` = 0).
@@ -580,6 +580,7 @@ impl Id {
         self.st.afonly.unwrap_or(addr.is_ipv4())
     }
 
+    /// The id's source address (`route.addr.src`), once bound or resolved.
     pub(crate) fn src_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the id's own sockaddr_storage.
         unsafe { read_sa(&self.c.route.addr.src as *const _ as *const libc::sockaddr) }
