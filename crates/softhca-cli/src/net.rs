@@ -38,6 +38,17 @@ pub enum LinkKind {
     Shm,
 }
 
+impl LinkKind {
+    /// The name `--link` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkKind::Sim => "sim",
+            LinkKind::Udp => "udp",
+            LinkKind::Shm => "shm",
+        }
+    }
+}
+
 /// The simulated link's faults and seed.
 #[derive(Debug, Clone, Copy, Default, clap::Args)]
 pub struct Faults {

@@ -177,7 +177,7 @@ impl PerfArgs {
         if self.lat {
             1
         } else {
-            self.depth.clamp(1, 4096)
+            self.depth // in 1..=4096: `validate`
         }
     }
 
@@ -1047,11 +1047,7 @@ pub fn print_table(r: &PerfResult) {
         " {} test ({}) over the {} link{}, {} QP{}, depth {}{}, ACK timeout {:.0} ms",
         r.test.name(),
         if r.depth == 1 { "latency" } else { "bandwidth" },
-        match r.link {
-            LinkKind::Sim => "sim",
-            LinkKind::Udp => "udp",
-            LinkKind::Shm => "shm",
-        },
+        r.link.name(),
         match (r.mode.as_str(), &r.peer) {
             ("client", Some(p)) => format!(" (two processes, server {p})"),
             ("client", None) => " (two processes)".to_string(),

@@ -451,12 +451,8 @@ pub fn serve(args: &PerfArgs) -> Res<()> {
         net.set_busy_poll(true);
         a.busy_poll = true;
     }
-    let refusal = if hello.link.is_some_and(|l| l != args.link) {
-        Some(format!(
-            "the client is on --link {}, this server on --link {}",
-            format!("{:?}", hello.link.unwrap_or(args.link)).to_lowercase(),
-            format!("{:?}", args.link).to_lowercase()
-        ))
+    let refusal = if let Some(l) = hello.link.filter(|&l| l != args.link) {
+        Some(format!("the client is on --link {}, this server on --link {}", l.name(), args.link.name()))
     } else if hello.op != args.op {
         Some(format!(
             "the client runs perf {}, this server perf {}",

@@ -118,7 +118,7 @@ struct End {
 impl End {
     fn new(ctx: &Context, kind: QpKind, client: bool, args: &PingpongArgs) -> Res<End> {
         let pd = ctx.alloc_pd()?;
-        let depth = args.rx_depth.clamp(1, 4096) as u32;
+        let depth = args.rx_depth as u32; // in 1..=4096: `run`
         let cq = ctx.create_cq(depth * 2 + 16)?;
         let eec = match kind {
             QpKind::Rd => {
@@ -357,8 +357,12 @@ fn run_udp(args: &PingpongArgs) -> Res<()> {
     let mut end = End::new(&ctx, args.qp, client, args)?;
     let mut mine = end.info(&ctx)?;
     mine.params = format!(
-        "--link {:?} --qp {:?} --size {} --iters {} --mtu {}",
-        args.link, args.qp, args.size, args.iters, args.mtu
+        "--link {} --qp {:?} --size {} --iters {} --mtu {}",
+        args.link.name(),
+        args.qp,
+        args.size,
+        args.iters,
+        args.mtu
     )
     .to_lowercase();
     let (mut ex, theirs) = if let Some(host) = &args.connect {
