@@ -190,25 +190,21 @@ fn wait_while(busy: impl Fn() -> bool) {
     }
 }
 
+/// For tests of what marks an access: whether a quiesce on another thread, started inside
+/// the access `open` makes around the function it is given, returned only after that access
+/// ended (the function lets it end once the quiesce is under way).
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicBool;
+pub(crate) fn quiesce_waits_for(open: impl FnOnce(&mut dyn FnMut())) -> bool {
     use std::sync::Arc;
-
-    /// Whether a quiesce on another thread, started while `slot` is marked, returned only after
-    /// the access left (which this thread makes it do once the quiesce is under way).
-    fn holds(slot: &'static Slot) -> bool {
-        slot.enter();
-        let (started, left) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-        let waiter = {
-            let (started, left) = (started.clone(), left.clone());
-            std::thread::spawn(move || {
-                started.store(true, Ordering::Release);
-                quiesce(None);
-                left.load(Ordering::Acquire)
-            })
-        };
+    let (started, left) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let mut waiter = None;
+    open(&mut || {
+        let (s, l) = (started.clone(), left.clone());
+        waiter = Some(std::thread::spawn(move || {
+            s.store(true, Ordering::Release);
+            quiesce(None);
+            l.load(Ordering::Acquire)
+        }));
         while !started.load(Ordering::Acquire) {
             std::thread::yield_now();
         }
@@ -216,8 +212,23 @@ mod tests {
             std::thread::yield_now();
         }
         left.store(true, Ordering::Release);
-        slot.leave();
-        waiter.join().unwrap()
+    });
+    waiter.is_some_and(|w| w.join().unwrap())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    /// [`quiesce_waits_for`] an access `slot` marks.
+    fn holds(slot: &'static Slot) -> bool {
+        quiesce_waits_for(|f| {
+            slot.enter();
+            f();
+            slot.leave();
+        })
     }
 
     /// A quiesce waits for an access marked before it: it returns once the access leaves,

@@ -369,8 +369,9 @@ pub(crate) struct DeviceInner {
     next_handle: AtomicU32,
     pub keys: RwLock<KeyTable>,
     /// Bumped by every change that can revoke or move a key's access (deregistration,
-    /// reregistration, Fast Register, window bind or deallocation, invalidation), so that a transfer in progress checks its keys again only
-    /// when one happened: read for every request packet and every Send packet received.
+    /// reregistration, Fast Register, window bind or deallocation, invalidation), so that a
+    /// transfer in progress checks its keys again only when one happened: read for every
+    /// request packet and every Send packet received.
     pub key_gen: OwnLine<std::sync::atomic::AtomicU64>,
     /// Bumped by every Request Completion Notification: a driver tells a program that waits
     /// for completion events (it arms its CQs) from one that spins on them.

@@ -4,9 +4,9 @@
 //!
 //! The transport writes CQEs during a step (a full CQ moves the QP to Error then, CQ-OVF-2),
 //! but never makes a system call (a thread's first step takes its slot for the accesses it
-//! makes, below, which may register the process for membarriers once), signals a condition variable or runs consumer code inside
-//! one: those are queued here and done once the step has returned and released its locks, by
-//! the thread that drove it. Inside a verb, callbacks are queued the same way, so a handler
+//! makes, below, which may register the process for membarriers once), signals a condition
+//! variable or runs consumer code inside one: those are queued here and done once the step
+//! has returned and released its locks, by the thread that drove it. Inside a verb, callbacks are queued the same way, so a handler
 //! may call any verb, on the same QP or CQ included; a verb's own events are delivered at once
 //! (Destroy purges the events of what it destroys, and must see them).
 //!
@@ -265,31 +265,10 @@ mod tests {
     /// scope that is neither is not waited for.
     #[test]
     fn a_step_and_an_access_hold_a_quiesce_until_they_end() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        use std::sync::Arc;
-        let held = |open: &dyn Fn(&mut dyn FnMut())| {
-            let (started, ended) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-            let mut waiter = None;
-            open(&mut || {
-                let (s, e) = (started.clone(), ended.clone());
-                waiter = Some(std::thread::spawn(move || {
-                    s.store(true, Ordering::Release);
-                    crate::mem::inflight::quiesce(None);
-                    e.load(Ordering::Acquire)
-                }));
-                while !started.load(Ordering::Acquire) {
-                    std::thread::yield_now();
-                }
-                for _ in 0..1000 {
-                    std::thread::yield_now();
-                }
-                ended.store(true, Ordering::Release);
-            });
-            waiter.map(|w| w.join().unwrap())
-        };
-        assert_eq!(held(&|f| step(f)), Some(true), "a step");
-        assert_eq!(held(&|f| access(f)), Some(true), "an access");
-        assert_eq!(held(&|f| scope(|| step(f))), Some(true), "a step inside a scope");
+        use crate::mem::inflight::quiesce_waits_for;
+        assert!(quiesce_waits_for(|f| step(f)), "a step");
+        assert!(quiesce_waits_for(|f| access(f)), "an access");
+        assert!(quiesce_waits_for(|f| scope(|| step(f))), "a step inside a scope");
         // Nothing marked after the step: a quiesce returns at once.
         crate::mem::inflight::quiesce(None);
     }
