@@ -21,6 +21,9 @@ extern "C" {
     fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
 }
 
+/// `ibv_qp_state`'s IBV_QPS_ERR.
+const IBV_QPS_ERR: c_int = 6;
+
 #[path = "common/rdmacm_ffi.rs"]
 mod rdmacm_ffi;
 use rdmacm_ffi::*;
@@ -153,10 +156,7 @@ fn a_refused_accept_leaves_its_qp_in_error() {
         p.responder_resources = RDMA_MAX_RESP_RES;
         p.initiator_depth = RDMA_MAX_INIT_DEPTH;
         assert_eq!((softhca_rdma_accept(s, &mut p), errno()), (-1, libc::EINVAL), "accept with 255 B");
-        let mut qa: ibv_qp_attr = std::mem::zeroed();
-        let mut qi: ibv_qp_init_attr = std::mem::zeroed();
-        assert_eq!(ibv_query_qp((*s).qp, &mut qa, IBV_QP_STATE, &mut qi), 0);
-        assert_eq!(qa.qp_state, 6, "IBV_QPS_ERR: the QP readied for the accept");
+        assert_eq!(qp_state((*s).qp), IBV_QPS_ERR, "the QP readied for the accept");
         e.end(s);
     }
 }
@@ -209,6 +209,68 @@ fn notify_comm_est_establishes_a_connection_waiting_for_its_rtu() {
         expect(e.lch, RDMA_CM_EVENT_ESTABLISHED);
         assert_eq!((softhca_rdma_notify(s, COMM_EST), errno()), (-1, libc::EISCONN));
         assert_eq!(softhca_rdma_notify(s, PATH_MIG), 0, "established, no alternate path");
+        e.end(s);
+    }
+}
+
+/// `rdma_disconnect` of an active id whose REQ is out sends nothing, as on Linux (its CM
+/// refuses the DREQ and the DREP before the connection is established): the QP goes to
+/// Error and the handshake goes on. The listener still accepts; the REP then finds a QP that
+/// cannot be readied, so the client rejects it (Consumer Reject) and reports CONNECT_ERROR,
+/// as librdmacm's `ucma_process_conn_resp`. Before, a REJ went at once and the client's id
+/// never heard of the connection again.
+#[test]
+fn an_early_disconnect_sends_nothing_and_the_rep_is_rejected() {
+    let _dog = Watchdog::start("an_early_disconnect_sends_nothing_and_the_rep_is_rejected", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local parameters.
+    unsafe {
+        let e = Link::resolved(7396);
+        e.client_qp();
+        assert_eq!(softhca_rdma_connect(e.c, &mut conn_param()), 0);
+        assert_eq!(softhca_rdma_disconnect(e.c), 0, "{}", errno());
+        assert_eq!(qp_state((*e.c).qp), IBV_QPS_ERR);
+        let s = e.request();
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(s, null_mut(), &mut attr), 0);
+        assert_eq!(softhca_rdma_accept(s, &mut conn_param()), 0, "{}", errno());
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(e.cch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).status), (RDMA_CM_EVENT_CONNECT_ERROR, -1));
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        assert_eq!(softhca_rdma_get_cm_event(e.lch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).status), (RDMA_CM_EVENT_REJECTED, 28), "Consumer Reject");
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+        e.end(s);
+    }
+}
+
+/// The same on the passive side: `rdma_disconnect` of a request's id not yet accepted sends
+/// nothing and leaves the request to be answered; an accept is then refused (its QP, in
+/// Error, cannot be readied: EINVAL, as the kernel's Modify QP from Error to Init), and a
+/// reject still reaches the client. Before, the disconnect rejected the request (Consumer
+/// Reject) and forgot it.
+#[test]
+fn an_early_disconnect_of_a_request_leaves_it_to_be_answered() {
+    let _dog = Watchdog::start("an_early_disconnect_of_a_request_leaves_it_to_be_answered", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local parameters.
+    unsafe {
+        let e = Link::resolved(7397);
+        e.client_qp();
+        assert_eq!(softhca_rdma_connect(e.c, &mut conn_param()), 0);
+        let s = e.request();
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(s, null_mut(), &mut attr), 0);
+        assert_eq!(softhca_rdma_disconnect(s), 0, "{}", errno());
+        assert_eq!(qp_state((*s).qp), IBV_QPS_ERR);
+        assert_eq!((softhca_rdma_accept(s, &mut conn_param()), errno()), (-1, libc::EINVAL));
+        let data = [9u8; 3];
+        assert_eq!(softhca_rdma_reject(s, data.as_ptr().cast(), 3), 0, "{}", errno());
+        let mut ev = null_mut();
+        assert_eq!(softhca_rdma_get_cm_event(e.cch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).status), (RDMA_CM_EVENT_REJECTED, 28), "Consumer Reject");
+        assert!(!(*ev).param.conn.private_data.is_null());
+        assert_eq!(*(*ev).param.conn.private_data.cast::<[u8; 3]>(), data, "the reject's own data");
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
         e.end(s);
     }
 }
@@ -667,6 +729,20 @@ unsafe fn expect(ch: *mut rdma_event_channel, want: c_int) {
         assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
         assert_eq!(((*ev).event, (*ev).status), (want, 0));
         assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+    }
+}
+
+/// `qp`'s state, by `ibv_query_qp`.
+///
+/// # Safety
+/// `qp` is live.
+unsafe fn qp_state(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: the caller's live QP; local out structures, all-zero valid.
+    unsafe {
+        let mut qa: ibv_qp_attr = std::mem::zeroed();
+        let mut qi: ibv_qp_init_attr = std::mem::zeroed();
+        assert_eq!(ibv_query_qp(qp, &mut qa, IBV_QP_STATE, &mut qi), 0);
+        qa.qp_state
     }
 }
 

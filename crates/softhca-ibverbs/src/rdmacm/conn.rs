@@ -309,18 +309,13 @@ pub unsafe extern "C" fn softhca_rdma_disconnect(p: *mut rdma_cm_id) -> c_int {
                     dev.agent.transmit();
                 }
             }
-            // A connection that was tried and is gone (rejected, unreachable) or still under
-            // way: the kernel has a CM id for it and answers 0; only an id that never
-            // connected is EINVAL.
-            Phase::Connect | Phase::Accepting | Phase::ReqRcvd | Phase::Failed => {
-                if let (Some(comm), Some(dev)) = (id.st.comm, g.dev.as_mut()) {
-                    dev.agent.cm().destroy(comm);
-                    dev.agent.transmit();
-                    g.conns.remove(&comm);
-                    id.st.comm = None;
-                }
-                return 0;
-            }
+            // A connection still under way, or tried and gone (rejected, unreachable): the
+            // kernel has a CM id for it and answers 0, sending nothing (Linux's
+            // rdma_disconnect tries a DREQ, then a DREP, and the CM refuses both before the
+            // connection is established). Its QP is in Error now, so the handshake that goes
+            // on fails where it next readies the QP: a REP draws a REJ and CONNECT_ERROR, an
+            // accept is refused. Only an id that never connected is EINVAL.
+            Phase::Connect | Phase::Accepting | Phase::ReqRcvd | Phase::Failed => return 0,
             _ => return err(libc::EINVAL),
         }
     }
