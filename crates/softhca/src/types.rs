@@ -8,8 +8,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 pub use crate::attr::AttrMask;
 use crate::error::{Result, VerbsError};
 
-/// QP service type (`ibv_qp_type`). RD and the Raw types are part of the state tables but
-/// Create QP refuses them with `NotSupported` for now.
+/// QP service type (`ibv_qp_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {
     Rc,
@@ -18,14 +17,35 @@ pub enum QpType {
     Rd,
     RawIpv6,
     RawEthertype,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`, IBA Annex A14): RC's requester alone, each message
+    /// for the XRC SRQ its work request names at the target.
+    XrcSend,
+    /// XRC target (`IBV_QPT_XRC_RECV`): RC's responder alone, in an XRC domain; each message
+    /// takes its receive WQE, PD and CQ from the XRC SRQ its XRCETH names.
+    XrcRecv,
 }
 
 impl QpType {
-    /// The four transport service types of the Modify QP tables, in table column order.
-    pub const TABLE: [QpType; 4] = [QpType::Rc, QpType::Uc, QpType::Ud, QpType::Rd];
+    /// The transport service types of the Modify QP tables, in table column order.
+    pub const TABLE: [QpType; 6] = [QpType::Rc, QpType::Uc, QpType::Ud, QpType::Rd, QpType::XrcSend, QpType::XrcRecv];
 
     pub fn is_raw(self) -> bool {
         matches!(self, QpType::RawIpv6 | QpType::RawEthertype)
+    }
+
+    /// RC and XRC: one peer QP, acknowledged and retried (XRC is RC's protocol, with each
+    /// QP of a pair taking only one side of it).
+    pub fn is_reliable_connected(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
+    }
+
+    /// RC, UC and XRC: one peer QP, whose address and number Modify QP gives.
+    pub fn is_connected(self) -> bool {
+        matches!(self, QpType::Rc | QpType::Uc | QpType::XrcSend | QpType::XrcRecv)
+    }
+
+    pub fn is_xrc(self) -> bool {
+        matches!(self, QpType::XrcSend | QpType::XrcRecv)
     }
 
     /// UD and Raw: every message is one packet, sent once, with nothing to acknowledge it.

@@ -87,6 +87,32 @@ fn rdeth_deth_known_answer() {
     assert_eq!(emit_to!(Deth, r, 8), [0x80, 1, 2, 3, 0, 0, 0, 1]);
 }
 
+/// The XRCETH (IBA Annex A14): a reserved byte, sent as 0 and ignored, then the XRC SRQ
+/// number; in a packet it comes first after the BTH, before the RETH (an XRC Write's first
+/// packet here).
+#[test]
+fn xrceth_known_answer() {
+    let x = [0xff, 0xab, 0xcd, 0xef];
+    let r = XrcEthRepr::parse(&XrcEth::new_checked(&x[..]).unwrap()).unwrap();
+    assert_eq!(r.xrc_srq, 0xabcdef);
+    assert_eq!(emit_to!(XrcEth, r, 4), [0, 0xab, 0xcd, 0xef]);
+    let bth = BthRepr::new(Opcode::XrcRdmaWriteFirst, 0xffff, 5, Psn::new(9));
+    let p = PacketRepr {
+        xrceth: Some(XrcEthRepr { xrc_srq: 0x123456 }),
+        reth: Some(RethRepr { va: 0x1122_3344_5566_7788, r_key: 0x99aa_bbcc, dma_length: 0x1000 }),
+        payload: &[7; 8],
+        ..PacketRepr::new(bth)
+    };
+    let mut buf = [0u8; 64];
+    let n = p.emit(&mut buf).unwrap();
+    assert_eq!(n, 12 + 4 + 16 + 8 + 4);
+    assert_eq!(buf[0], 0xA6);
+    assert_eq!(buf[12..16], [0, 0x12, 0x34, 0x56]);
+    assert_eq!(buf[16..24], 0x1122_3344_5566_7788u64.to_be_bytes());
+    assert_eq!(buf[32..40], [7; 8]);
+    assert_eq!(PacketRepr::parse_bytes(&buf[..n]).unwrap(), PacketRepr { payload: &buf[32..40], ..p });
+}
+
 /// Rule PKT-HDR-1: RETH, AtomicETH, AtomicAckETH, ImmDt and IETH layouts.
 #[test]
 fn reth_atomic_imm_ieth_known_answer() {
@@ -269,12 +295,22 @@ fn opcode_table_matches_spec() {
                 assert_eq!(rd.payload, payload);
                 assert_eq!(rd.name, name.replacen("RC_", "RD_", 1));
             }
+            // XRC 0xA0-0xB7 repeats RC 0x00-0x17 (IBA Annex A14), the XRCETH first after the
+            // BTH on every request, responses as RC's.
+            let xrc = Opcode::from(value | 0xA0).info().unwrap();
+            assert_eq!(xrc.service, ServiceType::Xrc);
+            let xrc_headers = if info.is_request() { headers | H::XRCETH } else { headers };
+            assert_eq!((xrc.headers, xrc.payload), (xrc_headers, payload), "{}", xrc.name);
+            assert_eq!(xrc.name, name.replacen("RC_", "XRC_", 1));
+            if info.is_request() {
+                assert_eq!(xrc.headers.offset_of(H::XRCETH), Some(0), "{}", xrc.name);
+            }
         }
     }
     let resync = Opcode::RdResync.info().unwrap();
     assert_eq!((resync.value, resync.headers, resync.payload), (0x55, H::RDETH | H::DETH, false));
-    // RC 23 + UC 12 + RD 22 + UD 2 + CNP 1.
-    assert_eq!(OPCODES.len(), 60);
+    // RC 23 + UC 12 + RD 22 + UD 2 + CNP 1 + XRC 23.
+    assert_eq!(OPCODES.len(), 83);
 }
 
 /// Rule PKT-OP-1: decoding is total; unlisted values are reserved opcodes and

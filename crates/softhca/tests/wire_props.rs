@@ -95,6 +95,7 @@ fn packet_strategy() -> impl Strategy<Value = (PacketRepr<'static>, Vec<u8>)> {
                 bth,
                 rdeth: pick(ExtHeaders::RDETH).then_some(h.rdeth),
                 deth: pick(ExtHeaders::DETH).then_some(h.deth),
+                xrceth: pick(ExtHeaders::XRCETH).then_some(XrcEthRepr { xrc_srq: h.rdeth.ee_cnxt }),
                 reth: pick(ExtHeaders::RETH).then_some(h.reth),
                 atomic_eth: pick(ExtHeaders::ATOMIC_ETH).then_some(h.atomic_eth),
                 aeth: pick(ExtHeaders::AETH).then_some(h.aeth),

@@ -3,7 +3,7 @@
 
 use crate::transport::qp::{wc_opcode_of, QpCore, QpInner};
 use crate::transport::wqe::WrOpcode;
-use crate::types::{QpType, Wc, WcFlags, WcStatus};
+use crate::types::{Wc, WcFlags, WcStatus};
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::opcode::{Operation, Position};
 use crate::wire::psn::Psn;
@@ -332,7 +332,7 @@ pub(crate) fn retire_head(q: &QpInner, core: &mut QpCore, status: WcStatus, popp
     let report = failed || w.signaled;
     core.sq.pop();
     popped(core);
-    let sqe = (failed && q.qp_type != QpType::Rc).then(|| q.begin_sqe(core));
+    let sqe = (failed && !q.qp_type.is_reliable_connected()).then(|| q.begin_sqe(core));
     if report && q.send_cq.push(wc, failed).is_err() {
         q.enter_error(core, false);
         return false;

@@ -19,7 +19,7 @@ use crate::wire::psn::Psn;
 use crate::wire::roce::{self, IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpRepr};
 use crate::wire::{
     AckTemplate, AethRepr, AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, RequestHead,
-    RethRepr, UdpChecksum, WireError,
+    RethRepr, UdpChecksum, WireError, XrcEthRepr,
 };
 
 use super::channel::Sent;
@@ -233,6 +233,7 @@ fn service_of(t: QpType) -> Option<ServiceType> {
         QpType::Uc => Some(ServiceType::Uc),
         QpType::Ud => Some(ServiceType::Ud),
         QpType::Rd => Some(ServiceType::Rd),
+        QpType::XrcSend | QpType::XrcRecv => Some(ServiceType::Xrc),
         _ => None,
     }
 }
@@ -623,7 +624,7 @@ impl Engine {
     /// them (`announce_flows`). At most [`MAX_FLOWS_QUEUED`] wait; past that, a flow is
     /// prepared by the link when its first packet leaves, as without the announcement.
     pub(crate) fn announce_flow(&self, q: &QpInner, core: &mut QpCore) {
-        if !self.announce_flows.load(Ordering::Relaxed) || !matches!(q.qp_type, QpType::Rc | QpType::Uc) {
+        if !self.announce_flows.load(Ordering::Relaxed) || !q.qp_type.is_connected() {
             return;
         }
         let Some(ip) = route(q, core) else { return };
@@ -957,10 +958,10 @@ fn deliver_to(engine: &Engine, dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDa
     if bth.opcode.service_range() != service_of(qp.qp_type) {
         return false; // PKT-VAL-9
     }
-    if info.is_none() && qp.qp_type != QpType::Rc {
+    if info.is_none() && !qp.qp_type.is_reliable_connected() {
         return false; // PKT-OP-5
     }
-    if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
+    if qp.qp_type.is_connected() {
         let src = crate::types::Gid::from_ipv6(d.ip.src_gid());
         // By reference: the paths are large, and every packet of the QP asks.
         let on_alternate = || core.attrs.alt.as_ref().and_then(|alt| alt.av.ah.grh.dgid) == Some(src);
@@ -1002,7 +1003,7 @@ fn deliver_to(engine: &Engine, dev: &dyn Hca, qp: &QpInner, now: u64, d: &RoceDa
         true
     } else {
         let Some(info) = info else { return false };
-        if qp.qp_type != QpType::Rc {
+        if !qp.qp_type.is_reliable_connected() {
             return false;
         }
         let r = Response::of(p, info);
@@ -1185,11 +1186,11 @@ impl Payload<'_> {
     }
 }
 
-/// Whether an RC, UC or UD QP has nothing left to send: no response owed, and the SQ's
+/// Whether an RC, UC, UD or XRC QP has nothing left to send: no response owed, and the SQ's
 /// cursor past its last WQE, so that [`emit_one`] would find nothing without changing anything
 /// but the retirement of the SQ head. False when unsure (an RD QP's turn is its EECs').
 fn drained(q: &QpInner, core: &QpCore) -> bool {
-    matches!(q.qp_type, QpType::Rc | QpType::Uc | QpType::Ud)
+    (q.qp_type.is_connected() || q.qp_type == QpType::Ud)
         && core.chan.out.is_empty()
         && core.req.cursor >= core.sq.len()
 }
@@ -1233,7 +1234,7 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
         };
         let connected = if q.qp_type.one_packet_messages() { None } else { route(q, core) };
         if let Some(len) = emit_request(q, core, &np, connected, buf) {
-            if q.qp_type == QpType::Rc {
+            if q.qp_type.is_reliable_connected() {
                 let psn = Psn::new(np.psn);
                 if psn.psn_cmp(Psn::new(core.req.sent_high)).is_lt() {
                     q.bump(|s| &s.retransmitted_packets);
@@ -1317,7 +1318,7 @@ fn emit_request(
     let a = &core.attrs;
     let first = np.offset == 0;
     let last = np.offset + np.payload >= w.length;
-    let connected_qp = matches!(q.qp_type, QpType::Rc | QpType::Uc);
+    let connected_qp = q.qp_type.is_connected();
     let dest_qp = if connected_qp { a.dest_qp_num } else { w.remote_qpn };
     let opcode = request_opcode(service_of(q.qp_type)?, w.opcode, first, last)?;
     let pkey = q.dev.pkey(a.pkey_index).unwrap_or(0xFFFF); // MOD-PKEY-1
@@ -1328,7 +1329,7 @@ fn emit_request(
 
     // AckReq (RC): on the last packet (PKT-ACK-2), on every ACK_EVERY-th so that the window
     // keeps moving, and on a timeout's probe, whose answer the go-back waits for.
-    bth.ack_req = q.qp_type == QpType::Rc
+    bth.ack_req = q.qp_type.is_reliable_connected()
         && w.opcode.gathers()
         && (last || np.psn % requester::ACK_EVERY == requester::ACK_EVERY - 1 || core.chan.send.probe_due());
     let payload_len = np.payload as usize;
@@ -1348,6 +1349,9 @@ fn emit_request(
         return Some(len);
     }
     let mut packet = PacketRepr::new(bth);
+    if q.qp_type == QpType::XrcSend {
+        packet.xrceth = Some(XrcEthRepr { xrc_srq: w.xrc_srqn }); // the SRQ at the target
+    }
     add_request_headers(&mut packet, w, np.offset, first, last);
     if q.qp_type == QpType::Ud {
         // WR-SEND-4, WR-SEND-5: a Q_Key with its msb set means "use the QP's own".
@@ -1446,7 +1450,7 @@ pub(crate) fn owed_datagrams<C>(
 /// migrates when a packet with it set comes over that path. (Linux's qib/hfi1 send it so;
 /// rxe, which has no APM, always sends 0.) UD QPs send 0.
 fn mig_req(q: &QpInner, core: &QpCore) -> bool {
-    matches!(q.qp_type, QpType::Rc | QpType::Uc) && core.attrs.path_mig_state == crate::types::MigState::Migrated
+    q.qp_type.is_connected() && core.attrs.path_mig_state == crate::types::MigState::Migrated
 }
 
 fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize> {
@@ -1457,22 +1461,22 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
     let pkey = q.dev.pkey(core.attrs.pkey_index).unwrap_or(0xFFFF);
     let dest = core.attrs.dest_qp_num;
     // PKT-ACK-11: a QP on an SRQ has no credits of its own to report.
+    let on_srq = q.srq.is_some() || q.qp_type == QpType::XrcRecv;
     let credit_code =
-        if q.srq.is_some() { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
+        if on_srq { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
     let mig = mig_req(q, core);
     let bth = |op: Opcode, _: (), psn: Psn| BthRepr { mig_req: mig, ..BthRepr::new(op, pkey, dest, psn) };
     let msn = core.chan.recv.msn;
+    // RC's responses, or XRC's (the same with XRC's opcodes).
+    let service = service_of(q.qp_type)?;
     if let Some(((), psn, aeth)) = core.chan.out.take_ack(Syndrome::Ack { credit_code }, msn) {
-        return emit_ack(q, core, ip, bth(Opcode::RcAcknowledge, (), psn), aeth, buf);
+        let ack = Opcode::lookup(service, Operation::Acknowledge, Position::Only, Suffix::Plain)?;
+        return emit_ack(q, core, ip, bth(ack, (), psn), aeth, buf);
     }
-    let sent = core.chan.out.send_next(
-        ServiceType::Rc,
-        &*q.dev,
-        bth,
-        Syndrome::Ack { credit_code },
-        msn,
-        |_, p, n, fill| emit(q.qpn, ip, p, n, buf, None, fill),
-    )?;
+    let sent =
+        core.chan.out.send_next(service, &*q.dev, bth, Syndrome::Ack { credit_code }, msn, |_, p, n, fill| {
+            emit(q.qpn, ip, p, n, buf, None, fill)
+        })?;
     let len = match sent {
         Sent::Packet(len) => len,
         Sent::AccessLost { len, .. } => {

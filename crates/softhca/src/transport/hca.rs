@@ -3,6 +3,8 @@
 //! event queue, and, per QP, its CQs and SRQ. The transport defines these traits and the verbs
 //! layer implements them, so `transport/` imports nothing from `verbs/`.
 
+use std::sync::Arc;
+
 use crate::mem::{AccessError, MemRef};
 use crate::types::{Access, AsyncEvent, Gid, Mtu, Wc, WcStatus};
 
@@ -50,6 +52,9 @@ pub(crate) trait Hca: Send + Sync {
     fn invalidate(&self, pd: u32, qpn: u32, rkey: u32, apply: bool) -> Result<(), InvalidateError>;
     /// Queues an asynchronous event (and calls the consumer's handler once the step is over).
     fn raise(&self, event: AsyncEvent);
+    /// The XRC SRQ numbered `srqn`, if there is one, live and in XRC domain `xrcd`: the SRQ
+    /// an XRC request's XRCETH names at a target QP of that domain.
+    fn xrc_srq(&self, srqn: u32, xrcd: u32) -> Option<Arc<dyn SharedReceiveQueue>>;
 }
 
 /// Why an invalidation failed.
@@ -82,4 +87,7 @@ pub(crate) trait SharedReceiveQueue: Send + Sync {
     fn has_wqe(&self) -> bool;
     /// Takes the head WQE into `slot` (reusing its allocation); false when there is none.
     fn take_into(&self, slot: &mut RecvWqe) -> bool;
+    /// An XRC SRQ's number, its CQ (where the receives of the messages that take its WQEs
+    /// complete) and whether it is still live; `None` for an SRQ that is not XRC's.
+    fn xrc(&self) -> Option<(u32, &dyn CompletionQueue, bool)>;
 }

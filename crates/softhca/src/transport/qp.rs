@@ -153,6 +153,9 @@ pub(crate) struct QpCore {
     /// The SRQ WQE an inbound message of this QP is using, when `srq_bound`; the slot is
     /// reused so that taking SRQ WQEs does not allocate.
     pub srq_wqe: RecvWqe,
+    /// XRC target: the XRC SRQ the last request named (its XRCETH), kept while requests name
+    /// it: the message's WQE, PD and CQ are its.
+    pub xrc_srq: Option<Arc<dyn SharedReceiveQueue>>,
     /// RD: the message an EEC carries for this QP and the receive WQEs channels hold.
     pub rd: RdQp,
     /// The flow announced to the link at Init → RTR, closed when the QP is reset or
@@ -176,6 +179,7 @@ impl QpCore {
     /// At Init→RTR (MOD-INIT-RTR-RC-1): the responder starts at `rq_psn` with nothing owed.
     pub fn start_receiving(&mut self, rq_psn: u32) {
         self.resp = RespState::default();
+        self.xrc_srq = None;
         self.chan.recv.start(rq_psn);
         self.chan.out.reset();
     }
@@ -226,6 +230,9 @@ pub(crate) struct QpInner {
     pub srq: Option<Arc<dyn SharedReceiveQueue>>,
     /// RD: the handle of the QP's Reliable Datagram Domain.
     pub rdd: Option<u32>,
+    /// XRC target: the handle of the QP's XRC domain, which the SRQs its messages name must
+    /// belong to.
+    pub xrcd: Option<u32>,
     /// RD: bumped whenever the QP drops the message an EEC carries for it (flush, Reset,
     /// Destroy), so that the EEC, which must not take the QP's lock, sees it is orphaned.
     pub rd_epoch: std::sync::atomic::AtomicU64,
@@ -292,8 +299,9 @@ impl QpInner {
         core.req.cursor_off = 0;
         self.flush_rq(core);
         if std::mem::take(&mut core.srq_bound) {
-            flush_cqe(&*self.recv_cq, self.qpn, core.srq_wqe.wr_id, WcOpcode::Recv);
+            flush_cqe(super::responder::recv_cq(self, core), self.qpn, core.srq_wqe.wr_id, WcOpcode::Recv);
         }
+        core.xrc_srq = None;
         self.last_wqe_reached();
     }
 

@@ -216,10 +216,12 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
             if is_rd_atomic && core.req.rd_atomic >= core.attrs.max_rd_atomic as u32 {
                 return None; // WR-READ-3
             }
-            if q.qp_type == QpType::Rc && Psn::new(core.chan.send.psn).distance_from(Psn::new(core.req.una)) >= WINDOW {
+            if q.qp_type.is_reliable_connected()
+                && Psn::new(core.chan.send.psn).distance_from(Psn::new(core.req.una)) >= WINDOW
+            {
                 return None; // start it only when its first packet can go
             }
-            if q.qp_type == QpType::Rc && w.opcode.consumes_rq_wqe() && !core.req.has_credit() {
+            if q.qp_type.is_reliable_connected() && w.opcode.consumes_rq_wqe() && !core.req.has_credit() {
                 q.bump(|s| &s.credit_waits);
                 return None; // IBA 9.7.7.2: an ACK with credits (or for the probe) wakes it
             }
@@ -286,7 +288,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
         }
         let w = &*w;
         let offset = core.req.cursor_off;
-        if q.qp_type == QpType::Rc {
+        if q.qp_type.is_reliable_connected() {
             let psn = Psn::new(w.tx.first_psn).add((offset / mtu) as u32);
             if psn.distance_from(Psn::new(core.req.una)) >= WINDOW {
                 return None;

@@ -6,7 +6,9 @@
 use std::sync::atomic::Ordering;
 
 use crate::mem::{AccessError, MemRef};
-use crate::transport::hca::Hca;
+use std::sync::Arc;
+
+use crate::transport::hca::{CompletionQueue, Hca, SharedReceiveQueue};
 use crate::transport::qp::{QpCore, QpInner};
 use crate::types::{
     Access, AsyncEvent, AsyncEventType, EventElement, NetworkHdrType, QpState, QpType, Wc, WcFlags, WcOpcode, WcStatus,
@@ -205,6 +207,8 @@ pub(crate) struct Request<'a> {
     /// Send with Invalidate: the R_Key its IETH names.
     pub invalidate: Option<u32>,
     pub atomic: Option<(bool, AtomicEthRepr)>,
+    /// XRC: the SRQ its XRCETH names.
+    pub xrc_srq: Option<u32>,
     pub payload: &'a [u8],
     /// UD: the source QPN from the DETH, and the bytes for the 40-byte GRH area.
     pub src_qp: u32,
@@ -233,6 +237,7 @@ impl<'a> Request<'a> {
             reth: p.reth,
             invalidate: p.ieth.map(|i| i.r_key),
             atomic: p.atomic_eth.map(|a| (operation == Operation::CompareSwap, a)),
+            xrc_srq: p.xrceth.map(|x| x.xrc_srq),
             payload: p.payload,
             src_qp: p.deth.map_or(0, |d| d.src_qp),
             pkey_index: 0,
@@ -279,7 +284,8 @@ pub(crate) fn note_arrival(q: &QpInner, core: &mut QpCore) {
 pub(crate) fn on_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) {
     note_arrival(q, core);
     let result = match q.qp_type {
-        QpType::Rc => rc_request(q, core, r),
+        QpType::Rc | QpType::XrcRecv => rc_request(q, core, r),
+        QpType::XrcSend => Ok(()), // an XRC initiator has no responder
         QpType::Uc => {
             uc_request(q, core, r);
             Ok(())
@@ -329,10 +335,47 @@ fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
     }
 }
 
+/// The SRQ the inbound message takes its WQE from: the QP's, or an XRC target's message's.
+fn srq_of<'a>(q: &'a QpInner, core: &'a QpCore) -> Option<&'a Arc<dyn SharedReceiveQueue>> {
+    q.srq.as_ref().or(core.xrc_srq.as_ref())
+}
+
+/// The PD of the keys a request uses remotely: the QP's, or an XRC target's message's SRQ's.
+fn request_pd(q: &QpInner, core: &QpCore) -> u32 {
+    match &core.xrc_srq {
+        Some(srq) if q.qp_type == QpType::XrcRecv => srq.pd(),
+        _ => q.pd,
+    }
+}
+
+/// Where the QP's receives complete: its receive CQ, or an XRC target's message's SRQ's.
+pub(crate) fn recv_cq<'a>(q: &'a QpInner, core: &'a QpCore) -> &'a dyn CompletionQueue {
+    match core.xrc_srq.as_ref().and_then(|s| s.xrc()) {
+        Some((_, cq, _)) => cq,
+        None => &*q.recv_cq,
+    }
+}
+
+/// XRC target: takes the SRQ the request's XRCETH names (IBA Annex A14). It must be a live XRC
+/// SRQ of the QP's XRC domain and, within a message, the one the message started with;
+/// otherwise the request is a Remote Access Error (Class C), as rxe's XRC responder and
+/// qedr's XRC domain and XRCETH errors report it (the digest has no XRC rule).
+fn take_xrc_srq(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
+    let (Some(srqn), Some(xrcd)) = (r.xrc_srq, q.xrcd) else { return Err(access_fail()) };
+    if core.xrc_srq.as_ref().and_then(|s| s.xrc()).is_some_and(|(n, _, live)| n == srqn && live) {
+        return Ok(());
+    }
+    if core.srq_bound || core.resp.in_msg.is_some() {
+        return Err(access_fail());
+    }
+    core.xrc_srq = Some(q.dev.xrc_srq(srqn, xrcd).ok_or_else(access_fail)?);
+    Ok(())
+}
+
 /// Associates a receive WQE with the inbound message: the RQ head stays where it is; an SRQ
 /// WQE moves to the QP. False when there is none.
 fn bind_wqe(q: &QpInner, core: &mut QpCore) -> bool {
-    match &q.srq {
+    match q.srq.as_ref().or(core.xrc_srq.as_ref()) {
         None => !core.rq.is_empty(),
         Some(srq) => {
             if !core.srq_bound {
@@ -343,8 +386,8 @@ fn bind_wqe(q: &QpInner, core: &mut QpCore) -> bool {
     }
 }
 
-fn bound_wqe<'c>(q: &QpInner, core: &'c QpCore) -> Option<&'c crate::transport::wqe::RecvWqe> {
-    if q.srq.is_some() {
+fn bound_wqe<'c>(q: &'c QpInner, core: &'c QpCore) -> Option<&'c crate::transport::wqe::RecvWqe> {
+    if srq_of(q, core).is_some() {
         core.srq_bound.then_some(&core.srq_wqe)
     } else {
         core.rq.get(0)
@@ -353,7 +396,7 @@ fn bound_wqe<'c>(q: &QpInner, core: &'c QpCore) -> Option<&'c crate::transport::
 
 /// Retires the bound WQE and gives its WR ID.
 fn retire_wqe(q: &QpInner, core: &mut QpCore) -> Option<u64> {
-    if q.srq.is_some() {
+    if srq_of(q, core).is_some() {
         std::mem::take(&mut core.srq_bound).then_some(core.srq_wqe.wr_id)
     } else {
         let wr_id = core.rq.get(0).map(|w| w.wr_id);
@@ -368,7 +411,7 @@ fn complete_wqe_in_use(q: &QpInner, core: &mut QpCore, status: WcStatus) {
     core.resp.in_msg = None;
     if let Some(wr_id) = retire_wqe(q, core) {
         let wc = Wc { wr_id, status, opcode: WcOpcode::Recv, qp_num: q.qpn, ..Default::default() };
-        let _ = q.recv_cq.push(wc, true);
+        let _ = recv_cq(q, core).push(wc, true);
     }
 }
 
@@ -387,8 +430,14 @@ fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fai
     match core.chan.recv.arrival(r.psn) {
         Arrival::Ignore => return Err(Fail::D), // PKT-PSN-6
         Arrival::SequenceError => return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))), // ERR-RQ-1
+        Arrival::Duplicate if q.qp_type == QpType::XrcRecv && take_xrc_srq(q, core, r).is_err() => {
+            return Err(Fail::D);
+        }
         Arrival::Duplicate => return duplicate(q, core, r),
         Arrival::Expected => {}
+    }
+    if q.qp_type == QpType::XrcRecv {
+        take_xrc_srq(q, core, r)?;
     }
     // 2. Opcode sequence (ERR-RQ-7, ERR-RQ-8).
     let continuing = matches!(r.position, Position::Middle | Position::Last);
@@ -435,13 +484,14 @@ fn rc_send(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<
     // Send with Invalidate: an R_Key this QP cannot invalidate (not a type 2 window bound to
     // it) is an Invalid Request: the receive WQE fails and the QP moves to Error (Class C),
     // the packet's payload unwritten (ERR-C-7). Checked before the payload lands; done after.
-    if invalidate.is_some_and(|rkey| q.dev.invalidate(q.pd, q.qpn, rkey, false).is_err()) {
+    let pd = request_pd(q, core);
+    if invalidate.is_some_and(|rkey| q.dev.invalidate(pd, q.qpn, rkey, false).is_err()) {
         return Err(rc_fail_invalid());
     }
     scatter(&core.resp.scatter, offset, r.payload).map_err(|_| Fail::A)?;
     // The R_Key is invalid before the CQE says so (IBA 10.6.7.2); a bind or invalidation
     // between the check and here makes it an Invalid Request after all.
-    if invalidate.is_some_and(|rkey| q.dev.invalidate(q.pd, q.qpn, rkey, true).is_err()) {
+    if invalidate.is_some_and(|rkey| q.dev.invalidate(pd, q.qpn, rkey, true).is_err()) {
         return Err(rc_fail_invalid());
     }
     let offset = offset + r.payload.len() as u64;
@@ -470,7 +520,7 @@ fn recheck_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
 fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
     core.resp.scatter_gen = q.dev.key_generation();
     // SRQ WQEs are checked against the SRQ's PD.
-    let pd = q.srq.as_ref().map_or(q.pd, |s| s.pd());
+    let pd = srq_of(q, core).map_or(q.pd, |s| s.pd());
     let mut list = std::mem::take(&mut core.resp.scatter);
     list.clear();
     let Some(w) = bound_wqe(q, core) else {
@@ -532,7 +582,7 @@ fn complete_recv(q: &QpInner, core: &mut QpCore, opcode: WcOpcode, byte_len: u64
         };
         wc.pkey_index = r.pkey_index; // CQE-14: for the GSI, the entry the P_Key matched
     }
-    if q.recv_cq.push(wc, r.se).is_err() {
+    if recv_cq(q, core).push(wc, r.se).is_err() {
         q.enter_error(core, false);
     }
     Ok(())
@@ -550,7 +600,7 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
         return Err(rc_fail_invalid()); // ERR-RQ-13
     }
     if core.resp.in_msg.is_none() {
-        let (grant, total) = begin_write(&*q.dev, q.pd, q.qpn, r, len).map_err(rc_refused)?;
+        let (grant, total) = begin_write(&*q.dev, request_pd(q, core), q.qpn, r, len).map_err(rc_refused)?;
         core.resp.in_msg = Some(InMsg::Write { grant, offset: 0, len: total });
     }
     let Some(InMsg::Write { mut grant, offset, len: total }) = core.resp.in_msg.take() else {
@@ -589,7 +639,7 @@ fn access_fail() -> Fail {
 
 /// An inbound request for this RC QP, as the channel's executors take it.
 fn inbound<'q>(q: &'q QpInner, core: &QpCore) -> Inbound<'q, ()> {
-    Inbound { to: (), dev: &*q.dev, pd: q.pd, qpn: q.qpn, depth: core.attrs.max_dest_rd_atomic }
+    Inbound { to: (), dev: &*q.dev, pd: request_pd(q, core), qpn: q.qpn, depth: core.attrs.max_dest_rd_atomic }
 }
 
 fn rc_read(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result<(), Fail> {

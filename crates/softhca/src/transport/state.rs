@@ -42,14 +42,22 @@ const fn r(required: AttrMask, optional: AttrMask) -> AttrRule {
 const NONE: AttrMask = AttrMask::empty();
 const ENABLES: AttrMask = AttrMask::READ_EN.union(AttrMask::WRITE_EN).union(AttrMask::ATOMIC_EN);
 
-/// Columns RC, UC, UD, RD, in the order of [`QpType::TABLE`].
-type Row = [AttrRule; 4];
+/// Columns RC, UC, UD, RD, XRC initiator, XRC target, in the order of [`QpType::TABLE`].
+///
+/// The digest has no XRC: its columns are RC's less what the side a QP lacks would take, as
+/// the kernel's `qp_state_table` has them for `IB_QPT_XRC_INI` and `IB_QPT_XRC_TGT` (an
+/// initiator takes no responder attribute, a target no requester attribute beyond the
+/// Local ACK Timeout and the SQ PSN it is required at RTR → RTS, and neither resizes a queue).
+/// Like RC, neither reaches SQE.
+type Row = [AttrRule; 6];
 
 const RESET_INIT: Row = [
     r(ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
     r(AttrMask::WRITE_EN.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
     r(AttrMask::PKEY_INDEX.union(AttrMask::QKEY).union(AttrMask::PORT), NONE),
     r(ENABLES.union(AttrMask::QKEY), NONE),
+    r(ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
+    r(ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
 ];
 
 const INIT_RTR: Row = [
@@ -67,6 +75,14 @@ const INIT_RTR: Row = [
     ),
     r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::QKEY).union(AttrMask::CAP)),
     r(AttrMask::MAX_DEST_RD_ATOMIC, ENABLES.union(AttrMask::QKEY).union(AttrMask::CAP).union(AttrMask::MIN_RNR_TIMER)),
+    r(
+        AttrMask::RQ_PSN.union(AttrMask::AV).union(AttrMask::DEST_QPN),
+        AttrMask::ALT_PATH.union(ENABLES).union(AttrMask::PKEY_INDEX).union(AttrMask::CAP),
+    ),
+    r(
+        AttrMask::RQ_PSN.union(AttrMask::MAX_DEST_RD_ATOMIC).union(AttrMask::AV).union(AttrMask::DEST_QPN),
+        AttrMask::ALT_PATH.union(ENABLES).union(AttrMask::PKEY_INDEX).union(AttrMask::MIN_RNR_TIMER),
+    ),
 ];
 
 const RTR_RTS: Row = [
@@ -95,9 +111,21 @@ const RTR_RTS: Row = [
             .union(AttrMask::CAP)
             .union(AttrMask::MIN_RNR_TIMER),
     ),
+    r(
+        AttrMask::TIMEOUT
+            .union(AttrMask::SQ_PSN)
+            .union(AttrMask::RETRY_CNT)
+            .union(AttrMask::RNR_RETRY)
+            .union(AttrMask::MAX_RD_ATOMIC),
+        ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE).union(AttrMask::CAP),
+    ),
+    r(
+        AttrMask::TIMEOUT.union(AttrMask::SQ_PSN),
+        ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE).union(AttrMask::MIN_RNR_TIMER),
+    ),
 ];
 
-const RTS_SQD: Row = [r(NONE, AttrMask::SQD_EVENT); 4];
+const RTS_SQD: Row = [r(NONE, AttrMask::SQD_EVENT); 6];
 
 /// SQD → RTS, and SQD → SQD ("the SQD → RTS set").
 const SQD_RTS: Row = [
@@ -137,6 +165,32 @@ const SQD_RTS: Row = [
             .union(AttrMask::MIN_RNR_TIMER)
             .union(ENABLES),
     ),
+    r(
+        NONE,
+        AttrMask::AV
+            .union(AttrMask::ALT_PATH)
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::MAX_RD_ATOMIC)
+            .union(AttrMask::PKEY_INDEX)
+            .union(AttrMask::TIMEOUT)
+            .union(AttrMask::RETRY_CNT)
+            .union(AttrMask::RNR_RETRY)
+            .union(AttrMask::CAP)
+            .union(AttrMask::PORT)
+            .union(ENABLES),
+    ),
+    r(
+        NONE,
+        AttrMask::AV
+            .union(AttrMask::ALT_PATH)
+            .union(AttrMask::PATH_MIG_STATE)
+            .union(AttrMask::MAX_DEST_RD_ATOMIC)
+            .union(AttrMask::PKEY_INDEX)
+            .union(AttrMask::TIMEOUT)
+            .union(AttrMask::MIN_RNR_TIMER)
+            .union(AttrMask::PORT)
+            .union(ENABLES),
+    ),
 ];
 
 const SQE_RTS: Row = [
@@ -144,6 +198,8 @@ const SQE_RTS: Row = [
     r(NONE, AttrMask::WRITE_EN),
     r(NONE, AttrMask::QKEY),
     r(NONE, ENABLES.union(AttrMask::QKEY)),
+    r(NONE, NONE),
+    r(NONE, NONE),
 ];
 
 const INIT_INIT: Row = [
@@ -151,6 +207,8 @@ const INIT_INIT: Row = [
     r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(AttrMask::WRITE_EN)),
     r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(AttrMask::QKEY)),
     r(NONE, ENABLES.union(AttrMask::QKEY)),
+    r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(ENABLES)),
+    r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(ENABLES)),
 ];
 
 const RTS_RTS: Row = [
@@ -158,6 +216,8 @@ const RTS_RTS: Row = [
     r(NONE, AttrMask::WRITE_EN.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE)),
     r(NONE, AttrMask::QKEY),
     r(NONE, ENABLES.union(AttrMask::PATH_MIG_STATE).union(AttrMask::MIN_RNR_TIMER).union(AttrMask::QKEY)),
+    r(NONE, ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE)),
+    r(NONE, ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE).union(AttrMask::MIN_RNR_TIMER)),
 ];
 
 /// A Raw QP takes only the port at Reset→Init and nothing elsewhere (MOD-RAW-1).
@@ -192,7 +252,7 @@ pub fn attr_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<AttrRule
 /// MOD-GEN-12). Values are checked by the caller.
 pub fn check_modify(qp_type: QpType, from: QpState, to: QpState, supplied: AttrMask) -> Result<()> {
     // An RC QP never reaches SQE, so SQE→RTS does not exist for it.
-    if qp_type == QpType::Rc && from == S::Sqe {
+    if qp_type.is_reliable_connected() && from == S::Sqe {
         return Err(VerbsError::InvalidTransition);
     }
     let rule = attr_rule(qp_type, from, to).ok_or(VerbsError::InvalidTransition)?;

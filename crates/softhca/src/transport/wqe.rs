@@ -81,7 +81,10 @@ pub fn wr_allowed(qp_type: QpType, op: WrOpcode) -> bool {
         WrOpcode::Resync =>               [F, F, F, F, F],
     };
     let col = match qp_type {
-        QpType::Rc => 0,
+        // An XRC initiator posts what RC does (each message for the SRQ its WR names); a
+        // target has no send queue.
+        QpType::Rc | QpType::XrcSend => 0,
+        QpType::XrcRecv => return false,
         QpType::Uc => 1,
         QpType::Ud => 2,
         QpType::Rd => 3,
@@ -135,6 +138,8 @@ pub(crate) struct SendWqe {
     pub ah: Option<AhAttr>,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
+    /// XRC: the SRQ at the target the message is for (its XRCETH).
+    pub xrc_srqn: u32,
     pub eecn: u32,
     pub invalidate_rkey: u32,
     pub bind: Option<BindRequest>,

@@ -11,10 +11,11 @@ use rand::{Rng, SeedableRng};
 use super::cq::CqInner;
 use super::error::{Result, VerbsError};
 use super::mr::KeyTable;
+use super::srq::SrqInner;
 use super::types::{Access, AsyncEvent, EventElement, Gid, Mtu, QpType, WcStatus};
 use crate::mem::{AccessError, MemRef};
 use crate::transport::engine::{DeviceCounters, Engine};
-use crate::transport::hca::{Hca, InvalidateError};
+use crate::transport::hca::{Hca, InvalidateError, SharedReceiveQueue};
 use crate::transport::wqe::{BindRequest, FastRegRequest};
 
 /// `ibv_atomic_cap`.
@@ -71,6 +72,8 @@ pub struct DeviceAttr {
     pub auto_path_mig: bool,
     /// Modify QP may move a QP to another port at SQD→RTS (MOD-SQD-RTS-RC-1).
     pub port_change: bool,
+    /// XRC (IBA Annex A14): XRC domains, XRC SRQs and XRC initiator and target QPs.
+    pub xrc: bool,
     /// Raw IPv6 and Raw Ethertype QPs the device may have: nonzero only where the link
     /// carries raw packets (the sim fabric does; a link that does not leaves them 0, and
     /// Create QP refuses the type).
@@ -124,6 +127,7 @@ impl Default for DeviceAttr {
             resize_wq: true,
             auto_path_mig: false,
             port_change: false,
+            xrc: true,
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
             // Linux rxe's limits.
@@ -384,6 +388,9 @@ pub(crate) struct DeviceInner {
     pub next_eecn: AtomicU32,
     next_qpn: Mutex<u32>,
     pub cqs: RwLock<HashMap<u32, Weak<CqInner>>>,
+    /// Every SRQ by its number (`ibv_get_srq_num`): an XRC request names its SRQ so.
+    pub srqs: RwLock<HashMap<u32, Weak<SrqInner>>>,
+    next_srqn: Mutex<u32>,
     pub async_events: Arc<AsyncQueue>,
     pub comp_handler: RwLock<Option<CompletionHandler>>,
     /// Called after every verb that gives the engine new work (a post, a Modify QP).
@@ -420,6 +427,23 @@ impl DeviceInner {
                 return qpn;
             }
         }
+    }
+
+    /// A fresh 24-bit SRQ number, never 0 and never one in use, for `srq`, which it names in
+    /// [`DeviceInner::srqs`] from now on.
+    pub fn add_srq(&self, srq: impl FnOnce(u32) -> Arc<SrqInner>) -> Arc<SrqInner> {
+        let mut srqs = self.srqs.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = self.next_srqn.lock().unwrap_or_else(|e| e.into_inner());
+        let srqn = loop {
+            let n = *next;
+            *next = if n >= 0xFF_FFFF { 1 } else { n + 1 };
+            if srqs.get(&n).is_none_or(|w| w.strong_count() == 0) {
+                break n;
+            }
+        };
+        let srq = srq(srqn);
+        srqs.insert(srqn, Arc::downgrade(&srq));
+        srq
     }
 
     /// Queues an asynchronous event and calls the registered handler (EVT-ASYNC-1).
@@ -480,6 +504,12 @@ impl DeviceInner {
 impl Hca for DeviceInner {
     fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    fn xrc_srq(&self, srqn: u32, xrcd: u32) -> Option<Arc<dyn SharedReceiveQueue>> {
+        let srqs = self.srqs.read().unwrap_or_else(|e| e.into_inner());
+        let srq = srqs.get(&srqn)?.upgrade()?;
+        srq.in_xrcd(xrcd).then_some(srq as Arc<dyn SharedReceiveQueue>)
     }
 
     fn active_mtu(&self) -> Mtu {
@@ -617,6 +647,8 @@ impl Context {
             next_eecn: AtomicU32::new(first_eecn),
             next_qpn: Mutex::new(first_qpn),
             cqs: RwLock::new(HashMap::new()),
+            srqs: RwLock::new(HashMap::new()),
+            next_srqn: Mutex::new(1),
             async_events: Arc::new(AsyncQueue {
                 events: Mutex::new(VecDeque::new()),
                 ready: Condvar::new(),

@@ -23,6 +23,7 @@ pub mod pd;
 pub mod qp;
 pub mod srq;
 pub mod wr;
+pub mod xrcd;
 
 /// Shared (in an `Arc`) by every clone of a handle whose object the device's own tables hold
 /// too (a QP, an EEC, a memory window): when the last clone is dropped, `release` destroys the
@@ -62,3 +63,4 @@ pub use qp::{AltPath, Qp, QpAttr, QpAttrs, QpCap, QpInitAttr, WqSizes};
 pub use srq::{Srq, SrqAttr, SrqInitAttr};
 pub use types::*;
 pub use wr::{FastRegWr, MwBind, RawFields, RecvWr, SendFlags, SendWr, WrOpcode, MAX_MSG_SIZE};
+pub use xrcd::Xrcd;

@@ -239,7 +239,9 @@ impl QpAttr {
         let mut m = AttrMask::empty();
         if let Some(acc) = self.access {
             m |= match qp_type {
-                QpType::Rc | QpType::Rd => AttrMask::READ_EN | AttrMask::WRITE_EN | AttrMask::ATOMIC_EN,
+                QpType::Rc | QpType::Rd | QpType::XrcSend | QpType::XrcRecv => {
+                    AttrMask::READ_EN | AttrMask::WRITE_EN | AttrMask::ATOMIC_EN
+                }
                 QpType::Uc => {
                     if acc.intersects(Access::REMOTE_READ | Access::REMOTE_ATOMIC) {
                         return Err(VerbsError::InvalidAttribute(
@@ -303,6 +305,7 @@ struct QpResources {
     recv_cq: Cq,
     srq: Option<super::srq::Srq>,
     rdd: Option<super::eec::Rdd>,
+    xrcd: Option<super::xrcd::Xrcd>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -332,7 +335,16 @@ impl Context {
         self.create_qp_as(pd, init, true)
     }
 
+    /// Create QP of type XRC target in `xrcd`, on the PD and CQ it lends (see `xrcd`).
+    pub(crate) fn create_xrc_tgt_qp(&self, pd: &Pd, init: &QpInitAttr, xrcd: &super::xrcd::Xrcd) -> Result<Qp> {
+        self.create_qp_in(pd, init, false, Some(xrcd))
+    }
+
     fn create_qp_as(&self, pd: &Pd, init: &QpInitAttr, gsi: bool) -> Result<Qp> {
+        self.create_qp_in(pd, init, gsi, None)
+    }
+
+    fn create_qp_in(&self, pd: &Pd, init: &QpInitAttr, gsi: bool, xrcd: Option<&super::xrcd::Xrcd>) -> Result<Qp> {
         self.inner.check_open()?;
         if !self.same_device(&pd.inner.dev) {
             return Err(VerbsError::InvalidPd);
@@ -340,6 +352,12 @@ impl Context {
         pd.inner.check()?;
         match init.qp_type {
             QpType::Rc | QpType::Uc | QpType::Ud => {}
+            QpType::XrcSend if self.inner.attr.xrc => {}
+            QpType::XrcRecv if xrcd.is_some() => {}
+            QpType::XrcSend => return Err(VerbsError::InvalidServiceType("XRC")),
+            QpType::XrcRecv => {
+                return Err(VerbsError::InvalidServiceType("an XRC target QP is made in its XRC domain"));
+            }
             QpType::Rd => match &init.rdd {
                 Some(rdd) if Arc::ptr_eq(&rdd.inner.dev, &self.inner) => {}
                 _ => return Err(VerbsError::InvalidRdd), // CRT-QP-12
@@ -362,9 +380,17 @@ impl Context {
         }
         let attr = &self.inner.attr;
         let mut cap = init.cap;
+        // An XRC initiator has no receive side, a target no queue at all (its messages take
+        // their SRQs' WQEs): the kernel ignores their SRQ and the sizes they have no queue for.
+        let srq = if init.qp_type.is_xrc() { None } else { init.srq.as_ref() };
+        match init.qp_type {
+            QpType::XrcSend => (cap.max_recv_wr, cap.max_recv_sge) = (0, 0),
+            QpType::XrcRecv => cap = QpCap::default(),
+            _ => {}
+        }
         // With an SRQ the QP has no receive queue of its own: its sizes are not looked at (as
         // rxe's `rxe_qp_chk_cap` skips them), and are 0 from here on (rxe reports 0 too).
-        if init.srq.is_some() {
+        if srq.is_some() {
             (cap.max_recv_wr, cap.max_recv_sge) = (0, 0);
         }
         if cap.max_send_wr > attr.max_qp_wr || cap.max_recv_wr > attr.max_qp_wr {
@@ -380,9 +406,20 @@ impl Context {
         if let Some(rdd) = &rdd {
             rdd.inner.hold()?;
         }
+        if let Some(x) = xrcd {
+            if let Err(e) = x.inner.hold() {
+                if let Some(rdd) = &rdd {
+                    rdd.inner.release();
+                }
+                return Err(e);
+            }
+        }
         let release_rdd = || {
             if let Some(rdd) = &rdd {
                 rdd.inner.release();
+            }
+            if let Some(x) = xrcd {
+                x.inner.release();
             }
         };
         if let Err(e) = take(&self.inner.counts.qp, attr.max_qp) {
@@ -408,7 +445,7 @@ impl Context {
             undo_count();
             return Err(e);
         }
-        if let Some(srq) = &init.srq {
+        if let Some(srq) = srq {
             let same = Arc::ptr_eq(&srq.inner.dev, &self.inner);
             if let Err(e) = if same { srq.attach() } else { Err(VerbsError::InvalidArgument("SRQ of another device")) }
             {
@@ -430,8 +467,9 @@ impl Context {
             send_cq: init.send_cq.as_completion_queue(),
             recv_cq: init.recv_cq.as_completion_queue(),
             sq_sig_all: init.sq_sig_all,
-            srq: init.srq.as_ref().map(|s| s.as_shared_receive_queue()),
+            srq: srq.map(|s| s.as_shared_receive_queue()),
             rdd: rdd.as_ref().map(|r| r.inner.handle),
+            xrcd: xrcd.map(|x| x.inner.handle),
             rd_epoch: Default::default(),
             stats: Default::default(),
             max_send_sge: cap.max_send_sge,
@@ -452,6 +490,7 @@ impl Context {
                 req_head: None,
                 srq_wqe: RecvWqe::default(),
                 srq_bound: false,
+                xrc_srq: None,
                 req: Default::default(),
                 resp: Default::default(),
                 sqd_event_pending: false,
@@ -481,7 +520,7 @@ impl Context {
             };
             if let Some(e) = refused {
                 drop(qps);
-                init.srq.as_ref().inspect(|s| s.detach());
+                srq.inspect(|s| s.detach());
                 init.recv_cq.detach();
                 init.send_cq.detach();
                 pd.inner.release();
@@ -498,8 +537,9 @@ impl Context {
             pd: pd.clone(),
             send_cq: init.send_cq.clone(),
             recv_cq: init.recv_cq.clone(),
-            srq: init.srq.clone(),
+            srq: srq.cloned(),
             rdd,
+            xrcd: xrcd.cloned(),
         };
         let res = Arc::new(res);
         let held = res.clone();
@@ -1087,6 +1127,9 @@ impl Qp {
         if q.qp_type == QpType::Rd && (wr.remote_qpn > 0xFF_FFFF || wr.eecn > 0xFF_FFFF) {
             return Err(VerbsError::InvalidWr("remote QPN and EECN are 24-bit"));
         }
+        if q.qp_type == QpType::XrcSend && wr.xrc_srqn > 0xFF_FFFF {
+            return Err(VerbsError::InvalidWr("an XRC SRQ number is 24-bit"));
+        }
         Ok(())
     }
 
@@ -1267,6 +1310,9 @@ impl QpResources {
         if let Some(rdd) = &self.rdd {
             rdd.inner.release();
         }
+        if let Some(x) = &self.xrcd {
+            x.inner.release();
+        }
         // Its unread asynchronous events name a QP that no longer exists: dropped, as the
         // kernel drops them.
         self.dev.purge_async_events(super::types::EventElement::Qp(q.qpn));
@@ -1339,6 +1385,7 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
         || wr.ah.is_some()
         || wr.remote_qpn != 0
         || wr.remote_qkey != 0
+        || wr.xrc_srqn != 0
         || wr.eecn != 0
         || wr.invalidate_rkey != 0
         || wr.bind.is_some()
@@ -1353,6 +1400,7 @@ fn fill_send_wqe(q: &QpInner, slot: &mut SendWqe, wr: &SendWr<'_>) {
     slot.ah = wr.ah.map(|a| a.attr());
     slot.remote_qpn = wr.remote_qpn;
     slot.remote_qkey = wr.remote_qkey;
+    slot.xrc_srqn = wr.xrc_srqn;
     slot.eecn = wr.eecn;
     slot.invalidate_rkey = wr.invalidate_rkey;
     slot.raw_ethertype = wr.raw.and_then(|r| r.ethertype);

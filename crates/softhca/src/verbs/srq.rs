@@ -1,5 +1,7 @@
 //! Shared Receive Queues: one pool of receive WQEs for many QPs, with the SRQ limit event
-//! (EVT-SRQ-1, EVT-SRQ-2).
+//! (EVT-SRQ-1, EVT-SRQ-2). An XRC SRQ (IBA Annex A14) belongs to an XRC domain and has a CQ
+//! of its own: the XRC target QPs of its domain take its WQEs for the messages that name it,
+//! and complete them there.
 //!
 //! The WQEs are a ring (`transport::wq`) like a QP's RQ: Post SRQ Receive takes only the ring's
 //! producer lock; the engines of the QPs that share the SRQ take WQEs from the consumer end,
@@ -14,7 +16,7 @@ use super::error::{PostError, Result, VerbsError};
 use super::pd::Pd;
 use super::types::{AsyncEvent, AsyncEventType, EventElement};
 use super::wr::{prepare_recv, RecvWr};
-use crate::transport::hca::SharedReceiveQueue;
+use crate::transport::hca::{CompletionQueue, SharedReceiveQueue};
 use crate::transport::wq::{Consumer, Producer, Ring};
 use crate::transport::wqe::RecvWqe;
 
@@ -48,9 +50,20 @@ pub(crate) struct SrqCore {
     qps: u32,
 }
 
+/// What an XRC SRQ has beside a basic one.
+struct XrcPart {
+    xrcd: super::xrcd::Xrcd,
+    cq: super::cq::Cq,
+    /// `cq` as the transport pushes completions into it.
+    sink: Arc<dyn CompletionQueue>,
+}
+
 pub(crate) struct SrqInner {
     pub handle: u32,
+    /// The SRQ's number (`ibv_get_srq_num`), 24 bits, unique on the device.
+    pub srqn: u32,
     pub pd: Pd,
+    xrc: Option<XrcPart>,
     pub dev: Arc<DeviceInner>,
     /// Fixed at creation.
     max_sge: u32,
@@ -76,6 +89,31 @@ impl std::fmt::Debug for Srq {
 impl Pd {
     /// Create SRQ.
     pub fn create_srq(&self, init: &SrqInitAttr) -> Result<Srq> {
+        self.new_srq(init, None)
+    }
+
+    /// Create SRQ of type XRC (`IBV_SRQT_XRC`) in XRC domain `xrcd`, its receives completing
+    /// on `cq`. Its WQEs' keys belong to this PD, as does every key of a message that names it.
+    pub fn create_xrc_srq(&self, xrcd: &super::xrcd::Xrcd, cq: &super::cq::Cq, init: &SrqInitAttr) -> Result<Srq> {
+        self.inner.check()?;
+        xrcd.inner.check()?;
+        let dev = &self.inner.dev;
+        if !Arc::ptr_eq(&xrcd.inner.dev, dev) || !Arc::ptr_eq(&cq.inner.dev, dev) {
+            return Err(VerbsError::InvalidArgument("XRC domain or CQ of another device"));
+        }
+        xrcd.inner.hold()?;
+        if let Err(e) = cq.attach(false) {
+            xrcd.inner.release();
+            return Err(e);
+        }
+        let part = XrcPart { xrcd: xrcd.clone(), cq: cq.clone(), sink: cq.as_completion_queue() };
+        self.new_srq(init, Some(part)).inspect_err(|_| {
+            cq.detach();
+            xrcd.inner.release();
+        })
+    }
+
+    fn new_srq(&self, init: &SrqInitAttr, xrc: Option<XrcPart>) -> Result<Srq> {
         self.inner.check()?;
         let dev = &self.inner.dev;
         if init.max_wr == 0 || init.max_wr > dev.attr.max_srq_wr {
@@ -93,17 +131,20 @@ impl Pd {
             return Err(e);
         }
         let (ring, rq) = Ring::with_slots(init.max_wr as usize, prepare_recv(init.max_sge));
-        Ok(Srq {
-            inner: Arc::new(SrqInner {
+        let inner = dev.add_srq(|srqn| {
+            Arc::new(SrqInner {
                 handle: dev.new_handle(),
+                srqn,
                 pd: self.clone(),
+                xrc,
                 dev: dev.clone(),
                 max_sge: init.max_sge,
                 ring,
                 destroyed: AtomicBool::new(false),
                 core: Mutex::new(SrqCore { rq, limit: init.srq_limit, qps: 0 }),
-            }),
-        })
+            })
+        });
+        Ok(Srq { inner })
     }
 }
 
@@ -116,6 +157,16 @@ impl Srq {
 
     pub fn handle(&self) -> u32 {
         self.inner.handle
+    }
+
+    /// The SRQ's number (`ibv_get_srq_num`): what an XRC initiator's work request names.
+    pub fn srq_num(&self) -> u32 {
+        self.inner.srqn
+    }
+
+    /// An XRC SRQ's domain; `None` for a basic SRQ.
+    pub fn xrcd(&self) -> Option<super::xrcd::Xrcd> {
+        self.inner.xrc.as_ref().map(|x| x.xrcd.clone())
     }
 
     fn check(&self) -> Result<()> {
@@ -205,6 +256,13 @@ impl Srq {
         self.inner.destroyed.store(true, Ordering::Release);
         c.rq.discard();
         drop((p, c));
+        let mut srqs = self.inner.dev.srqs.write().unwrap_or_else(|e| e.into_inner());
+        srqs.remove(&self.inner.srqn);
+        drop(srqs);
+        if let Some(x) = &self.inner.xrc {
+            x.cq.detach();
+            x.xrcd.inner.release();
+        }
         self.inner.dev.purge_async_events(super::types::EventElement::Srq(self.inner.handle));
         self.inner.pd.inner.release();
         give(&self.inner.dev.counts.srq);
@@ -223,6 +281,11 @@ impl Srq {
 }
 
 impl SrqInner {
+    /// Whether this is a live XRC SRQ of XRC domain `xrcd`.
+    pub fn in_xrcd(&self, xrcd: u32) -> bool {
+        self.xrc.as_ref().is_some_and(|x| x.xrcd.inner.handle == xrcd) && !self.destroyed.load(Ordering::Acquire)
+    }
+
     /// The consumer end for a QP's engine, unless the SRQ is destroyed.
     fn consumer(&self) -> Option<MutexGuard<'_, SrqCore>> {
         let core = self.core.lock().unwrap_or_else(|e| e.into_inner());
@@ -235,6 +298,11 @@ impl SrqInner {
 impl SharedReceiveQueue for SrqInner {
     fn pd(&self) -> u32 {
         self.pd.inner.handle
+    }
+
+    fn xrc(&self) -> Option<(u32, &dyn CompletionQueue, bool)> {
+        let x = self.xrc.as_ref()?;
+        Some((self.srqn, &*x.sink, !self.destroyed.load(Ordering::Acquire)))
     }
 
     fn has_wqe(&self) -> bool {

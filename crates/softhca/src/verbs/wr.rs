@@ -45,6 +45,9 @@ pub struct SendWr<'a> {
     pub ah: Option<&'a Ah>,
     pub remote_qpn: u32,
     pub remote_qkey: u32,
+    /// XRC: the SRQ at the target QP the message is for (`wr.qp_type.xrc.remote_srqn`,
+    /// `ibv_wr_set_xrc_srqn`), carried in every request packet's XRCETH.
+    pub xrc_srqn: u32,
     /// RD: the local EEC the message goes through (WR-SEND-6).
     pub eecn: u32,
     /// What a Bind MW work request binds.
@@ -232,6 +235,12 @@ impl<'a> SendWr<'a> {
         self.ah = Some(ah);
         self.remote_qpn = remote_qpn;
         self.remote_qkey = remote_qkey;
+        self
+    }
+
+    /// Addresses an XRC message to the target's SRQ number `srqn` ([`super::srq::Srq::srq_num`]).
+    pub fn xrc(mut self, srqn: u32) -> Self {
+        self.xrc_srqn = srqn;
         self
     }
 

@@ -50,6 +50,7 @@ pub mod rdeth;
 pub mod request;
 pub mod reth;
 pub mod roce;
+pub mod xrceth;
 
 pub use ack::AckTemplate;
 pub use aeth::{Aeth, AethRepr, NakCode, Syndrome};
@@ -66,6 +67,7 @@ pub use rdeth::{Rdeth, RdethRepr};
 pub use request::RequestHead;
 pub use reth::{Reth, RethRepr};
 pub use roce::{IpRepr, Ipv4Repr, Ipv6Repr, RoceDatagram, RoceRepr, UdpChecksum, ROCE_V2_PORT};
+pub use xrceth::{XrcEth, XrcEthRepr};
 
 /// Why a byte string is not a valid header, packet or datagram.
 ///

@@ -11,38 +11,43 @@ bitflags! {
     /// the headers appear on the wire (PKT-OP-4), so iterating the set yields
     /// them in wire order.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct ExtHeaders: u8 {
+    pub struct ExtHeaders: u16 {
         /// Reliable Datagram Extended Transport Header (4 bytes).
         const RDETH = 1 << 0;
         /// Datagram Extended Transport Header (8 bytes).
         const DETH = 1 << 1;
+        /// XRC Extended Transport Header (4 bytes): first after the BTH on every XRC
+        /// request (IBA Annex A14).
+        const XRCETH = 1 << 2;
         /// RDMA Extended Transport Header (16 bytes).
-        const RETH = 1 << 2;
+        const RETH = 1 << 3;
         /// Atomic Extended Transport Header (28 bytes).
-        const ATOMIC_ETH = 1 << 3;
+        const ATOMIC_ETH = 1 << 4;
         /// ACK Extended Transport Header (4 bytes).
-        const AETH = 1 << 4;
+        const AETH = 1 << 5;
         /// Atomic ACK Extended Transport Header (8 bytes).
-        const ATOMIC_ACK_ETH = 1 << 5;
+        const ATOMIC_ACK_ETH = 1 << 6;
         /// Immediate Data (4 bytes).
-        const IMMDT = 1 << 6;
+        const IMMDT = 1 << 7;
         /// Invalidate Extended Transport Header (4 bytes).
-        const IETH = 1 << 7;
+        const IETH = 1 << 8;
     }
 }
 
 /// Byte sizes of the extended headers, in bit order of [`ExtHeaders`].
-const EXT_HEADER_LEN: [usize; 8] = [4, 8, 16, 28, 4, 8, 4, 4];
+const EXT_HEADER_LEN: [usize; EXT_HEADERS] = [4, 8, 4, 16, 28, 4, 8, 4, 4];
+/// How many extended headers there are (the bits of [`ExtHeaders`]).
+const EXT_HEADERS: usize = 9;
 
 /// The total length of every set of extended headers, by its bits: a packet's layout asks
 /// several times per packet, and a lookup is what a table-driven path should cost (the sum
 /// over the bits took some 40 instructions a time).
-const SET_LEN: [u8; 256] = {
-    let mut t = [0u8; 256];
+const SET_LEN: [u8; 1 << EXT_HEADERS] = {
+    let mut t = [0u8; 1 << EXT_HEADERS];
     let mut bits = 0;
-    while bits < 256 {
+    while bits < 1 << EXT_HEADERS {
         let mut i = 0;
-        while i < 8 {
+        while i < EXT_HEADERS {
             if bits & (1 << i) != 0 {
                 t[bits] += EXT_HEADER_LEN[i] as u8;
             }
@@ -84,6 +89,8 @@ pub enum ServiceType {
     Ud,
     /// RoCEv2 Congestion Notification Packet (100).
     Cnp,
+    /// Extended Reliable Connected (101), IBA Annex A14.
+    Xrc,
 }
 
 /// The operation an opcode belongs to.
@@ -207,6 +214,13 @@ const RD_REQ_ATOMIC: ExtHeaders = RD_REQ.union(ExtHeaders::ATOMIC_ETH);
 const RD_RESP: ExtHeaders = ExtHeaders::RDETH;
 const RD_RESP_AETH: ExtHeaders = ExtHeaders::RDETH.union(ExtHeaders::AETH);
 const RD_ATOMIC_ACK: ExtHeaders = RD_RESP_AETH.union(ExtHeaders::ATOMIC_ACK_ETH);
+/// XRC requests carry the XRCETH first, then RC's headers; XRC responses are RC's.
+const XRC: ExtHeaders = ExtHeaders::XRCETH;
+const XRC_IMM: ExtHeaders = XRC.union(ExtHeaders::IMMDT);
+const XRC_IETH: ExtHeaders = XRC.union(ExtHeaders::IETH);
+const XRC_RETH: ExtHeaders = XRC.union(ExtHeaders::RETH);
+const XRC_RETH_IMM: ExtHeaders = XRC_RETH.union(ExtHeaders::IMMDT);
+const XRC_ATOMIC: ExtHeaders = XRC.union(ExtHeaders::ATOMIC_ETH);
 
 /// Defines [`Opcode`] and [`OPCODES`] from one list of rows, so the enum and the
 /// table cannot drift apart.
@@ -331,6 +345,31 @@ opcode_table! {
 
     // CNP (100), RoCEv2: BTH then 16 reserved bytes (PKT-ROCE-12).
     Cnp = 0x81, "CNP", Cnp, Cnp, Only, Request, NONE, payload false, se false, reserved 16;
+
+    // XRC (101), IBA Annex A14: RC's opcodes, the XRCETH first on every request.
+    XrcSendFirst = 0xA0, "XRC_SEND_FIRST", Xrc, Send, First, Request, XRC, payload true, se false;
+    XrcSendMiddle = 0xA1, "XRC_SEND_MIDDLE", Xrc, Send, Middle, Request, XRC, payload true, se false;
+    XrcSendLast = 0xA2, "XRC_SEND_LAST", Xrc, Send, Last, Request, XRC, payload true, se true;
+    XrcSendLastWithImmediate = 0xA3, "XRC_SEND_LAST_WITH_IMMEDIATE", Xrc, Send, Last, Request, XRC_IMM, payload true, se true;
+    XrcSendOnly = 0xA4, "XRC_SEND_ONLY", Xrc, Send, Only, Request, XRC, payload true, se true;
+    XrcSendOnlyWithImmediate = 0xA5, "XRC_SEND_ONLY_WITH_IMMEDIATE", Xrc, Send, Only, Request, XRC_IMM, payload true, se true;
+    XrcRdmaWriteFirst = 0xA6, "XRC_RDMA_WRITE_FIRST", Xrc, RdmaWrite, First, Request, XRC_RETH, payload true, se false;
+    XrcRdmaWriteMiddle = 0xA7, "XRC_RDMA_WRITE_MIDDLE", Xrc, RdmaWrite, Middle, Request, XRC, payload true, se false;
+    XrcRdmaWriteLast = 0xA8, "XRC_RDMA_WRITE_LAST", Xrc, RdmaWrite, Last, Request, XRC, payload true, se false;
+    XrcRdmaWriteLastWithImmediate = 0xA9, "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Xrc, RdmaWrite, Last, Request, XRC_IMM, payload true, se true;
+    XrcRdmaWriteOnly = 0xAA, "XRC_RDMA_WRITE_ONLY", Xrc, RdmaWrite, Only, Request, XRC_RETH, payload true, se false;
+    XrcRdmaWriteOnlyWithImmediate = 0xAB, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Xrc, RdmaWrite, Only, Request, XRC_RETH_IMM, payload true, se true;
+    XrcRdmaReadRequest = 0xAC, "XRC_RDMA_READ_REQUEST", Xrc, RdmaReadRequest, Only, Request, XRC_RETH, payload false, se false;
+    XrcRdmaReadResponseFirst = 0xAD, "XRC_RDMA_READ_RESPONSE_FIRST", Xrc, RdmaReadResponse, First, Response, AETH, payload true, se false;
+    XrcRdmaReadResponseMiddle = 0xAE, "XRC_RDMA_READ_RESPONSE_MIDDLE", Xrc, RdmaReadResponse, Middle, Response, NONE, payload true, se false;
+    XrcRdmaReadResponseLast = 0xAF, "XRC_RDMA_READ_RESPONSE_LAST", Xrc, RdmaReadResponse, Last, Response, AETH, payload true, se false;
+    XrcRdmaReadResponseOnly = 0xB0, "XRC_RDMA_READ_RESPONSE_ONLY", Xrc, RdmaReadResponse, Only, Response, AETH, payload true, se false;
+    XrcAcknowledge = 0xB1, "XRC_ACKNOWLEDGE", Xrc, Acknowledge, Only, Response, AETH, payload false, se false;
+    XrcAtomicAcknowledge = 0xB2, "XRC_ATOMIC_ACKNOWLEDGE", Xrc, AtomicAcknowledge, Only, Response, ATOMIC_ACK, payload false, se false;
+    XrcCompareSwap = 0xB3, "XRC_COMPARE_SWAP", Xrc, CompareSwap, Only, Request, XRC_ATOMIC, payload false, se false;
+    XrcFetchAdd = 0xB4, "XRC_FETCH_ADD", Xrc, FetchAdd, Only, Request, XRC_ATOMIC, payload false, se false;
+    XrcSendLastWithInvalidate = 0xB6, "XRC_SEND_LAST_WITH_INVALIDATE", Xrc, Send, Last, Request, XRC_IETH, payload true, se true;
+    XrcSendOnlyWithInvalidate = 0xB7, "XRC_SEND_ONLY_WITH_INVALIDATE", Xrc, Send, Only, Request, XRC_IETH, payload true, se true;
 }
 
 /// Sentinel in [`BY_VALUE`] for a value the table does not list.
@@ -371,7 +410,7 @@ const fn meaning(service: ServiceType, operation: Operation, position: Position,
     ((service as usize * OPERATIONS + operation as usize) * 4 + position as usize) * 3 + suffix as usize
 }
 
-const SERVICES: usize = 5;
+const SERVICES: usize = 6;
 const OPERATIONS: usize = 10;
 
 /// Row index into [`OPCODES`] for every (service, operation, position, suffix), computed at
@@ -429,7 +468,7 @@ impl Opcode {
 
     /// The service type encoded in bits 7:5, even for a reserved opcode (the
     /// transport needs it to tell PKT-OP-3 from PKT-VAL-9). `None` for the
-    /// service ranges this HCA has no service for (101, 110, 111).
+    /// service ranges this HCA has no service for (110, 111).
     #[inline]
     pub fn service_range(self) -> Option<ServiceType> {
         match self.value() >> 5 {
@@ -438,6 +477,7 @@ impl Opcode {
             0b010 => Some(ServiceType::Rd),
             0b011 => Some(ServiceType::Ud),
             0b100 => Some(ServiceType::Cnp),
+            0b101 => Some(ServiceType::Xrc),
             _ => None,
         }
     }
@@ -463,9 +503,9 @@ mod tests {
     /// The table of set lengths is the sum of its members' lengths, for every set.
     #[test]
     fn a_set_of_headers_is_as_long_as_its_members() {
-        for bits in 0..=u8::MAX {
+        for bits in 0..1u16 << EXT_HEADERS {
             let set = ExtHeaders::from_bits_retain(bits);
-            let sum: usize = (0..8).filter(|i| bits & (1 << i) != 0).map(|i| EXT_HEADER_LEN[i]).sum();
+            let sum: usize = (0..EXT_HEADERS).filter(|i| bits & (1 << i) != 0).map(|i| EXT_HEADER_LEN[i]).sum();
             assert_eq!(set.header_len(), sum, "{set:?}");
         }
     }

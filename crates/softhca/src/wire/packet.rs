@@ -15,6 +15,7 @@ use super::opcode::{ExtHeaders, Opcode};
 use super::psn::Psn;
 use super::rdeth::{Rdeth, RdethRepr};
 use super::reth::{Reth, RethRepr};
+use super::xrceth::{XrcEth, XrcEthRepr};
 use super::{check_len, WireError};
 
 /// Length of the BTH.
@@ -111,6 +112,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.ext_bytes(ExtHeaders::DETH).map(Deth::new_unchecked)
     }
 
+    pub fn xrceth(&self) -> Option<XrcEth<&[u8]>> {
+        self.ext_bytes(ExtHeaders::XRCETH).map(XrcEth::new_unchecked)
+    }
+
     pub fn reth(&self) -> Option<Reth<&[u8]>> {
         self.ext_bytes(ExtHeaders::RETH).map(Reth::new_unchecked)
     }
@@ -179,6 +184,7 @@ pub struct PacketRepr<'a> {
     pub bth: BthRepr,
     pub rdeth: Option<RdethRepr>,
     pub deth: Option<DethRepr>,
+    pub xrceth: Option<XrcEthRepr>,
     pub reth: Option<RethRepr>,
     pub atomic_eth: Option<AtomicEthRepr>,
     pub aeth: Option<AethRepr>,
@@ -223,6 +229,7 @@ impl<'a> PacketRepr<'a> {
             bth,
             rdeth: None,
             deth: None,
+            xrceth: None,
             reth: None,
             atomic_eth: None,
             aeth: None,
@@ -243,6 +250,7 @@ impl<'a> PacketRepr<'a> {
             bth: BthRepr::parse(&packet.bth())?,
             rdeth: packet.rdeth().map(|h| RdethRepr::parse(&h)).transpose()?,
             deth: packet.deth().map(|h| DethRepr::parse(&h)).transpose()?,
+            xrceth: packet.xrceth().map(|h| XrcEthRepr::parse(&h)).transpose()?,
             reth: packet.reth().map(|h| RethRepr::parse(&h)).transpose()?,
             atomic_eth: packet.atomic_eth().map(|h| AtomicEthRepr::parse(&h)).transpose()?,
             aeth: packet.aeth().map(|h| AethRepr::parse(&h)).transpose()?,
@@ -263,6 +271,7 @@ impl<'a> PacketRepr<'a> {
         let mut h = ExtHeaders::empty();
         h.set(ExtHeaders::RDETH, self.rdeth.is_some());
         h.set(ExtHeaders::DETH, self.deth.is_some());
+        h.set(ExtHeaders::XRCETH, self.xrceth.is_some());
         h.set(ExtHeaders::RETH, self.reth.is_some());
         h.set(ExtHeaders::ATOMIC_ETH, self.atomic_eth.is_some());
         h.set(ExtHeaders::AETH, self.aeth.is_some());
@@ -338,6 +347,10 @@ impl<'a> PacketRepr<'a> {
         if let Some(h) = self.deth {
             h.emit(&mut Deth::new_unchecked(&mut buf[at..]));
             at += DethRepr::LEN;
+        }
+        if let Some(h) = self.xrceth {
+            h.emit(&mut XrcEth::new_unchecked(&mut buf[at..]));
+            at += XrcEthRepr::LEN;
         }
         if let Some(h) = self.reth {
             h.emit(&mut Reth::new_unchecked(&mut buf[at..]));
