@@ -776,12 +776,12 @@ fn send_with(
             ret = Err(e);
             break;
         }
-        let xfer = g.fit(next_chunk(&mut olen, len - done));
+        let (xfer, target) = g.fit(next_chunk(&mut olen, len - done));
         let r = match direct {
-            Some(buf) => g.send_some(Dest::Data, &buf[done..done + xfer as usize]),
+            Some(buf) => g.send_some(Dest::Data(target), &buf[done..done + xfer as usize]),
             None => {
                 let inline = if xfer <= u32::from(g.sizes.inline) { IBV_SEND_INLINE } else { 0 };
-                g.copy_and_write(Dest::Data, |dst, at| fill(dst, done + at), xfer, inline)
+                g.copy_and_write(Dest::Data(target), |dst, at| fill(dst, done + at), xfer, inline)
             }
         }
         .map(|()| xfer);

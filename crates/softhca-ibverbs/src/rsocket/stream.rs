@@ -160,8 +160,9 @@ pub(super) struct Stream {
 
 /// Where a write goes.
 pub(super) enum Dest {
-    /// The peer's receive buffer, as a message.
-    Data,
+    /// The peer's receive buffer, as a message: its current target entry as [`Stream::fit`]
+    /// read it (the peer may rewrite the entry at any time; the write goes by this copy).
+    Data(RsSge),
     /// A region the peer mapped (`riowrite`): no message.
     Direct { addr: u64, rkey: u32 },
     /// Entry `index` of the peer's I/O map.
@@ -332,8 +333,11 @@ impl Stream {
             self.opts = OPT_SWAP_SGL;
         }
         if c.flags & wire::CONN_FLAG_IOMAP != 0 {
+            // The peer's addresses are its own to choose: they wrap, as in librdmacm's C, and
+            // its HCA checks them against the key.
+            let sgl_len = std::mem::size_of::<RsSge>() as u64 * u64::from(c.target_sgl.length);
             self.remote_iomap = RsSge {
-                addr: c.target_sgl.addr + std::mem::size_of::<RsSge>() as u64 * u64::from(c.target_sgl.length),
+                addr: c.target_sgl.addr.wrapping_add(sgl_len),
                 key: c.target_sgl.key,
                 length: wire::scale_to_value(u32::from(c.target_iomap_size), 8),
             };
@@ -446,12 +450,14 @@ impl Stream {
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= len;
         match dest {
-            Dest::Data => {
+            Dest::Data(mut t) => {
                 self.sseq_no = self.sseq_no.wrapping_add(1);
-                let mut t = self.target(self.target_sge);
                 let (addr, rkey) = (t.addr, t.key);
-                t.addr += u64::from(len);
-                t.length -= len;
+                // `len` ≤ `t.length`: `fit` sized it by this same copy. The address is the
+                // peer's: it wraps, as in librdmacm's C.
+                debug_assert!(len <= t.length);
+                t.addr = t.addr.wrapping_add(u64::from(len));
+                t.length = t.length.saturating_sub(len);
                 self.set_target(self.target_sge, t);
                 if t.length == 0 {
                     self.target_sge = (self.target_sge + 1) % wire::SGL_SIZE as usize;
@@ -461,15 +467,18 @@ impl Stream {
             Dest::Direct { addr, rkey } => self.post_write(sgl, msg(op::WRITE, len), flags, addr, rkey, false),
             Dest::Iomap { index } => {
                 self.sseq_no = self.sseq_no.wrapping_add(1);
-                let at = self.remote_iomap.addr + u64::from(index) * wire::IOMAP_LEN as u64;
+                let at = self.remote_iomap.addr.wrapping_add(u64::from(index) * wire::IOMAP_LEN as u64);
                 self.post_write(sgl, msg(op::IOMAP_SGL, index), flags, at, self.remote_iomap.key, true)
             }
         }
     }
 
-    /// How much of a `chunk` fits in the send buffer and the peer's current target buffer.
-    pub fn fit(&self, chunk: u32) -> u32 {
-        chunk.min(self.sbuf_bytes_avail).min(self.target(self.target_sge).length)
+    /// How much of a `chunk` fits in the send buffer and the peer's current target buffer,
+    /// and that buffer's entry, read once: the write goes by this copy ([`Dest::Data`]), which
+    /// the peer's later writes into the entry cannot make smaller than what it sized.
+    pub fn fit(&self, chunk: u32) -> (u32, RsSge) {
+        let t = self.target(self.target_sge);
+        (chunk.min(self.sbuf_bytes_avail).min(t.length), t)
     }
 
     /// Sends `src` (at most what fits: the caller has cut it) to `dest` as one write: inline
@@ -617,14 +626,16 @@ impl Stream {
             } else {
                 (ibv_sge { addr: std::ptr::addr_of!(sge) as u64, length: len, lkey: 0 }, IBV_SEND_INLINE)
             };
-            let to = self.remote_sgl.addr + u64::from(self.remote_sge) * u64::from(len);
+            // The peer's SGL address wraps, as in librdmacm's C (its HCA checks the key).
+            let to = self.remote_sgl.addr.wrapping_add(u64::from(self.remote_sge) * u64::from(len));
             let _ = self.post_write(std::slice::from_mut(&mut ib.0), credits, ib.1, to, self.remote_sgl.key, true);
             self.rbuf_bytes_avail -= half;
             self.rbuf_free_offset += half;
             if self.rbuf_free_offset >= self.sizes.rbuf {
                 self.rbuf_free_offset = 0;
             }
-            self.remote_sge += 1;
+            // The peer's SGL length may be any: the index wraps as librdmacm's unsigned one.
+            self.remote_sge = self.remote_sge.wrapping_add(1);
             if self.remote_sge == self.remote_sgl.length {
                 self.remote_sge = 0;
             }
