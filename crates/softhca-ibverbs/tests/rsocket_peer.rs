@@ -6,7 +6,8 @@
 //! they wrap, as in librdmacm's C, and reach memory the peer registered at such I/O virtual
 //! addresses. Release builds check integer overflow: the sums panicked before (on the
 //! socket's service thread, which then accepted nothing, or across the C boundary, which
-//! aborts the program).
+//! aborts the program). A claim of more data than the socket offered breaks the protocol:
+//! the socket fails (end of file, `SO_ERROR` EIO); before, it read bytes nobody wrote.
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
@@ -398,5 +399,36 @@ fn data_fills_a_buffer_at_the_top_of_the_addresses() {
         }
     }
     assert_eq!(peer.bytes(3 * PAGE - 100, 100), data, "the buffer's bytes, up to the top");
+    close(&[s, l]);
+}
+
+/// A peer that claims more data than the socket offered it: the socket fails, as at an
+/// error completion (end of file, `SO_ERROR` EIO), and nothing beyond what was claimed
+/// within the offers is read (before, the socket read round its buffer, bytes nobody wrote).
+#[test]
+fn a_claim_beyond_the_buffers_offered_fails_the_socket() {
+    let l = listener(7873);
+    let mut peer = Peer::new(7873);
+    let t = peer.reg(PAGE, 32, PAGE as u64);
+    // SAFETY: the peer's live region.
+    let sgl = Sge { addr: PAGE as u64, key: unsafe { (*t).rkey }, length: 2 };
+    let buf = peer.reg(2 * PAGE, PAGE, 2 * PAGE as u64);
+    // SAFETY: as above.
+    let first = Sge { addr: 2 * PAGE as u64, key: unsafe { (*buf).rkey }, length: PAGE as u32 };
+    let (_, data_buf) = peer.connect(conn_data(0, sgl, first)).expect("the socket accepts");
+    let s = accept(l);
+    assert_eq!(data_buf.length, HALF);
+    peer.write(b"hello", data_buf, msg(OP_DATA, 5));
+    assert_eq!(recv(s, 5), b"hello");
+    // Both halves are offered now, 5 bytes of them written: one byte more is claimed.
+    assert_eq!(peer.next_msg() >> 29, OP_SGL, "the socket's second half");
+    let next = Sge { addr: data_buf.addr + 5, ..data_buf };
+    peer.write(b"x", next, msg(OP_DATA, RBUF - 5 + 1));
+    let got = recv(s, 2 * RBUF as usize);
+    assert!(got.is_empty(), "end of file, not {} bytes", got.len());
+    let (mut e, mut len): (c_int, libc::socklen_t) = (0, 4);
+    // SAFETY: an int option into a live local.
+    let r = unsafe { softhca_rs_getsockopt(s, libc::SOL_SOCKET, libc::SO_ERROR, (&raw mut e).cast(), &mut len) };
+    assert_eq!((r, e), (0, libc::EIO));
     close(&[s, l]);
 }

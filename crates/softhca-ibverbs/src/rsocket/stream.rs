@@ -143,7 +143,12 @@ pub(super) struct Stream {
 
     rbuf_offset: u32,
     rbuf_free_offset: u32,
+    /// Receive-buffer bytes read and not yet offered to the peer again.
     rbuf_bytes_avail: u32,
+    /// Receive-buffer bytes offered to the peer that no message has yet said it wrote: what
+    /// the peer may still claim. With `rbuf_bytes_avail` and the bytes of the messages not
+    /// yet read, it makes up the two halves of the buffer, which bounds all three.
+    rbuf_granted: u32,
     sbuf_bytes_avail: u32,
     /// The send buffer's next free byte (`ssgl[0].addr`), an offset.
     sbuf_head: u32,
@@ -205,6 +210,7 @@ impl Stream {
             rbuf_offset: 0,
             rbuf_free_offset: 0,
             rbuf_bytes_avail: 0,
+            rbuf_granted: 0,
             sbuf_bytes_avail: 0,
             sbuf_head: 0,
             rmsg: Vec::new(),
@@ -306,6 +312,8 @@ impl Stream {
         self.sbuf_bytes_avail = s.sbuf;
         self.rbuf_free_offset = s.rbuf >> 1;
         self.rbuf_bytes_avail = s.rbuf >> 1;
+        // The first half, offered in the connection data.
+        self.rbuf_granted = s.rbuf >> 1;
         self.sqe_avail = u32::from(s.sq) - self.ctrl_max_seqno;
         self.rseq_comp = s.rq >> 1;
         Ok(())
@@ -630,6 +638,7 @@ impl Stream {
             let to = self.remote_sgl.addr.wrapping_add(u64::from(self.remote_sge) * u64::from(len));
             let _ = self.post_write(std::slice::from_mut(&mut ib.0), credits, ib.1, to, self.remote_sgl.key, true);
             self.rbuf_bytes_avail -= half;
+            self.rbuf_granted += half;
             self.rbuf_free_offset += half;
             if self.rbuf_free_offset >= self.sizes.rbuf {
                 self.rbuf_free_offset = 0;
@@ -693,7 +702,17 @@ impl Stream {
                         _ => {}
                     },
                     o => {
-                        self.rmsg[self.rmsg_tail] = (o, msg_data(m));
+                        // Data: the peer claims that many bytes of what it was offered. More
+                        // than that is no data of this connection (reading it would go round
+                        // the buffer over bytes not written, or still unread): the peer is
+                        // broken, and the socket fails as at an error completion.
+                        let len = msg_data(m);
+                        let Some(left) = self.rbuf_granted.checked_sub(len) else {
+                            self.protocol_error();
+                            return Ok(());
+                        };
+                        self.rbuf_granted = left;
+                        self.rmsg[self.rmsg_tail] = (o, len);
                         self.rmsg_tail = (self.rmsg_tail + 1) % self.rmsg.len();
                     }
                 }
@@ -734,6 +753,14 @@ impl Stream {
         Ok(())
     }
 
+    /// The peer broke the protocol: the socket fails as at an error completion (`EIO`), and
+    /// its QP goes to the error state, so that nothing more of the peer's lands or completes.
+    fn protocol_error(&mut self) {
+        self.state = st::ERROR;
+        self.err = libc::EIO;
+        self.flush();
+    }
+
     /// Copies received bytes into `dst` (`rrecv`'s loop; with `peek`, `rs_peek`: nothing is
     /// consumed). Returns how many.
     pub fn read(&mut self, dst: &mut [u8], peek: bool) -> usize {
@@ -771,6 +798,8 @@ impl Stream {
         if !peek {
             self.rmsg_head = head;
             self.rbuf_offset = offset as u32;
+            // No overflow: the messages read were within what was granted (`poll_cq`), and
+            // the two sum to at most the buffer (see `rbuf_granted`).
             self.rbuf_bytes_avail += done as u32;
         }
         done
