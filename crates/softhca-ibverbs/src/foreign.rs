@@ -80,8 +80,9 @@ pub unsafe extern "C" fn ibv_import_mr(p: *mut ibv_pd, mr_handle: u32) -> *mut i
     let Some(found) = find_shared(c, |o| o.mrs.get(&mr_handle).copied()) else { return fail(libc::EINVAL) };
     // SAFETY: a registered MR is live (it leaves the map when deregistered).
     let orig = unsafe { &*(found as *const Mr) };
-    // SAFETY: the original MR's PD is live while the MR is.
-    if unsafe { pd(orig.ibv.pd) }.ibv.handle != d.ibv.handle {
+    // The MR's own record of its PD: the PD object it was registered through may be gone (an
+    // imported PD, unimported) while the PD lives on.
+    if orig.pd_handle != d.ibv.handle {
         return fail(libc::EINVAL);
     }
     let o = &orig.ibv;
@@ -94,7 +95,7 @@ pub unsafe extern "C" fn ibv_import_mr(p: *mut ibv_pd, mr_handle: u32) -> *mut i
         lkey: o.lkey,
         rkey: o.rkey,
     };
-    Box::into_raw(Box::new(Mr { ibv, mr: orig.mr.clone(), imported: true })).cast()
+    Box::into_raw(Box::new(Mr { ibv, mr: orig.mr.clone(), pd_handle: orig.pd_handle, imported: true })).cast()
 }
 
 /// Frees the importer's MR object; the MR stays for the others that hold it.

@@ -27,6 +27,10 @@ pub(crate) struct Mr {
     /// Shared with the MR objects `ibv_import_mr` made of it: one region, several handles.
     /// Written only by `ibv_rereg_mr`.
     pub mr: std::sync::Arc<std::sync::RwLock<SoftMr>>,
+    /// The handle of the region's PD (the one `ibv.pd` names): what `ibv_import_mr` checks,
+    /// which cannot read the PD object, freed if it was an imported one since unimported.
+    /// Written, as `ibv.pd`, only under `mr`'s write lock (`ibv_rereg_mr`).
+    pub pd_handle: u32,
     /// Made by `ibv_import_mr` (libibverbs' `IBV_MR_TYPE_IMPORTED_MR`), which `ibv_rereg_mr`
     /// refuses.
     pub imported: bool,
@@ -239,7 +243,8 @@ unsafe fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, ac
             };
             let handle = ibv.handle;
             let mr = std::sync::Arc::new(std::sync::RwLock::new(mr));
-            let m: *mut ibv_mr = Box::into_raw(Box::new(Mr { ibv, mr, imported: false })).cast();
+            let m: *mut ibv_mr =
+                Box::into_raw(Box::new(Mr { ibv, mr, pd_handle: pd.ibv.handle, imported: false })).cast();
             // SAFETY: the PD's open context.
             let o = &unsafe { ctx(pd.ibv.context) }.objects;
             o.lock().unwrap_or_else(|e| e.into_inner()).mrs.insert(handle, m as usize);
@@ -618,7 +623,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
         // SAFETY: a non-null PD is the caller's live PD.
         match (!p.is_null()).then(|| unsafe { pd(p) }) {
-            Some(d) if d.ibv.context == x.ibv.context => Some(&d.pd),
+            Some(d) if d.ibv.context == x.ibv.context => Some(d),
             _ => return cmd(libc::EINVAL),
         }
     } else {
@@ -637,12 +642,13 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     }
     // SAFETY: new memory is the program's, kept mapped until it deregisters or reregisters
     // the region, as for ibv_reg_mr.
-    let r = unsafe { region.rereg_raw(new_pd, new_access, translate.then_some((addr.cast(), length))) };
+    let r = unsafe { region.rereg_raw(new_pd.map(|d| &d.pd), new_access, translate.then_some((addr.cast(), length))) };
     if let Err(e) = r {
         return cmd(errno_of(&e));
     }
-    if new_pd.is_some() {
+    if let Some(d) = new_pd {
         x.ibv.pd = p;
+        x.pd_handle = d.ibv.handle;
     }
     if translate {
         x.ibv.addr = addr;

@@ -1,0 +1,105 @@
+//! `ibv_import_pd` / `ibv_import_mr` (`foreign.rs`) against objects the program frees meanwhile,
+//! in process: a context imported from another's `cmd_fd` shares its PDs and MRs by handle,
+//! as contexts sharing a kernel ucontext do, and freeing the importer's objects must leave
+//! the imports reading nothing freed.
+
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+
+use softhca_ibverbs::abi::*;
+
+extern "C" {
+    fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device;
+    fn ibv_free_device_list(list: *mut *mut ibv_device);
+    fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context;
+    fn ibv_close_device(context: *mut ibv_context) -> c_int;
+    fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;
+    fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
+    fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr;
+    fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
+    fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context;
+    fn ibv_import_pd(context: *mut ibv_context, handle: u32) -> *mut ibv_pd;
+    fn ibv_unimport_pd(pd: *mut ibv_pd);
+    fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut ibv_mr;
+    fn ibv_unimport_mr(mr: *mut ibv_mr);
+}
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// A context of the device and one imported from (a duplicate of) its `cmd_fd`.
+struct Pair {
+    ctx: *mut ibv_context,
+    imported: *mut ibv_context,
+    fd: c_int,
+}
+
+impl Pair {
+    fn open() -> Pair {
+        // SAFETY: the library's device list and contexts; a descriptor duplicated here.
+        unsafe {
+            let list = ibv_get_device_list(null_mut());
+            assert!(!list.is_null() && !(*list).is_null(), "a device: {}", errno());
+            let ctx = ibv_open_device(*list);
+            ibv_free_device_list(list);
+            assert!(!ctx.is_null(), "ibv_open_device: {}", errno());
+            let fd = libc::dup((*ctx).cmd_fd);
+            assert!(fd >= 0);
+            let imported = ibv_import_device(fd);
+            assert!(!imported.is_null(), "ibv_import_device: {}", errno());
+            Pair { ctx, imported, fd }
+        }
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        // SAFETY: the pair's contexts and descriptor, each closed once, after their objects.
+        unsafe {
+            assert_eq!(ibv_close_device(self.imported), 0);
+            assert_eq!(ibv_close_device(self.ctx), 0);
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// An MR registered on an imported PD, which the program then unimports (its object freed;
+/// the PD stays, the exporter holds it): importing the MR on the exporter's PD of that
+/// handle succeeds, as rdma-core's (the kernel's PD and MR are alive), with the MR's keys
+/// and length. Before, the import read the freed PD object for its handle: here, memory the
+/// program reused, so that it refused the import (EINVAL).
+#[test]
+fn an_mr_on_an_unimported_pd_imports_on_the_pd_of_its_handle() {
+    let p = Pair::open();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the pair's contexts; a local buffer that outlives its registration; each
+    // object released once.
+    unsafe {
+        let pd = ibv_alloc_pd(p.ctx);
+        assert!(!pd.is_null());
+        let ipd = ibv_import_pd(p.imported, (*pd).handle);
+        assert!(!ipd.is_null(), "ibv_import_pd: {}", errno());
+        let mr = ibv_reg_mr(ipd, buf.as_mut_ptr().cast(), buf.len(), IBV_ACCESS_LOCAL_WRITE as c_int);
+        assert!(!mr.is_null(), "ibv_reg_mr on the imported PD: {}", errno());
+        ibv_unimport_pd(ipd);
+        // The program's next allocations of that size take the freed object's memory.
+        let reuse: Vec<Box<[u8; 24]>> = (0..8).map(|_| Box::new([0xFF; 24])).collect();
+        let imr = ibv_import_mr(pd, (*mr).handle);
+        assert!(!imr.is_null(), "ibv_import_mr: errno {}", errno());
+        assert_eq!(
+            ((*imr).pd, (*imr).lkey, (*imr).rkey, (*imr).length, (*imr).addr),
+            (pd, (*mr).lkey, (*mr).rkey, buf.len(), null_mut())
+        );
+        // On a PD of another handle, still EINVAL.
+        let other = ibv_alloc_pd(p.ctx);
+        assert!(!other.is_null());
+        assert!(ibv_import_mr(other, (*mr).handle).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        drop(reuse);
+        ibv_unimport_mr(imr);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(other), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+    }
+}
