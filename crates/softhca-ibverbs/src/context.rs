@@ -361,10 +361,12 @@ pub(crate) fn is_context_cmd_fd(fd: c_int) -> bool {
     })
 }
 
-/// An object of `c`'s user context: `c`, or a context imported from it or from which it was
-/// imported (they share one command file, as contexts sharing a kernel ucontext do), whose
-/// objects `pick` finds.
-pub(crate) fn find_shared(c: &Ctx, pick: impl Fn(&Objects) -> Option<usize>) -> Option<usize> {
+/// What `pick` takes from an object of `c`'s user context: of `c`, or of a context imported
+/// from it or from which it was imported (they share one command file, as contexts sharing a
+/// kernel ucontext do). `pick` runs under that context's objects lock, and must take there
+/// all it needs of an object it finds: the verbs that free a PD or MR take it out of the map
+/// under that lock, then free it, so an object in the map is live only while the lock is held.
+pub(crate) fn find_shared<T>(c: &Ctx, pick: impl Fn(&Objects) -> Option<T>) -> Option<T> {
     let id = file_id(c.cmd.as_raw_fd())?;
     let contexts = c.shared.contexts.lock().unwrap_or_else(|e| e.into_inner());
     contexts.iter().find_map(|&p| {

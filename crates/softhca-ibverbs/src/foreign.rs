@@ -49,11 +49,14 @@ pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32
     }
     // SAFETY: an open context.
     let c = unsafe { ctx(context) };
-    let Some(found) = find_shared(c, |o| o.pds.get(&pd_handle).copied()) else { return fail(libc::EINVAL) };
-    // SAFETY: a registered PD is live (it leaves the map when deallocated).
-    let orig = unsafe { pd(found as *mut ibv_pd) };
+    let found = find_shared(c, |o| {
+        // SAFETY: a PD in the map is live while its lock is held (`ibv_dealloc_pd` takes it
+        // out under the lock before freeing it): it is read here, under the lock.
+        o.pds.get(&pd_handle).map(|&p| unsafe { pd(p as *mut ibv_pd) }.pd.clone())
+    });
+    let Some(soft) = found else { return fail(libc::EINVAL) };
     let ibv = ibv_pd { context, handle: pd_handle };
-    Box::into_raw(Box::new(Pd { ibv, pd: orig.pd.clone() })).cast()
+    Box::into_raw(Box::new(Pd { ibv, pd: soft })).cast()
 }
 
 /// Frees the importer's PD object; the PD stays for the others that hold it.
@@ -77,25 +80,25 @@ pub unsafe extern "C" fn ibv_import_mr(p: *mut ibv_pd, mr_handle: u32) -> *mut i
     let d = unsafe { pd(p) };
     // SAFETY: its open context.
     let c = unsafe { ctx(d.ibv.context) };
-    let Some(found) = find_shared(c, |o| o.mrs.get(&mr_handle).copied()) else { return fail(libc::EINVAL) };
-    // SAFETY: a registered MR is live (it leaves the map when deregistered).
-    let orig = unsafe { &*(found as *const Mr) };
+    let found = find_shared(c, |o| {
+        o.mrs.get(&mr_handle).map(|&m| {
+            // SAFETY: an MR in the map is live while its lock is held (`ibv_dereg_mr` takes it
+            // out under the lock before freeing it): it is read here, under the lock.
+            let orig = unsafe { &*(m as *const Mr) };
+            // Under the region's lock, which `ibv_rereg_mr` holds while it changes the fields.
+            let _region = orig.region();
+            let o = &orig.ibv;
+            (orig.pd_handle, o.length, o.handle, o.lkey, o.rkey, orig.mr.clone())
+        })
+    });
+    let Some((pd_handle, length, handle, lkey, rkey, region)) = found else { return fail(libc::EINVAL) };
     // The MR's own record of its PD: the PD object it was registered through may be gone (an
     // imported PD, unimported) while the PD lives on.
-    if orig.pd_handle != d.ibv.handle {
+    if pd_handle != d.ibv.handle {
         return fail(libc::EINVAL);
     }
-    let o = &orig.ibv;
-    let ibv = ibv_mr {
-        context: d.ibv.context,
-        pd: p,
-        addr: std::ptr::null_mut(),
-        length: o.length,
-        handle: o.handle,
-        lkey: o.lkey,
-        rkey: o.rkey,
-    };
-    Box::into_raw(Box::new(Mr { ibv, mr: orig.mr.clone(), pd_handle: orig.pd_handle, imported: true })).cast()
+    let ibv = ibv_mr { context: d.ibv.context, pd: p, addr: std::ptr::null_mut(), length, handle, lkey, rkey };
+    Box::into_raw(Box::new(Mr { ibv, mr: region, pd_handle, imported: true })).cast()
 }
 
 /// Frees the importer's MR object; the MR stays for the others that hold it.

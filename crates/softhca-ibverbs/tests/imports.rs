@@ -1,10 +1,13 @@
 //! `ibv_import_pd` / `ibv_import_mr` (`foreign.rs`) against objects the program frees meanwhile,
 //! in process: a context imported from another's `cmd_fd` shares its PDs and MRs by handle,
-//! as contexts sharing a kernel ucontext do, and freeing the importer's objects must leave
-//! the imports reading nothing freed.
+//! as contexts sharing a kernel ucontext do, and freeing the importer's objects (or the
+//! exporter's, on another thread) must leave the imports reading nothing freed.
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use softhca_ibverbs::abi::*;
 
@@ -100,6 +103,79 @@ fn an_mr_on_an_unimported_pd_imports_on_the_pd_of_its_handle() {
         ibv_unimport_mr(imr);
         assert_eq!(ibv_dereg_mr(mr), 0);
         assert_eq!(ibv_dealloc_pd(other), 0);
+        assert_eq!(ibv_dealloc_pd(pd), 0);
+    }
+}
+
+/// One thread registers and deregisters MRs (allocates and deallocates PDs) in one context
+/// while another imports each by its handle into the other: an import either finds the
+/// object or fails with EINVAL, and never reads one freed meanwhile (before, the object found
+/// under the context's lock was read after the lock was dropped, when a deregistration could
+/// have freed it).
+#[test]
+fn imports_race_the_exporters_frees() {
+    const RUN: Duration = Duration::from_secs(3);
+    let p = Pair::open();
+    // SAFETY: the pair's contexts.
+    let pd = unsafe { ibv_alloc_pd(p.ctx) };
+    assert!(!pd.is_null());
+    // SAFETY: as above.
+    let ipd = unsafe { ibv_import_pd(p.imported, (*pd).handle) };
+    assert!(!ipd.is_null());
+    let (mr_handle, pd_handle) = (Arc::new(AtomicU32::new(u32::MAX)), Arc::new(AtomicU32::new(u32::MAX)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ctx, pd_addr) = (p.ctx as usize, pd as usize);
+    let exporter = {
+        let (mr_handle, pd_handle, stop) = (mr_handle.clone(), pd_handle.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            let (ctx, pd) = (ctx as *mut ibv_context, pd_addr as *mut ibv_pd);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: the pair's context and PD; a buffer that outlives each registration.
+                unsafe {
+                    let mr = ibv_reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), IBV_ACCESS_LOCAL_WRITE as c_int);
+                    assert!(!mr.is_null());
+                    mr_handle.store((*mr).handle, Ordering::Relaxed);
+                    let q = ibv_alloc_pd(ctx);
+                    assert!(!q.is_null());
+                    pd_handle.store((*q).handle, Ordering::Relaxed);
+                    std::thread::yield_now();
+                    assert_eq!(ibv_dereg_mr(mr), 0);
+                    assert_eq!(ibv_dealloc_pd(q), 0);
+                }
+                n += 1;
+            }
+            n
+        })
+    };
+    let start = Instant::now();
+    let (mut found, mut missed) = (0u64, 0u64);
+    while start.elapsed() < RUN {
+        // SAFETY: the imported context and PD; what an import gives is unimported once.
+        unsafe {
+            let m = ibv_import_mr(ipd, mr_handle.load(Ordering::Relaxed));
+            if m.is_null() {
+                assert_eq!(errno(), libc::EINVAL);
+                missed += 1;
+            } else {
+                found += 1;
+                ibv_unimport_mr(m);
+            }
+            let q = ibv_import_pd(p.imported, pd_handle.load(Ordering::Relaxed));
+            if q.is_null() {
+                assert_eq!(errno(), libc::EINVAL);
+            } else {
+                ibv_unimport_pd(q);
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let cycles = exporter.join().unwrap();
+    eprintln!("{cycles} registrations, {found} imports found one, {missed} missed");
+    // SAFETY: the import and the PD, released once, before the pair.
+    unsafe {
+        ibv_unimport_pd(ipd);
         assert_eq!(ibv_dealloc_pd(pd), 0);
     }
 }
