@@ -20,6 +20,14 @@ extern "C" {
     fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
     fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr;
     fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
+    fn ibv_rereg_mr(
+        mr: *mut ibv_mr,
+        flags: c_int,
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        len: usize,
+        access: c_int,
+    ) -> c_int;
     fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context;
     fn ibv_import_pd(context: *mut ibv_context, handle: u32) -> *mut ibv_pd;
     fn ibv_unimport_pd(pd: *mut ibv_pd);
@@ -104,6 +112,37 @@ fn an_mr_on_an_unimported_pd_imports_on_the_pd_of_its_handle() {
         assert_eq!(ibv_dereg_mr(mr), 0);
         assert_eq!(ibv_dealloc_pd(other), 0);
         assert_eq!(ibv_dealloc_pd(pd), 0);
+    }
+}
+
+/// An MR moved to another PD (`ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_PD`) imports on the
+/// PD of the new handle and no longer on the old one.
+#[test]
+fn an_mr_moved_to_another_pd_imports_on_that_pd() {
+    const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+    let p = Pair::open();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the pair's contexts; a local buffer that outlives its registration; each
+    // object released once.
+    unsafe {
+        let (a, b) = (ibv_alloc_pd(p.ctx), ibv_alloc_pd(p.ctx));
+        assert!(!a.is_null() && !b.is_null());
+        let mr = ibv_reg_mr(a, buf.as_mut_ptr().cast(), buf.len(), IBV_ACCESS_LOCAL_WRITE as c_int);
+        assert!(!mr.is_null());
+        assert_eq!(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, b, null_mut(), 0, 0), 0, "{}", errno());
+        let (ia, ib) = (ibv_import_pd(p.imported, (*a).handle), ibv_import_pd(p.imported, (*b).handle));
+        assert!(!ia.is_null() && !ib.is_null());
+        assert!(ibv_import_mr(ia, (*mr).handle).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        let imr = ibv_import_mr(ib, (*mr).handle);
+        assert!(!imr.is_null(), "ibv_import_mr: errno {}", errno());
+        assert_eq!(((*imr).pd, (*imr).lkey), (ib, (*mr).lkey));
+        ibv_unimport_mr(imr);
+        ibv_unimport_pd(ia);
+        ibv_unimport_pd(ib);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        assert_eq!(ibv_dealloc_pd(a), 0);
+        assert_eq!(ibv_dealloc_pd(b), 0);
     }
 }
 
