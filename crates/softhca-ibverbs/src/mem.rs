@@ -420,8 +420,17 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     grh: *mut c_void,
     ah_attr: *mut ibv_ah_attr,
 ) -> c_int {
-    // SAFETY: a completion, and the 40-byte GRH area of its receive buffer when not NULL.
-    let (wc, g) = unsafe { (&*wc, (!grh.is_null()).then(|| std::slice::from_raw_parts(grh as *const u8, 40))) };
+    // SAFETY: a readable completion.
+    let wc = unsafe { &*wc };
+    // The GRH area is registered memory of a receive buffer, which the device (an engine
+    // thread) may be writing meanwhile: copied out, never borrowed as a slice.
+    let g = (!grh.is_null()).then(|| {
+        let mut g = [0u8; 40];
+        // SAFETY: the 40 readable bytes of the GRH area, as libibverbs' contract says, into a
+        // local array; the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(grh as *const u8, g.as_mut_ptr(), g.len()) };
+        g
+    });
     let word0 = g.map_or(0, |g| u32::from_be_bytes([g[0], g[1], g[2], g[3]]));
     // SAFETY: all-zero is a valid ibv_ah_attr.
     let mut out: ibv_ah_attr = unsafe { std::mem::zeroed() };
@@ -437,7 +446,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         match g {
             None => Err(libc::EINVAL),
             // SAFETY: an open context.
-            Some(g) => from_grh(&unsafe { ctx(context) }.ctx, port_num, g, &mut out),
+            Some(g) => from_grh(&unsafe { ctx(context) }.ctx, port_num, &g, &mut out),
         }
     };
     // SAFETY: a writable attribute structure (libibverbs writes it on failure too).
