@@ -190,16 +190,6 @@ fn mapped(addr: usize, len: usize, write: bool) -> bool {
     false
 }
 
-/// The R_Key `ibv_reg_mr` reports for a region with `rights`: its key if they include a remote
-/// one, else 0, as rxe's `rxe_mr_init` reports it (the key would be refused anyway).
-fn reported_rkey(key: u32, rights: softhca::Access) -> u32 {
-    if rights.intersects(softhca::Access::REMOTE) {
-        key
-    } else {
-        0
-    }
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
     // SAFETY: the caller's guarantees.
@@ -239,7 +229,11 @@ unsafe fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, ac
                 length,
                 handle: mr.lkey(),
                 lkey: mr.lkey(),
-                rkey: reported_rkey(mr.rkey(), mr.access()),
+                // The key whatever the rights, as mlx5 and rxe since Linux 6.2 report it (6.1's
+                // rxe reported 0 without remote rights): a program that reregisters the region
+                // with remote rights (rdma-core's `test_mr_rereg_access`) keeps the key it
+                // handed its peer.
+                rkey: mr.rkey(),
             };
             let handle = ibv.handle;
             let mr = std::sync::Arc::new(std::sync::RwLock::new(mr));
@@ -663,12 +657,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         x.ibv.addr = addr;
         x.ibv.length = length;
     }
-    // Rights that now include a remote one report the key (which rxe, keeping the R_Key of
-    // the registration, would leave 0 for a region registered without); others keep it.
     x.ibv.lkey = region.lkey();
-    if reported_rkey(region.rkey(), region.access()) != 0 {
-        x.ibv.rkey = region.rkey();
-    }
+    x.ibv.rkey = region.rkey();
     0
 }
 
