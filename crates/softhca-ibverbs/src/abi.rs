@@ -92,6 +92,27 @@ pub const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
 
 /// What a null slot is for `verbs.h` (it checks each extended op for NULL before calling).
 pub type Slot = *mut c_void;
+
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+// enum ibv_xrcd_init_attr_mask
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1 << 0;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+pub const IBV_XRCD_INIT_ATTR_RESERVED: u32 = 1 << 2;
+/// `enum ibv_device_cap_flags`: the device has XRC.
+pub const IBV_DEVICE_XRC: u32 = 1 << 20;
 pub type QueryPortEx = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 pub type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
 
@@ -148,10 +169,10 @@ pub struct verbs_context_ops {
     pub abi_placeholder1: Slot,
     pub open_qp: Slot,
     pub create_qp_ex: Option<CreateQpEx>,
-    pub get_srq_num: Slot,
+    pub get_srq_num: Option<unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int>,
     pub create_srq_ex: Option<CreateSrqEx>,
-    pub open_xrcd: Slot,
-    pub close_xrcd: Slot,
+    pub open_xrcd: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd>,
+    pub close_xrcd: Option<unsafe extern "C" fn(*mut ibv_xrcd) -> c_int>,
     pub abi_placeholder3: u64,
     /// The size of the whole `struct verbs_context`: `verbs.h` compares it with each op's
     /// distance from the end before it calls the op.
@@ -387,7 +408,7 @@ pub struct ibv_qp_ex {
     pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_send_tso: Slot,
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
-    pub wr_set_xrc_srqn: Slot,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
     pub wr_set_inline_data_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
     pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,

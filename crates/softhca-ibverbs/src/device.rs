@@ -202,10 +202,10 @@ pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>, cmd: O
         abi_placeholder1: null_mut(),
         open_qp: null_mut(),
         create_qp_ex: Some(crate::qp::create_qp_ex),
-        get_srq_num: null_mut(),
+        get_srq_num: Some(crate::qp::get_srq_num),
         create_srq_ex: Some(crate::qp::create_srq_ex),
-        open_xrcd: null_mut(),
-        close_xrcd: null_mut(),
+        open_xrcd: Some(crate::xrcd::open_xrcd),
+        close_xrcd: Some(crate::xrcd::close_xrcd),
         abi_placeholder3: 0,
         sz: size_of::<verbs_context>(),
     };
@@ -290,9 +290,10 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
         // UD_AV_PORT_ENFORCE (an address handle of another port is refused), SYS_IMAGE_GUID,
         // RC_RNR_NAK_GEN, SRQ_RESIZE, N_NOTIFY_CQ, MEM_WINDOW, MEM_MGT_EXTENSIONS (Local
         // Invalidate, Send with Invalidate, type 2 windows; rxe says so with the same three),
-        // MEM_WINDOW_TYPE_2B (type 2 windows bound to a QP, as rxe's).
+        // MEM_WINDOW_TYPE_2B (type 2 windows bound to a QP, as rxe's), XRC.
         out.device_cap_flags = if a.resize_wq { 1 } else { 0 }
             | if a.auto_path_mig { 1 << 4 } else { 0 }
+            | if a.xrc { IBV_DEVICE_XRC } else { 0 }
             | 1 << 6
             | 1 << 11
             | 1 << 12

@@ -30,6 +30,7 @@ mod rate;
 pub mod rdmacm;
 mod rsocket;
 mod wr;
+mod xrcd;
 
 use std::ffi::c_int;
 

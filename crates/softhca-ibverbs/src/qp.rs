@@ -5,6 +5,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
+use std::ptr::null_mut;
 use std::sync::OnceLock;
 
 use softhca::{
@@ -41,6 +42,8 @@ pub(crate) struct Qp {
     pub(crate) batch: std::sync::Mutex<crate::wr::Batch>,
     /// Held from `ibv_wr_start` to `ibv_wr_complete`/`ibv_wr_abort` ([`crate::wr`]).
     pub(crate) builder: crate::Gate,
+    /// An XRC target QP's domain handle, which it holds until destroyed (else null).
+    xrcd: *mut ibv_xrcd,
 }
 
 #[repr(C)]
@@ -49,6 +52,8 @@ struct Srq {
     srq: SoftSrq,
     /// Its scatter lists' limit (see `Qp::max_recv_sge`).
     max_sge: usize,
+    /// An XRC SRQ's domain handle, which it holds until destroyed (else null).
+    xrcd: *mut ibv_xrcd,
 }
 
 /// # Safety
@@ -83,6 +88,8 @@ fn qp_type_of(code: c_int) -> Option<QpType> {
         // A Raw Packet QP sends and receives whole Ethernet frames: IBA's Raw Ethertype QP
         // on a RoCE port.
         IBV_QPT_RAW_PACKET => QpType::RawEthertype,
+        IBV_QPT_XRC_SEND => QpType::XrcSend,
+        IBV_QPT_XRC_RECV => QpType::XrcRecv,
         _ => return None,
     })
 }
@@ -146,7 +153,7 @@ fn send_ops_of(qp_type: QpType) -> u64 {
         | IBV_QP_EX_WITH_BIND_MW
         | IBV_QP_EX_WITH_LOCAL_INV;
     match qp_type {
-        QpType::Rc => {
+        QpType::Rc | QpType::XrcSend => {
             uc | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
@@ -163,15 +170,26 @@ fn send_ops_of(qp_type: QpType) -> u64 {
 ///
 /// # Safety
 /// `p` is a live PD; the CQs and SRQ in `a` are live objects of its context (or null).
-unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
+unsafe fn create(p: *mut ibv_pd, mut a: CreateQp<'_>) -> *mut ibv_qp {
     // SAFETY: a live PD.
     let pd = unsafe { pd(p) };
     // The kernel's Create QP knows the XRC and driver types (EOPNOTSUPP from a device
     // without them) and refuses any other number with EINVAL.
     let Some(qp_type) = qp_type_of(a.qp_type) else {
-        let known = [IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV, IBV_QPT_DRIVER].contains(&a.qp_type);
+        let known = a.qp_type == IBV_QPT_DRIVER;
         return fail(if known { libc::EOPNOTSUPP } else { libc::EINVAL });
     };
+    // An XRC target is made in its domain (`ibv_create_qp_ex` with IBV_QP_INIT_ATTR_XRCD):
+    // the kernel takes a PD's handle here for a domain's and finds none (EINVAL).
+    if qp_type == QpType::XrcRecv {
+        return fail(libc::EINVAL);
+    }
+    // An XRC initiator has no receive side: its receive CQ and SRQ are not looked at, and its
+    // receive sizes are 0 (libibverbs' `ibv_cmd_create_qp_ex2`, the kernel's create_qp).
+    let xrc = qp_type == QpType::XrcSend;
+    if xrc {
+        (a.recv_cq, a.srq, a.cap.max_recv_wr, a.cap.max_recv_sge) = (a.send_cq, null_mut(), 0, 0);
+    }
     if a.send_cq.is_null() || a.recv_cq.is_null() {
         return fail(libc::EINVAL);
     }
@@ -212,13 +230,35 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         (max_send_sge, max_recv_sge) = (q.cap.max_send_sge as usize, q.cap.max_recv_sge as usize);
         max_inline = q.cap.max_inline_data as usize;
     }
+    let recv_cq = if xrc { null_mut() } else { a.recv_cq };
+    let ends = QpEnds { context: pd.ibv.context, pd: p, send_cq: a.send_cq, recv_cq, srq: a.srq, xrcd: null_mut() };
+    // SAFETY: the PD's context is open.
+    unsafe { new_qp(soft, &a, ends, (max_send_sge, max_recv_sge, max_inline)) }
+}
+
+/// The objects a new `ibv_qp` names (null where its type has none).
+struct QpEnds {
+    context: *mut ibv_context,
+    pd: *mut ibv_pd,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    xrcd: *mut ibv_xrcd,
+}
+
+/// The program's `ibv_qp` for `soft`, registered with its context.
+///
+/// # Safety
+/// `ends.context` is an open context of this library.
+unsafe fn new_qp(soft: SoftQp, a: &CreateQp<'_>, ends: QpEnds, limits: (usize, usize, usize)) -> *mut ibv_qp {
+    let qp_type = soft.qp_type();
     let qp_base = ibv_qp {
-        context: pd.ibv.context,
+        context: ends.context,
         qp_context: a.qp_context,
-        pd: p,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
+        pd: ends.pd,
+        send_cq: ends.send_cq,
+        recv_cq: ends.recv_cq,
+        srq: ends.srq,
         handle: soft.qp_num(),
         qp_num: soft.qp_num(),
         state: 0,
@@ -230,6 +270,7 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         events_completed: 0,
     };
     let qpn = soft.qp_num();
+    let (max_send_sge, max_recv_sge, max_inline) = limits;
     let q = Box::into_raw(Box::new(Qp {
         ibv: crate::wr::qp_ex(qp_base, qp_type),
         qp: soft,
@@ -242,11 +283,42 @@ unsafe fn create(p: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
         extended: a.send_ops.is_some(),
         batch: Default::default(),
         builder: Default::default(),
+        xrcd: ends.xrcd,
     }));
-    // SAFETY: the PD's context is open.
-    let cx = unsafe { ctx(pd.ibv.context) };
+    // SAFETY: as the caller promises.
+    let cx = unsafe { ctx(ends.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).qps.insert(qpn, q as usize);
     q.cast()
+}
+
+/// Creates an XRC target QP in domain `x` (`ibv_create_qp_ex` with IBV_QP_INIT_ATTR_XRCD): no
+/// PD, CQs, SRQ or queues (its caps come back 0), as the kernel's `create_xrc_qp_user` makes
+/// it.
+///
+/// # Safety
+/// `x` is a live XRC domain handle of this library.
+unsafe fn create_tgt(x: *mut ibv_xrcd, a: CreateQp<'_>) -> *mut ibv_qp {
+    // SAFETY: as the caller promises.
+    let h = unsafe { crate::xrcd::xrcd(x) };
+    if a.qp_type != IBV_QPT_XRC_RECV || a.send_ops.is_some_and(|ops| ops != 0) {
+        return fail(libc::EINVAL);
+    }
+    let soft = match h.domain.xrcd.create_tgt_qp() {
+        Ok(q) => q,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    h.hold();
+    *a.cap = ibv_qp_cap { max_send_wr: 0, max_recv_wr: 0, max_send_sge: 0, max_recv_sge: 0, max_inline_data: 0 };
+    let ends = QpEnds {
+        context: h.context(),
+        pd: null_mut(),
+        send_cq: null_mut(),
+        recv_cq: null_mut(),
+        srq: null_mut(),
+        xrcd: x,
+    };
+    // SAFETY: the domain's context is open while the domain is.
+    unsafe { new_qp(soft, &a, ends, (0, 0, 0)) }
 }
 
 #[no_mangle]
@@ -289,13 +361,22 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     if a.comp_mask & !known != 0 {
         return fail(libc::EINVAL);
     }
-    if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+    // libibverbs' `ibv_cmd_create_qp_ex2`: an XRC target needs its domain, every other type a
+    // PD.
+    let tgt = a.qp_type == IBV_QPT_XRC_RECV;
+    let (needed, object) = if tgt {
+        (IBV_QP_INIT_ATTR_XRCD, a.xrcd.cast::<c_void>())
+    } else {
+        (IBV_QP_INIT_ATTR_PD, a.pd.cast::<c_void>())
+    };
+    if a.comp_mask & needed == 0 || object.is_null() {
         return fail(libc::EINVAL);
     }
     // Creation flags are accepted when none is set (programs pass the mask with 0); any flag
     // is EOPNOTSUPP, as rxe answers.
     let flags_given = a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0;
-    let supported = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    let supported =
+        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if a.comp_mask & !supported != 0 || flags_given {
         return fail(libc::EOPNOTSUPP);
     }
@@ -310,6 +391,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         sq_sig_all: a.sq_sig_all,
         send_ops,
     };
+    if tgt {
+        // SAFETY: a live XRC domain, as the caller promises.
+        return unsafe { create_tgt(a.xrcd.cast(), c) };
+    }
     // SAFETY: a live PD and objects of its context, as the caller promises.
     unsafe { create(a.pd, c) }
 }
@@ -366,6 +451,10 @@ pub(crate) unsafe fn destroy_qp(q: *mut ibv_qp, forget: bool) -> c_int {
     if let Some(hook) = ON_DESTROY.get().filter(|_| forget) {
         hook(q);
     }
+    if !x.xrcd.is_null() {
+        // SAFETY: the domain handle stays open while the QP holds it.
+        unsafe { crate::xrcd::xrcd(x.xrcd) }.release();
+    }
     // SAFETY: the QP's context is open.
     let cx = unsafe { ctx(x.ibv.qp_base.context) };
     cx.forget(softhca::EventElement::Qp(x.ibv.qp_base.qp_num));
@@ -402,6 +491,7 @@ pub unsafe extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, m
         }
         // SAFETY: a live QP and readable attributes.
         let (x, a) = unsafe { (qp(q), &*attr) };
+        let mask = crate::modify_mask::applicable(x.qp.qp_type(), mask);
         let has = |bit: c_int| mask & bit != 0;
         let current = match x.qp.state() {
             Ok(s) => s,
@@ -769,6 +859,9 @@ unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
         wr.remote_qpn = ud.remote_qpn;
         wr.remote_qkey = ud.remote_qkey;
     }
+    if x.qp.qp_type() == QpType::XrcSend {
+        wr.xrc_srqn = w.qp_type; // qp_type.xrc.remote_srqn
+    }
     match x.qp.post_send(&[wr]) {
         Ok(()) => 0,
         Err(PostError { error, .. }) => errno_of(&error),
@@ -964,7 +1057,7 @@ pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_
         events_completed: 0,
     };
     let handle = soft.handle();
-    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft, max_sge }));
+    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft, max_sge, xrcd: null_mut() }));
     // SAFETY: the PD's context is open.
     let cx = unsafe { ctx(pd.ibv.context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.insert(handle, s as usize);
@@ -975,8 +1068,9 @@ pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_
 /// basic type (a CQ, say). The checks are libibverbs' `ibv_cmd_create_srq_ex`'s, in its
 /// order: an unknown `comp_mask` bit EOPNOTSUPP, no PD EINVAL, an XRC SRQ without its XRC
 /// domain and CQ or a tag-matching one without its CQ and tags EINVAL. A basic SRQ is made as
-/// `ibv_create_srq` makes one (the kernel ignores a basic SRQ's CQ); XRC and tag matching are
-/// not built here (EOPNOTSUPP; Linux rxe has neither).
+/// `ibv_create_srq` makes one (the kernel ignores a basic SRQ's CQ); an XRC SRQ in its domain,
+/// its receives completing on its CQ; tag matching is not built here (EOPNOTSUPP; Linux rxe
+/// has none).
 pub(crate) unsafe extern "C" fn create_srq_ex(_c: *mut ibv_context, attr: *mut ibv_srq_init_attr_ex) -> *mut ibv_srq {
     if attr.is_null() {
         return fail(libc::EINVAL);
@@ -1000,12 +1094,72 @@ pub(crate) unsafe extern "C" fn create_srq_ex(_c: *mut ibv_context, attr: *mut i
     if !complete {
         return fail(libc::EINVAL);
     }
+    if srq_type == IBV_SRQT_XRC {
+        // SAFETY: the program's live PD, domain and CQ (verbs.h's contract).
+        return unsafe { create_xrc_srq(a, attr) };
+    }
     if srq_type != IBV_SRQT_BASIC {
         return fail(libc::EOPNOTSUPP);
     }
     // SAFETY: a PD of the program's (checked non-null above); the extended structure starts
     // with the basic one, whose sizes ibv_create_srq writes back.
     unsafe { ibv_create_srq(a.pd, attr.cast::<ibv_srq_init_attr>()) }
+}
+
+/// An XRC SRQ for [`create_srq_ex`]: its domain, CQ and PD must be of one context (the
+/// kernel finds each handle in the caller's file, EINVAL otherwise).
+///
+/// # Safety
+/// `a`'s PD, domain and CQ are live objects of this library; `attr` is `a`, writable.
+unsafe fn create_xrc_srq(a: &ibv_srq_init_attr_ex, attr: *mut ibv_srq_init_attr_ex) -> *mut ibv_srq {
+    if a.xrcd.is_null() || a.cq.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: as the caller promises.
+    let (pd, h, c) = unsafe { (pd(a.pd), crate::xrcd::xrcd(a.xrcd.cast()), cq(a.cq)) };
+    let here = pd.ibv.context;
+    if h.context() != here || c.ibv.base.context != here {
+        return fail(libc::EINVAL);
+    }
+    let init = SrqInitAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: 0 };
+    let soft = match pd.pd.create_xrc_srq(&h.domain.xrcd, &c.cq, &init) {
+        Ok(s) => s,
+        Err(e) => return fail(errno_of(&e)),
+    };
+    h.hold();
+    let mut max_sge = MAX_SGE;
+    if let Ok(q) = soft.query() {
+        // SAFETY: the program's writable attributes (their sizes are written back).
+        unsafe { (*attr).attr = ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit } };
+        max_sge = q.max_sge as usize;
+    }
+    let ibv = ibv_srq {
+        context: here,
+        srq_context: a.srq_context,
+        pd: a.pd,
+        handle: soft.handle(),
+        // SAFETY: all-zero pthread objects are their static initializers on Linux.
+        mutex: unsafe { std::mem::zeroed() },
+        // SAFETY: as above.
+        cond: unsafe { std::mem::zeroed() },
+        events_completed: 0,
+    };
+    let handle = soft.handle();
+    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft, max_sge, xrcd: a.xrcd.cast() }));
+    // SAFETY: the PD's context is open.
+    let cx = unsafe { ctx(here) };
+    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.insert(handle, s as usize);
+    s.cast()
+}
+
+/// `verbs_context.get_srq_num`: the SRQ's number, which an XRC initiator's work requests name.
+pub(crate) unsafe extern "C" fn get_srq_num(s: *mut ibv_srq, srq_num: *mut u32) -> c_int {
+    if s.is_null() || srq_num.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live SRQ of this library and a writable out-pointer.
+    unsafe { *srq_num = (*(s as *const Srq)).srq.srq_num() };
+    0
 }
 
 #[no_mangle]
@@ -1046,6 +1200,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(s: *mut ibv_srq) -> c_int {
         let x = unsafe { &*(s as *const Srq) };
         if let Err(e) = x.srq.destroy() {
             return errno_of(&e);
+        }
+        if !x.xrcd.is_null() {
+            // SAFETY: the domain handle stays open while the SRQ holds it.
+            unsafe { crate::xrcd::xrcd(x.xrcd) }.release();
         }
         // SAFETY: the SRQ's context is open.
         let cx = unsafe { ctx(x.ibv.context) };

@@ -35,6 +35,8 @@ pub(crate) struct Pending {
     ah: *const Ah,
     remote_qpn: u32,
     remote_qkey: u32,
+    /// XRC: the SRQ at the target (`ibv_wr_set_xrc_srqn`).
+    xrc_srqn: u32,
     /// A Bind MW: the window, the R_Key it gets and what it binds.
     bind: Option<(*mut ibv_mw, u32, *const Mr, u64, u64, Access)>,
 }
@@ -56,6 +58,7 @@ impl Default for Pending {
             ah: std::ptr::null(),
             remote_qpn: 0,
             remote_qkey: 0,
+            xrc_srqn: 0,
             bind: None,
         }
     }
@@ -287,6 +290,16 @@ unsafe extern "C" fn wr_set_ud_addr(q: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_q
     }
 }
 
+unsafe extern "C" fn wr_set_xrc_srqn(q: *mut ibv_qp_ex, remote_srqn: u32) {
+    // SAFETY: a live QP.
+    unsafe {
+        set(q, |p| {
+            p.xrc_srqn = remote_srqn;
+            0
+        })
+    }
+}
+
 unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     // SAFETY: a live QP.
     unsafe {
@@ -407,6 +420,7 @@ unsafe fn send_wr(p: &Pending, ud: bool) -> Result<SendWr<'_>, c_int> {
         rkey: p.rkey,
         compare_add: p.compare_add,
         swap: p.swap,
+        xrc_srqn: p.xrc_srqn,
         ..SendWr::default()
     };
     if matches!(p.opcode, WrOpcode::SendWithInv | WrOpcode::LocalInv) {
@@ -468,8 +482,9 @@ unsafe fn post_batch(x: &crate::qp::Qp) -> c_int {
 /// The `ibv_qp_ex` of a new QP: `qp_base` and the builder entries for its service type
 /// (an operation the type cannot post is left NULL, as providers leave it).
 pub(crate) fn qp_ex(qp_base: ibv_qp, qp_type: QpType) -> ibv_qp_ex {
-    let rc = qp_type == QpType::Rc;
-    let connected = matches!(qp_type, QpType::Rc | QpType::Uc);
+    // An XRC initiator posts what RC does, each request naming its SRQ.
+    let rc = matches!(qp_type, QpType::Rc | QpType::XrcSend);
+    let connected = matches!(qp_type, QpType::Rc | QpType::Uc | QpType::XrcSend);
     ibv_qp_ex {
         qp_base,
         comp_mask: 0,
@@ -487,7 +502,7 @@ pub(crate) fn qp_ex(qp_base: ibv_qp, qp_type: QpType) -> ibv_qp_ex {
         wr_send_inv: rc.then_some(wr_send_inv),
         wr_send_tso: std::ptr::null_mut(),
         wr_set_ud_addr: (qp_type == QpType::Ud).then_some(wr_set_ud_addr),
-        wr_set_xrc_srqn: std::ptr::null_mut(),
+        wr_set_xrc_srqn: (qp_type == QpType::XrcSend).then_some(wr_set_xrc_srqn),
         wr_set_inline_data: Some(wr_set_inline_data),
         wr_set_inline_data_list: Some(wr_set_inline_data_list),
         wr_set_sge: Some(wr_set_sge),

@@ -414,7 +414,7 @@ const USUAL: &[c_int] = &[EINVAL, ENOMEM, EOPNOTSUPP];
 /// kernel's `rdma_get_gid_attr` answers.
 const WITH_AV: &[c_int] = &[EINVAL, ENOMEM, EOPNOTSUPP, ENODATA];
 
-/// The `IBV_QP_EX_WITH_*` a provider of RC, UC and UD offers here.
+/// The `IBV_QP_EX_WITH_*` a provider of RC, UC, UD and XRC offers here (an XRC initiator RC's).
 fn send_ops_of(qpt: c_int) -> u64 {
     let uc = IBV_QP_EX_WITH_RDMA_WRITE
         | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
@@ -423,7 +423,7 @@ fn send_ops_of(qpt: c_int) -> u64 {
         | IBV_QP_EX_WITH_BIND_MW
         | IBV_QP_EX_WITH_LOCAL_INV;
     match qpt {
-        IBV_QPT_RC => {
+        IBV_QPT_RC | IBV_QPT_XRC_SEND => {
             uc | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
@@ -1361,18 +1361,24 @@ impl Fuzz {
         if raw {
             errs.extend_from_slice(&[EINVAL, EOPNOTSUPP]);
         }
+        // An XRC initiator: its receive CQ, SRQ and receive sizes are not looked at (so sizes
+        // too large may be only those); one made is destroyed at once, below.
+        let xrc_send = qpt == IBV_QPT_XRC_SEND;
+        if xrc_send {
+            errs.extend_from_slice(&[EINVAL, ENOMEM]);
+        }
         let mut must_fail = false;
         let mut bad = |e: &[c_int]| {
             errs.extend_from_slice(e);
             must_fail = true;
         };
-        if !valid_type && !raw {
+        if !valid_type && !raw && !xrc_send {
             bad(&[EINVAL, EOPNOTSUPP]);
         }
-        if scq.is_null() || rcq.is_null() {
+        if scq.is_null() || (rcq.is_null() && !xrc_send) {
             bad(&[EINVAL]);
         }
-        if over {
+        if over && !xrc_send {
             bad(&[EINVAL, ENOMEM]);
         }
         let mut a: ibv_qp_init_attr_ex = zeroed();
@@ -1418,11 +1424,9 @@ impl Fuzz {
             if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
                 bad(&[EINVAL]);
             }
-            // No creation flag, TSO, RSS or XRC here (an empty creation-flags mask is taken).
-            let unsupported = IBV_QP_INIT_ATTR_XRCD
-                | IBV_QP_INIT_ATTR_MAX_TSO_HEADER
-                | IBV_QP_INIT_ATTR_IND_TABLE
-                | IBV_QP_INIT_ATTR_RX_HASH;
+            // No creation flag, TSO or RSS here (an empty creation-flags mask is taken); the
+            // XRC domain is looked at for an XRC target only.
+            let unsupported = IBV_QP_INIT_ATTR_MAX_TSO_HEADER | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH;
             if a.comp_mask & unsupported != 0
                 || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
             {
@@ -1454,8 +1458,9 @@ impl Fuzz {
             return;
         }
         ensure!(!must_fail, "{what} succeeded, expected one of {errs:?}");
-        if raw {
-            ensure!(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp of a Raw Packet QP");
+        if raw || xrc_send {
+            ensure!(!xrc_send || ((*qp).recv_cq.is_null() && (*qp).srq.is_null()), "an XRC initiator's receive side");
+            ensure!(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp of a Raw Packet or XRC initiator QP");
             return;
         }
         let q = &*qp;

@@ -289,6 +289,18 @@ fn ud_multicast() {
     run("mcast", None);
 }
 
+/// XRC through libibverbs' calls (`tests/c/xrc.c`): `ibv_open_xrcd`'s errnos and a file's
+/// domain shared by two handles, `ibv_close_xrcd` EBUSY while held, XRC SRQs and their numbers,
+/// target and initiator QPs, perftest's Modify QP masks, Sends and a Write completing on the
+/// CQ of the SRQ each names.
+#[test]
+fn xrc() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("xrc", None);
+}
+
 /// `ibv_rereg_mr`: libibverbs' input errors and the kernel's command errors with errno, a new
 /// PD, new rights (a remote Write refused once they are gone), new memory under the same keys
 /// (the translation, mlx5's; rxe answers it EOPNOTSUPP), EFAULT for memory not mapped.

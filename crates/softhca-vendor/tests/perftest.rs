@@ -197,3 +197,17 @@ fn ib_send_bw_and_lat_over_ud() {
     perftest("ib_send_bw", &["-c", "UD", "-e"], 14);
     perftest("ib_send_lat", &["-c", "UD"], 15);
 }
+
+/// XRC (`-c XRC`): each side an XRC domain on a file of /tmp, an XRC SRQ whose number the
+/// other side's work requests name, initiator QPs to send and target QPs to receive. Sends,
+/// Writes, Reads and Atomics, bandwidth and latency, the old post-send flow and four QP pairs.
+#[test]
+fn perftest_over_xrc() {
+    perftest("ib_send_bw", &["-c", "XRC", "-n", "2000"], 22);
+    perftest("ib_send_bw", &["-c", "XRC", "-n", "500", "-q", "4", "--use_old_post_send"], 23);
+    perftest("ib_write_bw", &["-c", "XRC", "-n", "2000"], 24);
+    perftest("ib_read_bw", &["-c", "XRC", "-n", "1000"], 25);
+    perftest("ib_atomic_bw", &["-c", "XRC", "-n", "1000"], 26);
+    perftest("ib_send_lat", &["-c", "XRC", "-n", "2000"], 27);
+    perftest("ib_read_lat", &["-c", "XRC", "-n", "1000"], 28);
+}

@@ -2,8 +2,8 @@
 //! libraries pyverbs also loads: the project's own pyverbs program
 //! (`tests/python/pyverbs_softhca.py`: device, port and GID queries, PD, MR, CQ and CQ ex,
 //! RC/UC/UD QPs and QP ex taken to RTS, data moved with the old and the new posting API), and
-//! rdma-core's own test suite as python3-pyverbs ships it, on its generic modules: at least
-//! 90% of the tests that run pass, and every skip has a reason from [`SKIPS`], each one a
+//! rdma-core's own test suite as python3-pyverbs ships it, on its generic modules: every
+//! test that runs passes, and every skip has a reason from [`SKIPS`], each one a
 //! skip Linux rxe makes too. Needs python3-pyverbs and gzip; without them
 //! each test says so and passes, except under CI (`CI` set), where they are required.
 
@@ -91,7 +91,6 @@ const MODULES: &[&str] = &[
 /// rdma-core 44) gives for the same test: a skip for anything rxe has fails the test.
 const SKIPS: &[&str] = &[
     "Device memory is not supported",
-    "Create XRCD is not supported",
     "Create Raw Packet QP",
     "To Create RAW QP must be done by root",
     "ODP is not supported",
@@ -155,5 +154,10 @@ fn rdma_core_test_suite_generic_modules() {
     let run_tests = ran - skipped;
     eprintln!("rdma-core tests: {ran} ran, {skipped} skipped, {ok} passed, {} failed: {failed:?}", failed.len());
     assert!(run_tests > 50, "too few tests ran: {text}");
-    assert!(ok * 10 >= run_tests * 9, "fewer than 90% of {run_tests} passed: {failed:?}\n{text}");
+    // XRC's tests (Atomics, Sends through CQ ex and QP ex): rxe skips them (no XRC domain).
+    let xrc: Vec<&str> =
+        text.lines().filter(|l| l.starts_with("test_xrc") || l.starts_with("test_qp_ex_xrc")).collect();
+    assert!(xrc.len() >= 5 && xrc.iter().all(|l| l.ends_with("... ok")), "XRC's tests: {xrc:#?}");
+    // Every test that runs passes: a threshold hid a regression (a rereg test, 2026-12-01).
+    assert!(failed.is_empty() && ok == run_tests, "of {run_tests}, these failed: {failed:#?}\n{text}");
 }

@@ -8,6 +8,7 @@
    operations softhca does not have, a batch with a bad request (nothing of it is posted).
    Prints "extended: ok". */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #define TEST_NAME "extended"
 #include "verbs_test.h"
 
@@ -181,8 +182,9 @@ static void refusals(struct xend *e)
 	CHECK(noflags && ibv_destroy_qp(noflags) == 0, "creation flags mask with no flag");
 	/* ibv_create_srq_ex: a basic SRQ (verbs.h takes the plain Create SRQ for it), and with a
 	   CQ named too (the provider's op, which ignores a basic SRQ's CQ, as the kernel does);
-	   an XRC SRQ without its XRC domain is EINVAL and with one EOPNOTSUPP, tag matching
-	   EOPNOTSUPP: each as rxe answers in the guest (scripts/interop/probes/extended.c). */
+	   an XRC SRQ without its XRC domain is EINVAL (as rxe answers in the guest,
+	   scripts/interop/probes/extended.c) and with one made (rxe: EOPNOTSUPP, it has no XRC),
+	   tag matching EOPNOTSUPP, as there. */
 	struct ibv_srq_init_attr_ex sa = { .attr = { .max_wr = 8, .max_sge = 1 },
 					   .comp_mask = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE,
 					   .srq_type = IBV_SRQT_BASIC, .pd = e->pd };
@@ -201,9 +203,14 @@ static void refusals(struct xend *e)
 	errno = 0;
 	CHECK(!ibv_create_srq_ex(e->ctx, &sa) && errno == EINVAL, "XRC SRQ without an XRC domain");
 	sa.comp_mask |= IBV_SRQ_INIT_ATTR_XRCD;
-	sa.xrcd = (struct ibv_xrcd *)e->pd; /* never looked at: XRC is refused first */
-	errno = 0;
-	CHECK(!ibv_create_srq_ex(e->ctx, &sa) && errno == EOPNOTSUPP, "XRC SRQ");
+	struct ibv_xrcd_init_attr xrcd_attr = { .comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+						.fd = -1, .oflags = O_CREAT };
+	sa.xrcd = ibv_open_xrcd(e->ctx, &xrcd_attr);
+	CHECK(sa.xrcd, "ibv_open_xrcd");
+	srq = ibv_create_srq_ex(e->ctx, &sa);
+	uint32_t srqn = 0;
+	CHECK(srq && ibv_get_srq_num(srq, &srqn) == 0 && srqn != 0, "XRC SRQ and its number");
+	CHECK(ibv_destroy_srq(srq) == 0 && ibv_close_xrcd(sa.xrcd) == 0, "XRC SRQ, then its domain, destroyed");
 	sa.srq_type = IBV_SRQT_TM;
 	sa.comp_mask = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
 	sa.tm_cap.max_num_tags = 4;

@@ -558,8 +558,12 @@ static void as_rxe(void)
 	CHECK(no_bytes && ibv_dereg_mr(no_bytes) == 0, "ibv_reg_mr of 0 bytes inside a page: errno %d", errno);
 	qi.qp_type = 7;
 	REFUSED("ibv_create_qp type 7", ibv_create_qp(pd, &qi), EINVAL);
+	/* rxe answers an XRC initiator EOPNOTSUPP (it has no XRC); softhca makes it. */
 	qi.qp_type = IBV_QPT_XRC_SEND;
-	REFUSED("ibv_create_qp XRC_SEND", ibv_create_qp(pd, &qi), EOPNOTSUPP);
+	struct ibv_qp *xrc_send = ibv_create_qp(pd, &qi);
+	CHECK(xrc_send && !xrc_send->recv_cq && ibv_destroy_qp(xrc_send) == 0, "ibv_create_qp XRC_SEND");
+	qi.qp_type = IBV_QPT_XRC_RECV;
+	REFUSED("ibv_create_qp XRC_RECV (no domain through it)", ibv_create_qp(pd, &qi), EINVAL);
 
 	CHECK(___ibv_query_port(ctx, 1, &pa) == 0, "ibv_query_port");
 	CHECK((pa.port_cap_flags & IBV_PORT_CM_SUP) && pa.flags == IBV_QPF_GRH_REQUIRED,
