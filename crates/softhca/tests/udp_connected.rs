@@ -323,3 +323,54 @@ fn a_flows_socket_closes_with_its_qp() {
         assert!(c.tx_flows_closed >= (n - MAX_PORT_SOCKETS) as u64, "{c:?}");
     }
 }
+
+/// XRC over the UDP link: an initiator's Sends, Writes and Reads to a target QP (whose messages
+/// take their WQEs, PD and CQ from the XRC SRQ they name) go through connected flow sockets,
+/// as RC's do: one flow per QP each way, no datagram sent from port 4791 instead. Before, the
+/// link took XRC's opcodes for a many-peer service and sent every XRC datagram from 4791, its
+/// ICRC sealed again.
+#[test]
+fn xrc_flows_are_connected_like_rcs() {
+    let (a, b) = (end(UdpConfig::default()), end(UdpConfig::default()));
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let ini = a.pd.create_qp(&QpInitAttr::new(QpType::XrcSend, &a.cq, &a.cq).max_send_wr(256)).unwrap();
+    let ctx = b.dev.context();
+    let xrcd = ctx.open_xrcd().unwrap();
+    let tgt = xrcd.create_tgt_qp().unwrap();
+    let srq = b.pd.create_xrc_srq(&xrcd, &b.cq, &SrqInitAttr { max_wr: 256, max_sge: 1, srq_limit: 0 }).unwrap();
+    for (qp, gid, peer, ini_side) in [(&ini, b.dev.gid(), tgt.qp_num(), true), (&tgt, a.dev.gid(), ini.qp_num(), false)]
+    {
+        let av = AddressVector::new(AhAttr::roce(gid, 0), Mtu::Mtu4096);
+        qp.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+        let rtr = QpAttr::to_rtr(av, peer).rq_psn(0);
+        let rts = QpAttr::to_rts().sq_psn(0).timeout(14);
+        if ini_side {
+            qp.modify(&rtr).unwrap();
+            qp.modify(&rts.retry_cnt(7).rnr_retry(7).max_rd_atomic(16)).unwrap();
+        } else {
+            qp.modify(&rtr.max_dest_rd_atomic(16).min_rnr_timer(1)).unwrap();
+            qp.modify(&rts).unwrap();
+        }
+    }
+    let n = 100_000usize;
+    let src = a.pd.reg_mr((0..n).map(|i| (i * 7) as u8).collect(), all).unwrap();
+    let dst = b.pd.alloc_mr(n, all).unwrap();
+    let rsge = [dst.sge(0..64)];
+    srq.post_recv(&(0..20).map(|i| RecvWr::new(i, &rsge)).collect::<Vec<_>>()).unwrap();
+    let ssge = [src.sge(0..8)];
+    let srqn = srq.srq_num();
+    ini.post_send(&(0..20).map(|i| SendWr::send(i, &ssge).xrc(srqn).signaled()).collect::<Vec<_>>()).unwrap();
+    assert!(wait(&a.cq, 20, 10).iter().all(|w| w.status == WcStatus::Success));
+    assert!(wait(&b.cq, 20, 10).iter().all(|w| w.status == WcStatus::Success && w.qp_num == tgt.qp_num()));
+    ini.post_send(&[SendWr::rdma_write(100, &[src.sge(0..n)], dst.addr(), dst.rkey()).xrc(srqn).signaled()]).unwrap();
+    assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+    let back = a.pd.alloc_mr(n, Access::LOCAL_WRITE).unwrap();
+    ini.post_send(&[SendWr::rdma_read(200, &[back.sge(0..n)], dst.addr(), dst.rkey()).xrc(srqn).signaled()]).unwrap();
+    assert_eq!(wait(&a.cq, 1, 10)[0].status, WcStatus::Success);
+    assert_eq!(back.to_vec().unwrap(), src.to_vec().unwrap());
+    for d in [&a.dev, &b.dev] {
+        let c = d.counters();
+        clean(&c);
+        assert_eq!((c.tx_connected_flows, c.tx_unconnected_flows), (1, 0), "{c:?}");
+    }
+}

@@ -87,7 +87,6 @@ fn each_send_takes_the_wqe_and_cq_of_the_srq_it_names() {
     assert_eq!(w1.iter().map(|w| (w.wr_id, w.byte_len, w.qp_num)).collect::<Vec<_>>(), [(11, 3000, t.qp.qp_num())]);
     let w0 = poll_all(&t.srqs[0].2);
     assert_eq!(w0.iter().map(|w| (w.wr_id, w.byte_len, w.imm_data)).collect::<Vec<_>>(), [(10, 8, 0xabc)]);
-    assert!(poll_all(&p.b.cq).is_empty(), "nothing on the CQ the domain lends its target QP");
     // Three packets of 1024 bytes and one of 8: each with the XRCETH of its message's SRQ.
     let requests: Vec<(Opcode, u32)> = p
         .trace
@@ -149,8 +148,8 @@ fn remote_keys_belong_to_the_named_srqs_pd() {
     assert_eq!(t.qp.state().unwrap(), QpState::Error);
 }
 
-/// A request naming an SRQ outside the target's domain, a basic SRQ, a destroyed one or no
-/// SRQ at all is a Remote Access Error, NAKed, and the target QP raises its access error.
+/// A request naming an SRQ outside the target's domain, a basic SRQ or a destroyed one is a
+/// Remote Access Error, NAKed, and the target QP raises its access error.
 #[test]
 fn an_srq_the_target_may_not_take_is_a_remote_access_error() {
     for case in 0..3 {
@@ -176,8 +175,36 @@ fn an_srq_the_target_may_not_take_is_a_remote_access_error() {
         assert_eq!(t.qp.state().unwrap(), QpState::Error);
         let ev = p.b.ctx.get_async_event().unwrap();
         assert_eq!((ev.event_type, ev.element), (AsyncEventType::QpAccessErr, EventElement::Qp(t.qp.qp_num())));
-        let _ = t.xrcd.handle();
     }
+}
+
+/// A refused SRQ takes no receive WQE: after a message to SRQ 0, a Send with Immediate naming
+/// another domain's SRQ (whose failure would use a WQE, had it one) leaves SRQ 0's next WQE
+/// where it is and completes nothing there; the target QP raises its access error instead.
+#[test]
+fn a_refused_srq_takes_no_wqe_of_the_last_message() {
+    let (mut p, t) = xrc_pair();
+    let (srq, pd, cq) = &t.srqs[0];
+    let land = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    srq.post_recv(&[RecvWr::new(1, &[land.sge(0..2048)]), RecvWr::new(2, &[land.sge(2048..4096)])]).unwrap();
+    p.a.qp.post_send(&[SendWr::send(1, &[]).xrc(srq.srq_num()).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(poll_all(cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1]);
+    let other = p.b.ctx.open_xrcd().unwrap();
+    let elsewhere = pd.create_xrc_srq(&other, cq, &SrqInitAttr::default()).unwrap();
+    p.a.qp.post_send(&[SendWr::send(2, &[]).imm(7).xrc(elsewhere.srq_num()).signaled()]).unwrap();
+    p.run(RUN);
+    assert_eq!(
+        poll_all(&p.a.cq).iter().map(|w| w.status).collect::<Vec<_>>(),
+        [WcStatus::Success, WcStatus::RemAccessErr]
+    );
+    assert_eq!(srq.len().unwrap(), 1, "SRQ 0's second WQE is still posted");
+    assert!(
+        poll_all(cq).iter().all(|w| w.status != WcStatus::RemAccessErr),
+        "nothing completed in error on SRQ 0's CQ"
+    );
+    let ev = p.b.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, AsyncEventType::QpAccessErr);
 }
 
 /// What each side lacks is refused: an initiator's receive queue and responder attributes, a
@@ -192,12 +219,18 @@ fn each_side_has_only_its_half() {
         p.b.pd.create_qp(&QpInitAttr::new(QpType::XrcRecv, &p.b.cq, &p.b.cq)),
         Err(VerbsError::InvalidServiceType(_))
     ));
-    let ini = p.a.pd.create_qp(&QpInitAttr::new(QpType::XrcSend, &p.a.cq, &p.a.cq)).unwrap();
+    let ini = p.a.pd.create_qp(&QpInitAttr::new(QpType::XrcSend, &p.a.cq, &p.a.cq).max_recv_wr(16)).unwrap();
+    assert_eq!(ini.query().unwrap().cap.max_recv_wr, 0, "no receive queue asked for is made");
     ini.modify(&QpAttr::to_init().port(1).pkey_index(0).access(ALL)).unwrap();
     let av = AddressVector::new(AhAttr::roce(p.b.gid, 0), Mtu::Mtu1024);
     let rtr = QpAttr::to_rtr(av, 5).rq_psn(0);
     assert!(matches!(ini.modify(&rtr.clone().max_dest_rd_atomic(1)), Err(VerbsError::InvalidAttribute(..))));
-    ini.modify(&rtr).unwrap();
+    // New queue sizes resize the send queue; the receive queue stays none.
+    let mut grow = rtr.clone();
+    grow.cap = Some(WqSizes { max_send_wr: 32, max_recv_wr: 16 });
+    ini.modify(&grow).unwrap();
+    assert_eq!((ini.query().unwrap().cap.max_send_wr >= 32, ini.query().unwrap().cap.max_recv_wr), (true, 0));
+    assert!(ini.post_recv(&[RecvWr::new(1, &[])]).is_err(), "still no receive queue");
     let tgt = t.xrcd.create_tgt_qp().unwrap();
     tgt.modify(&QpAttr::to_init().port(1).pkey_index(0).access(ALL)).unwrap();
     let rtr = QpAttr::to_rtr(av, 5).rq_psn(0);

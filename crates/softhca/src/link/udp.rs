@@ -33,15 +33,15 @@
 //!   checksum are masked by the ICRC;
 //! - the UDP source port is the one the core put in the header ([`crate::wire::roce::UdpRepr::for_qp`],
 //!   one flow per QP): the link keeps a small cache of sockets bound to (address, port),
-//!   at most [`MAX_PORT_SOCKETS`] at a time: an RC or UC QP's opened when Modify QP sets
+//!   at most [`MAX_PORT_SOCKETS`] at a time: an RC, UC or XRC QP's opened when Modify QP sets
 //!   its path (the core announces it, [`crate::transport::FlowChange`], and the turn that
-//!   Modify QP's doorbell runs opens and connects it), any other on first use. An RC or UC
+//!   Modify QP's doorbell runs opens and connects it), any other on first use. A connected
 //!   flow's socket closes when the last QP on its port is reset or destroyed (after the ACKs
 //!   it owed have left), so the slots go to the flows a process has, not the first it had. A
 //!   flow beyond them (or whose port is taken) shares port 4791: its datagrams go out from the device's socket, their
 //!   ICRC re-sealed for that port (receivers accept any source port, PKT-ROCE-6), and all such
 //!   datagrams of a batch leave in one `sendmmsg`, whichever QPs they come from;
-//! - an RC or UC flow has one peer, so its socket is *connected* to it ([`UdpConfig::connected`],
+//! - an RC, UC or XRC flow has one peer, so its socket is *connected* to it ([`UdpConfig::connected`],
 //!   on by default): a send then skips the kernel's route lookup, about 0.4 µs of the 2.6 µs a
 //!   small datagram costs on loopback. A connected IPv4 socket numbers its datagrams from a
 //!   per-socket counter that `connect` starts at random; the link learns it once per flow with

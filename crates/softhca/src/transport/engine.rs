@@ -1461,9 +1461,8 @@ fn emit_response(q: &QpInner, core: &mut QpCore, buf: &mut [u8]) -> Option<usize
     let pkey = q.dev.pkey(core.attrs.pkey_index).unwrap_or(0xFFFF);
     let dest = core.attrs.dest_qp_num;
     // PKT-ACK-11: a QP on an SRQ has no credits of its own to report.
-    let on_srq = q.srq.is_some() || q.qp_type == QpType::XrcRecv;
     let credit_code =
-        if on_srq { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
+        if q.on_srq() { crate::wire::aeth::CREDIT_CODE_INVALID } else { core.resp.credit_code(core.rq.len()) };
     let mig = mig_req(q, core);
     let bth = |op: Opcode, _: (), psn: Psn| BthRepr { mig_req: mig, ..BthRepr::new(op, pkey, dest, psn) };
     let msn = core.chan.recv.msn;

@@ -269,6 +269,12 @@ impl super::qp_table::Numbered for QpInner {
 }
 
 impl QpInner {
+    /// Whether the QP takes its receive WQEs from an SRQ: its own, or (an XRC target) those
+    /// its messages name.
+    pub fn on_srq(&self) -> bool {
+        self.srq.is_some() || self.qp_type == QpType::XrcRecv
+    }
+
     /// Counts an event on this QP and on its device.
     pub fn bump(&self, counter: impl Fn(&Stats) -> &Counter) {
         counter(&self.dev.engine().stats).inc();

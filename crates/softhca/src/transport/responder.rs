@@ -1,7 +1,9 @@
 //! The RQ Logic (responder). For RC it checks each request in the order of PKT-VAL-12 — PSN,
 //! opcode sequence, operation enabled, resources, lengths, R_Key — and the first failing
 //! check decides the error class (ERR-RQ); then it executes and queues the response. UC and
-//! UD requests take the same path without ACKs (PKT-UC, PKT-UD).
+//! UD requests take the same path without ACKs (PKT-UC, PKT-UD). An XRC target is RC's
+//! responder with one more check after the operation's: the XRC SRQ the request names, which
+//! gives the message its receive WQE, its PD and its CQ (IBA Annex A14).
 
 use std::sync::atomic::Ordering;
 
@@ -335,9 +337,13 @@ fn fail(q: &QpInner, core: &mut QpCore, r: &Request<'_>, f: Fail) {
     }
 }
 
-/// The SRQ the inbound message takes its WQE from: the QP's, or an XRC target's message's.
-fn srq_of<'a>(q: &'a QpInner, core: &'a QpCore) -> Option<&'a Arc<dyn SharedReceiveQueue>> {
-    q.srq.as_ref().or(core.xrc_srq.as_ref())
+/// The SRQ the inbound message takes its WQE from: the QP's, or an XRC target's message's
+/// (`QpCore::xrc_srq`, passed alone so that the rest of the core stays free to change).
+fn srq_of<'a>(
+    q: &'a QpInner,
+    xrc_srq: &'a Option<Arc<dyn SharedReceiveQueue>>,
+) -> Option<&'a Arc<dyn SharedReceiveQueue>> {
+    q.srq.as_ref().or(xrc_srq.as_ref())
 }
 
 /// The PD of the keys a request uses remotely: the QP's, or an XRC target's message's SRQ's.
@@ -361,21 +367,36 @@ pub(crate) fn recv_cq<'a>(q: &'a QpInner, core: &'a QpCore) -> &'a dyn Completio
 /// otherwise the request is a Remote Access Error (Class C), as rxe's XRC responder and
 /// qedr's XRC domain and XRCETH errors report it (the digest has no XRC rule).
 fn take_xrc_srq(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
-    let (Some(srqn), Some(xrcd)) = (r.xrc_srq, q.xrcd) else { return Err(access_fail()) };
-    if core.xrc_srq.as_ref().and_then(|s| s.xrc()).is_some_and(|(n, _, live)| n == srqn && live) {
-        return Ok(());
+    let named = r.xrc_srq.zip(q.xrcd);
+    let cached = core.xrc_srq.as_ref().and_then(|s| s.xrc());
+    if let (Some((srqn, _)), Some((n, _, live))) = (named, cached) {
+        if n == srqn && live {
+            return Ok(());
+        }
     }
     if core.srq_bound || core.resp.in_msg.is_some() {
         return Err(access_fail());
     }
-    core.xrc_srq = Some(q.dev.xrc_srq(srqn, xrcd).ok_or_else(access_fail)?);
+    // A new message: the named SRQ, or none, so that a refusal takes no WQE of the SRQ the
+    // last message named (a Class C failure with Immediate Data binds one).
+    core.xrc_srq = named.and_then(|(srqn, xrcd)| q.dev.xrc_srq(srqn, xrcd));
+    if core.xrc_srq.is_none() {
+        return Err(access_fail());
+    }
     Ok(())
+}
+
+/// The PD a duplicate of an XRC target re-executes under (a Read is read again): that of the
+/// SRQ it names, looked up without disturbing the message in progress; none (handle 0, which
+/// no PD has) if that SRQ is gone.
+fn duplicate_pd(q: &QpInner, r: &Request<'_>) -> u32 {
+    r.xrc_srq.zip(q.xrcd).and_then(|(srqn, xrcd)| q.dev.xrc_srq(srqn, xrcd)).map_or(0, |s| s.pd())
 }
 
 /// Associates a receive WQE with the inbound message: the RQ head stays where it is; an SRQ
 /// WQE moves to the QP. False when there is none.
 fn bind_wqe(q: &QpInner, core: &mut QpCore) -> bool {
-    match q.srq.as_ref().or(core.xrc_srq.as_ref()) {
+    match srq_of(q, &core.xrc_srq) {
         None => !core.rq.is_empty(),
         Some(srq) => {
             if !core.srq_bound {
@@ -387,7 +408,7 @@ fn bind_wqe(q: &QpInner, core: &mut QpCore) -> bool {
 }
 
 fn bound_wqe<'c>(q: &'c QpInner, core: &'c QpCore) -> Option<&'c crate::transport::wqe::RecvWqe> {
-    if srq_of(q, core).is_some() {
+    if srq_of(q, &core.xrc_srq).is_some() {
         core.srq_bound.then_some(&core.srq_wqe)
     } else {
         core.rq.get(0)
@@ -396,7 +417,7 @@ fn bound_wqe<'c>(q: &'c QpInner, core: &'c QpCore) -> Option<&'c crate::transpor
 
 /// Retires the bound WQE and gives its WR ID.
 fn retire_wqe(q: &QpInner, core: &mut QpCore) -> Option<u64> {
-    if srq_of(q, core).is_some() {
+    if srq_of(q, &core.xrc_srq).is_some() {
         std::mem::take(&mut core.srq_bound).then_some(core.srq_wqe.wr_id)
     } else {
         let wr_id = core.rq.get(0).map(|w| w.wr_id);
@@ -430,14 +451,8 @@ fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fai
     match core.chan.recv.arrival(r.psn) {
         Arrival::Ignore => return Err(Fail::D), // PKT-PSN-6
         Arrival::SequenceError => return Err(Fail::B(Syndrome::Nak(NakCode::PsnSeqErr))), // ERR-RQ-1
-        Arrival::Duplicate if q.qp_type == QpType::XrcRecv && take_xrc_srq(q, core, r).is_err() => {
-            return Err(Fail::D);
-        }
         Arrival::Duplicate => return duplicate(q, core, r),
         Arrival::Expected => {}
-    }
-    if q.qp_type == QpType::XrcRecv {
-        take_xrc_srq(q, core, r)?;
     }
     // 2. Opcode sequence (ERR-RQ-7, ERR-RQ-8).
     let continuing = matches!(r.position, Position::Middle | Position::Last);
@@ -450,6 +465,10 @@ fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fai
     // 3. Supported and enabled (ERR-RQ-4, MOD-ACC-1..3, PKT-OP-3).
     if r.reserved || !enabled(core.attrs.qp_access_flags, r.operation) {
         return Err(rc_fail_invalid());
+    }
+    // 3b. XRC: the SRQ the request names (IBA Annex A14).
+    if q.qp_type == QpType::XrcRecv {
+        take_xrc_srq(q, core, r)?;
     }
     match r.operation {
         Operation::Send => rc_send(q, core, r, mtu),
@@ -520,7 +539,7 @@ fn recheck_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
 fn take_scatter(q: &QpInner, core: &mut QpCore) -> Result<(), AccessError> {
     core.resp.scatter_gen = q.dev.key_generation();
     // SRQ WQEs are checked against the SRQ's PD.
-    let pd = srq_of(q, core).map_or(q.pd, |s| s.pd());
+    let pd = srq_of(q, &core.xrc_srq).map_or(q.pd, |s| s.pd());
     let mut list = std::mem::take(&mut core.resp.scatter);
     list.clear();
     let Some(w) = bound_wqe(q, core) else {
@@ -702,7 +721,10 @@ pub(crate) fn read_rest_matches(va: u64, len: u64, mtu: u64, k: u64, req_va: u64
 /// `Outbox::duplicate`. One that nothing holds is dropped (PKT-DUP-3, ERR-RQ-14).
 fn duplicate(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
     let last = Psn::new(core.chan.recv.epsn).sub(1).value();
-    let t = inbound(q, core);
+    let mut t = inbound(q, core);
+    if q.qp_type == QpType::XrcRecv {
+        t.pd = duplicate_pd(q, r);
+    }
     match core.chan.out.duplicate(&t, r, last) {
         true => Ok(()),
         false => Err(Fail::D),

@@ -47,8 +47,9 @@ const ENABLES: AttrMask = AttrMask::READ_EN.union(AttrMask::WRITE_EN).union(Attr
 /// The digest has no XRC: its columns are RC's less what the side a QP lacks would take, as
 /// the kernel's `qp_state_table` has them for `IB_QPT_XRC_INI` and `IB_QPT_XRC_TGT` (an
 /// initiator takes no responder attribute, a target no requester attribute beyond the
-/// Local ACK Timeout and the SQ PSN it is required at RTR → RTS, and neither resizes a queue).
-/// Like RC, neither reaches SQE.
+/// Local ACK Timeout and the SQ PSN it is required at RTR → RTS). An initiator may resize its
+/// send queue where RC may (its receive queue stays empty: `Qp::recv_wr`); a target has no
+/// queue to resize. Like RC, neither reaches SQE.
 type Row = [AttrRule; 6];
 
 const RESET_INIT: Row = [

@@ -6,7 +6,9 @@
 //! nothing device-wide is taken per QP. Posting does not take `core`: the SQ and the RQ are
 //! rings (`transport::wq`) whose producer ends have a lock of their own that the engine never
 //! takes, and posters read the QP state from an atomic mirror of `attrs.qp_state`. Locks are
-//! always taken in this order: `core`, the SQ's producer lock, the RQ's producer lock, a CQ's.
+//! always taken in this order: `core`, the SQ's producer lock, the RQ's producer lock, a CQ's;
+//! an XRC target's engine also looks up its messages' SRQs under `core` (the device's SRQ
+//! table, read, then the SRQ's own lock), which nothing takes in the other order.
 //!
 //! # Posting without `core`
 //!
@@ -770,7 +772,7 @@ impl Qp {
     /// The receive queue size a Modify QP asks for: none on an SRQ, which the QP's receives
     /// come from (Create QP made it 0 too).
     fn recv_wr(&self, sizes: WqSizes) -> u32 {
-        if self.res.srq.is_some() {
+        if self.inner.on_srq() || self.inner.qp_type == QpType::XrcSend {
             0
         } else {
             sizes.max_recv_wr
@@ -1179,8 +1181,11 @@ impl Qp {
 
     /// Like [`Qp::check_sends`], for receives; a QP on an SRQ takes none.
     fn check_recvs(&self, wrs: &[RecvWr<'_>], free: Option<usize>) -> std::result::Result<(), PostError> {
-        if self.res.srq.is_some() {
+        if self.inner.on_srq() {
             return Err(at(0)(VerbsError::InvalidWr("the QP receives through an SRQ")));
+        }
+        if self.inner.qp_type == QpType::XrcSend {
+            return Err(at(0)(VerbsError::InvalidWr("an XRC initiator has no receive queue")));
         }
         for (i, wr) in wrs.iter().enumerate() {
             wr.check(self.inner.max_recv_sge).map_err(at(i))?;

@@ -40,9 +40,11 @@ impl XrcdInner {
     }
 
     /// Records one more SRQ or target QP in the domain; fails if it was closed meanwhile.
+    /// SeqCst, with [`Xrcd::close`]'s: each side stores, then loads what the other stores (a
+    /// store-buffering handshake, which weaker orders let both sides miss).
     pub fn hold(&self) -> Result<()> {
-        self.users.fetch_add(1, Ordering::AcqRel);
-        if self.closed.load(Ordering::Acquire) {
+        self.users.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
             self.users.fetch_sub(1, Ordering::AcqRel);
             return Err(VerbsError::InvalidArgument("closed XRC domain"));
         }
@@ -112,11 +114,12 @@ impl Xrcd {
         if self.inner.users.load(Ordering::Acquire) > 0 {
             return Err(VerbsError::InUse("XRC domain has SRQs or target QPs"));
         }
-        if self.inner.closed.swap(true, Ordering::AcqRel) {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
             return Err(VerbsError::InvalidArgument("XRC domain already closed"));
         }
-        // A hold that raced the check above sees `closed` and gives its hold back.
-        if self.inner.users.load(Ordering::Acquire) > 0 {
+        // A hold that raced the check above sees `closed` and gives its hold back (SeqCst: see
+        // `XrcdInner::hold`).
+        if self.inner.users.load(Ordering::SeqCst) > 0 {
             self.inner.closed.store(false, Ordering::Release);
             return Err(VerbsError::InUse("XRC domain has SRQs or target QPs"));
         }

@@ -93,6 +93,13 @@ pub enum ServiceType {
     Xrc,
 }
 
+impl ServiceType {
+    /// RC, UC and XRC: a QP of the service has one peer (its datagrams one flow).
+    pub const fn is_connected(self) -> bool {
+        matches!(self, ServiceType::Rc | ServiceType::Uc | ServiceType::Xrc)
+    }
+}
+
 /// The operation an opcode belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {

@@ -40,7 +40,7 @@ pub(super) struct Pending {
     pub(super) port: u16,
     /// An RC/RD response (ACK, RDMA Read response, Atomic ACK), not a request.
     pub(super) response: bool,
-    /// RC or UC: its flow has one peer.
+    /// RC, UC or XRC: its flow has one peer.
     pub(super) one_peer: bool,
     /// From the alternate address (see [`AltAddr`]).
     pub(super) alt: bool,
@@ -620,7 +620,8 @@ impl Io {
         }
         let port = UdpHeader::new_unchecked(&d[hl..]).src_port();
         let op = d[hl + UDP_HEADER_LEN];
-        let one_peer = op >> 5 <= 1;
+        let one_peer =
+            crate::wire::Opcode::from(op).service_range().is_some_and(crate::wire::ServiceType::is_connected);
         let alt = self.alt.as_ref().is_some_and(|a| a.addr == src);
         Some(Pending {
             slot,
@@ -635,7 +636,7 @@ impl Io {
         })
     }
 
-    /// Follows the flows the core announced since the last flush. An opened one (an RC or UC
+    /// Follows the flows the core announced since the last flush. An opened one (an RC, UC or XRC
     /// QP whose path Modify QP has just set) gets its socket now, connected where configured:
     /// before any of its packets is written, whose Local ACK timer would otherwise run while
     /// the socket is opened and its Identification probed (see `transport::Flow`). A port
@@ -695,7 +696,7 @@ impl Io {
     }
 
     /// The socket to send a flow's datagrams from (bound to (addr, port), created on first
-    /// use; an RC or UC flow's, `one_peer`, is connected to `dst` on first use where
+    /// use; an RC, UC or XRC flow's, `one_peer`, is connected to `dst` on first use where
     /// configured) and its association; None if the port cannot be had.
     pub(super) fn port_socket(&mut self, port: u16, dst: IpAddr, one_peer: bool) -> Option<(RawFd, Option<Conn>)> {
         if port == ROCE_V2_PORT {
