@@ -4,14 +4,16 @@
 //! a region that grants every remote right (every other device, its RC and UC QPs on a shared
 //! receive queue), and whose QP1 runs the connection manager
 //! (`CmAgent`, listening on rping's service; requests it gets are accepted or rejected by the
-//! input). The first byte steers it toward a QP (and may put the QP's own number, the open
-//! region's R_Key or the GSI's Q_Key, and an expected PSN in place) so that the fuzzer reaches
-//! past the address checks into the transport and the CM; a RETH or AtomicETH it steers names
-//! the open region or one of three that must stay shut to this peer (the packet's byte 20
-//! picks): a region of another PD that grants every right, one that grants remote reads
-//! only, and a type 2 window bound to another QP. Nothing may panic (DESIGN rule 6); no
-//! region but the open one ever changes (rule 5), whatever arrives; the device keeps
-//! answering Query QP.
+//! input), and an XRC target QP whose domain has an XRC SRQ of the open region's PD (another
+//! domain has one of another PD's, and a basic SRQ is there too). The first byte steers it
+//! toward a QP (and may put the QP's own number, the open region's R_Key or the GSI's Q_Key,
+//! and an expected PSN in place) so that the fuzzer reaches past the address checks into the
+//! transport and the CM; a RETH or AtomicETH it steers names the open region or one of three
+//! that must stay shut to this peer (the packet's byte 20 picks, byte 24 after an XRCETH): a
+//! region of another PD that grants every right, one that grants remote reads only, and a
+//! type 2 window bound to another QP; an XRCETH it steers names one of the three SRQs. Nothing
+//! may panic (DESIGN rule 6); no region but the open one ever changes (rule 5), whatever
+//! arrives; the device keeps answering Query QP.
 
 #![no_main]
 
@@ -45,6 +47,10 @@ struct Target {
     peer: Gid,
     buf: Vec<u8>,
     inputs: u32,
+    /// The XRC target QP, and the SRQ numbers an XRCETH is steered to: its domain's (the open
+    /// PD's), another domain's (another PD's), and a basic SRQ's.
+    xrc: (Qp, [u32; 3]),
+    _xrc_keep: (Xrcd, Xrcd, [Srq; 3]),
     // Dropped with the target: the device's own objects and the peer's.
     _keep: (Pd, Cq, Vec<Ah>, Context, Pd, Cq, Vec<Qp>, (Pd, Qp, Qp, Option<Srq>)),
 }
@@ -147,8 +153,37 @@ fn target(on_srq: bool) -> Target {
     assert_eq!(window.rkey() as u8, key, "the window is bound");
     binder.modify(&QpAttr::new(QpState::Error)).unwrap();
     while ctx.transmit(0, &mut buf).is_some() {}
+    // XRC: a target QP toward a peer's initiator, its domain's SRQ stocked with receives into
+    // the open region.
+    let (xa, xb) = (ctx.open_xrcd().unwrap(), ctx.open_xrcd().unwrap());
+    let srqs = [
+        pd.create_xrc_srq(&xa, &cq, &SrqInitAttr { max_wr: 64, max_sge: 2, srq_limit: 0 }).unwrap(),
+        other_pd.create_xrc_srq(&xb, &cq, &SrqInitAttr { max_wr: 64, max_sge: 2, srq_limit: 0 }).unwrap(),
+        other_pd.create_srq(&SrqInitAttr { max_wr: 64, max_sge: 2, srq_limit: 0 }).unwrap(),
+    ];
+    let sges: Vec<[Sge; 1]> = (0..8usize).map(|i| [open.sge(1024 * i..1024 * (i + 1))]).collect();
+    let wrs: Vec<RecvWr> = sges.iter().enumerate().map(|(i, s)| RecvWr::new(i as u64, s)).collect();
+    srqs[0].post_recv(&wrs).unwrap();
+    let tgt = xa.create_tgt_qp().unwrap();
+    tgt.modify(&QpAttr::to_init().port(1).pkey_index(0).access(all)).unwrap();
+    tgt.modify(&QpAttr::to_rtr(av, 0x4242).rq_psn(PSN).max_dest_rd_atomic(4).min_rnr_timer(1)).unwrap();
+    tgt.modify(&QpAttr::to_rts().sq_psn(PSN).timeout(10)).unwrap();
+    let srqns = [srqs[0].srq_num(), srqs[1].srq_num(), srqs[2].srq_num()];
     let keep = (pd, cq, ahs, peer_ctx, peer_pd, peer_cq, peers, (other_pd, binder, binder_peer, srq));
-    Target { ctx, cm, qps, open, shut, window, peer, buf, inputs: 0, _keep: keep }
+    Target {
+        ctx,
+        cm,
+        qps,
+        open,
+        shut,
+        window,
+        peer,
+        buf,
+        inputs: 0,
+        xrc: (tgt, srqns),
+        _xrc_keep: (xa, xb, srqs),
+        _keep: keep,
+    }
 }
 
 thread_local! {
@@ -169,31 +204,44 @@ fuzz_target!(|data: &[u8]| {
         let t = slot.as_mut().unwrap();
         t.inputs += 1;
         let mut packet = packet.to_vec();
-        // Steering bits 0-1: which QP (3: the GSI, QP1).
-        let gsi = steer & 3 == 3;
+        // Steering bits 0-1: which QP (3: the GSI, QP1, or with bit 3 the XRC target).
+        let xrc = steer & 3 == 3 && steer & 8 != 0;
+        let gsi = steer & 3 == 3 && !xrc;
         if steer & 0x80 != 0 && packet.len() >= 12 {
-            let qpn = if gsi { 1 } else { t.qps[usize::from(steer & 3)].qp_num() };
+            let qpn = match steer & 3 {
+                _ if xrc => t.xrc.0.qp_num(),
+                3 => 1,
+                q => t.qps[usize::from(q)].qp_num(),
+            };
             packet[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
             packet[2..4].copy_from_slice(&[0xff, 0xff]); // the default P_Key
         }
         if steer & 0x40 != 0 && packet.len() >= 12 {
-            let psn = PSN + u32::from(steer >> 2 & 3);
+            let psn = PSN + u32::from(steer >> 2 & 1);
             packet[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
         }
+        // An XRC request: an XRCETH naming one of the SRQs, then the RETH or AtomicETH.
+        let key_at = if xrc && steer & 0x20 != 0 && packet.len() >= 16 {
+            let srqn = t.xrc.1[usize::from(packet[12] & 3).min(2)];
+            packet[12..16].copy_from_slice(&srqn.to_be_bytes());
+            16
+        } else {
+            12
+        };
         if steer & 0x20 != 0 && gsi && packet.len() >= 16 {
             // The DETH's Q_Key: the GSI's well-known one.
             packet[12..16].copy_from_slice(&0x8001_0000u32.to_be_bytes());
-        } else if steer & 0x20 != 0 && packet.len() >= 28 {
-            // Where a RETH or AtomicETH would be after a plain BTH: the open region, or one
-            // that must stay shut (the key's first byte picks).
-            let (addr, rkey) = match packet[20] & 3 {
+        } else if steer & 0x20 != 0 && packet.len() >= key_at + 16 {
+            // Where a RETH or AtomicETH would be after a plain BTH (or an XRCETH): the open
+            // region, or one that must stay shut (the key's first byte picks).
+            let (addr, rkey) = match packet[key_at + 8] & 3 {
                 0 => (t.open.addr(), t.open.rkey()),
                 1 => (t.shut[1].addr(), t.shut[1].rkey()),
                 2 => (t.shut[2].addr(), t.shut[2].rkey()),
                 _ => (t.shut[3].addr(), t.window.rkey()),
             };
-            packet[12..20].copy_from_slice(&addr.to_be_bytes());
-            packet[20..24].copy_from_slice(&rkey.to_be_bytes());
+            packet[key_at..key_at + 8].copy_from_slice(&addr.to_be_bytes());
+            packet[key_at + 8..key_at + 12].copy_from_slice(&rkey.to_be_bytes());
         }
         let me = t.ctx.query_gid(1, 0).unwrap();
         let ip = IpRepr::V4(Ipv4Repr::new(t.peer.to_ipv4().unwrap(), me.to_ipv4().unwrap()));
@@ -230,7 +278,7 @@ fuzz_target!(|data: &[u8]| {
             mr.read(0, &mut guard).unwrap();
             assert!(guard.iter().all(|&b| b == GUARD), "a region that must stay shut changed: {which}");
         }
-        for qp in &t.qps {
+        for qp in t.qps.iter().chain([&t.xrc.0]) {
             let _ = qp.query().unwrap();
         }
     });
