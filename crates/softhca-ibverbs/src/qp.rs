@@ -185,9 +185,10 @@ unsafe fn create(p: *mut ibv_pd, mut a: CreateQp<'_>) -> *mut ibv_qp {
         return fail(libc::EINVAL);
     }
     // An XRC initiator has no receive side: its receive CQ and SRQ are not looked at, and its
-    // receive sizes are 0 (libibverbs' `ibv_cmd_create_qp_ex2`, the kernel's create_qp).
-    let xrc = qp_type == QpType::XrcSend;
-    if xrc {
+    // receive sizes are 0 (libibverbs' `ibv_cmd_create_qp_ex2`, the kernel's create_qp); the
+    // `ibv_qp` names what the program gave all the same, as libibverbs' `set_qp` fills it.
+    let given = (a.recv_cq, a.srq);
+    if qp_type == QpType::XrcSend {
         (a.recv_cq, a.srq, a.cap.max_recv_wr, a.cap.max_recv_sge) = (a.send_cq, null_mut(), 0, 0);
     }
     if a.send_cq.is_null() || a.recv_cq.is_null() {
@@ -230,8 +231,8 @@ unsafe fn create(p: *mut ibv_pd, mut a: CreateQp<'_>) -> *mut ibv_qp {
         (max_send_sge, max_recv_sge) = (q.cap.max_send_sge as usize, q.cap.max_recv_sge as usize);
         max_inline = q.cap.max_inline_data as usize;
     }
-    let recv_cq = if xrc { null_mut() } else { a.recv_cq };
-    let ends = QpEnds { context: pd.ibv.context, pd: p, send_cq: a.send_cq, recv_cq, srq: a.srq, xrcd: null_mut() };
+    let (recv_cq, srq) = given;
+    let ends = QpEnds { context: pd.ibv.context, pd: p, send_cq: a.send_cq, recv_cq, srq, xrcd: null_mut() };
     // SAFETY: the PD's context is open.
     unsafe { new_qp(soft, &a, ends, (max_send_sge, max_recv_sge, max_inline)) }
 }
@@ -293,11 +294,12 @@ unsafe fn new_qp(soft: SoftQp, a: &CreateQp<'_>, ends: QpEnds, limits: (usize, u
 
 /// Creates an XRC target QP in domain `x` (`ibv_create_qp_ex` with IBV_QP_INIT_ATTR_XRCD): no
 /// PD, CQs, SRQ or queues (its caps come back 0), as the kernel's `create_xrc_qp_user` makes
-/// it.
+/// it; the `ibv_qp` names the PD (`pd`, null unless given) and CQs the program gave, as
+/// libibverbs' `set_qp` fills it.
 ///
 /// # Safety
 /// `x` is a live XRC domain handle of this library.
-unsafe fn create_tgt(x: *mut ibv_xrcd, a: CreateQp<'_>) -> *mut ibv_qp {
+unsafe fn create_tgt(x: *mut ibv_xrcd, pd: *mut ibv_pd, a: CreateQp<'_>) -> *mut ibv_qp {
     // SAFETY: as the caller promises.
     let h = unsafe { crate::xrcd::xrcd(x) };
     if a.qp_type != IBV_QPT_XRC_RECV || a.send_ops.is_some_and(|ops| ops != 0) {
@@ -309,14 +311,7 @@ unsafe fn create_tgt(x: *mut ibv_xrcd, a: CreateQp<'_>) -> *mut ibv_qp {
     };
     h.hold();
     *a.cap = ibv_qp_cap { max_send_wr: 0, max_recv_wr: 0, max_send_sge: 0, max_recv_sge: 0, max_inline_data: 0 };
-    let ends = QpEnds {
-        context: h.context(),
-        pd: null_mut(),
-        send_cq: null_mut(),
-        recv_cq: null_mut(),
-        srq: null_mut(),
-        xrcd: x,
-    };
+    let ends = QpEnds { context: h.context(), pd, send_cq: a.send_cq, recv_cq: a.recv_cq, srq: a.srq, xrcd: x };
     // SAFETY: the domain's context is open while the domain is.
     unsafe { new_qp(soft, &a, ends, (0, 0, 0)) }
 }
@@ -339,13 +334,12 @@ pub unsafe extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_at
     unsafe { create(p, c) }
 }
 
-/// `verbs_context.create_qp_ex`: a PD is required (no XRC domain); of the other attributes
-/// only the send operations are known here, and creation flags (other than none), TSO, RSS
-/// and a source QPN (which need Raw Packet QPs or hardware offloads) are EOPNOTSUPP.
-pub(crate) unsafe extern "C" fn create_qp_ex(
-    _context: *mut ibv_context,
-    attr: *mut ibv_qp_init_attr_ex,
-) -> *mut ibv_qp {
+/// `verbs_context.create_qp_ex`: a PD is required, or for an XRC target its XRC domain (of
+/// this context: EINVAL otherwise, as the kernel finds no such handle in the caller's file);
+/// of the other attributes only the send operations are known here, and creation flags
+/// (other than none), TSO, RSS and a source QPN (which need Raw Packet QPs or hardware
+/// offloads) are EOPNOTSUPP.
+pub(crate) unsafe extern "C" fn create_qp_ex(context: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
     if attr.is_null() {
         return fail(libc::EINVAL);
     }
@@ -393,7 +387,12 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     };
     if tgt {
         // SAFETY: a live XRC domain, as the caller promises.
-        return unsafe { create_tgt(a.xrcd.cast(), c) };
+        if unsafe { crate::xrcd::xrcd(a.xrcd.cast()) }.context() != context {
+            return fail(libc::EINVAL);
+        }
+        let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 { a.pd } else { null_mut() };
+        // SAFETY: a live XRC domain, as the caller promises.
+        return unsafe { create_tgt(a.xrcd.cast(), pd, c) };
     }
     // SAFETY: a live PD and objects of its context, as the caller promises.
     unsafe { create(a.pd, c) }

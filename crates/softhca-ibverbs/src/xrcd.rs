@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_int;
+use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -20,8 +21,10 @@ use crate::{command, errno_of, fail};
 /// One domain and the opens that share it.
 pub(crate) struct Domain {
     pub(crate) xrcd: SoftXrcd,
-    /// The file's (device, inode), for a domain opened with a descriptor.
-    inode: Option<Inode>,
+    /// The file's (device, inode), for a domain opened with a descriptor, and a descriptor of
+    /// the file kept open with the domain, so that the inode number cannot pass to another
+    /// file while the domain is known by it (the kernel holds the inode, `igrab`).
+    inode: Option<(Inode, std::os::fd::OwnedFd)>,
     /// Handles open on it.
     opens: AtomicU32,
 }
@@ -102,11 +105,20 @@ pub(crate) unsafe extern "C" fn open_xrcd(c: *mut ibv_context, attr: *mut ibv_xr
         Some(d) => d,
         None if inode.is_some() && a.oflags & libc::O_CREAT == 0 => return fail(libc::EAGAIN),
         None => {
+            let pinned = match inode {
+                // SAFETY: a descriptor fstat just accepted; dup gives a new one or fails.
+                Some(k) => match unsafe { libc::fcntl(a.fd, libc::F_DUPFD_CLOEXEC, 0) } {
+                    // SAFETY: a descriptor just made and owned by nobody else.
+                    fd if fd >= 0 => Some((k, unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })),
+                    _ => return fail(libc::EMFILE),
+                },
+                None => None,
+            };
             let xrcd = match cx.ctx.open_xrcd() {
                 Ok(x) => x,
                 Err(e) => return fail(errno_of(&e)),
             };
-            let d = Arc::new(Domain { xrcd, inode, opens: AtomicU32::new(0) });
+            let d = Arc::new(Domain { xrcd, inode: pinned, opens: AtomicU32::new(0) });
             if let Some(k) = inode {
                 table.get_or_insert_with(HashMap::new).insert(k, Arc::downgrade(&d));
             }
@@ -132,8 +144,8 @@ pub(crate) unsafe extern "C" fn close_xrcd(x: *mut ibv_xrcd) -> c_int {
         }
         let mut table = BY_INODE.lock().unwrap_or_else(|e| e.into_inner());
         if h.domain.opens.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let (Some(k), Some(t)) = (h.domain.inode, table.as_mut()) {
-                t.remove(&k);
+            if let (Some((k, _)), Some(t)) = (&h.domain.inode, table.as_mut()) {
+                t.remove(k);
             }
             // Its SRQs and target QPs were all made with handles now closed, each after
             // they were gone: nothing holds the domain.

@@ -1459,7 +1459,7 @@ impl Fuzz {
         }
         ensure!(!must_fail, "{what} succeeded, expected one of {errs:?}");
         if raw || xrc_send {
-            ensure!(!xrc_send || ((*qp).recv_cq.is_null() && (*qp).srq.is_null()), "an XRC initiator's receive side");
+            ensure!(!xrc_send || ((*qp).recv_cq == rcq && (*qp).srq == srq), "qp->recv_cq/srq: what was given");
             ensure!(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp of a Raw Packet or XRC initiator QP");
             return;
         }

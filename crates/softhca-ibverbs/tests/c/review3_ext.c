@@ -561,7 +561,8 @@ static void as_rxe(void)
 	/* rxe answers an XRC initiator EOPNOTSUPP (it has no XRC); softhca makes it. */
 	qi.qp_type = IBV_QPT_XRC_SEND;
 	struct ibv_qp *xrc_send = ibv_create_qp(pd, &qi);
-	CHECK(xrc_send && !xrc_send->recv_cq && ibv_destroy_qp(xrc_send) == 0, "ibv_create_qp XRC_SEND");
+	CHECK(xrc_send && xrc_send->recv_cq == qi.recv_cq && qi.cap.max_recv_wr == 0 && ibv_destroy_qp(xrc_send) == 0,
+	      "ibv_create_qp XRC_SEND (its ibv_qp names the CQs given; no receive queue)");
 	qi.qp_type = IBV_QPT_XRC_RECV;
 	REFUSED("ibv_create_qp XRC_RECV (no domain through it)", ibv_create_qp(pd, &qi), EINVAL);
 
