@@ -1,6 +1,6 @@
 //! Debian's unmodified rdmacm-utils and perftest programs on the drop-in librdmacm.so.1, two
 //! processes each, every pair on addresses of its own: rping, rdma_server/rdma_client,
-//! rdma_xserver/rdma_xclient,
+//! rdma_xserver/rdma_xclient (RC and XRC),
 //! ucmatose with several connections, udaddy (UD ids, SIDR), cmtime (a burst of 200
 //! connections), mckey (multicast), pyverbs.cmid, and perftest's `-R` (connection through rdma_cm) for RDMA
 //! Write, Send latency and RDMA Read.
@@ -42,7 +42,7 @@ fn rdma_server_and_rdma_client_synchronous_endpoints() {
 
 /// rdma_xserver/rdma_xclient in their RC mode (`-c r`, the default): the client's one Send is
 /// inline on a QP that asked for no inline data, which Linux rxe's sizing allows (16 bytes
-/// with one SGE). Their XRC mode needs XRC, which softhca (and rxe) has not.
+/// with one SGE). Their XRC mode is the next test.
 #[test]
 fn rdma_xserver_and_rdma_xclient_rc() {
     if !have_all(&["rdma_xserver", "rdma_xclient"]) {
@@ -51,6 +51,25 @@ fn rdma_xserver_and_rdma_xclient_rc() {
     let (s, c) = pair(
         Proc { program: "rdma_xserver", args: &["-p", "7472"], addr: [127, 0, 0, 27] },
         Proc { program: "rdma_xclient", args: &["-s", "127.0.0.27", "-p", "7472"], addr: [127, 0, 0, 28] },
+    );
+    assert!(s.contains("rdma_xserver: end 0"), "{s}");
+    assert!(c.contains("rdma_xclient: end 0"), "{c}");
+}
+
+/// rdma_xserver/rdma_xclient in their XRC mode (`-c x`, port space IB): the server's endpoint
+/// makes an XRC target QP and, with `rdma_create_srq`, an XRC SRQ (librdmacm gives both the
+/// device's XRC domain), and accepts with the SRQ's number as private data; the client's
+/// endpoint is an XRC initiator, whose inline Send names that SRQ and completes on the
+/// server's SRQ CQ. Linux rxe has no XRC, so rdma-core's own test of this is softhca to
+/// softhca only.
+#[test]
+fn rdma_xserver_and_rdma_xclient_xrc() {
+    if !have_all(&["rdma_xserver", "rdma_xclient"]) {
+        return;
+    }
+    let (s, c) = pair(
+        Proc { program: "rdma_xserver", args: &["-c", "x", "-p", "7473"], addr: [127, 0, 0, 29] },
+        Proc { program: "rdma_xclient", args: &["-c", "x", "-s", "127.0.0.29", "-p", "7473"], addr: [127, 0, 0, 30] },
     );
     assert!(s.contains("rdma_xserver: end 0"), "{s}");
     assert!(c.contains("rdma_xclient: end 0"), "{c}");

@@ -55,7 +55,7 @@ pub unsafe extern "C" fn softhca_rdma_getaddrinfo(
             }
             ah.ai_family = h.ai_family;
             ah.ai_socktype = match h.ai_qp_type {
-                IBV_QPT_RC | IBV_QPT_UC => libc::SOCK_STREAM,
+                IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => libc::SOCK_STREAM,
                 IBV_QPT_UD => libc::SOCK_DGRAM,
                 _ => 0,
             };

@@ -64,7 +64,8 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
             responder_resources: resp,
             initiator_depth: init,
             remote_cm_response_timeout: cm_timing().0,
-            transport_service_type: if id.c.qp_type == IBV_QPT_UC { 1 } else { 0 },
+            transport_service_type: transport_of(id.c.qp_type).0,
+            extended_transport_type: transport_of(id.c.qp_type).1,
             end_to_end_flow_control: id.st.flow_control,
             starting_psn: id.st.psn,
             local_cm_response_timeout: cm_timing().0,
@@ -102,6 +103,16 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
     }
     wake();
     result(complete(id))
+}
+
+/// A REQ's Transport Service Type and Extended Transport Type for a QP of `qp_type`, as Linux's
+/// `cm_format_req` sets them: RC 0, UC 1, an XRC initiator 3 with extended type 1 (XRC).
+pub(super) fn transport_of(qp_type: c_int) -> (u8, u8) {
+    match qp_type {
+        IBV_QPT_UC => (1, 0),
+        IBV_QPT_XRC_SEND => (3, 1),
+        _ => (0, 0),
+    }
 }
 
 /// Copies the program's private data (`param`'s, if any) into `dst`, the room the message

@@ -210,6 +210,9 @@ pub(crate) struct Event {
 struct Dev {
     ctx: *mut ibv_context,
     pd: *mut ibv_pd,
+    /// The XRC domain an XRC id's SRQ and target QP get when the program names none
+    /// (librdmacm's `ucma_get_xrcd`: one per device, opened on first use).
+    xrcd: *mut ibv_xrcd,
     agent: CmAgent,
     addr: IpAddr,
     gid: [u8; 16],
@@ -748,7 +751,12 @@ impl Global {
     }
 
     fn on_request(&mut self, comm: CommId, peer: [u8; 16], req: Box<CmReq>) {
-        let qp_type = if req.transport_service_type == 1 { IBV_QPT_UC } else { IBV_QPT_RC };
+        // Linux's `cm_req_get_qp_type`: UC, XRC (whose passive side is the target), or RC.
+        let qp_type = match (req.transport_service_type, req.extended_transport_type) {
+            (1, _) => IBV_QPT_UC,
+            (3, 1) => IBV_QPT_XRC_RECV,
+            _ => IBV_QPT_RC,
+        };
         let Some((id, listener)) = self.incoming(comm, peer, req.service_id, &req.private_data, qp_type, req.path_mtu)
         else {
             if let Some(d) = self.dev.as_mut() {
@@ -957,7 +965,9 @@ impl Global {
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = state;
         let st = &id.st;
-        let rc = id.c.qp_type == IBV_QPT_RC;
+        // XRC's QPs take RC's attributes; Modify QP takes out those of the side each lacks,
+        // as uverbs does (`modify_mask::applicable`).
+        let rc = matches!(id.c.qp_type, IBV_QPT_RC | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV);
         // A connection under way (REQ sent or received) has its resources: INIT gets its access.
         let connected = matches!(st.phase, Phase::Connected | Phase::Accepting | Phase::ReqRcvd | Phase::Connect);
         let answered = st.req.is_some() || st.rep.is_some();
@@ -1284,6 +1294,7 @@ fn open_dev(addr: Option<IpAddr>) -> Result<Dev, c_int> {
     Ok(Dev {
         ctx,
         pd,
+        xrcd: std::ptr::null_mut(),
         agent,
         addr,
         gid: gid_of(addr),

@@ -34,9 +34,33 @@ pub(super) unsafe fn create_cqs(id: &mut Id, send: u32, recv: u32) -> Result<(),
     Ok(())
 }
 
+/// librdmacm's `ucma_get_xrcd`: the device's XRC domain for XRC ids that name none, opened
+/// (private, fd -1) on first use and kept for the process.
+fn device_xrcd(g: &mut Global) -> Result<*mut ibv_xrcd, c_int> {
+    let dev = g.dev.as_mut().ok_or(libc::ENODEV)?;
+    if dev.xrcd.is_null() {
+        let mut attr = ibv_xrcd_init_attr {
+            comp_mask: IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+            fd: -1,
+            oflags: libc::O_CREAT,
+        };
+        // SAFETY: the device's open context; a local attribute structure.
+        dev.xrcd = unsafe { crate::xrcd::open_xrcd(dev.ctx, &mut attr) };
+        if dev.xrcd.is_null() {
+            // SAFETY: errno of this thread, just set.
+            return Err(unsafe { *libc::__errno_location() });
+        }
+    }
+    Ok(dev.xrcd)
+}
+
 /// librdmacm's `ucma_destroy_cqs`: the CQs and channels in the id's fields, whoever put them
-/// there (librdmacm's `rdma_create_qp`, or a program such as the rsocket layer), each once.
+/// there (librdmacm's `rdma_create_qp`, or a program such as the rsocket layer), each once;
+/// not an XRC target's while its SRQ (which completes on them) is there.
 pub(super) unsafe fn destroy_cqs(id: &mut Id) {
+    if id.c.qp_type == IBV_QPT_XRC_RECV && !id.c.srq.is_null() {
+        return;
+    }
     let c = &mut id.c;
     // SAFETY: CQs and channels of this library that the id holds.
     unsafe {
@@ -100,7 +124,7 @@ pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mu
     }
     // SAFETY: the program's init attributes.
     let a = unsafe { &mut *attr };
-    let g = global();
+    let mut g = global();
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
         a.pd = id.c.pd;
         a.comp_mask |= IBV_QP_INIT_ATTR_PD;
@@ -111,15 +135,26 @@ pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mu
     if a.pd.is_null() {
         return err(libc::EINVAL);
     }
+    if id.c.qp_type == IBV_QPT_XRC_RECV && (a.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 || a.xrcd.is_null()) {
+        match device_xrcd(&mut g) {
+            Ok(x) => a.xrcd = x.cast(),
+            Err(e) => return err(e),
+        }
+        a.comp_mask |= IBV_QP_INIT_ATTR_XRCD;
+    }
     if a.srq.is_null() {
         a.srq = id.c.srq;
     }
-    let made = a.send_cq.is_null() || a.recv_cq.is_null();
+    // An XRC initiator has no receive side: no receive CQ is made for it (librdmacm makes CQs
+    // for the sizes asked, and XRC programs ask for no receives).
+    let xrc_send = a.qp_type == IBV_QPT_XRC_SEND;
+    let made = a.send_cq.is_null() || (a.recv_cq.is_null() && !xrc_send);
     if made {
         let recv = if a.recv_cq.is_null() && a.srq.is_null() { a.cap.max_recv_wr } else { 0 };
+        let recv = if xrc_send { 0 } else { recv.max(u32::from(a.recv_cq.is_null())) };
         let send = if a.send_cq.is_null() { a.cap.max_send_wr } else { 0 };
         // SAFETY: the id's context.
-        if let Err(e) = unsafe { create_cqs(id, send, recv.max(u32::from(a.recv_cq.is_null()))) } {
+        if let Err(e) = unsafe { create_cqs(id, send, recv) } {
             // SAFETY: the CQs just made.
             unsafe { destroy_cqs(id) };
             return err(e);
@@ -198,6 +233,20 @@ pub unsafe extern "C" fn softhca_rdma_create_srq(
         return err(libc::EINVAL);
     }
     let pd = if pd.is_null() { id.c.pd } else { pd };
+    if id.c.qp_type == IBV_QPT_XRC_RECV {
+        // librdmacm's rdma_create_srq: an XRC id's SRQ is an XRC SRQ.
+        // SAFETY: the program's attributes; an all-zero extended structure is valid.
+        let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: the program's attributes.
+        let a = unsafe { &mut *attr };
+        (ex.srq_context, ex.attr) = (a.srq_context, a.attr);
+        ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+        (ex.srq_type, ex.pd) = (IBV_SRQT_XRC, pd);
+        // SAFETY: the program's id; a local structure.
+        let rc = unsafe { softhca_rdma_create_srq_ex(p, &mut ex) };
+        a.attr = ex.attr;
+        return rc;
+    }
     if pd.is_null() {
         return err(libc::EINVAL);
     }
@@ -212,9 +261,9 @@ pub unsafe extern "C" fn softhca_rdma_create_srq(
 }
 
 /// librdmacm's `rdma_create_srq_ex`: the SRQ type must be given (EINVAL), the id's PD by
-/// default; then `ibv_create_srq_ex` makes it (a basic SRQ; a tag-matching one is
-/// EOPNOTSUPP, as the drop-in's libibverbs answers). An XRC SRQ is EOPNOTSUPP before that:
-/// librdmacm first opens an XRC domain for it, which the drop-in does not have.
+/// default; an XRC SRQ gets the device's XRC domain and the id's receive CQ (made if the id
+/// has none) unless the program names them; then `ibv_create_srq_ex` makes it (a
+/// tag-matching one is EOPNOTSUPP, as the drop-in's libibverbs answers).
 #[no_mangle]
 pub unsafe extern "C" fn softhca_rdma_create_srq_ex(p: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
     // SAFETY: the program's id.
@@ -234,15 +283,35 @@ pub unsafe extern "C" fn softhca_rdma_create_srq_ex(p: *mut rdma_cm_id, attr: *m
         a.pd = id.c.pd;
         a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
     }
+    let mut g = global();
+    let had_cq = !id.c.recv_cq.is_null();
     if a.srq_type == IBV_SRQT_XRC {
-        return err(libc::EOPNOTSUPP); // ibv_open_xrcd's answer
+        if a.comp_mask & IBV_SRQ_INIT_ATTR_XRCD == 0 || a.xrcd.is_null() {
+            match device_xrcd(&mut g) {
+                Ok(x) => a.xrcd = x.cast(),
+                Err(e) => return err(e),
+            }
+        }
+        if a.comp_mask & IBV_SRQ_INIT_ATTR_CQ == 0 || a.cq.is_null() {
+            // SAFETY: the id's context.
+            if let Err(e) = unsafe { create_cqs(id, 0, a.attr.max_wr) } {
+                return err(e);
+            }
+            a.cq = id.c.recv_cq;
+        }
+        a.comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
     }
     // SAFETY: the id's open context and the program's attributes.
     let srq = unsafe { crate::qp::create_srq_ex(id.c.verbs, attr) };
     if srq.is_null() {
-        return -1;
+        // SAFETY: errno of this thread, just set.
+        let e = unsafe { *libc::__errno_location() };
+        if !had_cq && id.c.qp.is_null() {
+            // SAFETY: the CQs made above for the SRQ.
+            unsafe { destroy_cqs(id) };
+        }
+        return err(e);
     }
-    let _g = global();
     if id.c.pd.is_null() {
         id.c.pd = a.pd;
     }
@@ -259,6 +328,10 @@ pub unsafe extern "C" fn softhca_rdma_destroy_srq(p: *mut rdma_cm_id) {
         unsafe { crate::qp::ibv_destroy_srq(id.c.srq) };
         id.c.srq = null_mut();
     }
+    // librdmacm's rdma_destroy_srq: then the id's CQs (an XRC target's were kept for its SRQ;
+    // one a QP still uses stays, as the kernel refuses it).
+    // SAFETY: the CQs the id holds.
+    unsafe { destroy_cqs(id) };
 }
 
 #[no_mangle]

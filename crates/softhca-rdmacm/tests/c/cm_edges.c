@@ -581,7 +581,9 @@ int main(int argc, char **argv)
 	CHECK(rdma_destroy_id(other) == 0);
 	CHECK(rdma_listen(listener, 8) == 0);
 
-	/* rdma_create_srq_ex: a basic SRQ on the id's PD; the type is required; XRC is not built. */
+	/* rdma_create_srq_ex: a basic SRQ on the id's PD; the type is required; an XRC SRQ gets
+	   the device's XRC domain and a CQ made for it (librdmacm's ucma_get_xrcd and
+	   ucma_create_cqs). */
 	{
 		struct ibv_srq_init_attr_ex sa;
 		memset(&sa, 0, sizeof sa);
@@ -590,7 +592,18 @@ int main(int argc, char **argv)
 		CHECK(rdma_create_srq_ex(listener, &sa) == -1 && errno == EINVAL);
 		sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
 		sa.srq_type = IBV_SRQT_XRC;
-		CHECK(rdma_create_srq_ex(listener, &sa) == -1 && errno == EOPNOTSUPP);
+		int xrc = rdma_create_srq_ex(listener, &sa);
+		if (xrc)
+			perror("rdma_create_srq_ex XRC");
+		CHECK(xrc == 0 && listener->srq && sa.xrcd && sa.cq == listener->recv_cq);
+		uint32_t srqn = 0;
+		CHECK(ibv_get_srq_num(listener->srq, &srqn) == 0 && srqn != 0);
+		rdma_destroy_srq(listener);
+		CHECK(listener->srq == NULL && listener->recv_cq == NULL);
+		memset(&sa, 0, sizeof sa);
+		sa.attr.max_wr = 8;
+		sa.attr.max_sge = 1;
+		sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
 		sa.srq_type = IBV_SRQT_BASIC;
 		CHECK(rdma_create_srq_ex(listener, &sa) == 0 && listener->srq && sa.pd == listener->pd);
 		rdma_destroy_srq(listener);
