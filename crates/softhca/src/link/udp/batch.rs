@@ -42,6 +42,8 @@ pub(super) struct Pending {
     pub(super) response: bool,
     /// RC, UC or XRC: its flow has one peer.
     pub(super) one_peer: bool,
+    /// XRC's (see [`requests_first`]).
+    pub(super) xrc: bool,
     /// From the alternate address (see [`AltAddr`]).
     pub(super) alt: bool,
     /// The header fields the core wrote that the kernel, which writes the header, is told
@@ -179,10 +181,14 @@ pub(super) struct SendScratch {
 }
 
 /// Within each flow (destination and source port: one QP's), its requests before its
-/// responses, each in batch order; the flows in the order they first appear. Uses the
-/// scratch's `order` and `run`: no allocation.
+/// responses, each in batch order; the flows in the order they first appear. XRC's datagrams
+/// to one address count as one flow here: a program's XRC conversation is an initiator QP
+/// that sends and a target QP that answers it, two flows, and the answer (its initiator's
+/// request) must leave before the target's ACK as RC's does, or the peer, polling for that ACK,
+/// takes it alone and turns to the memory the answer has not reached. Uses the scratch's
+/// `order` and `run`: no allocation.
 fn requests_first(pending: &mut Vec<Pending>, sc: &mut SendScratch) {
-    let flow = |p: &Pending| (p.dst, p.port);
+    let flow = |p: &Pending| (p.dst, (!p.xrc).then_some(p.port));
     sc.order.clear();
     sc.order.extend(pending.iter().enumerate().map(|(k, p)| {
         let first = pending.iter().position(|q| flow(q) == flow(p)).unwrap_or(k);
@@ -620,8 +626,9 @@ impl Io {
         }
         let port = UdpHeader::new_unchecked(&d[hl..]).src_port();
         let op = d[hl + UDP_HEADER_LEN];
-        let one_peer =
-            crate::wire::Opcode::from(op).service_range().is_some_and(crate::wire::ServiceType::is_connected);
+        let service = crate::wire::Opcode::from(op).service_range();
+        let one_peer = service.is_some_and(crate::wire::ServiceType::is_connected);
+        let xrc = service == Some(crate::wire::ServiceType::Xrc);
         let alt = self.alt.as_ref().is_some_and(|a| a.addr == src);
         Some(Pending {
             slot,
@@ -631,6 +638,7 @@ impl Io {
             port,
             response: is_response(op),
             one_peer,
+            xrc,
             alt,
             ip: sys::IpFields { v6: dst.is_ipv6(), tos, hop_limit: dst.is_multicast().then_some(hops) },
         })
@@ -1083,7 +1091,18 @@ mod tests {
 
     fn pending(slot: usize, port: u16, response: bool) -> Pending {
         let dst = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 9));
-        Pending { slot, start: 0, end: 0, dst, port, response, one_peer: true, alt: false, ip: Default::default() }
+        Pending {
+            slot,
+            start: 0,
+            end: 0,
+            dst,
+            port,
+            response,
+            one_peer: true,
+            xrc: false,
+            alt: false,
+            ip: Default::default(),
+        }
     }
 
     /// A superpacket's segment size is found by search: two real segments give the first's
@@ -1139,5 +1158,18 @@ mod tests {
         requests_first(&mut batch, &mut sc);
         let slots: Vec<usize> = batch.iter().map(|p| p.slot).collect();
         assert_eq!(slots, [2, 0, 3, 1]);
+    }
+
+    /// XRC's datagrams to one peer are one conversation: an initiator's request goes before a
+    /// target's ACK queued ahead of it (another QP's, another source port), as RC's answer goes
+    /// before its own QP's ACK; RC's flows keep their order.
+    #[test]
+    fn an_xrc_initiators_request_goes_before_its_targets_ack() {
+        let mut sc = SendScratch::default();
+        let xrc = |slot, port, response| Pending { xrc: true, ..pending(slot, port, response) };
+        let mut batch = vec![xrc(0, 100, true), pending(1, 300, true), xrc(2, 200, false), pending(3, 400, false)];
+        requests_first(&mut batch, &mut sc);
+        let slots: Vec<usize> = batch.iter().map(|p| p.slot).collect();
+        assert_eq!(slots, [2, 0, 1, 3]);
     }
 }
