@@ -287,20 +287,6 @@ impl Drop for Peer {
     }
 }
 
-/// Takes `ch`'s next event, which must be `want`, and acknowledges it.
-///
-/// # Safety
-/// `ch` is a live channel.
-unsafe fn expect(ch: *mut rdma_event_channel, want: c_int) {
-    let mut ev = null_mut();
-    // SAFETY: the caller's channel; the event is the library's until acknowledged.
-    unsafe {
-        assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
-        assert_eq!(((*ev).event, (*ev).status), (want, 0));
-        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
-    }
-}
-
 fn accept(l: c_int) -> c_int {
     // SAFETY: the listener; no address wanted.
     let s = unsafe { softhca_rs_accept(l, null_mut(), null_mut()) };

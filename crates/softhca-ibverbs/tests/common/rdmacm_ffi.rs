@@ -86,3 +86,17 @@ pub fn rc_init() -> ibv_qp_init_attr {
     attr.cap.max_recv_sge = 1;
     attr
 }
+
+/// Takes `ch`'s next event, which must be `want`, and acknowledges it.
+///
+/// # Safety
+/// `ch` is a live channel.
+pub unsafe fn expect(ch: *mut rdma_event_channel, want: c_int) {
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: the caller's channel; the event is the library's until acknowledged.
+    unsafe {
+        assert_eq!(softhca_rdma_get_cm_event(ch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).status), (want, 0));
+        assert_eq!(softhca_rdma_ack_cm_event(ev), 0);
+    }
+}
