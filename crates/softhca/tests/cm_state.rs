@@ -640,3 +640,47 @@ fn a_slow_consumer_gets_time_from_an_mra() {
     n.run(n.now + 200_000_000_000, accept);
     assert!(n.ev_a.contains(&CmEvent::Established { id, remote_qpn: 0x22, remote_psn: 0xDEF }), "{:?}", n.ev_a);
 }
+
+/// XRC (Linux's `cm_format_req`, `cm_format_rep` and `cm_rep_get_qpn`): a REQ of Transport
+/// Service Type 3 and Extended Transport Type 1 is answered with a REP that names the target
+/// QP in its Local EE Context Number, its Local QPN 0 and its SRQ bit set; the initiator takes
+/// the target's QPN from there (its Established event, `Cm::reply`), and its DREQ names it.
+/// An RC REP, beside it, keeps the QPN in the Local QPN.
+#[test]
+fn an_xrc_rep_names_the_target_in_its_eecn() {
+    let mut n = Net::new(12, 0.0, 0.0);
+    let req = CmReq {
+        service_id: SERVICE,
+        local_qpn: 0x11,
+        starting_psn: 0xABC,
+        remote_cm_response_timeout: 16,
+        local_cm_response_timeout: 16,
+        max_cm_retries: 15,
+        transport_service_type: 3,
+        extended_transport_type: 1,
+        partition_key: 0xFFFF,
+        path_mtu: 5,
+        primary_local_gid: A,
+        primary_remote_gid: B,
+        primary_hop_limit: 64,
+        ..Default::default()
+    };
+    let id = n.a.request(0, B, req);
+    n.run(10_000_000_000, accept);
+    let reps: Vec<CmRep> = n
+        .wire
+        .iter()
+        .filter(|(to_b, m)| !*to_b && attr(m) == CmRep::ATTRIBUTE_ID)
+        .map(|(_, m)| match CmMessage::parse(m) {
+            Ok((_, CmMessage::Rep(r))) => *r,
+            other => panic!("not a REP: {other:?}"),
+        })
+        .collect();
+    assert_eq!(reps.len(), 1);
+    assert_eq!((reps[0].local_qpn, reps[0].local_eecn, reps[0].srq), (0, 0x22, 1));
+    assert_eq!(n.ev_a, vec![CmEvent::Established { id, remote_qpn: 0x22, remote_psn: 0xDEF }]);
+    assert_eq!(n.a.reply(id).map(|r| r.local_qpn), Some(0x22));
+    assert!(n.a.disconnect(n.now, id));
+    n.run(20_000_000_000, accept);
+    assert!(n.ev_b.iter().any(|e| matches!(e, CmEvent::Disconnected { .. })), "the target took the DREQ: {:?}", n.ev_b);
+}

@@ -197,6 +197,31 @@ struct Conn {
     /// The Local CA GUID of the REQ or REP this side sent: a REJ Timeout carries it as its
     /// ARI, by which the peer finds the connection (see [`Cm::handle_timeout`]).
     local_ca_guid: u64,
+    /// An XRC connection (the REQ's Transport Service Type 3, Extended Transport Type 1): its
+    /// REP names the target QP in the Local EE Context Number, not the Local QPN (see [`xrc`]).
+    xrc: bool,
+}
+
+/// XRC's REQ and REP (IBA Annex A14; Linux's `cm_format_rep` and `cm_rep_get_qpn`): an XRC
+/// target's REP carries its QPN in the Local EE Context Number, its Local QPN 0 and its SRQ
+/// bit set (the target takes its receives from SRQs).
+mod xrc {
+    use super::{CmRep, CmReq};
+
+    pub(super) fn is(req: &CmReq) -> bool {
+        req.transport_service_type == 3 && req.extended_transport_type == 1
+    }
+
+    /// The REP a target sends for `rep`, whose Local QPN is its QP's.
+    pub(super) fn rep(mut rep: CmRep) -> CmRep {
+        (rep.local_eecn, rep.local_qpn, rep.srq) = (rep.local_qpn, 0, 1);
+        rep
+    }
+
+    /// The target's QPN in a REP an initiator got.
+    pub(super) fn qpn(rep: &CmRep) -> u32 {
+        rep.local_eecn
+    }
 }
 
 impl Conn {
@@ -465,6 +490,7 @@ impl Cm {
             rep: None,
             hold_rtu: false,
             local_ca_guid: req.local_ca_guid,
+            xrc: xrc::is(&req),
         };
         self.send_waiting(now, &mut conn, CmMessage::Req(Box::new(req)));
         self.put(id, conn);
@@ -524,7 +550,8 @@ impl Cm {
         self.conns.get(&id).is_some_and(|c| c.state == State::Established)
     }
 
-    /// The REP that answered the REQ of requester connection `id`.
+    /// The REP that answered the REQ of requester connection `id`, its Local QPN the
+    /// responder's QP's wherever the REP carried it (an XRC target's is in its Local EECN).
     pub fn reply(&self, id: CommId) -> Option<&CmRep> {
         self.conns.get(&id)?.rep.as_deref()
     }
@@ -544,6 +571,9 @@ impl Cm {
         rep.remote_comm_id = conn.remote_comm_id;
         conn.state = State::RepSent;
         conn.local_qpn = rep.local_qpn;
+        if conn.xrc {
+            rep = xrc::rep(rep);
+        }
         conn.local_ca_guid = rep.local_ca_guid;
         conn.retries_left = conn.max_retries;
         self.send_waiting(now, &mut conn, CmMessage::Rep(Box::new(rep)));
@@ -826,6 +856,7 @@ impl Cm {
             rep: None,
             hold_rtu: false,
             local_ca_guid: 0,
+            xrc: xrc::is(&req),
         };
         self.put(id, conn);
         self.by_remote.insert((peer, req.local_comm_id), id);
@@ -861,23 +892,20 @@ impl Cm {
         match conn.state {
             State::ReqSent => {
                 let Some(mut conn) = self.take(id) else { return false };
+                let qpn = if conn.xrc { xrc::qpn(rep) } else { rep.local_qpn };
                 conn.remote_comm_id = rep.local_comm_id;
-                conn.remote_qpn = rep.local_qpn;
+                conn.remote_qpn = qpn;
                 conn.remote_psn = rep.starting_psn;
                 conn.state = State::Established;
                 conn.deadline = None;
-                conn.rep = Some(Box::new(rep.clone()));
+                conn.rep = Some(Box::new(CmRep { local_qpn: qpn, ..rep.clone() }));
                 let rtu = CmRtu { local_comm_id: id, remote_comm_id: rep.local_comm_id, ..Default::default() };
                 let mad = self.build(conn.tid, &CmMessage::Rtu(Box::new(rtu)));
                 conn.last = mad.clone();
                 if !conn.hold_rtu {
                     self.out.push_back((peer, mad));
                 }
-                self.events.push_back(CmEvent::Established {
-                    id,
-                    remote_qpn: rep.local_qpn,
-                    remote_psn: rep.starting_psn,
-                });
+                self.events.push_back(CmEvent::Established { id, remote_qpn: qpn, remote_psn: rep.starting_psn });
                 self.put(id, conn);
                 true
             }
