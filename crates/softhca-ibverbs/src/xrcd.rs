@@ -21,10 +21,12 @@ use crate::{command, errno_of, fail};
 /// One domain and the opens that share it.
 pub(crate) struct Domain {
     pub(crate) xrcd: SoftXrcd,
-    /// The file's (device, inode), for a domain opened with a descriptor, and a descriptor of
-    /// the file kept open with the domain, so that the inode number cannot pass to another
-    /// file while the domain is known by it (the kernel holds the inode, `igrab`).
-    inode: Option<(Inode, std::os::fd::OwnedFd)>,
+    /// The file's (device, inode), for a domain opened with a descriptor, and an O_PATH
+    /// descriptor of the file kept with the domain, so that the inode number cannot pass to
+    /// another file while the domain is known by it (the kernel holds the inode, `igrab`).
+    /// O_PATH: closing it releases none of the program's POSIX locks on the file, which
+    /// closing a descriptor of it otherwise does. None where /proc is not there to reopen it.
+    inode: Option<(Inode, Option<std::os::fd::OwnedFd>)>,
     /// Handles open on it.
     opens: AtomicU32,
 }
@@ -105,15 +107,7 @@ pub(crate) unsafe extern "C" fn open_xrcd(c: *mut ibv_context, attr: *mut ibv_xr
         Some(d) => d,
         None if inode.is_some() && a.oflags & libc::O_CREAT == 0 => return fail(libc::EAGAIN),
         None => {
-            let pinned = match inode {
-                // SAFETY: a descriptor fstat just accepted; dup gives a new one or fails.
-                Some(k) => match unsafe { libc::fcntl(a.fd, libc::F_DUPFD_CLOEXEC, 0) } {
-                    // SAFETY: a descriptor just made and owned by nobody else.
-                    fd if fd >= 0 => Some((k, unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })),
-                    _ => return fail(libc::EMFILE),
-                },
-                None => None,
-            };
+            let pinned = inode.map(|k| (k, path_of(a.fd)));
             let xrcd = match cx.ctx.open_xrcd() {
                 Ok(x) => x,
                 Err(e) => return fail(errno_of(&e)),
@@ -128,6 +122,15 @@ pub(crate) unsafe extern "C" fn open_xrcd(c: *mut ibv_context, attr: *mut ibv_xr
     domain.opens.fetch_add(1, Ordering::AcqRel);
     drop(table);
     Box::into_raw(Box::new(Xrcd { ibv: ibv_xrcd { context: c }, domain, users: AtomicU32::new(0) })).cast()
+}
+
+/// An O_PATH descriptor of the file `fd` is open on (see `Domain::inode`).
+fn path_of(fd: c_int) -> Option<std::os::fd::OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).ok()?;
+    // SAFETY: a NUL-terminated path; open returns a new descriptor or -1.
+    let pinned = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    // SAFETY: a descriptor just opened and owned by nobody else.
+    (pinned >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(pinned) })
 }
 
 /// `verbs_context.close_xrcd`: EBUSY while an XRC SRQ or target QP made with this handle

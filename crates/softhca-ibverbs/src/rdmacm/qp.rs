@@ -56,28 +56,36 @@ fn device_xrcd(g: &mut Global) -> Result<*mut ibv_xrcd, c_int> {
 
 /// librdmacm's `ucma_destroy_cqs`: the CQs and channels in the id's fields, whoever put them
 /// there (librdmacm's `rdma_create_qp`, or a program such as the rsocket layer), each once;
-/// not an XRC target's while its SRQ (which completes on them) is there.
+/// not an XRC target's while its SRQ (which completes on them) is there. One the library
+/// refuses to destroy (a QP or SRQ still uses it) stays in the id, which still has it.
 pub(super) unsafe fn destroy_cqs(id: &mut Id) {
     if id.c.qp_type == IBV_QPT_XRC_RECV && !id.c.srq.is_null() {
         return;
     }
     let c = &mut id.c;
-    // SAFETY: CQs and channels of this library that the id holds.
-    unsafe {
-        if !c.recv_cq.is_null() {
-            crate::cq::ibv_destroy_cq(c.recv_cq);
+    // SAFETY (each call): CQs and channels of this library that the id holds.
+    let cq_gone = |cq: *mut ibv_cq| unsafe { crate::cq::ibv_destroy_cq(cq) } == 0;
+    let channel_gone = |ch: *mut ibv_comp_channel| unsafe { crate::cq::ibv_destroy_comp_channel(ch) } == 0;
+    let shared_cq = c.send_cq == c.recv_cq;
+    if !c.recv_cq.is_null() && cq_gone(c.recv_cq) {
+        if shared_cq {
+            c.send_cq = null_mut();
         }
-        if !c.send_cq.is_null() && c.send_cq != c.recv_cq {
-            crate::cq::ibv_destroy_cq(c.send_cq);
-        }
-        if !c.recv_cq_channel.is_null() {
-            crate::cq::ibv_destroy_comp_channel(c.recv_cq_channel);
-        }
-        if !c.send_cq_channel.is_null() && c.send_cq_channel != c.recv_cq_channel {
-            crate::cq::ibv_destroy_comp_channel(c.send_cq_channel);
-        }
+        c.recv_cq = null_mut();
     }
-    (c.recv_cq, c.send_cq, c.recv_cq_channel, c.send_cq_channel) = (null_mut(), null_mut(), null_mut(), null_mut());
+    if !c.send_cq.is_null() && !shared_cq && cq_gone(c.send_cq) {
+        c.send_cq = null_mut();
+    }
+    let shared_channel = c.send_cq_channel == c.recv_cq_channel;
+    if !c.recv_cq_channel.is_null() && channel_gone(c.recv_cq_channel) {
+        if shared_channel {
+            c.send_cq_channel = null_mut();
+        }
+        c.recv_cq_channel = null_mut();
+    }
+    if !c.send_cq_channel.is_null() && !shared_channel && channel_gone(c.send_cq_channel) {
+        c.send_cq_channel = null_mut();
+    }
 }
 
 #[no_mangle]
@@ -295,7 +303,22 @@ pub unsafe extern "C" fn softhca_rdma_create_srq_ex(p: *mut rdma_cm_id, attr: *m
         if a.comp_mask & IBV_SRQ_INIT_ATTR_CQ == 0 || a.cq.is_null() {
             // SAFETY: the id's context.
             if let Err(e) = unsafe { create_cqs(id, 0, a.attr.max_wr) } {
+                if !had_cq {
+                    // SAFETY: what create_cqs made before it failed.
+                    unsafe { destroy_cqs(id) };
+                }
                 return err(e);
+            }
+            // librdmacm makes the SRQ a CQ of its size; the id's receive CQ, made for its
+            // target QP's (absent) receives, may be smaller: it grows (the target QP holds it
+            // not).
+            // SAFETY: the id's live CQ.
+            if had_cq && unsafe { (*id.c.recv_cq).cqe } < a.attr.max_wr as c_int {
+                // SAFETY: as above.
+                let rc = unsafe { crate::cq::ibv_resize_cq(id.c.recv_cq, a.attr.max_wr as c_int) };
+                if rc != 0 {
+                    return err(rc);
+                }
             }
             a.cq = id.c.recv_cq;
         }

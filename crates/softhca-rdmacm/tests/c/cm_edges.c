@@ -598,6 +598,17 @@ int main(int argc, char **argv)
 		CHECK(xrc == 0 && listener->srq && sa.xrcd && sa.cq == listener->recv_cq);
 		uint32_t srqn = 0;
 		CHECK(ibv_get_srq_num(listener->srq, &srqn) == 0 && srqn != 0);
+		/* A second, larger one on the id's CQ, which grows to its size (librdmacm makes it a
+		   CQ of its own size); the id's CQ stays while the first SRQ uses it. */
+		struct ibv_srq *first = listener->srq;
+		sa.attr.max_wr = 300;
+		sa.cq = NULL;
+		sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
+		CHECK(rdma_create_srq_ex(listener, &sa) == 0 && listener->srq != first);
+		CHECK(sa.cq == listener->recv_cq && listener->recv_cq->cqe >= 300);
+		rdma_destroy_srq(listener);
+		CHECK(listener->srq == NULL && listener->recv_cq != NULL);
+		CHECK(ibv_destroy_srq(first) == 0);
 		rdma_destroy_srq(listener);
 		CHECK(listener->srq == NULL && listener->recv_cq == NULL);
 		memset(&sa, 0, sizeof sa);
