@@ -47,6 +47,61 @@ impl Drop for LastHandle {
     }
 }
 
+/// Why [`Users::retire`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retire {
+    /// Retired already.
+    Gone,
+    /// Objects still use it.
+    InUse,
+}
+
+/// What other objects hold and its destroy waits for: a PD (its MRs, QPs, AHs, SRQs), an XRC
+/// domain (its SRQs and target QPs). A hold counts itself and then looks for the retirement; a
+/// retirement marks itself and then looks for holds. SeqCst, all four: each side stores, then
+/// loads what the other stores (a store-buffering handshake, which weaker orders let both
+/// sides miss: a QP made on a PD deallocated at the same moment).
+#[derive(Debug, Default)]
+pub(crate) struct Users {
+    count: std::sync::atomic::AtomicU32,
+    gone: std::sync::atomic::AtomicBool,
+}
+
+impl Users {
+    /// One more user; false (and not counted) once retired.
+    pub fn hold(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.count.fetch_add(1, SeqCst);
+        if self.gone.load(SeqCst) {
+            self.count.fetch_sub(1, SeqCst);
+            return false;
+        }
+        true
+    }
+
+    pub fn release(&self) {
+        self.count.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether it was retired.
+    pub fn gone(&self) -> bool {
+        self.gone.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Retires it, unless it is retired already or anything holds it.
+    pub fn retire(&self) -> std::result::Result<(), Retire> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.gone.swap(true, SeqCst) {
+            return Err(Retire::Gone);
+        }
+        if self.count.load(SeqCst) != 0 {
+            self.gone.store(false, SeqCst);
+            return Err(Retire::InUse);
+        }
+        Ok(())
+    }
+}
+
 pub use ah::Ah;
 pub use cm_agent::CmAgent;
 pub use cq::{CompChannel, Cq};
@@ -64,3 +119,25 @@ pub use srq::{Srq, SrqAttr, SrqInitAttr};
 pub use types::*;
 pub use wr::{FastRegWr, MwBind, RawFields, RecvWr, SendFlags, SendWr, WrOpcode, MAX_MSG_SIZE};
 pub use xrcd::Xrcd;
+
+#[cfg(test)]
+mod tests {
+    use super::{Retire, Users};
+
+    /// A held object is not retired (and stays usable); released, it is, once; retired, it
+    /// takes no hold.
+    #[test]
+    fn users_retire_only_when_nothing_holds() {
+        let u = Users::default();
+        assert!(u.hold());
+        assert_eq!(u.retire(), Err(Retire::InUse));
+        assert!(!u.gone(), "a refused retirement leaves it usable");
+        assert!(u.hold());
+        u.release();
+        u.release();
+        assert_eq!(u.retire(), Ok(()));
+        assert!(u.gone());
+        assert!(!u.hold(), "no hold once retired");
+        assert_eq!(u.retire(), Err(Retire::Gone));
+    }
+}

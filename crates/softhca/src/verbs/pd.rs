@@ -1,23 +1,22 @@
 //! Protection Domains: the scope in which keys, QPs and address handles meet.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::device::{give, take, Context, DeviceInner};
 use super::error::{Result, VerbsError};
+use super::{Retire, Users};
 
 pub(crate) struct PdInner {
     pub handle: u32,
     pub dev: Arc<DeviceInner>,
-    destroyed: AtomicBool,
-    /// MRs, QPs and AHs created in this PD and not yet destroyed.
-    users: AtomicU32,
+    /// MRs, QPs, AHs and SRQs created in this PD and not yet destroyed.
+    users: Users,
 }
 
 impl PdInner {
     pub fn check(&self) -> Result<()> {
         self.dev.check_open()?;
-        if self.destroyed.load(Ordering::Acquire) {
+        if self.users.gone() {
             return Err(VerbsError::InvalidPd);
         }
         Ok(())
@@ -25,16 +24,11 @@ impl PdInner {
 
     /// Records one more object using this PD; fails if the PD was deallocated meanwhile.
     pub fn hold(&self) -> Result<()> {
-        self.users.fetch_add(1, Ordering::AcqRel);
-        if self.destroyed.load(Ordering::Acquire) {
-            self.users.fetch_sub(1, Ordering::AcqRel);
-            return Err(VerbsError::InvalidPd);
-        }
-        Ok(())
+        self.users.hold().then_some(()).ok_or(VerbsError::InvalidPd)
     }
 
     pub fn release(&self) {
-        self.users.fetch_sub(1, Ordering::AcqRel);
+        self.users.release();
     }
 }
 
@@ -65,8 +59,7 @@ impl Context {
             inner: Arc::new(PdInner {
                 handle: self.inner.new_handle(),
                 dev: self.inner.clone(),
-                destroyed: AtomicBool::new(false),
-                users: AtomicU32::new(0),
+                users: Users::default(),
             }),
         })
     }
@@ -85,11 +78,10 @@ impl Pd {
     /// it.
     pub fn dealloc(&self) -> Result<()> {
         self.inner.check()?;
-        // Mark first, then look: a concurrent `hold` either sees the mark or is counted here.
-        self.inner.destroyed.store(true, Ordering::Release);
-        if self.inner.users.load(Ordering::Acquire) != 0 {
-            self.inner.destroyed.store(false, Ordering::Release);
-            return Err(VerbsError::InUse("protection domain has MRs, QPs or AHs"));
+        match self.inner.users.retire() {
+            Ok(()) => {}
+            Err(Retire::Gone) => return Err(VerbsError::InvalidPd),
+            Err(Retire::InUse) => return Err(VerbsError::InUse("protection domain has MRs, QPs or AHs")),
         }
         give(&self.inner.dev.counts.pd);
         Ok(())

@@ -7,7 +7,6 @@
 //! they are for every other service type, the domain lends its target QPs a PD and a CQ of its
 //! own, which no key names and no completion reaches.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::cq::Cq;
@@ -16,15 +15,15 @@ use super::error::{Result, VerbsError};
 use super::pd::Pd;
 use super::qp::{Qp, QpInitAttr};
 use super::types::QpType;
+use super::{Retire, Users};
 use crate::transport::qp::QpCap;
 
 pub(crate) struct XrcdInner {
     pub handle: u32,
     pub dev: Arc<DeviceInner>,
-    closed: AtomicBool,
     /// XRC SRQs and target QPs in the domain, not yet destroyed: Close XRC Domain waits for
     /// none (the kernel's `usecnt`, EBUSY).
-    users: AtomicU32,
+    users: Users,
     /// Lent to the target QPs (module doc).
     tgt_pd: Pd,
     tgt_cq: Cq,
@@ -33,26 +32,19 @@ pub(crate) struct XrcdInner {
 impl XrcdInner {
     pub fn check(&self) -> Result<()> {
         self.dev.check_open()?;
-        if self.closed.load(Ordering::Acquire) {
+        if self.users.gone() {
             return Err(VerbsError::InvalidArgument("closed XRC domain"));
         }
         Ok(())
     }
 
     /// Records one more SRQ or target QP in the domain; fails if it was closed meanwhile.
-    /// SeqCst, with [`Xrcd::close`]'s: each side stores, then loads what the other stores (a
-    /// store-buffering handshake, which weaker orders let both sides miss).
     pub fn hold(&self) -> Result<()> {
-        self.users.fetch_add(1, Ordering::SeqCst);
-        if self.closed.load(Ordering::SeqCst) {
-            self.users.fetch_sub(1, Ordering::AcqRel);
-            return Err(VerbsError::InvalidArgument("closed XRC domain"));
-        }
-        Ok(())
+        self.users.hold().then_some(()).ok_or(VerbsError::InvalidArgument("closed XRC domain"))
     }
 
     pub fn release(&self) {
-        self.users.fetch_sub(1, Ordering::AcqRel);
+        self.users.release();
     }
 }
 
@@ -94,8 +86,7 @@ impl Context {
             inner: Arc::new(XrcdInner {
                 handle: self.inner.new_handle(),
                 dev: self.inner.clone(),
-                closed: AtomicBool::new(false),
-                users: AtomicU32::new(0),
+                users: Users::default(),
                 tgt_pd,
                 tgt_cq,
             }),
@@ -111,17 +102,10 @@ impl Xrcd {
     /// Close XRC Domain: `InUse` while an XRC SRQ or target QP is in it.
     pub fn close(&self) -> Result<()> {
         self.inner.dev.check_open()?;
-        if self.inner.users.load(Ordering::Acquire) > 0 {
-            return Err(VerbsError::InUse("XRC domain has SRQs or target QPs"));
-        }
-        if self.inner.closed.swap(true, Ordering::SeqCst) {
-            return Err(VerbsError::InvalidArgument("XRC domain already closed"));
-        }
-        // A hold that raced the check above sees `closed` and gives its hold back (SeqCst: see
-        // `XrcdInner::hold`).
-        if self.inner.users.load(Ordering::SeqCst) > 0 {
-            self.inner.closed.store(false, Ordering::Release);
-            return Err(VerbsError::InUse("XRC domain has SRQs or target QPs"));
+        match self.inner.users.retire() {
+            Ok(()) => {}
+            Err(Retire::Gone) => return Err(VerbsError::InvalidArgument("XRC domain already closed")),
+            Err(Retire::InUse) => return Err(VerbsError::InUse("XRC domain has SRQs or target QPs")),
         }
         let _ = self.inner.tgt_cq.destroy();
         let _ = self.inner.tgt_pd.dealloc();
