@@ -275,6 +275,41 @@ fn an_early_disconnect_of_a_request_leaves_it_to_be_answered() {
     }
 }
 
+/// A request goes only to a listener of its QP type (Linux's `cma_ib_check_req_qp_type`): a UC
+/// endpoint's REQ to an RC listener (an id of `RDMA_PS_TCP`) is rejected with Consumer Reject,
+/// so the synchronous connect fails with ECONNREFUSED. Before, the RC listener took it, and
+/// nobody answered a UC request there.
+#[test]
+fn a_request_goes_only_to_a_listener_of_its_qp_type() {
+    let _dog = Watchdog::start("a_request_goes_only_to_a_listener_of_its_qp_type", 0);
+    // SAFETY: the library's own objects, each destroyed once by the program; local addresses,
+    // hints and attributes.
+    unsafe {
+        let e = Link::listening(7398);
+        let mut dst = sin([127, 0, 0, 178], 7398);
+        let mut res: rdma_addrinfo = std::mem::zeroed();
+        res.ai_family = libc::AF_INET;
+        res.ai_qp_type = IBV_QPT_UC;
+        res.ai_port_space = RDMA_PS_TCP;
+        res.ai_dst_addr = (&raw mut dst).cast();
+        res.ai_dst_len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let mut attr = rc_init();
+        attr.qp_type = IBV_QPT_UC;
+        let mut uc = null_mut();
+        assert_eq!(softhca_rdma_create_ep(&mut uc, &mut res, null_mut(), &mut attr), 0, "{}", errno());
+        assert_eq!((softhca_rdma_connect(uc, &mut conn_param()), errno()), (-1, libc::ECONNREFUSED));
+        let ev = (*uc).event;
+        assert!(!ev.is_null());
+        assert_eq!(((*ev).event, (*ev).status), (RDMA_CM_EVENT_REJECTED, 28), "Consumer Reject");
+        softhca_rdma_destroy_ep(uc);
+        for id in [e.c, e.l] {
+            assert_eq!(softhca_rdma_destroy_id(id), 0);
+        }
+        softhca_rdma_destroy_event_channel(e.lch);
+        softhca_rdma_destroy_event_channel(e.cch);
+    }
+}
+
 /// `RDMA_OPTION_ID_ACK_TIMEOUT` as Linux's `rdma_set_ack_timeout` has it: EINVAL on a UD id;
 /// set before the route is resolved, the route's packet lifetime is one less (14: 13), and
 /// the REQ's Local ACK Timeout follows from it and the CA's ACK delay (15: 16), which the

@@ -717,12 +717,11 @@ impl Global {
         // takes every request; any other only those of its address family, and one bound to
         // an address only those addressed to it. Of the listeners on a port (each on its own
         // address, or family), the first that takes it.
-        // An XRC request goes to an XRC listener only, and no other to one (Linux's
-        // `cma_ib_check_req_qp_type`; UC and RC requests share RC's listeners here).
-        let xrc = |t: c_int| matches!(t, IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV);
-        let takes = |l: &Id| {
-            xrc(l.c.qp_type) == xrc(qp_type) && l.src_addr().is_some_and(|a| listener_takes(a, l.afonly(a), hdr.dst))
-        };
+        // And only a listener of the request's QP type (Linux's `cma_ib_check_req_qp_type`):
+        // RC for RC, UC for UC, an XRC target for XRC; a request no listener takes is rejected
+        // (Consumer Reject, as the kernel's CM id destroyed in REQ Received sends it).
+        let takes =
+            |l: &Id| l.c.qp_type == qp_type && l.src_addr().is_some_and(|a| listener_takes(a, l.afonly(a), hdr.dst));
         let listener = self.listeners.get(&service_id)?.iter().filter_map(|&s| self.id(s)).find(|l| takes(l))?;
         let dev = self.dev.as_ref()?;
         let (ctx, dev_pd, gid, mtu) = (dev.ctx, dev.pd, dev.gid, dev.active_mtu);
