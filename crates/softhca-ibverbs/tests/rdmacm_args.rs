@@ -275,32 +275,63 @@ fn an_early_disconnect_of_a_request_leaves_it_to_be_answered() {
     }
 }
 
-/// A request goes only to a listener of its QP type (Linux's `cma_ib_check_req_qp_type`): a UC
-/// endpoint's REQ to an RC listener (an id of `RDMA_PS_TCP`) is rejected with Consumer Reject,
-/// so the synchronous connect fails with ECONNREFUSED. Before, the RC listener took it, and
-/// nobody answered a UC request there.
+/// A request goes only to a listener of its QP type (Linux's `cma_ib_check_req_qp_type`), the
+/// type of the ids' kernel ids (`ucma_get_qp_type`): in the IB port space a UC endpoint's REQ
+/// to an RC listener is rejected (Consumer Reject: the synchronous connect fails with
+/// ECONNREFUSED); in the TCP port space every id is RC to the kernel, so the same endpoint's
+/// REQ is RC's and reaches an RC listener. Before, the listener took the UC request in either.
 #[test]
 fn a_request_goes_only_to_a_listener_of_its_qp_type() {
     let _dog = Watchdog::start("a_request_goes_only_to_a_listener_of_its_qp_type", 0);
     // SAFETY: the library's own objects, each destroyed once by the program; local addresses,
     // hints and attributes.
     unsafe {
-        let e = Link::listening(7398);
-        let mut dst = sin([127, 0, 0, 178], 7398);
-        let mut res: rdma_addrinfo = std::mem::zeroed();
-        res.ai_family = libc::AF_INET;
-        res.ai_qp_type = IBV_QPT_UC;
-        res.ai_port_space = RDMA_PS_TCP;
-        res.ai_dst_addr = (&raw mut dst).cast();
-        res.ai_dst_len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        let mut attr = rc_init();
-        attr.qp_type = IBV_QPT_UC;
-        let mut uc = null_mut();
-        assert_eq!(softhca_rdma_create_ep(&mut uc, &mut res, null_mut(), &mut attr), 0, "{}", errno());
+        device_on_178();
+        let uc_endpoint = |ps: c_int, port: u16| {
+            let mut dst = sin([127, 0, 0, 178], port);
+            let mut res: rdma_addrinfo = std::mem::zeroed();
+            res.ai_family = libc::AF_INET;
+            res.ai_qp_type = IBV_QPT_UC;
+            res.ai_port_space = ps;
+            res.ai_dst_addr = (&raw mut dst).cast();
+            res.ai_dst_len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let mut attr = rc_init();
+            attr.qp_type = IBV_QPT_UC;
+            let mut uc = null_mut();
+            assert_eq!(softhca_rdma_create_ep(&mut uc, &mut res, null_mut(), &mut attr), 0, "{}", errno());
+            uc
+        };
+        // The IB port space: an RC listener refuses a UC request.
+        let lch = softhca_rdma_create_event_channel();
+        let mut l = null_mut();
+        assert_eq!(softhca_rdma_create_id(lch, &mut l, null_mut(), RDMA_PS_IB), 0);
+        let mut a = sin([127, 0, 0, 178], 7398);
+        assert_eq!(softhca_rdma_bind_addr(l, (&raw mut a).cast()), 0, "bind: {}", errno());
+        assert_eq!(softhca_rdma_listen(l, 4), 0);
+        let uc = uc_endpoint(RDMA_PS_IB, 7398);
         assert_eq!((softhca_rdma_connect(uc, &mut conn_param()), errno()), (-1, libc::ECONNREFUSED));
         let ev = (*uc).event;
         assert!(!ev.is_null());
         assert_eq!(((*ev).event, (*ev).status), (RDMA_CM_EVENT_REJECTED, 28), "Consumer Reject");
+        softhca_rdma_destroy_ep(uc);
+        assert_eq!(softhca_rdma_destroy_id(l), 0);
+        softhca_rdma_destroy_event_channel(lch);
+        // The TCP port space: the request is RC's and the RC listener gets it.
+        let e = Link::listening(7399);
+        let uc = uc_endpoint(RDMA_PS_TCP, 7399);
+        // A synchronous connect would wait for the answer: the endpoint's REQ is seen through
+        // the listener, which then rejects it.
+        std::thread::scope(|t| {
+            let uc = uc as usize;
+            let connect = t.spawn(move || {
+                let r = softhca_rdma_connect(uc as *mut rdma_cm_id, &mut conn_param());
+                (r, errno())
+            });
+            let s = e.request();
+            assert_eq!(softhca_rdma_reject(s, null_mut(), 0), 0);
+            assert_eq!(connect.join().unwrap(), (-1, libc::ECONNREFUSED));
+            assert_eq!(softhca_rdma_destroy_id(s), 0);
+        });
         softhca_rdma_destroy_ep(uc);
         for id in [e.c, e.l] {
             assert_eq!(softhca_rdma_destroy_id(id), 0);

@@ -372,6 +372,18 @@ pub(crate) fn debug(line: impl FnOnce() -> String) {
     }
 }
 
+/// The QP type of an id's kernel id (Linux's `ucma_get_qp_type`): RC for the TCP port space
+/// and UD for UDP and IPoIB, whatever librdmacm was told; the IB port space's is the id's.
+/// It is the type a REQ says and a listener matches (an RC connection on a TCP id, whatever
+/// QP the program makes).
+pub(super) fn kernel_qp_type(ps: c_int, qp_type: c_int) -> c_int {
+    match ps {
+        RDMA_PS_TCP => IBV_QPT_RC,
+        RDMA_PS_UDP | RDMA_PS_IPOIB => IBV_QPT_UD,
+        _ => qp_type,
+    }
+}
+
 /// Whether a listener bound to `bound` (AFONLY or not) takes a request addressed to `dst`
 /// (Linux's `cma_match_private_data`): on the any address and not AFONLY, every request;
 /// else only those of its family, and bound to an address, only those addressed to it.
@@ -717,11 +729,14 @@ impl Global {
         // takes every request; any other only those of its address family, and one bound to
         // an address only those addressed to it. Of the listeners on a port (each on its own
         // address, or family), the first that takes it.
-        // And only a listener of the request's QP type (Linux's `cma_ib_check_req_qp_type`):
-        // RC for RC, UC for UC, an XRC target for XRC; a request no listener takes is rejected
-        // (Consumer Reject, as the kernel's CM id destroyed in REQ Received sends it).
-        let takes =
-            |l: &Id| l.c.qp_type == qp_type && l.src_addr().is_some_and(|a| listener_takes(a, l.afonly(a), hdr.dst));
+        // And only a listener of the request's QP type (Linux's `cma_ib_check_req_qp_type`),
+        // the type its kernel id has (`kernel_qp_type`), or none; a request no listener takes
+        // is rejected (Consumer Reject, as the kernel's CM id destroyed in REQ Received
+        // sends it).
+        let takes = |l: &Id| {
+            let t = kernel_qp_type(l.c.ps, l.c.qp_type);
+            (t == 0 || t == qp_type) && l.src_addr().is_some_and(|a| listener_takes(a, l.afonly(a), hdr.dst))
+        };
         let listener = self.listeners.get(&service_id)?.iter().filter_map(|&s| self.id(s)).find(|l| takes(l))?;
         let dev = self.dev.as_ref()?;
         let (ctx, dev_pd, gid, mtu) = (dev.ctx, dev.pd, dev.gid, dev.active_mtu);
