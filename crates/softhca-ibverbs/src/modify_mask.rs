@@ -26,33 +26,27 @@ const fn r(required: c_int, optional: c_int) -> Rule {
 const BARE: Rule = r(0, 0);
 
 /// One row of the kernel's `qp_state_table`: a transition Linux allows, with its rules for
-/// RC, UC, UD, Raw Packet, XRC initiator and XRC target, in the order of [`column()`].
+/// RC, UC, UD and Raw Packet, in the order of [`column()`].
 struct Transition {
     from: QpState,
     to: QpState,
-    rules: [Rule; 6],
+    rules: [Rule; 4],
 }
 
 use QpState as S;
 
-const fn t(from: QpState, to: QpState, rules: [Rule; 6]) -> Transition {
+const fn t(from: QpState, to: QpState, rules: [Rule; 4]) -> Transition {
     Transition { from, to, rules }
 }
 
-const fn same(rule: Rule) -> [Rule; 6] {
-    [rule; 6]
+const fn same(rule: Rule) -> [Rule; 4] {
+    [rule, rule, rule, rule]
 }
 
 /// RC, UC and UD as given; a Raw Packet QP takes nothing (it has the port at Reset → Init and
-/// Init → Init only, MOD-RAW-1); the XRC initiator and target as RC (the rows where they
-/// differ spell them out).
-const fn connected(rc: Rule, uc: Rule, ud: Rule) -> [Rule; 6] {
-    [rc, uc, ud, BARE, rc, rc]
-}
-
-/// [`connected`] with the XRC initiator's and target's own rules.
-const fn with_xrc(rc: Rule, uc: Rule, ud: Rule, ini: Rule, tgt: Rule) -> [Rule; 6] {
-    [rc, uc, ud, BARE, ini, tgt]
+/// Init → Init only, MOD-RAW-1).
+const fn connected(rc: Rule, uc: Rule, ud: Rule) -> [Rule; 4] {
+    [rc, uc, ud, BARE]
 }
 
 const CUR: c_int = IBV_QP_CUR_STATE;
@@ -80,30 +74,27 @@ const RC_SQD_SQD: c_int = IBV_QP_PORT
     | MIG;
 const UC_SQD_SQD: c_int = IBV_QP_AV | ALT | ACCESS | PKEY | MIG;
 const UD_SQD_SQD: c_int = PKEY | IBV_QP_QKEY;
-const INI_SQD_SQD: c_int = IBV_QP_PORT
-    | IBV_QP_AV
-    | IBV_QP_TIMEOUT
-    | IBV_QP_RETRY_CNT
-    | IBV_QP_RNR_RETRY
-    | IBV_QP_MAX_QP_RD_ATOMIC
-    | ALT
-    | ACCESS
-    | PKEY
-    | MIG;
-const TGT_SQD_SQD: c_int =
-    IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_MAX_DEST_RD_ATOMIC | ALT | ACCESS | PKEY | RNR_TIMER | MIG;
+
+/// What an XRC QP's side lacks of RC's attributes: an initiator's responder attributes, a
+/// target's requester attributes beyond its Local ACK Timeout and SQ PSN. The kernel's
+/// `qp_state_table` columns for `IB_QPT_XRC_INI` and `IB_QPT_XRC_TGT` are RC's less these
+/// (see [`rule`]), and uverbs takes them out of an XRC QP's Modify QP before the table sees it
+/// (`modify_qp_mask`, see [`applicable`]).
+fn xrc_lacks(qp_type: QpType) -> c_int {
+    match qp_type {
+        QpType::XrcSend => IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+        QpType::XrcRecv => IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY,
+        _ => 0,
+    }
+}
 
 /// What uverbs takes out of an XRC QP's Modify QP before the table sees it (`modify_qp_mask`):
 /// the attributes of the side the QP lacks, which programs such as perftest pass to both.
 pub fn applicable(qp_type: QpType, mask: c_int) -> c_int {
-    match qp_type {
-        QpType::XrcSend => mask & !(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
-        QpType::XrcRecv => mask & !(IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY),
-        _ => mask,
-    }
+    mask & !xrc_lacks(qp_type)
 }
 
-/// The kernel's `qp_state_table` (drivers/infiniband/core/verbs.c) for RC, UC, UD and XRC; a
+/// The kernel's `qp_state_table` (drivers/infiniband/core/verbs.c) for RC, UC and UD; a
 /// (from, to) pair that is not here is refused. Linux has no row for Reset → Error.
 const LINUX: &[Transition] = &[
     t(S::Reset, S::Reset, same(BARE)),
@@ -115,8 +106,6 @@ const LINUX: &[Transition] = &[
             r(PKEY | IBV_QP_PORT | ACCESS, 0),
             r(PKEY | IBV_QP_PORT | IBV_QP_QKEY, 0),
             r(IBV_QP_PORT, 0),
-            r(PKEY | IBV_QP_PORT | ACCESS, 0),
-            r(PKEY | IBV_QP_PORT | ACCESS, 0),
         ],
     ),
     t(S::Init, S::Reset, same(BARE)),
@@ -129,19 +118,15 @@ const LINUX: &[Transition] = &[
             r(0, PKEY | IBV_QP_PORT | ACCESS),
             r(0, PKEY | IBV_QP_PORT | IBV_QP_QKEY),
             r(0, IBV_QP_PORT),
-            r(0, PKEY | IBV_QP_PORT | ACCESS),
-            r(0, PKEY | IBV_QP_PORT | ACCESS),
         ],
     ),
     t(
         S::Init,
         S::Rtr,
-        with_xrc(
+        connected(
             r(PATH | IBV_QP_MAX_DEST_RD_ATOMIC | RNR_TIMER, ALT | ACCESS | PKEY),
             r(PATH, ALT | ACCESS | PKEY),
             r(0, PKEY | IBV_QP_QKEY),
-            r(PATH, ALT | ACCESS | PKEY),
-            r(PATH | IBV_QP_MAX_DEST_RD_ATOMIC | RNR_TIMER, ALT | ACCESS | PKEY),
         ),
     ),
     t(S::Rtr, S::Reset, same(BARE)),
@@ -149,12 +134,10 @@ const LINUX: &[Transition] = &[
     t(
         S::Rtr,
         S::Rts,
-        with_xrc(
+        connected(
             r(RC_SEND, CUR | ALT | ACCESS | RNR_TIMER | MIG),
             r(IBV_QP_SQ_PSN, CUR | ALT | ACCESS | MIG),
             r(IBV_QP_SQ_PSN, CUR | IBV_QP_QKEY),
-            r(RC_SEND, CUR | ALT | ACCESS | MIG),
-            r(IBV_QP_TIMEOUT | IBV_QP_SQ_PSN, CUR | ALT | ACCESS | MIG | RNR_TIMER),
         ),
     ),
     t(S::Rts, S::Reset, same(BARE)),
@@ -162,13 +145,7 @@ const LINUX: &[Transition] = &[
     t(
         S::Rts,
         S::Rts,
-        with_xrc(
-            r(0, CUR | ACCESS | ALT | MIG | RNR_TIMER),
-            r(0, CUR | ACCESS | ALT | MIG),
-            r(0, CUR | IBV_QP_QKEY),
-            r(0, CUR | ACCESS | ALT | MIG),
-            r(0, CUR | ACCESS | ALT | MIG | RNR_TIMER),
-        ),
+        connected(r(0, CUR | ACCESS | ALT | MIG | RNR_TIMER), r(0, CUR | ACCESS | ALT | MIG), r(0, CUR | IBV_QP_QKEY)),
     ),
     t(
         S::Rts,
@@ -180,22 +157,12 @@ const LINUX: &[Transition] = &[
     t(
         S::Sqd,
         S::Rts,
-        with_xrc(
-            r(0, CUR | ALT | ACCESS | RNR_TIMER | MIG),
-            r(0, CUR | ALT | ACCESS | MIG),
-            r(0, CUR | IBV_QP_QKEY),
-            r(0, CUR | ALT | ACCESS | MIG),
-            r(0, CUR | ALT | ACCESS | MIG | RNR_TIMER),
-        ),
+        connected(r(0, CUR | ALT | ACCESS | RNR_TIMER | MIG), r(0, CUR | ALT | ACCESS | MIG), r(0, CUR | IBV_QP_QKEY)),
     ),
-    t(
-        S::Sqd,
-        S::Sqd,
-        with_xrc(r(0, RC_SQD_SQD), r(0, UC_SQD_SQD), r(0, UD_SQD_SQD), r(0, INI_SQD_SQD), r(0, TGT_SQD_SQD)),
-    ),
+    t(S::Sqd, S::Sqd, connected(r(0, RC_SQD_SQD), r(0, UC_SQD_SQD), r(0, UD_SQD_SQD))),
     t(S::Sqe, S::Reset, same(BARE)),
     t(S::Sqe, S::Error, same(BARE)),
-    // RC and XRC have no SQE (they go to Error), so their columns are empty in Linux too.
+    // RC has no SQE (it goes to Error), so its column is empty in Linux too.
     t(S::Sqe, S::Rts, connected(BARE, r(0, CUR | ACCESS), r(0, CUR | IBV_QP_QKEY))),
     t(S::Error, S::Reset, same(BARE)),
     t(S::Error, S::Error, same(BARE)),
@@ -213,8 +180,7 @@ pub struct Kept {
     pub why: &'static str,
 }
 
-const ALL_TYPES: &[QpType] =
-    &[QpType::Rc, QpType::Uc, QpType::Ud, QpType::RawEthertype, QpType::XrcSend, QpType::XrcRecv];
+const ALL_TYPES: &[QpType] = &[QpType::Rc, QpType::Uc, QpType::Ud, QpType::RawEthertype];
 
 pub const KEPT: &[Kept] = &[
     Kept {
@@ -232,14 +198,6 @@ pub const KEPT: &[Kept] = &[
         unrequire: RNR_TIMER,
         allow: 0,
         why: "RC Init -> RTR: IBV_QP_MIN_RNR_TIMER is optional (Linux requires it)",
-    },
-    Kept {
-        from: S::Init,
-        to: S::Rtr,
-        qp_types: &[QpType::XrcRecv],
-        unrequire: RNR_TIMER,
-        allow: 0,
-        why: "XRC target Init -> RTR: IBV_QP_MIN_RNR_TIMER is optional, as for RC (Linux requires it)",
     },
     Kept {
         from: S::Sqd,
@@ -265,35 +223,23 @@ pub const KEPT: &[Kept] = &[
         allow: UD_SQD_SQD,
         why: "SQD -> RTS also takes what SQD -> SQD takes (Linux takes only a few there)",
     },
-    Kept {
-        from: S::Sqd,
-        to: S::Rts,
-        qp_types: &[QpType::XrcSend],
-        unrequire: 0,
-        allow: INI_SQD_SQD,
-        why: "SQD -> RTS also takes what SQD -> SQD takes (Linux takes only a few there)",
-    },
-    Kept {
-        from: S::Sqd,
-        to: S::Rts,
-        qp_types: &[QpType::XrcRecv],
-        unrequire: 0,
-        allow: TGT_SQD_SQD,
-        why: "SQD -> RTS also takes what SQD -> SQD takes (Linux takes only a few there)",
-    },
 ];
 
 /// The column of `qp_type` in [`LINUX`]; the C ABI creates no other type (a Raw Packet QP is
 /// a Raw Ethertype QP).
 fn column(qp_type: QpType) -> Option<usize> {
-    [QpType::Rc, QpType::Uc, QpType::Ud, QpType::RawEthertype, QpType::XrcSend, QpType::XrcRecv]
-        .iter()
-        .position(|t| *t == qp_type)
+    [QpType::Rc, QpType::Uc, QpType::Ud, QpType::RawEthertype].iter().position(|t| *t == qp_type)
 }
 
 /// The rule the C ABI applies to `from` → `to` for `qp_type`: Linux's, adjusted by [`KEPT`];
-/// `None` for a transition neither allows.
+/// `None` for a transition neither allows. An XRC QP's is RC's less what its side lacks
+/// ([`xrc_lacks`]), as the kernel's XRC columns are.
 pub fn rule(qp_type: QpType, from: QpState, to: QpState) -> Option<Rule> {
+    if qp_type.is_xrc() {
+        let rc = rule(QpType::Rc, from, to)?;
+        let lacks = xrc_lacks(qp_type);
+        return Some(r(rc.required & !lacks, rc.optional & !lacks));
+    }
     let col = column(qp_type)?;
     let linux = LINUX.iter().find(|x| x.from == from && x.to == to).map(|x| x.rules[col]);
     let mut kept = KEPT.iter().filter(|k| k.from == from && k.to == to && k.qp_types.contains(&qp_type)).peekable();

@@ -1039,13 +1039,26 @@ pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_
         Ok(s) => s,
         Err(e) => return fail(errno_of(&e)),
     };
+    // SAFETY: the PD's context is open.
+    unsafe { new_srq(soft, p, a, null_mut()) }
+}
+
+/// The program's `ibv_srq` for `soft`, made on PD `p` (of an open context) with `a` (whose
+/// sizes are written back) and, for an XRC SRQ, domain handle `xrcd` (held until it goes);
+/// registered with its context.
+///
+/// # Safety
+/// `p` is a live PD of this library, its context open.
+unsafe fn new_srq(soft: SoftSrq, p: *mut ibv_pd, a: &mut ibv_srq_init_attr, xrcd: *mut ibv_xrcd) -> *mut ibv_srq {
+    // SAFETY: as the caller promises.
+    let context = unsafe { pd(p) }.ibv.context;
     let mut max_sge = MAX_SGE;
     if let Ok(q) = soft.query() {
         a.attr = ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit };
         max_sge = q.max_sge as usize;
     }
     let ibv = ibv_srq {
-        context: pd.ibv.context,
+        context,
         srq_context: a.srq_context,
         pd: p,
         handle: soft.handle(),
@@ -1056,9 +1069,9 @@ pub unsafe extern "C" fn ibv_create_srq(p: *mut ibv_pd, attr: *mut ibv_srq_init_
         events_completed: 0,
     };
     let handle = soft.handle();
-    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft, max_sge, xrcd: null_mut() }));
+    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft, max_sge, xrcd }));
     // SAFETY: the PD's context is open.
-    let cx = unsafe { ctx(pd.ibv.context) };
+    let cx = unsafe { ctx(context) };
     cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.insert(handle, s as usize);
     s.cast()
 }
@@ -1095,7 +1108,7 @@ pub(crate) unsafe extern "C" fn create_srq_ex(_c: *mut ibv_context, attr: *mut i
     }
     if srq_type == IBV_SRQT_XRC {
         // SAFETY: the program's live PD, domain and CQ (verbs.h's contract).
-        return unsafe { create_xrc_srq(a, attr) };
+        return unsafe { create_xrc_srq(attr) };
     }
     if srq_type != IBV_SRQT_BASIC {
         return fail(libc::EOPNOTSUPP);
@@ -1109,46 +1122,31 @@ pub(crate) unsafe extern "C" fn create_srq_ex(_c: *mut ibv_context, attr: *mut i
 /// kernel finds each handle in the caller's file, EINVAL otherwise).
 ///
 /// # Safety
-/// `a`'s PD, domain and CQ are live objects of this library; `attr` is `a`, writable.
-unsafe fn create_xrc_srq(a: &ibv_srq_init_attr_ex, attr: *mut ibv_srq_init_attr_ex) -> *mut ibv_srq {
-    if a.xrcd.is_null() || a.cq.is_null() {
+/// `attr` is writable, its PD, domain and CQ live objects of this library.
+unsafe fn create_xrc_srq(attr: *mut ibv_srq_init_attr_ex) -> *mut ibv_srq {
+    // SAFETY: as the caller promises (the copies end the borrow before `attr` is written).
+    let (p, x, cqp, max_wr, max_sge) = unsafe {
+        let a = &*attr;
+        (a.pd, a.xrcd.cast::<ibv_xrcd>(), a.cq, a.attr.max_wr, a.attr.max_sge)
+    };
+    if x.is_null() || cqp.is_null() {
         return fail(libc::EINVAL);
     }
     // SAFETY: as the caller promises.
-    let (pd, h, c) = unsafe { (pd(a.pd), crate::xrcd::xrcd(a.xrcd.cast()), cq(a.cq)) };
+    let (pd, h, c) = unsafe { (pd(p), crate::xrcd::xrcd(x), cq(cqp)) };
     let here = pd.ibv.context;
     if h.context() != here || c.ibv.base.context != here {
         return fail(libc::EINVAL);
     }
-    let init = SrqInitAttr { max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, srq_limit: 0 };
+    let init = SrqInitAttr { max_wr, max_sge, srq_limit: 0 };
     let soft = match pd.pd.create_xrc_srq(&h.domain.xrcd, &c.cq, &init) {
         Ok(s) => s,
         Err(e) => return fail(errno_of(&e)),
     };
     h.hold();
-    let mut max_sge = MAX_SGE;
-    if let Ok(q) = soft.query() {
-        // SAFETY: the program's writable attributes (their sizes are written back).
-        unsafe { (*attr).attr = ibv_srq_attr { max_wr: q.max_wr, max_sge: q.max_sge, srq_limit: q.srq_limit } };
-        max_sge = q.max_sge as usize;
-    }
-    let ibv = ibv_srq {
-        context: here,
-        srq_context: a.srq_context,
-        pd: a.pd,
-        handle: soft.handle(),
-        // SAFETY: all-zero pthread objects are their static initializers on Linux.
-        mutex: unsafe { std::mem::zeroed() },
-        // SAFETY: as above.
-        cond: unsafe { std::mem::zeroed() },
-        events_completed: 0,
-    };
-    let handle = soft.handle();
-    let s = Box::into_raw(Box::new(Srq { ibv, srq: soft, max_sge, xrcd: a.xrcd.cast() }));
-    // SAFETY: the PD's context is open.
-    let cx = unsafe { ctx(here) };
-    cx.objects.lock().unwrap_or_else(|e| e.into_inner()).srqs.insert(handle, s as usize);
-    s.cast()
+    // SAFETY: the PD's context is open; the extended attributes start with the basic ones,
+    // whose sizes are written back.
+    unsafe { new_srq(soft, p, &mut *attr.cast::<ibv_srq_init_attr>(), x) }
 }
 
 /// `verbs_context.get_srq_num`: the SRQ's number, which an XRC initiator's work requests name.

@@ -57,6 +57,7 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
         id.st.rnr_retry_count = param.map_or(7, |p| p.rnr_retry_count.min(7));
         id.st.flow_control = param.map_or(0, |p| p.flow_control & 1);
         let (Some(src), Some(dst)) = (id.src_addr(), id.dst_addr()) else { return err(libc::EINVAL) };
+        let transport = transport_of(kernel_qp_type(id.c.ps, id.c.qp_type));
         let mut req = CmReq {
             service_id: service_id(id.c.ps, dst.port()),
             local_ca_guid: guid,
@@ -64,8 +65,8 @@ pub unsafe extern "C" fn softhca_rdma_connect(p: *mut rdma_cm_id, param: *mut rd
             responder_resources: resp,
             initiator_depth: init,
             remote_cm_response_timeout: cm_timing().0,
-            transport_service_type: transport_of(kernel_qp_type(id.c.ps, id.c.qp_type)).0,
-            extended_transport_type: transport_of(kernel_qp_type(id.c.ps, id.c.qp_type)).1,
+            transport_service_type: transport.0,
+            extended_transport_type: transport.1,
             end_to_end_flow_control: id.st.flow_control,
             starting_psn: id.st.psn,
             local_cm_response_timeout: cm_timing().0,

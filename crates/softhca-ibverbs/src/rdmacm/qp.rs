@@ -64,27 +64,26 @@ pub(super) unsafe fn destroy_cqs(id: &mut Id) {
     }
     let c = &mut id.c;
     // SAFETY (each call): CQs and channels of this library that the id holds.
-    let cq_gone = |cq: *mut ibv_cq| unsafe { crate::cq::ibv_destroy_cq(cq) } == 0;
-    let channel_gone = |ch: *mut ibv_comp_channel| unsafe { crate::cq::ibv_destroy_comp_channel(ch) } == 0;
-    let shared_cq = c.send_cq == c.recv_cq;
-    if !c.recv_cq.is_null() && cq_gone(c.recv_cq) {
-        if shared_cq {
-            c.send_cq = null_mut();
+    destroy_pair(&mut c.recv_cq, &mut c.send_cq, |cq| unsafe { crate::cq::ibv_destroy_cq(cq) } == 0);
+    destroy_pair(
+        &mut c.recv_cq_channel,
+        &mut c.send_cq_channel,
+        |ch| unsafe { crate::cq::ibv_destroy_comp_channel(ch) } == 0,
+    );
+}
+
+/// Destroys an id's receive and send object (its CQs, or its channels), the same one once,
+/// and forgets each that `destroy` did destroy.
+fn destroy_pair<T>(recv: &mut *mut T, send: &mut *mut T, destroy: impl Fn(*mut T) -> bool) {
+    let shared = *send == *recv;
+    if !recv.is_null() && destroy(*recv) {
+        if shared {
+            *send = null_mut();
         }
-        c.recv_cq = null_mut();
+        *recv = null_mut();
     }
-    if !c.send_cq.is_null() && !shared_cq && cq_gone(c.send_cq) {
-        c.send_cq = null_mut();
-    }
-    let shared_channel = c.send_cq_channel == c.recv_cq_channel;
-    if !c.recv_cq_channel.is_null() && channel_gone(c.recv_cq_channel) {
-        if shared_channel {
-            c.send_cq_channel = null_mut();
-        }
-        c.recv_cq_channel = null_mut();
-    }
-    if !c.send_cq_channel.is_null() && !shared_channel && channel_gone(c.send_cq_channel) {
-        c.send_cq_channel = null_mut();
+    if !send.is_null() && !shared && destroy(*send) {
+        *send = null_mut();
     }
 }
 

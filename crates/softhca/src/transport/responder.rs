@@ -346,12 +346,10 @@ fn srq_of<'a>(
     q.srq.as_ref().or(xrc_srq.as_ref())
 }
 
-/// The PD of the keys a request uses remotely: the QP's, or an XRC target's message's SRQ's.
+/// The PD of the keys a request uses remotely: the QP's, or an XRC target's message's SRQ's
+/// (only an XRC target has `xrc_srq`).
 fn request_pd(q: &QpInner, core: &QpCore) -> u32 {
-    match &core.xrc_srq {
-        Some(srq) if q.qp_type == QpType::XrcRecv => srq.pd(),
-        _ => q.pd,
-    }
+    core.xrc_srq.as_ref().map_or(q.pd, |s| s.pd())
 }
 
 /// Where the QP's receives complete: its receive CQ, or an XRC target's message's SRQ's.

@@ -42,23 +42,31 @@ const fn r(required: AttrMask, optional: AttrMask) -> AttrRule {
 const NONE: AttrMask = AttrMask::empty();
 const ENABLES: AttrMask = AttrMask::READ_EN.union(AttrMask::WRITE_EN).union(AttrMask::ATOMIC_EN);
 
-/// Columns RC, UC, UD, RD, XRC initiator, XRC target, in the order of [`QpType::TABLE`].
-///
-/// The digest has no XRC: its columns are RC's less what the side a QP lacks would take, as
-/// the kernel's `qp_state_table` has them for `IB_QPT_XRC_INI` and `IB_QPT_XRC_TGT` (an
-/// initiator takes no responder attribute, a target no requester attribute beyond the
-/// Local ACK Timeout and the SQ PSN it is required at RTR → RTS). An initiator may resize its
-/// send queue where RC may (its receive queue stays empty: `Qp::recv_wr`); a target has no
-/// queue to resize. Like RC, neither reaches SQE.
-type Row = [AttrRule; 6];
+/// Columns RC, UC, UD, RD, in the order of [`QpType::TABLE`]; XRC's QPs take RC's column
+/// less what their side lacks ([`xrc_lacks`]).
+type Row = [AttrRule; 4];
+
+/// What an XRC QP's side lacks of RC's attributes. The digest has no XRC: its columns are
+/// RC's less these, as the kernel's `qp_state_table` has them for `IB_QPT_XRC_INI` and
+/// `IB_QPT_XRC_TGT` (and as uverbs' `modify_qp_mask` strips them): an initiator takes no
+/// responder attribute; a target no requester attribute beyond the Local ACK Timeout and the
+/// SQ PSN, and no queue size (it has no queue). An initiator resizes its send queue where RC
+/// may (its receive queue stays empty: `Qp::recv_wr`). Like RC, neither reaches SQE.
+fn xrc_lacks(qp_type: QpType) -> AttrMask {
+    match qp_type {
+        QpType::XrcSend => AttrMask::MAX_DEST_RD_ATOMIC.union(AttrMask::MIN_RNR_TIMER),
+        QpType::XrcRecv => {
+            AttrMask::RETRY_CNT.union(AttrMask::RNR_RETRY).union(AttrMask::MAX_RD_ATOMIC).union(AttrMask::CAP)
+        }
+        _ => NONE,
+    }
+}
 
 const RESET_INIT: Row = [
     r(ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
     r(AttrMask::WRITE_EN.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
     r(AttrMask::PKEY_INDEX.union(AttrMask::QKEY).union(AttrMask::PORT), NONE),
     r(ENABLES.union(AttrMask::QKEY), NONE),
-    r(ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
-    r(ENABLES.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT), NONE),
 ];
 
 const INIT_RTR: Row = [
@@ -76,14 +84,6 @@ const INIT_RTR: Row = [
     ),
     r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::QKEY).union(AttrMask::CAP)),
     r(AttrMask::MAX_DEST_RD_ATOMIC, ENABLES.union(AttrMask::QKEY).union(AttrMask::CAP).union(AttrMask::MIN_RNR_TIMER)),
-    r(
-        AttrMask::RQ_PSN.union(AttrMask::AV).union(AttrMask::DEST_QPN),
-        AttrMask::ALT_PATH.union(ENABLES).union(AttrMask::PKEY_INDEX).union(AttrMask::CAP),
-    ),
-    r(
-        AttrMask::RQ_PSN.union(AttrMask::MAX_DEST_RD_ATOMIC).union(AttrMask::AV).union(AttrMask::DEST_QPN),
-        AttrMask::ALT_PATH.union(ENABLES).union(AttrMask::PKEY_INDEX).union(AttrMask::MIN_RNR_TIMER),
-    ),
 ];
 
 const RTR_RTS: Row = [
@@ -112,21 +112,9 @@ const RTR_RTS: Row = [
             .union(AttrMask::CAP)
             .union(AttrMask::MIN_RNR_TIMER),
     ),
-    r(
-        AttrMask::TIMEOUT
-            .union(AttrMask::SQ_PSN)
-            .union(AttrMask::RETRY_CNT)
-            .union(AttrMask::RNR_RETRY)
-            .union(AttrMask::MAX_RD_ATOMIC),
-        ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE).union(AttrMask::CAP),
-    ),
-    r(
-        AttrMask::TIMEOUT.union(AttrMask::SQ_PSN),
-        ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE).union(AttrMask::MIN_RNR_TIMER),
-    ),
 ];
 
-const RTS_SQD: Row = [r(NONE, AttrMask::SQD_EVENT); 6];
+const RTS_SQD: Row = [r(NONE, AttrMask::SQD_EVENT); 4];
 
 /// SQD → RTS, and SQD → SQD ("the SQD → RTS set").
 const SQD_RTS: Row = [
@@ -166,32 +154,6 @@ const SQD_RTS: Row = [
             .union(AttrMask::MIN_RNR_TIMER)
             .union(ENABLES),
     ),
-    r(
-        NONE,
-        AttrMask::AV
-            .union(AttrMask::ALT_PATH)
-            .union(AttrMask::PATH_MIG_STATE)
-            .union(AttrMask::MAX_RD_ATOMIC)
-            .union(AttrMask::PKEY_INDEX)
-            .union(AttrMask::TIMEOUT)
-            .union(AttrMask::RETRY_CNT)
-            .union(AttrMask::RNR_RETRY)
-            .union(AttrMask::CAP)
-            .union(AttrMask::PORT)
-            .union(ENABLES),
-    ),
-    r(
-        NONE,
-        AttrMask::AV
-            .union(AttrMask::ALT_PATH)
-            .union(AttrMask::PATH_MIG_STATE)
-            .union(AttrMask::MAX_DEST_RD_ATOMIC)
-            .union(AttrMask::PKEY_INDEX)
-            .union(AttrMask::TIMEOUT)
-            .union(AttrMask::MIN_RNR_TIMER)
-            .union(AttrMask::PORT)
-            .union(ENABLES),
-    ),
 ];
 
 const SQE_RTS: Row = [
@@ -199,8 +161,6 @@ const SQE_RTS: Row = [
     r(NONE, AttrMask::WRITE_EN),
     r(NONE, AttrMask::QKEY),
     r(NONE, ENABLES.union(AttrMask::QKEY)),
-    r(NONE, NONE),
-    r(NONE, NONE),
 ];
 
 const INIT_INIT: Row = [
@@ -208,8 +168,6 @@ const INIT_INIT: Row = [
     r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(AttrMask::WRITE_EN)),
     r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(AttrMask::QKEY)),
     r(NONE, ENABLES.union(AttrMask::QKEY)),
-    r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(ENABLES)),
-    r(NONE, AttrMask::PKEY_INDEX.union(AttrMask::PORT).union(ENABLES)),
 ];
 
 const RTS_RTS: Row = [
@@ -217,8 +175,6 @@ const RTS_RTS: Row = [
     r(NONE, AttrMask::WRITE_EN.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE)),
     r(NONE, AttrMask::QKEY),
     r(NONE, ENABLES.union(AttrMask::PATH_MIG_STATE).union(AttrMask::MIN_RNR_TIMER).union(AttrMask::QKEY)),
-    r(NONE, ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE)),
-    r(NONE, ENABLES.union(AttrMask::ALT_PATH).union(AttrMask::PATH_MIG_STATE).union(AttrMask::MIN_RNR_TIMER)),
 ];
 
 /// A Raw QP takes only the port at Reset→Init and nothing elsewhere (MOD-RAW-1).
@@ -244,8 +200,10 @@ pub fn attr_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<AttrRule
         (S::Sqe, S::Rts) => &SQE_RTS,
         _ => return None,
     };
-    let col = QpType::TABLE.iter().position(|t| *t == qp_type)?;
-    Some(row[col])
+    let base = if qp_type.is_xrc() { QpType::Rc } else { qp_type };
+    let col = QpType::TABLE.iter().position(|t| *t == base)?;
+    let lacks = xrc_lacks(qp_type);
+    Some(r(row[col].required - lacks, row[col].optional - lacks))
 }
 
 /// Checks a Modify QP request against the tables: the transition (QPT-INV-*), then missing
