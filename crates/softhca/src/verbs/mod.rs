@@ -57,48 +57,45 @@ pub(crate) enum Retire {
 }
 
 /// What other objects hold and its destroy waits for: a PD (its MRs, QPs, AHs, SRQs), an XRC
-/// domain (its SRQs and target QPs). A hold counts itself and then looks for the retirement; a
-/// retirement marks itself and then looks for holds. SeqCst, all four: each side stores, then
-/// loads what the other stores (a store-buffering handshake, which weaker orders let both
-/// sides miss: a QP made on a PD deallocated at the same moment).
+/// domain (its SRQs and target QPs). One atomic word holds both the count of holds and the
+/// retired bit, so a hold and a retirement each decide in one compare-and-swap: a retirement
+/// succeeds only from "no holds, not retired", and a refused one changes nothing (a hold or a
+/// `gone()` racing it never sees the object retired for a moment).
 #[derive(Debug, Default)]
-pub(crate) struct Users {
-    count: std::sync::atomic::AtomicU32,
-    gone: std::sync::atomic::AtomicBool,
-}
+pub(crate) struct Users(std::sync::atomic::AtomicU32);
 
 impl Users {
+    /// The retired bit; the bits below it count holds.
+    const GONE: u32 = 1 << 31;
+
     /// One more user; false (and not counted) once retired.
     pub fn hold(&self) -> bool {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.count.fetch_add(1, SeqCst);
-        if self.gone.load(SeqCst) {
-            self.count.fetch_sub(1, SeqCst);
-            return false;
-        }
-        true
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        self.0
+            .fetch_update(AcqRel, Acquire, |v| {
+                // A count that would reach the retired bit is refused too (2^31 holds).
+                (v & Self::GONE == 0 && v + 1 < Self::GONE).then_some(v + 1)
+            })
+            .is_ok()
     }
 
     pub fn release(&self) {
-        self.count.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Whether it was retired.
     pub fn gone(&self) -> bool {
-        self.gone.load(std::sync::atomic::Ordering::Acquire)
+        self.0.load(std::sync::atomic::Ordering::Acquire) & Self::GONE != 0
     }
 
     /// Retires it, unless it is retired already or anything holds it.
     pub fn retire(&self) -> std::result::Result<(), Retire> {
-        use std::sync::atomic::Ordering::SeqCst;
-        if self.gone.swap(true, SeqCst) {
-            return Err(Retire::Gone);
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        match self.0.compare_exchange(0, Self::GONE, AcqRel, Acquire) {
+            Ok(_) => Ok(()),
+            Err(v) if v & Self::GONE != 0 => Err(Retire::Gone),
+            Err(_) => Err(Retire::InUse),
         }
-        if self.count.load(SeqCst) != 0 {
-            self.gone.store(false, SeqCst);
-            return Err(Retire::InUse);
-        }
-        Ok(())
     }
 }
 
@@ -139,5 +136,37 @@ mod tests {
         assert!(u.gone());
         assert!(!u.hold(), "no hold once retired");
         assert_eq!(u.retire(), Err(Retire::Gone));
+    }
+
+    /// Refused retirements racing holds and looks: while something holds it, no other thread
+    /// ever sees it retired or has a hold refused.
+    #[test]
+    fn a_refused_retirement_is_never_seen() {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        let u = std::sync::Arc::new(Users::default());
+        assert!(u.hold());
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let looker = {
+            let (u, done) = (u.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut seen = 0;
+                for _ in 0..500_000 {
+                    if u.gone() || !u.hold() {
+                        seen += 1;
+                    } else {
+                        u.release();
+                    }
+                }
+                done.store(true, Relaxed);
+                seen
+            })
+        };
+        // Retire until the looker is through, so the two overlap whatever the scheduler does.
+        while !done.load(Relaxed) {
+            assert_eq!(u.retire(), Err(Retire::InUse));
+        }
+        assert_eq!(looker.join().unwrap(), 0, "seen retired while held");
+        u.release();
+        assert_eq!(u.retire(), Ok(()));
     }
 }
