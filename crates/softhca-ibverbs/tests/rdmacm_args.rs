@@ -19,6 +19,14 @@ extern "C" {
     fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int, init: *mut ibv_qp_init_attr) -> c_int;
     fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;
     fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int;
+    fn ibv_create_cq(
+        context: *mut ibv_context,
+        cqe: c_int,
+        cq_context: *mut std::ffi::c_void,
+        channel: *mut std::ffi::c_void,
+        comp_vector: c_int,
+    ) -> *mut ibv_cq;
+    fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
 }
 
 /// `ibv_qp_state`'s IBV_QPS_ERR.
@@ -554,6 +562,45 @@ fn a_requests_id_has_the_device_pd_until_its_qp() {
         softhca_rdma_freeaddrinfo(res);
         assert_eq!(ibv_dealloc_pd(pd), 0, "nothing left on the program's PD");
         assert_eq!(softhca_rdma_destroy_id(probe), 0);
+    }
+}
+
+/// A CQ the id already has is its QP's: `rdma_create_qp` with another is EINVAL, and without
+/// one takes the id's, as librdmacm's `rdma_create_qp_ex`. Before, the program's other CQ was
+/// taken and the id's left unused.
+#[test]
+fn a_qp_takes_the_ids_own_cqs_and_no_other() {
+    device_on_178();
+    let _dog = Watchdog::start("a_qp_takes_the_ids_own_cqs_and_no_other", 0);
+    // SAFETY: the library's own objects, each destroyed once; local sockaddrs and attributes.
+    unsafe {
+        let mut id = null_mut();
+        assert_eq!(softhca_rdma_create_id(null_mut(), &mut id, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([127, 0, 0, 178], 0);
+        assert_eq!(softhca_rdma_bind_addr(id, (&raw mut a).cast()), 0);
+        let ctx = (*id).verbs;
+        let (mine, other) =
+            (ibv_create_cq(ctx, 8, null_mut(), null_mut(), 0), ibv_create_cq(ctx, 8, null_mut(), null_mut(), 0));
+        assert!(!mine.is_null() && !other.is_null());
+        for field in [&raw mut (*id).recv_cq, &raw mut (*id).send_cq] {
+            *field = mine;
+            let mut attr = rc_init();
+            (attr.send_cq, attr.recv_cq) = (other, other);
+            assert_eq!(softhca_rdma_create_qp(id, null_mut(), &mut attr), -1);
+            assert_eq!(errno(), libc::EINVAL, "another CQ than the id's");
+            assert!((*id).qp.is_null());
+            *field = null_mut();
+        }
+        (*id).recv_cq = mine;
+        let mut attr = rc_init();
+        attr.send_cq = other;
+        assert_eq!(softhca_rdma_create_qp(id, null_mut(), &mut attr), 0, "{}", errno());
+        assert_eq!(((*(*id).qp).recv_cq, (*(*id).qp).send_cq), (mine, other));
+        // The id's CQs go with its QP (librdmacm's `ucma_destroy_cqs`), the program's stays.
+        softhca_rdma_destroy_qp(id);
+        assert!((*id).recv_cq.is_null());
+        assert_eq!(ibv_destroy_cq(other), 0);
+        assert_eq!(softhca_rdma_destroy_id(id), 0);
     }
 }
 

@@ -142,6 +142,12 @@ pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mu
     if a.pd.is_null() {
         return err(libc::EINVAL);
     }
+    // librdmacm: a CQ the id already has (the rsocket layer's, an XRC SRQ's) is the QP's; a
+    // program naming another is refused.
+    let differs = |mine: *mut ibv_cq, given: *mut ibv_cq| !mine.is_null() && !given.is_null() && mine != given;
+    if differs(id.c.recv_cq, a.recv_cq) || differs(id.c.send_cq, a.send_cq) {
+        return err(libc::EINVAL);
+    }
     if id.c.qp_type == IBV_QPT_XRC_RECV && (a.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 || a.xrcd.is_null()) {
         match device_xrcd(&mut g) {
             Ok(x) => a.xrcd = x.cast(),
