@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use softhca::{CompChannel, Cq as SoftCq, NotifyKind, Wc, WcOpcode, WcStatus};
 
@@ -64,13 +64,40 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *
     }
 }
 
+/// What a program's destroy of a CQ or completion channel tells: rdma_cm forgets it in the
+/// ids that name it (as it forgets a destroyed QP), so that no later `rdma_destroy_qp` destroys
+/// it again. Called with the object's address while it is still allocated.
+static ON_DESTROY: OnceLock<fn(*mut c_void)> = OnceLock::new();
+
+/// Registers [`ON_DESTROY`]'s hook (the first registration stays).
+pub(crate) fn on_destroy(hook: fn(*mut c_void)) {
+    let _ = ON_DESTROY.set(hook);
+}
+
+fn destroyed(object: *mut c_void, forget: bool) {
+    if let Some(hook) = ON_DESTROY.get().filter(|_| forget) {
+        hook(object);
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    // SAFETY: as the caller promises.
+    unsafe { destroy_comp_channel(channel, true) }
+}
+
+/// Destroy Completion Channel; `forget` runs [`ON_DESTROY`]'s hook. rdma_cm, which holds its
+/// lock and clears its ids itself, passes false.
+///
+/// # Safety
+/// `channel` is a live channel from ibv_create_comp_channel.
+pub(crate) unsafe fn destroy_comp_channel(channel: *mut ibv_comp_channel, forget: bool) -> c_int {
     // SAFETY: a live channel from ibv_create_comp_channel.
     let ch = unsafe { &*(channel as *const Channel) };
     if !ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
         return libc::EBUSY;
     }
+    destroyed(channel.cast(), forget);
     // SAFETY: from Box::into_raw, freed once.
     drop(unsafe { Box::from_raw(channel as *mut Channel) });
     0
@@ -224,6 +251,15 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
+    // SAFETY: as the caller promises.
+    unsafe { destroy_cq(c, true) }
+}
+
+/// Destroy CQ; `forget` runs [`ON_DESTROY`]'s hook, as [`destroy_comp_channel`].
+///
+/// # Safety
+/// `c` is a live CQ of this library.
+pub(crate) unsafe fn destroy_cq(c: *mut ibv_cq, forget: bool) -> c_int {
     command(|| {
         // SAFETY: a live CQ; only its Rust half and fields no other thread writes are read
         // through this reference (the counters and pthread objects are used in place below).
@@ -231,6 +267,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
         if let Err(e) = q.cq.destroy() {
             return errno_of(&e);
         }
+        destroyed(c.cast(), forget);
         let (handle, channel, context) = (q.ibv.base.handle, q.ibv.base.channel, q.ibv.base.context);
         if !channel.is_null() {
             // SAFETY: the channel outlives its CQs (destroying it is refused while it has any).

@@ -27,6 +27,8 @@ extern "C" {
         comp_vector: c_int,
     ) -> *mut ibv_cq;
     fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
+    fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut std::ffi::c_void;
+    fn ibv_destroy_comp_channel(channel: *mut std::ffi::c_void) -> c_int;
 }
 
 /// `ibv_qp_state`'s IBV_QPS_ERR.
@@ -600,6 +602,37 @@ fn a_qp_takes_the_ids_own_cqs_and_no_other() {
         softhca_rdma_destroy_qp(id);
         assert!((*id).recv_cq.is_null());
         assert_eq!(ibv_destroy_cq(other), 0);
+        assert_eq!(softhca_rdma_destroy_id(id), 0);
+    }
+}
+
+/// A CQ or completion channel an id names that the program destroys itself leaves the id, as
+/// a destroyed QP does: a QP made after takes a new CQ, and `rdma_destroy_qp` destroys nothing
+/// twice. Before, the id kept the freed CQ, and the QP was made on it.
+#[test]
+fn a_cq_the_program_destroys_leaves_its_id() {
+    device_on_178();
+    let _dog = Watchdog::start("a_cq_the_program_destroys_leaves_its_id", 0);
+    // SAFETY: the library's own objects, each destroyed once; local sockaddrs and attributes.
+    unsafe {
+        let mut id = null_mut();
+        assert_eq!(softhca_rdma_create_id(null_mut(), &mut id, null_mut(), RDMA_PS_TCP), 0);
+        let mut a = sin([127, 0, 0, 178], 0);
+        assert_eq!(softhca_rdma_bind_addr(id, (&raw mut a).cast()), 0);
+        let ctx = (*id).verbs;
+        let ch = ibv_create_comp_channel(ctx);
+        let cq = ibv_create_cq(ctx, 8, null_mut(), ch, 0);
+        assert!(!ch.is_null() && !cq.is_null());
+        ((*id).recv_cq, (*id).send_cq, (*id).recv_cq_channel) = (cq, cq, ch.cast());
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert_eq!(ibv_destroy_comp_channel(ch), 0);
+        assert_eq!(((*id).recv_cq, (*id).send_cq), (null_mut(), null_mut()));
+        assert!((*id).recv_cq_channel.is_null());
+        let mut attr = rc_init();
+        assert_eq!(softhca_rdma_create_qp(id, null_mut(), &mut attr), 0, "{}", errno());
+        assert!(!(*id).recv_cq.is_null(), "a CQ made for the QP");
+        assert_eq!((*(*id).qp).recv_cq, (*id).recv_cq);
+        softhca_rdma_destroy_qp(id);
         assert_eq!(softhca_rdma_destroy_id(id), 0);
     }
 }

@@ -112,6 +112,10 @@ pub(super) unsafe fn create_id(
         }
         (channel, null_mut())
     };
+    // An id holds a QP, CQs and channels from here: the CM must hear of a program's destroy
+    // of one of them (ibv_destroy_qp, ibv_destroy_cq, ibv_destroy_comp_channel).
+    crate::qp::on_destroy(super::forget_qp);
+    crate::cq::on_destroy(super::forget_cq);
     let mut g = global();
     match new_id(&mut g, channel, context, ps, qp_type) {
         Ok(new) => {

@@ -1128,6 +1128,26 @@ pub(crate) fn forget_qp(qp: *mut ibv_qp) {
     }
 }
 
+/// A program destroyed a CQ or completion channel itself: the ids that name it forget it
+/// (`rdma_destroy_qp` would destroy it again otherwise).
+pub(crate) fn forget_cq(object: *mut std::ffi::c_void) {
+    let g = global();
+    for &id in g.ids.values() {
+        // SAFETY: the registry's ids are live while it holds them, and changed under its lock.
+        let c = unsafe { &mut (*id).c };
+        for field in [&mut c.recv_cq, &mut c.send_cq] {
+            if field.cast() == object {
+                *field = std::ptr::null_mut();
+            }
+        }
+        for field in [&mut c.recv_cq_channel, &mut c.send_cq_channel] {
+            if field.cast() == object {
+                *field = std::ptr::null_mut();
+            }
+        }
+    }
+}
+
 /// Moves an id's QP to the error state (its work requests flush).
 fn modify_err(id: &Id) -> Result<(), c_int> {
     if id.c.qp.is_null() {

@@ -57,18 +57,19 @@ fn device_xrcd(g: &mut Global) -> Result<*mut ibv_xrcd, c_int> {
 /// librdmacm's `ucma_destroy_cqs`: the CQs and channels in the id's fields, whoever put them
 /// there (librdmacm's `rdma_create_qp`, or a program such as the rsocket layer), each once;
 /// not an XRC target's while its SRQ (which completes on them) is there. One the library
-/// refuses to destroy (a QP or SRQ still uses it) stays in the id, which still has it.
+/// refuses to destroy (a QP or SRQ still uses it) stays in the id, which still has it, until
+/// the program destroys it itself (`forget_cq`).
 pub(super) unsafe fn destroy_cqs(id: &mut Id) {
     if id.c.qp_type == IBV_QPT_XRC_RECV && !id.c.srq.is_null() {
         return;
     }
     let c = &mut id.c;
     // SAFETY (each call): CQs and channels of this library that the id holds.
-    destroy_pair(&mut c.recv_cq, &mut c.send_cq, |cq| unsafe { crate::cq::ibv_destroy_cq(cq) } == 0);
+    destroy_pair(&mut c.recv_cq, &mut c.send_cq, |cq| unsafe { crate::cq::destroy_cq(cq, false) } == 0);
     destroy_pair(
         &mut c.recv_cq_channel,
         &mut c.send_cq_channel,
-        |ch| unsafe { crate::cq::ibv_destroy_comp_channel(ch) } == 0,
+        |ch| unsafe { crate::cq::destroy_comp_channel(ch, false) } == 0,
     );
 }
 
@@ -190,8 +191,6 @@ pub unsafe extern "C" fn softhca_rdma_create_qp_ex(p: *mut rdma_cm_id, attr: *mu
         }
         return err(e);
     }
-    // An id holds its QP from here: the CM must hear of an ibv_destroy_qp of it.
-    crate::qp::on_destroy(super::forget_qp);
     id.c.qp = qp;
     id.c.pd = a.pd;
     // librdmacm's ucma_init_conn_qp / ucma_init_ud_qp.
