@@ -84,11 +84,16 @@ pub unsafe extern "C" fn ibv_import_mr(p: *mut ibv_pd, mr_handle: u32) -> *mut i
         o.mrs.get(&mr_handle).map(|&m| {
             // SAFETY: an MR in the map is live while its lock is held (`ibv_dereg_mr` takes it
             // out under the lock before freeing it): it is read here, under the lock.
-            let orig = unsafe { &*(m as *const Mr) };
-            // Under the region's lock, which `ibv_rereg_mr` holds while it changes the fields.
-            let _region = orig.region();
-            let o = &orig.ibv;
-            (orig.pd_handle, o.length, o.handle, o.lkey, o.rkey, orig.mr.clone())
+            // Field by field, no reference to the whole object: `ibv_rereg_mr` writes the
+            // other fields (through its pointer) while it holds the region's lock, which this
+            // read holds.
+            let orig = m as *const Mr;
+            // SAFETY: as above; `mr` itself is never written after the MR is made.
+            let lock = unsafe { &(*orig).mr };
+            let _region = lock.read().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: as above, under the lock.
+            let (pd_handle, o) = unsafe { ((*orig).pd_handle, &(*orig).ibv) };
+            (pd_handle, o.length, o.handle, o.lkey, o.rkey, lock.clone())
         })
     });
     let Some((pd_handle, length, handle, lkey, rkey, region)) = found else { return fail(libc::EINVAL) };

@@ -602,10 +602,15 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     if m.is_null() {
         return input(libc::EINVAL);
     }
-    // SAFETY: the caller's live MR, which no other call uses meanwhile (libibverbs' rule).
-    let x = unsafe { &mut *(m as *mut Mr) };
+    // The caller's live MR, which no other call on it uses meanwhile (libibverbs' rule); but
+    // `ibv_import_mr` of a context sharing this one's reads it from other threads, under the
+    // region's lock. So no reference to the whole object: its fields are read and written
+    // through the pointer, under that lock.
+    let x = m as *mut Mr;
+    // SAFETY: as above; `imported`, `mr` and the context are never written after it is made.
+    let (imported, lock, context) = unsafe { ((*x).imported, &(*x).mr, (*x).ibv.context) };
     let translate = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
-    if x.imported
+    if imported
         || flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0
         || (translate && (length == 0 || addr.is_null()))
         || (access != 0 && flags & IBV_REREG_MR_CHANGE_ACCESS == 0)
@@ -626,15 +631,17 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
         // SAFETY: a non-null PD is the caller's live PD.
         match (!p.is_null()).then(|| unsafe { pd(p) }) {
-            Some(d) if d.ibv.context == x.ibv.context => Some(d),
+            Some(d) if d.ibv.context == context => Some(d),
             _ => return cmd(libc::EINVAL),
         }
     } else {
         None
     };
-    let mut region = x.mr.write().unwrap_or_else(|e| e.into_inner());
+    let mut region = lock.write().unwrap_or_else(|e| e.into_inner());
     let rights = new_access.unwrap_or(region.access());
-    let (at, len) = if translate { (addr as usize, length) } else { (x.ibv.addr as usize, x.ibv.length) };
+    // SAFETY: the MR's fields, under the lock (above).
+    let (old_at, old_len) = unsafe { ((*x).ibv.addr, (*x).ibv.length) };
+    let (at, len) = if translate { (addr as usize, length) } else { (old_at as usize, old_len) };
     if at.checked_add(len).is_none() {
         return cmd(libc::EINVAL);
     }
@@ -649,16 +656,19 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     if let Err(e) = r {
         return cmd(errno_of(&e));
     }
-    if let Some(d) = new_pd {
-        x.ibv.pd = p;
-        x.pd_handle = d.ibv.handle;
+    // SAFETY: the MR's fields, written under the lock (above).
+    unsafe {
+        if let Some(d) = new_pd {
+            (*x).ibv.pd = p;
+            (*x).pd_handle = d.ibv.handle;
+        }
+        if translate {
+            (*x).ibv.addr = addr;
+            (*x).ibv.length = length;
+        }
+        (*x).ibv.lkey = region.lkey();
+        (*x).ibv.rkey = region.rkey();
     }
-    if translate {
-        x.ibv.addr = addr;
-        x.ibv.length = length;
-    }
-    x.ibv.lkey = region.lkey();
-    x.ibv.rkey = region.rkey();
     0
 }
 
