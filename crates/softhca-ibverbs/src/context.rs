@@ -52,6 +52,21 @@ pub struct Shared {
     /// `SOFTHCA_STATS=1` printed the counters at exit: a close after that (a library's own
     /// exit handler) prints them no second time.
     stats_printed: std::sync::atomic::AtomicBool,
+    /// The fork generation that opened it (`fork::generation`): a device a fork left in a
+    /// child is not the child's.
+    generation: u32,
+}
+
+/// The shared device behind `slot`, if this process opened it: one a fork left behind is
+/// kept from being freed (its threads are the parent's; dropping it would join them) and
+/// taken for none.
+fn own(slot: &Weak<Shared>) -> Option<Arc<Shared>> {
+    let s = slot.upgrade()?;
+    if !s.inherited() {
+        return Some(s);
+    }
+    std::mem::forget(s);
+    None
 }
 
 /// The shared device while any context holds it.
@@ -62,9 +77,10 @@ static SHARED: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
 /// keeps its address: `addr` only chooses for a device not yet open.
 pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>> {
     let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(s) = slot.upgrade() {
+    if let Some(s) = own(&slot) {
         return Ok(s);
     }
+    let generation = crate::fork::generation();
     let busy = std::env::var("SOFTHCA_BUSY_POLL").is_ok_and(|v| v == "1");
     let dev = match std::env::var("SOFTHCA_LINK").as_deref() {
         Ok("shm") => {
@@ -86,7 +102,7 @@ pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
     };
-    let s = Arc::new(Shared { dev, contexts: Mutex::new(Vec::new()), stats_printed: Default::default() });
+    let s = Arc::new(Shared { dev, contexts: Mutex::new(Vec::new()), stats_printed: Default::default(), generation });
     let weak = Arc::downgrade(&s);
     let routed = s.dev.context().set_async_event_handler(move |ev| {
         if let Some(s) = weak.upgrade() {
@@ -121,7 +137,7 @@ pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>
 /// unsignaled sends and exits loses none. Runs after the thread-locals are gone: a lock, the
 /// engine's atomics and a clock only.
 extern "C" fn drain_at_exit() {
-    let dev = SHARED.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
+    let dev = own(&SHARED.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(s) = dev {
         crate::settle(|| s.dev.context().unsent(), crate::SETTLE_MAX);
     }
@@ -135,13 +151,18 @@ static STATS_DEV: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
 /// debugger, as rxe's `hw_counters` in sysfs give. A device closed before (perftest closes its
 /// own before it exits) printed them as it closed (`Drop for Shared`).
 extern "C" fn print_stats() {
-    let dev = STATS_DEV.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
+    let dev = own(&STATS_DEV.lock().unwrap_or_else(|e| e.into_inner()));
     if let Some(s) = dev {
         s.print_stats();
     }
 }
 
 impl Shared {
+    /// Opened by the process a fork made this one from (see `fork`).
+    pub(crate) fn inherited(&self) -> bool {
+        self.generation != crate::fork::generation()
+    }
+
     fn print_stats(&self) {
         if self.stats_printed.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return;
@@ -353,7 +374,7 @@ fn file_id(fd: c_int) -> Option<(u64, u64)> {
 /// Whether `fd` is (a duplicate of) the `cmd_fd` of one of this process's open contexts.
 pub(crate) fn is_context_cmd_fd(fd: c_int) -> bool {
     let Some(id) = file_id(fd) else { return false };
-    let Some(shared) = SHARED.lock().unwrap_or_else(|e| e.into_inner()).upgrade() else { return false };
+    let Some(shared) = own(&SHARED.lock().unwrap_or_else(|e| e.into_inner())) else { return false };
     let contexts = shared.contexts.lock().unwrap_or_else(|e| e.into_inner());
     contexts.iter().any(|&c| {
         // SAFETY: a context in the list is open (see `Shared::route`).

@@ -243,6 +243,11 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     let p = (unsafe { ctx(context) } as *const Ctx).cast_mut();
     // SAFETY: as above; out of the routing list (under its lock) before it is freed.
     let c = unsafe { &*p };
+    if c.shared.inherited() {
+        // The parent's, left by a fork: its device's locks and threads are the parent's, so
+        // nothing of it is touched or freed here (see `fork`).
+        return 0;
+    }
     let shared = c.shared.clone();
     shared.contexts.lock().unwrap_or_else(|e| e.into_inner()).retain(|&x| x != p as usize);
     // A thread waiting in ibv_get_async_event returns (EIO) before the context goes.

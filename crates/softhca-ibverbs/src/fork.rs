@@ -3,11 +3,19 @@
 //! `ibv_dontfork_range`); softhca touches registered memory from its own threads through the
 //! process's own mappings, so a fork needs nothing: it answers as libibverbs does on a kernel
 //! with copy-on-fork support (`IBV_FORK_UNNEEDED`, the range calls are successful no-ops).
+//!
+//! What a child does not inherit is the device itself: its engine, CM and other threads stay
+//! with the parent, which keeps reading its sockets and rings. So a device, and rdma_cm's
+//! state, belong to the process that opened them ([`generation`]): in a child, opening the
+//! device opens a new one (on an address of its own, the parent's being the parent's), as a
+//! child on Linux opens a context of its own (the parent's objects are not the child's to use,
+//! libibverbs' rule; here they are left alone, never freed, since their threads are gone).
 //! softhca has no sysfs directory: the device's index is its place in the device list, and
 //! `ibv_get_sysfs_path` gives the path libibverbs would look under.
 
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Once, OnceLock};
 
 use crate::abi::ibv_device;
 
@@ -32,6 +40,25 @@ pub unsafe extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) ->
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
     0
+}
+
+/// Forks this process is a child of, counted from the first device open: what a device and
+/// rdma_cm record when they open, to tell one of this process from one a fork left behind.
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn in_child() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// This process's fork generation (see the module docs). The first call installs the fork
+/// handler that counts it, which is in place before any device is open.
+pub(crate) fn generation() -> u32 {
+    static HANDLER: Once = Once::new();
+    // SAFETY: registers a handler with no arguments that touches one atomic.
+    HANDLER.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(in_child));
+    });
+    GENERATION.load(Ordering::Relaxed)
 }
 
 /// `SYSFS_PATH` from the environment (not when set-uid, as libibverbs), without trailing

@@ -311,3 +311,14 @@ fn rereg_mr() {
     }
     run("rereg", None);
 }
+
+/// A program that forks with the device open (`tests/c/fork.c`): the child's ibv_open_device
+/// opens a device of its own, on its own address, and data moves on it; the context it
+/// inherited closes as a no-op; the parent's device goes on working.
+#[test]
+fn a_forked_child_opens_a_device_of_its_own() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("fork", None);
+}

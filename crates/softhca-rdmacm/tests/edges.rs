@@ -144,6 +144,19 @@ fn exit_while_connected_disconnects_the_peer() {
     assert!(c.contains("cm_exit client: ok"), "{c}");
 }
 
+/// rdma_cm across a fork (`tests/c/cm_fork.c`): a connected process forks; the child, on an
+/// address of its own, connects to itself through its own device and CM thread; the parent
+/// connects again after the child has gone.
+#[test]
+fn a_forked_child_runs_a_connection_manager_of_its_own() {
+    if !ready() {
+        return;
+    }
+    let exe = compile("cm_fork");
+    let mut c = command(&exe, &["127.0.0.181", "127.0.0.182", "7610"]);
+    passes(c.env("SOFTHCA_ADDR", "127.0.0.181"), "cm_fork", 60);
+}
+
 /// Multicast through rdma_cm (`cm_edges multicast`): the join event's address handle, QPN,
 /// Q_Key and context; the QP attached by the join and detached by the leave, a send-only join
 /// attaching nothing; the refusals of a join before the bind, an IPv6 group (524), join_ex's

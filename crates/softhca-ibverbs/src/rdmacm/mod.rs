@@ -58,6 +58,7 @@ use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -214,6 +215,7 @@ struct Dev {
     /// (librdmacm's `ucma_get_xrcd`: one per device, opened on first use).
     xrcd: *mut ibv_xrcd,
     agent: CmAgent,
+    waker: Waker,
     addr: IpAddr,
     gid: [u8; 16],
     active_mtu: u8,
@@ -233,6 +235,8 @@ struct Global {
     /// Listening ids by service ID, in the order they listened (on different addresses).
     listeners: BTreeMap<u64, Vec<u64>>,
     dev: Option<Dev>,
+    /// The fork generation that opened `dev` (see `fork`).
+    generation: u32,
     exit: Exit,
 }
 
@@ -247,11 +251,16 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
     conns: BTreeMap::new(),
     listeners: BTreeMap::new(),
     dev: None,
+    generation: 0,
     exit: Exit::Running,
 });
 
 fn global() -> MutexGuard<'static, Global> {
-    GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
+    let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+    if g.dev.is_some() && g.generation != crate::fork::generation() {
+        g.left_by_fork();
+    }
+    g
 }
 
 /// The objects the program holds (ids and event channels, by address and kind), under a
@@ -351,14 +360,18 @@ struct Waker {
     gsi: CompChannel,
 }
 
-static WAKER: OnceLock<Waker> = OnceLock::new();
+/// The open device's wake-up eventfd ([`Waker::wake`]), -1 before: what [`wake`] writes to
+/// without the CM's lock.
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// Tells the CM thread to look again (a new deadline, or MADs queued).
 fn wake() {
-    if let Some(w) = WAKER.get() {
+    let fd = WAKE_FD.load(Ordering::Acquire);
+    if fd >= 0 {
         let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local to an eventfd this module owns.
-        unsafe { libc::write(w.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // SAFETY: writes 8 bytes from a local to an eventfd this module owns (the device's,
+        // which is never closed once open).
+        unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
     }
 }
 
@@ -625,10 +638,32 @@ impl Global {
         self.ids.get(&serial).map(|&p| unsafe { &mut *p })
     }
 
+    /// In a child, the parent's connection manager as a fork left it: its device and thread
+    /// are the parent's (see `fork`). The device is kept from being freed and the child's
+    /// opens one of its own; the parent's connections and listeners are not the child's (its
+    /// copies of the parent's ids stay, as the program's).
+    fn left_by_fork(&mut self) {
+        if let Some(dev) = self.dev.take() {
+            std::mem::forget(dev);
+        }
+        WAKE_FD.store(-1, Ordering::Release);
+        self.conns.clear();
+        self.listeners.clear();
+        self.exit = Exit::Running;
+    }
+
     /// Opens the device (on `addr` if it is not open yet) and starts the CM thread.
     fn open(&mut self, addr: Option<IpAddr>) -> Result<&mut Dev, c_int> {
         if self.dev.is_none() {
-            self.dev = Some(open_dev(addr)?);
+            let dev = open_dev(addr)?;
+            // The thread waits for this lock, held here until the device is in place.
+            std::thread::Builder::new()
+                .name("softhca-cm".into())
+                .spawn(run)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+            WAKE_FD.store(dev.waker.wake.as_raw_fd(), Ordering::Release);
+            self.generation = crate::fork::generation();
+            self.dev = Some(dev);
         }
         let dev = self.dev.as_mut().ok_or(libc::ENODEV)?;
         Ok(dev)
@@ -1313,28 +1348,21 @@ fn open_dev(addr: Option<IpAddr>) -> Result<Dev, c_int> {
     let port = core.query_port(1).map_err(fail)?;
     let attr = core.query_device().map_err(fail)?;
     let gsi_pd = core.alloc_pd().map_err(fail)?;
-    let waker = match WAKER.get() {
-        Some(w) => w,
-        None => {
-            let w = Waker { wake: eventfd(libc::EFD_NONBLOCK)?, gsi: core.create_comp_channel().map_err(fail)? };
-            let _ = WAKER.set(w);
-            WAKER.get().ok_or(libc::ENOMEM)?
-        }
-    };
+    let waker = Waker { wake: eventfd(libc::EFD_NONBLOCK)?, gsi: core.create_comp_channel().map_err(fail)? };
     let agent =
         CmAgent::with_channel(core, &gsi_pd, random_u32(), Some(&waker.gsi)).map_err(|e| crate::errno_of(&e))?;
     let addr = cx.shared.dev.addr();
-    std::thread::Builder::new()
-        .name("softhca-cm".into())
-        .spawn(run)
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
     // SAFETY: registers a function with no arguments that takes only this module's lock.
-    unsafe { libc::atexit(at_exit) };
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(at_exit);
+    });
     Ok(Dev {
         ctx,
         pd,
         xrcd: std::ptr::null_mut(),
         agent,
+        waker,
         addr,
         gid: gid_of(addr),
         active_mtu: port.active_mtu as u8,
@@ -1346,12 +1374,14 @@ fn open_dev(addr: Option<IpAddr>) -> Result<Dev, c_int> {
 /// The CM thread: waits for MADs on the GSI's CQ channel, for a wake-up, or for the CM's
 /// next deadline; then takes the MADs in, runs the events and sends the answers.
 fn run() {
-    let Some(w) = WAKER.get() else { return };
+    // The device's descriptors, for the wait outside the lock: never closed once open.
+    let fds = global().dev.as_ref().map(|d| (d.waker.gsi.fd(), d.waker.wake.as_raw_fd()));
+    let Some((gsi, wake)) = fds else { return };
     loop {
         let deadline = {
             let mut g = global();
             let Some(dev) = g.dev.as_mut() else { return };
-            while w.gsi.try_get_cq_event().is_some() {}
+            while dev.waker.gsi.try_get_cq_event().is_some() {}
             let _ = dev.agent.arm();
             let _ = dev.agent.receive(now());
             g.dispatch();
@@ -1378,14 +1408,14 @@ fn run() {
             Some(d) => (d.saturating_sub(now()).div_ceil(1_000_000)).min(60_000) as c_int,
         };
         let mut fds = [
-            libc::pollfd { fd: w.gsi.fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: w.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: gsi, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
         ];
         // SAFETY: two pollfds in a local array.
         unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a local from the non-blocking wake eventfd.
-        unsafe { libc::read(w.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        unsafe { libc::read(wake, (&mut v as *mut u64).cast(), 8) };
     }
 }
 
