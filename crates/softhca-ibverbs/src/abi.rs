@@ -136,7 +136,7 @@ pub type CreateSrqEx = unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_
 #[repr(C)]
 pub struct verbs_context_ops {
     pub query_port: Option<QueryPortEx>,
-    pub advise_mr: Slot,
+    pub advise_mr: Option<AdviseMr>,
     pub alloc_null_mr: Slot,
     pub read_counters: Slot,
     pub attach_counters_point_flow: Slot,
@@ -479,6 +479,25 @@ pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
 pub struct ibv_query_device_ex_input {
     pub comp_mask: u32,
 }
+
+/// `ibv_odp_general_caps` and `ibv_odp_transport_cap_bits`.
+pub const IBV_ODP_SUPPORT: u64 = 1 << 0;
+pub const IBV_ODP_SUPPORT_IMPLICIT: u64 = 1 << 1;
+pub const IBV_ODP_SUPPORT_SEND: u32 = 1 << 0;
+pub const IBV_ODP_SUPPORT_RECV: u32 = 1 << 1;
+pub const IBV_ODP_SUPPORT_WRITE: u32 = 1 << 2;
+pub const IBV_ODP_SUPPORT_READ: u32 = 1 << 3;
+pub const IBV_ODP_SUPPORT_ATOMIC: u32 = 1 << 4;
+pub const IBV_ODP_SUPPORT_SRQ_RECV: u32 = 1 << 5;
+
+/// `enum ibv_advise_mr_advice` and `IBV_ADVISE_MR_FLAG_FLUSH`.
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH: c_int = 0;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: c_int = 1;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: c_int = 2;
+pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1 << 0;
+
+/// `verbs_context_ops.advise_mr`.
+pub type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, c_int, u32, *mut ibv_sge, u32) -> c_int;
 
 #[repr(C)]
 #[derive(Default)]

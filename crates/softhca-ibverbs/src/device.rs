@@ -169,7 +169,7 @@ pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>, cmd: O
     };
     let ops_ex = verbs_context_ops {
         query_port: Some(query_port_ex),
-        advise_mr: null_mut(),
+        advise_mr: Some(crate::mem::advise_mr),
         alloc_null_mr: null_mut(),
         read_counters: null_mut(),
         attach_counters_point_flow: null_mut(),
@@ -337,7 +337,7 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut 
 }
 
 /// `verbs_context.query_device_ex`: the basic attributes and the extended ones softhca has
-/// (one port; no ODP, TSO, RSS, tag matching, pacing, device memory; completion timestamps in
+/// (one port; on-demand paging where `softhca::mem::odp` runs; no TSO, RSS, tag matching, pacing, device memory; completion timestamps in
 /// nanoseconds of CLOCK_MONOTONIC, so `hca_core_clock` is 1 GHz). A program built against an
 /// older header passes a smaller `attr_size`: only that much is written.
 pub(crate) unsafe extern "C" fn query_device_ex(
@@ -367,6 +367,25 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         // The kernel's 64-bit flags, whose low half is `device_cap_flags` (none above it here).
         a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags);
         a.pci_atomic_caps = ibv_pci_atomic_caps::default();
+        if softhca::mem::odp::supported() {
+            // On-demand paging on every transport and operation, and the implicit region.
+            let rc = IBV_ODP_SUPPORT_SEND
+                | IBV_ODP_SUPPORT_RECV
+                | IBV_ODP_SUPPORT_WRITE
+                | IBV_ODP_SUPPORT_READ
+                | IBV_ODP_SUPPORT_ATOMIC
+                | IBV_ODP_SUPPORT_SRQ_RECV;
+            a.odp_caps = ibv_odp_caps {
+                general_caps: IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT,
+                rc_odp_caps: rc,
+                uc_odp_caps: IBV_ODP_SUPPORT_SEND
+                    | IBV_ODP_SUPPORT_RECV
+                    | IBV_ODP_SUPPORT_WRITE
+                    | IBV_ODP_SUPPORT_SRQ_RECV,
+                ud_odp_caps: IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV,
+            };
+            a.xrc_odp_caps = rc;
+        }
         // SAFETY: the caller passes `attr_size` writable bytes.
         unsafe { write_zero_padded(attr, &a, attr_size) };
         0

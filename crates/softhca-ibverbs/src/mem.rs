@@ -126,19 +126,23 @@ fn access_of(flags: c_int) -> Access {
 /// The access bits Linux knows (`IB_ACCESS_SUPPORTED`): 0..=9, up to the FLUSH ones, and the
 /// optional range 20..=29, which a device without those features ignores.
 const KNOWN_ACCESS: u32 = 0x3ff | 0x3ff0_0000;
-/// `IBV_ACCESS_ON_DEMAND` and the two FLUSH bits: capabilities softhca does not report.
-const UNSUPPORTED_ACCESS: u32 = 1 << 6 | 1 << 8 | 1 << 9;
+/// The two FLUSH bits: capabilities softhca does not report.
+const UNSUPPORTED_ACCESS: u32 = 1 << 8 | 1 << 9;
+/// `IBV_ACCESS_ON_DEMAND`: on-demand paging, where the kernel lets the process copy its own
+/// memory (`softhca::mem::odp`; reported in `odp_caps`).
+pub(crate) const IBV_ACCESS_ON_DEMAND: u32 = 1 << 6;
 
 /// The kernel's `ib_check_mr_access`, before it looks at the memory: EINVAL for remote write
 /// or atomic without local write and for a bit it does not know (softhca would drop it),
-/// EOPNOTSUPP for on-demand paging and FLUSH.
+/// EOPNOTSUPP for FLUSH, and for on-demand paging where it is not reported.
 fn check_access(flags: c_int) -> Result<(), c_int> {
     let a = access_of(flags);
     let remote = a.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
     if (remote && !a.contains(Access::LOCAL_WRITE)) || flags as u32 & !KNOWN_ACCESS != 0 {
         return Err(libc::EINVAL);
     }
-    if flags as u32 & UNSUPPORTED_ACCESS != 0 {
+    let odp_refused = flags as u32 & IBV_ACCESS_ON_DEMAND != 0 && !softhca::mem::odp::supported();
+    if flags as u32 & UNSUPPORTED_ACCESS != 0 || odp_refused {
         return Err(libc::EOPNOTSUPP);
     }
     Ok(())
@@ -151,43 +155,16 @@ const WRITABLE: Access =
 
 /// The system's page size (the kernel pins regions page by page).
 fn page_size() -> usize {
-    // SAFETY: sysconf reads a constant of the system.
-    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
+    softhca::mem::odp::page_size()
 }
 
 /// Whether every page of `[addr, addr + len)` is mapped readable, and writable if `write`:
 /// what the kernel's pin of a user region (`ib_umem_get`) demands of it, EFAULT otherwise.
 /// softhca pins nothing: memory that fails this would be a crash at the first access to it (a
-/// peer's Write, the engine's gather), where Linux refuses the registration. Read from
-/// `/proc/self/maps`, whose mappings come in address order (a registration is no hot path);
-/// a process that cannot read it is not refused.
+/// peer's Write, the engine's gather), where Linux refuses the registration. A region of
+/// on-demand paging is not checked: it faults access by access instead.
 fn mapped(addr: usize, len: usize, write: bool) -> bool {
-    if len == 0 {
-        return true;
-    }
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return true };
-    let page = page_size();
-    let (mut at, end) = (addr - addr % page, addr.saturating_add(len));
-    for line in maps.lines() {
-        let mut fields = line.split_ascii_whitespace();
-        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else { continue };
-        let Some((start, stop)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(stop)) = (usize::from_str_radix(start, 16), usize::from_str_radix(stop, 16)) else {
-            continue;
-        };
-        if stop <= at {
-            continue;
-        }
-        let perms = perms.as_bytes();
-        if start > at || perms.first() != Some(&b'r') || (write && perms.get(1) != Some(&b'w')) {
-            return false; // a hole, or a page without the rights
-        }
-        at = stop;
-        if at >= end {
-            return true;
-        }
-    }
-    false
+    softhca::mem::odp::mapped(addr, len, write)
 }
 
 #[no_mangle]
@@ -206,6 +183,12 @@ unsafe fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, ac
     if let Err(e) = check_access(access) {
         return fail(e);
     }
+    let on_demand = access as u32 & IBV_ACCESS_ON_DEMAND != 0;
+    // The implicit region of on-demand paging (mlx5's): the whole address space, at iova 0.
+    let implicit = on_demand && addr.is_null() && length == usize::MAX;
+    if implicit && iova != 0 {
+        return fail(libc::EINVAL);
+    }
     if (addr as usize).checked_add(length).is_none() {
         return fail(libc::EINVAL); // a range past the top of the address space
     }
@@ -215,12 +198,20 @@ unsafe fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, ac
     if length == 0 && (addr as usize).is_multiple_of(page_size()) {
         return fail(libc::EINVAL);
     }
-    if !mapped(addr as usize, length, access_of(access).intersects(WRITABLE)) {
+    if !on_demand && !mapped(addr as usize, length, access_of(access).intersects(WRITABLE)) {
         return fail(libc::EFAULT);
     }
     // SAFETY: the caller registers memory it owns and keeps mapped until ibv_dereg_mr, as the
-    // libibverbs contract says; softhca only touches it through the region's checks.
-    match unsafe { pd.pd.reg_mr_raw_iova(addr.cast(), length, iova, access_of(access)) } {
+    // libibverbs contract says; softhca only touches it through the region's checks (a region
+    // of on-demand paging through the kernel's copies, which fault instead of the process).
+    let registered = unsafe {
+        match (implicit, on_demand) {
+            (true, _) => pd.pd.reg_mr_implicit(access_of(access)),
+            (false, true) => pd.pd.reg_mr_on_demand(addr.cast(), length, iova, access_of(access)),
+            (false, false) => pd.pd.reg_mr_raw_iova(addr.cast(), length, iova, access_of(access)),
+        }
+    };
+    match registered {
         Ok(mr) => {
             let ibv = ibv_mr {
                 context: pd.ibv.context,
@@ -277,6 +268,59 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 ) -> *mut ibv_mr {
     // SAFETY: forwarded with the caller's guarantees.
     unsafe { ibv_reg_mr_iova2(p, addr, length, iova, access as u32) }
+}
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr`, which returns the errno): prefetch of ranges of
+/// on-demand regions, as mlx5 answers it. Unknown advice is EOPNOTSUPP, unknown flags and an
+/// empty list EINVAL (uverbs' attribute checks); an lkey that is not an on-demand region of
+/// `pd`, or not writable for PREFETCH_WRITE, is ENOENT (mlx5's `get_prefetchable_mr`); a range
+/// outside its region EFAULT. Prefetching faults the pages in (NO_FAULT touches nothing); with
+/// IBV_ADVISE_MR_FLAG_FLUSH (synchronous) a page that cannot be is EFAULT, without it the
+/// advice is best effort and answers 0.
+pub(crate) unsafe extern "C" fn advise_mr(
+    p: *mut ibv_pd,
+    advice: c_int,
+    flags: u32,
+    sg: *mut ibv_sge,
+    num: u32,
+) -> c_int {
+    let write = match advice {
+        IBV_ADVISE_MR_ADVICE_PREFETCH | IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT => false,
+        IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE => true,
+        _ => return libc::EOPNOTSUPP,
+    };
+    if p.is_null() || flags & !IBV_ADVISE_MR_FLAG_FLUSH != 0 || num == 0 || sg.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a live PD, and the program's list of `num` entries.
+    let (d, list) = unsafe { (pd(p), std::slice::from_raw_parts(sg, num as usize)) };
+    // SAFETY: the PD's open context.
+    let objects = &unsafe { ctx(d.ibv.context) }.objects;
+    for e in list {
+        // Each region is looked at under the objects lock, which its deregistration takes
+        // before it frees it.
+        let o = objects.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(&m) = o.mrs.get(&e.lkey) else { return libc::ENOENT };
+        // SAFETY: an MR in the map is live while the lock is held; its lock alone is taken.
+        let lock = unsafe { &(*(m as *const Mr)).mr };
+        let region = lock.read().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: as above, under the region's lock (`ibv_rereg_mr` writes it under its write
+        // lock).
+        let pd_handle = unsafe { (*(m as *const Mr)).pd_handle };
+        let writable = region.access().contains(Access::LOCAL_WRITE);
+        if region.lkey() != e.lkey || pd_handle != d.ibv.handle || !region.is_on_demand() || (write && !writable) {
+            return libc::ENOENT;
+        }
+        if advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT {
+            continue;
+        }
+        match region.prefetch(e.addr, u64::from(e.length), write) {
+            Ok(()) => {}
+            Err(softhca::AccessError::PageFault) if flags & IBV_ADVISE_MR_FLAG_FLUSH == 0 => {}
+            Err(_) => return libc::EFAULT,
+        }
+    }
+    0
 }
 
 #[no_mangle]
@@ -638,16 +682,24 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         None
     };
     let mut region = lock.write().unwrap_or_else(|e| e.into_inner());
-    let rights = new_access.unwrap_or(region.access());
     // SAFETY: the MR's fields, under the lock (above).
     let (old_at, old_len) = unsafe { ((*x).ibv.addr, (*x).ibv.length) };
+    let on_demand = region.is_on_demand();
+    // On-demand paging is the region's for good: rights that add or drop it, or new memory for
+    // the implicit region (which has all of it), are refused.
+    let implicit = on_demand && old_at.is_null() && old_len == usize::MAX;
+    let toggles = flags & IBV_REREG_MR_CHANGE_ACCESS != 0 && (access as u32 & IBV_ACCESS_ON_DEMAND != 0) != on_demand;
+    if toggles || (translate && implicit) {
+        return cmd(libc::EINVAL);
+    }
+    let rights = new_access.unwrap_or(region.access());
     let (at, len) = if translate { (addr as usize, length) } else { (old_at as usize, old_len) };
     if at.checked_add(len).is_none() {
         return cmd(libc::EINVAL);
     }
     // The kernel pins new memory with the rights it gets; rights that now write memory that
     // was registered read-only must find it writable too.
-    if (translate || new_access.is_some()) && !mapped(at, len, rights.intersects(WRITABLE)) {
+    if !on_demand && (translate || new_access.is_some()) && !mapped(at, len, rights.intersects(WRITABLE)) {
         return cmd(libc::EFAULT);
     }
     // SAFETY: new memory is the program's, kept mapped until it deregisters or reregisters

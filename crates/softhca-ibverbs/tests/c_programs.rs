@@ -322,3 +322,15 @@ fn a_forked_child_opens_a_device_of_its_own() {
     }
     run("fork", None);
 }
+
+/// On-demand paging through libibverbs (`tests/c/odp.c`): the capabilities, a region over a
+/// hole and a read-only page (EFAULT without IBV_ACCESS_ON_DEMAND), Writes into them failing
+/// with REM_ACCESS_ERR while the process lives, the implicit region, `ibv_advise_mr`'s
+/// answers, and `ibv_rereg_mr` keeping on-demand paging the region's.
+#[test]
+fn on_demand_paging() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("odp", None);
+}

@@ -9,10 +9,12 @@
 //!
 //! The CRC-32 of every ICRC lives here too ([`crc32`]), beside the fused copy that folds it
 //! on the way ([`copy_crc`]); and what Deregister waits for before the memory is the
-//! program's again, the accesses in flight ([`inflight`]).
+//! program's again, the accesses in flight ([`inflight`]). A region of on-demand paging
+//! reaches its memory through the kernel instead, access by access ([`odp`]).
 
 pub mod crc32;
 pub(crate) mod inflight;
+pub mod odp;
 
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -30,6 +32,10 @@ pub enum AccessError {
     OutOfBounds,
     #[error("the region does not grant this access")]
     MissingRight,
+    /// On-demand paging: a page of the range is not mapped, or not with the right the access
+    /// needs (an HCA's page fault that cannot be served).
+    #[error("a page of the range is not mapped for this access")]
+    PageFault,
 }
 
 /// The memory of one registered region: `len` bytes at `ptr`, addressed by keys from `iova`
@@ -40,6 +46,8 @@ pub(crate) struct Region {
     iova: u64,
     /// The region owns its buffer (registered from a `Vec`) and frees it when dropped.
     owned: bool,
+    /// On-demand paging: every access goes through the kernel ([`odp`]), none in place.
+    on_demand: bool,
 }
 
 // SAFETY: the memory is reached only through raw pointers by `MemRef`'s copy and atomic
@@ -57,7 +65,7 @@ impl Region {
         // SAFETY: Box::into_raw never returns null (a zero-length box gives a dangling,
         // non-null pointer).
         let ptr = unsafe { NonNull::new_unchecked(raw) };
-        Region { ptr, len, iova: raw as u64, owned: true }
+        Region { ptr, len, iova: raw as u64, owned: true, on_demand: false }
     }
 
     /// A region over memory the caller owns, addressed by keys from `iova` on; `None` for a
@@ -71,7 +79,45 @@ impl Region {
     /// has moved (one the consumer took, `Context::check_access`, is the consumer's to drop).
     /// The caller accepts concurrent writes by softhca and remote peers, as from a DMA engine.
     pub unsafe fn borrowed(addr: *mut u8, len: usize, iova: u64) -> Option<Region> {
-        Some(Region { ptr: NonNull::new(addr)?, len, iova, owned: false })
+        Some(Region { ptr: NonNull::new(addr)?, len, iova, owned: false, on_demand: false })
+    }
+
+    /// A region of on-demand paging over `addr..addr+len` of the process, addressed from `iova`
+    /// on: the memory may be unmapped, now or later; each access finds out ([`odp`]). `None`
+    /// for a null `addr`.
+    ///
+    /// # Safety
+    /// An atomic on the region runs in place once its word was found mapped writable: the
+    /// caller does not unmap memory under an atomic in flight (see [`odp`]). The caller accepts
+    /// concurrent writes by softhca and remote peers, as from a DMA engine.
+    pub unsafe fn on_demand(addr: *mut u8, len: usize, iova: u64) -> Option<Region> {
+        Some(Region { ptr: NonNull::new(addr)?, len, iova, owned: false, on_demand: true })
+    }
+
+    /// The implicit region of on-demand paging: the whole address space, addressed by virtual
+    /// address (all of it but address 0, which no memory has).
+    ///
+    /// # Safety
+    /// As [`Region::on_demand`].
+    pub unsafe fn implicit() -> Region {
+        Region { ptr: NonNull::dangling(), len: usize::MAX - 1, iova: 1, owned: false, on_demand: true }
+    }
+
+    /// Whether the region pages on demand.
+    pub fn is_on_demand(&self) -> bool {
+        self.on_demand
+    }
+
+    /// Faults in the `len` bytes at `addr` (a virtual address of the region), for writing if
+    /// `write`: `ibv_advise_mr`'s prefetch. OutOfBounds outside the region, PageFault where a
+    /// page is not mapped so.
+    pub(crate) fn prefetch(&self, addr: u64, len: u64, write: bool) -> Result<(), AccessError> {
+        let off = self.range_offset(addr, len).ok_or(AccessError::OutOfBounds)?;
+        let host = (self.ptr.as_ptr() as usize).wrapping_add(off);
+        match odp::populate(host, len as usize, write) {
+            true => Ok(()),
+            false => Err(AccessError::PageFault),
+        }
     }
 
     /// The region's first virtual address: where keys address it from.
@@ -580,6 +626,9 @@ impl MemRef {
 
     /// Copies `src` into the window at `at`. Out-of-window writes are refused.
     pub fn write(&self, at: usize, src: &[u8]) -> std::result::Result<(), AccessError> {
+        if self.mem.on_demand {
+            return odp::write(self.address_at(at, src.len())?, src);
+        }
         let dst = self.bytes_at(at, src.len())?;
         #[cfg(target_arch = "x86_64")]
         if src.len() >= LAND_AHEAD_MIN && self.mem.len >= LAND_AHEAD_REGION && LANDING_AHEAD.with(Cell::get) {
@@ -595,6 +644,9 @@ impl MemRef {
 
     /// Copies from the window at `at` into `dst`.
     pub fn read(&self, at: usize, dst: &mut [u8]) -> std::result::Result<(), AccessError> {
+        if self.mem.on_demand {
+            return odp::read(self.address_at(at, dst.len())?, dst);
+        }
         let src = self.bytes_at(at, dst.len())?;
         // SAFETY: as in `write`, the source range is inside the live allocation and `dst` is a
         // distinct caller-owned buffer.
@@ -605,6 +657,10 @@ impl MemRef {
     /// [`MemRef::read`] that also continues the CRC-32 `crc` over the bytes it copies
     /// (see [`copy_crc`]): the sender's gather and its ICRC in one pass.
     pub fn read_crc(&self, at: usize, dst: &mut [u8], crc: u32) -> std::result::Result<u32, AccessError> {
+        if self.mem.on_demand {
+            odp::read(self.address_at(at, dst.len())?, dst)?;
+            return Ok(crc32::update(crc, dst));
+        }
         let src = self.bytes_at(at, dst.len())?;
         if FAR_LINES.with(Cell::get) {
             // SAFETY: as in `read`; see `to_far_lines` for the order.
@@ -616,6 +672,40 @@ impl MemRef {
         }
         // SAFETY: as in `read`.
         Ok(unsafe { copy_crc_raw(dst.as_mut_ptr(), src, dst.len(), crc) })
+    }
+
+    /// The address of `len` bytes at `at` of the window of an on-demand region, which is
+    /// never dereferenced here (the kernel copies, see [`odp`]); out-of-window ranges refused.
+    fn address_at(&self, at: usize, len: usize) -> std::result::Result<usize, AccessError> {
+        let end = at.checked_add(len).ok_or(AccessError::OutOfBounds)?;
+        if end > self.len {
+            return Err(AccessError::OutOfBounds);
+        }
+        Ok((self.mem.ptr.as_ptr() as usize).wrapping_add(self.offset + at))
+    }
+
+    /// Whether `len` bytes at `at` of the window can be read now: always for a pinned region
+    /// (in the window); for an on-demand one, each page probed ([`odp`]).
+    pub fn readable(&self, at: usize, len: usize) -> bool {
+        match self.mem.on_demand {
+            false => at.checked_add(len).is_some_and(|end| end <= self.len),
+            true => self.address_at(at, len).is_ok_and(|a| odp::readable(a, len)),
+        }
+    }
+
+    /// Whether the window is in a region of on-demand paging.
+    pub fn is_on_demand(&self) -> bool {
+        self.mem.on_demand
+    }
+
+    /// Whether the window's memory is there for an access in place (an atomic): always for a
+    /// pinned region; for an on-demand one, the pages mapped readable, and writable if
+    /// `write` (a page fault otherwise).
+    pub fn present(&self, write: bool) -> std::result::Result<(), AccessError> {
+        if !self.mem.on_demand || odp::mapped(self.address_at(0, self.len)?, self.len, write) {
+            return Ok(());
+        }
+        Err(AccessError::PageFault)
     }
 
     /// Where `len` bytes at `at` of the window start in memory; out-of-window ranges refused.

@@ -640,9 +640,11 @@ impl<A: Copy + PartialEq> Outbox<A> {
                 }
                 // The bytes are read now, through a grant that checks its key again if one was
                 // revoked since the request (see `Grant`).
+                // A page of on-demand memory that is not there is as a key revoked: the bytes
+                // cannot be sent (an HCA's unserved page fault).
                 let sent = match grant {
                     None => emit(to, p, payload, &|out| out.remaining() == 0),
-                    Some(g) => match g.bytes(dev, offset, payload as u64) {
+                    Some(g) => match g.bytes(dev, offset, payload as u64).filter(|(m, at)| m.readable(*at, payload)) {
                         Some((m, at)) => emit(to, p, payload, &|out| out.read(m, at, payload)),
                         None => {
                             self.jobs.pop_front();

@@ -1271,9 +1271,12 @@ fn emit_request_packet(q: &Arc<QpInner>, core: &mut QpCore, now: u64, buf: &mut 
             }
             return Some(len);
         }
-        // Unaddressable (a UD AH whose GID vanished): fail the WQE rather than stall.
+        // A page of on-demand memory the gather found missing: Local Protection Error, as an
+        // HCA's unserved page fault. Else unaddressable (a UD AH whose GID vanished): fail the
+        // WQE rather than stall.
         if let Some(w) = core.sq.get_mut(np.idx) {
-            w.tx.status = Some(WcStatus::LocQpOpErr);
+            let fault = w.tx.local.iter().any(|m| m.is_on_demand() && !m.readable(0, m.len()));
+            w.tx.status = Some(if fault { WcStatus::LocProtErr } else { WcStatus::LocQpOpErr });
         }
         core.req.halted = true;
         completer::retire(q, core);

@@ -137,6 +137,8 @@ pub(crate) fn run_atomic(dev: &dyn Hca, pd: u32, qpn: u32, r: &Request<'_>) -> R
         return Err(Refusal::Invalid); // ERR-RQ-5
     }
     let mem = dev.check_access(a.r_key, pd, qpn, a.va, 8, Access::REMOTE_ATOMIC).map_err(|_| Refusal::Access)?;
+    // An atomic runs in place: on an on-demand region, the word must be there first.
+    mem.present(true).map_err(|_| Refusal::Access)?;
     execute_atomic(&mem, is_cas, &a).ok_or(Refusal::Invalid)
 }
 
@@ -629,7 +631,12 @@ fn rc_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>, mtu: u64) -> Result
     }
     if let Some(g) = &mut grant {
         let (m, at) = g.bytes(&*q.dev, offset, len).ok_or(access_fail())?;
-        m.write(at, r.payload).map_err(|_| rc_fail_invalid())?;
+        // A page an on-demand region lacks is the R_Key's failure (an HCA's unserved page
+        // fault); anything else here is the packet's.
+        m.write(at, r.payload).map_err(|e| match e {
+            AccessError::PageFault => access_fail(),
+            _ => rc_fail_invalid(),
+        })?;
     }
     accept(core, r);
     if completes {

@@ -256,6 +256,45 @@ impl Pd {
         self.register(mem, access)
     }
 
+    /// Register Memory Region with on-demand paging (`IBV_ACCESS_ON_DEMAND`) over
+    /// `addr..addr+len` of the process, addressed from `iova` on: the memory need not be mapped
+    /// now, nor stay mapped; an access to a page that is not mapped with the right it needs
+    /// fails as an HCA's unserved page fault (a local protection error, a remote access error),
+    /// never with a signal (see `mem::odp`). Errors: `NotSupported` where the kernel does not
+    /// let the process copy its own memory ([`crate::mem::odp::supported`]).
+    ///
+    /// # Safety
+    /// The caller does not unmap memory under an atomic in flight (atomics run in place), and
+    /// accepts that softhca and remote peers write the memory concurrently, as a DMA engine
+    /// would.
+    pub unsafe fn reg_mr_on_demand(&self, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<Mr> {
+        self.inner.check()?;
+        check_access_flags(access)?;
+        if !crate::mem::odp::supported() {
+            return Err(VerbsError::NotSupported("on-demand paging: process_vm_readv is not allowed here"));
+        }
+        // SAFETY: the caller's contract is `Region::on_demand`'s.
+        let mem = unsafe { Region::on_demand(addr, len, iova) }.ok_or(VerbsError::InvalidArgument("null address"))?;
+        self.register(mem, access)
+    }
+
+    /// The implicit region of on-demand paging (`ibv_reg_mr(pd, NULL, SIZE_MAX, … |
+    /// IBV_ACCESS_ON_DEMAND)`): the whole address space under one key, addressed by virtual
+    /// address; as [`Pd::reg_mr_on_demand`] otherwise. It is larger than `max_mr_size`, which
+    /// bounds the regions of a range.
+    ///
+    /// # Safety
+    /// As [`Pd::reg_mr_on_demand`].
+    pub unsafe fn reg_mr_implicit(&self, access: Access) -> Result<Mr> {
+        self.inner.check()?;
+        check_access_flags(access)?;
+        if !crate::mem::odp::supported() {
+            return Err(VerbsError::NotSupported("on-demand paging: process_vm_readv is not allowed here"));
+        }
+        // SAFETY: the caller's contract is `Region::implicit`'s.
+        self.register_as(unsafe { Region::implicit() }, access, false)
+    }
+
     /// Every registration's one size check and key allocation.
     fn register(&self, mem: Region, access: Access) -> Result<Mr> {
         self.register_as(mem, access, false)
@@ -263,7 +302,8 @@ impl Pd {
 
     fn register_as(&self, mem: Region, access: Access, fast: bool) -> Result<Mr> {
         let dev = &self.inner.dev;
-        if mem.len() as u64 > dev.attr.max_mr_size {
+        let implicit = mem.is_on_demand() && mem.addr() == 1 && mem.len() == usize::MAX - 1;
+        if mem.len() as u64 > dev.attr.max_mr_size && !implicit {
             return Err(VerbsError::InvalidArgument("region larger than max_mr_size"));
         }
         let inner = new_key(&self.inner, &dev.counts.mr, dev.attr.max_mr, |key| {
@@ -344,6 +384,18 @@ impl Mr {
         self.inner.access
     }
 
+    /// Whether the region pages on demand ([`Pd::reg_mr_on_demand`], [`Pd::reg_mr_implicit`]).
+    pub fn is_on_demand(&self) -> bool {
+        self.inner.mem.is_on_demand()
+    }
+
+    /// Faults in `len` bytes at virtual address `addr` of the region, for writing if `write`
+    /// (`ibv_advise_mr`'s prefetch; best effort: the pages may go again). OutOfBounds outside
+    /// the region, PageFault where a page is not mapped so.
+    pub fn prefetch(&self, addr: u64, len: u64, write: bool) -> std::result::Result<(), AccessError> {
+        self.inner.mem.prefetch(addr, len, write)
+    }
+
     /// An SGE for `range` (byte offsets into the region).
     pub fn sge(&self, range: std::ops::Range<usize>) -> Sge {
         Sge {
@@ -413,11 +465,18 @@ impl Mr {
         access: Option<Access>,
         mem: Option<(*mut u8, usize)>,
     ) -> Result<()> {
+        let on_demand = self.inner.mem.is_on_demand();
         let region = match mem {
-            // SAFETY: the caller's contract is `Region::borrowed`'s.
+            // SAFETY: the caller's contract is `Region::borrowed`'s, or `Region::on_demand`'s
+            // for a region of on-demand paging, which stays one.
             Some((addr, len)) => Some(
-                unsafe { Region::borrowed(addr, len, addr as u64) }
-                    .ok_or(VerbsError::InvalidArgument("null address"))?,
+                unsafe {
+                    match on_demand {
+                        true => Region::on_demand(addr, len, addr as u64),
+                        false => Region::borrowed(addr, len, addr as u64),
+                    }
+                }
+                .ok_or(VerbsError::InvalidArgument("null address"))?,
             ),
             None => None,
         };
