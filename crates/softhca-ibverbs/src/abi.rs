@@ -149,9 +149,9 @@ pub struct verbs_context_ops {
     pub destroy_flow_action: Slot,
     pub create_flow_action_esp: Slot,
     pub modify_qp_rate_limit: Slot,
-    pub alloc_parent_domain: Slot,
-    pub dealloc_td: Slot,
-    pub alloc_td: Slot,
+    pub alloc_parent_domain: Option<AllocParentDomain>,
+    pub dealloc_td: Option<DeallocTd>,
+    pub alloc_td: Option<AllocTd>,
     pub modify_cq: Slot,
     pub post_srq_ops: Slot,
     pub destroy_rwq_ind_table: Slot,
@@ -495,6 +495,39 @@ pub const IBV_ADVISE_MR_ADVICE_PREFETCH: c_int = 0;
 pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: c_int = 1;
 pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: c_int = 2;
 pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1 << 0;
+
+/// `struct ibv_td` and `struct ibv_td_init_attr`.
+#[repr(C)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+#[repr(C)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+/// A parent domain's allocator and free callbacks (`struct ibv_parent_domain_init_attr`).
+pub type PdAlloc = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void;
+pub type PdFree = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64);
+
+#[repr(C)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: Option<PdAlloc>,
+    pub free: Option<PdFree>,
+    pub pd_context: *mut c_void,
+}
+
+/// `enum ibv_parent_domain_init_attr_mask`.
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1 << 0;
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
+
+pub type AllocParentDomain = unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd;
+pub type AllocTd = unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td;
+pub type DeallocTd = unsafe extern "C" fn(*mut ibv_td) -> c_int;
 
 /// `verbs_context_ops.advise_mr`.
 pub type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, c_int, u32, *mut ibv_sge, u32) -> c_int;
@@ -933,6 +966,8 @@ pub fn layout_report() -> String {
     off!(ibv_async_event: event_type);
     size!(verbs_context, ibv_port_attr, ibv_cq_ex, ibv_cq_init_attr_ex, ibv_qp_ex, ibv_qp_init_attr_ex);
     size!(ibv_device_attr_ex, ibv_data_buf);
+    size!(ibv_td, ibv_td_init_attr, ibv_parent_domain_init_attr, ibv_odp_caps);
+    off!(ibv_parent_domain_init_attr: td, comp_mask, alloc, free, pd_context);
     off!(verbs_context: context);
     off!(ibv_port_attr: flags, port_cap_flags2);
     off!(ibv_cq_ex: comp_mask, status, wr_id, start_poll, read_opcode, read_completion_ts, read_completion_wallclock_ns);

@@ -37,6 +37,9 @@ pub(crate) struct Cq {
     /// Held from a successful `ibv_start_poll` to `ibv_end_poll`: the poll batch, and so
     /// `current`, is its poller's.
     poller: crate::Gate,
+    /// The parent domain it was made with (`IBV_CQ_INIT_ATTR_MASK_PD`), which it holds; or
+    /// null.
+    parent_domain: *mut ibv_pd,
 }
 
 /// # Safety
@@ -170,6 +173,7 @@ unsafe fn create(
         current: Mutex::new((Wc::default(), 0, 0)),
         wc_flags,
         poller: Default::default(),
+        parent_domain: std::ptr::null_mut(),
     };
     let p = Box::into_raw(Box::new(cq));
     if let Some(ch) = ch {
@@ -235,9 +239,16 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     if a.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
         return fail(libc::EINVAL);
     }
-    if a.wc_flags & !SUPPORTED_WC_FLAGS != 0 || a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+    if a.wc_flags & !SUPPORTED_WC_FLAGS != 0 {
         return fail(libc::EOPNOTSUPP);
     }
+    // A CQ in a domain takes a parent domain (mlx5: EINVAL for anything else).
+    let in_domain = a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0;
+    // SAFETY: the program's PD object, or null.
+    if in_domain && !unsafe { crate::domain::is_parent(a.parent_domain) } {
+        return fail(libc::EINVAL);
+    }
+    let parent_domain = if in_domain { a.parent_domain } else { std::ptr::null_mut() };
     if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !IBV_CREATE_CQ_ATTR_SINGLE_THREADED != 0 {
         return fail(libc::EOPNOTSUPP);
     }
@@ -246,7 +257,15 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         return fail(libc::EINVAL);
     }
     // SAFETY: an open context (verbs.h found the op in it); the channel is the program's.
-    unsafe { create(context, a.cqe, a.cq_context, a.channel, a.wc_flags) }.cast()
+    let c = unsafe { create(context, a.cqe, a.cq_context, a.channel, a.wc_flags) };
+    if !c.is_null() && !parent_domain.is_null() {
+        // SAFETY: the CQ just made, not yet the program's; a live parent domain.
+        unsafe {
+            (*c).parent_domain = parent_domain;
+            crate::domain::hold(parent_domain);
+        }
+    }
+    c.cast()
 }
 
 #[no_mangle]
@@ -268,6 +287,8 @@ pub(crate) unsafe fn destroy_cq(c: *mut ibv_cq, forget: bool) -> c_int {
             return errno_of(&e);
         }
         destroyed(c.cast(), forget);
+        // SAFETY: the parent domain the CQ holds, live until released here.
+        unsafe { crate::domain::release(q.parent_domain) };
         let (handle, channel, context) = (q.ibv.base.handle, q.ibv.base.channel, q.ibv.base.context);
         if !channel.is_null() {
             // SAFETY: the channel outlives its CQs (destroying it is refused while it has any).

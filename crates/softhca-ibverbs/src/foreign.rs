@@ -56,13 +56,15 @@ pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32
     });
     let Some(soft) = found else { return fail(libc::EINVAL) };
     let ibv = ibv_pd { context, handle: pd_handle };
-    Box::into_raw(Box::new(Pd { ibv, pd: soft })).cast()
+    Box::into_raw(Box::new(Pd::new(ibv, soft))).cast()
 }
 
 /// Frees the importer's PD object; the PD stays for the others that hold it.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_pd(p: *mut ibv_pd) {
-    if !p.is_null() {
+    // A parent domain is not an imported PD: left alone, as mlx5 refuses it (EINVAL).
+    // SAFETY: a PD object of this library, or null.
+    if !p.is_null() && unsafe { crate::mem::pd(p) }.parent.is_none() {
         // SAFETY: a PD object of this library that the program gives up.
         drop(unsafe { Box::from_raw(p as *mut Pd) });
     }

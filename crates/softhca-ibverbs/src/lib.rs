@@ -18,6 +18,7 @@ pub mod abi;
 mod context;
 mod cq;
 mod device;
+mod domain;
 mod ece;
 mod foreign;
 mod fork;

@@ -12,6 +12,17 @@ use crate::{command, errno_of, fail};
 pub(crate) struct Pd {
     pub ibv: ibv_pd,
     pub pd: SoftPd,
+    /// The parent domains made of this PD: its dealloc is EBUSY while there are any.
+    pub parents: std::sync::atomic::AtomicU32,
+    /// A parent domain's own (`ibv_alloc_parent_domain`; see `domain`); None for a PD.
+    pub parent: Option<Box<crate::domain::Parent>>,
+}
+
+impl Pd {
+    /// A PD object over `pd`.
+    pub(crate) fn new(ibv: ibv_pd, pd: SoftPd) -> Pd {
+        Pd { ibv, pd, parents: Default::default(), parent: None }
+    }
 }
 
 /// # Safety
@@ -94,7 +105,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
     match c.ctx.alloc_pd() {
         Ok(pd) => {
             let handle = pd.handle();
-            let p: *mut ibv_pd = Box::into_raw(Box::new(Pd { ibv: ibv_pd { context, handle }, pd })).cast();
+            let p: *mut ibv_pd = Box::into_raw(Box::new(Pd::new(ibv_pd { context, handle }, pd))).cast();
             c.objects.lock().unwrap_or_else(|e| e.into_inner()).pds.insert(handle, p as usize);
             p
         }
@@ -107,6 +118,13 @@ pub unsafe extern "C" fn ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
     command(|| {
         // SAFETY: a live PD.
         let d = unsafe { pd(p) };
+        if d.parent.is_some() {
+            // SAFETY: a parent domain, from `domain::alloc_parent_domain`.
+            return unsafe { crate::domain::dealloc_parent_domain(p) };
+        }
+        if d.parents.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            return libc::EBUSY; // mlx5: a parent domain holds the PD
+        }
         if let Err(e) = d.pd.dealloc() {
             return errno_of(&e);
         }

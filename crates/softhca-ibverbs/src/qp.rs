@@ -234,7 +234,12 @@ unsafe fn create(p: *mut ibv_pd, mut a: CreateQp<'_>) -> *mut ibv_qp {
     let (recv_cq, srq) = given;
     let ends = QpEnds { context: pd.ibv.context, pd: p, send_cq: a.send_cq, recv_cq, srq, xrcd: null_mut() };
     // SAFETY: the PD's context is open.
-    unsafe { new_qp(soft, &a, ends, (max_send_sge, max_recv_sge, max_inline)) }
+    let q = unsafe { new_qp(soft, &a, ends, (max_send_sge, max_recv_sge, max_inline)) };
+    if !q.is_null() {
+        // SAFETY: the live PD (a parent domain counts its QPs).
+        unsafe { crate::domain::hold(p) };
+    }
+    q
 }
 
 /// The objects a new `ibv_qp` names (null where its type has none).
@@ -449,6 +454,11 @@ pub(crate) unsafe fn destroy_qp(q: *mut ibv_qp, forget: bool) -> c_int {
     }
     if let Some(hook) = ON_DESTROY.get().filter(|_| forget) {
         hook(q);
+    }
+    if x.xrcd.is_null() {
+        // SAFETY: the PD the QP was made through, live while the QP held it. (An XRC target's
+        // `pd` is only what the program passed: it was made through its domain.)
+        unsafe { crate::domain::release(x.ibv.qp_base.pd) };
     }
     if !x.xrcd.is_null() {
         // SAFETY: the domain handle stays open while the QP holds it.

@@ -334,3 +334,14 @@ fn on_demand_paging() {
     }
     run("odp", None);
 }
+
+/// Thread domains and parent domains (`tests/c/domains.c`): the attribute checks, a parent
+/// domain standing for its PD (QP, region, extended CQ, a Write), and the holds (EBUSY) in
+/// each direction, released in order.
+#[test]
+fn thread_and_parent_domains() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("domains", None);
+}

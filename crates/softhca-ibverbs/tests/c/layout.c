@@ -66,6 +66,10 @@ int main(void)
 	OFF(ibv_async_event, event_type);
 	SIZE(verbs_context); SIZE(ibv_port_attr); SIZE(ibv_cq_ex); SIZE(ibv_cq_init_attr_ex); SIZE(ibv_qp_ex);
 	SIZE(ibv_qp_init_attr_ex); SIZE(ibv_device_attr_ex); SIZE(ibv_data_buf);
+	SIZE(ibv_td); SIZE(ibv_td_init_attr); SIZE(ibv_parent_domain_init_attr); SIZE(ibv_odp_caps);
+	OFF(ibv_parent_domain_init_attr, td); OFF(ibv_parent_domain_init_attr, comp_mask);
+	OFF(ibv_parent_domain_init_attr, alloc); OFF(ibv_parent_domain_init_attr, free);
+	OFF(ibv_parent_domain_init_attr, pd_context);
 	OFF(verbs_context, context);
 	OFF(ibv_port_attr, flags); OFF(ibv_port_attr, port_cap_flags2);
 	OFF(ibv_cq_ex, comp_mask); OFF(ibv_cq_ex, status); OFF(ibv_cq_ex, wr_id); OFF(ibv_cq_ex, start_poll);
