@@ -48,15 +48,26 @@ static GENERATION: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn in_child() {
     GENERATION.fetch_add(1, Ordering::Relaxed);
+    crate::rdmacm::fork_release();
+}
+
+/// Before a fork: rdma_cm's lock is taken, so that the child does not inherit it held by a
+/// thread it has not (the CM thread takes it at every turn); released on both sides after.
+extern "C" fn before() {
+    crate::rdmacm::fork_prepare();
+}
+
+extern "C" fn in_parent() {
+    crate::rdmacm::fork_release();
 }
 
 /// This process's fork generation (see the module docs). The first call installs the fork
 /// handler that counts it, which is in place before any device is open.
 pub(crate) fn generation() -> u32 {
     static HANDLER: Once = Once::new();
-    // SAFETY: registers a handler with no arguments that touches one atomic.
+    // SAFETY: registers handlers with no arguments that touch one atomic and rdma_cm's lock.
     HANDLER.call_once(|| unsafe {
-        libc::pthread_atfork(None, None, Some(in_child));
+        libc::pthread_atfork(Some(before), Some(in_parent), Some(in_child));
     });
     GENERATION.load(Ordering::Relaxed)
 }

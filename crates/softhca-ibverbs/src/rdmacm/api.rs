@@ -116,6 +116,8 @@ pub(super) unsafe fn create_id(
     // of one of them (ibv_destroy_qp, ibv_destroy_cq, ibv_destroy_comp_channel).
     crate::qp::on_destroy(super::forget_qp);
     crate::cq::on_destroy(super::forget_cq);
+    // The fork handlers, before any thread of the CM's can hold its lock.
+    crate::fork::generation();
     let mut g = global();
     match new_id(&mut g, channel, context, ps, qp_type) {
         Ok(new) => {

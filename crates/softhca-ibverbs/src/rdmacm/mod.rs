@@ -255,6 +255,22 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
     exit: Exit::Running,
 });
 
+thread_local! {
+    /// The lock [`fork_prepare`] took, for [`fork_release`] on the same thread.
+    static FORK_HELD: std::cell::RefCell<Option<MutexGuard<'static, Global>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `pthread_atfork`'s prepare handler (see `fork`): takes the lock.
+pub(crate) fn fork_prepare() {
+    let g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = FORK_HELD.try_with(|h| *h.borrow_mut() = Some(g));
+}
+
+/// Its parent and child handlers: releases it (in the child, the forking thread's copy).
+pub(crate) fn fork_release() {
+    let _ = FORK_HELD.try_with(|h| drop(h.borrow_mut().take()));
+}
+
 fn global() -> MutexGuard<'static, Global> {
     let mut g = GLOBAL.lock().unwrap_or_else(|e| e.into_inner());
     if g.dev.is_some() && g.generation != crate::fork::generation() {

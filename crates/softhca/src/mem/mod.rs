@@ -702,7 +702,12 @@ impl MemRef {
     /// pinned region; for an on-demand one, the pages mapped readable, and writable if
     /// `write` (a page fault otherwise).
     pub fn present(&self, write: bool) -> std::result::Result<(), AccessError> {
-        if !self.mem.on_demand || odp::mapped(self.address_at(0, self.len)?, self.len, write) {
+        if !self.mem.on_demand {
+            return Ok(());
+        }
+        let at = self.address_at(0, self.len)?;
+        let there = if write { odp::writable_now(at, self.len) } else { odp::readable(at, self.len) };
+        if there {
             return Ok(());
         }
         Err(AccessError::PageFault)
@@ -722,7 +727,13 @@ impl MemRef {
     /// The 8-byte word at the start of the window, for atomics. `None` unless the window is
     /// 8 bytes long and 8-byte aligned (ERR-RQ-5 is checked by the responder before this).
     pub fn atomic_u64(&self) -> Option<&AtomicU64> {
-        let p = self.mem.ptr.as_ptr().wrapping_add(self.offset);
+        let p = match self.mem.on_demand {
+            // The address itself: the implicit region's base points at nothing (address 1).
+            true => {
+                std::ptr::with_exposed_provenance_mut::<u8>((self.mem.ptr.as_ptr() as usize).wrapping_add(self.offset))
+            }
+            false => self.mem.ptr.as_ptr().wrapping_add(self.offset),
+        };
         if self.len != 8 || !(p as usize).is_multiple_of(8) {
             return None;
         }

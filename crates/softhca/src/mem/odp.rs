@@ -129,10 +129,39 @@ pub(crate) fn populate(addr: usize, len: usize, write: bool) -> bool {
 /// user region demands of it, and what an atomic on an on-demand region checks first. Slow
 /// (a file read): registrations and atomics on on-demand memory only.
 pub fn mapped(addr: usize, len: usize, write: bool) -> bool {
-    if len == 0 {
-        return true;
+    maps_say(addr, len, write).unwrap_or(true)
+}
+
+/// Whether an atomic may run in place on `[addr, addr + len)` now: the pages faulted in for
+/// writing (MADV_POPULATE_WRITE, which fails where the access would fault or raise SIGBUS, and
+/// on I/O mappings), or where the kernel lacks it (before 5.14) the mappings say so. Fails
+/// closed. A page the program unmaps between this and the atomic still faults (the README's
+/// difference).
+pub(crate) fn writable_now(addr: usize, len: usize) -> bool {
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    static POPULATES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let populates = *POPULATES.get_or_init(|| {
+        let page = vec![0u8; 2 * page_size()];
+        let at = page.as_ptr() as usize;
+        let start = at - at % page_size() + page_size();
+        // SAFETY: a page inside a live heap buffer; populating changes no contents.
+        unsafe { libc::madvise(start as *mut libc::c_void, page_size(), MADV_POPULATE_WRITE) == 0 }
+    });
+    let Some(end) = addr.checked_add(len) else { return false };
+    if !populates {
+        return maps_say(addr, len, true) == Some(true);
     }
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return true };
+    let start = addr - addr % page_size();
+    // SAFETY: populating changes no contents; the kernel checks the range.
+    unsafe { libc::madvise(start as *mut libc::c_void, end - start, MADV_POPULATE_WRITE) == 0 }
+}
+
+/// What `/proc/self/maps` says of the range (see [`mapped`]); None if it cannot be read.
+fn maps_say(addr: usize, len: usize, write: bool) -> Option<bool> {
+    if len == 0 {
+        return Some(true);
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let page = page_size();
     let (mut at, end) = (addr - addr % page, addr.saturating_add(len));
     for line in maps.lines() {
@@ -147,14 +176,14 @@ pub fn mapped(addr: usize, len: usize, write: bool) -> bool {
         }
         let perms = perms.as_bytes();
         if start > at || perms.first() != Some(&b'r') || (write && perms.get(1) != Some(&b'w')) {
-            return false; // a hole, or a page without the rights
+            return Some(false); // a hole, or a page without the rights
         }
         at = stop;
         if at >= end {
-            return true;
+            return Some(true);
         }
     }
-    false
+    Some(false)
 }
 
 /// The system's page size.
@@ -211,6 +240,7 @@ mod tests {
         assert!(populate(base + 5, 100, true) && populate(base + 2 * page, 10, false));
         assert!(!populate(base + 2 * page, 10, true), "a read-only page for writing");
         assert!(!populate(base + page, 10, false), "a hole");
+        assert!(writable_now(base + 8, 8) && !writable_now(base + page, 8) && !writable_now(base + 2 * page, 8));
         // SAFETY: the rest of the mapping.
         unsafe {
             libc::munmap(base as *mut libc::c_void, page);
