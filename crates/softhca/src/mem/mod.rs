@@ -103,6 +103,11 @@ impl Region {
         Region { ptr: NonNull::dangling(), len: usize::MAX - 1, iova: 1, owned: false, on_demand: true }
     }
 
+    /// Whether it is the implicit region ([`Region::implicit`]), which no size bounds.
+    pub fn is_implicit(&self) -> bool {
+        self.on_demand && self.iova == 1 && self.len == usize::MAX - 1
+    }
+
     /// Whether the region pages on demand.
     pub fn is_on_demand(&self) -> bool {
         self.on_demand
@@ -677,18 +682,22 @@ impl MemRef {
     /// The address of `len` bytes at `at` of the window of an on-demand region, which is
     /// never dereferenced here (the kernel copies, see [`odp`]); out-of-window ranges refused.
     fn address_at(&self, at: usize, len: usize) -> std::result::Result<usize, AccessError> {
-        let end = at.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-        if end > self.len {
-            return Err(AccessError::OutOfBounds);
+        Ok((self.mem.ptr.as_ptr() as usize).wrapping_add(self.offset + self.inside(at, len)?))
+    }
+
+    /// `at`, if `len` bytes from it lie inside the window: every accessor's bounds check.
+    fn inside(&self, at: usize, len: usize) -> std::result::Result<usize, AccessError> {
+        match at.checked_add(len) {
+            Some(end) if end <= self.len => Ok(at),
+            _ => Err(AccessError::OutOfBounds),
         }
-        Ok((self.mem.ptr.as_ptr() as usize).wrapping_add(self.offset + at))
     }
 
     /// Whether `len` bytes at `at` of the window can be read now: always for a pinned region
     /// (in the window); for an on-demand one, each page probed ([`odp`]).
     pub fn readable(&self, at: usize, len: usize) -> bool {
         match self.mem.on_demand {
-            false => at.checked_add(len).is_some_and(|end| end <= self.len),
+            false => self.inside(at, len).is_ok(),
             true => self.address_at(at, len).is_ok_and(|a| odp::readable(a, len)),
         }
     }
@@ -715,10 +724,7 @@ impl MemRef {
 
     /// Where `len` bytes at `at` of the window start in memory; out-of-window ranges refused.
     fn bytes_at(&self, at: usize, len: usize) -> std::result::Result<*mut u8, AccessError> {
-        let end = at.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-        if end > self.len {
-            return Err(AccessError::OutOfBounds);
-        }
+        let at = self.inside(at, len)?;
         // SAFETY: offset + at <= offset + len <= mem.len (checked above and by the access
         // check that made this MemRef): inside the live allocation, or one past its end.
         Ok(unsafe { self.mem.ptr.as_ptr().add(self.offset + at) })

@@ -268,11 +268,7 @@ impl Pd {
     /// accepts that softhca and remote peers write the memory concurrently, as a DMA engine
     /// would.
     pub unsafe fn reg_mr_on_demand(&self, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<Mr> {
-        self.inner.check()?;
-        check_access_flags(access)?;
-        if !crate::mem::odp::supported() {
-            return Err(VerbsError::NotSupported("on-demand paging: process_vm_readv is not allowed here"));
-        }
+        self.check_on_demand(access)?;
         // SAFETY: the caller's contract is `Region::on_demand`'s.
         let mem = unsafe { Region::on_demand(addr, len, iova) }.ok_or(VerbsError::InvalidArgument("null address"))?;
         self.register(mem, access)
@@ -286,13 +282,20 @@ impl Pd {
     /// # Safety
     /// As [`Pd::reg_mr_on_demand`].
     pub unsafe fn reg_mr_implicit(&self, access: Access) -> Result<Mr> {
+        self.check_on_demand(access)?;
+        // SAFETY: the caller's contract is `Region::implicit`'s.
+        self.register(unsafe { Region::implicit() }, access)
+    }
+
+    /// What both on-demand registrations check first: the PD, the rights, and that the
+    /// kernel lets the process copy its own memory.
+    fn check_on_demand(&self, access: Access) -> Result<()> {
         self.inner.check()?;
         check_access_flags(access)?;
         if !crate::mem::odp::supported() {
             return Err(VerbsError::NotSupported("on-demand paging: process_vm_readv is not allowed here"));
         }
-        // SAFETY: the caller's contract is `Region::implicit`'s.
-        self.register_as(unsafe { Region::implicit() }, access, false)
+        Ok(())
     }
 
     /// Every registration's one size check and key allocation.
@@ -302,8 +305,7 @@ impl Pd {
 
     fn register_as(&self, mem: Region, access: Access, fast: bool) -> Result<Mr> {
         let dev = &self.inner.dev;
-        let implicit = mem.is_on_demand() && mem.addr() == 1 && mem.len() == usize::MAX - 1;
-        if mem.len() as u64 > dev.attr.max_mr_size && !implicit {
+        if mem.len() as u64 > dev.attr.max_mr_size && !mem.is_implicit() {
             return Err(VerbsError::InvalidArgument("region larger than max_mr_size"));
         }
         let inner = new_key(&self.inner, &dev.counts.mr, dev.attr.max_mr, |key| {
