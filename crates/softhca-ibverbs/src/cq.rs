@@ -97,6 +97,10 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 pub(crate) unsafe fn destroy_comp_channel(channel: *mut ibv_comp_channel, forget: bool) -> c_int {
     // SAFETY: a live channel from ibv_create_comp_channel.
     let ch = unsafe { &*(channel as *const Channel) };
+    // SAFETY: the channel's context is open.
+    if unsafe { crate::context::left_by_fork((*channel).context) } {
+        return 0;
+    }
     if !ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
         return libc::EBUSY;
     }
@@ -283,6 +287,10 @@ pub(crate) unsafe fn destroy_cq(c: *mut ibv_cq, forget: bool) -> c_int {
         // SAFETY: a live CQ; only its Rust half and fields no other thread writes are read
         // through this reference (the counters and pthread objects are used in place below).
         let q = unsafe { cq(c) };
+        // SAFETY: the CQ's context is open.
+        if unsafe { crate::context::left_by_fork((*c).context) } {
+            return 0;
+        }
         if let Err(e) = q.cq.destroy() {
             return errno_of(&e);
         }
@@ -408,6 +416,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(c: *mut ibv_cq, nevents: c_uint) {
+    // SAFETY: a live CQ of an open context.
+    if unsafe { crate::context::left_by_fork((*c).context) } {
+        return; // the CQ's mutex is as the fork left it
+    }
     // SAFETY: a live CQ; the count is updated in place under the CQ's mutex, as libibverbs
     // does, without a reference to the shared object.
     unsafe {

@@ -56,6 +56,10 @@ pub(crate) unsafe extern "C" fn alloc_td(context: *mut ibv_context, attr: *mut i
 
 /// `verbs_context.dealloc_td`: EBUSY while a parent domain holds it.
 pub(crate) unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
+    // SAFETY: a live thread domain of an open context.
+    if unsafe { crate::context::left_by_fork((*td).context) } {
+        return 0;
+    }
     // SAFETY: a live thread domain of this library.
     if unsafe { &*(td as *const Td) }.users.load(Ordering::Acquire) > 0 {
         return libc::EBUSY;

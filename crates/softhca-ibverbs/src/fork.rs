@@ -9,7 +9,9 @@
 //! state, belong to the process that opened them ([`generation`]): in a child, opening the
 //! device opens a new one (on an address of its own, the parent's being the parent's), as a
 //! child on Linux opens a context of its own (the parent's objects are not the child's to use,
-//! libibverbs' rule; here they are left alone, never freed, since their threads are gone).
+//! libibverbs' rule; here they are left alone, never freed, since their threads are gone:
+//! closing an inherited context or destroying one of its objects returns 0 and touches
+//! nothing, `context::left_by_fork`).
 //! softhca has no sysfs directory: the device's index is its place in the device list, and
 //! `ibv_get_sysfs_path` gives the path libibverbs would look under.
 

@@ -83,6 +83,10 @@ pub(crate) unsafe extern "C" fn dealloc_mw(m: *mut ibv_mw) -> c_int {
     command(|| {
         // SAFETY: a live window from alloc_mw.
         let w = unsafe { &*(m as *const Mw) };
+        // SAFETY: an object of an open context.
+        if unsafe { crate::context::left_by_fork((*m).context) } {
+            return 0;
+        }
         if let Err(e) = w.mw.dealloc() {
             return crate::errno_set(&e);
         }
@@ -118,6 +122,10 @@ pub unsafe extern "C" fn ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
     command(|| {
         // SAFETY: a live PD.
         let d = unsafe { pd(p) };
+        // SAFETY: an object of an open context.
+        if unsafe { crate::context::left_by_fork((*p).context) } {
+            return 0;
+        }
         if d.parent.is_some() {
             // SAFETY: a parent domain, from `domain::alloc_parent_domain`.
             return unsafe { crate::domain::dealloc_parent_domain(p) };
@@ -346,6 +354,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     command(|| {
         // SAFETY: a live MR from ibv_reg_mr.
         let mr = unsafe { &*(m as *const Mr) };
+        // SAFETY: an object of an open context.
+        if unsafe { crate::context::left_by_fork(mr.ibv.context) } {
+            return 0;
+        }
         match mr.region().dereg() {
             Ok(()) => {}
             // A region with windows bound: EINVAL, as rxe's `rxe_dereg_mr` answers.
@@ -622,6 +634,10 @@ pub unsafe extern "C" fn ibv_detach_mcast(q: *mut ibv_qp, gid: *const ibv_gid, l
         }
         // SAFETY: the caller's live QP; `gid` is readable (not null).
         let (x, g) = unsafe { (crate::qp::qp(q), Gid((*gid).raw)) };
+        // SAFETY: the QP's context is open.
+        if unsafe { crate::context::left_by_fork(x.ibv.qp_base.context) } {
+            return 0;
+        }
         x.qp.detach_mcast(g, lid).err().map_or(0, |e| errno_of(&e))
     })
 }
@@ -747,6 +763,10 @@ pub unsafe extern "C" fn ibv_destroy_ah(a: *mut ibv_ah) -> c_int {
     command(|| {
         // SAFETY: a live AH from ibv_create_ah.
         let ah = unsafe { &*(a as *const Ah) };
+        // SAFETY: an object of an open context.
+        if unsafe { crate::context::left_by_fork((*a).context) } {
+            return 0;
+        }
         if let Err(e) = ah.ah.destroy() {
             return errno_of(&e);
         }

@@ -441,6 +441,10 @@ pub(crate) fn on_destroy(hook: fn(*mut ibv_qp)) {
 pub(crate) unsafe fn destroy_qp(q: *mut ibv_qp, forget: bool) -> c_int {
     // SAFETY: a live QP.
     let x = unsafe { qp(q) };
+    // SAFETY: the QP's context is open.
+    if unsafe { crate::context::left_by_fork(x.ibv.qp_base.context) } {
+        return 0;
+    }
     // uverbs refuses to destroy a QP still attached to a multicast group; closing the context
     // detaches it (the core's Destroy QP, which `ibv_close_device` uses, does).
     if !x.qp.mcast_groups().is_empty() {
@@ -1205,6 +1209,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(s: *mut ibv_srq) -> c_int {
     command(|| {
         // SAFETY: a live SRQ.
         let x = unsafe { &*(s as *const Srq) };
+        // SAFETY: the SRQ's context is open.
+        if unsafe { crate::context::left_by_fork(x.ibv.context) } {
+            return 0;
+        }
         if let Err(e) = x.srq.destroy() {
             return errno_of(&e);
         }

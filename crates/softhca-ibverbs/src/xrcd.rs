@@ -142,6 +142,10 @@ pub(crate) unsafe extern "C" fn close_xrcd(x: *mut ibv_xrcd) -> c_int {
         }
         // SAFETY: a live handle of this library.
         let h = unsafe { xrcd(x) };
+        // SAFETY: an object of an open context.
+        if unsafe { crate::context::left_by_fork((*x).context) } {
+            return 0;
+        }
         if h.users.load(Ordering::Acquire) > 0 {
             return libc::EBUSY;
         }
