@@ -18,56 +18,72 @@ pub fn supported() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
         let probe = 0x5au8;
-        let mut back = 0u8;
-        // SAFETY: one readable byte on the stack to one writable byte on the stack.
-        let n = unsafe { read_raw(&raw const probe as usize, &raw mut back, 1) };
-        n == 1 && back == probe
+        let mut back = [0u8];
+        read(&raw const probe as usize, &mut back).is_ok() && back[0] == probe
     })
 }
 
-/// Copies `len` bytes at address `from` of this process into `to`; the bytes copied (fewer
-/// where a page is missing or unreadable), or -1.
+/// The calling thread's id, as the process whose memory is copied: any thread of a process
+/// names its memory, and the caller's is alive (the process id names the main thread, which
+/// may have exited while others run on: then the kernel finds no memory behind it).
+fn me() -> libc::pid_t {
+    // SAFETY: gettid cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// The most one call copies: Linux caps a call's total at `MAX_RW_COUNT` (2 GiB less a page)
+/// and copies less than asked beyond it.
+const CALL_MAX: usize = 1 << 30;
+
+/// Copies `len` bytes between `local` (this process's buffer) and address `remote` of this
+/// process, out of it if `!to_remote`, into it if `to_remote`: every byte, in calls of at most
+/// [`CALL_MAX`], each going on where the last stopped; a page fault if a page is missing or
+/// lacks the right (the kernel copies up to the faulting page, then fails).
 ///
 /// # Safety
-/// `to` is valid for `len` bytes of writes. `from` may be anything.
-unsafe fn read_raw(from: usize, to: *mut u8, len: usize) -> isize {
-    let local = libc::iovec { iov_base: to.cast(), iov_len: len };
-    let remote = libc::iovec { iov_base: from as *mut libc::c_void, iov_len: len };
-    // SAFETY: one local iovec the caller vouches for; the kernel checks the remote one. The
-    // process's own pid now (a fork's child has its own).
-    unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) }
+/// `local` is valid for `len` bytes of reads, and of writes if `!to_remote`. `remote` may be
+/// anything: the kernel checks it, writing only pages mapped writable (it does not force, as
+/// /proc/self/mem would).
+unsafe fn copy(local: *mut u8, remote: usize, len: usize, to_remote: bool) -> Result<(), AccessError> {
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(CALL_MAX);
+        let l = libc::iovec { iov_base: local.wrapping_add(done).cast(), iov_len: n };
+        let r = libc::iovec { iov_base: remote.wrapping_add(done) as *mut libc::c_void, iov_len: n };
+        // SAFETY: one local iovec inside what the caller vouches for; the kernel checks the
+        // remote one.
+        let got = unsafe {
+            match to_remote {
+                true => libc::process_vm_writev(me(), &l, 1, &r, 1, 0),
+                false => libc::process_vm_readv(me(), &l, 1, &r, 1, 0),
+            }
+        };
+        match usize::try_from(got) {
+            Ok(got) if got > 0 => done += got,
+            _ => return Err(AccessError::PageFault),
+        }
+    }
+    Ok(())
 }
 
 /// Copies `src` to address `to` of this process, every byte or an error (some may have
-/// landed: as a faulting DMA, the access fails).
+/// landed: as a faulting DMA, the access fails). The last byte goes alone, after all the
+/// others, as pinned memory's tail (`copy_in`): a program that polls its buffer's last byte
+/// for a Write's arrival sees it last, and its own store there is not overwritten.
 pub(crate) fn write(to: usize, src: &[u8]) -> Result<(), AccessError> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    let local = libc::iovec { iov_base: src.as_ptr() as *mut libc::c_void, iov_len: src.len() };
-    let remote = libc::iovec { iov_base: to as *mut libc::c_void, iov_len: src.len() };
-    // SAFETY: the local iovec is `src`, read only; the kernel checks the remote one, writing
-    // only pages mapped writable (it does not force, as /proc/self/mem would).
-    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
-    if n == src.len() as isize {
-        Ok(())
-    } else {
-        Err(AccessError::PageFault)
+    let Some(body) = src.len().checked_sub(1) else { return Ok(()) };
+    let local = src.as_ptr().cast_mut();
+    // SAFETY: the local side is `src`, only read (`to_remote`).
+    unsafe {
+        copy(local, to, body, true)?;
+        copy(local.wrapping_add(body), to.wrapping_add(body), 1, true)
     }
 }
 
 /// Copies `dst.len()` bytes at address `from` of this process into `dst`.
 pub(crate) fn read(from: usize, dst: &mut [u8]) -> Result<(), AccessError> {
-    if dst.is_empty() {
-        return Ok(());
-    }
     // SAFETY: `dst` is a writable slice of that length.
-    let n = unsafe { read_raw(from, dst.as_mut_ptr(), dst.len()) };
-    if n == dst.len() as isize {
-        Ok(())
-    } else {
-        Err(AccessError::PageFault)
-    }
+    unsafe { copy(dst.as_mut_ptr(), from, dst.len(), false) }
 }
 
 /// Whether every page of `[addr, addr + len)` can be read now: one byte of each copied out,
@@ -92,7 +108,7 @@ pub(crate) fn readable(addr: usize, len: usize) -> bool {
         }
         let local = libc::iovec { iov_base: scratch.as_mut_ptr().cast(), iov_len: n };
         // SAFETY: `scratch` takes the `n` bytes asked for; the kernel checks the remote ones.
-        let got = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, remote.as_ptr(), n as u64, 0) };
+        let got = unsafe { libc::process_vm_readv(me(), &local, 1, remote.as_ptr(), n as u64, 0) };
         if got != n as isize {
             return false;
         }
@@ -228,6 +244,18 @@ mod tests {
         assert_eq!(write(base + page + 1, b"x"), Err(AccessError::PageFault), "a hole");
         assert_eq!(read(base + page + 1, &mut back), Err(AccessError::PageFault), "a hole");
         assert_eq!(write(base + page - 2, b"xyz"), Err(AccessError::PageFault), "across into a hole");
+        assert_eq!(write(base + page - 3, b"abcd"), Err(AccessError::PageFault), "the last byte in a hole");
+        read(base + page - 3, &mut back[..3]).unwrap();
+        assert_eq!(&back[..3], b"abc", "the body lands before the last byte");
+        assert_eq!(read(base + page - 3, &mut back[..4]), Err(AccessError::PageFault), "a read across");
+        // From another thread: the copies name the process by the calling thread.
+        let (b, p) = (base, page);
+        std::thread::spawn(move || write(b + 20, b"thread").and(read(b + p + 20, &mut [0u8; 2])))
+            .join()
+            .unwrap()
+            .expect_err("a hole from another thread");
+        read(base + 20, &mut back).unwrap();
+        assert_eq!(&back, b"thread");
         assert_eq!(write(base + 2 * page, b"x"), Err(AccessError::PageFault), "a read-only page");
         read(base + 2 * page, &mut back).unwrap();
         assert_eq!(back, [0; 6], "the read-only page as it was");
