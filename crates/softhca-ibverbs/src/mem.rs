@@ -324,22 +324,28 @@ pub(crate) unsafe extern "C" fn advise_mr(
     let objects = &unsafe { ctx(d.ibv.context) }.objects;
     for e in list {
         // Each region is looked at under the objects lock, which its deregistration takes
-        // before it frees it.
-        let o = objects.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(&m) = o.mrs.get(&e.lkey) else { return libc::ENOENT };
-        // SAFETY: an MR in the map is live while the lock is held; its lock alone is taken.
-        let lock = unsafe { &(*(m as *const Mr)).mr };
-        let region = lock.read().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: as above, under the region's lock (`ibv_rereg_mr` writes it under its write
-        // lock).
-        let pd_handle = unsafe { (*(m as *const Mr)).pd_handle };
-        let writable = region.access().contains(Access::LOCAL_WRITE);
-        if region.lkey() != e.lkey || pd_handle != d.ibv.handle || !region.is_on_demand() || (write && !writable) {
-            return libc::ENOENT;
-        }
+        // before it frees it; its pages are faulted in after, outside that lock (a prefetch of
+        // gigabytes would hold up every other verb of the context), the region kept by its own
+        // reference (faulting in the pages of a region deregistered meanwhile changes nothing).
+        let lock = {
+            let o = objects.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(&m) = o.mrs.get(&e.lkey) else { return libc::ENOENT };
+            // SAFETY: an MR in the map is live while the lock is held; its lock alone is taken.
+            let lock = unsafe { &(*(m as *const Mr)).mr };
+            let region = lock.read().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: as above, under the region's lock (`ibv_rereg_mr` writes it under its
+            // write lock).
+            let pd_handle = unsafe { (*(m as *const Mr)).pd_handle };
+            let writable = region.access().contains(Access::LOCAL_WRITE);
+            if region.lkey() != e.lkey || pd_handle != d.ibv.handle || !region.is_on_demand() || (write && !writable) {
+                return libc::ENOENT;
+            }
+            lock.clone()
+        };
         if advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT {
             continue;
         }
+        let region = lock.read().unwrap_or_else(|e| e.into_inner());
         match region.prefetch(e.addr, u64::from(e.length), write) {
             Ok(()) => {}
             Err(softhca::AccessError::PageFault) if flags & IBV_ADVISE_MR_FLAG_FLUSH == 0 => {}
