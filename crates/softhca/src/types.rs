@@ -363,6 +363,8 @@ pub enum WcOpcode {
     RdmaRead,
     CompSwap,
     FetchAdd,
+    /// An Atomic Write (`IBV_WC_ATOMIC_WRITE`).
+    AtomicWrite,
     BindMw,
     LocalInv,
     /// A Fast Register work request (the kernel's `IB_WC_REG_MR`; libibverbs has none).

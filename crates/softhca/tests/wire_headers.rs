@@ -267,6 +267,9 @@ fn opcode_table_matches_spec() {
         (0x14, "RC_FETCH_ADD", ServiceType::Rc, H::ATOMIC_ETH, false),
         (0x16, "RC_SEND_LAST_WITH_INVALIDATE", ServiceType::Rc, H::IETH, true),
         (0x17, "RC_SEND_ONLY_WITH_INVALIDATE", ServiceType::Rc, H::IETH, true),
+        // IBA 1.5's Atomic Write: RC only here, as in rxe (UC 0x3D, RD 0x5D and XRC 0xBD
+        // stay reserved).
+        (0x1d, "RC_ATOMIC_WRITE", ServiceType::Rc, H::RETH, true),
         (0x64, "UD_SEND_ONLY", ServiceType::Ud, H::DETH, true),
         (0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", ServiceType::Ud, H::DETH.union(H::IMMDT), true),
         (0x81, "CNP", ServiceType::Cnp, H::empty(), false),
@@ -309,8 +312,8 @@ fn opcode_table_matches_spec() {
     }
     let resync = Opcode::RdResync.info().unwrap();
     assert_eq!((resync.value, resync.headers, resync.payload), (0x55, H::RDETH | H::DETH, false));
-    // RC 23 + UC 12 + RD 22 + UD 2 + CNP 1 + XRC 23.
-    assert_eq!(OPCODES.len(), 83);
+    // RC 24 (Atomic Write's included) + UC 12 + RD 22 + UD 2 + CNP 1 + XRC 23.
+    assert_eq!(OPCODES.len(), 84);
 }
 
 /// Rule PKT-OP-1: decoding is total; unlisted values are reserved opcodes and
@@ -337,6 +340,7 @@ fn opcode_decoding_is_total() {
     }
     assert_eq!(listed, OPCODES.len());
     assert!(Opcode::from(0x15).is_reserved());
+    assert!([0x1c, 0x1e, 0x3d, 0x5d, 0xbd].iter().all(|&v| Opcode::from(v).is_reserved()));
     assert_eq!(Opcode::from(0x15).service_range(), Some(ServiceType::Rc));
     assert!(Opcode::from(0x2c).is_reserved());
     assert!(Opcode::from(0x66).is_reserved());

@@ -105,11 +105,13 @@ fn tshark_decodes_every_opcode() {
     // where a DETH would be), against the BTH, RDETH, DETH order of PKT-OP-4
     // and its own dissector's stated order; XRC too: tshark has no XRC
     // dissector (no XRCETH field). Both layouts are checked by wire_headers'
-    // known answers instead.
+    // known answers instead. And IBA 1.5's Atomic Write (0x1D), which tshark
+    // 4.0 does not know (it shows no RETH): wire_headers checks its row.
     let packets: Vec<PacketRepr<'static>> = OPCODES
         .iter()
         .enumerate()
         .filter(|(_, info)| !matches!(info.service, ServiceType::Rd | ServiceType::Xrc))
+        .filter(|(_, info)| info.opcode != Opcode::RcAtomicWrite)
         .map(|(i, info)| packet_for(i, info, b"payload"))
         .collect();
     assert_eq!(packets.len(), 23 + 12 + 2 + 1);

@@ -29,7 +29,9 @@ use crate::wire::{AethRepr, AtomicAckEthRepr, BthRepr, Opcode, PacketRepr};
 use super::completer::scatter;
 use super::engine::{Payload, TimerOwner};
 use super::hca::Hca;
-use super::responder::{begin_read, read_rest_matches, run_atomic, Grant, ReadPlan, Refusal, Request, RespJob};
+use super::responder::{
+    begin_read, read_rest_matches, run_atomic, run_atomic_write, Grant, ReadPlan, Refusal, Request, RespJob,
+};
 
 /// Local ACK Timeout in ns: 4.096 µs × 2^timeout; 0 disables the timer (PKT-RTY-2).
 pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
@@ -336,8 +338,24 @@ struct Resource {
 
 #[derive(Debug, Clone)]
 enum ResourceKind {
-    Read { va: u64, rkey: u32, len: u64, npkts: u32, mtu: u64 },
-    Atomic { orig: u64 },
+    Read {
+        va: u64,
+        rkey: u32,
+        len: u64,
+        npkts: u32,
+        mtu: u64,
+    },
+    Atomic {
+        orig: u64,
+    },
+    /// An Atomic Write executed: a duplicate gets its answer again ([`atomic_write_answer`]).
+    AtomicWrite,
+}
+
+/// What answers an Atomic Write with PSN `psn`: an RDMA Read Response Only with no payload,
+/// as rxe answers it (a zero-length Read's response; its `mtu` cuts nothing).
+fn atomic_write_answer(psn: u32) -> RespJob {
+    RespJob::ReadResp { grant: None, first_psn: psn, npkts: 1, next: 0, len: 0, mtu: 1 }
 }
 
 /// The responses waiting to leave, addressed by `A`, with the Read/Atomic resources behind
@@ -456,7 +474,7 @@ impl<A: Copy + PartialEq> Outbox<A> {
     /// oldest answered slot of its kind, so that the inbound-depth most recent Atomic results
     /// outlive later Reads (PKT-DUP-5) and the Reads' later Atomics.
     fn add_resource(&mut self, depth: u8, res: Resource) {
-        let atomic = |r: &Resource| matches!(r.kind, ResourceKind::Atomic { .. });
+        let atomic = |r: &Resource| matches!(r.kind, ResourceKind::Atomic { .. } | ResourceKind::AtomicWrite);
         let kind = atomic(&res);
         if self.resources.iter().filter(|r| atomic(r) == kind).count() >= (depth as usize).max(1) {
             if let Some(i) = self.resources.iter().position(|r| atomic(r) == kind && !r.pending) {
@@ -493,6 +511,17 @@ impl<A: Copy + PartialEq> Outbox<A> {
         let psn = r.psn.value();
         self.add_resource(t.depth, Resource { qpn: t.qpn, psn, kind: ResourceKind::Atomic { orig }, pending: true });
         self.push(t.to, RespJob::AtomicAck { psn, orig });
+        Ok(())
+    }
+
+    /// An inbound Atomic Write for `t`, executed (`run_atomic_write`); its answer is queued,
+    /// and a resource keeps it for a duplicate, which is answered again and never executed
+    /// again (as an Atomic, PKT-DUP-4). The caller has checked the inbound depth (ERR-RQ-6).
+    pub fn atomic_write(&mut self, t: &Inbound<'_, A>, r: &Request<'_>) -> Result<(), Refusal> {
+        run_atomic_write(t.dev, t.pd, t.qpn, r)?;
+        let psn = r.psn.value();
+        self.add_resource(t.depth, Resource { qpn: t.qpn, psn, kind: ResourceKind::AtomicWrite, pending: true });
+        self.push(t.to, atomic_write_answer(psn));
         Ok(())
     }
 
@@ -550,6 +579,17 @@ impl<A: Copy + PartialEq> Outbox<A> {
                     }
                     None => false,
                 }
+            }
+            Operation::AtomicWrite => {
+                let psn = r.psn.value();
+                let kept = self
+                    .resources
+                    .iter()
+                    .any(|res| matches!(res.kind, ResourceKind::AtomicWrite) && res.psn == psn && res.qpn == qpn);
+                if kept {
+                    self.push(to, atomic_write_answer(psn));
+                }
+                kept
             }
             _ => false,
         }

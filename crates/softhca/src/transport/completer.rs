@@ -120,8 +120,8 @@ pub(crate) fn on_response(q: &QpInner, core: &mut QpCore, now: u64, r: &Response
     true
 }
 
-/// The first missing response PSN of an unfinished Read or Atomic at or before `psn`, if any:
-/// a response past it means it was lost (PKT-ACK-7).
+/// The first missing response PSN of an unfinished Read, Atomic or Atomic Write at or before
+/// `psn`, if any: a response past it means it was lost (PKT-ACK-7).
 fn missing_response(core: &QpCore, psn: Psn) -> Option<Psn> {
     for i in 0..core.req.started {
         let w = core.sq.get(i)?;
@@ -129,7 +129,7 @@ fn missing_response(core: &QpCore, psn: Psn) -> Option<Psn> {
         if first.psn_cmp(psn).is_gt() {
             break;
         }
-        if w.tx.status.is_none() && (w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic()) {
+        if w.tx.status.is_none() && w.opcode.awaits_response() {
             return Some(first.add(w.tx.resp_received));
         }
     }
@@ -180,7 +180,7 @@ fn acknowledge(core: &mut QpCore, n: Psn) {
         if w.tx.last_psn().psn_cmp(n).is_gt() {
             break;
         }
-        if w.tx.status.is_none() && !(w.opcode == WrOpcode::RdmaRead || w.opcode.is_atomic()) {
+        if w.tx.status.is_none() && !w.opcode.awaits_response() {
             w.tx.status = Some(WcStatus::Success); // PKT-ACK-5
         }
     }
@@ -208,7 +208,7 @@ fn on_rnr_nak(q: &QpInner, core: &mut QpCore, now: u64, psn: Psn, timer_code: u8
 fn on_read_response(q: &QpInner, core: &mut QpCore, now: u64, idx: usize, r: &Response<'_>) {
     let mtu = pmtu(core);
     let Some(w) = core.sq.get(idx) else { return };
-    if w.opcode != WrOpcode::RdmaRead {
+    if !matches!(w.opcode, WrOpcode::RdmaRead | WrOpcode::AtomicWrite) {
         fail_oldest(core, r.psn, WcStatus::BadRespErr); // ERR-SQ-12
         return;
     }
@@ -229,8 +229,12 @@ fn on_read_response(q: &QpInner, core: &mut QpCore, now: u64, idx: usize, r: &Re
     }
     let Some(w) = core.sq.get_mut(idx) else { return };
     let (k, n) = (w.tx.resp_received, w.tx.npkts);
-    let landed =
-        recheck_local(q, w).and_then(|()| take_read_response(&w.tx.local, w.length, n, k, mtu, r.position, r.payload));
+    let landed = match w.opcode {
+        // An Atomic Write is answered by one Read response with no payload: nothing lands.
+        WrOpcode::AtomicWrite => take_read_response(&[], 0, 1, 0, mtu, r.position, r.payload),
+        _ => recheck_local(q, w)
+            .and_then(|()| take_read_response(&w.tx.local, w.length, n, k, mtu, r.position, r.payload)),
+    };
     if let Err(status) = landed {
         w.tx.status = Some(status);
         core.req.halted = true;

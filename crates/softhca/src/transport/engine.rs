@@ -1291,6 +1291,7 @@ pub(crate) fn request_opcode(service: ServiceType, op: WrOpcode, first: bool, la
         WrOpcode::RdmaRead => (Operation::RdmaReadRequest, true),
         WrOpcode::AtomicCmpSwp => (Operation::CompareSwap, true),
         WrOpcode::AtomicFetchAdd => (Operation::FetchAdd, true),
+        WrOpcode::AtomicWrite => (Operation::AtomicWrite, true),
         WrOpcode::Resync => (Operation::Resync, true),
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => (Operation::RdmaWrite, false),
         _ => (Operation::Send, false),
@@ -1388,11 +1389,11 @@ fn emit_raw(w: &SendWqe, buf: &mut [u8]) -> Option<usize> {
 
 /// The headers a request packet of `w` at byte `offset` carries after the BTH (and the
 /// RDETH/DETH of its service): RETH on a Write's first packet and on every Read request (a
-/// re-request asks for the rest from `offset`), AtomicETH on an Atomic, ImmDt on the last
-/// packet of a message with Immediate (WR-SEND-1).
+/// re-request asks for the rest from `offset`) and Atomic Write, AtomicETH on an Atomic, ImmDt
+/// on the last packet of a message with Immediate (WR-SEND-1).
 pub(crate) fn add_request_headers(p: &mut PacketRepr<'_>, w: &SendWqe, offset: u64, first: bool, last: bool) {
     match w.opcode {
-        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm if first => {
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::AtomicWrite if first => {
             p.reth = Some(RethRepr { va: w.remote_addr, r_key: w.rkey, dma_length: w.length as u32 });
         }
         WrOpcode::RdmaRead => {

@@ -253,6 +253,7 @@ pub(crate) fn wc_opcode_of(op: WrOpcode) -> WcOpcode {
         WrOpcode::RdmaRead => WcOpcode::RdmaRead,
         WrOpcode::AtomicCmpSwp => WcOpcode::CompSwap,
         WrOpcode::AtomicFetchAdd => WcOpcode::FetchAdd,
+        WrOpcode::AtomicWrite => WcOpcode::AtomicWrite,
         WrOpcode::BindMw => WcOpcode::BindMw,
         WrOpcode::LocalInv => WcOpcode::LocalInv,
         WrOpcode::FastReg => WcOpcode::FastReg,

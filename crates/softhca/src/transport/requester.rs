@@ -209,7 +209,7 @@ pub(crate) fn next_packet(q: &QpInner, core: &mut QpCore) -> Option<NextPacket> 
                 return None;
             }
             let w = core.sq.get(idx)?;
-            let is_rd_atomic = matches!(w.opcode, WrOpcode::RdmaRead) || w.opcode.is_atomic();
+            let is_rd_atomic = w.opcode.awaits_response();
             if w.flags.contains(crate::transport::wqe::SendFlags::FENCE) && core.req.rd_atomic > 0 {
                 return None; // WR-COM-6
             }

@@ -142,6 +142,24 @@ pub(crate) fn run_atomic(dev: &dyn Hca, pd: u32, qpn: u32, r: &Request<'_>) -> R
     execute_atomic(&mem, is_cas, &a).ok_or(Refusal::Invalid)
 }
 
+/// An inbound Atomic Write (IBA 1.5; as rxe's `atomic_write_reply`): an RETH for exactly its
+/// 8-byte payload (else Invalid Request, as a Write whose lengths disagree, ERR-RQ-12), an
+/// aligned address (Invalid Request, as an Atomic's, ERR-RQ-5), and its R_Key with Remote
+/// Write over the word (Remote Access Error, ERR-RQ-9). The bytes land as they came, in one
+/// release store: a program polling the word sees the old value or the new one, never a
+/// mix, and whatever this QP wrote before it first. One executor (RC has the only opcode).
+pub(crate) fn run_atomic_write(dev: &dyn Hca, pd: u32, qpn: u32, r: &Request<'_>) -> Result<(), Refusal> {
+    let (Some(reth), Ok(data)) = (r.reth, <[u8; 8]>::try_from(r.payload)) else { return Err(Refusal::Invalid) };
+    if reth.dma_length != 8 || reth.va % 8 != 0 {
+        return Err(Refusal::Invalid);
+    }
+    let mem = dev.check_access(reth.r_key, pd, qpn, reth.va, 8, Access::REMOTE_WRITE).map_err(|_| Refusal::Access)?;
+    // In place, as an Atomic: on an on-demand region the word must be there first.
+    mem.present(true).map_err(|_| Refusal::Access)?;
+    mem.atomic_u64().ok_or(Refusal::Invalid)?.store(u64::from_ne_bytes(data), Ordering::Release);
+    Ok(())
+}
+
 /// A response waiting to be transmitted, in the order it must leave (ORD-RLX-4).
 #[derive(Debug, Clone)]
 pub(crate) enum RespJob {
@@ -474,6 +492,7 @@ fn rc_request(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fai
         Operation::Send => rc_send(q, core, r, mtu),
         Operation::RdmaWrite => rc_write(q, core, r, mtu),
         Operation::RdmaReadRequest => rc_read(q, core, r, mtu),
+        Operation::AtomicWrite => rc_atomic_write(q, core, r),
         _ => rc_atomic(q, core, r),
     }
 }
@@ -688,12 +707,23 @@ fn rc_atomic(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail
     Ok(())
 }
 
+fn rc_atomic_write(q: &QpInner, core: &mut QpCore, r: &Request<'_>) -> Result<(), Fail> {
+    let t = inbound(q, core);
+    if !core.chan.out.has_room(t.depth) {
+        return Err(rc_fail_invalid()); // ERR-RQ-6: it takes a resource, as an Atomic
+    }
+    core.chan.out.atomic_write(&t, r).map_err(rc_refused)?;
+    core.chan.recv.epsn = r.psn.next().value();
+    core.chan.recv.message_done();
+    Ok(())
+}
+
 /// Whether the QP's (or for RD, the destination QP's) enables allow an inbound `operation`
-/// (MOD-ACC-1..3; a Send needs none).
+/// (MOD-ACC-1..3; a Send needs none; an Atomic Write needs Remote Write, as rxe asks).
 pub(crate) fn enabled(acc: Access, operation: Operation) -> bool {
     match operation {
         Operation::Send => true,
-        Operation::RdmaWrite => acc.contains(Access::REMOTE_WRITE),
+        Operation::RdmaWrite | Operation::AtomicWrite => acc.contains(Access::REMOTE_WRITE),
         Operation::RdmaReadRequest => acc.contains(Access::REMOTE_READ),
         Operation::CompareSwap | Operation::FetchAdd => acc.contains(Access::REMOTE_ATOMIC),
         _ => false,

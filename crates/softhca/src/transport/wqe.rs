@@ -24,6 +24,9 @@ pub enum WrOpcode {
     RdmaRead,
     AtomicCmpSwp,
     AtomicFetchAdd,
+    /// Atomic Write (IBA 1.5, `IBV_WR_ATOMIC_WRITE`): its 8 bytes of data (inline or from the
+    /// gather list) stored at the remote address in one atomic store.
+    AtomicWrite,
     BindMw,
     LocalInv,
     /// Fast Register: makes a fast-registration region's keys valid (see `Pd::alloc_fast_reg_mr`).
@@ -33,8 +36,18 @@ pub enum WrOpcode {
 }
 
 impl WrOpcode {
+    /// Compare & Swap and Fetch & Add: no payload out, 8 bytes back into the one local buffer.
     pub fn is_atomic(self) -> bool {
         matches!(self, WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd)
+    }
+
+    /// Answered by a response of its own (Read responses, an Atomic ACK, Atomic Write's empty
+    /// Read response) rather than acknowledged by any later ACK: the operations that take one
+    /// of the responder's resources, so they count against the initiator depth (WR-READ-3,
+    /// `max_rd_atomic`), the Fence waits for them (WR-COM-6), and an ACK past one unanswered
+    /// means its response was lost (PKT-ACK-7).
+    pub fn awaits_response(self) -> bool {
+        matches!(self, WrOpcode::RdmaRead | WrOpcode::AtomicWrite) || self.is_atomic()
     }
 
     /// Whether its message takes a receive WQE at the responder: what end-to-end credits
@@ -56,39 +69,42 @@ impl WrOpcode {
                 | WrOpcode::SendWithInv
                 | WrOpcode::RdmaWrite
                 | WrOpcode::RdmaWriteWithImm
+                | WrOpcode::AtomicWrite
         )
     }
 }
 
-/// WR-SQ: may an SQ of `qp_type` carry `op`? One row per operation, columns RC, UC, UD, RD, Raw.
+/// WR-SQ: may an SQ of `qp_type` carry `op`? One row per operation, columns RC, XRC (an
+/// initiator: what RC posts, each message for the SRQ its WR names, but Atomic Write, which
+/// has no XRC opcode), UC, UD, RD, Raw. An XRC target has no send queue.
 pub fn wr_allowed(qp_type: QpType, op: WrOpcode) -> bool {
     const T: bool = true;
     const F: bool = false;
     #[rustfmt::skip]
-    let row: [bool; 5] = match op {
-        //                                 RC UC UD RD Raw
-        WrOpcode::Send =>                 [T, T, T, T, T],
-        WrOpcode::SendWithImm =>          [T, T, T, T, F], // WR-SQ-6
-        WrOpcode::SendWithInv =>          [T, F, F, F, F],
+    let row: [bool; 6] = match op {
+        //                                 RC XRC UC UD RD Raw
+        WrOpcode::Send =>                 [T, T, T, T, T, T],
+        WrOpcode::SendWithImm =>          [T, T, T, T, T, F], // WR-SQ-6
+        WrOpcode::SendWithInv =>          [T, T, F, F, F, F],
         WrOpcode::RdmaWrite |
-        WrOpcode::RdmaWriteWithImm =>     [T, T, F, T, F],
-        WrOpcode::RdmaRead =>             [T, F, F, T, F],
+        WrOpcode::RdmaWriteWithImm =>     [T, T, T, F, T, F],
+        WrOpcode::RdmaRead =>             [T, T, F, F, T, F],
         WrOpcode::AtomicCmpSwp |
-        WrOpcode::AtomicFetchAdd =>       [T, F, F, T, F],
+        WrOpcode::AtomicFetchAdd =>       [T, T, F, F, T, F],
+        WrOpcode::AtomicWrite =>          [T, F, F, F, F, F], // IBA 1.5: RC's opcode only
         WrOpcode::BindMw |
-        WrOpcode::LocalInv =>             [T, T, F, T, F],
-        WrOpcode::FastReg =>              [T, T, T, T, F],
-        WrOpcode::Resync =>               [F, F, F, F, F],
+        WrOpcode::LocalInv =>             [T, T, T, F, T, F],
+        WrOpcode::FastReg =>              [T, T, T, T, T, F],
+        WrOpcode::Resync =>               [F, F, F, F, F, F],
     };
     let col = match qp_type {
-        // An XRC initiator posts what RC does (each message for the SRQ its WR names); a
-        // target has no send queue.
-        QpType::Rc | QpType::XrcSend => 0,
+        QpType::Rc => 0,
+        QpType::XrcSend => 1,
         QpType::XrcRecv => return false,
-        QpType::Uc => 1,
-        QpType::Ud => 2,
-        QpType::Rd => 3,
-        QpType::RawIpv6 | QpType::RawEthertype => 4,
+        QpType::Uc => 2,
+        QpType::Ud => 3,
+        QpType::Rd => 4,
+        QpType::RawIpv6 | QpType::RawEthertype => 5,
     };
     row[col]
 }

@@ -1106,7 +1106,9 @@ impl Qp {
         if inline_bytes(wr).is_none() && wr.sg_list.len() > q.max_send_sge as usize {
             return Err(VerbsError::MaxSgeExceeded);
         }
-        if inline && wr_length(wr) > q.max_inline_data as u64 {
+        // An Atomic Write's 8 bytes ride in its WQE as an Atomic's operands do, whatever
+        // `max_inline_data` (libibverbs' `ibv_wr_atomic_write` hands them over as a value).
+        if inline && wr.opcode != WrOpcode::AtomicWrite && wr_length(wr) > q.max_inline_data as u64 {
             return Err(VerbsError::InvalidWr("inline data above max_inline_data"));
         }
         let length = wr_length(wr);
@@ -1115,6 +1117,9 @@ impl Qp {
         }
         if wr.opcode.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
             return Err(VerbsError::InvalidWr("an atomic takes exactly one 8-byte scatter entry"));
+        }
+        if wr.opcode == WrOpcode::AtomicWrite && length != 8 {
+            return Err(VerbsError::InvalidWr("an atomic write carries exactly 8 bytes"));
         }
         if q.qp_type == QpType::Ud {
             let ah = wr.ah.ok_or(VerbsError::InvalidWr("a UD send needs an address handle"))?;

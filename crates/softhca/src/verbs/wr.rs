@@ -219,6 +219,13 @@ impl<'a> SendWr<'a> {
         }
     }
 
+    /// An Atomic Write (RC): the 8 bytes `sg_list` gathers (or inline data, with
+    /// [`SendFlags::INLINE`]) stored at `remote_addr`, an aligned word of a region of `rkey`
+    /// with Remote Write, in one atomic store.
+    pub fn atomic_write(wr_id: u64, sg_list: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
+        SendWr { wr_id, opcode: WrOpcode::AtomicWrite, sg_list, remote_addr, rkey, ..Default::default() }
+    }
+
     /// Turns a Send into Send with Immediate, an RDMA Write into RDMA Write with Immediate.
     pub fn imm(mut self, imm_data: u32) -> Self {
         self.opcode = match self.opcode {

@@ -111,6 +111,9 @@ pub enum Operation {
     AtomicAcknowledge,
     CompareSwap,
     FetchAdd,
+    /// An 8-byte store done atomically at the responder (IBA 1.5, RC only), acknowledged by an
+    /// RDMA Read Response Only with no payload, as rxe answers it.
+    AtomicWrite,
     /// RD Resync.
     Resync,
     /// RoCEv2 congestion notification (PKT-ROCE-12).
@@ -307,6 +310,7 @@ opcode_table! {
     RcFetchAdd = 0x14, "RC_FETCH_ADD", Rc, FetchAdd, Only, Request, ATOMIC, payload false, se false;
     RcSendLastWithInvalidate = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", Rc, Send, Last, Request, IETH, payload true, se true;
     RcSendOnlyWithInvalidate = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Rc, Send, Only, Request, IETH, payload true, se true;
+    RcAtomicWrite = 0x1D, "RC_ATOMIC_WRITE", Rc, AtomicWrite, Only, Request, RETH, payload true, se false;
 
     // UC (001)
     UcSendFirst = 0x20, "UC_SEND_FIRST", Uc, Send, First, Request, NONE, payload true, se false;
@@ -417,8 +421,8 @@ const fn meaning(service: ServiceType, operation: Operation, position: Position,
     ((service as usize * OPERATIONS + operation as usize) * 4 + position as usize) * 3 + suffix as usize
 }
 
-const SERVICES: usize = 6;
-const OPERATIONS: usize = 10;
+const SERVICES: usize = ServiceType::Xrc as usize + 1;
+const OPERATIONS: usize = Operation::Cnp as usize + 1;
 
 /// Row index into [`OPCODES`] for every (service, operation, position, suffix), computed at
 /// compile time from the table: the table read backwards, so that every opcode sent is chosen
