@@ -416,7 +416,7 @@ pub struct ibv_qp_ex {
     pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
     pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
     pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
-    pub wr_atomic_write: Slot,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
 }
 
 #[repr(C)]
@@ -473,6 +473,7 @@ pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
 pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
 pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
+pub const IBV_QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
 
 #[repr(C)]
 #[derive(Default)]
@@ -906,6 +907,9 @@ pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
 pub const IBV_WR_LOCAL_INV: c_int = 7;
 pub const IBV_WR_BIND_MW: c_int = 8;
 pub const IBV_WR_SEND_WITH_INV: c_int = 9;
+pub const IBV_WR_ATOMIC_WRITE: c_int = 15;
+/// The kernel's `IB_UVERBS_DEVICE_ATOMIC_WRITE` of `device_cap_flags_ex`.
+pub const IB_UVERBS_DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
 
 // enum ibv_wc_opcode
 pub const IBV_WC_RECV: c_int = 1 << 7;

@@ -448,6 +448,7 @@ fn wc_opcode(o: WcOpcode) -> c_int {
         WcOpcode::RdmaRead => 2,
         WcOpcode::CompSwap => 3,
         WcOpcode::FetchAdd => 4,
+        WcOpcode::AtomicWrite => 9,
         WcOpcode::BindMw => 5,
         WcOpcode::LocalInv => 6,
         // No C program can post a Fast Register (libibverbs has none): never produced here.

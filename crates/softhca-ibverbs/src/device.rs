@@ -364,8 +364,9 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         a.completion_timestamp_mask = u64::MAX;
         a.hca_core_clock = 1_000_000; // kHz: timestamps count nanoseconds
         a.phys_port_cnt_ex = u32::from(a.orig_attr.phys_port_cnt);
-        // The kernel's 64-bit flags, whose low half is `device_cap_flags` (none above it here).
-        a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags);
+        // The kernel's 64-bit flags, whose low half is `device_cap_flags`; above it Atomic
+        // Write, as rxe sets it (libibverbs has no name for the bit and passes it through).
+        a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags) | IB_UVERBS_DEVICE_ATOMIC_WRITE;
         a.pci_atomic_caps = ibv_pci_atomic_caps::default();
         if softhca::mem::odp::supported() {
             // On-demand paging on every transport and operation, and the implicit region.

@@ -144,7 +144,7 @@ struct CreateQp<'a> {
 
 /// The `IBV_QP_EX_WITH_*` operations each service type posts: windows (type 1 and 2) are bound
 /// through `ibv_wr_bind_mw`, Local Invalidate goes where a bind goes, Send with Invalidate is
-/// RC only.
+/// RC only, and Atomic Write RC only (its one opcode), as rxe's provider.
 fn send_ops_of(qp_type: QpType) -> u64 {
     let uc = IBV_QP_EX_WITH_RDMA_WRITE
         | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
@@ -154,10 +154,12 @@ fn send_ops_of(qp_type: QpType) -> u64 {
         | IBV_QP_EX_WITH_LOCAL_INV;
     match qp_type {
         QpType::Rc | QpType::XrcSend => {
+            let rc_only = if qp_type == QpType::Rc { IBV_QP_EX_WITH_ATOMIC_WRITE } else { 0 };
             uc | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
                 | IBV_QP_EX_WITH_SEND_WITH_INV
+                | rc_only
         }
         QpType::Uc => uc,
         // Raw: Send only (a Send with Immediate is an immediate error, WR-SQ-6).
@@ -796,6 +798,7 @@ fn wr_opcode_of(code: c_int) -> Option<WrOpcode> {
         IBV_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAdd,
         IBV_WR_LOCAL_INV => WrOpcode::LocalInv,
         IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInv,
+        IBV_WR_ATOMIC_WRITE => WrOpcode::AtomicWrite,
         _ => return None,
     })
 }
@@ -846,7 +849,8 @@ unsafe fn post_one_send(x: &Qp, w: &ibv_send_wr) -> c_int {
     // SAFETY: the union member the opcode (and the QP type) selects, as libibverbs reads it.
     unsafe {
         match opcode {
-            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {
+            // An Atomic Write's 8 bytes are its gather list's (or inline), its word `wr.rdma`'s.
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead | WrOpcode::AtomicWrite => {
                 wr.remote_addr = w.wr.rdma.remote_addr;
                 wr.rkey = w.wr.rdma.rkey;
             }

@@ -217,6 +217,26 @@ unsafe extern "C" fn wr_atomic_fetch_add(q: *mut ibv_qp_ex, rkey: u32, remote_ad
     }
 }
 
+/// An Atomic Write of the 8 bytes at `atomic_wr`, copied now (as rxe's provider copies them
+/// into its WQE): they ride in the request, whatever the QP's `max_inline_data`.
+unsafe extern "C" fn wr_atomic_write(q: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, atomic_wr: *const c_void) {
+    // SAFETY: 8 readable bytes, as libibverbs' contract says, or null (refused).
+    let data = unsafe { atomic_wr.cast::<[u8; 8]>().as_ref() }.copied();
+    // SAFETY: a live QP.
+    unsafe {
+        begin(q, WrOpcode::AtomicWrite, |p| {
+            p.rkey = rkey;
+            p.remote_addr = remote_addr;
+            p.flags |= SendFlags::INLINE;
+            p.inline.extend_from_slice(&data.unwrap_or_default());
+        })
+    }
+    if data.is_none() {
+        // SAFETY: a live QP.
+        unsafe { fail_batch(q, libc::EINVAL) };
+    }
+}
+
 /// Binds a window (type 1 or 2): `rkey` is the R_Key it is to carry afterwards (the program's
 /// `ibv_inc_rkey` of the one it had); `mw->rkey` is left as it is, as rxe's and mlx5's
 /// providers leave it (the program keeps the key it chose). A
@@ -510,6 +530,6 @@ pub(crate) fn qp_ex(qp_base: ibv_qp, qp_type: QpType) -> ibv_qp_ex {
         wr_start: Some(wr_start),
         wr_complete: Some(wr_complete),
         wr_abort: Some(wr_abort),
-        wr_atomic_write: std::ptr::null_mut(),
+        wr_atomic_write: (qp_type == QpType::Rc).then_some(wr_atomic_write),
     }
 }

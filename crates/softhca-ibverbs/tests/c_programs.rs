@@ -345,3 +345,14 @@ fn thread_and_parent_domains() {
     }
     run("domains", None);
 }
+
+/// Atomic Write through libibverbs (`tests/c/atomic_write.c`): RC only, `ibv_wr_atomic_write`
+/// and `IBV_WR_ATOMIC_WRITE` landing their word, `IBV_WC_ATOMIC_WRITE`, the length check, and
+/// the responder's refusals (a misaligned word, a region without Remote Write).
+#[test]
+fn atomic_write() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("atomic_write", None);
+}

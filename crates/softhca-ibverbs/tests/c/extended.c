@@ -115,8 +115,9 @@ static void queries(struct ibv_context *ctx)
 	CHECK(ax.phys_port_cnt_ex == 1, "phys_port_cnt_ex %u", ax.phys_port_cnt_ex);
 	/* The kernel's 64-bit flags: the 32 of device_cap_flags (it was 0), among them what rxe
 	   also reports for the same verbs (Local Invalidate, Send with Invalidate, type 2B
-	   windows; an AH's port checked). */
-	CHECK(ax.device_cap_flags_ex == ax.orig_attr.device_cap_flags, "device_cap_flags_ex %#llx",
+	   windows; an AH's port checked), and above them Atomic Write (the kernel's
+	   IB_UVERBS_DEVICE_ATOMIC_WRITE, bit 40, which libibverbs passes through unnamed). */
+	CHECK(ax.device_cap_flags_ex == (ax.orig_attr.device_cap_flags | (1ULL << 40)), "device_cap_flags_ex %#llx",
 	      (unsigned long long)ax.device_cap_flags_ex);
 	CHECK((ax.orig_attr.device_cap_flags & (IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_UD_AV_PORT_ENFORCE |
 						IBV_DEVICE_MEM_WINDOW_TYPE_2B)) ==
