@@ -142,9 +142,9 @@ pub struct verbs_context_ops {
     pub attach_counters_point_flow: Slot,
     pub create_counters: Slot,
     pub destroy_counters: Slot,
-    pub reg_dm_mr: Slot,
-    pub alloc_dm: Slot,
-    pub free_dm: Slot,
+    pub reg_dm_mr: Option<RegDmMr>,
+    pub alloc_dm: Option<AllocDm>,
+    pub free_dm: Option<FreeDm>,
     pub modify_flow_action_esp: Slot,
     pub destroy_flow_action: Slot,
     pub create_flow_action_esp: Slot,
@@ -496,6 +496,27 @@ pub const IBV_ADVISE_MR_ADVICE_PREFETCH: c_int = 0;
 pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: c_int = 1;
 pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: c_int = 2;
 pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1 << 0;
+
+/// `struct ibv_dm`: device memory, reached by its copy functions (and registered by handle).
+#[repr(C)]
+pub struct ibv_dm {
+    pub context: *mut ibv_context,
+    pub memcpy_to_dm: Option<unsafe extern "C" fn(*mut ibv_dm, u64, *const c_void, usize) -> c_int>,
+    pub memcpy_from_dm: Option<unsafe extern "C" fn(*mut c_void, *mut ibv_dm, u64, usize) -> c_int>,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+#[repr(C)]
+pub struct ibv_alloc_dm_attr {
+    pub length: usize,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
+}
+
+pub type AllocDm = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
+pub type FreeDm = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
+pub type RegDmMr = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr;
 
 /// `struct ibv_td` and `struct ibv_td_init_attr`.
 #[repr(C)]
@@ -916,6 +937,8 @@ pub const IBV_WC_RECV: c_int = 1 << 7;
 
 pub const IBV_ACCESS_LOCAL_WRITE: c_uint = 1 << 0;
 pub const IBV_ACCESS_REMOTE_WRITE: c_uint = 1 << 1;
+pub const IBV_ACCESS_REMOTE_READ: c_uint = 1 << 2;
+pub const IBV_ACCESS_REMOTE_ATOMIC: c_uint = 1 << 3;
 pub const IBV_ACCESS_ZERO_BASED: c_uint = 1 << 5;
 
 // enum ibv_send_flags
@@ -936,7 +959,12 @@ pub fn layout_report() -> String {
         ($($t:ident),*) => { $( let _ = writeln!(out, "{} {}", stringify!($t), size_of::<$t>()); )* };
     }
     macro_rules! off {
-        ($t:ident: $($f:ident),*) => { $( let _ = writeln!(out, "{}.{} {}", stringify!($t), stringify!($f), offset_of!($t, $f)); )* };
+        ($t:ident: $($f:ident),*) => { off!($t = $t: $($f),*) };
+        // Fields of `$t` that C names as fields of `$name` (the extended ops, which `verbs_context`
+        // starts with).
+        ($name:ident = $t:ident: $($f:ident),*) => {
+            $( let _ = writeln!(out, "{}.{} {}", stringify!($name), stringify!($f), offset_of!($t, $f)); )*
+        };
     }
     size!(ibv_device, ibv_context_ops, ibv_device_attr, ibv_gid, ibv_pd, ibv_mr, ibv_comp_channel, ibv_cq, ibv_srq);
     size!(ibv_mw, ibv_mw_bind_info, ibv_mw_bind);
@@ -970,7 +998,10 @@ pub fn layout_report() -> String {
     off!(ibv_async_event: event_type);
     size!(verbs_context, ibv_port_attr, ibv_cq_ex, ibv_cq_init_attr_ex, ibv_qp_ex, ibv_qp_init_attr_ex);
     size!(ibv_device_attr_ex, ibv_data_buf);
-    size!(ibv_td, ibv_td_init_attr, ibv_parent_domain_init_attr, ibv_odp_caps);
+    size!(ibv_td, ibv_td_init_attr, ibv_parent_domain_init_attr, ibv_odp_caps, ibv_dm, ibv_alloc_dm_attr);
+    off!(ibv_dm: memcpy_to_dm, memcpy_from_dm, comp_mask, handle);
+    off!(ibv_alloc_dm_attr: log_align_req, comp_mask);
+    off!(verbs_context = verbs_context_ops: reg_dm_mr, alloc_dm, free_dm);
     off!(ibv_parent_domain_init_attr: td, comp_mask, alloc, free, pd_context);
     off!(verbs_context: context);
     off!(ibv_port_attr: flags, port_cap_flags2);

@@ -55,6 +55,9 @@ pub struct Shared {
     /// The fork generation that opened it (`fork::generation`): a device a fork left in a
     /// child is not the child's.
     generation: u32,
+    /// Bytes of the device's memory allocated (`dm::MAX_DM_SIZE` at most), shared with each
+    /// allocation, which gives its bytes back when it goes.
+    pub(crate) dm_pool: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The shared device behind `slot`, if this process opened it: one a fork left behind is
@@ -102,7 +105,13 @@ pub(crate) fn shared_device(addr: Option<IpAddr>) -> std::io::Result<Arc<Shared>
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
     };
-    let s = Arc::new(Shared { dev, contexts: Mutex::new(Vec::new()), stats_printed: Default::default(), generation });
+    let s = Arc::new(Shared {
+        dev,
+        contexts: Mutex::new(Vec::new()),
+        stats_printed: Default::default(),
+        generation,
+        dm_pool: Default::default(),
+    });
     let weak = Arc::downgrade(&s);
     let routed = s.dev.context().set_async_event_handler(move |ev| {
         if let Some(s) = weak.upgrade() {
@@ -413,6 +422,8 @@ pub(crate) struct Objects {
     /// Asynchronous events handed out per object (by address): its destroy waits until the
     /// program acknowledged as many (see [`wait_for_acks`]).
     pub delivered: HashMap<usize, u32>,
+    /// Device memory by handle: what `ibv_import_dm` finds (see `dm`).
+    pub dms: HashMap<u32, usize>,
 }
 
 impl Ctx {

@@ -175,9 +175,9 @@ pub(crate) fn open_context(device: *mut ibv_device, addr: Option<IpAddr>, cmd: O
         attach_counters_point_flow: null_mut(),
         create_counters: null_mut(),
         destroy_counters: null_mut(),
-        reg_dm_mr: null_mut(),
-        alloc_dm: null_mut(),
-        free_dm: null_mut(),
+        reg_dm_mr: Some(crate::dm::reg_dm_mr),
+        alloc_dm: Some(crate::dm::alloc_dm),
+        free_dm: Some(crate::dm::free_dm),
         modify_flow_action_esp: null_mut(),
         destroy_flow_action: null_mut(),
         create_flow_action_esp: null_mut(),
@@ -368,6 +368,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         // Write, as rxe sets it (libibverbs has no name for the bit and passes it through).
         a.device_cap_flags_ex = u64::from(a.orig_attr.device_cap_flags) | IB_UVERBS_DEVICE_ATOMIC_WRITE;
         a.pci_atomic_caps = ibv_pci_atomic_caps::default();
+        a.max_dm_size = crate::dm::MAX_DM_SIZE as u64;
         if softhca::mem::odp::supported() {
             // On-demand paging on every transport and operation, and the implicit region.
             let rc = IBV_ODP_SUPPORT_SEND

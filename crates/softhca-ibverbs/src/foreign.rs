@@ -8,7 +8,7 @@
 //! nothing here: softhca's device lives in each process. Device memory and dma-bufs answer as
 //! libibverbs 44 does for a provider without them: NULL with `errno` `EOPNOTSUPP`.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use crate::abi::{ibv_context, ibv_mr, ibv_pd};
@@ -105,7 +105,7 @@ pub unsafe extern "C" fn ibv_import_mr(p: *mut ibv_pd, mr_handle: u32) -> *mut i
         return fail(libc::EINVAL);
     }
     let ibv = ibv_mr { context: d.ibv.context, pd: p, addr: std::ptr::null_mut(), length, handle, lkey, rkey };
-    Box::into_raw(Box::new(Mr { ibv, mr: region, pd_handle, imported: true })).cast()
+    Box::into_raw(Box::new(Mr { ibv, mr: region, pd_handle, imported: true, dm: None })).cast()
 }
 
 /// Frees the importer's MR object; the MR stays for the others that hold it.
@@ -116,15 +116,6 @@ pub unsafe extern "C" fn ibv_unimport_mr(m: *mut ibv_mr) {
         drop(unsafe { Box::from_raw(m as *mut Mr) });
     }
 }
-
-/// Device memory (`struct ibv_dm`) does not exist on softhca; importing it cannot succeed.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_import_dm(_context: *mut ibv_context, _dm_handle: u32) -> *mut c_void {
-    fail(libc::EOPNOTSUPP)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_dm(_dm: *mut c_void) {}
 
 /// A dma-buf is memory of another device's driver, which a user-space HCA cannot map.
 #[no_mangle]

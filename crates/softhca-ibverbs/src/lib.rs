@@ -18,6 +18,7 @@ pub mod abi;
 mod context;
 mod cq;
 mod device;
+mod dm;
 mod domain;
 mod ece;
 mod foreign;

@@ -45,6 +45,9 @@ pub(crate) struct Mr {
     /// Made by `ibv_import_mr` (libibverbs' `IBV_MR_TYPE_IMPORTED_MR`), which `ibv_rereg_mr`
     /// refuses.
     pub imported: bool,
+    /// A region of device memory (`ibv_reg_dm_mr`): the memory it holds until it is
+    /// deregistered (`ibv_rereg_mr` refuses it).
+    pub dm: Option<std::sync::Arc<crate::dm::DmMem>>,
 }
 
 impl Mr {
@@ -255,7 +258,7 @@ unsafe fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, ac
             let handle = ibv.handle;
             let mr = std::sync::Arc::new(std::sync::RwLock::new(mr));
             let m: *mut ibv_mr =
-                Box::into_raw(Box::new(Mr { ibv, mr, pd_handle: pd.ibv.handle, imported: false })).cast();
+                Box::into_raw(Box::new(Mr { ibv, mr, pd_handle: pd.ibv.handle, imported: false, dm: None })).cast();
             // SAFETY: the PD's open context.
             let o = &unsafe { ctx(pd.ibv.context) }.objects;
             o.lock().unwrap_or_else(|e| e.into_inner()).mrs.insert(handle, m as usize);
@@ -373,6 +376,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
         // SAFETY: the MR's open context.
         let o = &unsafe { ctx(mr.ibv.context) }.objects;
         o.lock().unwrap_or_else(|e| e.into_inner()).mrs.remove(&mr.ibv.handle);
+        if let Some(dm) = &mr.dm {
+            // Deregistered, with no access left in flight: the device memory is free to go.
+            dm.regions.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
         // SAFETY: from ibv_reg_mr's Box::into_raw, freed once.
         drop(unsafe { Box::from_raw(m as *mut Mr) });
         0
@@ -691,8 +698,9 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     // region's lock. So no reference to the whole object: its fields are read and written
     // through the pointer, under that lock.
     let x = m as *mut Mr;
-    // SAFETY: as above; `imported`, `mr` and the context are never written after it is made.
-    let (imported, lock, context) = unsafe { ((*x).imported, &(*x).mr, (*x).ibv.context) };
+    // SAFETY: as above; `imported`, `dm`, `mr` and the context are never written after it is
+    // made.
+    let (imported, on_dm, lock, context) = unsafe { ((*x).imported, (*x).dm.is_some(), &(*x).mr, (*x).ibv.context) };
     let translate = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
     if imported
         || flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0
@@ -701,8 +709,8 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     {
         return input(libc::EINVAL);
     }
-    if flags == 0 {
-        return cmd(libc::EINVAL);
+    if flags == 0 || on_dm {
+        return cmd(libc::EINVAL); // and a region of device memory, whose memory cannot change
     }
     let new_access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
         if let Err(e) = check_access(access) {

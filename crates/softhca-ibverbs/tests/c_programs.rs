@@ -356,3 +356,14 @@ fn atomic_write() {
     }
     run("atomic_write", None);
 }
+
+/// Device memory through libibverbs (`tests/c/dm.c`), as mlx5 answers it for MEMIC: the pool,
+/// the copies' granules, the zero-based region moving data (Send, Write and Read), the holds
+/// and the import.
+#[test]
+fn device_memory() {
+    if !tool("cc") || !verbs_header() {
+        return;
+    }
+    run("dm", None);
+}

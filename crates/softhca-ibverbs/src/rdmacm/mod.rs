@@ -74,9 +74,6 @@ const IBV_QPS_INIT: c_int = 1;
 const IBV_QPS_RTR: c_int = 2;
 const IBV_QPS_RTS: c_int = 3;
 const IBV_QPS_ERR: c_int = 6;
-const IBV_ACCESS_REMOTE_WRITE: u32 = 2;
-const IBV_ACCESS_REMOTE_READ: u32 = 4;
-const IBV_ACCESS_REMOTE_ATOMIC: u32 = 8;
 
 /// rdma_cm's CM timings for RoCE, as Linux sends them in its REQ (`CMA_CM_RESPONSE_TIMEOUT`,
 /// `CMA_MAX_CM_RETRIES`, and the local ACK timeout from `CMA_IBOE_PACKET_LIFETIME`).

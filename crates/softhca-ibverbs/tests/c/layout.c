@@ -67,6 +67,10 @@ int main(void)
 	SIZE(verbs_context); SIZE(ibv_port_attr); SIZE(ibv_cq_ex); SIZE(ibv_cq_init_attr_ex); SIZE(ibv_qp_ex);
 	SIZE(ibv_qp_init_attr_ex); SIZE(ibv_device_attr_ex); SIZE(ibv_data_buf);
 	SIZE(ibv_td); SIZE(ibv_td_init_attr); SIZE(ibv_parent_domain_init_attr); SIZE(ibv_odp_caps);
+	SIZE(ibv_dm); SIZE(ibv_alloc_dm_attr);
+	OFF(ibv_dm, memcpy_to_dm); OFF(ibv_dm, memcpy_from_dm); OFF(ibv_dm, comp_mask); OFF(ibv_dm, handle);
+	OFF(ibv_alloc_dm_attr, log_align_req); OFF(ibv_alloc_dm_attr, comp_mask);
+	OFF(verbs_context, reg_dm_mr); OFF(verbs_context, alloc_dm); OFF(verbs_context, free_dm);
 	OFF(ibv_parent_domain_init_attr, td); OFF(ibv_parent_domain_init_attr, comp_mask);
 	OFF(ibv_parent_domain_init_attr, alloc); OFF(ibv_parent_domain_init_attr, free);
 	OFF(ibv_parent_domain_init_attr, pd_context);
