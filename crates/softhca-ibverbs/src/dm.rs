@@ -143,9 +143,9 @@ pub(crate) unsafe extern "C" fn alloc_dm(context: *mut ibv_context, attr: *mut i
     d
 }
 
-/// `verbs_context.free_dm`: EBUSY while a region is registered over it. Freeing an import
-/// frees the memory for every holder, as the kernel object goes; the memory itself stays
-/// until the last object naming it is gone.
+/// `verbs_context.free_dm`: EBUSY while a region is registered over it. Frees this object; the
+/// memory stays until the last object naming it (the allocating one, its imports) is gone.
+/// Only the allocating object takes the handle out of the context's map.
 pub(crate) unsafe extern "C" fn free_dm(d: *mut ibv_dm) -> c_int {
     crate::command(|| {
         if d.is_null() {
@@ -162,7 +162,11 @@ pub(crate) unsafe extern "C" fn free_dm(d: *mut ibv_dm) -> c_int {
         }
         // SAFETY: its open context.
         let cx = unsafe { ctx(c) };
-        cx.objects.lock().unwrap_or_else(|e| e.into_inner()).dms.remove(&x.ibv.handle);
+        let mut o = cx.objects.lock().unwrap_or_else(|e| e.into_inner());
+        if o.dms.get(&x.ibv.handle) == Some(&(d as usize)) {
+            o.dms.remove(&x.ibv.handle);
+        }
+        drop(o);
         // SAFETY: from `object`'s Box::into_raw, freed once.
         drop(unsafe { Box::from_raw(d as *mut Dm) });
         0

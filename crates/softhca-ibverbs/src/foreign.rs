@@ -93,19 +93,21 @@ pub unsafe extern "C" fn ibv_import_mr(p: *mut ibv_pd, mr_handle: u32) -> *mut i
             // SAFETY: as above; `mr` itself is never written after the MR is made.
             let lock = unsafe { &(*orig).mr };
             let _region = lock.read().unwrap_or_else(|e| e.into_inner());
-            // SAFETY: as above, under the lock.
-            let (pd_handle, o) = unsafe { ((*orig).pd_handle, &(*orig).ibv) };
-            (pd_handle, o.length, o.handle, o.lkey, o.rkey, lock.clone())
+            // SAFETY: as above, under the lock; `dm` is never written after the MR is made.
+            let (pd_handle, o, dm) = unsafe { ((*orig).pd_handle, &(*orig).ibv, (*orig).dm.clone()) };
+            (pd_handle, o.length, o.handle, o.lkey, o.rkey, lock.clone(), dm)
         })
     });
-    let Some((pd_handle, length, handle, lkey, rkey, region)) = found else { return fail(libc::EINVAL) };
+    let Some((pd_handle, length, handle, lkey, rkey, region, dm)) = found else { return fail(libc::EINVAL) };
     // The MR's own record of its PD: the PD object it was registered through may be gone (an
     // imported PD, unimported) while the PD lives on.
     if pd_handle != d.ibv.handle {
         return fail(libc::EINVAL);
     }
     let ibv = ibv_mr { context: d.ibv.context, pd: p, addr: std::ptr::null_mut(), length, handle, lkey, rkey };
-    Box::into_raw(Box::new(Mr { ibv, mr: region, pd_handle, imported: true, dm: None })).cast()
+    // A region of device memory holds it through its import too: whichever object
+    // deregisters the region (one can) gives the memory's hold back.
+    Box::into_raw(Box::new(Mr { ibv, mr: region, pd_handle, imported: true, dm })).cast()
 }
 
 /// Frees the importer's MR object; the MR stays for the others that hold it.

@@ -352,6 +352,8 @@ pub(crate) unsafe extern "C" fn advise_mr(
         match region.prefetch(e.addr, u64::from(e.length), write) {
             Ok(()) => {}
             Err(softhca::AccessError::PageFault) if flags & IBV_ADVISE_MR_FLAG_FLUSH == 0 => {}
+            // Deregistered, or its Local Write taken, since it was looked up above.
+            Err(softhca::AccessError::BadKey | softhca::AccessError::MissingRight) => return libc::ENOENT,
             Err(_) => return libc::EFAULT,
         }
     }

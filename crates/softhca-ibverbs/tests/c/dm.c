@@ -145,8 +145,22 @@ int main(void)
 	ibv_unimport_dm(imp);
 	errno = 0;
 	CHECK(!ibv_import_dm(twin, 0xdead) && errno == EINVAL, "an unknown handle");
+	/* The region imported and deregistered through its import: the memory is free to go. */
+	struct ibv_pd *tpd = ibv_import_pd(twin, b.pd->handle);
+	struct ibv_mr *tmr = tpd ? ibv_import_mr(tpd, bmr->handle) : NULL;
+	CHECK(tmr && tmr->lkey == bmr->lkey, "ibv_import_mr of the region: %s", strerror(errno));
 	CHECK(ibv_free_dm(bdm) == EBUSY, "held by b's region");
-	CHECK(ibv_dereg_mr(bmr) == 0 && ibv_free_dm(bdm) == 0, "dereg, then free");
+	CHECK(ibv_dereg_mr(tmr) == 0, "deregistered through the import");
+	CHECK(ibv_free_dm(bdm) == 0, "free once the region is gone");
+	ibv_unimport_pd(tpd);
+	/* Another DM, its import freed first: the allocating object can still be imported. */
+	struct ibv_dm *dm2 = alloc(ctx, 64, 0, 0);
+	struct ibv_dm *imp2 = dm2 ? ibv_import_dm(ctx, dm2->handle) : NULL;
+	CHECK(imp2 && ibv_free_dm(imp2) == 0, "an import into the allocating context, freed");
+	imp2 = ibv_import_dm(twin, dm2->handle);
+	CHECK(imp2, "the allocating object still found: %s", strerror(errno));
+	ibv_unimport_dm(imp2);
+	CHECK(ibv_free_dm(dm2) == 0, "free the second DM");
 	printf("dm: ok\n");
 	return 0;
 }

@@ -392,9 +392,17 @@ impl Mr {
     }
 
     /// Faults in `len` bytes at virtual address `addr` of the region, for writing if `write`
-    /// (`ibv_advise_mr`'s prefetch; best effort: the pages may go again). OutOfBounds outside
-    /// the region, PageFault where a page is not mapped so.
+    /// (`ibv_advise_mr`'s prefetch; best effort: the pages may go again). BadKey once the
+    /// region is deregistered (its memory may be the program's again, remapped), MissingRight
+    /// for writing without Local Write (rights a reregistration took since the caller looked),
+    /// OutOfBounds outside the region, PageFault where a page is not mapped so.
     pub fn prefetch(&self, addr: u64, len: u64, write: bool) -> std::result::Result<(), AccessError> {
+        if self.deregistered.load(Ordering::Acquire) {
+            return Err(AccessError::BadKey);
+        }
+        if write && !self.inner.access.contains(Access::LOCAL_WRITE) {
+            return Err(AccessError::MissingRight);
+        }
         self.inner.mem.prefetch(addr, len, write)
     }
 
