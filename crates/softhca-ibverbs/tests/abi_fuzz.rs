@@ -423,10 +423,12 @@ fn send_ops_of(qpt: c_int) -> u64 {
         | IBV_QP_EX_WITH_LOCAL_INV;
     match qpt {
         IBV_QPT_RC | IBV_QPT_XRC_SEND => {
+            let rc_only = if qpt == IBV_QPT_RC { IBV_QP_EX_WITH_ATOMIC_WRITE } else { 0 };
             uc | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
                 | IBV_QP_EX_WITH_SEND_WITH_INV
+                | rc_only
         }
         IBV_QPT_UC => uc,
         _ => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
@@ -1889,6 +1891,7 @@ impl Fuzz {
                     IBV_WR_SEND_WITH_INV,
                     IBV_WR_RDMA_READ,
                     IBV_WR_ATOMIC_CMP_AND_SWP,
+                    IBV_WR_ATOMIC_WRITE,
                     10,
                     -1,
                     255,
@@ -1948,7 +1951,19 @@ impl Fuzz {
             } else if !inline && w.num_sge as u32 > q.cap.max_send_sge {
                 why.push(("more SGEs than max_send_sge", &[EINVAL]));
             }
-            if !(0..=9).contains(&w.opcode) {
+            let total: u64 = if (0..=32).contains(&w.num_sge) {
+                lists[i][..w.num_sge as usize].iter().map(|s| u64::from(s.length)).sum()
+            } else {
+                0
+            };
+            if w.opcode == IBV_WR_ATOMIC_WRITE {
+                // RC only; exactly 8 bytes (its gather list's, or inline).
+                if q.qpt != IBV_QPT_RC {
+                    why.push(("an opcode this QP type has not", &[EINVAL, EOPNOTSUPP]));
+                } else if total != 8 {
+                    why.push(("an Atomic Write of other than 8 bytes", &[EINVAL]));
+                }
+            } else if !(0..=9).contains(&w.opcode) {
                 why.push(("no such opcode", &[EINVAL]));
             } else if w.opcode == IBV_WR_BIND_MW {
                 why.push(("a Bind MW naming no window", &[EINVAL]));
@@ -2261,6 +2276,9 @@ impl Fuzz {
         if (*x).wr_bind_mw.is_some() && self.mws.iter().any(|w| w.ctx == q.ctx) {
             kinds.push("bind");
         }
+        if (*x).wr_atomic_write.is_some() {
+            kinds.push("atomic_write");
+        }
         let kind = self.rng.pick(&kinds);
         note(format!("  ibv_wr_{kind}({x:?}) wr_id {:#x} flags {:#x}", (*x).wr_id, (*x).wr_flags));
         match kind {
@@ -2277,6 +2295,14 @@ impl Fuzz {
                 self.rng.next(),
             ),
             "faa" => (*x).wr_atomic_fetch_add.expect("wr_atomic_fetch_add")(x, rkey, remote_addr & !7, 1),
+            "atomic_write" => {
+                // The 8 bytes, or now and then none (the batch then fails with EINVAL).
+                let value = self.rng.next().to_ne_bytes();
+                let none = self.rng.chance(5);
+                *bad |= none;
+                let at = if none { std::ptr::null() } else { value.as_ptr().cast::<c_void>() };
+                (*x).wr_atomic_write.expect("wr_atomic_write")(x, rkey, remote_addr & !7, at);
+            }
             _ => {
                 let mw = choose(&mut self.rng, &self.mws, |w| w.ctx == q.ctx).expect("a window");
                 let mr = match self.rng.below(10) {
@@ -2740,6 +2766,102 @@ impl Fuzz {
     }
 
     // -----------------------------------------------------------------------------------
+    // Device memory: one step allocates, copies, registers and frees with arguments from
+    // everywhere, each answer against mlx5's (see the drop-in's `dm`), and leaves nothing.
+
+    unsafe fn device_memory(&mut self) {
+        const MAX: usize = 256 * 1024;
+        let Some(c) = choose(&mut self.rng, &self.ctxs, |_| true) else { return };
+        let (Some(alloc), Some(free), Some(reg)) = (vop!(c.p, alloc_dm), vop!(c.p, free_dm), vop!(c.p, reg_dm_mr))
+        else {
+            ensure!(false, "no device memory ops");
+            return;
+        };
+        let mut a = ibv_alloc_dm_attr {
+            length: match self.rng.below(6) {
+                0 => 0,
+                1 => MAX + 1 + self.rng.below(100) as usize,
+                2 => self.rng.next() as usize,
+                _ => 1 + self.rng.below(4096) as usize,
+            },
+            log_align_req: if self.rng.chance(90) { self.rng.below(13) as u32 } else { self.rng.u32() },
+            comp_mask: if self.rng.chance(90) { 0 } else { self.rng.u32() },
+        };
+        let refused = a.length == 0 || a.length > MAX || a.log_align_req > 12 || a.comp_mask != 0;
+        note(format!("ibv_alloc_dm({:?}, {} align {} mask {:#x})", c.p, a.length, a.log_align_req, a.comp_mask));
+        set_errno(0);
+        let dm = alloc(c.p, &mut a);
+        if refused || dm.is_null() {
+            ensure!(dm.is_null(), "ibv_alloc_dm took what mlx5 refuses");
+            // ENOMEM: the pool, which other steps' allocations never hold past their step.
+            self.expect_err("ibv_alloc_dm", errno(), if refused { &[EINVAL] } else { &[ENOMEM] });
+            self.stat("alloc_dm", false);
+            return;
+        }
+        self.stat("alloc_dm", true);
+        let len = a.length as u64;
+        let mut host = vec![0u8; 8192];
+        for _ in 0..self.rng.below(4) {
+            let off = if self.rng.chance(70) { self.rng.below(len + 8) & !3 } else { self.rng.next() };
+            let n = if self.rng.chance(70) {
+                (self.rng.below(len + 8) & !3) as usize
+            } else {
+                self.rng.below(9000) as usize
+            };
+            let n = n.min(host.len());
+            let want = if off.checked_add(n as u64).is_none_or(|e| e > len) {
+                EFAULT
+            } else if (off | n as u64) & 3 != 0 {
+                EINVAL
+            } else {
+                0
+            };
+            let to = self.rng.chance(50);
+            note(format!("  ibv_memcpy_{}_dm(+{off:#x}, {n})", if to { "to" } else { "from" }));
+            let r = if to {
+                (*dm).memcpy_to_dm.expect("memcpy_to_dm")(dm, off, host.as_ptr().cast(), n)
+            } else {
+                (*dm).memcpy_from_dm.expect("memcpy_from_dm")(host.as_mut_ptr().cast(), dm, off, n)
+            };
+            ensure!(r == want, "ibv_memcpy_{}_dm: {r}, expected {want}", if to { "to" } else { "from" });
+        }
+        let mut regions = Vec::new();
+        if let Some(pd) = choose(&mut self.rng, &self.pds, |p| p.ctx == c.p) {
+            for _ in 0..self.rng.below(3) {
+                let access = match self.rng.below(4) {
+                    0 => self.rng.u32(),
+                    _ => IBV_ACCESS_ZERO_BASED | (self.rng.u32() & 0xf),
+                };
+                let off = if self.rng.chance(80) { self.rng.below(len + 1) } else { self.rng.next() };
+                let n = if self.rng.chance(80) { self.rng.below(len + 1) as usize } else { self.rng.next() as usize };
+                let allowed = 0xf | IBV_ACCESS_ZERO_BASED | 0x3ff0_0000;
+                let remote = access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0;
+                let bad = access & !allowed != 0
+                    || access & IBV_ACCESS_ZERO_BASED == 0
+                    || (remote && access & IBV_ACCESS_LOCAL_WRITE == 0)
+                    || n as u64 > len
+                    || off > len - n as u64;
+                note(format!("  ibv_reg_dm_mr({:?}, +{off:#x}, {n}, {access:#x})", pd.p));
+                set_errno(0);
+                let mr = reg(pd.p, dm, off, n, access);
+                if bad {
+                    ensure!(mr.is_null() && errno() == EINVAL, "ibv_reg_dm_mr took a bad one: errno {}", errno());
+                } else {
+                    ensure!(!mr.is_null() && (*mr).addr.is_null(), "ibv_reg_dm_mr: NULL, errno {}", errno());
+                    regions.push(mr);
+                }
+            }
+        }
+        if !regions.is_empty() {
+            ensure!(free(dm) == EBUSY, "ibv_free_dm with regions over it");
+        }
+        for mr in regions {
+            ensure!(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr of a DM region");
+        }
+        ensure!(free(dm) == 0, "ibv_free_dm");
+    }
+
+    // -----------------------------------------------------------------------------------
     // The run and the teardown.
 
     unsafe fn step(&mut self) {
@@ -2792,6 +2914,7 @@ impl Fuzz {
             91 => self.strings(),
             92 | 93 => self.async_events(),
             94 | 95 => self.settle(),
+            96 => self.device_memory(),
             _ => {
                 // Keep a context around most of the time: most operations need one.
                 if self.ctxs.is_empty() {
